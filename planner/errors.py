@@ -1,0 +1,15 @@
+"""The planner's user-facing error channel (STYLE.md principle 5).
+
+`PlannerError` carries a one-line message that names the offending value and what to do. The CLI
+turns it into that line and exit code 1; `assert` stays reserved for invariants of our own code.
+"""
+
+
+class PlannerError(ValueError):
+    """Bad user input: an unknown model size, a malformed spec file, an impossible pin."""
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise `PlannerError(message)` unless `condition` holds."""
+    if not condition:
+        raise PlannerError(message)

@@ -1,0 +1,35 @@
+"""Package layout and the optional C++ async I/O extension (everything else is in pyproject.toml).
+
+- data/ sits at the top level (DESIGN.md layout) and ships inside the package as `planner._data`.
+- csrc/*.cpp build `runtime._aio_ext` with pybind11 (no torch headers). The extension is optional:
+  without a compiler the runtime falls back to its pure-Python engine, which behaves the same.
+"""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+packages = find_packages(include=["planner", "planner.*", "runtime", "runtime.*", "app", "app.*"])
+data_packages = ["planner._data"] + [f"planner._data.{p.name}" for p in sorted(Path("data").iterdir()) if p.is_dir()]
+
+ext_modules = []
+sources = sorted(str(p) for p in Path("csrc").glob("*.cpp"))
+if sources:
+    from pybind11.setup_helpers import Pybind11Extension
+
+    ext_modules.append(
+        Pybind11Extension(
+            "runtime._aio_ext",
+            sources,
+            cxx_std=17,
+            extra_compile_args=["-O3"],
+            optional=True,
+        )
+    )
+
+setup(
+    packages=packages + data_packages,
+    package_dir={"planner._data": "data"},
+    package_data={name: ["*.json", "*.yaml"] for name in data_packages},
+    ext_modules=ext_modules,
+)
