@@ -85,12 +85,14 @@ class Segment:
         self.recomputing = False
         self._frame = None  # the open checkpoint generator between the first and last block
         self._input: tuple[torch.Tensor, Any] | None = None
+        self._input_requires_grad = False
         self._calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         """Each block's arguments other than the hidden state, for the replay."""
 
     def begin(self, x: torch.Tensor) -> None:
         self.release()
         self._input = self.store.save(x)
+        self._input_requires_grad = x.requires_grad
         self._calls = []
         marker = torch.empty(0, device=x.device)
         self._frame = _checkpoint_without_reentrant_generator(
@@ -112,7 +114,9 @@ class Segment:
 
     def _replay(self, marker: torch.Tensor) -> None:  # noqa: ARG002 - the device marker
         assert self._input is not None, "recompute of a segment whose checkpoint was released"
-        x = self.store.load(*self._input).detach()
+        # Same requires_grad as in forward: kernels (e.g. SDPA's backend) may choose by it, and the
+        # recompute must save exactly what the forward saved.
+        x = self.store.load(*self._input).detach().requires_grad_(self._input_requires_grad)
         calls = self._calls
         self.recomputing = True
         try:

@@ -59,7 +59,7 @@ def all_gather_flat(comm: Comm, shard: torch.Tensor, link_bytes: dict[str, int])
     if comm.world_size == 1:
         return Gathered(shard, None)
     output = torch.empty(shard.numel() * comm.world_size, dtype=shard.dtype, device=shard.device)
-    work = dist.all_gather_into_tensor(output, shard, group=comm.gather_group, async_op=True)
+    work = dist.all_gather_single(output, shard, group=comm.gather_group, async_op=True)
     link_bytes["all_gather"] = link_bytes.get("all_gather", 0) + nbytes(output) - nbytes(shard)
     return Gathered(output, work)
 
@@ -89,7 +89,7 @@ def reduce_scatter_flat(comm: Comm, full: torch.Tensor, link_bytes: dict[str, in
     link_bytes["reduce_scatter"] = link_bytes.get("reduce_scatter", 0) + nbytes(full) * (n - 1) // n
     if comm.reduce_scatter_method == "native":
         output = torch.empty_like(chunks[rank])
-        work = dist.reduce_scatter_tensor(output, full, group=comm.reduce_group, async_op=True)
+        work = dist.reduce_scatter_single(output, full, group=comm.reduce_group, async_op=True)
         return Reduced((work,), output, ())
     if comm.reduce_scatter_method == "allreduce":
         work = dist.all_reduce(full, group=comm.reduce_group, async_op=True)

@@ -251,6 +251,11 @@ def shard(
             if p.requires_grad:
                 handles.append(p.register_post_accumulate_grad_hook(state.grad_hook(unit, index)))
     if config.checkpoint_interval > 0 and blocks is not None:
+        # A key/value cache filled in forward would be extended again by the recompute (Hugging
+        # Face turns it off under gradient checkpointing for the same reason).
+        hf_config = getattr(model, "config", None)
+        if getattr(hf_config, "use_cache", False):
+            hf_config.use_cache = False
         store = CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
         state.segments = apply_checkpointing(blocks, config.checkpoint_interval, store)
     if config.precision == "fp16":
