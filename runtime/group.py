@@ -66,6 +66,9 @@ class ParamUnit:
         """(term, bytes) charged to the gpu tier for the gathered buffers, released on reshard."""
         self._grad_flat: torch.Tensor | None = None
         self._grads_pending = self.num_grad_params
+        self._grad_written = [False] * len(params)
+        """Per parameter: its slice of the gradient shard holds this step's gradient (see
+        [Note: lazy gradient zeroing])."""
 
     @property
     def key(self) -> str:
@@ -133,8 +136,13 @@ class ParamUnit:
         assert grad is not None
         self._grads_pending -= 1
         if self.comm.world_size == 1:
-            # The flat vector is the shard: accumulate straight into the gradient store.
-            self.grad_store.accumulate(self.key, grad, self.layout.offsets[index]).wait()
+            # The flat vector is the shard: write (first) or add (later) straight into the store.
+            offset = self.layout.offsets[index]
+            if self._grad_written[index]:
+                self.grad_store.accumulate(self.key, grad, offset).wait()
+            else:
+                self.grad_store.write(self.key, grad, offset).wait()
+                self._grad_written[index] = True
         else:
             if self._grad_flat is None:
                 self._grad_flat = torch.zeros(self.layout.padded_numel, dtype=grad.dtype, device=grad.device)
@@ -156,9 +164,32 @@ class ParamUnit:
         """Average the reduced slice and add it into the gradient shard where it lives."""
         out = reduced.wait()
         out.div_(self.comm.world_size)
-        pending = self.grad_store.accumulate(self.key, out)
+        if all(self._grad_written):
+            pending = self.grad_store.accumulate(self.key, out)
+        else:
+            pending = self.grad_store.write(self.key, out)
+            self._grad_written = [True] * len(self.params)
         self.ledger.sub("gpu", "reduce_scatter_buffer", self.layout.padded_numel * out.element_size())
         return pending
+
+    def zero_grad(self) -> None:
+        """[Note: lazy gradient zeroing] Zeroing is a promise, not a memset: the next gradient to
+        arrive overwrites its slice instead of adding to it, which saves two passes over the
+        gradient shards per step. Slices nobody wrote are zeroed by `settle_grads` before use."""
+        self._grad_written = [False] * len(self.params)
+
+    def settle_grads(self) -> None:
+        """Make the gradient shard exact: zero the slices that received nothing since `zero_grad`."""
+        if all(self._grad_written):
+            return
+        shard = self.grad_store.resident(self.key)
+        if self.comm.world_size == 1:
+            for index, written in enumerate(self._grad_written):
+                if not written:
+                    shard[self.layout.param_slice(index)].zero_()
+        else:
+            shard.zero_()
+        self._grad_written = [True] * len(self.params)
 
     # -- accounting -------------------------------------------------------------------------
     def _charge(self, term: str, num_bytes: int) -> None:

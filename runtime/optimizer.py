@@ -63,6 +63,8 @@ class AdamW:
         st = self.state
         st.finish_pending()
         st.profiler.begin("optimizer")
+        for k in self._keys:
+            self._units[k].settle_grads()
         grads = [st.grad_store.resident(k) for k in self._keys]
         applied = True
         if st.loss_scaler is not None:
@@ -85,7 +87,7 @@ class AdamW:
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - shards are always kept
         for k in self._keys:
-            self.state.grad_store.resident(k).zero_()
+            self._units[k].zero_grad()
 
     def _charge_states(self) -> None:
         """Momentum and variance exist from the first step on (torch allocates them lazily)."""

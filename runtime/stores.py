@@ -126,8 +126,8 @@ class ShardStore(ABC):
         """`shard[offset:offset + src.numel()] += src` for a compute-device tensor (arriving gradients)."""
 
     @abstractmethod
-    def write(self, key: str, src: torch.Tensor) -> Pending:
-        """`shard[:] = src` (updated parameters after the optimizer step)."""
+    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        """`shard[offset:offset + src.numel()] = src` (updated parameters, a step's first gradient)."""
 
 
 class DeviceStore(ShardStore):
@@ -147,8 +147,8 @@ class DeviceStore(ShardStore):
         shard[offset : offset + src.numel()].add_(src.reshape(-1))
         return Pending(shard)
 
-    def write(self, key: str, src: torch.Tensor) -> Pending:
-        self._shards[key].copy_(src)
+    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        self._shards[key][offset : offset + src.numel()].copy_(src.reshape(-1))
         return Pending(self._shards[key])
 
 
@@ -184,12 +184,13 @@ class HostStore(ShardStore):
         event = self.copier.copy(staging, src.reshape(-1), "d2h")
         return Pending(self._shards[key], event, after=lambda: target.add_(staging))
 
-    def write(self, key: str, src: torch.Tensor) -> Pending:
+    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
+        target = shard[offset : offset + src.numel()]
         if self._on_host_device():
-            shard.copy_(src)
+            target.copy_(src.reshape(-1))
             return Pending(shard)
-        return Pending(shard, self.copier.copy(shard, src, "d2h"))
+        return Pending(shard, self.copier.copy(target, src.reshape(-1), "d2h"))
 
 
 class _CastPending(Pending):
