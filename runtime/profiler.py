@@ -27,6 +27,8 @@ class StepSample:
     link_bytes: dict[str, int]
     peak_bytes: dict[str, int]
     """Own accounting per tier during this step (gpu: per device, cpu: this process's host buffers)."""
+    terms_at_peak: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per tier, the live bytes of each term at that tier's peak."""
     cuda_max_allocated_bytes: int = 0
     loss: float | None = None
 
@@ -77,6 +79,7 @@ class Profiler:
             phase_time_s=dict(self._phase_s),
             link_bytes={k: self.link_bytes.get(k, 0) - self._links_at_start.get(k, 0) for k in LINKS},
             peak_bytes={tier: self.ledger.usage(tier).peak_bytes for tier in TIERS},
+            terms_at_peak={tier: self.ledger.usage(tier).terms_at_peak for tier in TIERS},
             cuda_max_allocated_bytes=(torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0),
         )
         self.samples.append(sample)
