@@ -66,6 +66,7 @@ class ParamUnit:
         """(term, bytes) charged to the gpu tier for the gathered buffers, released on reshard."""
         self._grad_flat: torch.Tensor | None = None
         self._grads_pending = self.num_grad_params
+        self._has_grad_shard = False
         self._grad_written = [False] * len(params)
         """Per parameter: its slice of the gradient shard holds this step's gradient (see
         [Note: lazy gradient zeroing])."""
@@ -135,6 +136,7 @@ class ParamUnit:
         param.grad = None
         assert grad is not None
         self._grads_pending -= 1
+        self._ensure_grad_shard()
         if self.comm.world_size == 1:
             # The flat vector is the shard: write (first) or add (later) straight into the store.
             offset = self.layout.offsets[index]
@@ -172,6 +174,19 @@ class ParamUnit:
         self.ledger.sub("gpu", "reduce_scatter_buffer", self.layout.padded_numel * out.element_size())
         return pending
 
+    def _ensure_grad_shard(self) -> None:
+        """Gradient shards are created by the first backward, not at construction: a model is built
+        holding its parameter shards only (construction-time partitioning, METHOD.md §4.6)."""
+        if not self._has_grad_shard:
+            self.grad_store.create(self.key, self.layout.shard_numel, torch.float32)
+            self._has_grad_shard = True
+
+    def grad_shard(self) -> torch.Tensor:
+        """The exact gradient shard where it lives (zeros for parameters that got no gradient)."""
+        self._ensure_grad_shard()
+        self.settle_grads()
+        return self.grad_store.resident(self.key)
+
     def zero_grad(self) -> None:
         """[Note: lazy gradient zeroing] Zeroing is a promise, not a memset: the next gradient to
         arrive overwrites its slice instead of adding to it, which saves two passes over the
@@ -180,7 +195,7 @@ class ParamUnit:
 
     def settle_grads(self) -> None:
         """Make the gradient shard exact: zero the slices that received nothing since `zero_grad`."""
-        if all(self._grad_written):
+        if all(self._grad_written) or not self._has_grad_shard:
             return
         shard = self.grad_store.resident(self.key)
         if self.comm.world_size == 1:

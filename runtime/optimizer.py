@@ -63,9 +63,7 @@ class AdamW:
         st = self.state
         st.finish_pending()
         st.profiler.begin("optimizer")
-        for k in self._keys:
-            self._units[k].settle_grads()
-        grads = [st.grad_store.resident(k) for k in self._keys]
+        grads = [self._units[k].grad_shard() for k in self._keys]
         applied = True
         if st.loss_scaler is not None:
             applied = st.loss_scaler.unscale_and_check(grads, st.comm)

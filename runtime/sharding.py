@@ -316,7 +316,6 @@ def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> Pa
     layout = FlatLayout.of(params, comm.world_size)
     key = f"{len(state.units)}:{name}"
     shard = state.param_store.create(key, layout.shard_numel, config.compute_dtype)
-    state.grad_store.create(key, layout.shard_numel, torch.float32)
     with torch.no_grad():
         if state.master_shares_param_shard:
             flatten_shard(params, layout, comm.rank, shard)

@@ -118,7 +118,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any], out_dir: str) -> None:
+def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any], out_dir: str, module: str) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
@@ -126,8 +126,9 @@ def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        import runtime_support as support
+        import importlib
 
+        support = importlib.import_module(module)
         results = [getattr(support, fn_name)(*case, rank=rank, world_size=world_size) for case in cases]
         if rank == 0:
             Path(out_dir, "results.json").write_text(json.dumps(results))
@@ -135,8 +136,9 @@ def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any
         dist.destroy_process_group()
 
 
-def run_distributed(fn_name: str, cases: list[tuple[Any, ...]], out_dir: Path, world_size: int = 2) -> list[Any]:
-    """Run `fn_name(*case, rank=, world_size=)` for every case on `world_size` gloo ranks (one spawn)."""
-    mp.start_processes(_worker, args=(world_size, free_port(), fn_name, cases, str(out_dir)), nprocs=world_size,
+def run_distributed(fn_name: str, cases: list[tuple[Any, ...]], out_dir: Path, world_size: int = 2,
+                    module: str = "runtime_support") -> list[Any]:
+    """Run `module.fn_name(*case, rank=, world_size=)` for every case on `world_size` gloo ranks (one spawn)."""
+    mp.start_processes(_worker, args=(world_size, free_port(), fn_name, cases, str(out_dir), module), nprocs=world_size,
                        start_method="spawn")
     return json.loads(Path(out_dir, "results.json").read_text())
