@@ -51,6 +51,19 @@ def _node(hardware: str | None, max_alloc_gib: float | None = None):
     return node
 
 
+def _model_parallel(text: str) -> int | None:
+    """`auto` searches the degree; otherwise a positive whole number."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise PlannerError(f"--model-parallel must be a whole number or 'auto', got {text!r}") from None
+    if value < 1:
+        raise PlannerError(f"--model-parallel must be at least 1, got {value}")
+    return value
+
+
 def _print_json(doc) -> None:
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
 
@@ -71,7 +84,7 @@ def fit(
     checkpoint_interval: Annotated[int | None, typer.Option("--checkpoint-interval", help="pin blocks per activation checkpoint (0: none)")] = None,
     tiling_factor: Annotated[int | None, typer.Option("--tiling-factor", help="pin the tiling factor")] = None,
     prefetch_depth: Annotated[int | None, typer.Option("--prefetch-depth", help="pin the prefetch depth")] = None,
-    model_parallel: Annotated[int, typer.Option("--model-parallel", help="tensor-parallel degree within a node")] = 1,
+    model_parallel: Annotated[str, typer.Option("--model-parallel", help="tensor-parallel degree within a node, or 'auto' to search it")] = "1",
     max_alloc_gib: Annotated[float | None, typer.Option("--max-alloc-gib", help="largest contiguous GPU allocation")] = None,
     max_batch_per_gpu: Annotated[int, typer.Option("--max-batch-per-gpu", help="largest batch/GPU the search tries")] = 32,
     precision: Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32")] = "bf16",
@@ -99,7 +112,7 @@ def fit(
         checkpoint_interval=checkpoint_interval,
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
-        model_parallel_degree=model_parallel,
+        model_parallel_degree=_model_parallel(model_parallel),
         precision=precision,
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,

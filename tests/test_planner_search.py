@@ -88,3 +88,11 @@ def test_1t_on_32_nodes_with_states_on_gpu_does_not_fit_in_20_bytes_per_param():
     result = search(request(model="1T", gpus=16 * 32, model_parallel_degree=4, strategy="zero3", micro_batch_per_gpu=5))
     assert result.best is None
     assert result.rejected[0].prediction.memory_terms["gpu"]["optimizer_states"] == 1006632960000 * 16 // 512
+
+
+def test_model_parallel_degree_is_searched_when_asked():
+    result = search(request(model="1T", gpus=16, model_parallel_degree=None, strategy="zero-inf-nvme"))
+    degrees = {p.model_parallel_degree for p in result.ranked}
+    assert degrees <= {1, 2, 4, 8, 16} and len(degrees) > 1
+    for plan in result.ranked:
+        assert plan.micro_batch_per_gpu * plan.model_parallel_degree == round(plan.micro_batch_per_gpu * plan.model_parallel_degree)
