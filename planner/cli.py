@@ -349,7 +349,8 @@ def main() -> None:
     try:
         app()
     except PlannerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        # One line, whatever the offending value contained.
+        sys.stderr.write("error: " + " ".join(str(exc).split()) + "\n")
         sys.exit(1)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

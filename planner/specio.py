@@ -51,7 +51,7 @@ def check_keys(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
     """Reject keys we do not know: a typo must not silently fall back to a default."""
     if not isinstance(doc, Mapping):
         raise PlannerError(f"{where} must be an object, got {type(doc).__name__}")
-    unknown = sorted(str(k) for k in doc if k not in allowed)
+    unknown = sorted(repr(k) for k in doc if k not in allowed)
     if unknown:
         raise PlannerError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
 
