@@ -66,6 +66,14 @@ def number(
     integer: bool = False,
 ) -> float | int:
     """Validate one numeric value; bools, strings, NaN and infinities are refused."""
+    # Fast path for the common case (the search validates thousands of candidate plans).
+    if (
+        type(value) is int
+        and abs(value) <= maximum
+        and (minimum is None or value >= minimum)
+        and (exclusive_minimum is None or value > exclusive_minimum)
+    ):
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PlannerError(f"{where} must be a number, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
