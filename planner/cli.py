@@ -379,6 +379,7 @@ def _write_json(path: Path, doc) -> None:
 
 
 # -- command modules --
+__import__("planner.cli_run").cli_run.register(app)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from pathlib import Path
 from typing import Annotated
@@ -73,7 +74,8 @@ def _nnodes(torchrun_args: list[str]) -> int:
 
 
 def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
-             torchrun_args: list[str], console: Console) -> int:
+             torchrun_args: list[str], console: Console, history_store: Path | None = None,
+             record_history: bool = True) -> int:
     plan = load_plan(plan_path)
     nnodes = _nnodes(torchrun_args)
     nproc = nproc or plan.num_gpus // nnodes
@@ -82,8 +84,21 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
         raise PlannerError(f"--steps must be at least 1, got {steps}")
     if data is not None and not data.is_file():
         raise PlannerError(f"--data {data} is not a readable file")
-    cmd = torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
-                           torchrun_args=torchrun_args)
+    with tempfile.TemporaryDirectory(prefix="tierwise-run-") as tmp:
+        written = profile_out or Path(tmp, "profile.json")
+        code = _launch(torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=written,
+                                        torchrun_args=torchrun_args), steps, console)
+        if profile_out is not None:
+            console.print(f"profile written to {profile_out}")
+        if record_history and written.exists():
+            from planner.history import RunHistory
+
+            run_id = RunHistory(history_store).append(plan, json.loads(written.read_text()))
+            console.print(f"recorded as run {run_id} in the run history")
+    return code
+
+
+def _launch(cmd: list[str], steps: int, console: Console) -> int:
     tail: deque[str] = deque(maxlen=30)
     error = None
     with Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -107,21 +122,28 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     if code != 0:
         console.print("\n".join(tail), style="dim", markup=False, highlight=False)
         raise PlannerError(f"training failed (torchrun exit code {code}); the workers' last output is above")
-    if profile_out is not None:
-        console.print(f"profile written to {profile_out}")
     return 0
 
 
 def comparison_table(plan_path: Path, profile_path: Path) -> tuple[list[dict], Table]:
-    rows = [r.to_dict() for r in compare(load_plan(plan_path), load_profile(profile_path))]
+    plan = load_plan(plan_path)
+    if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
+        from planner.search import predict
+
+        plan = predict(plan)
+    rows = [r.to_dict() for r in compare(plan, load_profile(profile_path))]
     table = Table(title=f"{plan_path.name}: predicted vs measured")
     for col in ("metric", "predicted", "measured", "relative error"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for r in rows:
         err = r["relative_error"]
-        table.add_row(r["metric"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}",
+        table.add_row(r["metric"], _fmt(r["predicted"]), _fmt(r["measured"]),
                       "-" if err is None else f"{err:+.1%}")
     return rows, table
+
+
+def _fmt(value: float | None) -> str:
+    return "unbounded" if value is None else f"{value:.4g}"
 
 
 def register(app: typer.Typer) -> None:
@@ -133,11 +155,14 @@ def register(app: typer.Typer) -> None:
         nproc: Annotated[int | None, typer.Option(help="processes (GPUs) per node; default: the plan's")] = None,
         data: Annotated[Path | None, typer.Option(help="text file, tokenised byte-level; default synthetic")] = None,
         profile_out: Annotated[Path | None, typer.Option(help="write the profile JSON here")] = None,
+        store: Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")] = None,
+        history: Annotated[bool, typer.Option(help="record the run in the run history")] = True,
     ) -> None:
         """Train the plan's reference GPT with the bundled runtime (torchrun) and write a profile.
         Arguments after `--` go to torchrun (multi-node)."""
         _exit_on_error(lambda: run_plan(plan, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
-                                        torchrun_args=list(ctx.args), console=Console(stderr=True)))
+                                        torchrun_args=list(ctx.args), console=Console(stderr=True),
+                                        history_store=store, record_history=history))
 
     @app.command("compare")
     def compare_cmd(

@@ -124,6 +124,11 @@ def _loss(value: Any, where: str) -> float:
     return float(number(value, where, minimum=-1e30))
 
 
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: an unbounded prediction (a missing link) is written as null."""
+    return value if math.isfinite(value) else None
+
+
 def _loss_json(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -144,12 +149,12 @@ class MetricComparison:
     @property
     def relative_error(self) -> float | None:
         """(measured - predicted) / predicted; None when nothing was predicted (0)."""
-        if self.predicted == 0:
+        if self.predicted == 0 or not math.isfinite(self.predicted) or not math.isfinite(self.measured):
             return None
         return (self.measured - self.predicted) / self.predicted
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "predicted": self.predicted, "measured": self.measured,
+        return {"metric": self.metric, "predicted": _finite(self.predicted), "measured": _finite(self.measured),
                 "relative_error": self.relative_error}
 
 
