@@ -1,7 +1,8 @@
 """All-gather and reduce-scatter of flat shards, as free functions returning a waitable result.
 
 [Note: reduce-scatter on gloo]
-gloo has no reduce-scatter. Two correct fallbacks:
+Older gloo builds have no reduce-scatter (torch 2.13's has one: `native`, the default). Two correct
+fallbacks, selectable with `shard(..., reduce_scatter_method=...)`:
 - `allreduce`: all-reduce the whole flat gradient, keep our slice. Simple, one native collective,
   but each rank moves ~2(n-1)/n of the buffer and receives the slices it then throws away.
 - `pairwise` (default): every rank sends slice j to rank j and receives its own slice from every
@@ -40,7 +41,9 @@ def make_comm(reduce_scatter_method: str | None = None) -> Comm:
         return Comm.local()
     backend = dist.get_backend()
     reduce_group = dist.new_group(backend=backend)
-    method = reduce_scatter_method or ("pairwise" if backend == "gloo" else "native")
+    method = reduce_scatter_method or "native"
+    if method not in ("native", "pairwise", "allreduce"):
+        raise ValueError(f"reduce_scatter_method {method!r} must be native, pairwise or allreduce")
     return Comm(dist.group.WORLD, reduce_group, dist.get_world_size(), dist.get_rank(), method)
 
 

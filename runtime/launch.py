@@ -25,8 +25,8 @@ import torch.distributed as dist
 from planner.errors import PlannerError
 from planner.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
 from planner.profile import Profile, StepSample
-from planner.units import GIB, TFLOP
-from runtime.plan_io import PlanNotExecutable, check_executable, compute_device
+from planner.units import TFLOP
+from runtime.plan_io import PlanNotExecutable, check_executable
 from runtime.profiler import process_peak_rss_bytes
 
 EVENT = "TIERWISE_EVENT"
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(args.plan)
         check_executable(plan, world_size=world_size)
-        check_memory(plan, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        check_memory(plan)
         if args.steps < 1:
             raise PlannerError(f"--steps must be at least 1, got {args.steps}")
         if plan.micro_batch_per_gpu != int(plan.micro_batch_per_gpu):
@@ -67,32 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     if world_size > 1:
         dist.destroy_process_group()
     return 0
-
-
-def check_memory(plan: Plan, *, local_world_size: int) -> None:
-    """Refuse a plan whose memory bill does not fit what this machine has free right now."""
-    try:
-        from planner.memory import memory_bill
-    except ImportError:  # the memory model is not part of this build
-        return
-    import psutil
-
-    bill = memory_bill(plan)
-    peak = bill.peak_bytes
-    available = psutil.virtual_memory().available
-    if torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        if peak["gpu"] > free:
-            raise PlanNotExecutable(f"the plan needs {peak['gpu'] / GIB:.2f} GiB per GPU but {free / GIB:.2f} GiB is free")
-        host_need = peak["cpu"]
-    else:
-        # Without CUDA the compute device is host memory: every rank's `gpu` tier lives there too.
-        host_need = peak["cpu"] + peak["gpu"] * local_world_size
-    if host_need > available:
-        raise PlanNotExecutable(
-            f"the plan needs {host_need / GIB:.2f} GiB of host memory on this node but {available / GIB:.2f} GiB is "
-            "available; offload less, add nodes or shrink the model"
-        )
 
 
 def load_tokens(path: str, plan: Plan) -> torch.Tensor:

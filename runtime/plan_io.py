@@ -7,6 +7,7 @@ reason").
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 
 from planner.errors import PlannerError
 from planner.plan import Placement, Plan, load_plan
+from planner.units import GIB
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -83,6 +85,7 @@ def check_executable(plan: Plan, *, world_size: int) -> None:
 
 def runtime_config(plan: Plan, *, world_size: int) -> RuntimeConfig:
     check_executable(plan, world_size=world_size)
+    check_memory(plan)
     return RuntimeConfig(
         placement=plan.placement,
         precision=plan.precision,
@@ -95,7 +98,32 @@ def runtime_config(plan: Plan, *, world_size: int) -> RuntimeConfig:
 
 def compute_device() -> torch.device:
     if torch.cuda.is_available():
-        import os
-
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
+
+
+def check_memory(plan: Plan) -> None:
+    """Refuse a plan whose memory bill does not fit what this machine has free right now."""
+    try:
+        from planner.memory import memory_bill
+    except ImportError:  # the memory model is not part of this build
+        return
+    import psutil
+
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    bill = memory_bill(plan)
+    peak = bill.peak_bytes
+    available = psutil.virtual_memory().available
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        if peak["gpu"] > free:
+            raise PlanNotExecutable(f"the plan needs {peak['gpu'] / GIB:.2f} GiB per GPU but {free / GIB:.2f} GiB is free")
+        host_need = peak["cpu"]
+    else:
+        # Without CUDA the compute device is host memory: every rank's `gpu` tier lives there too.
+        host_need = peak["cpu"] + peak["gpu"] * local_world_size
+    if host_need > available:
+        raise PlanNotExecutable(
+            f"the plan needs {host_need / GIB:.2f} GiB of host memory on this node but {available / GIB:.2f} GiB is "
+            "available; offload less, add nodes or shrink the model"
+        )

@@ -68,6 +68,12 @@ class Profiler:
         if start is not None:
             self._phase_s[phase] += self._now() - start
 
+    def cancel_step(self) -> None:
+        """A forward without backward (evaluation) is not a training step: drop its timings."""
+        self._step_start_s = None
+        self._phase_start_s.clear()
+        self._phase_s = dict.fromkeys(PHASES, 0.0)
+
     def end_step(self) -> StepSample | None:
         """Close the step after the optimizer ran; returns its sample."""
         if self._step_start_s is None:

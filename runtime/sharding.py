@@ -106,7 +106,7 @@ class ShardedModel:
         if not torch.is_grad_enabled() or not tensors:
             self._reshard_all()  # evaluation: no backward is coming
             self.phase = StepPhase.IDLE
-            self.profiler.end_step()
+            self.profiler.cancel_step()
             return output
         if self.loss_scaler is not None:
             output = self.loss_scaler.scale_outputs(output)
@@ -268,7 +268,7 @@ def shard(
 
 def _build_units(model: nn.Module, state: ShardedModel, init_fn: Callable[[nn.Module], None]) -> list[tuple[nn.Module, list[int]]]:
     """One unit per module that owns parameters; returns (module, units it uses) for hooking."""
-    config, comm = state.config, state.comm
+    config = state.config
     owner: dict[int, int] = {}
     references: dict[int, list[tuple[nn.Module, str]]] = {}
     for module in model.modules():
@@ -290,7 +290,6 @@ def _build_units(model: nn.Module, state: ShardedModel, init_fn: Callable[[nn.Mo
         used = sorted({owner[id(p)] for p in module._parameters.values() if p is not None})
         if used:
             module_units.append((module, used))
-    del comm
     return module_units
 
 

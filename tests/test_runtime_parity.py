@@ -7,7 +7,6 @@ checkpoints, and tiny Hugging Face Llama / GPT-2 models built from a config (not
 from __future__ import annotations
 
 import pytest
-
 from runtime_support import (
     ALL_CPU,
     ALL_DEVICE,
