@@ -207,7 +207,7 @@ def write_results(doc: dict) -> None:
 
 `python benchmarks/bench_runtime.py --rounds {doc['rounds']} --steps {doc['steps_per_round']} --warmup {doc['warmup_steps']} --write-results`
 
-Machine: {doc['machine']} (shared with other jobs; systems interleaved round by round, medians).
+Machine: {doc['machine']} (shared with other jobs while measured).
 Model: {doc['model']}. `ours-cpu`: params, gradients, optimizer states on the `cpu` tier;
 `ours-device`: everything on the compute device; `deepspeed`: DeepSpeed 0.19.8 ZeRO-3 with
 `offload_param` and `offload_optimizer` on CPU (torch Adam, gloo, CPU accelerator); `plain`: the same

@@ -181,6 +181,12 @@ class ParamUnit:
             self.grad_store.create(self.key, self.layout.shard_numel, torch.float32)
             self._has_grad_shard = True
 
+    @property
+    def grad_received(self) -> bool:
+        """Whether any gradient arrived since `zero_grad` (torch's optimizers skip a parameter whose
+        `.grad` is None: no decay, no momentum step; the optimizer does the same per unit)."""
+        return any(self._grad_written)
+
     def grad_shard(self) -> torch.Tensor:
         """The exact gradient shard where it lives (zeros for parameters that got no gradient)."""
         self._ensure_grad_shard()

@@ -26,7 +26,7 @@ from planner.errors import PlannerError
 from planner.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
 from planner.profile import Profile, StepSample
 from planner.units import TFLOP
-from runtime.plan_io import PlanNotExecutable, check_executable
+from runtime.plan_io import PlanNotExecutable, check_executable, check_memory
 from runtime.profiler import process_peak_rss_bytes
 
 EVENT = "TIERWISE_EVENT"
@@ -77,7 +77,7 @@ def load_tokens(path: str, plan: Plan) -> torch.Tensor:
         raise PlannerError(f"cannot read --data {path}: {exc.strerror or exc}") from None
     if len(raw) < plan.model.seq_len + 1:
         raise PlannerError(f"--data {path} has {len(raw)} bytes; it needs at least seq_len + 1 = {plan.model.seq_len + 1}")
-    if plan.model.vocab_size not in (0, 256) and plan.model.vocab_size < 256:
+    if 0 < plan.model.vocab_size < 256:
         raise PlannerError(f"byte-level --data needs vocab_size >= 256 (or 0), the plan has {plan.model.vocab_size}")
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
 

@@ -63,20 +63,23 @@ class AdamW:
         st = self.state
         st.finish_pending()
         st.profiler.begin("optimizer")
-        grads = [self._units[k].grad_shard() for k in self._keys]
+        live = [self._units[k].grad_received for k in self._keys]
+        grads = [self._units[k].grad_shard() for k, used in zip(self._keys, live, strict=True) if used]
         applied = True
         if st.loss_scaler is not None:
             applied = st.loss_scaler.unscale_and_check(grads, st.comm)
         if applied:
-            for master, grad in zip(self._masters, grads, strict=True):
+            stepped = [m for m, used in zip(self._masters, live, strict=True) if used]
+            for master, grad in zip(stepped, grads, strict=True):
                 master.grad = grad
             self._inner.step()
             for master in self._masters:
                 master.grad = None
             self._charge_states()
             if not st.master_shares_param_shard:
-                for k in self._keys:
-                    st.param_store.write(k, st.masters[k]).wait()
+                for k, used in zip(self._keys, live, strict=True):
+                    if used:
+                        st.param_store.write(k, st.masters[k]).wait()
         else:
             self.num_skipped_steps += 1
         st.profiler.end("optimizer")

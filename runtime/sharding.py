@@ -12,6 +12,9 @@ backward: output-gradient hook -> prefetch ahead, gather; each parameter's post-
           Recomputation (activation checkpointing) re-enters the forward hooks during backward:
           those gather but do not reshard, because the unit's backward comes right after.
 end of backward (autograd callback): finish reduce-scatters, reshard everything left, phase IDLE.
+
+With more than one rank, every rank must use the same parameters in a backward (as with FSDP): a
+unit's reduce-scatter is a collective that all ranks issue in the same order.
 """
 
 from __future__ import annotations

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_support import ALL_CPU, ALL_DEVICE, batches, build_model, plan_doc, reference_losses, relative_errors
+from runtime_support import (
+    ALL_CPU,
+    ALL_DEVICE,
+    batches,
+    build_model,
+    plan_doc,
+    reference_losses,
+    relative_errors,
+)
 
 import runtime
 

@@ -62,3 +62,28 @@ def test_world2_matches_plain_pytorch(references: dict[str, list[float]], tmp_pa
     results = run_distributed("sharded_losses", list(WORLD2_CASES.values()), tmp_path)
     for (name, (kind, _)), losses in zip(WORLD2_CASES.items(), results, strict=True):
         assert max(relative_errors(references[kind], losses)) <= TOL, (name, references[kind], losses)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_tracks_fp32(precision: str, references: dict[str, list[float]]) -> None:
+    """16-bit compute copies, fp32 master weights and Adam states: close to the fp32 run."""
+    losses = sharded_losses("gpt", plan_doc(placement=ALL_CPU, precision=precision, checkpoint_interval=1))
+    assert max(relative_errors(references["gpt"], losses)) <= 2e-2, losses
+
+
+def test_fp16_overflow_skips_the_step_and_halves_the_scale() -> None:
+    import torch
+    from runtime_support import batches, build_model
+
+    import runtime
+
+    model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_CPU, precision="fp16"))
+    opt = runtime.AdamW(model, lr=1e-3)
+    scaler = runtime.state_of(model).loss_scaler
+    scaler.scale = 2.0**40  # fp16 gradients overflow at this scale
+    before = {k: v.clone() for k, v in runtime.state_of(model).masters.items()}
+    tokens = batches(1)[0]
+    model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
+    assert opt.step() is False
+    assert scaler.scale == 2.0**39 and opt.num_skipped_steps == 1
+    assert all(torch.equal(before[k], v) for k, v in runtime.state_of(model).masters.items())
