@@ -101,6 +101,10 @@ class ParamUnit:
         self._staged = None
         self.state = UnitState.GATHERING
 
+    def claim(self) -> None:
+        """The unit's use begins: a buffer gathered ahead now counts as working memory (eq. 4)."""
+        self._retag("prefetch_gathered_params", "mswm")
+
     def unshard(self) -> None:
         """-> GATHERED: parameters are views of the full buffer and may be used by compute."""
         if self.state is UnitState.GATHERED:
@@ -109,8 +113,7 @@ class ParamUnit:
         assert self._gathering is not None
         self._full = self._gathering.wait()
         self._gathering = None
-        # A prefetched buffer is now the operator's working memory (eq. 4), no longer "ahead".
-        self._retag("prefetch_gathered_params", "mswm")
+        self.claim()
         for p, view in zip(self.params, self.layout.views(self._full), strict=True):
             p.data = view
         self.state = UnitState.GATHERED

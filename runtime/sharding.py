@@ -41,8 +41,9 @@ from runtime.profiler import Profiler
 from runtime.stores import CopyEngine, ShardStore, make_store
 from runtime.tiling import apply_tiling
 
-MAX_REDUCES_IN_FLIGHT = 2
-"""Reduce-scatters allowed in flight before the oldest is waited on (bounds gradient buffers)."""
+MAX_REDUCES_IN_FLIGHT = 1
+"""Reduce-scatters in flight while the next operator's backward runs (the memory model's
+`reduce_scatter_buffer`: one operator's full gradients)."""
 
 
 class StepPhase(enum.Enum):
@@ -91,7 +92,8 @@ class ShardedModel:
     def _use(self, indices: list[int], phase: Phase) -> None:
         assert self.prefetcher is not None
         for i in indices:
-            self.prefetcher.on_use(phase, i)
+            self.units[i].claim()
+            self.prefetcher.on_use(phase, i)  # start gathering ahead before waiting for this one
             self.units[i].unshard()
 
     def root_pre_forward(self, module: nn.Module, args: Any) -> None:  # noqa: ARG002
@@ -154,21 +156,23 @@ class ShardedModel:
     def grad_hook(self, unit: ParamUnit, index: int) -> Callable[[nn.Parameter], None]:
         def hook(param: nn.Parameter) -> None:
             if unit.on_grad(index, param):
-                reduced = unit.reduce_grads()
-                if reduced is not None:
-                    self._reduces.append((unit, reduced))
-                    while len(self._reduces) > MAX_REDUCES_IN_FLIGHT:
-                        done, red = self._reduces.popleft()
-                        done.finish_reduce(red).wait()
+                self._start_reduce(unit)
                 unit.reshard()
 
         return hook
 
+    def _start_reduce(self, unit: ParamUnit) -> None:
+        if self.comm.world_size > 1:
+            while len(self._reduces) >= MAX_REDUCES_IN_FLIGHT:  # bound the gradient buffers
+                done, red = self._reduces.popleft()
+                done.finish_reduce(red).wait()
+        reduced = unit.reduce_grads()
+        if reduced is not None:
+            self._reduces.append((unit, reduced))
+
     def _end_backward(self) -> None:
-        for unit in self.units:  # parameters that got no gradient in this backward
-            reduced = unit.reduce_grads()
-            if reduced is not None:
-                self._reduces.append((unit, reduced))
+        for unit in self.units:  # units some of whose parameters got no gradient in this backward
+            self._start_reduce(unit)
         while self._reduces:
             unit, red = self._reduces.popleft()
             unit.finish_reduce(red).wait()
