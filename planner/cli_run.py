@@ -39,7 +39,8 @@ def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     on_nvme = [s for s, tier in plan.placement.to_dict().items() if tier == "nvme"]
     if on_nvme:
         raise PlannerError(f"placement {', '.join(on_nvme)}=nvme is not yet supported by the runtime; use gpu or cpu")
-    if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}):
+    # With one data-parallel rank nothing is split, so every strategy is the same execution.
+    if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
         raise PlannerError(f"strategy {plan.strategy} keeps model states replicated; the runtime runs ZeRO-3 "
                            "(zero3, zero-inf-cpu or custom)")
     if nproc * nnodes != plan.num_gpus:

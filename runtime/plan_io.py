@@ -69,7 +69,8 @@ def check_executable(plan: Plan, *, world_size: int) -> None:
     on_nvme = [state for state, tier in plan.placement.to_dict().items() if tier == "nvme"]
     if on_nvme:
         raise PlanNotExecutable(f"placement {', '.join(on_nvme)}=nvme is not yet supported by the runtime; use gpu or cpu")
-    if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}):
+    # With one data-parallel rank nothing is split, so every strategy is the same execution.
+    if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
         raise PlanNotExecutable(
             f"strategy {plan.strategy} keeps some model states replicated; this runtime partitions all of them "
             "(ZeRO-3): use strategy zero3, zero-inf-cpu or custom"
