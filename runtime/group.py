@@ -119,15 +119,16 @@ class ParamUnit:
         self.state = UnitState.GATHERED
 
     def reshard(self) -> None:
-        """-> SHARDED: drop the full buffer (parameters point at an empty tensor again)."""
-        if self.state is UnitState.SHARDED:
-            return
+        """-> SHARDED: drop the full buffer (parameters point at an empty tensor again) and any shard
+        staged ahead (after the optimizer step it would be stale)."""
         if self._gathering is not None:  # a prefetch nobody used: let it land before dropping it
             self._gathering.wait()
             self._gathering = None
-        for p in self.params:
-            p.data = self._empty
-        self._full = None
+        self._staged = None
+        if self.state is not UnitState.SHARDED:
+            for p in self.params:
+                p.data = self._empty
+            self._full = None
         self._release_charges()
         self.state = UnitState.SHARDED
 
