@@ -34,7 +34,7 @@ from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
-from planner.sim.workload import OPTIMIZER_STATE_BYTES_PER_PARAM, Step, build_workload
+from planner.sim.workload import OPTIMIZER_STATE_BYTES_PER_PARAM, Step, Workload, build_workload
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
@@ -48,9 +48,9 @@ def stage_lookaheads(depth: int) -> dict[str, int]:
 class Simulation:
     """One iteration of `plan`; `run()` returns the finished simulation for `report.build_result`."""
 
-    def __init__(self, plan: Plan, *, ranks: Ranks = "representative") -> None:
+    def __init__(self, plan: Plan, *, ranks: Ranks = "representative", workload: Workload | None = None) -> None:
         self.plan = plan
-        self.work = build_workload(plan)
+        self.work = workload if workload is not None else build_workload(plan)
         self.env = simpy.Environment()
         self.net = Network(self.env)
         num_ranks = 1 if ranks == "representative" else plan.cluster.gpus_per_node
@@ -79,6 +79,11 @@ class Simulation:
 
     def links(self) -> list[Link]:
         return self.res.links()
+
+    def log(self) -> list[tuple[str, float, float, str]]:
+        """Every busy interval of every link as (resource, start, end, label), in time order."""
+        entries = [(link.name, a, b, label) for link in self.links() for a, b, label in link.intervals]
+        return sorted(entries, key=lambda e: (e[1], e[2], e[0]))
 
     # -- accounting used by the rank programs ------------------------------------------------
     def count(self, rank: int, category: str, nbytes: float) -> None:
@@ -366,9 +371,10 @@ class RankProgram:
         plan, work = self.sim.plan, self.sim.work
         if plan.placement.optimizer_states == "gpu":
             seconds = gpu_step_seconds(plan, work.params_per_rank)
-            now = self.env.now
-            self.links.compute.occupy(now, now + seconds, "optimizer", 0.0)
-            yield self.env.timeout(seconds)
+            if seconds > 0:
+                now = self.env.now
+                self.links.compute.occupy(now, now + seconds, "optimizer", 0.0)
+                yield self.env.timeout(seconds)
         else:
             yield self.sim.cpu_optimizer_step()
         if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned and self.dp > 1:
