@@ -217,26 +217,30 @@ class RankProgram:
         slice_bytes = step.op.num_params / self.mp * self.b
         shard_bytes = slice_bytes / self.dp
         label = step.phase
-        on_gpu = False
+        gathers = "gather" in self.stages
         for stage in self.stages:
             trigger = self._trigger(stage, j)
             if not trigger.processed:
                 yield trigger
             del self._triggers[(stage, j)]
-            if stage != "nvme" and not on_gpu:
-                # The gather's output buffer is allocated first; the shard lands in its slot.
-                sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
-                on_gpu = True
             if stage == "nvme":
                 sim.cpu_add("param staging", shard_bytes)
                 yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
             elif stage == "h2d":
+                # The shard lands in a shard-sized buffer; without a gather (dp = 1) it is the slice.
+                if gathers:
+                    sim.gpu_add(rank, "param staging", shard_bytes)
+                else:
+                    sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
                 yield self._move(shard_bytes, self.res.h2d(rank), "h2d", label)
                 if "nvme" in self.stages:
                     sim.cpu_remove("param staging", shard_bytes)
             else:
+                sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
                 yield self._move(self._collective_bytes(slice_bytes), self.res.collective(rank, spans_nodes=self.spans_nodes),
                                  "all_gather", label)
+                if "h2d" in self.stages:
+                    sim.gpu_remove(rank, "param staging", shard_bytes)
         self._ready.pop(j).succeed()
 
     # -- the iteration -------------------------------------------------------------------------
