@@ -202,3 +202,38 @@ def test_representative_rank_equals_every_rank_simulated():
     assert rep.phase_time_s == pytest.approx(every.phase_time_s, rel=1e-9)
     assert rep.link_bytes == every.link_bytes
     assert rep.peak_bytes == pytest.approx(every.peak_bytes, rel=1e-9)
+
+
+@pytest.mark.parametrize(("hidden", "layers", "ci", "placement", "mp", "tiling", "periodic"), [
+    (2048, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu"), 1, 1,
+     True),
+    (512, 23, 3, Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="cpu"), 2, 2, True),
+    (512, 17, 0, Placement(), 1, 1, True),
+    (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu"), 4, 1, True),
+    # Tiny transfers: checkpoint offloads drift against the fetches, per-block times do not repeat,
+    # so the fast path falls back to simulating every block.
+    (512, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu"), 1, 1,
+     False),
+])
+def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci, placement, mp, tiling, periodic):
+    # [Note: periodic layers]: the fast path samples 3 shallower models and extrapolates exactly.
+    from planner.catalog import hardware_presets
+    from planner.sim.fast import predict, sample_layer_counts
+
+    model = ModelSpec(name="deep", num_layers=layers, hidden_size=hidden, num_heads=8, seq_len=128, vocab_size=1000)
+    plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=16, placement=placement,
+                micro_batch_per_gpu=2, checkpoint_interval=ci, model_parallel_degree=mp, tiling_factor=tiling,
+                optimizer_chunk_bytes=2**20)
+    assert sample_layer_counts(plan) is not None
+    fast, full = predict(plan), simulate(plan).prediction
+    assert ("extrapolated_from_layers" in fast.details) == periodic
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
+    assert fast.phase_time_s == pytest.approx(full.phase_time_s, rel=1e-9)
+    assert fast.peak_bytes == pytest.approx(full.peak_bytes, rel=1e-9)
+    assert fast.link_bytes == pytest.approx(full.link_bytes, rel=1e-9)
+    assert fast.memory_terms.keys() == full.memory_terms.keys()
+    for tier in full.memory_terms:
+        assert fast.memory_terms[tier] == pytest.approx(full.memory_terms[tier], rel=1e-9)
+    for name, r in full.details["resources"].items():
+        assert fast.details["resources"][name]["busy_s"] == pytest.approx(r["busy_s"], rel=1e-9)
+    assert (fast.bottleneck, fast.feasible) == (full.bottleneck, full.feasible)

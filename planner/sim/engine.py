@@ -48,7 +48,10 @@ def stage_lookaheads(depth: int) -> dict[str, int]:
 class Simulation:
     """One iteration of `plan`; `run()` returns the finished simulation for `report.build_result`."""
 
-    def __init__(self, plan: Plan, *, ranks: Ranks = "representative", workload: Workload | None = None) -> None:
+    def __init__(self, plan: Plan, *, ranks: Ranks = "representative", workload: Workload | None = None,
+                 optimizer: OptimizerOutcome | None = None) -> None:
+        """`workload` replaces the plan's operator trace, `optimizer` a precomputed chunked CPU step
+        (both for tests and for fast.py, which reuses one optimizer step for several layer counts)."""
         self.plan = plan
         self.work = workload if workload is not None else build_workload(plan)
         self.env = simpy.Environment()
@@ -64,13 +67,15 @@ class Simulation:
         self.phase_end_s: dict[str, float] = {}
         self.largest_gpu_allocation_bytes = 0.0
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
-        self.optimizer: OptimizerOutcome | None = None
+        self.optimizer = optimizer
         self._optimizer_done: simpy.Event | None = None
         self._place_residents()
 
     def run(self) -> Simulation:
         procs = [self.env.process(rank.iteration()) for rank in self.ranks]
         self.env.run(simpy.AllOf(self.env, procs))
+        for tracker in (self.gpu, self.cpu, self.nvme):
+            tracker.close_window()
         return self
 
     @property
@@ -112,7 +117,9 @@ class Simulation:
         """The chunked CPU step of all ranks, simulated once and merged (engine runs it in lockstep)."""
         if self._optimizer_done is None:
             start = self.env.now
-            outcome = self.optimizer = chunked_step(self.plan, self.work, len(self.ranks))
+            if self.optimizer is None:
+                self.optimizer = chunked_step(self.plan, self.work, len(self.ranks))
+            outcome = self.optimizer
             for link, busy_s, amount, intervals in zip(self.links(), outcome.busy_s, outcome.amount, outcome.intervals,
                                                        strict=True):
                 link.busy_s += busy_s
@@ -309,6 +316,9 @@ class RankProgram:
                     sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
         yield simpy.AllOf(self.env, self._grad_done)
         self._record_phase_end("backward")
+        if self.rank == 0:
+            for tracker in (sim.gpu, sim.cpu, sim.nvme):
+                tracker.close_window()
         yield from self._optimizer_step()
         self._record_phase_end("optimizer")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from planner.catalog import hardware_presets, model_presets
 from planner.model import ModelSpec
 from planner.plan import Placement, Plan
+from planner.sim.fast import predict
 from planner.sim.report import simulate
 from planner.units import GIB
 
@@ -69,7 +70,7 @@ def experiment_plan(exp: Experiment) -> Plan:
         for tiling in (1, 2, 4, 8, 16, 32, 64)
     ]
     for plan in candidates:
-        if simulate(plan).prediction.feasible:
+        if predict(plan).feasible:
             return plan
     return candidates[-1]
 
