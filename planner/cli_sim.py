@@ -108,11 +108,14 @@ def print_prediction(plan: Plan) -> None:
         moved = f"{r['amount'] / GIB:,.1f} GiB" if r["unit"] == "bytes" else f"{r['amount']:.4g} {r['unit']}"
         resources.add_row(name, r["scope"], f"{r['busy_fraction']:.0%}", moved)
     console.print(resources)
-    memory = Table("tier", "peak", "capacity", "at peak", title="memory")
+    memory = Table("tier", "bill", "simulated peak", "capacity", "in use at the simulated peak (GiB)",
+                   title="memory (the bill decides the verdict; the simulation shows what is live when)")
+    simulated, simulated_terms = p.details["simulated_peak_bytes"], p.details["simulated_memory_terms"]
     for tier, peak in p.peak_bytes.items():
-        terms = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(p.memory_terms.get(tier, {}).items(), key=lambda kv: -kv[1]))
+        terms = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(simulated_terms.get(tier, {}).items(), key=lambda kv: -kv[1]))
         scope = p.details["memory_scope"][tier]
-        memory.add_row(f"{tier} ({scope})", f"{peak / GIB:,.1f} GiB", f"{p.capacity_bytes[tier] / GIB:,.1f} GiB", terms)
+        memory.add_row(f"{tier} ({scope})", f"{peak / GIB:,.1f} GiB", f"{simulated[tier] / GIB:,.1f} GiB",
+                       f"{p.capacity_bytes[tier] / GIB:,.1f} GiB", terms)
     console.print(memory)
 
 

@@ -201,7 +201,7 @@ def test_representative_rank_equals_every_rank_simulated():
     assert rep.iteration_time_s == pytest.approx(every.iteration_time_s, rel=1e-9)
     assert rep.phase_time_s == pytest.approx(every.phase_time_s, rel=1e-9)
     assert rep.link_bytes == every.link_bytes
-    assert rep.peak_bytes == pytest.approx(every.peak_bytes, rel=1e-9)
+    assert rep.details["simulated_peak_bytes"] == pytest.approx(every.details["simulated_peak_bytes"], rel=1e-9)
 
 
 @pytest.mark.parametrize(("hidden", "layers", "ci", "placement", "mp", "tiling", "periodic"), [
@@ -229,11 +229,12 @@ def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci
     assert ("extrapolated_from_layers" in fast.details) == periodic
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
     assert fast.phase_time_s == pytest.approx(full.phase_time_s, rel=1e-9)
-    assert fast.peak_bytes == pytest.approx(full.peak_bytes, rel=1e-9)
+    assert fast.details["simulated_peak_bytes"] == pytest.approx(full.details["simulated_peak_bytes"], rel=1e-9)
     assert fast.link_bytes == pytest.approx(full.link_bytes, rel=1e-9)
-    assert fast.memory_terms.keys() == full.memory_terms.keys()
-    for tier in full.memory_terms:
-        assert fast.memory_terms[tier] == pytest.approx(full.memory_terms[tier], rel=1e-9)
+    fast_terms, full_terms = fast.details["simulated_memory_terms"], full.details["simulated_memory_terms"]
+    assert fast_terms.keys() == full_terms.keys()
+    for tier in full_terms:
+        assert fast_terms[tier] == pytest.approx(full_terms[tier], rel=1e-9)
     for name, r in full.details["resources"].items():
         assert fast.details["resources"][name]["busy_s"] == pytest.approx(r["busy_s"], rel=1e-9)
     assert (fast.bottleneck, fast.feasible) == (full.bottleneck, full.feasible)

@@ -29,12 +29,13 @@ from typing import Any, Literal
 
 import simpy
 
+from planner.memory import model_state_bytes
 from planner.plan import Plan
 from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
-from planner.sim.workload import OPTIMIZER_STATE_BYTES_PER_PARAM, Step, Workload, build_workload
+from planner.sim.workload import Step, Workload, build_workload
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
@@ -133,15 +134,13 @@ class Simulation:
         return self._optimizer_done
 
     def _place_residents(self) -> None:
-        """Partitioned model states live in their tier for the whole iteration (eq. 2 split)."""
-        plan, work = self.plan, self.work
-        gpus_per_node = plan.cluster.gpus_per_node
-        trackers = {"gpu": (self.gpu, 1), "cpu": (self.cpu, gpus_per_node), "nvme": (self.nvme, gpus_per_node)}
-        for state, per_param in (("params", work.param_bytes), ("gradients", work.param_bytes),
-                                 ("optimizer_states", OPTIMIZER_STATE_BYTES_PER_PARAM)):
-            share = plan.num_gpus if state in plan.partitioned else plan.model_parallel_degree
+        """Partitioned model states live in their tier for the whole iteration (memory.py, eq. 2)."""
+        plan = self.plan
+        per_node = plan.cluster.gpus_per_node
+        trackers = {"gpu": (self.gpu, 1), "cpu": (self.cpu, per_node), "nvme": (self.nvme, per_node)}
+        for state, per_gpu in model_state_bytes(plan).items():
             tracker, copies = trackers[getattr(plan.placement, state)]
-            tracker.add(0.0, state, plan.model.num_params * per_param / share * copies)
+            tracker.add(0.0, state, per_gpu * copies)
 
 
 class RankProgram:

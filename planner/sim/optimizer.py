@@ -27,7 +27,8 @@ from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
-from planner.sim.workload import GPU_ADAM_BYTES_PER_PARAM, OPTIMIZER_STATE_BYTES_PER_PARAM, Workload
+from planner.sim.workload import Workload
+from planner.throughput import GPU_ADAM_BYTES_PER_PARAM
 
 Proc = Generator[Any, Any, Any]
 _PERIODIC_TOLERANCE = 1e-9
@@ -64,7 +65,7 @@ def chunked_step(plan: Plan, work: Workload, num_ranks: int, *, detail: bool = T
     chart's material); totals and the CPU peak are the same, since each period frees what it takes.
     """
     params = work.params_per_rank
-    chunk_params = plan.optimizer_chunk_bytes / OPTIMIZER_STATE_BYTES_PER_PARAM
+    chunk_params = plan.optimizer_chunk_bytes / work.optimizer_state_bytes
     num_full = max(0, math.ceil(params / chunk_params) - 1)
     last = params - chunk_params * num_full
     k = 2 * plan.num_optimizer_buffers + 2
@@ -106,7 +107,7 @@ class _Pipeline:
         env, res, placement = self.env, self.res, self.plan.placement
         b = self.work.param_bytes
         on_nvme = placement.optimizer_states == "nvme"
-        state = OPTIMIZER_STATE_BYTES_PER_PARAM
+        state = self.work.optimizer_state_bytes
         buffers = simpy.Container(env, capacity=self.plan.num_optimizer_buffers, init=self.plan.num_optimizer_buffers)
         to_update: simpy.Store = simpy.Store(env)
         to_write: simpy.Store = simpy.Store(env)

@@ -1,14 +1,22 @@
-"""Turn a finished simulation into the DESIGN.md `prediction` block (method `simulated`)."""
+"""Turn a finished simulation into the DESIGN.md `prediction` block (method `simulated`).
+
+[Note: two memory views] Whether a plan fits is decided by the memory bill (`planner.memory`), the
+one the search ranks by and the runtime's memory test checks: `feasible`, `reason`, `peak_bytes`
+and `memory_terms` come from it, so `fit` and `simulate` never disagree on a verdict. The
+simulator's own view, bytes in use over time with the transient buffers it actually schedules, goes
+to `details` (`simulated_peak_bytes`, `simulated_memory_terms`, `memory_timeline`); it is usually
+below the bill, which adds every worst case at once plus allocator slack.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from planner.memory import memory_bill
 from planner.plan import LINKS, Plan, Prediction
 from planner.sim.engine import Ranks, Simulation
 from planner.sim.network import Link
-from planner.units import GIB
 
 MAX_TIMELINE_POINTS = 400
 """Memory curves in the JSON are downsampled to this many points (each keeps its bucket's peak)."""
@@ -86,12 +94,14 @@ def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = No
                  for name, r in s.resources.items()}
     bottleneck = max(resources, key=lambda name: resources[name]["busy_fraction"])
     peaks = {tier: max(windows, key=lambda w: w[0]) for tier, windows in s.windows.items()}
-    feasible, reason = _fits(plan, s, {tier: peak for tier, (peak, _) in peaks.items()})
+    bill = memory_bill(plan)
     details: dict[str, Any] = {
         "flops_accounting": f"paper eq. 7: {8 if recompute else 6} * tokens * params per iteration",
         "resources": resources,
         "tensor_parallel_bytes": round(s.link_bytes.get("tensor_parallel", 0.0)),
-        "largest_gpu_allocation_bytes": round(s.largest_gpu_allocation_bytes),
+        "simulated_peak_bytes": {tier: round(peak) for tier, (peak, _) in peaks.items()},
+        "simulated_memory_terms": {tier: {k: round(v) for k, v in terms.items()} for tier, (_, terms) in peaks.items()},
+        "simulated_largest_gpu_allocation_bytes": round(s.largest_gpu_allocation_bytes),
         "memory_scope": dict(s.scope),
         "simulated_ranks": s.simulated_ranks,
     }
@@ -100,35 +110,20 @@ def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = No
         details["memory_peak_time_s"] = s.memory_peak_time_s
     details.update(notes or {})
     return Prediction(
-        feasible=feasible,
-        reason=reason,
+        feasible=bill.fits,
+        reason=bill.reason(),
         iteration_time_s=total_s,
         tflops_per_gpu=flops / total_s / plan.num_gpus / 1e12 if total_s > 0 else 0.0,
         tokens_per_s=plan.tokens_per_iteration / total_s if total_s > 0 else 0.0,
         bottleneck=bottleneck,
-        peak_bytes={tier: round(peak) for tier, (peak, _) in peaks.items()},
-        capacity_bytes={tier: round(c) for tier, c in s.capacity_bytes.items()},
+        peak_bytes=bill.peak_bytes,
+        capacity_bytes=bill.capacity_bytes,
         phase_time_s={"forward": forward_end, "backward": backward_end - forward_end, "optimizer": total_s - backward_end},
         link_bytes={name: round(s.link_bytes.get(name, 0.0)) for name in LINKS},
-        memory_terms={tier: {k: round(v) for k, v in terms.items()} for tier, (_, terms) in peaks.items()},
+        memory_terms=bill.terms,
         method="simulated",
         details=details,
     )
-
-
-def _fits(plan: Plan, s: Summary, peaks: dict[str, float]) -> tuple[bool, str]:
-    problems = [
-        f"{tier} peak {peak / GIB:.1f} GiB exceeds {s.capacity_bytes[tier] / GIB:.1f} GiB ({s.scope[tier]})"
-        for tier, peak in peaks.items()
-        if peak > s.capacity_bytes[tier]
-    ]
-    max_alloc = plan.node.gpu_max_alloc_bytes
-    if s.largest_gpu_allocation_bytes > max_alloc:
-        problems.append(
-            f"largest GPU allocation {s.largest_gpu_allocation_bytes / GIB:.2f} GiB exceeds the "
-            f"{max_alloc / GIB:.2f} GiB contiguous limit; raise tiling_factor"
-        )
-    return not problems, "; ".join(problems)
 
 
 def _downsample(timeline: list[tuple[float, float]], end_s: float) -> list[list[float]]:
