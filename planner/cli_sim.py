@@ -92,12 +92,13 @@ def simulate_command(
 
 
 def print_prediction(plan: Plan) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from planner.report import console as wide_console
 
     p = plan.prediction
     assert p is not None
-    console = Console()
+    console = wide_console()
     verdict = "[green]fits[/]" if p.feasible else f"[red]does not fit[/]: {p.reason}"
     console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}: {verdict}")
     console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "

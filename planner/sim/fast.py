@@ -22,12 +22,12 @@ from planner.plan import Plan, Prediction
 from planner.sim.engine import Simulation
 from planner.sim.optimizer import chunked_step
 from planner.sim.report import Summary, prediction_from, simulate, summarize
-from planner.sim.workload import build_workload
+from planner.sim.workload import build_workload, optimizer_params_per_rank
 
 _RELATIVE = 1e-7
 _ABSOLUTE = 1e-6
-MIN_SEGMENTS = 3
-MIN_BLOCKS = 6
+MIN_SEGMENTS = 2
+MIN_BLOCKS = 4
 
 
 class _NotAffine(Exception):
@@ -51,13 +51,14 @@ def predict(plan: Plan) -> Prediction:
     if sample is None:
         return simulate(plan).prediction
     counts, repeats = sample
-    full_work = build_workload(plan)
-    # The optimizer step starts on an idle network (optimizer.py), so the real one is simulated once.
-    optimizer = chunked_step(plan, full_work, 1, detail=False) if plan.placement.optimizer_states != "gpu" else None
-    summaries = []
+    params = optimizer_params_per_rank(plan)
+    summaries, optimizer = [], None
     for layers in counts:
         small = plan.replace(model=plan.model.replace(num_layers=layers))
-        work = dataclasses.replace(build_workload(small), params_per_rank=full_work.params_per_rank)
+        work = dataclasses.replace(build_workload(small), params_per_rank=params)
+        if optimizer is None and plan.placement.optimizer_states != "gpu":
+            # The step starts on an idle network (optimizer.py): the real one is simulated once.
+            optimizer = chunked_step(plan, work, 1, detail=False)
         summaries.append(summarize(Simulation(small, workload=work, optimizer=optimizer).run(), timelines=False))
     try:
         summary = extrapolate(summaries, repeats)

@@ -47,8 +47,10 @@ class OpShape:
     """False for a tied output head: its gradient lands in the embedding's and is reduced there."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Step:
+    """One entry of the trace (not frozen: a 1T trace has ~10^5 of them and frozen init is slow)."""
+
     index: int
     phase: Phase
     op: OpShape
@@ -132,7 +134,6 @@ def build_workload(plan: Plan) -> Workload:
     steps = tuple(Step(index=i, phase=phase, op=op, block=blk, segment=segment_of(blk) if 0 <= blk < layers else -1)
                   for i, (phase, op, blk) in enumerate(raw))
 
-    optimizer_partitioned = "optimizer_states" in plan.partitioned
     return Workload(
         plan=plan,
         steps=steps,
@@ -143,5 +144,11 @@ def build_workload(plan: Plan) -> Workload:
         checkpoint_bytes=ACTIVATION_BYTES * bsz * seq * hd,
         block_activation_bytes=bsz * seq * (16 * hd + 2 * model.num_heads * seq),
         tp_all_reduce_bytes=b * bsz * mp * seq * hd,
-        params_per_rank=model.num_params / (plan.num_gpus if optimizer_partitioned else mp),
+        params_per_rank=optimizer_params_per_rank(plan),
     )
+
+
+def optimizer_params_per_rank(plan: Plan) -> float:
+    """Parameters whose optimizer state one rank updates (its partition, or its tensor-parallel slice)."""
+    share = plan.num_gpus if "optimizer_states" in plan.partitioned else plan.model_parallel_degree
+    return plan.model.num_params / share
