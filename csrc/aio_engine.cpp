@@ -114,10 +114,11 @@ void Engine::complete(Block& block, int error_number) {
   Request& request = *block.request;
   if (error_number != 0) {
     std::lock_guard<std::mutex> lock(request.error_mutex);
-    if (!request.failed) {
+    // Report the failure nearest the start of the request, whichever block finished first.
+    const int64_t offset = block.offset + int64_t(block.moved);
+    if (!request.failed || offset < request.error.offset) {
       request.failed = true;
-      request.error = IoError{error_number, request.is_read, request.path, block.offset + int64_t(block.moved),
-                              block.nbytes - block.moved};
+      request.error = IoError{error_number, request.is_read, request.path, offset, block.nbytes - block.moved};
     }
   }
   if (request.pending_blocks.fetch_sub(1) == 1) {

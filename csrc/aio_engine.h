@@ -30,7 +30,7 @@ namespace tierwise {
 
 constexpr size_t kDirectAlignment = 4096;
 
-// The first failure of a request, reported to Python with its context.
+// The failure of a request nearest its start (deterministic however blocks race), reported to Python.
 struct IoError {
   int error_number = 0;    // errno; ENODATA for a read that ran past the end of the file
   bool is_read = false;

@@ -60,18 +60,28 @@ def free_bytes(path: Path) -> int:
     return stat.f_bavail * stat.f_frsize
 
 
+def human_bytes(nbytes: float) -> str:
+    for unit, scale in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{int(nbytes)} bytes"
+
+
 def preflight(path: Path, needed_bytes: int) -> None:
-    """Raise before any training starts when `path` lacks `needed_bytes` of free space."""
-    available = free_bytes(path)
-    if needed_bytes <= available:
+    """Raise before any training starts when `path` lacks `needed_bytes` of free space.
+
+    Filesystems without a size (ramfs reports zero blocks) cannot be checked and pass."""
+    stat = os.statvfs(path)
+    available = stat.f_bavail * stat.f_frsize
+    if needed_bytes <= available or stat.f_blocks == 0:
         return
     stale = find_stale_swap_dirs(path)
     hint = ""
     if stale:
         held = sum(entry.nbytes for entry in stale)
-        hint = f" ({len(stale)} stale swap dir(s) from crashed runs hold {held / GIB:.2f} GiB: remove_stale_swap_dirs)"
+        hint = f" ({len(stale)} stale swap dir(s) from crashed runs hold {human_bytes(held)}: remove_stale_swap_dirs)"
     raise SwapPathError(
-        f"nvme_path {path} has {available / GIB:.2f} GiB free but the swap files need {needed_bytes / GIB:.2f} GiB; "
+        f"nvme_path {path} has {human_bytes(available)} free but the swap files need {human_bytes(needed_bytes)}; "
         f"free space there or choose another nvme_path{hint}"
     )
 
@@ -152,7 +162,7 @@ class SwapDirectory:
             path.unlink()
             if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
                 raise SwapPathError(
-                    f"cannot preallocate {capacity_bytes / GIB:.2f} GiB for {path} ({error.strerror}); "
+                    f"cannot preallocate {human_bytes(capacity_bytes)} for {path} ({error.strerror}); "
                     "free space under nvme_path or choose another"
                 ) from None
             raise

@@ -66,7 +66,7 @@ class Handle:
 
     def wait(self) -> None:
         """Block until the transfer finished (the GIL is released meanwhile); raise OSError with the
-        path, offset, size and errno of the first failed block. Waiting again is a no-op."""
+        path, offset, size and errno of the failed block nearest the start. Waiting again is a no-op."""
         if self._finished:
             return
         self._finished = True

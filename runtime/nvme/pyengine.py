@@ -4,7 +4,7 @@ when the extension is not built.
 Same API and behaviour as `runtime._aio_ext.AioHandle`: requests are split exactly as
 [Note: request splitting and direct I/O] in csrc/aio_engine.h describes, each block is moved by
 `os.preadv`/`os.pwrite` (which release the GIL) on a thread pool of `num_threads` workers, short
-transfers are resumed, and the first failure is raised by `wait` as OSError(errno, message, path)
+transfers are resumed, and the failure at the lowest offset is raised by `wait` as OSError(errno, message, path)
 with `offset` and `nbytes`.
 """
 
@@ -84,7 +84,8 @@ class PyAioHandle:
             try:
                 future.result()
             except _BlockError as error:
-                failure = failure or error
+                if failure is None or error.offset < failure.offset:  # the failure nearest the start
+                    failure = error
         if failure is not None:
             kind = "read" if entry.is_read else "write"
             exception = OSError(
