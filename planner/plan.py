@@ -118,7 +118,7 @@ STRATEGY_TABLE: dict[str, Strategy] = {
         Strategy(name="zero-inf-cpu", placement=Placement(params="cpu", gradients="cpu", optimizer_states="cpu",
                                                           activation_checkpoints="cpu"), partitioned=_ALL,
                  description="ZeRO-Infinity: all model states partitioned in CPU memory"),
-        Strategy(name="zero-inf-nvme", placement=Placement(params="nvme", gradients="cpu", optimizer_states="nvme",
+        Strategy(name="zero-inf-nvme", placement=Placement(params="nvme", gradients="nvme", optimizer_states="nvme",
                                                            activation_checkpoints="cpu"), partitioned=_ALL,
                  description="ZeRO-Infinity: parameters and optimizer states partitioned on NVMe"),
     )

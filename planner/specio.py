@@ -70,11 +70,10 @@ def number(
         raise PlannerError(f"{where} must be a number, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise PlannerError(f"{where} must be finite, got {value!r}")
-    if integer:
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise PlannerError(f"{where} must be a whole number, got {value!r}")
-            value = int(value)
+    if integer and isinstance(value, float):
+        if not value.is_integer():
+            raise PlannerError(f"{where} must be a whole number, got {value!r}")
+        value = int(value)
     if minimum is not None and value < minimum:
         raise PlannerError(f"{where} must be at least {minimum:g}, got {value!r}")
     if exclusive_minimum is not None and value <= exclusive_minimum:

@@ -1,0 +1,221 @@
+"""Placement search: enumerate plans, keep what fits, rank by estimated throughput.
+
+Dimensions: placement (the named strategies and every valid free placement) x checkpoint interval x
+tiling factor x prefetch depth, each at the largest micro-batch that fits (throughput only grows
+with the batch in this model, so the largest feasible batch is the best one for a given shape of
+plan). Any dimension can be pinned. Infeasible candidates are returned with their reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from planner.errors import PlannerError
+from planner.hardware import Cluster, NodeSpec
+from planner.memory import memory_bill, min_tiling_factor
+from planner.model import ModelSpec
+from planner.plan import STATES, STRATEGY_TABLE, Placement, Plan, Prediction
+from planner.throughput import estimate
+
+CHECKPOINT_INTERVALS = (1, 2, 4, 0)
+PREFETCH_DEPTHS = (3, 2, 1, 0)
+MAX_TILING_DOUBLINGS = 6
+DEFAULT_MAX_MICRO_BATCH = 32
+# Valid (optimizer_states, gradients) pairs: gradients land where the optimizer steps (plan.Placement).
+_OPTIMIZER_GRADIENTS = (("gpu", "gpu"), ("cpu", "cpu"), ("nvme", "cpu"), ("nvme", "nvme"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchRequest:
+    model: ModelSpec
+    node: NodeSpec
+    num_gpus: int
+    strategy: str | None = None
+    """Pin a named strategy (placement and partitioning)."""
+    placement_pins: dict[str, str] = field(default_factory=dict)
+    micro_batch_per_gpu: float | None = None
+    checkpoint_interval: int | None = None
+    tiling_factor: int | None = None
+    prefetch_depth: int | None = None
+    model_parallel_degree: int = 1
+    precision: str = "bf16"
+    nvme_path: str | None = None
+    max_micro_batch_per_gpu: int = DEFAULT_MAX_MICRO_BATCH
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    request: SearchRequest
+    ranked: list[Plan]
+    """Feasible plans, best first, each with an analytic `prediction`."""
+    rejected: list[Plan]
+    """One infeasible plan per placement that nothing could fit, with `prediction.reason`."""
+    num_evaluated: int
+
+    @property
+    def best(self) -> Plan | None:
+        return self.ranked[0] if self.ranked else None
+
+    def runners_up(self, count: int = 4) -> list[Plan]:
+        """The best plan of each other placement, so the alternatives are really different."""
+        seen, out = set(), []
+        for plan in self.ranked[1:]:
+            key = (plan.strategy, plan.placement)
+            if key in seen or key == (self.ranked[0].strategy, self.ranked[0].placement):
+                continue
+            seen.add(key)
+            out.append(plan)
+            if len(out) == count:
+                break
+        return out
+
+
+def candidate_placements(strategy: str | None, pins: dict[str, str]) -> list[tuple[str, Placement]]:
+    """(strategy name, placement) pairs consistent with the pins; free placements are ZeRO-3."""
+    if strategy is not None:
+        if strategy not in STRATEGY_TABLE:
+            raise PlannerError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGY_TABLE)}")
+        placement = STRATEGY_TABLE[strategy].placement
+        clash = {k: v for k, v in pins.items() if getattr(placement, k) != v}
+        if clash:
+            raise PlannerError(f"strategy {strategy} places {placement.label()}, which contradicts --placement {clash}")
+        return [(strategy, placement)]
+    by_placement = {s.placement: name for name, s in STRATEGY_TABLE.items() if s.partitioned == frozenset(("params", "gradients", "optimizer_states"))}
+    out: list[tuple[str, Placement]] = [
+        (name, s.placement) for name, s in STRATEGY_TABLE.items() if name in ("dp", "zero2", "zero-offload")
+    ]
+    checkpoint_tiers = ("gpu", "cpu", "nvme") if pins.get("activation_checkpoints") == "nvme" else ("gpu", "cpu")
+    for params, (opt, grads), ckpt in itertools.product(("gpu", "cpu", "nvme"), _OPTIMIZER_GRADIENTS, checkpoint_tiers):
+        placement = Placement(params=params, gradients=grads, optimizer_states=opt, activation_checkpoints=ckpt)
+        out.append((by_placement.get(placement, "custom"), placement))
+    kept = [(name, p) for name, p in out if all(getattr(p, k) == v for k, v in pins.items())]
+    if not kept:
+        raise PlannerError(f"--placement {','.join(f'{k}={v}' for k, v in pins.items())} allows no valid placement")
+    return kept
+
+
+def _with_prediction(plan: Plan) -> Plan:
+    bill = memory_bill(plan)
+    pred = Prediction(
+        feasible=bill.fits,
+        reason=bill.reason(),
+        peak_bytes=bill.peak_bytes,
+        capacity_bytes=bill.capacity_bytes,
+        memory_terms=bill.terms,
+        method="analytic",
+    )
+    if bill.fits:
+        est = estimate(plan)
+        pred.iteration_time_s = est.iteration_time_s
+        pred.tflops_per_gpu = est.tflops_per_gpu
+        pred.tokens_per_s = est.tokens_per_s
+        pred.bottleneck = est.bottleneck
+        pred.phase_time_s = est.phase_time_s
+        pred.link_bytes = est.link_bytes
+        pred.details = {"component_time_s": est.component_time_s, "efficiency_no_overlap": est.efficiency_no_overlap}
+    return plan.replace(prediction=pred)
+
+
+def predict(plan: Plan) -> Plan:
+    """The plan with its analytic prediction (memory bill and, if it fits, throughput)."""
+    return _with_prediction(plan)
+
+
+def _largest_batch(base: Plan, cap: int) -> Plan | None:
+    """Largest micro-batch in [unit, cap] that fits, using the bill's linearity in the batch."""
+    unit = 1 / base.model_parallel_degree  # one sample per model replica
+    lo = base.replace(micro_batch_per_gpu=unit)
+    if not memory_bill(lo).fits:
+        return None
+    # Every term is affine in the batch, so two points give the exact line for each tier.
+    hi_probe = base.replace(micro_batch_per_gpu=2 * unit)
+    a, b = memory_bill(lo), memory_bill(hi_probe)
+    limit = cap / unit
+    for tier, capacity in a.capacity_bytes.items():
+        slope = b.peak_bytes[tier] - a.peak_bytes[tier]
+        if slope > 0:
+            limit = min(limit, 1 + (capacity - a.peak_bytes[tier]) / slope)
+    slope = b.largest_alloc_bytes - a.largest_alloc_bytes
+    if slope > 0:
+        limit = min(limit, 1 + (a.max_alloc_bytes - a.largest_alloc_bytes) / slope)
+    steps = max(1, math.floor(limit + 1e-9))
+    while steps > 1 and not memory_bill(base.replace(micro_batch_per_gpu=steps * unit)).fits:
+        steps -= 1  # rounding at the boundary
+    return base.replace(micro_batch_per_gpu=steps * unit)
+
+
+def search(request: SearchRequest) -> SearchResult:
+    cluster = Cluster(node=request.node, num_gpus=request.num_gpus)  # validates --gpus early
+    placements = candidate_placements(request.strategy, request.placement_pins)
+    ranked: list[Plan] = []
+    rejected: list[Plan] = []
+    evaluated = 0
+    for strategy, placement in placements:
+        best_for_placement: list[Plan] = []
+        first_failure: Plan | None = None
+        for ci in _checkpoint_intervals(request):
+            base = Plan(
+                model=request.model,
+                node=cluster.node,
+                num_gpus=request.num_gpus,
+                strategy=strategy,
+                placement=placement,
+                micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / request.model_parallel_degree,
+                checkpoint_interval=ci,
+                model_parallel_degree=request.model_parallel_degree,
+                precision=request.precision,
+                nvme_path=request.nvme_path if "nvme" in placement.to_dict().values() else None,
+            )
+            for depth in _prefetch_depths(request):
+                found = False
+                for tiling in _tilings(request, base):
+                    plan = base.replace(prefetch_depth=depth, tiling_factor=tiling)
+                    evaluated += 1
+                    if request.micro_batch_per_gpu is None:
+                        sized = _largest_batch(plan, request.max_micro_batch_per_gpu)
+                    else:
+                        sized = plan if memory_bill(plan).fits else None
+                    if sized is None:
+                        first_failure = first_failure or plan
+                        continue
+                    found = True
+                    best_for_placement.append(predict(sized))
+                    if sized.micro_batch_per_gpu * sized.model_parallel_degree >= request.max_micro_batch_per_gpu:
+                        break  # more tiling cannot buy a larger batch
+                if found and request.prefetch_depth is None:
+                    break  # deeper prefetch fits; shallower only overlaps less
+        if best_for_placement:
+            ranked.extend(best_for_placement)
+        elif first_failure is not None:
+            rejected.append(predict(first_failure))
+    ranked.sort(key=_rank_key)
+    return SearchResult(request=request, ranked=ranked, rejected=rejected, num_evaluated=evaluated)
+
+
+def _rank_key(plan: Plan) -> tuple[float, ...]:
+    pred = plan.prediction
+    assert pred is not None and pred.feasible
+    off_gpu = sum(getattr(plan.placement, s) != "gpu" for s in STATES)
+    # Highest throughput first; on ties prefer fewer slow tiers, less tiling, deeper prefetch.
+    return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)
+
+
+def _checkpoint_intervals(request: SearchRequest) -> Iterable[int]:
+    if request.checkpoint_interval is not None:
+        return (request.checkpoint_interval,)
+    nl = request.model.num_layers
+    return tuple(ci for ci in CHECKPOINT_INTERVALS if ci <= nl)
+
+
+def _prefetch_depths(request: SearchRequest) -> Iterable[int]:
+    return (request.prefetch_depth,) if request.prefetch_depth is not None else PREFETCH_DEPTHS
+
+
+def _tilings(request: SearchRequest, base: Plan) -> Iterable[int]:
+    if request.tiling_factor is not None:
+        return (request.tiling_factor,)
+    start = min_tiling_factor(base)
+    return tuple(start * 2**k for k in range(MAX_TILING_DOUBLINGS + 1))

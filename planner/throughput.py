@@ -1,0 +1,235 @@
+"""Analytic throughput estimate (paper §4): the fast first stage of the search.
+
+Per-GPU traffic of each state per iteration, divided by the bandwidth it can use, set against the
+compute time; overlapped (prefetch depth >= 1) or serial (depth 0). The discrete-event simulator
+(`planner.sim`) refines the top candidates at operator and link resolution.
+
+[Note: bandwidth-centric partitioning]
+Each of the `dp` ranks brings 1/dp of every parameter over its own host link (or its share of the
+node's NVMe), and the all-gather assembles the rest over GPU-GPU links (paper §5.1). Bringing the
+full operator to every GPU therefore takes `max(bytes / dp / slow_bw, bytes * (dp-1)/dp / ag_bw)`:
+the effective bandwidth is `min(dp * slow_bw, gpu_gpu_bw)` as the paper's rule of thumb says.
+Per-GPU slow bandwidth is the GPU's own link capped by its share of the node's aggregate
+(host-memory bandwidth or NVMe bandwidth divided by the GPUs in use on the node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.memory import BYTES_PER_PARAM, checkpoint_bytes
+from planner.plan import LINKS, PHASES, Plan
+
+# Share of the iteration's model flops in each pass (eq. 7): forward 2, recompute 2, backward 4.
+FORWARD_FLOPS_PER_PARAM_TOKEN = 2
+BACKWARD_FLOPS_PER_PARAM_TOKEN = 4
+RECOMPUTE_FLOPS_PER_PARAM_TOKEN = 2
+# A GPU Adam step streams params, grads and 12 bytes of optimizer state in and out: ~36 bytes/param.
+GPU_ADAM_BYTES_PER_PARAM = 36
+ACTIVATION_ALLREDUCE_BYTES = 2  # tensor-parallel all-reduces move fp16 activations
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bandwidths:
+    """Per-GPU bandwidths (bytes/s) that one plan's traffic can use."""
+
+    h2d: float
+    d2h: float
+    nvme_read: float
+    nvme_write: float
+    all_gather: float
+    """Per-GPU collective bandwidth (intra-node, or the GPU's share of the network across nodes)."""
+    tensor_parallel: float
+
+
+def bandwidths(plan: Plan) -> Bandwidths:
+    node, cluster = plan.node, plan.cluster
+    gpus = cluster.gpus_per_node
+    host_share = node.host_memory_bytes_per_s / gpus
+    collective = node.gpu_gpu_intra_node_bytes_per_s or node.gpu_hbm_bytes_per_s
+    if cluster.num_nodes > 1:
+        collective = min(collective, node.inter_node_bytes_per_s / gpus) if node.inter_node_bytes_per_s else 0.0
+    h2d = min(node.host_to_gpu_bytes_per_s, host_share)
+    d2h = min(node.gpu_to_host_bytes_per_s, host_share)
+    return Bandwidths(
+        h2d=h2d,
+        d2h=d2h,
+        nvme_read=min(h2d, node.nvme_read_bytes_per_s / gpus),
+        nvme_write=min(d2h, node.nvme_write_bytes_per_s / gpus),
+        all_gather=collective,
+        tensor_parallel=node.gpu_gpu_intra_node_bytes_per_s or node.gpu_hbm_bytes_per_s,
+    )
+
+
+def _divide(nbytes: float, rate: float) -> float:
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / rate if rate > 0 else float("inf")
+
+
+def paper_flops_per_gpu(plan: Plan) -> float:
+    """Eq. 7/8: 8 x tokens x params with recompute, 6 x tokens x params without; per GPU."""
+    factor = 8 if plan.checkpoint_interval else 6
+    return factor * plan.micro_batch_per_gpu * plan.model.seq_len * plan.model.num_params
+
+
+def efficiency(ait: float, bandwidth_bytes_per_s: float, peak_flops_per_s: float) -> float:
+    """Eq. 6: fraction of peak reached when a state's traffic does not overlap compute."""
+    if bandwidth_bytes_per_s == float("inf"):
+        return 1.0  # the state is on the GPU: no slow-memory traffic
+    return ait * bandwidth_bytes_per_s / (ait * bandwidth_bytes_per_s + peak_flops_per_s)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    iteration_time_s: float
+    phase_time_s: dict[str, float]
+    component_time_s: dict[str, float]
+    """Time each kind of work needs on its own (compute, each state's traffic, the optimizer)."""
+    link_bytes: dict[str, int]
+    bottleneck: str
+    tflops_per_gpu: float
+    tokens_per_s: float
+    efficiency_no_overlap: dict[str, float]
+    """Eq. 6 per state at the bandwidth this plan gives it."""
+
+
+def estimate(plan: Plan) -> Estimate:
+    m, place, node = plan.model, plan.placement, plan.node
+    bw = bandwidths(plan)
+    dp, mp = plan.data_parallel_degree, plan.model_parallel_degree
+    per_param = BYTES_PER_PARAM[plan.precision]
+    params_per_gpu = m.num_params / mp  # one model replica's slice on this GPU
+    shard_params = params_per_gpu / dp
+    tokens = plan.micro_batch_per_gpu * m.seq_len
+    recompute = plan.checkpoint_interval > 0
+    links = dict.fromkeys(LINKS, 0.0)
+
+    # -- compute ---------------------------------------------------------------------------
+    fwd_flops = FORWARD_FLOPS_PER_PARAM_TOKEN * tokens * m.num_params
+    bwd_flops = (BACKWARD_FLOPS_PER_PARAM_TOKEN + (RECOMPUTE_FLOPS_PER_PARAM_TOKEN if recompute else 0)) * tokens * m.num_params
+    compute_fwd = fwd_flops / node.gpu_flops_per_s
+    compute_bwd = bwd_flops / node.gpu_flops_per_s
+
+    # -- parameters: fetched once per pass over the model ----------------------------------
+    param_bytes = params_per_gpu * per_param["params"]
+    fetch_fwd = fetch_bwd = 0.0
+    if "params" in plan.partitioned:
+        passes_bwd = 2 if recompute else 1
+        gather = param_bytes * (dp - 1) / dp
+        slow_bw = {"gpu": float("inf"), "cpu": bw.h2d, "nvme": bw.nvme_read}[place.params]
+        shard = param_bytes / dp if place.params != "gpu" else 0.0
+        per_pass = max(_divide(gather, bw.all_gather), _divide(shard, slow_bw))
+        fetch_fwd, fetch_bwd = per_pass, passes_bwd * per_pass
+        links["all_gather"] += (1 + passes_bwd) * gather
+        if place.params in ("cpu", "nvme"):
+            links["h2d"] += (1 + passes_bwd) * shard
+        if place.params == "nvme":
+            links["nvme_read"] += (1 + passes_bwd) * shard
+
+    # -- gradients: reduce-scatter (or all-reduce) and offload during backward --------------
+    grad_bytes = params_per_gpu * per_param["gradients"]
+    if "gradients" in plan.partitioned:
+        reduce = grad_bytes * (dp - 1) / dp
+        links["reduce_scatter"] += reduce
+    else:  # plain data parallel: ring all-reduce moves twice the reduce-scatter's bytes
+        reduce = 2 * grad_bytes * (dp - 1) / dp
+        links["reduce_scatter"] += reduce
+    grads_time = _divide(reduce, bw.all_gather)
+    if place.gradients != "gpu":
+        out = grad_bytes / dp
+        links["d2h"] += out
+        grads_time = max(grads_time, _divide(out, bw.d2h))
+        if place.gradients == "nvme":
+            links["nvme_write"] += out
+            grads_time = max(grads_time, _divide(out, bw.nvme_write))
+
+    # -- activation checkpoints: written in forward, read in backward (eq. 11) --------------
+    ckpt_fwd = ckpt_bwd = 0.0
+    if place.activation_checkpoints != "gpu" and recompute:
+        ckpt = checkpoint_bytes(plan)
+        links["d2h"] += ckpt
+        links["h2d"] += ckpt
+        ckpt_fwd, ckpt_bwd = _divide(ckpt, bw.d2h), _divide(ckpt, bw.h2d)
+        if place.activation_checkpoints == "nvme":
+            links["nvme_write"] += ckpt
+            links["nvme_read"] += ckpt
+            ckpt_fwd = max(ckpt_fwd, _divide(ckpt, bw.nvme_write))
+            ckpt_bwd = max(ckpt_bwd, _divide(ckpt, bw.nvme_read))
+
+    # -- tensor parallelism: Megatron's two all-reduces per block in each pass --------------
+    tp_fwd = tp_bwd = 0.0
+    if mp > 1:
+        per_allreduce = 2 * (mp - 1) / mp * ACTIVATION_ALLREDUCE_BYTES * tokens * mp * m.hidden_size
+        tp_fwd = 2 * m.num_layers * per_allreduce / bw.tensor_parallel
+        tp_bwd = (2 + (2 if recompute else 0)) * m.num_layers * per_allreduce / bw.tensor_parallel
+
+    # -- optimizer step: not overlapped with forward/backward in the paper's design ---------
+    opt_states_shard = shard_params * per_param["optimizer_states"]
+    gpus = plan.cluster.gpus_per_node
+    if place.optimizer_states == "gpu":
+        optimizer = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
+    else:
+        cpu_update = _divide(shard_params * gpus, node.cpu_adam_params_per_s)
+        io = 0.0
+        if place.optimizer_states == "nvme":
+            # eq. 10: the 16 bytes/param of optimizer state are read and written once
+            links["nvme_read"] += opt_states_shard
+            links["nvme_write"] += opt_states_shard
+            io = _divide(opt_states_shard, bw.nvme_read) + _divide(opt_states_shard, bw.nvme_write)
+        # updated parameters go back to where the parameters live
+        updated = shard_params * per_param["params"]
+        if place.params == "gpu":
+            links["h2d"] += updated
+            io = max(io, _divide(updated, bw.h2d))
+        elif place.params == "nvme":
+            links["nvme_write"] += updated
+            io += _divide(updated, bw.nvme_write)
+        optimizer = max(cpu_update, io)
+    if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned:
+        # ZeRO-2 / ZeRO-Offload: each rank updated 1/dp of the parameters; all-gather them back
+        gather = param_bytes * (dp - 1) / dp
+        links["all_gather"] += gather
+        optimizer += _divide(gather, bw.all_gather)
+
+    components = {
+        "compute": compute_fwd + compute_bwd,
+        f"params ({place.params})": fetch_fwd + fetch_bwd,
+        f"gradients ({place.gradients})": grads_time,
+        f"checkpoints ({place.activation_checkpoints})": ckpt_fwd + ckpt_bwd,
+        "tensor parallel": tp_fwd + tp_bwd,
+        f"optimizer ({place.optimizer_states})": optimizer,
+    }
+    if plan.prefetch_depth >= 1:
+        forward = max(compute_fwd, fetch_fwd, ckpt_fwd) + tp_fwd
+        backward = max(compute_bwd, fetch_bwd, grads_time, ckpt_bwd) + tp_bwd
+    else:
+        forward = compute_fwd + fetch_fwd + ckpt_fwd + tp_fwd
+        backward = compute_bwd + fetch_bwd + grads_time + ckpt_bwd + tp_bwd
+    iteration = forward + backward + optimizer
+    bottleneck = max(components, key=lambda k: components[k])
+    ait_params = tokens  # eq. 9
+    eff = {
+        "params_and_gradients": efficiency(ait_params, _state_bandwidth(place.params, bw), node.gpu_flops_per_s),
+        "optimizer_states": efficiency(ait_params / 4, _state_bandwidth(place.optimizer_states, bw), node.gpu_flops_per_s),
+        "activation_checkpoints": efficiency(
+            24 * m.hidden_size * max(1, plan.checkpoint_interval),
+            _state_bandwidth(place.activation_checkpoints, bw),
+            node.gpu_flops_per_s,
+        ),  # eq. 11
+    }
+    return Estimate(
+        iteration_time_s=iteration,
+        phase_time_s=dict(zip(PHASES, (forward, backward, optimizer), strict=True)),
+        component_time_s=components,
+        link_bytes={k: int(v) for k, v in links.items()},
+        bottleneck=bottleneck,
+        tflops_per_gpu=paper_flops_per_gpu(plan) / iteration / 1e12,
+        tokens_per_s=plan.tokens_per_iteration / iteration,
+        efficiency_no_overlap=eff,
+    )
+
+
+def _state_bandwidth(tier: str, bw: Bandwidths) -> float:
+    """Per-GPU bandwidth a state on `tier` is served at (GPU: HBM, effectively unbounded here)."""
+    return {"gpu": float("inf"), "cpu": min(bw.h2d, bw.d2h), "nvme": min(bw.nvme_read, bw.nvme_write)}[tier]

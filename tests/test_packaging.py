@@ -1,0 +1,41 @@
+"""Packaging contracts: the planner stays torch-free, README and CI run the same test command."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_planner_imports_no_torch():
+    code = (
+        "import sys, planner.cli, planner.search, planner.memory, planner.throughput, planner.deepspeed_config, "
+        "planner.max_size, planner.report; "
+        "from planner.catalog import resolve_model; resolve_model('1T'); "
+        "bad = [m for m in ('torch', 'deepspeed', 'numpy') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def readme_commands():
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```(?:bash|sh)\n(.*?)\n```", text, flags=re.S)
+
+
+def test_readme_leads_with_the_two_fresh_machine_commands():
+    commands = readme_commands()
+    assert "planner fit 1T --gpus 16" in commands[0]
+    assert "pytest" in commands[1]
+    assert "torch==2.13.0" in commands[1]
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert readme_commands()[1].strip() in ci
+
+
+def test_ruff_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,136 @@
+"""The `planner` CLI as a user runs it: real processes, real exit codes, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.catalog import resolve_hardware
+
+
+def planner(*args, cwd=None):
+    proc = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_fit_1t_on_16_gpus_prints_a_plan():
+    code, out, err = planner("fit", "1T", "--gpus", "16")
+    assert code == 0, err
+    for text in ("Verdict: fits", "dgx-h100", "Memory per tier", "TFLOPS per GPU", "bottleneck", "Runner-up plans",
+                 "8 x tokens x params"):
+        assert text in out
+
+
+def test_fit_json_follows_the_contract(tmp_path):
+    out_path, ds_path = tmp_path / "plan.json", tmp_path / "ds.json"
+    code, out, err = planner("fit", "1T", "--gpus", "16", "--hardware", "dgx2-v100", "--json",
+                             "--out", str(out_path), "--deepspeed-config", str(ds_path))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc == json.loads(out_path.read_text())
+    assert doc["model"]["num_params"] == 12 * 128 * 25600**2
+    assert set(doc["placement"]) == {"params", "gradients", "optimizer_states", "activation_checkpoints"}
+    assert doc["num_gpus"] == 16 and doc["num_nodes"] == 1
+    pred = doc["prediction"]
+    assert pred["feasible"] is True
+    for key in ("iteration_time_s", "tflops_per_gpu", "tokens_per_s", "bottleneck"):
+        assert key in pred
+    assert set(pred["peak_bytes"]) == {"gpu", "cpu", "nvme"}
+    assert set(pred["phase_time_s"]) == {"forward", "backward", "optimizer"}
+    assert set(pred["link_bytes"]) == {"nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter"}
+    assert json.loads(ds_path.read_text())["zero_optimization"]["stage"] == 3
+
+
+def test_fit_that_does_not_fit_is_a_successful_answer():
+    code, out, err = planner("fit", "100T", "--gpus", "1", "--hardware", "h200-x1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["prediction"]["feasible"] is False
+    code, out, _ = planner("fit", "100T", "--gpus", "1", "--hardware", "h200-x1")
+    assert code == 0 and "does not fit" in out
+
+
+def test_memory_json_keys():
+    code, out, err = planner("memory", "1T", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["bytes"]["model_states"] == 240 * 128 * 25600**2
+    for key in ("activation_checkpoints_per_gpu", "activations_per_gpu", "mswm_per_gpu", "awm_per_gpu"):
+        assert key in doc["bytes"]
+    assert doc["model"]["num_layers"] == 128
+
+
+def test_memory_with_explicit_shape_and_placement():
+    code, out, err = planner("memory", "--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "128",
+                             "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu")
+    assert code == 0, err
+    assert "model_states" in out and "optimizer_states" in out
+
+
+def test_max_size_json():
+    code, out, err = planner("max-size", "--strategy", "zero-inf-nvme", "--gpus", "16", "--hardware", "dgx2-v100", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    # ZeRO-Infinity's headline: more than a trillion parameters on one DGX-2 node.
+    assert doc["max_params"] > 10**12
+    code, out, _ = planner("max-size", "--strategy", "zero3", "--gpus", "16", "--hardware", "dgx2-v100", "--json")
+    assert code == 0 and 10**10 < json.loads(out)["max_params"] < 10**11
+
+
+def _hardware_file(tmp_path, **changes):
+    doc = resolve_hardware("dgx-h100").to_dict()
+    doc.update(changes)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("fit", "1Q", "--gpus", "16"), "unknown model '1Q'"),
+        (("fit", "1T", "--gpus", "0"), "--gpus must be at least 1, got 0"),
+        (("fit", "1T", "--gpus", "16", "--hardware", "nosuch"), "unknown hardware 'nosuch'"),
+        (("fit", "1T", "--gpus", "12"), "not a whole number of dgx-h100 nodes"),
+        (("fit", "1T", "--placement", "params=disk"), "is not STATE=TIER"),
+        (("fit", "1T", "--strategy", "zero9"), "unknown strategy 'zero9'"),
+        (("fit", "1T", "--precision", "fp8"), "--precision must be one of"),
+        (("memory", "1T", "--checkpoint-interval", "-1"), "checkpoint_interval must be at least 0"),
+        (("max-size", "--strategy", "nope"), "unknown strategy 'nope'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(args, needle):
+    code, out, err = planner(*args)
+    assert code == 1
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_malformed_model_json(tmp_path):
+    bad = tmp_path / "model.json"
+    bad.write_text('{"num_layers": 2, "hidden_size": ')
+    code, _, err = planner("fit", str(bad), "--gpus", "1")
+    assert code == 1 and "is not valid json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_negative_bandwidth_in_hardware_file(tmp_path):
+    path = _hardware_file(tmp_path, nvme_read_gb_per_s=-3)
+    code, _, err = planner("fit", "1T", "--gpus", "16", "--hardware", path)
+    assert code == 1 and "nvme_read_gb_per_s must be at least 0, got -3" in err
+
+
+def test_unwritable_output_path(tmp_path):
+    code, _, err = planner("fit", "1.4B", "--gpus", "1", "--hardware", "h200-x1", "--out", str(tmp_path / "no" / "p.json"))
+    assert code == 1 and "cannot write plan" in err
+
+
+def test_usage_errors_exit_2():
+    code, _, _ = planner("fit", "1T", "--gpus", "many")
+    assert code == 2
+
+
+def test_lists():
+    code, out, _ = planner("models")
+    assert code == 0 and "paper-1t" in out and "llama-3-70b" in out
+    code, out, _ = planner("hardware", "dgx2-v100")
+    assert code == 0 and "paper" in out and "estimate" in out

@@ -1,0 +1,91 @@
+"""Analytic estimate (paper §4) on hand-computable cases."""
+
+import pytest
+
+from planner.hardware import NodeSpec
+from planner.model import ModelSpec
+from planner.plan import STRATEGY_TABLE, Plan
+from planner.throughput import bandwidths, efficiency, estimate
+from planner.units import GB, GIB
+
+# A round-number node: 1 TFLOP/s GPUs, 10 GB/s host links, NVMe 4 GB/s per node, 100 GB/s NVLink.
+NODE = NodeSpec(
+    name="round",
+    num_gpus_per_node=4,
+    gpu_memory_bytes=64 * GIB,
+    gpu_flops_per_s=1e12,
+    gpu_hbm_bytes_per_s=1000 * GB,
+    cpu_memory_bytes=512 * GIB,
+    nvme_capacity_bytes=4096 * GIB,
+    host_to_gpu_bytes_per_s=10 * GB,
+    gpu_to_host_bytes_per_s=10 * GB,
+    host_memory_bytes_per_s=40 * GB,
+    nvme_read_bytes_per_s=4 * GB,
+    nvme_write_bytes_per_s=2 * GB,
+    gpu_gpu_intra_node_bytes_per_s=100 * GB,
+    cpu_adam_params_per_s=1e9,
+)
+MODEL = ModelSpec(num_layers=1, hidden_size=1024, num_heads=8)  # P = 12 * 1024^2 = 12_582_912
+P = 12 * 1024**2
+
+
+def plan(strategy, gpus=4, **kw):
+    return Plan(model=MODEL, node=NODE, num_gpus=gpus, strategy=strategy, placement=STRATEGY_TABLE[strategy].placement, **kw)
+
+
+def test_per_gpu_bandwidths_share_the_node_aggregates():
+    bw = bandwidths(plan("zero-inf-nvme"))
+    assert bw.h2d == 10 * GB  # 40 GB/s node aggregate / 4 GPUs = 10, equal to the link
+    assert bw.nvme_read == 1 * GB  # 4 GB/s / 4 GPUs
+    assert bw.nvme_write == 0.5 * GB
+    assert bw.all_gather == 100 * GB
+
+
+def test_zero_inf_cpu_serial_iteration():
+    # depth 0: nothing overlaps. bsz 1, seq 1024, ci 1, bf16, 4 GPUs (dp 4).
+    est = estimate(plan("zero-inf-cpu", prefetch_depth=0))
+    compute = 8 * 1024 * P / 1e12
+    param_bytes = 2 * P
+    per_pass = max(param_bytes * 3 / 4 / (100 * GB), param_bytes / 4 / (10 * GB))  # all-gather vs own shard
+    grads = max(2 * P * 3 / 4 / (100 * GB), 2 * P / 4 / (10 * GB))
+    ckpt = 2 * 1024 * 1024 * 1  # eq. 3: one checkpoint of one block
+    ckpts = ckpt / (10 * GB) + ckpt / (10 * GB)
+    optimizer = max(P / 4 * 4 / 1e9, 0.0)  # CPU Adam over the node's 4 shards
+    assert est.phase_time_s["forward"] == pytest.approx(compute / 4 + per_pass + ckpt / (10 * GB))
+    assert est.phase_time_s["backward"] == pytest.approx(compute * 3 / 4 + 2 * per_pass + grads + ckpt / (10 * GB))
+    assert est.phase_time_s["optimizer"] == pytest.approx(optimizer)
+    assert est.iteration_time_s == pytest.approx(compute + 3 * per_pass + grads + ckpts + optimizer)
+    assert est.tflops_per_gpu == pytest.approx(8 * 1024 * P / est.iteration_time_s / 1e12)
+    assert est.link_bytes["h2d"] == int(3 * param_bytes / 4 + ckpt)
+
+
+def test_overlap_takes_the_max_instead_of_the_sum():
+    serial = estimate(plan("zero-inf-cpu", prefetch_depth=0))
+    overlapped = estimate(plan("zero-inf-cpu", prefetch_depth=3))
+    compute = 8 * 1024 * P / 1e12
+    assert overlapped.phase_time_s["forward"] == pytest.approx(compute / 4)  # compute-bound here
+    assert overlapped.iteration_time_s < serial.iteration_time_s
+
+
+def test_bandwidth_centric_partitioning_scales_with_gpus():
+    # Params on NVMe: each GPU reads 1/dp of each parameter, so the fetch time per pass falls with dp
+    # until the node's NVMe aggregate is shared by all (1 GPU: 4 GB/s alone; 4 GPUs: 1 GB/s each).
+    one = estimate(plan("zero-inf-nvme", gpus=1, micro_batch_per_gpu=1)).component_time_s["params (nvme)"]
+    four = estimate(plan("zero-inf-nvme", gpus=4, micro_batch_per_gpu=1)).component_time_s["params (nvme)"]
+    assert one == pytest.approx(3 * 2 * P / (4 * GB))
+    assert four == pytest.approx(3 * max(2 * P / 4 / (1 * GB), 2 * P * 3 / 4 / (100 * GB)))
+    assert four == pytest.approx(one)  # same node NVMe aggregate: min(dp * per_gpu_bw, ...) = 4 GB/s
+
+
+def test_nvme_optimizer_reads_and_writes_every_state_byte():
+    est = estimate(plan("zero-inf-nvme"))
+    shard = P / 4
+    io = shard * 16 / (1 * GB) + shard * 16 / (0.5 * GB) + shard * 2 / (0.5 * GB)
+    assert est.phase_time_s["optimizer"] == pytest.approx(max(P / 1e9, io))
+    assert est.link_bytes["nvme_write"] == int(shard * 16 + shard * 2 + 2 * P / 4)
+
+
+def test_eq6_efficiency():
+    # Paper §4.2: ait 1024 at 3 GB/s against a 70 TFLOP/s peak gives 4.2% efficiency.
+    assert efficiency(1024, 3e9, 70e12) == pytest.approx(1024 * 3e9 / (1024 * 3e9 + 70e12))
+    assert round(efficiency(1024, 3e9, 70e12), 3) == 0.042
