@@ -330,6 +330,7 @@ def _write_json(path: Path, doc) -> None:
 
 
 # -- command modules --
+__import__("planner.cli_probe").cli_probe.register(app)
 
 
 def main() -> None:

@@ -2,11 +2,14 @@
 
 I/O failures are `OSError`s (errno, message, path) with `offset` and `nbytes` attributes, raised by
 both engines alike; configuration and swap-directory problems the user can fix are these
-`ValueError`s, whose one-line message names the value and what to do.
+`PlannerError`s (a ValueError), whose one-line message names the value and what to do, so that
+every `planner` command prints them as one line and exits 1.
 """
 
+from planner.errors import PlannerError
 
-class NvmeError(ValueError):
+
+class NvmeError(PlannerError):
     """A swap path or engine setting the user must change."""
 
 
