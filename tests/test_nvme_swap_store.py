@@ -213,3 +213,26 @@ def test_swap_store_moves_pool_buffers_and_torch_tensors(tmp_path):
         store.read_async(extent, back).wait()  # straight into a tensor, no staging
         assert torch.equal(back, state)
         pool.release(staging)
+
+
+@pytest.mark.gpu
+def test_pinned_pool_buffers_round_trip_nvme_to_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    from runtime.nvme.pinning import TorchCudaPinHook
+
+    with SwapDirectory(tmp_path) as directory, SwapStore(directory, "params", capacity_bytes=8 << 20) as store, BufferPool(
+        buffer_bytes=4 << 20, num_buffers=1, pin_hook=TorchCudaPinHook()
+    ) as pool:
+        staging = pool.acquire()
+        host = torch.frombuffer(staging.view, dtype=torch.float32)
+        host.copy_(torch.randn(host.numel()))
+        expected = host.clone()
+        extent = store.allocate(4 << 20)
+        store.write_async(extent, staging.view).wait()
+        host.zero_()
+        store.read_async(extent, staging.view).wait()
+        on_gpu = host.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        assert torch.equal(on_gpu.cpu(), expected)
+        del host
+        pool.release(staging)
