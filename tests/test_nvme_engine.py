@@ -159,3 +159,27 @@ def test_file_is_coherent_with_plain_buffered_io(engines, io_file, tmp_path: Pat
     engines["io_uring"].read(io_file, offset=65536, buffer=target.view)
     assert bytes(target.view) == payload
     target.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_engine_serves_many_python_threads(engines, io_file, backend):
+    # Eight threads share one engine, each writing and reading back its own region 20 times.
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = engines[backend]
+    region = 96 * 1024 + 123
+
+    def worker(index: int) -> bool:
+        rng = random.Random(index)
+        offset = FILE_BYTES // 2 + index * region
+        for _ in range(20):
+            payload = rng.randbytes(region)
+            engine.write(io_file, offset=offset, buffer=payload)
+            back = bytearray(region)
+            engine.read(io_file, offset=offset, buffer=back)
+            if bytes(back) != payload:
+                return False
+        return True
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert list(pool.map(worker, range(8))) == [True] * 8
