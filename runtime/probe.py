@@ -128,12 +128,9 @@ def measure_block_matmul(
 ) -> ComputeThroughput:
     by_dtype: dict[str, float] = {}
     for dtype in dtypes:
-        generator = torch.Generator().manual_seed(0)
+        # Made on the device itself: at GPU shapes the operands are GiBs, too slow to build on the host.
         pairs = [
-            (
-                torch.randn(tokens, fan_in, generator=generator).to(device, dtype),
-                torch.randn(fan_in, fan_out, generator=generator).to(device, dtype),
-            )
+            (torch.randn(tokens, fan_in, device=device, dtype=dtype), torch.randn(fan_in, fan_out, device=device, dtype=dtype))
             for fan_in, fan_out in block_matmul_shapes(hidden)
         ]
         flops = sum(2 * tokens * w.shape[0] * w.shape[1] for _, w in pairs)
@@ -189,10 +186,10 @@ def _collective_worker(rank: int, world_size: int, backend: str, port: int, nbyt
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     numel = nbytes // 4 // world_size * world_size
     full = torch.ones(numel, device=device)
     shard = torch.empty(numel // world_size, device=device)

@@ -102,3 +102,16 @@ def test_collectives_are_measured_across_two_ranks():
     result = measure_collectives(2, "gloo", nbytes=8 << 20)
     assert (result.world_size, result.backend) == (2, "gloo")
     assert result.all_gather_bytes_per_s > 0 and result.reduce_scatter_bytes_per_s > 0
+
+
+@pytest.mark.gpu
+def test_probe_cuda_measurements_run_on_the_gpu():
+    torch = pytest.importorskip("torch")
+    from runtime.probe import measure_block_matmul, measure_cuda_links
+
+    device = torch.device("cuda", 0)
+    links = measure_cuda_links(device, nbytes=64 << 20, repeats=2)
+    assert links.host_to_device_bytes_per_s > 0 and links.device_to_host_bytes_per_s > 0
+    assert links.device_memory_bytes_per_s > 0
+    compute = measure_block_matmul(device, (torch.bfloat16,), hidden=1024, tokens=1024, repeats=2)
+    assert (compute.dtype, list(compute.by_dtype)) == ("bfloat16", ["bfloat16"])
