@@ -51,6 +51,19 @@ def _node(hardware: str | None, max_alloc_gib: float | None = None):
     return node
 
 
+def _model_parallel(text: str) -> int | None:
+    """`auto` searches the degree; otherwise a positive whole number."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise PlannerError(f"--model-parallel must be a whole number or 'auto', got {text!r}") from None
+    if value < 1:
+        raise PlannerError(f"--model-parallel must be at least 1, got {value}")
+    return value
+
+
 def _print_json(doc) -> None:
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
 
@@ -71,7 +84,7 @@ def fit(
     checkpoint_interval: Annotated[int | None, typer.Option("--checkpoint-interval", help="pin blocks per activation checkpoint (0: none)")] = None,
     tiling_factor: Annotated[int | None, typer.Option("--tiling-factor", help="pin the tiling factor")] = None,
     prefetch_depth: Annotated[int | None, typer.Option("--prefetch-depth", help="pin the prefetch depth")] = None,
-    model_parallel: Annotated[int, typer.Option("--model-parallel", help="tensor-parallel degree within a node")] = 1,
+    model_parallel: Annotated[str, typer.Option("--model-parallel", help="tensor-parallel degree within a node, or 'auto' to search it")] = "1",
     max_alloc_gib: Annotated[float | None, typer.Option("--max-alloc-gib", help="largest contiguous GPU allocation")] = None,
     max_batch_per_gpu: Annotated[int, typer.Option("--max-batch-per-gpu", help="largest batch/GPU the search tries")] = 32,
     precision: Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32")] = "bf16",
@@ -99,7 +112,7 @@ def fit(
         checkpoint_interval=checkpoint_interval,
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
-        model_parallel_degree=model_parallel,
+        model_parallel_degree=_model_parallel(model_parallel),
         precision=precision,
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,
@@ -319,6 +332,42 @@ def hardware_command(
         report.console().print(spec.notes)
 
 
+@app.command()
+def history(
+    store: Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")] = None,
+    last: Annotated[int, typer.Option("--last", help="show the newest N runs")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Runs recorded by `planner run`: predicted vs measured, newest last."""
+    from rich.table import Table
+
+    from planner import report
+    from planner.history import RunHistory
+
+    runs = RunHistory(store)
+    frame = runs.to_frame().tail(max(0, last))
+    if as_json:
+        _print_json(json.loads(frame.drop(columns=["plan_json", "profile_json"]).to_json(orient="records")))
+        return
+    con = report.console()
+    if frame.empty:
+        con.print(f"no runs recorded yet in {runs.path}")
+        return
+    table = Table(title=f"Run history ({runs.path})", title_justify="left")
+    for col in ("id", "when", "model", "hardware", "GPUs", "placement P/G/O/A", "batch", "predicted", "measured", "error"):
+        table.add_column(col)
+    for row in frame.itertuples():
+        pred, meas = row.predicted_iteration_time_s, row.measured_iteration_time_s
+        error = f"{(pred - meas) / meas:+.1%}" if pred and meas else "-"
+        table.add_row(
+            str(row.id), row.recorded_at, row.model_name, row.hardware_name, str(row.num_gpus),
+            "/".join((row.params_tier, row.gradients_tier, row.optimizer_states_tier, row.activation_checkpoints_tier)),
+            f"{row.micro_batch_per_gpu:g}", report.fmt_seconds(pred) if pred else "-",
+            report.fmt_seconds(meas) if meas else "-", error,
+        )
+    con.print(table)
+
+
 def _write_json(path: Path, doc) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -337,7 +386,8 @@ def main() -> None:
     try:
         app()
     except PlannerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        # One line, whatever the offending value contained.
+        sys.stderr.write("error: " + " ".join(str(exc).split()) + "\n")
         sys.exit(1)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

@@ -25,8 +25,12 @@ class MaxSize:
     """The best plan for that model (batch 1 per GPU), or None when even the smallest does not fit."""
 
 
+def _size_label(num_params: int) -> str:
+    return f"{num_params / 1e12:.3g}T" if num_params >= 10**12 else f"{num_params / 1e9:.3g}B"
+
+
 def _best_plan(num_params: int, strategy: str, node: NodeSpec, num_gpus: int, seq_len: int) -> Plan | None:
-    model = shape_for_params(num_params, seq_len=seq_len)
+    model = shape_for_params(num_params, seq_len=seq_len, label=_size_label(num_params))
     request = SearchRequest(model=model, node=node, num_gpus=num_gpus, strategy=strategy, micro_batch_per_gpu=1)
     return search(request).best
 

@@ -40,7 +40,8 @@ class SearchRequest:
     checkpoint_interval: int | None = None
     tiling_factor: int | None = None
     prefetch_depth: int | None = None
-    model_parallel_degree: int = 1
+    model_parallel_degree: int | None = 1
+    """Tensor-parallel degree; None searches the powers of two that divide the heads, within a node."""
     precision: str = "bf16"
     nvme_path: str | None = None
     max_micro_batch_per_gpu: int = DEFAULT_MAX_MICRO_BATCH
@@ -153,7 +154,7 @@ def search(request: SearchRequest) -> SearchResult:
     ranked: list[Plan] = []
     rejected: list[Plan] = []
     evaluated = 0
-    for strategy, placement in placements:
+    for (strategy, placement), mp in itertools.product(placements, _model_parallel_degrees(request, cluster)):
         best_for_placement: list[Plan] = []
         first_failure: Plan | None = None
         for ci in _checkpoint_intervals(request):
@@ -163,9 +164,9 @@ def search(request: SearchRequest) -> SearchResult:
                 num_gpus=request.num_gpus,
                 strategy=strategy,
                 placement=placement,
-                micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / request.model_parallel_degree,
+                micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / mp,
                 checkpoint_interval=ci,
-                model_parallel_degree=request.model_parallel_degree,
+                model_parallel_degree=mp,
                 precision=request.precision,
                 nvme_path=request.nvme_path if "nvme" in placement.to_dict().values() else None,
             )
@@ -183,7 +184,7 @@ def search(request: SearchRequest) -> SearchResult:
                         continue
                     found = True
                     best_for_placement.append(predict(sized))
-                    if sized.micro_batch_per_gpu * sized.model_parallel_degree >= request.max_micro_batch_per_gpu:
+                    if sized.micro_batch_per_gpu >= request.max_micro_batch_per_gpu:
                         break  # more tiling cannot buy a larger batch
                 if found and request.prefetch_depth is None:
                     break  # deeper prefetch fits; shallower only overlaps less
@@ -201,6 +202,16 @@ def _rank_key(plan: Plan) -> tuple[float, ...]:
     off_gpu = sum(getattr(plan.placement, s) != "gpu" for s in STATES)
     # Highest throughput first; on ties prefer fewer slow tiers, less tiling, deeper prefetch.
     return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)
+
+
+def _model_parallel_degrees(request: SearchRequest, cluster: Cluster) -> Iterable[int]:
+    if request.model_parallel_degree is not None:
+        return (request.model_parallel_degree,)
+    degrees, mp = [], 1
+    while mp <= cluster.gpus_per_node and cluster.num_gpus % mp == 0 and request.model.num_heads % mp == 0:
+        degrees.append(mp)
+        mp *= 2
+    return tuple(degrees)
 
 
 def _checkpoint_intervals(request: SearchRequest) -> Iterable[int]:

@@ -88,3 +88,29 @@ def test_1t_on_32_nodes_with_states_on_gpu_does_not_fit_in_20_bytes_per_param():
     result = search(request(model="1T", gpus=16 * 32, model_parallel_degree=4, strategy="zero3", micro_batch_per_gpu=5))
     assert result.best is None
     assert result.rejected[0].prediction.memory_terms["gpu"]["optimizer_states"] == 1006632960000 * 16 // 512
+
+
+def test_model_parallel_degree_is_searched_when_asked():
+    result = search(request(model="1T", gpus=16, model_parallel_degree=None, strategy="zero-inf-nvme"))
+    degrees = {p.model_parallel_degree for p in result.ranked}
+    assert degrees <= {1, 2, 4, 8, 16} and len(degrees) > 1
+    for plan in result.ranked:
+        assert plan.micro_batch_per_gpu * plan.model_parallel_degree == round(plan.micro_batch_per_gpu * plan.model_parallel_degree)
+
+
+# Paper Fig. 5 (strategy comparison on one DGX-2, batch 1/GPU): the largest model each strategy ran.
+PAPER_LARGEST = {"dp": 1.4e9, "zero2": 10e9, "zero-offload": 13e9, "zero3": 20e9, "zero-inf-cpu": 70e9, "zero-inf-nvme": 1e12}
+
+
+def test_max_size_per_strategy_matches_the_papers_strategy_comparison():
+    from planner.max_size import max_size
+
+    node = resolve_hardware("dgx2-v100")
+    sizes = {s: max_size(s, node, 16).max_params for s in PAPER_LARGEST}
+    # Each strategy trains at least the paper's model for it, and not twice its size (the paper ran
+    # round sizes below each limit), except ZeRO-Infinity on NVMe whose limit the paper did not probe.
+    for strategy, paper in PAPER_LARGEST.items():
+        assert sizes[strategy] >= paper, strategy
+        if strategy != "zero-inf-nvme":
+            assert sizes[strategy] < 2 * paper, strategy
+    assert list(sizes.values()) == sorted(sizes.values())
