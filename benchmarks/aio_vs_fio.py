@@ -42,13 +42,26 @@ BEGIN, END = "<!-- aio_vs_fio:begin -->", "<!-- aio_vs_fio:end -->"
 
 # [Note: fio's two submission modes]
 # By default fio submits one I/O per io_uring_enter as completions arrive; the engine submits every
-# free slot in one call. How much the block layer merges adjacent 1 MiB requests (up to
-# max_sectors_kb, 4 MiB on the project VM) moves this virtual disk's bandwidth, and it varies:
-# /sys/block/vda/stat showed 1024 device reads per GiB for fio and ~340 for the engine in one
-# run, ~400 for fio in another. So fio also runs with batched submission
+# free slot in one call. fio therefore also runs with batched submission
 # (--iodepth_batch_submit=QD --iodepth_batch_complete_max=QD), and the reported ratios are
-# against the faster of the two fio medians.
+# against the faster of the two fio medians. Device requests per GiB (from the device's sysfs
+# stat) show how the kernel split or merged each tool's blocks; see [Note: huge-page buffers].
 FIO_MODES = {"fio": [], "fio_batched": ["--iodepth_batch_submit={depth}", "--iodepth_batch_complete_max={depth}"]}
+
+
+def device_stat_path(path: Path) -> Path | None:
+    """/sys/dev/block/MAJ:MIN/stat of the device holding `path` (None if sysfs lacks it)."""
+    device = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/stat")
+    return stat if stat.exists() else None
+
+
+def device_requests(stat: Path | None, mode: str) -> int:
+    """Requests the device has completed so far (field 1 reads, field 5 writes of the stat file)."""
+    if stat is None:
+        return 0
+    fields = stat.read_text().split()
+    return int(fields[0] if mode == "read" else fields[4])
 
 
 def fio_bandwidth(path: Path, *, tool: str, mode: str, size: int, block: int, depth: int) -> float:
@@ -84,7 +97,9 @@ def compare(path: Path, *, size: int, block: int, depth: int, threads: int, back
             return engine_bandwidth(engine, path, buffer, mode=mode, size=size)
         return fio_bandwidth(path, tool=tool, mode=mode, size=size, block=block, depth=depth)
 
+    stat = device_stat_path(path)
     samples: dict[str, list[float]] = {f"{tool}_{mode}": [] for mode in ("read", "write") for tool in tools}
+    requests: dict[str, list[int]] = {key: [] for key in samples}
     for mode in ("write", "read"):  # writing first lays the file out, so reads hit real blocks
         for tool in tools:
             run(tool, mode)  # warm-up, not counted
@@ -92,7 +107,9 @@ def compare(path: Path, *, size: int, block: int, depth: int, threads: int, back
             # Rotate who goes first: the virtual disk's bandwidth drifts within seconds.
             shift = round_index % len(tools)
             for tool in tools[shift:] + tools[:shift]:
+                before = device_requests(stat, mode)
                 samples[f"{tool}_{mode}"].append(run(tool, mode))
+                requests[f"{tool}_{mode}"].append(device_requests(stat, mode) - before)
     buffer.close()
     medians = {key: statistics.median(values) for key, values in samples.items()}
     ratios = {}
@@ -108,6 +125,10 @@ def compare(path: Path, *, size: int, block: int, depth: int, threads: int, back
         "backend": engine.backend,
         **ratios,
         "median_gb_per_s": {key: round(value / GB, 3) for key, value in medians.items()},
+        # Device requests per GiB moved (includes any other process's I/O on the device meanwhile).
+        "median_device_requests_per_gib": {
+            key: round(statistics.median(values) * GIB / size) for key, values in requests.items()
+        },
         "samples_gb_per_s": {key: [round(v / GB, 3) for v in values] for key, values in samples.items()},
     }
 
@@ -123,6 +144,7 @@ def machine() -> str:
 
 def write_results(result: dict, sweep: list[dict]) -> None:
     m = result["median_gb_per_s"]
+    r = result["median_device_requests_per_gib"]
     lines = [
         BEGIN,
         "## Async I/O engine vs fio (`python benchmarks/aio_vs_fio.py`)",
@@ -140,14 +162,23 @@ def write_results(result: dict, sweep: list[dict]) -> None:
         "single samples swing 2x and the 3-sample sweep below is only indicative; the ratios above are of the "
         "7-sample medians.",
         "",
-        "| | fio GB/s | fio batched GB/s | engine GB/s | engine / best fio |",
-        "|---|---|---|---|---|",
-        f"| read | {m['fio_read']:.3f} | {m['fio_batched_read']:.3f} | {m['engine_read']:.3f} | **{result['read_ratio']:.3f}** |",
-        f"| write | {m['fio_write']:.3f} | {m['fio_batched_write']:.3f} | {m['engine_write']:.3f} | **{result['write_ratio']:.3f}** |",
+        "| | fio GB/s | fio batched GB/s | engine GB/s | engine / best fio | device requests per GiB (fio / batched / engine) |",
+        "|---|---|---|---|---|---|",
+        f"| read | {m['fio_read']:.3f} | {m['fio_batched_read']:.3f} | {m['engine_read']:.3f} | "
+        f"**{result['read_ratio']:.3f}** | {r['fio_read']} / {r['fio_batched_read']} / {r['engine_read']} |",
+        f"| write | {m['fio_write']:.3f} | {m['fio_batched_write']:.3f} | {m['engine_write']:.3f} | "
+        f"**{result['write_ratio']:.3f}** | {r['fio_write']} / {r['fio_batched_write']} / {r['engine_write']} |",
         "",
         "fio batched: `--iodepth_batch_submit=QD --iodepth_batch_complete_max=QD` (plain fio submits one I/O "
-        "per call). How many adjacent requests the block layer merges moves this disk's bandwidth and varies from "
-        "run to run (see [Note: fio's two submission modes] in the script); the ratio is against the faster fio.",
+        "per call); the ratio is against the faster fio. Why the engine can beat fio here: its buffers sit on "
+        "transparent huge pages, so a 1 MiB block is one DMA segment and adjacent blocks merge into requests of "
+        "up to max_sectors_kb (4 MiB: 256 requests per GiB), while fio's buffers are on 4 KiB pages, where a "
+        "1 MiB block needs up to 256 segments (virtio-blk allows 254 per request) unless the pages happen to be "
+        "physically contiguous, so its I/O is split more and merged less ([Note: huge-page buffers] in "
+        "runtime/nvme/buffers.py). Request counts are the device's totals while each run lasted, other "
+        "processes' I/O included (writes especially: journal and other jobs). fio could use huge pages only "
+        "through hugetlbfs (`--iomem=mmaphuge`), which needs reserved huge pages this machine does not have "
+        "(vm.nr_hugepages = 0).",
         "",
         f"Samples (GB/s): `{json.dumps(result['samples_gb_per_s'])}`",
     ]

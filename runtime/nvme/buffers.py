@@ -9,6 +9,7 @@ calls `torch.cuda.cudart().cudaHostRegister(address, nbytes, 0)` and whose `unpi
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import threading
 from typing import Protocol
@@ -49,8 +50,21 @@ class PinHook(Protocol):
     def unpin(self, address: int) -> None: ...
 
 
+HUGE_PAGE_BYTES = 2 * 1024**2
+
+# [Note: huge-page buffers]
+# A direct I/O is built from the physical pages of its buffer, and the block device caps the
+# number of segments per request (virtio-blk: max_segments 254). A 1 MiB block on scattered
+# 4 KiB pages needs 256 segments, so the kernel splits it and merges nothing; on 2 MiB pages it
+# is one segment, and adjacent blocks merge up to max_sectors_kb. On the project VM, reading
+# 1 GiB into a 256 MiB buffer took ~1000-1400 device requests at 1.0-1.3 GB/s with 4 KiB pages
+# and 256 requests at 2.4-2.8 GB/s after MADV_HUGEPAGE (measured from /sys/block/vda/stat).
+# Transparent huge pages are commonly in `madvise` mode, so buffers ask for them explicitly.
+
+
 class AlignedBuffer:
-    """`nbytes` of page-aligned host memory (capacity rounded up to 4 KiB)."""
+    """`nbytes` of page-aligned host memory (capacity rounded up to 4 KiB), on transparent huge
+    pages where the kernel grants them ([Note: huge-page buffers])."""
 
     __slots__ = ("_map", "nbytes", "view", "address")
 
@@ -59,6 +73,9 @@ class AlignedBuffer:
             raise ValueError(f"buffer size must be positive, got {nbytes}")
         capacity = -(-nbytes // DIRECT_ALIGNMENT_BYTES) * DIRECT_ALIGNMENT_BYTES
         self._map = mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if capacity >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+            with contextlib.suppress(OSError):  # THP disabled ("never"): 4 KiB pages still work
+                self._map.madvise(mmap.MADV_HUGEPAGE)
         self.nbytes = nbytes
         self.view = memoryview(self._map)[:nbytes]
         self.address = buffer_address(self._map)
