@@ -142,6 +142,21 @@ def machine() -> str:
     return f"{socket.gethostname()}: {cpu}, {os.cpu_count()} cores, Linux {platform.release()}, {fio}"
 
 
+def _sweep_summary(sweep: list[dict]) -> str:
+    """Lowest queue depth per block size at which both ratios met the 0.95 target in the sweep."""
+    if not sweep:
+        return ""
+    parts = []
+    for block in sorted({row["block_size_bytes"] for row in sweep}):
+        depths = sorted(
+            row["queue_depth"]
+            for row in sweep
+            if row["block_size_bytes"] == block and min(row["read_ratio"], row["write_ratio"]) >= 0.95
+        )
+        parts.append(f"{block // 1024} KiB: {f'depth {depths[0]}' if depths else 'none'}")
+    return " Lowest queue depth meeting 0.95 both ways in the sweep below: " + ", ".join(parts) + "."
+
+
 def write_results(result: dict, sweep: list[dict]) -> None:
     m = result["median_gb_per_s"]
     r = result["median_device_requests_per_gib"]
@@ -153,10 +168,9 @@ def write_results(result: dict, sweep: list[dict]) -> None:
         f"(`{result['directory']}`), O_DIRECT, sequential, block {result['block_size_bytes'] // 1024} KiB, "
         f"queue depth {result['queue_depth']}; fio uses `--ioengine=io_uring`, the engine its "
         f"`{result['backend']}` backend. The order of the three rotates every round; medians of "
-        f"{result['repeats']}. Defaults chosen (`EngineConfig`): {DEFAULTS.block_size_bytes // 1024} KiB blocks, "
-        f"queue depth {DEFAULTS.queue_depth}, {DEFAULTS.num_threads} threads for the thread-pool backends: the "
-        "lowest queue depth at which 1 MiB blocks (the plan's default `nvme_block_bytes`) met the 0.95 target in "
-        "both directions in the sweep below and in this run (256 KiB blocks needed depth 64).",
+        f"{result['repeats']}. Defaults (`EngineConfig`): {DEFAULTS.block_size_bytes // 1024} KiB blocks (the "
+        f"plan's default `nvme_block_bytes`), queue depth {DEFAULTS.queue_depth}, {DEFAULTS.num_threads} threads "
+        "for the thread-pool backends." + _sweep_summary(sweep),
         "",
         "This virtual disk's bandwidth is bimodal (the same fio read back to back gives ~0.9 or ~1.9 GB/s), so "
         "single samples swing 2x and the 3-sample sweep below is only indicative; the ratios above are of the "
