@@ -380,9 +380,10 @@ def _write_json(path: Path, doc) -> None:
 
 
 # -- command modules --
-from planner import cli_sim  # noqa: E402
+from planner import cli_probe, cli_sim  # noqa: E402
 
 cli_sim.register(app)
+cli_probe.register(app)
 
 
 def main() -> None:
