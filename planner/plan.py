@@ -312,7 +312,8 @@ class Plan:
         for key in ("model", "hardware", "num_gpus"):
             if key not in doc:
                 raise PlannerError(f"{where}: missing required key {key!r}")
-        kwargs: dict[str, Any] = {k: doc[k] for k in scalar if k in doc and doc[k] is not None}
+        # Only nvme_path may be null; any other null reaches its validator and is refused there.
+        kwargs: dict[str, Any] = {k: doc[k] for k in scalar if k in doc}
         for key in ("num_gpus", "checkpoint_interval", "tiling_factor", "prefetch_depth", "model_parallel_degree",
                     "optimizer_chunk_bytes", "num_optimizer_buffers", "nvme_block_bytes"):
             if key in kwargs:
