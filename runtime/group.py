@@ -207,13 +207,13 @@ class ParamUnit:
         """Make the gradient shard exact: zero the slices that received nothing since `zero_grad`."""
         if all(self._grad_written) or not self._has_grad_shard:
             return
-        shard = self.grad_store.resident(self.key)
         if self.comm.world_size == 1:
             for index, written in enumerate(self._grad_written):
                 if not written:
-                    shard[self.layout.param_slice(index)].zero_()
+                    part = self.layout.param_slice(index)
+                    self.grad_store.zero(self.key, part.start, part.stop - part.start)
         else:
-            shard.zero_()
+            self.grad_store.zero(self.key, 0, self.layout.shard_numel)
         self._grad_written = [True] * len(self.params)
 
     # -- accounting -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from torch import nn
 
 from runtime.ledger import nbytes
 from runtime.sharding import ShardedModel, _tensors, state_of
+from runtime.streamed_optimizer import StreamedAdamW
 
 
 class AdamW:
@@ -37,6 +38,12 @@ class AdamW:
         st = self.state
         self._keys = [u.key for u in st.units if u.num_grad_params]
         self._units = {u.key: u for u in st.units}
+        self.num_skipped_steps = 0
+        self._streamed: StreamedAdamW | None = None
+        if not st.optimizer_store.resident_states:
+            # States that do not fit in memory are streamed through a few chunk buffers.
+            self._streamed = StreamedAdamW(st, self._keys, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            return
         # Leaf views of the master shards: torch's optimizer needs Parameters; they share storage.
         self._masters = [nn.Parameter(st.masters[k], requires_grad=True) for k in self._keys]
         device = st.optimizer_store.compute_device if st.optimizer_store.tier == "gpu" else torch.device("cpu")
@@ -45,17 +52,28 @@ class AdamW:
         self._inner = torch.optim.AdamW(self._masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                         fused=fused)
         self._states_charged = False
-        self.num_skipped_steps = 0
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return self._inner.param_groups
+        return self._streamed.param_groups if self._streamed is not None else self._inner.param_groups
 
     def state_dict(self) -> dict[str, Any]:
+        self._refuse_streamed("state_dict")
         return self._inner.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._refuse_streamed("load_state_dict")
         self._inner.load_state_dict(state_dict)
+
+    def _refuse_streamed(self, what: str) -> None:
+        if self._streamed is not None:
+            raise ValueError(f"{what} of optimizer states on NVMe is not supported; place optimizer_states on cpu "
+                             "to save or load them")
+
+    def close(self) -> None:
+        """Free the streamed step's chunk buffers (no-op for in-memory states)."""
+        if self._streamed is not None:
+            self._streamed.close()
 
     @torch.no_grad()
     def step(self) -> bool:
@@ -64,6 +82,11 @@ class AdamW:
         st.finish_pending()
         st.profiler.begin("optimizer")
         live = [self._units[k].grad_received for k in self._keys]
+        if self._streamed is not None:
+            self._streamed.step([k for k, used in zip(self._keys, live, strict=True) if used])
+            st.profiler.end("optimizer")
+            st.profiler.end_step()
+            return True
         grads = [self._units[k].grad_shard() for k, used in zip(self._keys, live, strict=True) if used]
         applied = True
         if st.loss_scaler is not None:

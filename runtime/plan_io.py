@@ -66,9 +66,14 @@ def check_executable(plan: Plan, *, world_size: int) -> None:
             f"model_parallel_degree {plan.model_parallel_degree} is not supported: this runtime is data parallel "
             "(ZeRO-3) only; set model_parallel_degree to 1"
         )
-    on_nvme = [state for state, tier in plan.placement.to_dict().items() if tier == "nvme"]
-    if on_nvme:
-        raise PlanNotExecutable(f"placement {', '.join(on_nvme)}=nvme is not yet supported by the runtime; use gpu or cpu")
+    if plan.placement.activation_checkpoints == "nvme":
+        raise PlanNotExecutable("placement activation_checkpoints=nvme is not supported by the runtime; use gpu or cpu")
+    if plan.uses_nvme and not plan.nvme_path:
+        raise PlanNotExecutable("the plan places states on nvme but sets no nvme_path; set nvme_path to a directory "
+                                "on an NVMe drive")
+    if plan.placement.optimizer_states == "nvme" and plan.precision == "fp16":
+        raise PlanNotExecutable("precision fp16 with optimizer_states=nvme is not supported (the streamed optimizer "
+                                "step has no overflow check); use bf16 or fp32, or optimizer_states=cpu")
     # With one data-parallel rank nothing is split, so every strategy is the same execution.
     if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
         raise PlanNotExecutable(

@@ -65,14 +65,17 @@ class ShardedModel:
         self.copier = CopyEngine(config.device, self.profiler.link_bytes)
         place = config.placement
         mixed = config.precision != "fp32"
-        self.param_store = self._store(place.params, "params")
+        self.swap = _nvme_space(module, config, comm, plan, self.master_shares_param_shard)
+        self.param_store = self._store(place.params, "params", "params")
         # Mixed precision: gradients arrive in 16 bits and are accumulated straight into the fp32
         # gradient copy that the paper counts among the optimizer states (eq. 2).
-        self.grad_store = self._store(place.gradients, "optimizer_states" if mixed else "gradients")
-        self.optimizer_store = self._store(place.optimizer_states, "optimizer_states")
+        self.grad_store = self._store(place.gradients, "optimizer_states" if mixed else "gradients", "gradients")
+        self.optimizer_store = self._store(place.optimizer_states, "optimizer_states", "optimizer_states")
         self.units: list[ParamUnit] = []
-        self.masters: dict[str, torch.Tensor] = {}
-        """fp32 master shard per unit, in the optimizer store (the param shard itself when it can be)."""
+        self.masters: dict[str, torch.Tensor | None] = {}
+        """fp32 master shard per unit when it is resident in memory (the param shard itself when it can be)."""
+        self.master_at: dict[str, tuple[ShardStore, str]] = {}
+        """(store, key) of each unit's fp32 master shard, wherever it lives."""
         self.segments: list[Segment] = []
         self.prefetcher: Prefetcher | None = None
         self.phase = StepPhase.IDLE
@@ -80,8 +83,15 @@ class ShardedModel:
         self._reduces: deque[tuple[ParamUnit, Reduced]] = deque()
         self._handles: list[Any] = []
 
-    def _store(self, tier: str, term: str) -> ShardStore:
-        return make_store(tier, term=term, ledger=self.ledger, copier=self.copier)
+    def _store(self, tier: str, term: str, name: str) -> ShardStore:
+        return make_store(tier, term=term, ledger=self.ledger, copier=self.copier, name=name, swap=self.swap)
+
+    def close(self) -> None:
+        """Finish outstanding NVMe transfers and remove the swap directory (also done at exit)."""
+        for store in (self.param_store, self.grad_store, self.optimizer_store):
+            store.close()
+        if self.swap is not None:
+            self.swap.close()
 
     @property
     def master_shares_param_shard(self) -> bool:
@@ -235,10 +245,10 @@ def shard(
     config = runtime_config(plan_obj, world_size=comm.world_size)
     if model in _STATES:
         raise ValueError("this model is already sharded")
-    state = ShardedModel(model, config, comm, plan_obj)
     blocks = find_blocks(model)
     if config.tiling_factor > 1 and blocks is not None:
         apply_tiling(blocks, config.tiling_factor)
+    state = ShardedModel(model, config, comm, plan_obj)
     init_fn = param_init_fn or _default_init_fn(model)
     module_units = _build_units(model, state, init_fn)
     for buf_owner in model.modules():  # buffers are small and replicated: just move them
@@ -324,13 +334,23 @@ def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> Pa
     shard = state.param_store.create(key, layout.shard_numel, config.compute_dtype)
     with torch.no_grad():
         if state.master_shares_param_shard:
-            flatten_shard(params, layout, comm.rank, shard)
-            state.masters[key] = shard
+            master_store, master_key, master = state.param_store, key, shard
         else:
-            master = state.optimizer_store.create(f"master:{key}", layout.shard_numel, torch.float32)
-            flatten_shard(params, layout, comm.rank, master)
-            shard.copy_(master)
-            state.masters[key] = master
+            master_store, master_key = state.optimizer_store, f"master:{key}"
+            master = master_store.create(master_key, layout.shard_numel, torch.float32)
+        # Stores that keep shards in memory return them from `create`; an NVMe store is written to.
+        values = master if master is not None else torch.zeros(layout.shard_numel, dtype=torch.float32,
+                                                                device=params[0].device)
+        flatten_shard(params, layout, comm.rank, values)
+        if master is None:
+            master_store.write(master_key, values.cpu()).wait()
+        if master_key != key:
+            if shard is not None:
+                shard.copy_(values)
+            else:
+                state.param_store.write(key, values.to("cpu", config.compute_dtype)).wait()
+        state.masters[key] = master
+        state.master_at[key] = (master_store, master_key)
         empty = torch.empty(0, dtype=config.compute_dtype, device=config.device)
         for p in params:
             p.data = empty  # drop the full parameter: only the shard remains
@@ -338,6 +358,42 @@ def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> Pa
                      grad_store=state.grad_store, compute_dtype=config.compute_dtype, ledger=state.ledger,
                      link_bytes=state.profiler.link_bytes)
     return unit
+
+
+def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan, master_shared: bool) -> Any:
+    """The rank's `NvmeSpace` when any state is on NVMe, sized before any shard exists (None otherwise).
+
+    Swap files are preallocated, so their sizes come from the shards this model will have: one per
+    unit (a module's own parameters), rounded to 4 KiB extents. The preflight checks the node's
+    total (every local rank's files), so a too-small `nvme_path` is refused before training."""
+    place = config.placement
+    if "nvme" not in (place.params, place.gradients, place.optimizer_states):
+        return None
+    from runtime.nvme_store import NvmeSpace, local_world_size, round_up  # also registers NvmeStore
+
+    numels, seen = [], set()
+    for m in module.modules():
+        own = [p for p in m._parameters.values() if p is not None and id(p) not in seen]
+        seen.update(id(p) for p in own)
+        if own:
+            numels.append(FlatLayout.of(own, comm.world_size).shard_numel)
+
+    def shards(element_bytes: int, copies: int) -> int:
+        return copies * sum(round_up(n * element_bytes) for n in numels)
+
+    compute_bytes = torch.empty(0, dtype=config.compute_dtype).element_size()
+    optimizer_copies = 2 + (0 if master_shared else 1)  # Adam momentum and variance, the fp32 master
+    capacity = {}
+    if place.params == "nvme":
+        capacity["params"] = shards(compute_bytes, 1)
+    if place.gradients == "nvme":
+        capacity["gradients"] = shards(4, 1)
+    if place.optimizer_states == "nvme":
+        capacity["optimizer_states"] = shards(4, optimizer_copies)
+    assert plan.nvme_path is not None  # refused in plan_io
+    return NvmeSpace(plan.nvme_path, rank=comm.rank, capacity_bytes=capacity,
+                     node_needed_bytes=sum(capacity.values()) * local_world_size(),
+                     block_size_bytes=plan.nvme_block_bytes)
 
 
 def _default_init_fn(model: nn.Module) -> Callable[[nn.Module], None]:

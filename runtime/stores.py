@@ -82,9 +82,13 @@ class ShardStore(ABC):
     """Shards of one model state (`params`, `gradients` or `optimizer_states`) in one tier."""
 
     tier: ClassVar[str]
+    resident_states: ClassVar[bool] = True
+    """Shards live in memory (`resident` works); False for stores whose shards are streamed."""
 
-    def __init__(self, *, term: str, ledger: MemoryLedger, copier: CopyEngine) -> None:
+    def __init__(self, *, term: str, ledger: MemoryLedger, copier: CopyEngine, name: str = "", swap=None) -> None:  # noqa: ANN001, ARG002
         self.term = term
+        self.name = name or term
+        """The model state this store holds (`params`, `gradients`, `optimizer_states`)."""
         self.ledger = ledger
         self.copier = copier
         self._shards: dict[str, torch.Tensor] = {}
@@ -94,7 +98,7 @@ class ShardStore(ABC):
         return self.copier.device
 
     # -- lifetime ---------------------------------------------------------------------------
-    def create(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def create(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Allocate a zeroed shard; returns it when resident in memory (every in-memory store)."""
         assert key not in self._shards, f"shard {key} already exists in {type(self).__name__}"
         shard = self._allocate(numel, dtype)
@@ -112,6 +116,29 @@ class ShardStore(ABC):
     def resident(self, key: str) -> torch.Tensor:
         """The in-memory shard, for in-place updates where it lives (the optimizer step)."""
         return self._shards[key]
+
+    def zero(self, key: str, offset: int, numel: int) -> None:
+        """`shard[offset:offset + numel] = 0` (gradient slices nobody wrote since `zero_grad`)."""
+        self._shards[key][offset : offset + numel].zero_()
+
+    # -- streamed traffic (the chunked optimizer step) ----------------------------------------
+    def read_into(self, key: str, out: torch.Tensor, offset: int = 0) -> Pending:
+        """Fill the host tensor `out` from `shard[offset:offset + out.numel()]`; valid after `wait()`."""
+        out.copy_(self._shards[key][offset : offset + out.numel()])
+        return Pending(out)
+
+    def write_from(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        """`shard[offset:...] = src` from a host buffer the caller may reuse only after `wait()`."""
+        self._shards[key][offset : offset + src.numel()].copy_(src)
+        return Pending(src)
+
+    def drain(self) -> None:
+        """Wait for every transfer this store started (a no-op for in-memory stores)."""
+        return
+
+    def close(self) -> None:
+        """Release what the store holds outside the process (swap files)."""
+        return
 
     # -- traffic ----------------------------------------------------------------------------
     @abstractmethod
@@ -211,7 +238,9 @@ STORE_TYPES: dict[str, type[ShardStore]] = {"gpu": DeviceStore, "cpu": HostStore
 """Placement tier -> store type. The NVMe tier registers `NvmeStore` here."""
 
 
-def make_store(tier: str, *, term: str, ledger: MemoryLedger, copier: CopyEngine) -> ShardStore:
+def make_store(tier: str, *, term: str, ledger: MemoryLedger, copier: CopyEngine, name: str = "",
+               swap=None) -> ShardStore:  # noqa: ANN001 - runtime.nvme_store.NvmeSpace, imported lazily
+    """A store of `tier` for model state `name`; `swap` is the rank's NVMe space (nvme tier only)."""
     if tier not in STORE_TYPES:
-        raise ValueError(f"placement {term}={tier} is not supported by this runtime yet; use gpu or cpu")
-    return STORE_TYPES[tier](term=term, ledger=ledger, copier=copier)
+        raise ValueError(f"placement {name or term}={tier} is not supported by this runtime; use gpu, cpu or nvme")
+    return STORE_TYPES[tier](term=term, ledger=ledger, copier=copier, name=name, swap=swap)

@@ -113,6 +113,12 @@ class BufferPool:
         return len(self._buffers)
 
     @property
+    def num_free(self) -> int:
+        """Buffers not handed out right now (an `acquire` would not block)."""
+        with self._available:
+            return len(self._free)
+
+    @property
     def pinned(self) -> bool:
         return self._pin_hook is not None
 

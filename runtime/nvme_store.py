@@ -1,0 +1,241 @@
+"""Shards on NVMe (`nvme` placement): `NvmeStore`, behind the same interface as the in-memory stores.
+
+Each rank owns one `NvmeSpace`: its private swap directory under the plan's `nvme_path` (created,
+and preflighted against the node's total, before any unit is built, so a too-small `nvme_path` is
+refused before training) and the async I/O engine. Each model state placed on NVMe gets one
+preallocated swap file in it (`params.swap`, `gradients.swap`, `optimizer_states.swap`) carved
+into 4 KiB-aligned extents, one per shard (docs/nvme.md).
+
+[Note: ordering of NVMe transfers]
+Writes are fire-and-forget for the caller: `write` copies the data into a staging buffer, submits it
+and returns, so gradient shards stream out while backward goes on (METHOD.md §4.3 overlap). The
+store orders its own traffic: a read (or read-modify-write) of a shard first waits for the writes
+of that shard still in flight, and the staging bytes in flight are bounded (two of the largest
+shard, the memory model's `gradient_swap_buffers`), so host memory stays within the plan's bill.
+Reads return a `Pending` that waits for the I/O; the store also keeps every read handle until it
+finished, because a prefetch nobody waited for must not land in freed memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import ClassVar
+
+import torch
+
+from runtime.ledger import MemoryLedger, nbytes
+from runtime.nvme import AlignedBuffer, EngineConfig, Handle, IOEngine, SwapDirectory, SwapStore
+from runtime.nvme.config import DIRECT_ALIGNMENT_BYTES
+from runtime.nvme.extents import Extent
+from runtime.stores import STORE_TYPES, CopyEngine, Pending, ShardStore
+
+STAGING_TERMS = {"params": "param_swap_buffers", "gradients": "gradient_swap_buffers",
+                 "optimizer_states": "optimizer_swap_buffers"}
+"""Host-tier ledger term of each state's write staging (the memory model's names)."""
+
+
+def round_up(nbytes_: int) -> int:
+    return -(-nbytes_ // DIRECT_ALIGNMENT_BYTES) * DIRECT_ALIGNMENT_BYTES
+
+
+def aligned_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A host tensor on page-aligned memory (huge pages where granted), so direct I/O takes it whole."""
+    size = max(1, numel) * torch.empty(0, dtype=dtype).element_size()
+    buffer = AlignedBuffer(size)
+    # frombuffer keeps `buffer.view` (and through it the mapping) alive as long as the tensor.
+    return torch.frombuffer(buffer.view, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
+
+
+class NvmeSpace:
+    """This rank's swap directory, engine and the capacity of each state's swap file."""
+
+    def __init__(self, nvme_path: str, *, rank: int, capacity_bytes: dict[str, int], node_needed_bytes: int,
+                 block_size_bytes: int) -> None:
+        self.capacity_bytes = {name: round_up(b) for name, b in capacity_bytes.items()}
+        self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
+        self.engine = IOEngine(EngineConfig(block_size_bytes=block_size_bytes))
+        self._files: dict[str, SwapStore] = {}
+
+    def swap_file(self, name: str) -> SwapStore:
+        if name not in self._files:
+            self._files[name] = SwapStore(self.directory, name, capacity_bytes=self.capacity_bytes[name],
+                                          engine=self.engine)
+        return self._files[name]
+
+    def close(self) -> None:
+        """Close the files and remove the directory (also done at interpreter exit)."""
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+        self.directory.close()
+
+
+def local_world_size() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+class NvmeStore(ShardStore):
+    """Shards in one swap file on NVMe; read into fresh host buffers ahead of use, written from staging."""
+
+    tier = "nvme"
+    resident_states: ClassVar[bool] = False
+
+    def __init__(self, *, term: str, ledger: MemoryLedger, copier: CopyEngine, name: str = "",
+                 swap: NvmeSpace | None = None) -> None:
+        super().__init__(term=term, ledger=ledger, copier=copier, name=name)
+        assert swap is not None, "the nvme tier needs the rank's NvmeSpace"
+        self.file = swap.swap_file(self.name)
+        self.engine = swap.engine
+        self._extents: dict[str, tuple[Extent, torch.dtype, int]] = {}
+        self._writes: dict[str, list[Handle]] = {}
+        self._staged_writes: deque[tuple[Handle, int]] = deque()
+        self._reads: list[Handle] = []
+        self._staging_term = STAGING_TERMS.get(self.name, "nvme_staging")
+        self.max_staged_write_bytes = 0
+        """Write staging kept in flight: two of the largest shard (see [Note: ordering of NVMe transfers])."""
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def create(self, key: str, numel: int, dtype: torch.dtype) -> None:
+        """Reserve the shard's extent. Preallocated swap space reads as zeros, so it starts zeroed."""
+        assert key not in self._extents, f"shard {key} already exists in the nvme store"
+        size = numel * torch.empty(0, dtype=dtype).element_size()
+        self._extents[key] = (self.file.allocate(size), dtype, numel)
+        self.max_staged_write_bytes = max(self.max_staged_write_bytes, 2 * round_up(size))
+        self.ledger.add(self.tier, self.term, size)
+        return None
+
+    def free(self, key: str) -> None:
+        self._wait_writes(key)
+        extent, dtype, numel = self._extents.pop(key)
+        self.file.free(extent)
+        self.ledger.sub(self.tier, self.term, numel * torch.empty(0, dtype=dtype).element_size())
+
+    def keys(self) -> list[str]:
+        return list(self._extents)
+
+    def resident(self, key: str) -> torch.Tensor:
+        raise AssertionError(f"shard {key} lives on NVMe: stream it with read_into/write_from")
+
+    def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        raise AssertionError("NvmeStore.create reserves extents; nothing is allocated in memory")
+
+    # -- traffic ----------------------------------------------------------------------------
+    def read(self, key: str, dtype: torch.dtype) -> Pending:
+        _, stored, numel = self._extents[key]
+        host = aligned_empty(numel, stored)
+        handle = self._submit_read(key, host, 0)
+        device = self.compute_device
+        if device.type == "cpu" and dtype == stored:
+            return Pending(host, after=handle.wait, fresh=True)
+        return _ThenPending(handle, host, device, dtype, self.copier)
+
+    def read_into(self, key: str, out: torch.Tensor, offset: int = 0) -> Pending:
+        return Pending(out, after=self._submit_read(key, out, offset).wait)
+
+    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        _, stored, _ = self._extents[key]
+        staging = aligned_empty(src.numel(), stored)
+        staging.copy_(src.reshape(-1))
+        size = nbytes(staging)
+        while self._staged_writes and self._staged_bytes() + size > self.max_staged_write_bytes:
+            self._retire_oldest_staged()
+        handle = self._submit_write(key, staging, offset)
+        self.ledger.add("cpu", self._staging_term, size)
+        self._staged_writes.append((handle, size))
+        return Pending(src)
+
+    def write_from(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        return Pending(src, after=self._submit_write(key, src, offset).wait)
+
+    def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        _, stored, _ = self._extents[key]
+        current = aligned_empty(src.numel(), stored)
+        self.read_into(key, current, offset).wait()
+        current.add_(src.reshape(-1).to(current.device))
+        return self.write(key, current, offset)
+
+    def zero(self, key: str, offset: int, numel: int) -> None:
+        _, stored, _ = self._extents[key]
+        self.write(key, torch.zeros(numel, dtype=stored), offset)
+
+    def drain(self) -> None:
+        while self._staged_writes:
+            self._retire_oldest_staged()
+        for key in list(self._writes):
+            self._wait_writes(key)
+        reads, self._reads = self._reads, []
+        for handle in reads:
+            handle.wait()
+
+    def close(self) -> None:
+        self.drain()
+
+    # -- internals --------------------------------------------------------------------------
+    def _byte_range(self, key: str, offset: int, tensor: torch.Tensor) -> int:
+        extent, stored, numel = self._extents[key]
+        assert tensor.dtype == stored and tensor.device.type == "cpu", (tensor.dtype, stored, tensor.device)
+        assert offset >= 0 and offset + tensor.numel() <= numel, (key, offset, tensor.numel(), numel)
+        return extent.offset_bytes + offset * tensor.element_size()
+
+    def _submit_read(self, key: str, out: torch.Tensor, offset: int) -> Handle:
+        self._wait_writes(key)
+        self._reads = _reap(self._reads)
+        handle = self.engine.read_async(self.file.file, offset=self._byte_range(key, offset, out), buffer=out)
+        self._reads.append(handle)
+        self.copier.link_bytes["nvme_read"] = self.copier.link_bytes.get("nvme_read", 0) + nbytes(out)
+        return handle
+
+    def _submit_write(self, key: str, src: torch.Tensor, offset: int) -> Handle:
+        handle = self.engine.write_async(self.file.file, offset=self._byte_range(key, offset, src), buffer=src)
+        pending = _reap(self._writes.get(key, []))
+        pending.append(handle)
+        self._writes[key] = pending
+        self.copier.link_bytes["nvme_write"] = self.copier.link_bytes.get("nvme_write", 0) + nbytes(src)
+        return handle
+
+    def _wait_writes(self, key: str) -> None:
+        for handle in self._writes.pop(key, []):
+            handle.wait()
+
+    def _staged_bytes(self) -> int:
+        return sum(size for _, size in self._staged_writes)
+
+    def _retire_oldest_staged(self) -> None:
+        handle, size = self._staged_writes.popleft()
+        handle.wait()
+        self.ledger.sub("cpu", self._staging_term, size)
+
+
+def _reap(handles: list[Handle]) -> list[Handle]:
+    """The handles still in flight; finished ones are waited on, which raises their errors and lets
+    the engine drop its reference to their buffers (it keeps it until `wait`)."""
+    running = []
+    for handle in handles:
+        if handle.done():
+            handle.wait()
+        else:
+            running.append(handle)
+    return running
+
+
+class _ThenPending(Pending):
+    """An NVMe read into host memory, then a cast and/or copy to the compute device."""
+
+    __slots__ = ("_handle", "_host", "_device", "_dtype", "_copier")
+
+    def __init__(self, handle: Handle, host: torch.Tensor, device: torch.device, dtype: torch.dtype,
+                 copier: CopyEngine) -> None:
+        super().__init__(torch.empty(0), fresh=True)
+        self._handle, self._host, self._device, self._dtype, self._copier = handle, host, device, dtype, copier
+
+    def wait(self) -> torch.Tensor:
+        self._handle.wait()
+        if self._device.type == "cpu":
+            return self._host.to(self._dtype)
+        staged = torch.empty(self._host.shape, dtype=self._host.dtype, device=self._device)
+        event = self._copier.copy(staged, self._host, "h2d")
+        return Pending(staged, event).wait().to(self._dtype)
+
+
+STORE_TYPES["nvme"] = NvmeStore

@@ -1,0 +1,147 @@
+"""The optimizer step with the optimizer states on NVMe: chunked and pipelined (METHOD.md §4.3).
+
+Every unit's fp32 master, Adam momentum and variance, and its gradient shard are cut into chunks of
+`chunk_numel` elements (a unit's chunks start at multiples of it, so reads and writes stay 4 KiB
+aligned). One chunk occupies one buffer of the plan's pool (`optimizer_chunk_bytes` each,
+`num_optimizer_buffers` of them), laid out as four equal regions: master | exp_avg | exp_avg_sq |
+grad. With three buffers the step runs
+
+    read chunk k+1   |   update chunk k (torch's fused AdamW)   |   write chunk k-1
+
+concurrently: reads and writes are asynchronous engine requests, the update runs on this thread.
+The pool is allocated once, so host memory for the states never exceeds
+`num_optimizer_buffers * optimizer_chunk_bytes` however large the model on disk.
+
+The arithmetic is the same kernel `torch.optim.AdamW(fused=True)` runs over the whole shard
+(elementwise, so chunking does not change a bit; `tests/test_nvme_training.py` checks it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from runtime.nvme import AlignedBuffer, BufferPool
+from runtime.stores import Pending, ShardStore
+
+REGIONS = 4
+"""master, exp_avg, exp_avg_sq, grad."""
+ALIGN_NUMEL = 1024
+"""fp32 elements per 4 KiB: chunk boundaries at multiples of this keep direct I/O aligned."""
+
+
+def chunk_numel_for(chunk_bytes: int) -> int:
+    """Elements per chunk so that the four fp32 regions fit one buffer of `chunk_bytes`."""
+    numel = chunk_bytes // (REGIONS * 4)
+    if numel >= ALIGN_NUMEL:
+        numel -= numel % ALIGN_NUMEL
+    assert numel > 0, chunk_bytes
+    return numel
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    key: str
+    start: int
+    numel: int
+
+
+class StreamedAdamW:
+    """AdamW over shards that live in stores not resident in memory (the `nvme` optimizer tier)."""
+
+    def __init__(self, state: Any, keys: list[str], *, lr: float, betas: tuple[float, float], eps: float,
+                 weight_decay: float) -> None:
+        self.state = state
+        self.keys = keys
+        plan = state.plan
+        self.chunk_numel = chunk_numel_for(plan.optimizer_chunk_bytes)
+        self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel, num_buffers=plan.num_optimizer_buffers)
+        state.ledger.add("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
+        store: ShardStore = state.optimizer_store
+        self.numels: dict[str, int] = {}
+        for k in keys:
+            unit = next(u for u in state.units if u.key == k)
+            self.numels[k] = unit.layout.shard_numel
+            for name in ("exp_avg", "exp_avg_sq"):
+                store.create(f"{name}:{k}", unit.layout.shard_numel, torch.float32)  # zeros, like torch's lazy init
+        self.param_groups = [{"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}]
+        self.steps = {k: torch.tensor(0.0) for k in keys}
+        """Per-unit step count (torch keeps one per parameter; a unit is stepped as one)."""
+
+    def step(self, live_keys: list[str]) -> None:
+        st = self.state
+        for k in live_keys:
+            next(u for u in st.units if u.key == k).settle_grads()
+        chunks = [_Chunk(k, s, min(self.chunk_numel, self.numels[k] - s))
+                  for k in live_keys for s in range(0, self.numels[k], self.chunk_numel)]
+        stepped: set[str] = set()
+        writes: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
+        reads: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
+        next_read = 0
+        try:
+            for i, chunk in enumerate(chunks):
+                # Keep chunk i+1 reading while chunk i is updated (a buffer is freed by retiring a write).
+                while next_read < len(chunks) and next_read <= i + 1:
+                    if not self.pool.num_free and writes:
+                        self._retire(writes.popleft())
+                    buffer = self.pool.acquire()
+                    reads.append((buffer, self._read(chunks[next_read], buffer)))
+                    next_read += 1
+                buffer, pendings = reads.popleft()
+                for p in pendings:
+                    p.wait()
+                if chunk.key not in stepped:
+                    self.steps[chunk.key] += 1
+                    stepped.add(chunk.key)
+                master, exp_avg, exp_avg_sq, grad = self._views(buffer, chunk.numel)
+                group = self.param_groups[0]
+                torch._fused_adamw_([master], [grad], [exp_avg], [exp_avg_sq], [], [self.steps[chunk.key]],
+                                    amsgrad=False, lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
+                                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+                writes.append((buffer, self._write(chunk, buffer)))
+        finally:
+            while writes:
+                self._retire(writes.popleft())
+            while reads:
+                self._retire(reads.popleft())
+
+    def close(self) -> None:
+        self.state.ledger.sub("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
+        self.pool.close()
+
+    # -- internals --------------------------------------------------------------------------
+    def _views(self, buffer: AlignedBuffer, numel: int) -> list[torch.Tensor]:
+        flat = torch.frombuffer(buffer.view, dtype=torch.float32)
+        n = self.chunk_numel
+        return [flat[r * n : r * n + numel] for r in range(REGIONS)]
+
+    def _read(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
+        st = self.state
+        master, exp_avg, exp_avg_sq, grad = self._views(buffer, chunk.numel)
+        master_store, master_key = st.master_at[chunk.key]
+        opt = st.optimizer_store
+        return [master_store.read_into(master_key, master, chunk.start),
+                opt.read_into(f"exp_avg:{chunk.key}", exp_avg, chunk.start),
+                opt.read_into(f"exp_avg_sq:{chunk.key}", exp_avg_sq, chunk.start),
+                st.grad_store.read_into(chunk.key, grad, chunk.start)]
+
+    def _write(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
+        st = self.state
+        master, exp_avg, exp_avg_sq, _ = self._views(buffer, chunk.numel)
+        master_store, master_key = st.master_at[chunk.key]
+        opt = st.optimizer_store
+        out = [master_store.write_from(master_key, master, chunk.start),
+               opt.write_from(f"exp_avg:{chunk.key}", exp_avg, chunk.start),
+               opt.write_from(f"exp_avg_sq:{chunk.key}", exp_avg_sq, chunk.start)]
+        if master_key != chunk.key:  # a separate compute copy of the parameters (mixed precision)
+            out.append(st.param_store.write(chunk.key, master.to(st.config.compute_dtype), chunk.start))
+        return out
+
+    def _retire(self, entry: tuple[AlignedBuffer, list[Pending]]) -> None:
+        buffer, pendings = entry
+        for p in pendings:
+            p.wait()
+        self.pool.release(buffer)

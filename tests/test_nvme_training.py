@@ -1,0 +1,151 @@
+"""Training with model states on NVMe: bitwise the same as with them in CPU memory.
+
+Parameters and optimizer states go to swap files under a temporary `nvme_path`; the losses and the
+final parameters must equal those of the all-`cpu` placement bit for bit (the streamed optimizer
+runs the same fused AdamW kernel chunk by chunk), with 1 and 2 (gloo) ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from runtime_support import ALL_CPU, batches, build_model, free_port, plan_doc
+
+from planner.errors import PlannerError
+
+ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
+OPTIMIZER_NVME = {**ALL_CPU, "gradients": "cpu", "optimizer_states": "nvme"}
+STEPS = 4
+SMALL_CHUNKS = {"optimizer_chunk_bytes": 16 * 1024, "num_optimizer_buffers": 3}
+"""1024-element chunks: the test model's larger units span several, so the pipeline really runs."""
+
+
+def train(placement: dict[str, str], nvme_path: str | None, *, rank: int = 0, world_size: int = 1,
+          **knobs: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
+    import runtime
+    from runtime.sharding import state_of
+
+    plan = plan_doc(world_size=world_size, placement=placement, nvme_path=nvme_path, **SMALL_CHUNKS, **knobs)
+    model = runtime.shard(build_model("gpt"), plan)
+    opt = runtime.AdamW(model, lr=1e-3, weight_decay=0.1)
+    losses = []
+    for tokens in batches(STEPS):
+        tokens = tokens.chunk(world_size)[rank]
+        loss = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    params = state_of(model).full_parameters()
+    opt.close()
+    state_of(model).close()
+    return losses, params
+
+
+def assert_bitwise(a: tuple[list[float], dict[str, torch.Tensor]], b: tuple[list[float], dict[str, torch.Tensor]]) -> None:
+    assert a[0] == b[0]
+    assert a[1].keys() == b[1].keys()
+    for name in a[1]:
+        assert torch.equal(a[1][name], b[1][name]), name
+
+
+@pytest.mark.parametrize("placement", [ALL_NVME, OPTIMIZER_NVME], ids=["all-nvme", "optimizer-nvme"])
+def test_nvme_training_is_bitwise_cpu_training(placement: dict[str, str], tmp_path: Path) -> None:
+    reference = train(ALL_CPU, None)
+    on_nvme = train(placement, str(tmp_path))
+    assert_bitwise(reference, on_nvme)
+    assert reference[0][-1] < reference[0][0]
+    assert list(tmp_path.iterdir()) == []  # the swap directory is removed on close
+
+
+def test_nvme_training_bf16_is_bitwise_cpu_training(tmp_path: Path) -> None:
+    assert_bitwise(train(ALL_CPU, None, precision="bf16"), train(ALL_NVME, str(tmp_path), precision="bf16"))
+
+
+def test_swap_files_live_in_a_private_directory_while_training(tmp_path: Path) -> None:
+    import runtime
+    from runtime.sharding import state_of
+
+    model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path)))
+    (swap_dir,) = tmp_path.iterdir()
+    assert swap_dir.stat().st_mode & 0o777 == 0o700
+    files = sorted(swap_dir.iterdir())
+    assert [p.name for p in files] == ["gradients.swap", "optimizer_states.swap", "owner.json", "params.swap"]
+    assert {p.stat().st_mode & 0o777 for p in files} == {0o600}
+    state_of(model).close()
+    assert not swap_dir.exists()
+
+
+def test_too_small_nvme_path_is_refused_before_training(tmp_path: Path) -> None:
+    import runtime
+
+    # Two 4096 x 4096 Linears need ~0.5 GB of swap (params, gradients, Adam states); the directory's
+    # filesystem reports 64 MiB free (statvfs faked for this path only), so the preflight must refuse.
+    big = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, device="meta") for _ in range(2)])
+    with pytest.raises(PlannerError, match=r"nvme_path .* free but the swap files need"):
+        _with_free_bytes(tmp_path, 64 * 1024**2,
+                         lambda: runtime.shard(big, plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path))))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nvme_placement_without_nvme_path_is_refused() -> None:
+    import runtime
+
+    with pytest.raises(PlannerError, match="sets no nvme_path"):
+        runtime.shard(build_model("gpt"), plan_doc(placement=ALL_NVME))
+
+
+def _with_free_bytes(path: Path, free: int, fn: Any) -> Any:
+    """Run `fn` with statvfs reporting `free` bytes available under `path` (the preflight's view)."""
+    import runtime.nvme.directory as directory
+
+    real = os.statvfs
+
+    class Fake:
+        def __init__(self, st: os.statvfs_result) -> None:
+            self.f_frsize, self.f_blocks = st.f_frsize, st.f_blocks
+            self.f_bavail = free // st.f_frsize
+
+    def fake(p: Any) -> Any:
+        st = real(p)
+        return Fake(st) if str(p).startswith(str(path)) else st
+
+    directory.os.statvfs = fake  # type: ignore[attr-defined]
+    try:
+        return fn()
+    finally:
+        directory.os.statvfs = real  # type: ignore[attr-defined]
+
+
+# -- two ranks ---------------------------------------------------------------------------------
+def _worker(rank: int, world_size: int, port: int, nvme_path: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.set_num_threads(1)
+    try:
+        results = {"cpu": train(ALL_CPU, None, rank=rank, world_size=world_size),
+                   "nvme": train(ALL_NVME, nvme_path, rank=rank, world_size=world_size)}
+        torch.save(results, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_nvme_training_is_bitwise_cpu_training(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    out = str(tmp_path / "result")
+    mp.spawn(_worker, args=(2, free_port(), str(swap), out), nprocs=2, join=True)
+    for rank in range(2):
+        results = torch.load(f"{out}.{rank}")
+        assert_bitwise(results["cpu"], results["nvme"])
+    assert list(swap.iterdir()) == []
