@@ -343,6 +343,9 @@ def _write_json(path: Path, doc) -> None:
 
 
 # -- command modules --
+from planner import cli_app  # noqa: E402
+
+cli_app.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,30 @@
+"""Cached calls into the planner library ([Note: dashboard caching keys] in app/state.py).
+
+Nothing here computes a number of its own: each function rebuilds specs from its hashable key and
+calls the library.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app.state import Inputs, node_spec, search_request
+from planner.max_size import max_size
+from planner.search import SearchResult, search
+
+CACHE_ENTRIES = 64
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES, show_spinner="Searching placements...")
+def search_result(inputs_json: str) -> SearchResult:
+    return search(search_request(Inputs.from_json(inputs_json)))
+
+
+@st.cache_data(max_entries=4 * CACHE_ENTRIES, show_spinner=False)
+def max_params(strategy: str, hardware_key: str, num_gpus: int, seq_len: int) -> int:
+    """Largest trainable parameter count (0: not even the smallest model fits)."""
+    import json
+
+    hardware, overrides = json.loads(hardware_key)
+    node = node_spec(hardware, tuple((k, v) for k, v in overrides))
+    return max_size(strategy, node, num_gpus, seq_len=seq_len, with_plan=False).max_params

@@ -1,0 +1,45 @@
+"""`planner dashboard`: the streamlit command it runs, and its one-line errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.cli_app import dashboard_script, streamlit_command
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_script_is_the_checkouts_dashboard():
+    assert dashboard_script() == REPO / "app" / "dashboard.py"
+
+
+def test_streamlit_command_passes_flags_through():
+    command = streamlit_command(port=8600, address="127.0.0.1", headless=True, extra=["--theme.base", "dark"])
+    assert command == [
+        sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "dashboard.py"),
+        "--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+        "--server.port", "8600", "--server.address", "127.0.0.1", "--theme.base", "dark",
+    ]
+
+
+def test_dashboard_runs_streamlit_and_returns_its_exit_code(monkeypatch):
+    calls = []
+
+    def fake_call(command):
+        calls.append(command)
+        return 3
+
+    monkeypatch.setattr("planner.cli_app.subprocess.call", fake_call)
+    result = CliRunner().invoke(app, ["dashboard", "--headless", "--port", "8601", "--", "--server.runOnSave", "true"])
+    assert result.exit_code == 3
+    assert calls[0][-6:] == ["--client.toolbarMode", "viewer", "--server.port", "8601", "--server.runOnSave", "true"]
+
+
+def test_bad_port_is_a_user_error():
+    result = CliRunner().invoke(app, ["dashboard", "--port", "70000"])
+    assert result.exit_code != 0
+    assert "--port must be between 1 and 65535, got 70000" in str(result.exception)
