@@ -50,4 +50,5 @@ def main() -> None:
         history.render()
 
 
-main()
+if __name__ == "__main__":  # `streamlit run` and AppTest run the file as __main__
+    main()

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.state import DEFAULT_GPUS, DEFAULT_MODEL, Inputs, overridable_keys, pins_from, preset_document
+from app.state import (
+    CHOICE_KEYS,
+    DEFAULT_GPUS,
+    DEFAULT_MODEL,
+    Inputs,
+    overridable_keys,
+    pins_from,
+    preset_document,
+)
 from planner.catalog import DEFAULT_HARDWARE, hardware_presets, known_model_names
 from planner.plan import PRECISIONS, STATES, STRATEGY_TABLE, TIERS
 
@@ -47,16 +55,20 @@ def read_sidebar() -> Inputs:
     bar.header("Hardware")
     presets = list(hardware_presets())
     hardware = bar.selectbox("Node preset", presets, index=presets.index(DEFAULT_HARDWARE), key="hardware")
-    overrides: list[tuple[str, float]] = []
+    overrides: list[tuple[str, float | str]] = []
     with bar.expander("Overrides: every capacity and bandwidth"):
         doc = preset_document(hardware)
         for key in overridable_keys(hardware):
             # Keyed by preset, so switching presets starts from that preset's own numbers.
-            integer = isinstance(doc[key], int)
-            value = st.number_input(
-                override_label(key), value=doc[key] if integer else float(doc[key]),
-                step=1 if integer else None, format=None if integer else "%g", key=f"hw:{hardware}:{key}",
-            )
+            if key in CHOICE_KEYS:
+                choices = CHOICE_KEYS[key]
+                value = st.selectbox(override_label(key), choices, index=choices.index(doc[key]), key=f"hw:{hardware}:{key}")
+            else:
+                integer = isinstance(doc[key], int)
+                value = st.number_input(
+                    override_label(key), value=doc[key] if integer else float(doc[key]),
+                    step=1 if integer else None, format=None if integer else "%g", key=f"hw:{hardware}:{key}",
+                )
             if value != doc[key]:
                 overrides.append((key, value))
     gpus = bar.number_input("Number of GPUs", value=DEFAULT_GPUS, step=1, key="gpus")

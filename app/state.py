@@ -16,15 +16,15 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from planner.catalog import DEFAULT_HARDWARE, hardware_presets, resolve_model
-from planner.hardware import NodeSpec
+from planner.hardware import NVME_READ_WRITE, NodeSpec
 from planner.model import ModelSpec
 from planner.plan import STATES
 from planner.search import SearchRequest
 
 DEFAULT_MODEL = "1T"
 DEFAULT_GPUS = 16
-TEXT_KEYS = ("name", "description", "sources", "notes")
-"""Hardware document keys that are not numbers (everything else can be overridden)."""
+CHOICE_KEYS: dict[str, tuple[str, ...]] = {"nvme_read_write": NVME_READ_WRITE}
+"""Hardware document keys that take one of a few words rather than a number."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +38,7 @@ class Inputs:
     num_heads: int | None = None
     seq_len: int | None = None
     hardware: str = DEFAULT_HARDWARE
-    overrides: tuple[tuple[str, float], ...] = ()
+    overrides: tuple[tuple[str, float | str], ...] = ()
     """Hardware document keys (`nvme_read_gb_per_s`, ...) whose value differs from the preset."""
     num_gpus: int = DEFAULT_GPUS
     micro_batch_per_gpu: float | None = None
@@ -75,7 +75,7 @@ def preset_document(hardware: str) -> dict[str, Any]:
     return hardware_presets()[hardware.lower()].to_dict()
 
 
-def node_spec(hardware: str, overrides: tuple[tuple[str, float], ...]) -> NodeSpec:
+def node_spec(hardware: str, overrides: tuple[tuple[str, float | str], ...]) -> NodeSpec:
     """The preset with the overridden document keys; the library validates and converts units."""
     preset = hardware_presets()[hardware.lower()]
     if not overrides:
@@ -100,7 +100,12 @@ def search_request(inputs: Inputs) -> SearchRequest:
 
 
 def overridable_keys(hardware: str) -> list[str]:
-    return [k for k in preset_document(hardware) if k not in TEXT_KEYS]
+    """Every number of the hardware document, and its choices (NVMe read/write sharing)."""
+    doc = preset_document(hardware)
+    return [
+        k for k, v in doc.items()
+        if k in CHOICE_KEYS or (isinstance(v, int | float) and not isinstance(v, bool))
+    ]
 
 
 def pins_from(choices: dict[str, str]) -> tuple[tuple[str, str], ...]:

@@ -7,16 +7,22 @@ Binary for capacities (GiB = 2^30, as the paper's tables), decimal for rates (GB
 Every number carries its provenance in `sources`: `nominal` (datasheet), `paper` (METHOD.md §5),
 `measured` (by `planner probe` or a benchmark), or `estimate` (our reasoned guess, documented in the
 preset's `notes`). Anything not listed is `nominal`.
+
+Two optional simulator inputs sit beside the rates: `nvme_read_write` (do a node's NVMe reads and
+writes share one device budget or run independently) and `efficiency` (size-keyed curves: small
+transfers and small matmuls run below the peak rates above; see `EfficiencyCurve`).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from planner.errors import PlannerError
 from planner.specio import check_keys, number, string
-from planner.units import GB, GIB, TFLOP
+from planner.units import GB, GIB, MIB, TFLOP
 
 Provenance = Literal["nominal", "paper", "measured", "estimate"]
 PROVENANCES: tuple[str, ...] = ("nominal", "paper", "measured", "estimate")
@@ -41,6 +47,67 @@ _NUMERIC_FIELDS: tuple[tuple[str, str, float, float, bool], ...] = (
     ("inter_node_bytes_per_s", "inter_node_gb_per_s", GB, 0, False),
     ("cpu_adam_params_per_s", "cpu_adam_gparams_per_s", 1e9, 0, False),
 )
+NvmeReadWrite = Literal["independent", "shared"]
+NVME_READ_WRITE: tuple[str, ...] = ("independent", "shared")
+# Curve name -> (document key of the size, scale to base units, base unit).
+_CURVES: dict[str, tuple[str, float, str]] = {
+    "transfer": ("size_mib", MIB, "bytes"),
+    "matmul": ("gflop", 1e9, "flop"),
+}
+_EXTRA_KEYS = {"nvme_read_write", "efficiency"}
+
+
+@dataclass(frozen=True, slots=True)
+class EfficiencyCurve:
+    """Fraction of the peak rate reached by one operation of a given size (Calculon's "small is slow").
+
+    Points are (size in base units: bytes for transfers, flop for matmuls, efficiency in (0, 1]),
+    interpolated linearly in log(size) and held flat beyond the first and last point. No points
+    means every size runs at the peak rate.
+    """
+
+    points: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        sizes = [size for size, _ in self.points]
+        if sizes != sorted(sizes) or len(set(sizes)) != len(sizes):
+            raise PlannerError(f"efficiency curve sizes must be strictly increasing, got {sizes}")
+        for size, eff in self.points:
+            if size <= 0 or not 0 < eff <= 1:
+                raise PlannerError(f"efficiency curve point ({size:g}, {eff:g}) needs size > 0 and 0 < efficiency <= 1")
+
+    def at(self, size: float) -> float:
+        points = self.points
+        if not points or size >= points[-1][0]:
+            return points[-1][1] if points else 1.0
+        if size <= points[0][0]:
+            return points[0][1]
+        i = bisect.bisect_right([s for s, _ in points], size)
+        (s0, e0), (s1, e1) = points[i - 1], points[i]
+        w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+        return e0 + w * (e1 - e0)
+
+
+def _curve_from_doc(doc: Any, kind: str, where: str) -> EfficiencyCurve:
+    size_key, scale, _ = _CURVES[kind]
+    if not isinstance(doc, list):
+        raise PlannerError(f"{where} must be a list of {{{size_key}, efficiency}} points")
+    points = []
+    for i, point in enumerate(doc):
+        check_keys(point, {size_key, "efficiency"}, f"{where}[{i}]")
+        if size_key not in point or "efficiency" not in point:
+            raise PlannerError(f"{where}[{i}] needs both {size_key} and efficiency")
+        size = number(point[size_key], f"{where}[{i}].{size_key}", exclusive_minimum=0)
+        eff = number(point["efficiency"], f"{where}[{i}].efficiency", exclusive_minimum=0, maximum=1)
+        points.append((size * scale, eff))
+    return EfficiencyCurve(tuple(points))
+
+
+def _curve_to_doc(curve: EfficiencyCurve, kind: str) -> list[dict[str, float]]:
+    size_key, scale, _ = _CURVES[kind]
+    return [{size_key: size / scale, "efficiency": eff} for size, eff in curve.points]
+
+
 _POSITIVE = {
     "gpu_memory_bytes",
     "gpu_flops_per_s",
@@ -88,6 +155,14 @@ class NodeSpec:
     """Per-node network bandwidth for collectives across nodes."""
     cpu_adam_params_per_s: float
     """CPU optimizer throughput per node (Adam parameter updates per second, all cores)."""
+    nvme_read_write: NvmeReadWrite = "independent"
+    """`independent`: reads and writes each reach their own rate at once (separate drives or a
+    duplex-friendly array); `shared`: they split one device budget, a byte read costing
+    1/read rate and a byte written 1/write rate of it."""
+    transfer_efficiency: EfficiencyCurve = EfficiencyCurve()
+    """Fraction of a link's rate one transfer of a given size reaches (PCIe, NVMe, collectives)."""
+    matmul_efficiency: EfficiencyCurve = EfficiencyCurve()
+    """Fraction of `gpu_flops_per_s` one matmul of a given flop count reaches."""
     sources: dict[str, Provenance] = field(default_factory=dict, compare=False)
     """Provenance per document key; unlisted keys are nominal."""
     notes: str = field(default="", compare=False)
@@ -105,6 +180,10 @@ class NodeSpec:
                 f"{where} gpu_max_alloc_gib ({self.gpu_max_alloc_bytes / GIB:g}) exceeds gpu_memory_gib "
                 f"({self.gpu_memory_bytes / GIB:g})"
             )
+        string(self.nvme_read_write, f"{where} nvme_read_write", choices=NVME_READ_WRITE)
+        for curve in (self.transfer_efficiency, self.matmul_efficiency):
+            if not isinstance(curve, EfficiencyCurve):
+                raise PlannerError(f"{where}: efficiency curves must be EfficiencyCurve, got {type(curve).__name__}")
         if self.num_gpus_per_node > 1 and self.gpu_gpu_intra_node_bytes_per_s <= 0:
             raise PlannerError(f"{where} has {self.num_gpus_per_node} GPUs per node but no gpu_gpu_intra_node_gb_per_s")
         for key, provenance in self.sources.items():
@@ -118,6 +197,10 @@ class NodeSpec:
         for attr, key, scale, _, integer in _NUMERIC_FIELDS:
             value = getattr(self, attr)
             doc[key] = int(value) if integer else value / scale
+        doc["nvme_read_write"] = self.nvme_read_write
+        curves = {"transfer": self.transfer_efficiency, "matmul": self.matmul_efficiency}
+        if any(curve.points for curve in curves.values()):
+            doc["efficiency"] = {kind: _curve_to_doc(curve, kind) for kind, curve in curves.items() if curve.points}
         doc["sources"] = dict(self.sources)
         if self.notes:
             doc["notes"] = self.notes
@@ -126,7 +209,7 @@ class NodeSpec:
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "hardware") -> NodeSpec:
         keys = {key for _, key, *_ in _NUMERIC_FIELDS}
-        check_keys(doc, keys | {"name", "description", "sources", "notes"}, where)
+        check_keys(doc, keys | _EXTRA_KEYS | {"name", "description", "sources", "notes"}, where)
         required = [key for attr, key, *_ in _NUMERIC_FIELDS if _is_required(attr)]
         missing = [key for key in required if key not in doc]
         if missing:
@@ -137,8 +220,14 @@ class NodeSpec:
             if key in doc:
                 value = number(doc[key], f"{where} {key}", minimum=minimum, integer=integer)
                 kwargs[attr] = value if integer else value * scale
+        if "nvme_read_write" in doc:
+            kwargs["nvme_read_write"] = string(doc["nvme_read_write"], f"{where} nvme_read_write", choices=NVME_READ_WRITE)
+        if "efficiency" in doc:
+            check_keys(doc["efficiency"], set(_CURVES), f"{where} efficiency")
+            for kind, curve_doc in doc["efficiency"].items():
+                kwargs[f"{kind}_efficiency"] = _curve_from_doc(curve_doc, kind, f"{where} efficiency.{kind}")
         sources = doc.get("sources", {})
-        check_keys(sources, keys, f"{where} sources")
+        check_keys(sources, keys | _EXTRA_KEYS, f"{where} sources")
         kwargs["sources"] = {k: string(v, f"{where} sources.{k}", choices=PROVENANCES) for k, v in sources.items()}
         for text_key in ("description", "notes"):
             if text_key in doc:

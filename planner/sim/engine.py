@@ -1,0 +1,384 @@
+"""The schedule of one training iteration as SimPy processes (METHOD.md §4).
+
+[Note: representative rank] Data-parallel ranks run the same program on equal shares, so in
+lockstep: every GPU of a node issues the same transfer at the same instant, and every node does what
+every other node does. Simulating one rank per cluster whose flows weigh `gpus_per_node` on the
+node-wide links (host-memory fabric, NVMe, CPU optimizer) and `mp` on the node's network port gives
+the same times as simulating each GPU: max-min fair sharing hands k identical flows k equal shares,
+and one flow of weight k receives exactly one of those shares. `Simulation(plan, ranks="explicit")`
+simulates every GPU of a node as its own process for the test that checks this equivalence.
+
+Mechanisms, each as the runtime does it:
+- prefetch (§4.3): before operator i runs, NVMe->CPU starts for i+3, CPU->GPU for i+2 and the
+  all-gather for i+1 (depth 3); stage lookaheads for depth d are (d, max(min(d,2), d-1),
+  max(min(d,1), d-2)); depth 0 fetches operator i only when i is next, and waits for its gradients;
+- each rank moves 1/dp of each tensor-parallel slice over its own host link and NVMe share (§4.2)
+  and the all-gather assembles the slice;
+- backward: while operator i computes, the reduce-scatter of the operator before it and the offload
+  of the one before that run (at most two gradient buckets in flight, §4.3);
+- activation checkpoints: one block input saved every `checkpoint_interval` blocks (eq. 3), copied
+  to the CPU when placed there and fetched back one segment ahead of its recompute;
+- the optimizer step streams chunks through `num_optimizer_buffers` pinned buffers: read k+1,
+  update k, write k-1 at once (§4.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, Literal
+
+import simpy
+
+from planner.plan import Plan
+from planner.sim.network import Link, Network
+from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
+from planner.sim.resources import NodeResources
+from planner.sim.tiers import TierTracker
+from planner.sim.workload import OPTIMIZER_STATE_BYTES_PER_PARAM, Step, Workload, build_workload
+
+Ranks = Literal["representative", "explicit"]
+Proc = Generator[Any, Any, Any]
+
+
+def stage_lookaheads(depth: int) -> dict[str, int]:
+    """How many operators ahead each fetch stage starts (see the module docstring)."""
+    return {"nvme": depth, "h2d": max(min(depth, 2), depth - 1), "gather": max(min(depth, 1), depth - 2)}
+
+
+class Simulation:
+    """One iteration of `plan`; `run()` returns the finished simulation for `report.build_result`."""
+
+    def __init__(self, plan: Plan, *, ranks: Ranks = "representative", workload: Workload | None = None) -> None:
+        self.plan = plan
+        self.work = workload if workload is not None else build_workload(plan)
+        self.env = simpy.Environment()
+        self.net = Network(self.env)
+        num_ranks = 1 if ranks == "representative" else plan.cluster.gpus_per_node
+        self.res = NodeResources(plan, num_ranks)
+        node = plan.node
+        self.gpu = TierTracker("gpu", node.gpu_memory_bytes, "per GPU")
+        self.cpu = TierTracker("cpu", node.cpu_memory_bytes, "per node")
+        self.nvme = TierTracker("nvme", node.nvme_capacity_bytes, "per node")
+        self.link_bytes: dict[str, float] = {}
+        """Bytes per GPU per link category (DESIGN.md `prediction.link_bytes`), from rank 0."""
+        self.phase_end_s: dict[str, float] = {}
+        self.largest_gpu_allocation_bytes = 0.0
+        self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
+        self.optimizer: OptimizerOutcome | None = None
+        self._optimizer_done: simpy.Event | None = None
+        self._place_residents()
+
+    def run(self) -> Simulation:
+        procs = [self.env.process(rank.iteration()) for rank in self.ranks]
+        self.env.run(simpy.AllOf(self.env, procs))
+        return self
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.phase_end_s["optimizer"]
+
+    def links(self) -> list[Link]:
+        return self.res.links()
+
+    def log(self) -> list[tuple[str, float, float, str]]:
+        """Every busy interval of every link as (resource, start, end, label), in time order."""
+        entries = [(link.name, a, b, label) for link in self.links() for a, b, label in link.intervals]
+        return sorted(entries, key=lambda e: (e[1], e[2], e[0]))
+
+    # -- accounting used by the rank programs ------------------------------------------------
+    def count(self, rank: int, category: str, nbytes: float) -> None:
+        if rank == 0:
+            self.link_bytes[category] = self.link_bytes.get(category, 0.0) + nbytes
+
+    def gpu_add(self, rank: int, name: str, nbytes: float, *, single: bool = False) -> None:
+        """GPU memory is tracked for rank 0 (every GPU holds the same)."""
+        if rank == 0:
+            self.gpu.add(self.env.now, name, nbytes)
+            if single:
+                self.largest_gpu_allocation_bytes = max(self.largest_gpu_allocation_bytes, nbytes)
+
+    def gpu_remove(self, rank: int, name: str, nbytes: float) -> None:
+        if rank == 0:
+            self.gpu.remove(self.env.now, name, nbytes)
+
+    def cpu_add(self, name: str, nbytes: float) -> None:
+        """`nbytes` for one simulated rank; the node holds it for every GPU the rank stands for."""
+        self.cpu.add(self.env.now, name, nbytes * self.res.ranks_weight)
+
+    def cpu_remove(self, name: str, nbytes: float) -> None:
+        self.cpu.remove(self.env.now, name, nbytes * self.res.ranks_weight)
+
+    def cpu_optimizer_step(self) -> simpy.Event:
+        """The chunked CPU step of all ranks, simulated once and merged (engine runs it in lockstep)."""
+        if self._optimizer_done is None:
+            start = self.env.now
+            outcome = self.optimizer = chunked_step(self.plan, self.work, len(self.ranks))
+            for link, busy_s, amount, intervals in zip(self.links(), outcome.busy_s, outcome.amount, outcome.intervals,
+                                                       strict=True):
+                link.busy_s += busy_s
+                link.amount += amount
+                link.intervals += [(start + a, start + b, label) for a, b, label in intervals]
+            for name, nbytes in outcome.link_bytes.items():
+                self.count(0, name, nbytes)
+            for t, name, delta in outcome.cpu_changes:
+                self.cpu.add(start + t, name, delta)
+            self._optimizer_done = self.env.timeout(outcome.duration_s)
+        return self._optimizer_done
+
+    def _place_residents(self) -> None:
+        """Partitioned model states live in their tier for the whole iteration (eq. 2 split)."""
+        plan, work = self.plan, self.work
+        gpus_per_node = plan.cluster.gpus_per_node
+        trackers = {"gpu": (self.gpu, 1), "cpu": (self.cpu, gpus_per_node), "nvme": (self.nvme, gpus_per_node)}
+        for state, per_param in (("params", work.param_bytes), ("gradients", work.param_bytes),
+                                 ("optimizer_states", OPTIMIZER_STATE_BYTES_PER_PARAM)):
+            share = plan.num_gpus if state in plan.partitioned else plan.model_parallel_degree
+            tracker, copies = trackers[getattr(plan.placement, state)]
+            tracker.add(0.0, state, plan.model.num_params * per_param / share * copies)
+
+
+class RankProgram:
+    """What one simulated rank does: the forward/backward trace, then the optimizer step."""
+
+    def __init__(self, sim: Simulation, rank: int) -> None:
+        self.sim, self.rank = sim, rank
+        self.env, self.net, self.res = sim.env, sim.net, sim.res
+        plan, work = sim.plan, sim.work
+        self.links = self.res.ranks[rank]
+        self.dp = plan.data_parallel_degree
+        self.mp = plan.model_parallel_degree
+        self.spans_nodes = plan.num_nodes > 1 and self.dp > plan.cluster.gpus_per_node // self.mp
+        self.b = work.param_bytes
+        node = plan.node
+        self.transfer_eff = node.transfer_efficiency.at
+        self.matmul_eff = node.matmul_efficiency.at
+        placement = plan.placement
+        self.stages: list[str] = []
+        if "params" in plan.partitioned:
+            if placement.params == "nvme":
+                self.stages.append("nvme")
+            if placement.params in ("cpu", "nvme"):
+                self.stages.append("h2d")
+            if self.dp > 1:
+                self.stages.append("gather")
+        depth = plan.prefetch_depth
+        self.lookahead = stage_lookaheads(depth)
+        self.synchronous_grads = depth == 0
+        self._triggers: dict[tuple[str, int], simpy.Event] = {}
+        self._triggered_upto = dict.fromkeys(self.stages, -1)
+        self._ready: dict[int, simpy.Event] = {}
+        self._rs_done: list[simpy.Event] = []
+        self._grad_done: list[simpy.Event] = []
+        self._ckpt_ready: dict[int, simpy.Event] = {}
+
+    # -- transfers ---------------------------------------------------------------------------
+    def _move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
+        """Transfer `nbytes` at the link rates scaled by the size's efficiency."""
+        self.sim.count(self.rank, category, nbytes)
+        if nbytes <= 0:
+            return self.net.transfer(0, hops, label)
+        return self.net.transfer(nbytes / self.transfer_eff(nbytes), hops, label)
+
+    def _compute(self, flops: float, matmul_flops: float, label: str) -> simpy.Event:
+        """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size."""
+        seconds = flops / (self.links.compute.capacity * self.matmul_eff(matmul_flops)) if flops > 0 else 0.0
+        now = self.env.now
+        if seconds > 0:
+            self.links.compute.occupy(now, now + seconds, label, flops)
+        return self.env.timeout(seconds)
+
+    def _collective_bytes(self, tensor_bytes: float) -> float:
+        """What each rank receives in a ring all-gather / reduce-scatter of `tensor_bytes`."""
+        return tensor_bytes * (self.dp - 1) / self.dp
+
+    # -- prefetch pipeline ---------------------------------------------------------------------
+    def _trigger(self, stage: str, j: int) -> simpy.Event:
+        key = (stage, j)
+        event = self._triggers.get(key)
+        if event is None:
+            event = self._triggers[key] = self.env.event()
+        return event
+
+    def _advance_triggers(self, i: int, num_steps: int) -> None:
+        for stage in self.stages:
+            upto = min(i + self.lookahead[stage], num_steps - 1)
+            for j in range(self._triggered_upto[stage] + 1, upto + 1):
+                if stage == self.stages[0]:
+                    self._ready[j] = self.env.event()
+                    self.env.process(self._fetch(self.sim.work.steps[j]))
+                event = self._trigger(stage, j)
+                if not event.triggered:
+                    event.succeed()
+            self._triggered_upto[stage] = max(self._triggered_upto[stage], upto)
+
+    def _fetch(self, step: Step) -> Proc:
+        """Bring step's tensor-parallel slice of parameters to the GPU (§4.2, §4.3)."""
+        sim, rank, j = self.sim, self.rank, step.index
+        slice_bytes = step.op.num_params / self.mp * self.b
+        shard_bytes = slice_bytes / self.dp
+        label = step.phase
+        on_gpu = False
+        for stage in self.stages:
+            trigger = self._trigger(stage, j)
+            if not trigger.processed:
+                yield trigger
+            del self._triggers[(stage, j)]
+            if stage != "nvme" and not on_gpu:
+                # The gather's output buffer is allocated first; the shard lands in its slot.
+                sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
+                on_gpu = True
+            if stage == "nvme":
+                sim.cpu_add("param staging", shard_bytes)
+                yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
+            elif stage == "h2d":
+                yield self._move(shard_bytes, self.res.h2d(rank), "h2d", label)
+                if "nvme" in self.stages:
+                    sim.cpu_remove("param staging", shard_bytes)
+            else:
+                yield self._move(self._collective_bytes(slice_bytes), self.res.collective(rank, spans_nodes=self.spans_nodes),
+                                 "all_gather", label)
+        self._ready.pop(j).succeed()
+
+    # -- the iteration -------------------------------------------------------------------------
+    def iteration(self) -> Proc:
+        sim, plan, work = self.sim, self.sim.plan, self.sim.work
+        steps = work.steps
+        ci = plan.checkpoint_interval
+        layers = plan.model.num_layers
+        slice_factor = self.b / self.mp
+        backward_index = 0
+        gathered = bool(self.stages)
+        for step in steps:
+            i = step.index
+            if step.phase != "forward":
+                self._record_phase_end("forward")
+            self._advance_triggers(i, len(steps))
+            op, blk = step.op, step.block
+            first_of_block = i == 0 or steps[i - 1].block != blk or steps[i - 1].phase != step.phase
+            last_of_block = i == len(steps) - 1 or steps[i + 1].block != blk or steps[i + 1].phase != step.phase
+            in_blocks = 0 <= blk < layers
+            if in_blocks and first_of_block:
+                if step.phase == "forward":
+                    if ci and blk % ci == 0:
+                        self._save_checkpoint(step.segment)
+                    sim.gpu_add(self.rank, "activations", work.block_activation_bytes)
+                elif step.phase == "recompute":
+                    if blk % ci == 0:
+                        yield from self._restore_checkpoint(step.segment)
+                    sim.gpu_add(self.rank, "activations", work.block_activation_bytes)
+            if step.index in self._ready:
+                yield self._ready[step.index]
+            if step.phase == "backward":
+                flops = 2 * op.flops_per_gpu  # input and weight gradients, each a forward-sized matmul
+                if op.has_grads and not self.synchronous_grads:
+                    # At most the previous operator's reduce-scatter and the one before's offload
+                    # may still run while this one computes (§4.3).
+                    if backward_index >= 2:
+                        yield self._rs_done[backward_index - 2]
+                    if backward_index >= 3:
+                        yield self._grad_done[backward_index - 3]
+                if op.has_grads:
+                    sim.gpu_add(self.rank, "gradient buckets", op.num_params * slice_factor, single=True)
+            else:
+                flops = op.flops_per_gpu
+            yield self._compute(flops, op.flops_per_gpu, step.phase)
+            if op.tp_all_reduce:
+                activation = work.tp_all_reduce_bytes
+                yield self._move(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
+                                 "tensor_parallel", step.phase)
+            if gathered:
+                sim.gpu_remove(self.rank, "gathered params", op.num_params * slice_factor)
+            if step.phase == "backward" and op.has_grads:
+                reduced = self.env.event()
+                grads = self.env.process(self._reduce_gradients(op.num_params * slice_factor, reduced, step.phase))
+                self._rs_done.append(reduced)
+                self._grad_done.append(grads)
+                backward_index += 1
+                if self.synchronous_grads:
+                    yield grads
+            if in_blocks and last_of_block:
+                if step.phase == "backward":
+                    sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
+                    if ci and blk % ci == 0:
+                        sim.gpu_remove(self.rank, "checkpoints", work.checkpoint_bytes)
+                elif step.phase == "forward" and ci:
+                    sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
+        yield simpy.AllOf(self.env, self._grad_done)
+        self._record_phase_end("backward")
+        yield from self._optimizer_step()
+        self._record_phase_end("optimizer")
+
+    def _record_phase_end(self, phase: str) -> None:
+        if self.rank == 0 and phase not in self.sim.phase_end_s:
+            self.sim.phase_end_s[phase] = self.env.now
+
+    # -- activation checkpoints ----------------------------------------------------------------
+    def _save_checkpoint(self, segment: int) -> None:
+        sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
+        sim.gpu_add(self.rank, "checkpoints", nbytes)
+        if sim.plan.placement.activation_checkpoints == "gpu":
+            return
+
+        def offload() -> Proc:
+            yield self._move(nbytes, self.res.d2h(self.rank), "d2h", "forward")
+            sim.gpu_remove(self.rank, "checkpoints", nbytes)
+            sim.cpu_add("checkpoints", nbytes)
+
+        self.env.process(offload())
+
+    def _restore_checkpoint(self, segment: int) -> Proc:
+        """Wait for this segment's checkpoint on the GPU; start fetching the previous segment's."""
+        if self.sim.plan.placement.activation_checkpoints == "gpu":
+            return
+        if segment not in self._ckpt_ready:
+            self._ckpt_ready[segment] = self.env.process(self._fetch_checkpoint())
+        if segment > 0:
+            self._ckpt_ready[segment - 1] = self.env.process(self._fetch_checkpoint())
+        yield self._ckpt_ready.pop(segment)
+
+    def _fetch_checkpoint(self) -> Proc:
+        sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
+        sim.gpu_add(self.rank, "checkpoints", nbytes)
+        yield self._move(nbytes, self.res.h2d(self.rank), "h2d", "recompute")
+        sim.cpu_remove("checkpoints", nbytes)
+
+    # -- gradients -----------------------------------------------------------------------------
+    def _reduce_gradients(self, slice_bytes: float, reduced: simpy.Event, label: str) -> Proc:
+        """Reduce-scatter one operator's gradients, then offload this rank's shard (§4.3)."""
+        sim, plan, rank = self.sim, self.sim.plan, self.rank
+        route = self.res.collective(rank, spans_nodes=self.spans_nodes)
+        if self.dp > 1:
+            if "gradients" in plan.partitioned:
+                yield self._move(self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
+            else:  # plain data parallel: all-reduce = reduce-scatter + all-gather
+                yield self._move(2 * self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
+        sim.gpu_remove(rank, "gradient buckets", slice_bytes)
+        reduced.succeed()
+        tier = plan.placement.gradients
+        if tier == "gpu":
+            return
+        shard = slice_bytes / self.dp
+        sim.gpu_add(rank, "gradient staging", shard)
+        yield self._move(shard, self.res.d2h(rank), "d2h", label)
+        sim.gpu_remove(rank, "gradient staging", shard)
+        if tier == "nvme":
+            sim.cpu_add("gradient staging", shard)
+            yield self._move(shard, self.res.nvme_write(), "nvme_write", label)
+            sim.cpu_remove("gradient staging", shard)
+
+    # -- optimizer -----------------------------------------------------------------------------
+    def _optimizer_step(self) -> Proc:
+        plan, work = self.sim.plan, self.sim.work
+        if plan.placement.optimizer_states == "gpu":
+            seconds = gpu_step_seconds(plan, work.params_per_rank)
+            if seconds > 0:
+                now = self.env.now
+                self.links.compute.occupy(now, now + seconds, "optimizer", 0.0)
+                yield self.env.timeout(seconds)
+        else:
+            yield self.sim.cpu_optimizer_step()
+        if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned and self.dp > 1:
+            # ZeRO-2 / ZeRO-Offload: replicated parameters are re-assembled from the updated shards.
+            slice_bytes = plan.model.num_params / self.mp * self.b
+            route = self.res.collective(self.rank, spans_nodes=self.spans_nodes)
+            yield self._move(self._collective_bytes(slice_bytes), route, "all_gather", "optimizer")

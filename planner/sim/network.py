@@ -1,0 +1,181 @@
+"""Bandwidth resources shared fairly among concurrent flows, as a SimPy fluid model.
+
+[Note: fair sharing] A link is not a FCFS queue: PCIe, NVLink, NVMe and the network serve every
+outstanding transfer at once, each at a share of the bandwidth (processor sharing). A flow may cross
+several links (a host-to-GPU copy uses its GPU's PCIe lane *and* the node's shared host-memory
+fabric); rates are then max-min fair (progressive filling): raise every unfrozen flow's rate together
+until some link saturates, freeze the flows on it, repeat. Each hop carries a `weight`, the units
+the link spends per unit of the flow: a flow standing for k identical ranks weighs k on a node-wide
+link (see [Note: representative rank] in engine.py), and on a shared NVMe budget a byte read costs
+1/read-rate device-seconds while a byte written costs 1/write-rate.
+
+Rates change only when a flow starts or ends, so the network keeps one pending timer for the next
+completion; a newer allocation invalidates older timers by bumping an epoch counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+# A flow this close to done (in seconds at its current rate) is done: float residue of rate * time
+# would otherwise leave a remainder too small to move the clock, and the timer would spin.
+_DONE_WITHIN_S = 1e-9
+
+
+@dataclass(eq=False, slots=True)
+class Link:
+    """One bandwidth resource: capacity in `unit` per second; records when it is busy."""
+
+    name: str
+    capacity: float
+    unit: str = "bytes"
+    scope: str = "per GPU"
+    """`per GPU`, `per node` or `per GPU (simulated rank k)`: what one instance serves."""
+    active: int = 0
+    busy_since: float = 0.0
+    busy_s: float = 0.0
+    amount: float = 0.0
+    """Units carried so far, counted per instance (weights included)."""
+    intervals: list[tuple[float, float, str]] = field(default_factory=list)
+    """(start, end, label of the activity that opened the interval), merged while busy."""
+    label: str = ""
+
+    def start(self, now: float, label: str) -> None:
+        if self.active == 0:
+            self.busy_since, self.label = now, label
+        self.active += 1
+
+    def stop(self, now: float) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.busy_s += now - self.busy_since
+            self.intervals.append((self.busy_since, now, self.label))
+
+    def occupy(self, start: float, end: float, label: str, amount: float) -> None:
+        """Record exclusive use (compute) that bypasses the fluid model."""
+        self.busy_s += end - start
+        self.amount += amount
+        self.intervals.append((start, end, label))
+
+
+@dataclass(eq=False, slots=True)
+class Flow:
+    hops: tuple[tuple[Link, float], ...]
+    size: float
+    remaining: float
+    done: simpy.Event
+    rate: float = 0.0
+
+
+class Network:
+    """All links of one simulation; `transfer` returns an event that fires when the flow is done."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.flows: list[Flow] = []
+        self._last_s = 0.0
+        self._epoch = 0
+
+    def transfer(self, size: float, hops: tuple[tuple[Link, float], ...], label: str) -> simpy.Event:
+        """Move `size` units through every link in `hops` ((link, weight) pairs) concurrently."""
+        done = self.env.event()
+        if size <= 0 or not hops:
+            done.succeed()
+            return done
+        self._advance()
+        now = self.env.now
+        for link, weight in hops:
+            link.start(now, label)
+            link.amount += size * weight
+        self.flows.append(Flow(hops=hops, size=size, remaining=size, done=done))
+        self._reallocate()
+        return done
+
+    # -- fluid model -------------------------------------------------------------------------
+    def _advance(self) -> None:
+        elapsed = self.env.now - self._last_s
+        if elapsed > 0:
+            for flow in self.flows:
+                flow.remaining -= flow.rate * elapsed
+        self._last_s = self.env.now
+
+    def _reallocate(self) -> None:
+        flows = self.flows
+        if len(flows) == 1:
+            flow = flows[0]
+            flow.rate = min(link.capacity / weight for link, weight in flow.hops)
+        else:
+            _max_min_rates(flows)
+        dt = min(flow.remaining / flow.rate for flow in flows)
+        self._epoch += 1
+        timer = self.env.timeout(max(dt, 0.0))
+        epoch = self._epoch
+        timer.callbacks.append(lambda _event: self._on_timer(epoch))
+
+    def _on_timer(self, epoch: int) -> None:
+        if epoch != self._epoch:
+            return  # superseded by a later allocation
+        self._advance()
+        now = self.env.now
+        still: list[Flow] = []
+        for flow in self.flows:
+            if flow.remaining <= flow.rate * _DONE_WITHIN_S:
+                for link, _ in flow.hops:
+                    link.stop(now)
+                flow.done.succeed()
+            else:
+                still.append(flow)
+        self.flows = still
+        if still:
+            self._reallocate()
+
+
+def _max_min_rates(flows: list[Flow]) -> None:
+    """Progressive filling: the max-min fair rate of every flow (see [Note: fair sharing])."""
+    users: dict[Link, list[tuple[Flow, float]]] = {}
+    for flow in flows:
+        for link, weight in flow.hops:
+            on_link = users.get(link)
+            if on_link is None:
+                users[link] = [(flow, weight)]
+            else:
+                on_link.append((flow, weight))
+    # Fast path: a flow alone on every link it crosses runs at its narrowest hop's rate.
+    contended: list[Flow] = []
+    for flow in flows:
+        if all(len(users[link]) == 1 for link, _ in flow.hops):
+            flow.rate = min(link.capacity / weight for link, weight in flow.hops)
+        else:
+            flow.rate = -1.0  # unfrozen
+            contended.append(flow)
+    if not contended:
+        return
+    capacity_left = {link: link.capacity for link, on_link in users.items() if len(on_link) > 1}
+    shared = {link: users[link] for link in capacity_left}
+    # Links used by one contended flow only still cap it; give them their own entry.
+    for flow in contended:
+        for link, weight in flow.hops:
+            if link not in shared:
+                capacity_left[link] = link.capacity
+                shared[link] = [(flow, weight)]
+    unfrozen = len(contended)
+    while unfrozen:
+        best_share, best_link = float("inf"), None
+        for link, on_link in shared.items():
+            demand = 0.0
+            for flow, weight in on_link:
+                if flow.rate < 0:
+                    demand += weight
+            if demand > 0:
+                share = capacity_left[link] / demand
+                if share < best_share:
+                    best_share, best_link = share, link
+        assert best_link is not None, "unfrozen flows must cross some link"
+        for flow, _ in shared[best_link]:
+            if flow.rate < 0:
+                flow.rate = max(best_share, 0.0)
+                unfrozen -= 1
+                for link, weight in flow.hops:
+                    capacity_left[link] -= best_share * weight

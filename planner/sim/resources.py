@@ -1,0 +1,107 @@
+"""The links of one simulated node and the route (hops with weights) of every kind of transfer.
+
+Per GPU: its compute, its host link in each direction (PCIe), its GPU-GPU collective port
+(NVLink/NVSwitch). Per node: the host-memory/PCIe aggregate every host transfer also crosses, the
+NVMe array (reads and writes independent or sharing one device budget, `NodeSpec.nvme_read_write`),
+the CPU optimizer, and the network port for collectives that span nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.plan import Plan
+from planner.sim.network import Link
+
+Hops = tuple[tuple[Link, float], ...]
+
+
+@dataclass(eq=False, slots=True)
+class RankLinks:
+    """The per-GPU links of one simulated rank."""
+
+    compute: Link
+    h2d: Link
+    d2h: Link
+    gpu_gpu: Link
+
+
+class NodeResources:
+    """Links of one node, shared by `ranks` simulated ranks that stand for `gpus_per_node` GPUs.
+
+    `ranks_weight` is how many GPUs one simulated rank stands for on the node-wide links: 1 when
+    every GPU of the node is simulated, `gpus_per_node` for a representative rank.
+    """
+
+    def __init__(self, plan: Plan, num_ranks: int) -> None:
+        node = plan.node
+        gpus = plan.cluster.gpus_per_node
+        assert gpus % num_ranks == 0, "simulated ranks must stand for equal shares of the node"
+        self.ranks_weight = gpus / num_ranks
+        self.host_memory = Link("host_memory", node.host_memory_bytes_per_s, scope="per node")
+        self.shared_nvme = node.nvme_read_write == "shared"
+        if self.shared_nvme:
+            self.nvme = Link("nvme", 1.0, unit="device-s", scope="per node")
+            self._nvme_read, self._nvme_write = self.nvme, self.nvme
+        else:
+            self._nvme_read = Link("nvme_read", node.nvme_read_bytes_per_s, scope="per node")
+            self._nvme_write = Link("nvme_write", node.nvme_write_bytes_per_s, scope="per node")
+        self.cpu_optimizer = Link("cpu_optimizer", node.cpu_adam_params_per_s, unit="params", scope="per node")
+        self.inter_node = Link("inter_node", node.inter_node_bytes_per_s, scope="per node") if plan.num_nodes > 1 else None
+        self.ranks = [
+            RankLinks(
+                compute=Link("gpu_compute", node.gpu_flops_per_s, unit="flop", scope=f"per GPU{_rank_tag(r, num_ranks)}"),
+                h2d=Link("h2d", node.host_to_gpu_bytes_per_s, scope=f"per GPU{_rank_tag(r, num_ranks)}"),
+                d2h=Link("d2h", node.gpu_to_host_bytes_per_s, scope=f"per GPU{_rank_tag(r, num_ranks)}"),
+                gpu_gpu=Link("gpu_gpu", node.gpu_gpu_intra_node_bytes_per_s or node.host_to_gpu_bytes_per_s,
+                             scope=f"per GPU{_rank_tag(r, num_ranks)}"),
+            )
+            for r in range(num_ranks)
+        ]
+        read_bw, write_bw = node.nvme_read_bytes_per_s, node.nvme_write_bytes_per_s
+        # Shared budget: a byte read costs 1/read_bw device-seconds, a byte written 1/write_bw.
+        self._read_weight = self.ranks_weight / read_bw if self.shared_nvme else self.ranks_weight
+        self._write_weight = self.ranks_weight / write_bw if self.shared_nvme else self.ranks_weight
+        # [Note: collective routes] A ring collective over the data-parallel group crosses each node
+        # boundary once per ring; there is one ring per tensor-parallel index (mp rings per node).
+        # Each GPU's port carries what it receives, X; the node's network port carries mp * X,
+        # split evenly over the simulated ranks of the node.
+        self._inter_weight = plan.model_parallel_degree / num_ranks
+
+    def links(self) -> list[Link]:
+        node_links = [self.host_memory, self.cpu_optimizer]
+        node_links += [self.nvme] if self.shared_nvme else [self._nvme_read, self._nvme_write]
+        if self.inter_node is not None:
+            node_links.append(self.inter_node)
+        return node_links + [link for rank in self.ranks for link in (rank.compute, rank.h2d, rank.d2h, rank.gpu_gpu)]
+
+    # -- routes ------------------------------------------------------------------------------
+    def nvme_read(self) -> Hops:
+        return ((self._nvme_read, self._read_weight),)
+
+    def nvme_write(self) -> Hops:
+        return ((self._nvme_write, self._write_weight),)
+
+    def h2d(self, rank: int) -> Hops:
+        return ((self.ranks[rank].h2d, 1.0), (self.host_memory, self.ranks_weight))
+
+    def d2h(self, rank: int) -> Hops:
+        return ((self.ranks[rank].d2h, 1.0), (self.host_memory, self.ranks_weight))
+
+    def collective(self, rank: int, *, spans_nodes: bool) -> Hops:
+        """A data-parallel ring collective (see [Note: collective routes])."""
+        port = ((self.ranks[rank].gpu_gpu, 1.0),)
+        if spans_nodes and self.inter_node is not None:
+            return port + ((self.inter_node, self._inter_weight),)
+        return port
+
+    def tensor_parallel(self, rank: int) -> Hops:
+        """Megatron all-reduces stay inside the node (mp <= GPUs per node)."""
+        return ((self.ranks[rank].gpu_gpu, 1.0),)
+
+    def cpu_adam(self) -> Hops:
+        return ((self.cpu_optimizer, self.ranks_weight),)
+
+
+def _rank_tag(rank: int, num_ranks: int) -> str:
+    return "" if num_ranks == 1 else f" (simulated rank {rank})"

@@ -1,0 +1,45 @@
+"""Memory tiers as capacity trackers: what is allocated when, the peak, and the timeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False, slots=True)
+class TierTracker:
+    """Bytes in use in one tier (`gpu` per GPU, `cpu` and `nvme` per node) over simulated time.
+
+    Static residents (partitioned model states, decided by the placement) are set once at time 0;
+    the simulation adds and removes its transient buffers (gathered parameters, gradient buckets,
+    checkpoints, staging and optimizer chunk buffers) by name, so the peak can be explained.
+    """
+
+    name: str
+    capacity_bytes: float
+    scope: str
+    used_bytes: float = 0.0
+    peak_bytes: float = 0.0
+    peak_time_s: float = 0.0
+    by_name: dict[str, float] = field(default_factory=dict)
+    peak_by_name: dict[str, float] = field(default_factory=dict)
+    """The named terms at the moment of the peak."""
+    timeline: list[tuple[float, float]] = field(default_factory=list)
+    """(time, bytes in use) after every change; last entry per instant wins."""
+
+    def add(self, now: float, name: str, nbytes: float) -> None:
+        if nbytes == 0:
+            return
+        self.used_bytes += nbytes
+        self.by_name[name] = self.by_name.get(name, 0.0) + nbytes
+        if self.used_bytes > self.peak_bytes:
+            self.peak_bytes, self.peak_time_s = self.used_bytes, now
+            self.peak_by_name = {k: v for k, v in self.by_name.items() if v > 0.5}
+        timeline = self.timeline
+        if timeline and timeline[-1][0] == now:
+            timeline[-1] = (now, self.used_bytes)
+        else:
+            timeline.append((now, self.used_bytes))
+
+    def remove(self, now: float, name: str, nbytes: float) -> None:
+        assert self.by_name.get(name, 0.0) >= nbytes * (1 - 1e-9) - 1e-6, f"{self.name}: freeing more {name} than held"
+        self.add(now, name, -nbytes)

@@ -1,0 +1,152 @@
+"""The simulated iteration as a picture: a Gantt chart of every resource with memory curves beneath.
+
+Readable for a 128-layer model: the full-iteration chart merges busy intervals closer than a
+pixel (a 1T iteration has tens of thousands), a second chart zooms on one checkpoint segment of the
+backward pass where single operators are visible, and the memory curves share the full chart's time
+axis. matplotlib is imported here only, so `planner` starts fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.errors import PlannerError
+from planner.sim.report import SimResult, rank0_links
+from planner.units import GIB
+
+PHASE_COLORS = {"forward": "#4C72B0", "recompute": "#DD8452", "backward": "#55A868", "optimizer": "#C44E52"}
+ROW_ORDER = ("gpu_compute", "gpu_gpu", "h2d", "d2h", "host_memory", "nvme", "nvme_read", "nvme_write",
+             "cpu_optimizer", "inter_node")
+ROW_LABELS = {
+    "gpu_compute": "GPU compute", "gpu_gpu": "GPU-GPU (all-gather / reduce-scatter)", "h2d": "host->GPU (PCIe)",
+    "d2h": "GPU->host (PCIe)", "host_memory": "host memory fabric (node)", "nvme": "NVMe read+write (node)",
+    "nvme_read": "NVMe read (node)", "nvme_write": "NVMe write (node)", "cpu_optimizer": "CPU optimizer (node)",
+    "inter_node": "network (node)",
+}
+PIXELS = 1800
+BINS = 500
+"""The full-iteration chart shows busy fraction per bin: finer than this is not readable anyway."""
+
+
+def draw(result: SimResult, path: str | Path, *, title: str | None = None) -> Path:
+    """Write the timeline PNG to `path` and return it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    sim, prediction = result.simulation, result.prediction
+    total = sim.iteration_time_s
+    links = {link.name: link for link in rank0_links(sim)}
+    rows = [name for name in ROW_ORDER if name in links and links[name].intervals]
+    fig = plt.figure(figsize=(16, 3.2 + 0.9 * len(rows)), constrained_layout=True)
+    grid = fig.add_gridspec(4, 1, height_ratios=[len(rows), len(rows), 2.4, 2.4])
+    full, zoom = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
+    gpu_ax = fig.add_subplot(grid[2], sharex=full)
+    cpu_ax = fig.add_subplot(grid[3], sharex=full)
+
+    window = _zoom_window(result)
+    width = total / BINS
+    for y, name in enumerate(rows):
+        # Full iteration: each bin's bar is as tall as the share of the bin the resource was busy.
+        edges = [i * width for i in range(BINS + 1)]
+        bottom = [y + 0.4] * (BINS + 1)
+        for label, busy in _binned(links[name].intervals, total, BINS).items():
+            top = [b - 0.8 * f for b, f in zip(bottom, busy + busy[-1:], strict=True)]
+            full.fill_between(edges, bottom, top, step="post", color=PHASE_COLORS.get(label, "grey"), linewidth=0)
+            bottom = top
+        lo, hi = window
+        for label, spans in _merged(links[name].intervals, lo, hi, (hi - lo) / PIXELS).items():
+            zoom.broken_barh(spans, (y - 0.38, 0.76), facecolors=PHASE_COLORS.get(label, "grey"), linewidth=0)
+    for ax, (lo, hi) in ((full, (0.0, total)), (zoom, window)):
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"{ROW_LABELS[n]}  {prediction.details['resources'][n]['busy_fraction']:.0%}" for n in rows])
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xlim(lo, hi)
+        ax.grid(axis="x", alpha=0.3)
+        _phase_lines(ax, sim.phase_end_s)
+    full.set_title(title or _title(result), fontsize=11, loc="left")
+    zoom.set_title(f"zoom: {window[0]:.4g}-{window[1]:.4g} s (one checkpoint segment of the backward pass: recompute, "
+                   "then backward)", fontsize=10, loc="left")
+    zoom.set_xlabel("seconds")
+    full.add_artist(full.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()],
+                                loc="upper right", fontsize=8, ncols=4))
+
+    for ax, tracker in ((gpu_ax, sim.gpu), (cpu_ax, sim.cpu)):
+        times = [t for t, _ in tracker.timeline] + [total]
+        used = [b / GIB for _, b in tracker.timeline]
+        used.append(used[-1] if used else 0.0)
+        ax.fill_between(times, used, step="post", color="#8172B3", alpha=0.55, linewidth=0, label=f"{tracker.name} in use")
+        ax.axhline(tracker.capacity_bytes / GIB, color="#C44E52", linestyle="--", linewidth=1, label="capacity")
+        ax.set_ylabel(f"{tracker.name.upper()} GiB\n({tracker.scope})")
+        ax.set_ylim(0, max(tracker.capacity_bytes, tracker.peak_bytes) / GIB * 1.08)
+        ax.annotate(f"peak {tracker.peak_bytes / GIB:.1f} GiB", (tracker.peak_time_s, tracker.peak_bytes / GIB),
+                    xytext=(5, -12), textcoords="offset points", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+        _phase_lines(ax, sim.phase_end_s)
+    nvme = sim.nvme
+    cpu_ax.set_xlabel(f"seconds   (NVMe holds {nvme.peak_bytes / GIB:,.0f} of {nvme.capacity_bytes / GIB:,.0f} GiB per node "
+                      "for the whole iteration)")
+    path = Path(path)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise PlannerError(f"cannot write timeline to {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _title(result: SimResult) -> str:
+    plan, p = result.plan, result.prediction
+    return (f"{plan.model.name} on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}, "
+            f"batch/GPU {plan.micro_batch_per_gpu:g}, ci {plan.checkpoint_interval}, tiling {plan.tiling_factor}, "
+            f"prefetch {plan.prefetch_depth}, mp {plan.model_parallel_degree}\nsimulated {p.iteration_time_s:.4g} s/iteration, "
+            f"{p.tflops_per_gpu:.3g} TFLOPS/GPU, bottleneck {p.bottleneck}   (bar height and row label: busy fraction)")
+
+
+def _zoom_window(result: SimResult) -> tuple[float, float]:
+    """One checkpoint segment in the middle of the backward pass."""
+    sim = result.simulation
+    start, end = sim.phase_end_s["forward"], sim.phase_end_s["backward"]
+    segments = max(1, sim.work.num_segments)
+    width = (end - start) / segments
+    lo = start + width * (segments // 2)
+    return lo, min(end, lo + width)
+
+
+def _merged(intervals, lo: float, hi: float, pixel: float) -> dict[str, list[tuple[float, float]]]:
+    """Clip to [lo, hi] and merge same-label spans whose gap is under a pixel: (start, width) lists."""
+    out: dict[str, list[list[float]]] = {}
+    for a, b, label in sorted(intervals):
+        if b <= lo or a >= hi:
+            continue
+        a, b = max(a, lo), min(b, hi)
+        spans = out.setdefault(label, [])
+        if spans and a - spans[-1][1] < pixel:
+            spans[-1][1] = max(spans[-1][1], b)
+        else:
+            spans.append([a, b])
+    return {label: [(a, max(b - a, pixel)) for a, b in spans] for label, spans in out.items()}
+
+
+def _binned(intervals, end_s: float, bins: int) -> dict[str, list[float]]:
+    """Busy fraction of each of `bins` equal bins of [0, end_s], per label."""
+    width = end_s / bins
+    out: dict[str, list[float]] = {}
+    for a, b, label in intervals:
+        busy = out.setdefault(label, [0.0] * bins)
+        first, last = int(a / width), min(int(b / width), bins - 1)
+        for i in range(first, last + 1):
+            overlap = min(b, (i + 1) * width) - max(a, i * width)
+            if overlap > 0:
+                busy[i] += overlap / width
+    return out
+
+
+def _phase_lines(ax, phase_end_s: dict[str, float]) -> None:
+    for phase in ("forward", "backward"):
+        if phase in phase_end_s:
+            ax.axvline(phase_end_s[phase], color="grey", linewidth=0.8, linestyle=":")

@@ -1,0 +1,150 @@
+"""What one rank does in one iteration: the operator trace and the per-rank size of every transfer.
+
+The trace is the order the runtime's prefetcher records on its first iteration (METHOD.md §4.3):
+the embedding (when the model has one), every block's linears in execution order
+(`ModelSpec.block_operators()`), the output head; then, per checkpoint segment from the last to the
+first, the segment's recompute (forward again) and its backward in reverse. Every step gathers its
+operator's parameters again, which is why eq. 9 reads parameters three times.
+
+[Note: rank shares] With `N` GPUs, model-parallel degree `mp` (Megatron tensor parallel inside a
+node) and data-parallel degree `dp = N / mp`:
+- a linear of `P` weights is split into `mp` column/row slices of `P / mp`; each slice is
+  partitioned over its `dp` group, so a rank owns `P / N` weights and gathers `P / mp`;
+- a model replica (one tensor-parallel group) processes `batch_per_gpu * mp` samples, and each of
+  its GPUs does `1 / mp` of the replica's matmul flops: `2 * batch_per_gpu * seq * P` per linear
+  forward (eq. 7), twice that backward;
+- the Megatron all-reduces (after the attention output and the MLP down projection, forward and
+  backward) carry the replica's `batch_per_gpu * mp * seq * hd` activations;
+- activation checkpoints are partitioned over the tensor-parallel group (DeepSpeed's
+  `partition_activations`), so a GPU holds eq. 3 with its own `batch_per_gpu`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.plan import Plan
+
+Phase = Literal["forward", "recompute", "backward"]
+
+BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "fp16": 2}
+OPTIMIZER_STATE_BYTES_PER_PARAM = 16
+"""fp32 master weight, momentum, variance and fp32 gradient (eq. 2; read and written once, eq. 10)."""
+GPU_ADAM_BYTES_PER_PARAM = 30
+"""HBM traffic of a fused GPU Adam step: read weight, momentum, variance, fp32 grad (16), write the
+first three (12) and the half-precision copy (2)."""
+_TP_ALL_REDUCE_AFTER = frozenset({"attn_out", "mlp_down"})
+
+
+@dataclass(frozen=True, slots=True)
+class OpShape:
+    """One operator (or one tile of it) as a rank sees it."""
+
+    name: str
+    num_params: int
+    """Weights of the whole operator tile (all ranks, all tensor-parallel slices)."""
+    flops_per_gpu: float
+    """Forward matmul flops one GPU executes for it."""
+    tp_all_reduce: bool
+    """A Megatron all-reduce follows it (last tile of attn_out / mlp_down, mp > 1)."""
+    has_grads: bool = True
+    """False for a tied output head: its gradient lands in the embedding's and is reduced there."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    index: int
+    phase: Phase
+    op: OpShape
+    block: int
+    """Transformer block, -1 for the embedding, num_layers for the head."""
+    segment: int
+    """Checkpoint segment of the block; -1 outside the checkpointed blocks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    plan: Plan
+    steps: tuple[Step, ...]
+    num_segments: int
+    param_bytes: int
+    """Bytes per half-precision (or fp32) parameter and gradient element."""
+    tokens_per_gpu: float
+    checkpoint_bytes: float
+    """One checkpoint (one block input), per GPU (eq. 3 per checkpoint)."""
+    block_activation_bytes: float
+    """Activations of one block while it runs with gradients (eq. 5 with ci = 1), per GPU."""
+    tp_all_reduce_bytes: float
+    """Activation tensor of one Megatron all-reduce (whole replica batch)."""
+    params_per_rank: float
+    """Parameters whose optimizer state one rank updates."""
+
+
+def build_workload(plan: Plan) -> Workload:
+    model, mp = plan.model, plan.model_parallel_degree
+    b = BYTES_PER_PARAM[plan.precision]
+    bsz, seq, hd = plan.micro_batch_per_gpu, model.seq_len, model.hidden_size
+    tokens = bsz * seq
+    tiles = plan.tiling_factor
+
+    def linear(name: str, num_params: int, *, has_grads: bool = True) -> list[OpShape]:
+        flops = 2 * tokens * num_params
+        n = tiles if num_params >= tiles else 1
+        return [OpShape(name=name if n == 1 else f"{name}[{t}]", num_params=num_params // n,
+                        flops_per_gpu=flops / n,
+                        tp_all_reduce=mp > 1 and name in _TP_ALL_REDUCE_AFTER and t == n - 1,
+                        has_grads=has_grads)
+                for t in range(n)]
+
+    # Attention scores and context (QK^T, softmax(.)V): 2 * 2 * seq^2 * hd flops per sample; they
+    # have no weights and run between qkv and attn_out, so they are folded into attn_out's compute.
+    attention_flops = 4 * bsz * seq * seq * hd
+    block_ops: list[OpShape] = []
+    for op in model.block_operators():
+        shapes = linear(op.name, op.num_params)
+        if op.name == "attn_out":
+            first = shapes[0]
+            shapes[0] = OpShape(name=first.name, num_params=first.num_params,
+                                flops_per_gpu=first.flops_per_gpu + attention_flops, tp_all_reduce=first.tp_all_reduce)
+        block_ops += shapes
+
+    embedding = head = ()
+    if model.vocab_size > 0:
+        rows = model.vocab_size * hd
+        # An embedding lookup moves rows, it does not multiply: no matmul flops.
+        embedding = (OpShape(name="embedding", num_params=rows, flops_per_gpu=0.0, tp_all_reduce=False),)
+        head = tuple(linear("lm_head", rows, has_grads=not model.tied_embeddings))
+
+    ci = plan.checkpoint_interval
+    layers = model.num_layers
+    segment_of = (lambda blk: blk // ci) if ci else (lambda blk: 0)
+    num_segments = math.ceil(layers / ci) if ci else 1
+
+    raw: list[tuple[Phase, OpShape, int]] = [("forward", op, -1) for op in embedding]
+    for blk in range(layers):
+        raw += [("forward", op, blk) for op in block_ops]
+    raw += [("forward", op, layers) for op in head]
+    raw += [("backward", op, layers) for op in reversed(head)]
+    for seg in reversed(range(num_segments)):
+        blocks = [blk for blk in range(layers) if segment_of(blk) == seg]
+        if ci:
+            raw += [("recompute", op, blk) for blk in blocks for op in block_ops]
+        raw += [("backward", op, blk) for blk in reversed(blocks) for op in reversed(block_ops)]
+    raw += [("backward", op, -1) for op in embedding]
+    steps = tuple(Step(index=i, phase=phase, op=op, block=blk, segment=segment_of(blk) if 0 <= blk < layers else -1)
+                  for i, (phase, op, blk) in enumerate(raw))
+
+    optimizer_partitioned = "optimizer_states" in plan.partitioned
+    return Workload(
+        plan=plan,
+        steps=steps,
+        num_segments=num_segments,
+        param_bytes=b,
+        tokens_per_gpu=tokens,
+        checkpoint_bytes=b * bsz * seq * hd,
+        block_activation_bytes=bsz * seq * (16 * hd + 2 * model.num_heads * seq),
+        tp_all_reduce_bytes=b * bsz * mp * seq * hd,
+        params_per_rank=model.num_params / (plan.num_gpus if optimizer_partitioned else mp),
+    )

@@ -1,0 +1,204 @@
+"""Exact simulated timelines on tiny hand-computable plans (planner.sim.engine / optimizer)."""
+
+import dataclasses
+
+import pytest
+
+from planner.hardware import NodeSpec
+from planner.model import ModelSpec
+from planner.plan import Placement, Plan
+from planner.sim import simulate
+from planner.sim.engine import Simulation, stage_lookaheads
+from planner.sim.optimizer import _run, chunked_step
+from planner.sim.workload import OpShape, Step, build_workload
+
+
+def tiny_node(**overrides) -> NodeSpec:
+    """Round numbers in base units (bytes/s, flop/s) so every duration is exact in binary."""
+    base = dict(name="tiny", num_gpus_per_node=1, gpu_memory_bytes=2**30, gpu_flops_per_s=2.0, gpu_hbm_bytes_per_s=2.0**40,
+                cpu_memory_bytes=2**30, nvme_capacity_bytes=2**30, host_to_gpu_bytes_per_s=2.0,
+                gpu_to_host_bytes_per_s=2.0, host_memory_bytes_per_s=2.0, nvme_read_bytes_per_s=2.0,
+                nvme_write_bytes_per_s=2.0, gpu_gpu_intra_node_bytes_per_s=1024.0, cpu_adam_params_per_s=4.0,
+                nvme_read_write="independent")
+    base.update(overrides)
+    return NodeSpec(**base)
+
+
+ONE_LAYER = ModelSpec(name="one-layer", num_layers=1, hidden_size=1, num_heads=1, seq_len=1)
+CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu")
+
+
+def rounded(log, keep):
+    return [(name, round(a, 9), round(b, 9), label) for name, a, b, label in log if name in keep]
+
+
+def test_one_layer_known_bandwidths_give_known_iteration_time():
+    # One block of a width-1 model, bf16, batch 1, seq 1: linears qkv 3, attn_out 1, mlp_up 4, mlp_down
+    # 4 weights (6, 2, 8, 8 bytes); forward flops 2 * params, attn_out also 4 attention flops. PCIe
+    # 2 B/s each way, 2 flop/s, CPU Adam 4 params/s. Depth 0, no checkpointing: every step is
+    # fetch -> compute (-> gradient offload), in sequence.
+    plan = Plan(model=ONE_LAYER, node=tiny_node(), num_gpus=1, placement=CPU_OFFLOAD, checkpoint_interval=0,
+                prefetch_depth=0)
+    result = simulate(plan)
+    log = rounded(result.simulation.log(), {"h2d", "gpu_compute", "d2h", "cpu_optimizer"})
+    assert log == [
+        ("h2d", 0, 3, "forward"), ("gpu_compute", 3, 6, "forward"),        # qkv: 6 B, 6 flop
+        ("h2d", 6, 7, "forward"), ("gpu_compute", 7, 10, "forward"),       # attn_out: 2 B, 2 + 4 flop
+        ("h2d", 10, 14, "forward"), ("gpu_compute", 14, 18, "forward"),    # mlp_up: 8 B, 8 flop
+        ("h2d", 18, 22, "forward"), ("gpu_compute", 22, 26, "forward"),    # mlp_down
+        ("h2d", 26, 30, "backward"), ("gpu_compute", 30, 38, "backward"),  # mlp_down: 2x flops
+        ("d2h", 38, 42, "backward"),                                        # its 8 B gradient
+        ("h2d", 42, 46, "backward"), ("gpu_compute", 46, 54, "backward"), ("d2h", 54, 58, "backward"),
+        ("h2d", 58, 59, "backward"), ("gpu_compute", 59, 65, "backward"), ("d2h", 65, 66, "backward"),
+        ("h2d", 66, 69, "backward"), ("gpu_compute", 69, 75, "backward"), ("d2h", 75, 78, "backward"),
+        ("cpu_optimizer", 78, 81, "optimizer"),                             # 12 params at 4/s
+    ]
+    p = result.prediction
+    assert p.iteration_time_s == pytest.approx(81.0, abs=1e-9)
+    assert p.phase_time_s == pytest.approx({"forward": 26.0, "backward": 52.0, "optimizer": 3.0})
+    assert p.link_bytes == {"nvme_read": 0, "nvme_write": 0, "h2d": 48, "d2h": 24, "all_gather": 0, "reduce_scatter": 0}
+    # Paper accounting without recompute: 6 * tokens * params = 6 * 1 * 12 flop in 81 s.
+    assert p.tflops_per_gpu == pytest.approx(72 / 81 / 1e12)
+    assert p.method == "simulated" and p.feasible
+
+
+def test_two_gpus_sharing_the_host_fabric_take_twice_as_long_per_transfer():
+    # Two GPUs, each with a 2 B/s lane; the node's host fabric carries 2 B/s in all (METHOD.md §5: the
+    # per-GPU rate when every GPU reads at once is the aggregate over the GPU count).
+    def first_h2d(host_memory, ranks):
+        node = tiny_node(num_gpus_per_node=2, host_memory_bytes_per_s=host_memory)
+        plan = Plan(model=ONE_LAYER, node=node, num_gpus=2, placement=CPU_OFFLOAD, checkpoint_interval=0, prefetch_depth=0)
+        sim = Simulation(plan, ranks=ranks).run()
+        return next((a, b) for name, a, b, _ in sim.log() if name == "h2d")
+
+    # qkv's 6 bytes split over 2 ranks: 3 B per rank.
+    assert first_h2d(4.0, "representative") == (0.0, 1.5)  # fabric wide enough: the lane's 2 B/s
+    assert first_h2d(2.0, "representative") == (0.0, 3.0)  # fabric shared by two: 1 B/s each
+    assert first_h2d(2.0, "explicit") == (0.0, 3.0)
+
+
+def _forward_only(plan: Plan, num_steps: int, num_params: int, flops: float):
+    """A workload of identical forward operators, nothing to reduce or update."""
+    op = OpShape(name="linear", num_params=num_params, flops_per_gpu=flops, tp_all_reduce=False)
+    steps = tuple(Step(index=i, phase="forward", op=op, block=-1, segment=-1) for i in range(num_steps))
+    return dataclasses.replace(build_workload(plan), steps=steps, params_per_rank=0.0)
+
+
+def _depth_plan(depth: int) -> Plan:
+    node = tiny_node(nvme_read_bytes_per_s=4.0, host_to_gpu_bytes_per_s=16.0, host_memory_bytes_per_s=1024.0,
+                     gpu_flops_per_s=8.0)
+    placement = Placement(params="nvme", gradients="gpu", optimizer_states="gpu", activation_checkpoints="gpu")
+    return Plan(model=ONE_LAYER, node=node, num_gpus=1, placement=placement, prefetch_depth=depth)
+
+
+def test_stage_lookaheads_follow_method_4_3():
+    assert stage_lookaheads(3) == {"nvme": 3, "h2d": 2, "gather": 1}
+    assert stage_lookaheads(0) == {"nvme": 0, "h2d": 0, "gather": 0}
+    assert stage_lookaheads(1) == {"nvme": 1, "h2d": 1, "gather": 1}
+    assert stage_lookaheads(5) == {"nvme": 5, "h2d": 4, "gather": 3}
+
+
+def test_prefetch_depth_0_vs_3_on_a_transfer_bound_case():
+    # Four operators of 2 weights (4 B): NVMe read 1 s, host-to-GPU 0.25 s, compute 0.75 s.
+    def run(depth, num_steps=4):
+        plan = _depth_plan(depth)
+        sim = Simulation(plan, workload=_forward_only(plan, num_steps, 2, 6.0)).run()
+        return sim
+
+    serial = run(0)
+    assert serial.iteration_time_s == pytest.approx(8.0)  # 4 x (1 + 0.25 + 0.75), nothing overlaps
+    assert rounded(serial.log(), {"nvme_read", "h2d", "gpu_compute"})[:3] == [
+        ("nvme_read", 0, 1, "forward"), ("h2d", 1, 1.25, "forward"), ("gpu_compute", 1.25, 2, "forward")]
+
+    piped = run(3)
+    # Depth 3: before operator 0 the reads of 0..3 and the copies of 0..2 are issued; the four reads
+    # share the drive (4 x 1 s of work -> all land at 4 s), the three copies share the lane (0.75 s),
+    # then computes run back to back while the copy of operator 3 (issued at step 1) overlaps them.
+    assert rounded(piped.log(), {"nvme_read", "h2d", "gpu_compute"}) == [
+        ("nvme_read", 0, 4, "forward"), ("h2d", 4, 4.75, "forward"), ("gpu_compute", 4.75, 5.5, "forward"),
+        ("h2d", 5.5, 5.75, "forward"), ("gpu_compute", 5.5, 6.25, "forward"),
+        ("gpu_compute", 6.25, 7, "forward"), ("gpu_compute", 7, 7.75, "forward")]
+    assert piped.iteration_time_s == pytest.approx(7.75)
+    # With more operators the pipeline's advantage grows: transfers overlap compute in steady state.
+    assert run(3, 16).iteration_time_s < run(0, 16).iteration_time_s - 4.0
+
+
+def _optimizer_plan(buffers: int, nvme: str) -> Plan:
+    # 12 * 1 * 8^2 = 768 weights in 3 chunks of 256 (4096 B of optimizer state each). Reading or
+    # writing a chunk alone: 2 s; updating it: 1 s.
+    model = ModelSpec(name="tiny-768", num_layers=1, hidden_size=8, num_heads=1, seq_len=1)
+    node = tiny_node(nvme_read_bytes_per_s=2048.0, nvme_write_bytes_per_s=2048.0, cpu_adam_params_per_s=256.0,
+                     nvme_read_write=nvme)
+    placement = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="gpu")
+    return Plan(model=model, node=node, num_gpus=1, placement=placement, optimizer_chunk_bytes=4096,
+                num_optimizer_buffers=buffers)
+
+
+def _optimizer_log(plan: Plan):
+    sim = _run(plan, build_workload(plan), 1, [256.0, 256.0, 256.0])
+    return sim.duration_s, rounded([(link.name, a, b, lab) for link in sim.links() for a, b, lab in link.intervals],
+                                   {"nvme_read", "nvme_write", "cpu_optimizer", "nvme"})
+
+
+def test_nvme_optimizer_chunk_pipeline_overlaps_read_update_write():
+    duration, log = _optimizer_log(_optimizer_plan(3, "independent"))
+    assert duration == pytest.approx(9.0)  # read k+1, update k, write k-1 at once
+    assert sorted(log, key=lambda e: (e[1], e[0])) == [
+        ("nvme_read", 0, 2, "optimizer"),                                         # read 0
+        ("cpu_optimizer", 2, 3, "optimizer"), ("nvme_read", 2, 4, "optimizer"),   # update 0, read 1
+        ("nvme_write", 3, 5, "optimizer"),                                        # write 0
+        ("cpu_optimizer", 4, 5, "optimizer"), ("nvme_read", 4, 6, "optimizer"),   # update 1, read 2
+        ("nvme_write", 5, 7, "optimizer"),
+        ("cpu_optimizer", 6, 7, "optimizer"), ("nvme_write", 7, 9, "optimizer")]
+
+
+def test_one_buffer_serialises_the_chunk_pipeline():
+    duration, _ = _optimizer_log(_optimizer_plan(1, "independent"))
+    assert duration == pytest.approx(15.0)  # 3 x (2 + 1 + 2)
+
+
+def test_shared_nvme_budget_slows_overlapped_reads_and_writes():
+    # Reads and writes split one drive: read 1 and write 0 overlap from 3 s at half speed each, ...
+    duration, log = _optimizer_log(_optimizer_plan(3, "shared"))
+    assert duration == pytest.approx(12.0)
+    assert [e for e in log if e[0] == "cpu_optimizer"] == [
+        ("cpu_optimizer", 2, 3, "optimizer"), ("cpu_optimizer", 5, 6, "optimizer"), ("cpu_optimizer", 9, 10, "optimizer")]
+
+
+def test_periodic_optimizer_extrapolation_matches_full_simulation():
+    plan = _optimizer_plan(3, "shared").replace(model=ModelSpec(name="m", num_layers=1, hidden_size=64, num_heads=1))
+    work = build_workload(plan)
+    fast = chunked_step(plan, work, 1)
+    assert fast.extrapolated and fast.num_chunks == 192
+    full = _run(plan, work, 1, [256.0] * 192).outcome()
+    assert fast.duration_s == pytest.approx(full.duration_s, rel=1e-9)
+    assert fast.busy_s == pytest.approx(full.busy_s, rel=1e-9)
+    assert fast.amount == pytest.approx(full.amount, rel=1e-9)
+    assert fast.link_bytes == pytest.approx(full.link_bytes, rel=1e-9)
+    assert sum(d for _, _, d in fast.cpu_changes) == pytest.approx(0.0)
+    assert max(_running(fast.cpu_changes)) == pytest.approx(max(_running(full.cpu_changes)))
+
+
+def _running(changes):
+    total, out = 0.0, []
+    for _, _, d in changes:
+        total += d
+        out.append(total)
+    return out
+
+
+def test_representative_rank_equals_every_rank_simulated():
+    # [Note: representative rank]: 4 GPUs, every transfer kind, efficiency curves, checkpoints on CPU.
+    from planner.catalog import hardware_presets
+
+    node = hardware_presets()["dgx2-v100"].replace(num_gpus_per_node=4)
+    model = ModelSpec(name="small", num_layers=3, hidden_size=256, num_heads=4, seq_len=64)
+    placement = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
+    plan = Plan(model=model, node=node, num_gpus=4, placement=placement, micro_batch_per_gpu=2, checkpoint_interval=2,
+                optimizer_chunk_bytes=65536)
+    rep, every = simulate(plan).prediction, simulate(plan, ranks="explicit").prediction
+    assert every.details["simulated_ranks"] == 4 and rep.details["simulated_ranks"] == 1
+    assert rep.iteration_time_s == pytest.approx(every.iteration_time_s, rel=1e-9)
+    assert rep.phase_time_s == pytest.approx(every.phase_time_s, rel=1e-9)
+    assert rep.link_bytes == every.link_bytes
+    assert rep.peak_bytes == pytest.approx(every.peak_bytes, rel=1e-9)
