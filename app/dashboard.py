@@ -11,8 +11,11 @@ import streamlit as st
 from app import compute
 from app.panels import bandwidth, history, memory, scale, strategies, timeline, verdict
 from app.sidebar import read_sidebar
-from app.state import model_spec, node_spec
+from app.state import Inputs, model_spec, node_spec
 from planner.errors import PlannerError
+from planner.hardware import NodeSpec
+from planner.model import ModelSpec
+from planner.plan import Plan
 
 TABS = ("Memory per tier", "Strategies", "Timeline", "Bandwidth (eq. 6)", "Largest model", "Predicted vs measured")
 
@@ -24,30 +27,37 @@ def main() -> None:
     try:
         model, node = model_spec(inputs), node_spec(inputs.hardware, inputs.overrides)
         result = compute.search_result(inputs.to_json())
-        everything = compute.search_result(inputs.unpinned().to_json())
     except PlannerError as exc:
         st.error(str(exc))  # one line naming the value, as the CLI prints it; never a traceback
         return
     plan = verdict.render(result)
-    tabs = st.tabs(TABS)
-    with tabs[0]:
-        if plan is not None:
-            memory.render(plan)
-    with tabs[1]:
-        strategies.render(everything)
-    with tabs[2]:
-        if plan is not None:
-            timeline.render(plan)
-    with tabs[3]:
-        if plan is not None:
-            bandwidth.render(plan)
-    with tabs[4]:
-        try:
-            scale.render(inputs, node, model.seq_len, model.num_params)
-        except PlannerError as exc:
-            st.error(str(exc))
-    with tabs[5]:
+    # Lazy tabs: only the open panel runs, so an interaction pays for what is on screen.
+    tabs = dict(zip(TABS, st.tabs(TABS, key="panel", on_change="rerun"), strict=True))
+    for label, tab in tabs.items():
+        if tab.open is False:
+            continue
+        with tab:
+            try:
+                _render_panel(label, inputs, plan, model, node)
+            except PlannerError as exc:
+                st.error(str(exc))
+
+
+def _render_panel(label: str, inputs: Inputs, plan: Plan | None, model: ModelSpec, node: NodeSpec) -> None:
+    if label == "Strategies":  # every strategy: the same question with the placement left free
+        strategies.render(compute.search_result(inputs.unpinned().to_json()))
+    elif label == "Largest model":
+        scale.render(inputs, node, model.seq_len, model.num_params)
+    elif label == "Predicted vs measured":
         history.render()
+    elif plan is None:
+        return
+    elif label == "Memory per tier":
+        memory.render(plan)
+    elif label == "Timeline":
+        timeline.render(plan)
+    elif label == "Bandwidth (eq. 6)":
+        bandwidth.render(plan)
 
 
 if __name__ == "__main__":  # `streamlit run` and AppTest run the file as __main__

@@ -1,4 +1,4 @@
-"""`planner dashboard`: start the Streamlit what-if dashboard (app/dashboard.py) in a subprocess.
+"""`planner dashboard`: start the Streamlit what-if dashboard (app/dashboard.py).
 
 Streamlit is the `dashboard` extra, imported only by the child process, so `planner` keeps starting
 fast without it. Options after the known ones are passed to `streamlit run` unchanged
@@ -8,6 +8,7 @@ fast without it. Options after the known ones are passed to `streamlit run` unch
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,11 @@ def register(app: typer.Typer) -> None:
         if port is not None and not 1 <= port <= 65535:
             raise PlannerError(f"--port must be between 1 and 65535, got {port}")
         command = streamlit_command(port=port, address=address, headless=headless, extra=list(ctx.args))
+        if os.name == "posix":
+            # Become the server, so signals (Ctrl-C, a supervisor's SIGTERM) reach streamlit itself
+            # and no orphaned server outlives a stopped `planner dashboard`.
+            sys.stdout.flush()
+            os.execv(command[0], command)
         try:
             code = subprocess.call(command)
         except KeyboardInterrupt:

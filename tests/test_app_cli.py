@@ -26,17 +26,15 @@ def test_streamlit_command_passes_flags_through():
     ]
 
 
-def test_dashboard_runs_streamlit_and_returns_its_exit_code(monkeypatch):
+def test_dashboard_becomes_the_streamlit_server(monkeypatch):
     calls = []
-
-    def fake_call(command):
-        calls.append(command)
-        return 3
-
-    monkeypatch.setattr("planner.cli_app.subprocess.call", fake_call)
+    monkeypatch.setattr("planner.cli_app.os.execv", lambda path, argv: calls.append((path, argv)))
+    monkeypatch.setattr("planner.cli_app.subprocess.call", lambda argv: 0)
     result = CliRunner().invoke(app, ["dashboard", "--headless", "--port", "8601", "--", "--server.runOnSave", "true"])
-    assert result.exit_code == 3
-    assert calls[0][-6:] == ["--client.toolbarMode", "viewer", "--server.port", "8601", "--server.runOnSave", "true"]
+    assert result.exit_code == 0
+    path, argv = calls[0]
+    assert path == sys.executable and argv[0] == sys.executable
+    assert argv[-6:] == ["--client.toolbarMode", "viewer", "--server.port", "8601", "--server.runOnSave", "true"]
 
 
 def test_bad_port_is_a_user_error():

@@ -54,6 +54,10 @@ def no_errors(at) -> None:
 
 
 def tab(at, label):
+    """Open the tab (tabs are lazy: only the open one runs) and return it."""
+    at.session_state["panel"] = label
+    at.run()
+    no_errors(at)
     return next(t for t in at.tabs if t.label == label)
 
 
@@ -111,11 +115,25 @@ def test_strategies_panel_shows_every_strategy(app):
     assert "GPU needs" in table.loc[table["strategy"] == "dp", "why not"].item()
 
 
-def test_timeline_panel_shows_the_phase_times(app):
+def test_timeline_panel_shows_the_simulation(app):
+    from planner.sim import simulate
+
     panel = tab(app, "Timeline")
-    assert len(panel.get("vega_lite_chart")) >= 1
+    best = expected_best()
+    sim = simulate(best).prediction
+    comparison = panel.dataframe[0].value.set_index("")
+    assert comparison.loc["iteration time", "analytic"] == report.fmt_seconds(best.prediction.iteration_time_s)
+    assert comparison.loc["iteration time", "simulated"] == report.fmt_seconds(sim.iteration_time_s)
+    assert comparison.loc["bottleneck", "simulated"] == sim.bottleneck
     spec = json.loads(panel.get("vega_lite_chart")[0].proto.spec)
-    assert spec["encoding"]["x"]["field"] == "seconds"
+    assert spec["encoding"]["x"]["field"] == "busy"
+    assert len(panel.get("image")) == 1  # the Gantt chart with memory curves (planner.sim.timeline)
+
+
+def test_only_the_open_tab_runs(app):
+    assert len(app.get("vega_lite_chart")) == 1  # the memory chart; the other panels did not run
+    tab(app, "Strategies")
+    assert len(app.get("vega_lite_chart")) == 1 and app.tabs[1].dataframe
 
 
 def test_bandwidth_panel_draws_eq6_for_the_chosen_plan(app):
@@ -169,7 +187,7 @@ def test_a_bigger_model_and_a_pinned_strategy(app):
     app.sidebar.selectbox(key="strategy").set_value("zero3").run()
     no_errors(app)
     assert app.warning[0].value.startswith("**Does not fit** on 16 GPU(s) of dgx-h100")
-    rejected = app.dataframe[0].value
+    rejected = app.main.dataframe[0].value
     assert list(rejected["strategy"]) == ["zero3"] and "GPU needs" in rejected["why not"][0]
 
 

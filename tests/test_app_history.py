@@ -83,7 +83,9 @@ def test_dashboard_panel_plots_the_history(monkeypatch, tmp_path, columns):
     path = tmp_path / "h.sqlite"
     make_db(path, [(json.dumps(PLAN), json.dumps(PROFILE))], columns=columns)
     monkeypatch.setenv("TIERWISE_HISTORY", str(path))
-    at = AppTest.from_file(SCRIPT, default_timeout=120).run()
+    at = AppTest.from_file(SCRIPT, default_timeout=120)
+    at.session_state["panel"] = "Predicted vs measured"
+    at.run()
     assert not at.exception and not at.error
     panel = next(t for t in at.tabs if t.label == "Predicted vs measured")
     assert len(panel.get("vega_lite_chart")) == 1

@@ -64,11 +64,11 @@ def chart(curves: pd.DataFrame, hardware: pd.DataFrame, points: pd.DataFrame) ->
     x = alt.X("GB/s per GPU:Q", scale=alt.Scale(type="log", domain=[MIN_GB_PER_S, MAX_GB_PER_S]))
     lines = alt.Chart(curves).mark_line().encode(
         x=x, y=alt.Y("efficiency:Q", scale=alt.Scale(domain=[0, 1]), title="efficiency without overlap (eq. 6)"),
-        color=alt.Color("traffic:N", legend=alt.Legend(orient="bottom", columns=1)),
+        color=alt.Color("traffic:N", legend=alt.Legend(orient="bottom", columns=3, labelLimit=400, title=None)),
     )
     rules = alt.Chart(hardware).mark_rule(strokeDash=[4, 3], color="gray").encode(x=x, tooltip=["link", "GB/s per GPU"])
-    rule_labels = alt.Chart(hardware).mark_text(angle=270, align="left", dx=-190, dy=-5, color="gray").encode(
-        x=x, text="link:N")
+    rule_labels = alt.Chart(hardware).mark_text(angle=270, align="right", baseline="bottom", dx=-6, dy=-4, color="gray").encode(
+        x=x, y=alt.value(0), text="link:N")
     layers = [lines, rules, rule_labels]
     if not points.empty:  # nothing off the GPU (or nothing fits): no dots
         layers.append(alt.Chart(points).mark_point(size=120, filled=True).encode(

@@ -10,6 +10,12 @@ from planner.plan import STRATEGY_TABLE
 from planner.search import SearchResult, best_by_strategy
 
 DOES_NOT_FIT = "does not fit"
+NUMBER_FORMATS = {
+    "TFLOPS/GPU": st.column_config.NumberColumn(format="%.1f"),
+    "tokens/s": st.column_config.NumberColumn(format="%,.0f"),
+    "iteration (s)": st.column_config.NumberColumn(format="%.3g"),
+    "batch/GPU": st.column_config.NumberColumn(format="%g"),
+}
 
 
 def strategies_frame(result: SearchResult) -> pd.DataFrame:
@@ -54,4 +60,4 @@ def render(result: SearchResult) -> None:
     st.altair_chart(chart(frame), key="strategies_chart")
     st.caption("Each strategy at its best batch, checkpoint interval, tiling and prefetch depth; `custom` is the best "
                "free placement. Placement pins in the sidebar do not apply here.")
-    st.dataframe(frame, hide_index=True, key="strategies_table")
+    st.dataframe(frame, hide_index=True, key="strategies_table", column_config=NUMBER_FORMATS)

@@ -13,6 +13,12 @@ from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.search import SearchResult
 
+NUMBER_FORMATS = {
+    "TFLOPS/GPU": st.column_config.NumberColumn(format="%.1f"),
+    "iteration (s)": st.column_config.NumberColumn(format="%.3g"),
+    "batch/GPU": st.column_config.NumberColumn(format="%g"),
+}
+
 
 def chosen_plan(result: SearchResult) -> Plan | None:
     """The best feasible plan, or the best try when nothing fits (it carries the reason)."""
@@ -84,5 +90,5 @@ def render(result: SearchResult) -> Plan | None:
     runners = result.runners_up()
     if runners:
         with st.expander("Runner-up plans (best of other placements)"):
-            st.dataframe(candidates_frame(runners), hide_index=True, key="runners_table")
+            st.dataframe(candidates_frame(runners), hide_index=True, key="runners_table", column_config=NUMBER_FORMATS)
     return plan
