@@ -332,6 +332,42 @@ def hardware_command(
         report.console().print(spec.notes)
 
 
+@app.command()
+def history(
+    store: Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")] = None,
+    last: Annotated[int, typer.Option("--last", help="show the newest N runs")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Runs recorded by `planner run`: predicted vs measured, newest last."""
+    from rich.table import Table
+
+    from planner import report
+    from planner.history import RunHistory
+
+    runs = RunHistory(store)
+    frame = runs.to_frame().tail(max(0, last))
+    if as_json:
+        _print_json(json.loads(frame.drop(columns=["plan_json", "profile_json"]).to_json(orient="records")))
+        return
+    con = report.console()
+    if frame.empty:
+        con.print(f"no runs recorded yet in {runs.path}")
+        return
+    table = Table(title=f"Run history ({runs.path})", title_justify="left")
+    for col in ("id", "when", "model", "hardware", "GPUs", "placement P/G/O/A", "batch", "predicted", "measured", "error"):
+        table.add_column(col)
+    for row in frame.itertuples():
+        pred, meas = row.predicted_iteration_time_s, row.measured_iteration_time_s
+        error = f"{(pred - meas) / meas:+.1%}" if pred and meas else "-"
+        table.add_row(
+            str(row.id), row.recorded_at, row.model_name, row.hardware_name, str(row.num_gpus),
+            "/".join((row.params_tier, row.gradients_tier, row.optimizer_states_tier, row.activation_checkpoints_tier)),
+            f"{row.micro_batch_per_gpu:g}", report.fmt_seconds(pred) if pred else "-",
+            report.fmt_seconds(meas) if meas else "-", error,
+        )
+    con.print(table)
+
+
 def _write_json(path: Path, doc) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -352,7 +388,8 @@ def main() -> None:
     try:
         app()
     except PlannerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        # One line, whatever the offending value contained.
+        sys.stderr.write("error: " + " ".join(str(exc).split()) + "\n")
         sys.exit(1)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

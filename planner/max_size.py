@@ -26,8 +26,12 @@ class MaxSize:
     when it was not asked for (`with_plan=False`)."""
 
 
+def _size_label(num_params: int) -> str:
+    return f"{num_params / 1e12:.3g}T" if num_params >= 10**12 else f"{num_params / 1e9:.3g}B"
+
+
 def _request(num_params: int, strategy: str, node: NodeSpec, num_gpus: int, seq_len: int) -> SearchRequest:
-    model = shape_for_params(num_params, seq_len=seq_len)
+    model = shape_for_params(num_params, seq_len=seq_len, label=_size_label(num_params))
     return SearchRequest(model=model, node=node, num_gpus=num_gpus, strategy=strategy, micro_batch_per_gpu=1)
 
 

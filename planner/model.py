@@ -9,6 +9,7 @@ attention and gated MLPs, for Llama-like models). The paper's configurations shi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from planner.errors import PlannerError
@@ -92,15 +93,7 @@ class ModelSpec:
 
     def block_operators(self) -> tuple[Operator, ...]:
         """The linears of one block in execution order (forward)."""
-        hd, ffn = self.hidden_size, self.ffn_hidden_size
-        ops = [
-            Operator(name="qkv", num_params=hd * (hd + 2 * self.kv_size)),
-            Operator(name="attn_out", num_params=hd * hd),
-        ]
-        if self.gated_mlp:
-            ops.append(Operator(name="mlp_gate", num_params=hd * ffn))
-        ops += [Operator(name="mlp_up", num_params=hd * ffn), Operator(name="mlp_down", num_params=ffn * hd)]
-        return tuple(ops)
+        return _block_operators(self.hidden_size, self.ffn_hidden_size, self.kv_size, self.gated_mlp)
 
     @property
     def num_params_per_block(self) -> int:
@@ -170,3 +163,12 @@ class ModelSpec:
         doc = {k: getattr(self, k) for k in self.__dataclass_fields__}
         doc.update(changes)
         return ModelSpec(**doc)
+
+
+@cache
+def _block_operators(hd: int, ffn: int, kv_size: int, gated_mlp: bool) -> tuple[Operator, ...]:
+    ops = [Operator(name="qkv", num_params=hd * (hd + 2 * kv_size)), Operator(name="attn_out", num_params=hd * hd)]
+    if gated_mlp:
+        ops.append(Operator(name="mlp_gate", num_params=hd * ffn))
+    ops += [Operator(name="mlp_up", num_params=hd * ffn), Operator(name="mlp_down", num_params=ffn * hd)]
+    return tuple(ops)

@@ -51,7 +51,7 @@ def check_keys(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
     """Reject keys we do not know: a typo must not silently fall back to a default."""
     if not isinstance(doc, Mapping):
         raise PlannerError(f"{where} must be an object, got {type(doc).__name__}")
-    unknown = sorted(str(k) for k in doc if k not in allowed)
+    unknown = sorted(repr(k) for k in doc if k not in allowed)
     if unknown:
         raise PlannerError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
 
@@ -66,6 +66,14 @@ def number(
     integer: bool = False,
 ) -> float | int:
     """Validate one numeric value; bools, strings, NaN and infinities are refused."""
+    # Fast path for the common case (the search validates thousands of candidate plans).
+    if (
+        type(value) is int
+        and abs(value) <= maximum
+        and (minimum is None or value >= minimum)
+        and (exclusive_minimum is None or value > exclusive_minimum)
+    ):
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PlannerError(f"{where} must be a number, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):

@@ -1,4 +1,4 @@
-"""Predicted vs measured, from the run history when one exists (app/history.py says what it reads)."""
+"""Predicted vs measured, from the run history `planner run` records (when there is one)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def chart(runs: pd.DataFrame, metric: str) -> alt.LayerChart:
         strokeDash=[4, 3], color="gray").encode(x="predicted:Q", y="measured:Q")
     dots = alt.Chart(data).mark_point(size=80, filled=True).encode(
         x=alt.X("predicted:Q", title=f"predicted {metric}"), y=alt.Y("measured:Q", title=f"measured {metric}"),
-        color="strategy:N", tooltip=["run", "created_at", "model", "num_gpus", "placement", "predicted", "measured"],
+        color="strategy:N",
+        tooltip=["run", "recorded_at", "model", "hardware", "num_gpus", "placement", "method", "predicted", "measured"],
     )
     return alt.layer(diagonal, dots).properties(height=360)
 
@@ -39,8 +40,6 @@ def render() -> None:
     if history.runs.empty:
         st.info(history.message)
         return
-    if history.message:
-        st.warning(history.message)
     metrics = list(dict.fromkeys(history.runs["metric"]))
     metric = st.selectbox("Metric", metrics, key="history_metric")
     st.altair_chart(chart(history.runs, metric), key="history_chart")

@@ -1,0 +1,56 @@
+"""Run history: append runs, read them back with pandas, exactly."""
+
+import json
+
+import pytest
+
+from planner.catalog import resolve_hardware, resolve_model
+from planner.errors import PlannerError
+from planner.history import COLUMN_NAMES, RunHistory
+from planner.plan import STRATEGY_TABLE, Plan
+from planner.search import predict
+
+
+def _plan():
+    return predict(Plan(model=resolve_model("1.4B"), node=resolve_hardware("dgx-h100"), num_gpus=8,
+                        strategy="zero-inf-cpu", placement=STRATEGY_TABLE["zero-inf-cpu"].placement))
+
+
+def test_append_and_read_back(tmp_path):
+    store = RunHistory(tmp_path / "h.sqlite")
+    plan = _plan()
+    profile = {"measured": {"iteration_time_s": 1.5, "tflops_per_gpu": 12.0, "peak_bytes": {"gpu": 10, "cpu": 20, "nvme": 0}},
+               "losses": [3.0, 2.5]}
+    first = store.append(plan, profile)
+    second = store.append(plan, {"measured": {"iteration_time_s": 1.25}})
+    assert (first, second) == (1, 2)
+    frame = RunHistory(tmp_path / "h.sqlite").to_frame()
+    assert list(frame.columns) == ["id", *COLUMN_NAMES]
+    assert frame["measured_iteration_time_s"].tolist() == [1.5, 1.25]
+    assert frame["predicted_iteration_time_s"].tolist() == [plan.prediction.iteration_time_s] * 2
+    assert frame.loc[0, "measured_peak_cpu_bytes"] == 20
+    assert frame.loc[0, "optimizer_states_tier"] == "cpu"
+    assert Plan.from_dict(json.loads(frame.loc[0, "plan_json"])) == plan
+    assert json.loads(frame.loc[0, "profile_json"])["losses"] == [3.0, 2.5]
+
+
+def test_unusable_store_path_is_a_user_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(PlannerError, match="cannot open run history"):
+        RunHistory(blocker / "h.sqlite")
+
+
+def test_history_command(tmp_path):
+    import subprocess
+    import sys
+
+    store = tmp_path / "h.sqlite"
+    cmd = [sys.executable, "-m", "planner", "history", "--store", str(store)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "no runs recorded yet" in out
+    RunHistory(store).append(_plan(), {"measured": {"iteration_time_s": 2.0}})
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "paper-1.4b" in out and "dgx-h100" in out
+    rows = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True).stdout)
+    assert rows[0]["measured_iteration_time_s"] == 2.0
