@@ -56,7 +56,7 @@ def chart(frame: pd.DataFrame) -> alt.FacetChart:
     """One row per tier (its own scale: GiB per GPU beside TiB per node); the black tick is capacity."""
     bars = alt.Chart().mark_bar().encode(
         x=alt.X("sum(GiB):Q", title="GiB"),
-        color=alt.Color("term:N", scale=alt.Scale(scheme="category20"), legend=alt.Legend(title="state or buffer")),
+        color=alt.Color("term:N", scale=alt.Scale(scheme="category20"), legend=alt.Legend(title="state or buffer", labelLimit=320)),
         order=alt.Order("bytes:Q", sort="descending"),
         tooltip=["term", alt.Tooltip("GiB:Q", format=",.2f"), "formula"],
     )
