@@ -97,6 +97,7 @@ def fit(
     from planner import report
     from planner.plan import parse_placement_pins
     from planner.search import SearchRequest, search
+    from planner.sim.refine import refine
     from planner.specio import number, string
 
     string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
@@ -117,7 +118,7 @@ def fit(
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,
     )
-    result = search(request)
+    result = refine(search(request))
     chosen = result.best or (result.rejected[0] if result.rejected else None)
     if chosen is None:
         raise PlannerError("no candidate plan could be formed; check the pinned options")
@@ -379,9 +380,10 @@ def _write_json(path: Path, doc) -> None:
 
 
 # -- command modules --
-from planner import cli_app  # noqa: E402
+from planner import cli_app, cli_sim  # noqa: E402
 
 cli_app.register(app)
+cli_sim.register(app)
 
 
 def main() -> None:

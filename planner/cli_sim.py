@@ -92,12 +92,13 @@ def simulate_command(
 
 
 def print_prediction(plan: Plan) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from planner.report import console as wide_console
 
     p = plan.prediction
     assert p is not None
-    console = Console()
+    console = wide_console()
     verdict = "[green]fits[/]" if p.feasible else f"[red]does not fit[/]: {p.reason}"
     console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}: {verdict}")
     console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "
@@ -108,11 +109,14 @@ def print_prediction(plan: Plan) -> None:
         moved = f"{r['amount'] / GIB:,.1f} GiB" if r["unit"] == "bytes" else f"{r['amount']:.4g} {r['unit']}"
         resources.add_row(name, r["scope"], f"{r['busy_fraction']:.0%}", moved)
     console.print(resources)
-    memory = Table("tier", "peak", "capacity", "at peak", title="memory")
+    memory = Table("tier", "bill", "simulated peak", "capacity", "in use at the simulated peak (GiB)",
+                   title="memory (the bill decides the verdict; the simulation shows what is live when)")
+    simulated, simulated_terms = p.details["simulated_peak_bytes"], p.details["simulated_memory_terms"]
     for tier, peak in p.peak_bytes.items():
-        terms = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(p.memory_terms.get(tier, {}).items(), key=lambda kv: -kv[1]))
+        terms = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(simulated_terms.get(tier, {}).items(), key=lambda kv: -kv[1]))
         scope = p.details["memory_scope"][tier]
-        memory.add_row(f"{tier} ({scope})", f"{peak / GIB:,.1f} GiB", f"{p.capacity_bytes[tier] / GIB:,.1f} GiB", terms)
+        memory.add_row(f"{tier} ({scope})", f"{peak / GIB:,.1f} GiB", f"{simulated[tier] / GIB:,.1f} GiB",
+                       f"{p.capacity_bytes[tier] / GIB:,.1f} GiB", terms)
     console.print(memory)
 
 

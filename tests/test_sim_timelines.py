@@ -201,4 +201,80 @@ def test_representative_rank_equals_every_rank_simulated():
     assert rep.iteration_time_s == pytest.approx(every.iteration_time_s, rel=1e-9)
     assert rep.phase_time_s == pytest.approx(every.phase_time_s, rel=1e-9)
     assert rep.link_bytes == every.link_bytes
-    assert rep.peak_bytes == pytest.approx(every.peak_bytes, rel=1e-9)
+    assert rep.details["simulated_peak_bytes"] == pytest.approx(every.details["simulated_peak_bytes"], rel=1e-9)
+
+
+@pytest.mark.parametrize(("hidden", "layers", "ci", "placement", "mp", "tiling", "periodic"), [
+    (2048, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu"), 1, 1,
+     True),
+    (512, 23, 3, Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="cpu"), 2, 2, True),
+    (512, 17, 0, Placement(), 1, 1, True),
+    (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu"), 4, 1, True),
+    # Tiny transfers: checkpoint offloads drift against the fetches, per-block times do not repeat,
+    # so the fast path falls back to simulating every block.
+    (512, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu"), 1, 1,
+     False),
+])
+def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci, placement, mp, tiling, periodic):
+    # [Note: periodic layers]: the fast path samples 3 shallower models and extrapolates exactly.
+    from planner.catalog import hardware_presets
+    from planner.sim.fast import predict, sample_layer_counts
+
+    model = ModelSpec(name="deep", num_layers=layers, hidden_size=hidden, num_heads=8, seq_len=128, vocab_size=1000)
+    plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=16, placement=placement,
+                micro_batch_per_gpu=2, checkpoint_interval=ci, model_parallel_degree=mp, tiling_factor=tiling,
+                optimizer_chunk_bytes=2**20)
+    assert sample_layer_counts(plan) is not None
+    fast, full = predict(plan), simulate(plan).prediction
+    assert ("extrapolated_from_layers" in fast.details) == periodic
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
+    assert fast.phase_time_s == pytest.approx(full.phase_time_s, rel=1e-9)
+    assert fast.details["simulated_peak_bytes"] == pytest.approx(full.details["simulated_peak_bytes"], rel=1e-9)
+    assert fast.link_bytes == pytest.approx(full.link_bytes, rel=1e-9)
+    fast_terms, full_terms = fast.details["simulated_memory_terms"], full.details["simulated_memory_terms"]
+    assert fast_terms.keys() == full_terms.keys()
+    for tier in full_terms:
+        assert fast_terms[tier] == pytest.approx(full_terms[tier], rel=1e-9)
+    for name, r in full.details["resources"].items():
+        assert fast.details["resources"][name]["busy_s"] == pytest.approx(r["busy_s"], rel=1e-9)
+    assert (fast.bottleneck, fast.feasible) == (full.bottleneck, full.feasible)
+
+
+def test_all_gather_across_nodes_is_capped_by_the_network_port():
+    # Two nodes of one GPU, dp = 2, params on the GPUs: each forward step all-gathers its operator;
+    # each rank receives half of it. qkv's 6 B -> 3 B per rank. GPU port 1024 B/s, network 1 B/s
+    # per node ([Note: collective routes]: one ring crossing per node, mp = 1): 3 s, not 3/1024.
+    node = tiny_node(inter_node_bytes_per_s=1.0, gpu_gpu_intra_node_bytes_per_s=1024.0)
+    placement = Placement(params="gpu", gradients="gpu", optimizer_states="gpu", activation_checkpoints="gpu")
+    plan = Plan(model=ONE_LAYER, node=node, num_gpus=2, placement=placement, checkpoint_interval=0, prefetch_depth=0)
+    sim = Simulation(plan).run()
+    first = next((a, b) for name, a, b, _ in sim.log() if name == "inter_node")
+    assert first == (0.0, 3.0)
+    assert next((a, b) for name, a, b, _ in sim.log() if name == "gpu_gpu") == (0.0, 3.0)
+
+
+def test_refine_ranks_by_simulated_throughput_and_keeps_the_analytic_numbers():
+    from planner.catalog import hardware_presets, resolve_model
+    from planner.search import SearchRequest, search
+    from planner.sim.refine import refine
+
+    result = search(SearchRequest(model=resolve_model("13B"), node=hardware_presets()["dgx2-v100"], num_gpus=16))
+    refined = refine(result, top=4)
+    head = refined.ranked[:4]
+    assert all(p.prediction.method == "simulated" for p in head)
+    assert [p.prediction.tokens_per_s for p in head] == sorted((p.prediction.tokens_per_s for p in head), reverse=True)
+    assert len({(p.strategy, p.placement) for p in head}) == 4  # distinct placements
+    assert all("analytic" in p.prediction.details for p in head)
+    assert len(refined.ranked) == len(result.ranked)
+    assert all(p.prediction.feasible for p in head)  # the bill's verdict is kept
+
+
+def test_refine_keeps_the_analytic_prediction_when_the_simulator_cannot_time_a_plan():
+    from planner.catalog import hardware_presets, resolve_model
+    from planner.search import SearchRequest, search
+    from planner.sim.refine import refine
+
+    node = hardware_presets()["dgx2-v100"].replace(gpu_hbm_bytes_per_s=0.0)  # GPU Adam needs the HBM rate
+    result = search(SearchRequest(model=resolve_model("1.4B"), node=node, num_gpus=16, strategy="zero3"))
+    refined = refine(result, top=2)
+    assert refined.ranked[0].prediction.method == "analytic"

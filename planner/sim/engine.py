@@ -29,12 +29,13 @@ from typing import Any, Literal
 
 import simpy
 
+from planner.memory import model_state_bytes
 from planner.plan import Plan
 from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
-from planner.sim.workload import OPTIMIZER_STATE_BYTES_PER_PARAM, Step, Workload, build_workload
+from planner.sim.workload import Step, Workload, build_workload
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
@@ -48,7 +49,10 @@ def stage_lookaheads(depth: int) -> dict[str, int]:
 class Simulation:
     """One iteration of `plan`; `run()` returns the finished simulation for `report.build_result`."""
 
-    def __init__(self, plan: Plan, *, ranks: Ranks = "representative", workload: Workload | None = None) -> None:
+    def __init__(self, plan: Plan, *, ranks: Ranks = "representative", workload: Workload | None = None,
+                 optimizer: OptimizerOutcome | None = None) -> None:
+        """`workload` replaces the plan's operator trace, `optimizer` a precomputed chunked CPU step
+        (both for tests and for fast.py, which reuses one optimizer step for several layer counts)."""
         self.plan = plan
         self.work = workload if workload is not None else build_workload(plan)
         self.env = simpy.Environment()
@@ -64,13 +68,15 @@ class Simulation:
         self.phase_end_s: dict[str, float] = {}
         self.largest_gpu_allocation_bytes = 0.0
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
-        self.optimizer: OptimizerOutcome | None = None
+        self.optimizer = optimizer
         self._optimizer_done: simpy.Event | None = None
         self._place_residents()
 
     def run(self) -> Simulation:
         procs = [self.env.process(rank.iteration()) for rank in self.ranks]
         self.env.run(simpy.AllOf(self.env, procs))
+        for tracker in (self.gpu, self.cpu, self.nvme):
+            tracker.close_window()
         return self
 
     @property
@@ -112,7 +118,9 @@ class Simulation:
         """The chunked CPU step of all ranks, simulated once and merged (engine runs it in lockstep)."""
         if self._optimizer_done is None:
             start = self.env.now
-            outcome = self.optimizer = chunked_step(self.plan, self.work, len(self.ranks))
+            if self.optimizer is None:
+                self.optimizer = chunked_step(self.plan, self.work, len(self.ranks))
+            outcome = self.optimizer
             for link, busy_s, amount, intervals in zip(self.links(), outcome.busy_s, outcome.amount, outcome.intervals,
                                                        strict=True):
                 link.busy_s += busy_s
@@ -126,15 +134,13 @@ class Simulation:
         return self._optimizer_done
 
     def _place_residents(self) -> None:
-        """Partitioned model states live in their tier for the whole iteration (eq. 2 split)."""
-        plan, work = self.plan, self.work
-        gpus_per_node = plan.cluster.gpus_per_node
-        trackers = {"gpu": (self.gpu, 1), "cpu": (self.cpu, gpus_per_node), "nvme": (self.nvme, gpus_per_node)}
-        for state, per_param in (("params", work.param_bytes), ("gradients", work.param_bytes),
-                                 ("optimizer_states", OPTIMIZER_STATE_BYTES_PER_PARAM)):
-            share = plan.num_gpus if state in plan.partitioned else plan.model_parallel_degree
+        """Partitioned model states live in their tier for the whole iteration (memory.py, eq. 2)."""
+        plan = self.plan
+        per_node = plan.cluster.gpus_per_node
+        trackers = {"gpu": (self.gpu, 1), "cpu": (self.cpu, per_node), "nvme": (self.nvme, per_node)}
+        for state, per_gpu in model_state_bytes(plan).items():
             tracker, copies = trackers[getattr(plan.placement, state)]
-            tracker.add(0.0, state, plan.model.num_params * per_param / share * copies)
+            tracker.add(0.0, state, per_gpu * copies)
 
 
 class RankProgram:
@@ -217,26 +223,30 @@ class RankProgram:
         slice_bytes = step.op.num_params / self.mp * self.b
         shard_bytes = slice_bytes / self.dp
         label = step.phase
-        on_gpu = False
+        gathers = "gather" in self.stages
         for stage in self.stages:
             trigger = self._trigger(stage, j)
             if not trigger.processed:
                 yield trigger
             del self._triggers[(stage, j)]
-            if stage != "nvme" and not on_gpu:
-                # The gather's output buffer is allocated first; the shard lands in its slot.
-                sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
-                on_gpu = True
             if stage == "nvme":
                 sim.cpu_add("param staging", shard_bytes)
                 yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
             elif stage == "h2d":
+                # The shard lands in a shard-sized buffer; without a gather (dp = 1) it is the slice.
+                if gathers:
+                    sim.gpu_add(rank, "param staging", shard_bytes)
+                else:
+                    sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
                 yield self._move(shard_bytes, self.res.h2d(rank), "h2d", label)
                 if "nvme" in self.stages:
                     sim.cpu_remove("param staging", shard_bytes)
             else:
+                sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
                 yield self._move(self._collective_bytes(slice_bytes), self.res.collective(rank, spans_nodes=self.spans_nodes),
                                  "all_gather", label)
+                if "h2d" in self.stages:
+                    sim.gpu_remove(rank, "param staging", shard_bytes)
         self._ready.pop(j).succeed()
 
     # -- the iteration -------------------------------------------------------------------------
@@ -305,6 +315,9 @@ class RankProgram:
                     sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
         yield simpy.AllOf(self.env, self._grad_done)
         self._record_phase_end("backward")
+        if self.rank == 0:
+            for tracker in (sim.gpu, sim.cpu, sim.nvme):
+                tracker.close_window()
         yield from self._optimizer_step()
         self._record_phase_end("optimizer")
 

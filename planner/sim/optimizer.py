@@ -27,7 +27,8 @@ from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
-from planner.sim.workload import GPU_ADAM_BYTES_PER_PARAM, OPTIMIZER_STATE_BYTES_PER_PARAM, Workload
+from planner.sim.workload import Workload
+from planner.throughput import GPU_ADAM_BYTES_PER_PARAM
 
 Proc = Generator[Any, Any, Any]
 _PERIODIC_TOLERANCE = 1e-9
@@ -57,10 +58,14 @@ def gpu_step_seconds(plan: Plan, params: float) -> float:
     return params * GPU_ADAM_BYTES_PER_PARAM / hbm
 
 
-def chunked_step(plan: Plan, work: Workload, num_ranks: int) -> OptimizerOutcome:
-    """Simulate the CPU optimizer step of every simulated rank (see [Note: periodic optimizer])."""
+def chunked_step(plan: Plan, work: Workload, num_ranks: int, *, detail: bool = True) -> OptimizerOutcome:
+    """Simulate the CPU optimizer step of every simulated rank (see [Note: periodic optimizer]).
+
+    `detail=False` skips repeating the period's busy intervals and CPU buffer changes (the Gantt
+    chart's material); totals and the CPU peak are the same, since each period frees what it takes.
+    """
     params = work.params_per_rank
-    chunk_params = plan.optimizer_chunk_bytes / OPTIMIZER_STATE_BYTES_PER_PARAM
+    chunk_params = plan.optimizer_chunk_bytes / work.optimizer_state_bytes
     num_full = max(0, math.ceil(params / chunk_params) - 1)
     last = params - chunk_params * num_full
     k = 2 * plan.num_optimizer_buffers + 2
@@ -71,7 +76,7 @@ def chunked_step(plan: Plan, work: Workload, num_ranks: int) -> OptimizerOutcome
     d2 = runs[2].duration_s - runs[1].duration_s
     if abs(d1 - d2) > _PERIODIC_TOLERANCE * runs[2].duration_s:
         return _run(plan, work, num_ranks, [chunk_params] * num_full + [last]).outcome()
-    return runs[2].extrapolate(runs[1], repeats=num_full - (k + 2), period_s=d2, window_chunk=k + 1)
+    return runs[2].extrapolate(runs[1], repeats=num_full - (k + 2), period_s=d2, window_chunk=k + 1, detail=detail)
 
 
 class _Pipeline:
@@ -102,7 +107,7 @@ class _Pipeline:
         env, res, placement = self.env, self.res, self.plan.placement
         b = self.work.param_bytes
         on_nvme = placement.optimizer_states == "nvme"
-        state = OPTIMIZER_STATE_BYTES_PER_PARAM
+        state = self.work.optimizer_state_bytes
         buffers = simpy.Container(env, capacity=self.plan.num_optimizer_buffers, init=self.plan.num_optimizer_buffers)
         to_update: simpy.Store = simpy.Store(env)
         to_write: simpy.Store = simpy.Store(env)
@@ -159,7 +164,8 @@ class _Pipeline:
             num_chunks=len(self.sizes),
         )
 
-    def extrapolate(self, shorter: _Pipeline, *, repeats: int, period_s: float, window_chunk: int) -> OptimizerOutcome:
+    def extrapolate(self, shorter: _Pipeline, *, repeats: int, period_s: float, window_chunk: int,
+                    detail: bool = True) -> OptimizerOutcome:
         """This run plus `repeats` more periods (see [Note: periodic optimizer])."""
         lo, hi = self.chunk_start_s[window_chunk - 1], self.chunk_start_s[window_chunk]
         shift = repeats * period_s
@@ -168,12 +174,15 @@ class _Pipeline:
             before = [(a, min(b, lo), lab) for a, b, lab in intervals if a < lo]
             window = [(max(a, lo), min(b, hi), lab) for a, b, lab in intervals if a < hi and b > lo]
             after = [(max(a, hi) + shift, b + shift, lab) for a, b, lab in intervals if b > hi]
+            if not detail:
+                return []
             repeated = [(a + m * period_s, b + m * period_s, lab) for m in range(1, repeats + 1) for a, b, lab in window]
             # Window pieces keep their place; the repeats fill the gap before the shifted tail.
             return before + window + repeated + after
 
         cpu = [(t, n, d) for t, n, d in self.cpu_changes if t < hi]
-        cpu += [(t + m * period_s, n, d) for m in range(1, repeats + 1) for t, n, d in self.cpu_changes if lo <= t < hi]
+        if detail:
+            cpu += [(t + m * period_s, n, d) for m in range(1, repeats + 1) for t, n, d in self.cpu_changes if lo <= t < hi]
         cpu += [(t + shift, n, d) for t, n, d in self.cpu_changes if t >= hi]
         links, short_links = self.links(), shorter.links()
         return OptimizerOutcome(

@@ -1,14 +1,22 @@
-"""Turn a finished simulation into the DESIGN.md `prediction` block (method `simulated`)."""
+"""Turn a finished simulation into the DESIGN.md `prediction` block (method `simulated`).
+
+[Note: two memory views] Whether a plan fits is decided by the memory bill (`planner.memory`), the
+one the search ranks by and the runtime's memory test checks: `feasible`, `reason`, `peak_bytes`
+and `memory_terms` come from it, so `fit` and `simulate` never disagree on a verdict. The
+simulator's own view, bytes in use over time with the transient buffers it actually schedules, goes
+to `details` (`simulated_peak_bytes`, `simulated_memory_terms`, `memory_timeline`); it is usually
+below the bill, which adds every worst case at once plus allocator slack.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from planner.memory import memory_bill
 from planner.plan import LINKS, Plan, Prediction
 from planner.sim.engine import Ranks, Simulation
 from planner.sim.network import Link
-from planner.sim.tiers import TierTracker
-from planner.units import GIB
 
 MAX_TIMELINE_POINTS = 400
 """Memory curves in the JSON are downsampled to this many points (each keeps its bucket's peak)."""
@@ -36,66 +44,86 @@ def rank0_links(sim: Simulation) -> list[Link]:
     return list(seen.values())
 
 
+@dataclass(slots=True)
+class Summary:
+    """The numbers a prediction is made of, separable from the simulation (see fast.py)."""
+
+    phase_end_s: dict[str, float]
+    resources: dict[str, dict[str, Any]]
+    """name -> busy_s, amount, unit, scope (rank 0's per-GPU links and the node's)."""
+    link_bytes: dict[str, float]
+    windows: dict[str, list[tuple[float, dict[str, float]]]]
+    """tier -> (peak, terms at peak) before the optimizer step and during it."""
+    capacity_bytes: dict[str, float]
+    scope: dict[str, str]
+    largest_gpu_allocation_bytes: float
+    simulated_ranks: int
+    memory_timeline: dict[str, list[list[float]]] | None = None
+    memory_peak_time_s: dict[str, float] | None = None
+
+
+def summarize(sim: Simulation, *, timelines: bool = True) -> Summary:
+    trackers = (sim.gpu, sim.cpu, sim.nvme)
+    total = sim.iteration_time_s
+    return Summary(
+        phase_end_s=dict(sim.phase_end_s),
+        resources={link.name: {"busy_s": link.busy_s, "amount": link.amount, "unit": link.unit, "scope": link.scope}
+                   for link in rank0_links(sim)},
+        link_bytes=dict(sim.link_bytes),
+        windows={t.name: list(t.windows) for t in trackers},
+        capacity_bytes={t.name: t.capacity_bytes for t in trackers},
+        scope={t.name: t.scope for t in trackers},
+        largest_gpu_allocation_bytes=sim.largest_gpu_allocation_bytes,
+        simulated_ranks=len(sim.ranks),
+        memory_timeline={t.name: _downsample(t.timeline, total) for t in trackers} if timelines else None,
+        memory_peak_time_s={t.name: t.peak_time_s for t in trackers} if timelines else None,
+    )
+
+
 def build_prediction(sim: Simulation) -> Prediction:
-    plan = sim.plan
-    total_s = sim.iteration_time_s
-    forward_end = sim.phase_end_s["forward"]
-    backward_end = sim.phase_end_s["backward"]
+    return prediction_from(sim.plan, summarize(sim))
+
+
+def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = None) -> Prediction:
+    total_s = s.phase_end_s["optimizer"]
+    forward_end, backward_end = s.phase_end_s["forward"], s.phase_end_s["backward"]
     recompute = plan.checkpoint_interval > 0
     # Paper accounting (eq. 7): 8 * tokens * params with recompute, 6 * tokens * params without.
     flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
-    trackers = (sim.gpu, sim.cpu, sim.nvme)
-    resources = {
-        link.name: {
-            "busy_fraction": link.busy_s / total_s if total_s > 0 else 0.0,
-            "busy_s": link.busy_s,
-            "amount": link.amount,
-            "unit": link.unit,
-            "scope": link.scope,
-        }
-        for link in rank0_links(sim)
-    }
+    resources = {name: {"busy_fraction": r["busy_s"] / total_s if total_s > 0 else 0.0, **r}
+                 for name, r in s.resources.items()}
     bottleneck = max(resources, key=lambda name: resources[name]["busy_fraction"])
-    feasible, reason = _fits(sim, trackers)
+    peaks = {tier: max(windows, key=lambda w: w[0]) for tier, windows in s.windows.items()}
+    bill = memory_bill(plan)
+    details: dict[str, Any] = {
+        "flops_accounting": f"paper eq. 7: {8 if recompute else 6} * tokens * params per iteration",
+        "resources": resources,
+        "tensor_parallel_bytes": round(s.link_bytes.get("tensor_parallel", 0.0)),
+        "simulated_peak_bytes": {tier: round(peak) for tier, (peak, _) in peaks.items()},
+        "simulated_memory_terms": {tier: {k: round(v) for k, v in terms.items()} for tier, (_, terms) in peaks.items()},
+        "simulated_largest_gpu_allocation_bytes": round(s.largest_gpu_allocation_bytes),
+        "memory_scope": dict(s.scope),
+        "simulated_ranks": s.simulated_ranks,
+    }
+    if s.memory_timeline is not None:
+        details["memory_timeline"] = s.memory_timeline
+        details["memory_peak_time_s"] = s.memory_peak_time_s
+    details.update(notes or {})
     return Prediction(
-        feasible=feasible,
-        reason=reason,
+        feasible=bill.fits,
+        reason=bill.reason(),
         iteration_time_s=total_s,
         tflops_per_gpu=flops / total_s / plan.num_gpus / 1e12 if total_s > 0 else 0.0,
         tokens_per_s=plan.tokens_per_iteration / total_s if total_s > 0 else 0.0,
         bottleneck=bottleneck,
-        peak_bytes={t.name: round(t.peak_bytes) for t in trackers},
-        capacity_bytes={t.name: round(t.capacity_bytes) for t in trackers},
+        peak_bytes=bill.peak_bytes,
+        capacity_bytes=bill.capacity_bytes,
         phase_time_s={"forward": forward_end, "backward": backward_end - forward_end, "optimizer": total_s - backward_end},
-        link_bytes={name: round(sim.link_bytes.get(name, 0.0)) for name in LINKS},
-        memory_terms={t.name: {k: round(v) for k, v in t.peak_by_name.items()} for t in trackers},
+        link_bytes={name: round(s.link_bytes.get(name, 0.0)) for name in LINKS},
+        memory_terms=bill.terms,
         method="simulated",
-        details={
-            "flops_accounting": f"paper eq. 7: {8 if recompute else 6} * tokens * params per iteration",
-            "resources": resources,
-            "tensor_parallel_bytes": round(sim.link_bytes.get("tensor_parallel", 0.0)),
-            "largest_gpu_allocation_bytes": round(sim.largest_gpu_allocation_bytes),
-            "memory_timeline": {t.name: _downsample(t.timeline, total_s) for t in trackers},
-            "memory_peak_time_s": {t.name: t.peak_time_s for t in trackers},
-            "memory_scope": {t.name: t.scope for t in trackers},
-            "simulated_ranks": len(sim.ranks),
-        },
+        details=details,
     )
-
-
-def _fits(sim: Simulation, trackers: tuple[TierTracker, ...]) -> tuple[bool, str]:
-    problems = [
-        f"{t.name} peak {t.peak_bytes / GIB:.1f} GiB exceeds {t.capacity_bytes / GIB:.1f} GiB ({t.scope})"
-        for t in trackers
-        if t.peak_bytes > t.capacity_bytes
-    ]
-    max_alloc = sim.plan.node.gpu_max_alloc_bytes
-    if sim.largest_gpu_allocation_bytes > max_alloc:
-        problems.append(
-            f"largest GPU allocation {sim.largest_gpu_allocation_bytes / GIB:.2f} GiB exceeds the "
-            f"{max_alloc / GIB:.2f} GiB contiguous limit; raise tiling_factor"
-        )
-    return not problems, "; ".join(problems)
 
 
 def _downsample(timeline: list[tuple[float, float]], end_s: float) -> list[list[float]]:

@@ -25,15 +25,22 @@ class TierTracker:
     """The named terms at the moment of the peak."""
     timeline: list[tuple[float, float]] = field(default_factory=list)
     """(time, bytes in use) after every change; last entry per instant wins."""
+    windows: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    """(peak, terms at it) of each closed window of time; see `close_window`."""
+    _window_peak: float = 0.0
+    _window_terms: dict[str, float] = field(default_factory=dict)
 
     def add(self, now: float, name: str, nbytes: float) -> None:
         if nbytes == 0:
             return
         self.used_bytes += nbytes
         self.by_name[name] = self.by_name.get(name, 0.0) + nbytes
-        if self.used_bytes > self.peak_bytes:
-            self.peak_bytes, self.peak_time_s = self.used_bytes, now
-            self.peak_by_name = {k: v for k, v in self.by_name.items() if v > 0.5}
+        if self.used_bytes > self._window_peak:
+            self._window_peak = self.used_bytes
+            self._window_terms = {k: v for k, v in self.by_name.items() if v > 0.5}
+            if self.used_bytes > self.peak_bytes:
+                self.peak_bytes, self.peak_time_s = self.used_bytes, now
+                self.peak_by_name = self._window_terms
         timeline = self.timeline
         if timeline and timeline[-1][0] == now:
             timeline[-1] = (now, self.used_bytes)
@@ -43,3 +50,9 @@ class TierTracker:
     def remove(self, now: float, name: str, nbytes: float) -> None:
         assert self.by_name.get(name, 0.0) >= nbytes * (1 - 1e-9) - 1e-6, f"{self.name}: freeing more {name} than held"
         self.add(now, name, -nbytes)
+
+    def close_window(self) -> None:
+        """Record the peak since the last window closed (the fast path extrapolates each phase's peak)."""
+        self.windows.append((self._window_peak, self._window_terms))
+        self._window_peak = self.used_bytes
+        self._window_terms = {k: v for k, v in self.by_name.items() if v > 0.5}

@@ -79,9 +79,12 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None) -> Pa
         used.append(used[-1] if used else 0.0)
         ax.fill_between(times, used, step="post", color="#8172B3", alpha=0.55, linewidth=0, label=f"{tracker.name} in use")
         ax.axhline(tracker.capacity_bytes / GIB, color="#C44E52", linestyle="--", linewidth=1, label="capacity")
+        ax.axhline(prediction.peak_bytes[tracker.name] / GIB, color="#555555", linestyle=":", linewidth=1,
+                   label="memory bill (planner.memory)")
         ax.set_ylabel(f"{tracker.name.upper()} GiB\n({tracker.scope})")
-        ax.set_ylim(0, max(tracker.capacity_bytes, tracker.peak_bytes) / GIB * 1.08)
-        ax.annotate(f"peak {tracker.peak_bytes / GIB:.1f} GiB", (tracker.peak_time_s, tracker.peak_bytes / GIB),
+        top = max(tracker.capacity_bytes, tracker.peak_bytes, prediction.peak_bytes[tracker.name])
+        ax.set_ylim(0, top / GIB * 1.08)
+        ax.annotate(f"simulated peak {tracker.peak_bytes / GIB:.1f} GiB", (tracker.peak_time_s, tracker.peak_bytes / GIB),
                     xytext=(5, -12), textcoords="offset points", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)

@@ -25,16 +25,10 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from planner.memory import ACTIVATION_BYTES, BYTES_PER_PARAM
 from planner.plan import Plan
 
 Phase = Literal["forward", "recompute", "backward"]
-
-BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "fp16": 2}
-OPTIMIZER_STATE_BYTES_PER_PARAM = 16
-"""fp32 master weight, momentum, variance and fp32 gradient (eq. 2; read and written once, eq. 10)."""
-GPU_ADAM_BYTES_PER_PARAM = 30
-"""HBM traffic of a fused GPU Adam step: read weight, momentum, variance, fp32 grad (16), write the
-first three (12) and the half-precision copy (2)."""
 _TP_ALL_REDUCE_AFTER = frozenset({"attn_out", "mlp_down"})
 
 
@@ -53,8 +47,10 @@ class OpShape:
     """False for a tied output head: its gradient lands in the embedding's and is reduced there."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Step:
+    """One entry of the trace (not frozen: a 1T trace has ~10^5 of them and frozen init is slow)."""
+
     index: int
     phase: Phase
     op: OpShape
@@ -70,7 +66,9 @@ class Workload:
     steps: tuple[Step, ...]
     num_segments: int
     param_bytes: int
-    """Bytes per half-precision (or fp32) parameter and gradient element."""
+    """Bytes per half-precision (or fp32) parameter and gradient element (memory.BYTES_PER_PARAM)."""
+    optimizer_state_bytes: int
+    """Optimizer-state bytes per parameter: 16 in mixed precision (eq. 2; read and written once, eq. 10)."""
     tokens_per_gpu: float
     checkpoint_bytes: float
     """One checkpoint (one block input), per GPU (eq. 3 per checkpoint)."""
@@ -84,7 +82,7 @@ class Workload:
 
 def build_workload(plan: Plan) -> Workload:
     model, mp = plan.model, plan.model_parallel_degree
-    b = BYTES_PER_PARAM[plan.precision]
+    b = BYTES_PER_PARAM[plan.precision]["params"]
     bsz, seq, hd = plan.micro_batch_per_gpu, model.seq_len, model.hidden_size
     tokens = bsz * seq
     tiles = plan.tiling_factor
@@ -136,15 +134,21 @@ def build_workload(plan: Plan) -> Workload:
     steps = tuple(Step(index=i, phase=phase, op=op, block=blk, segment=segment_of(blk) if 0 <= blk < layers else -1)
                   for i, (phase, op, blk) in enumerate(raw))
 
-    optimizer_partitioned = "optimizer_states" in plan.partitioned
     return Workload(
         plan=plan,
         steps=steps,
         num_segments=num_segments,
         param_bytes=b,
+        optimizer_state_bytes=BYTES_PER_PARAM[plan.precision]["optimizer_states"],
         tokens_per_gpu=tokens,
-        checkpoint_bytes=b * bsz * seq * hd,
+        checkpoint_bytes=ACTIVATION_BYTES * bsz * seq * hd,
         block_activation_bytes=bsz * seq * (16 * hd + 2 * model.num_heads * seq),
         tp_all_reduce_bytes=b * bsz * mp * seq * hd,
-        params_per_rank=model.num_params / (plan.num_gpus if optimizer_partitioned else mp),
+        params_per_rank=optimizer_params_per_rank(plan),
     )
+
+
+def optimizer_params_per_rank(plan: Plan) -> float:
+    """Parameters whose optimizer state one rank updates (its partition, or its tensor-parallel slice)."""
+    share = plan.num_gpus if "optimizer_states" in plan.partitioned else plan.model_parallel_degree
+    return plan.model.num_params / share

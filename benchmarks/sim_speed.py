@@ -1,0 +1,124 @@
+"""Simulator speed: the two targets of issue 3, measured on this machine.
+
+1. Simulating one iteration of the paper's 1T configuration (128 layers, hd 25600, batch/GPU 7,
+   everything offloaded to NVMe, checkpoints on the CPU) on 16 GPUs of `dgx2-v100` in under 0.5 s.
+2. `planner fit 1T --gpus 16` (default hardware dgx-h100, and with `--hardware dgx2-v100`),
+   including the simulated refinement of the analytic search's best candidates, in under 2 s wall
+   time (a fresh process, start-up included).
+
+Also, side by side on the same plan: the representative rank vs simulating every GPU of the node
+([Note: representative rank] in planner/sim/engine.py), which is what makes target 1 reachable.
+
+Run: `python benchmarks/sim_speed.py [--repeats 5] [--write benchmarks/RESULTS.md]`; prints JSON.
+Timings are medians of `--repeats` runs; the machine is shared, so single runs are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from planner.catalog import resolve_hardware, resolve_model
+from planner.plan import Placement, Plan
+from planner.sim import simulate
+
+SECTION = "## Simulator speed (benchmarks/sim_speed.py)"
+
+
+def one_t_plan() -> Plan:
+    placement = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
+    return Plan(model=resolve_model("1T"), node=resolve_hardware("dgx2-v100"), num_gpus=16, placement=placement,
+                micro_batch_per_gpu=7, checkpoint_interval=1)
+
+
+def median_s(fn, repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def fit_wall_s(repeats: int, extra: list[str]) -> tuple[float, list[float]] | None:
+    exe = shutil.which("planner") or None
+    cmd = [exe] if exe else [sys.executable, "-m", "planner"]
+    args = cmd + ["fit", "1T", "--gpus", "16", *extra]
+    probe = subprocess.run(args, capture_output=True, text=True)
+    if probe.returncode != 0:
+        print(f"planner fit failed ({probe.returncode}): {probe.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    return median_s(lambda: subprocess.run(args, capture_output=True, check=True), repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--write", type=Path, help="replace this benchmark's section of a RESULTS.md")
+    args = parser.parse_args()
+
+    plan = one_t_plan()
+    simulate(plan)  # warm imports and caches
+    sim_s, sim_all = median_s(lambda: simulate(plan), args.repeats)
+    small = plan.replace(model=plan.model.replace(num_layers=16))
+    rep_s, _ = median_s(lambda: simulate(small), args.repeats)
+    explicit_s, _ = median_s(lambda: simulate(small, ranks="explicit"), args.repeats)
+    fit = fit_wall_s(args.repeats, [])
+    fit_v100 = fit_wall_s(args.repeats, ["--hardware", "dgx2-v100"])
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}",
+        "simulate_1t_16gpu_s": round(sim_s, 4),
+        "simulate_1t_16gpu_runs_s": [round(t, 4) for t in sim_all],
+        "simulated_iteration_s": round(simulate(plan).prediction.iteration_time_s, 3),
+        "target_simulate_s": 0.5,
+        "representative_vs_explicit_16_layers": {"representative_s": round(rep_s, 4), "explicit_16_ranks_s": round(explicit_s, 4),
+                                                 "speedup": round(explicit_s / rep_s, 1)},
+        "fit_1t_16gpu_wall_s": round(fit[0], 3) if fit else None,
+        "fit_1t_16gpu_runs_s": [round(t, 3) for t in fit[1]] if fit else None,
+        "fit_1t_16gpu_dgx2_wall_s": round(fit_v100[0], 3) if fit_v100 else None,
+        "fit_1t_16gpu_dgx2_runs_s": [round(t, 3) for t in fit_v100[1]] if fit_v100 else None,
+        "target_fit_s": 2.0,
+    }
+    print(json.dumps(result, indent=2))
+    if args.write:
+        write_section(args.write, result, args.repeats)
+
+
+def write_section(path: Path, r: dict, repeats: int) -> None:
+    fit = f"{r['fit_1t_16gpu_wall_s']} s (runs {r['fit_1t_16gpu_runs_s']})" if r["fit_1t_16gpu_wall_s"] else "not measured (fit failed)"
+    fit_v100 = (f"{r['fit_1t_16gpu_dgx2_wall_s']} s (runs {r['fit_1t_16gpu_dgx2_runs_s']})"
+                if r["fit_1t_16gpu_dgx2_wall_s"] else "not measured (fit failed)")
+    rv = r["representative_vs_explicit_16_layers"]
+    body = f"""{SECTION}
+
+Machine: {r['machine']} (shared with other jobs; medians of {repeats} runs). Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.
+
+| what | median | target |
+|---|---|---|
+| simulate one iteration, 1T (128 layers) on 16 x dgx2-v100, all on NVMe | {r['simulate_1t_16gpu_s']} s (runs {r['simulate_1t_16gpu_runs_s']}) | < {r['target_simulate_s']} s |
+| `planner fit 1T --gpus 16` (dgx-h100) incl. simulated refinement of the top 8 placements, fresh process | {fit} | < {r['target_fit_s']} s |
+| `planner fit 1T --gpus 16 --hardware dgx2-v100`, same | {fit_v100} | < {r['target_fit_s']} s |
+| 16-layer variant: representative rank vs every GPU of the node simulated | {rv['representative_s']} s vs {rv['explicit_16_ranks_s']} s ({rv['speedup']}x) | same times (tested) |
+
+Simulated iteration of that plan: {r['simulated_iteration_s']} s.
+"""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if SECTION in text:
+        start = text.index(SECTION)
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + body
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Fast simulated prediction for ranking many candidates: extrapolate over identical blocks.
+
+[Note: periodic layers] A model's blocks are identical, so once the prefetch pipeline is full the
+forward pass repeats block after block with a fixed period, and the backward pass repeats segment
+after segment (recompute then backward of `checkpoint_interval` blocks). Whatever the simulation
+measures (phase end times, busy time and bytes of every link, each phase's memory peak and its
+terms) is then affine in the number of whole segments. We simulate the same plan with m, m+1 and
+m+2 segments (keeping a partial top segment if the real model has one, and the real model's
+optimizer partition, so the optimizer step is the real one), check that both differences agree for
+every quantity (to 1e-7 relative), and extrapolate to the real segment count. When any quantity is
+not affine, or the model is too shallow to gain anything, the full model is simulated instead. The
+memory-over-time curves are not extrapolated: `simulate` the chosen plan to draw them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from planner.plan import Plan, Prediction
+from planner.sim.engine import Simulation
+from planner.sim.optimizer import chunked_step
+from planner.sim.report import Summary, prediction_from, simulate, summarize
+from planner.sim.workload import build_workload, optimizer_params_per_rank
+
+_RELATIVE = 1e-7
+_ABSOLUTE = 1e-6
+MIN_SEGMENTS = 2
+MIN_BLOCKS = 4
+
+
+class _NotAffine(Exception):
+    pass
+
+
+def sample_layer_counts(plan: Plan) -> tuple[list[int], int] | None:
+    """Layer counts of the three sampled models and how many segments to extrapolate beyond the last."""
+    layers, ci = plan.model.num_layers, plan.checkpoint_interval
+    unit = ci or 1
+    whole, partial = divmod(layers, unit)
+    first = max(MIN_SEGMENTS, math.ceil(MIN_BLOCKS / unit))
+    if whole < first + 2 + 2:
+        return None
+    return [unit * (first + x) + partial for x in range(3)], whole - (first + 2)
+
+
+def predict(plan: Plan) -> Prediction:
+    """The simulated prediction of `plan`, by [Note: periodic layers] where it applies."""
+    sample = sample_layer_counts(plan)
+    if sample is None:
+        return simulate(plan).prediction
+    counts, repeats = sample
+    params = optimizer_params_per_rank(plan)
+    summaries, optimizer = [], None
+    for layers in counts:
+        small = plan.replace(model=plan.model.replace(num_layers=layers))
+        work = dataclasses.replace(build_workload(small), params_per_rank=params)
+        if optimizer is None and plan.placement.optimizer_states != "gpu":
+            # The step starts on an idle network (optimizer.py): the real one is simulated once.
+            optimizer = chunked_step(plan, work, 1, detail=False)
+        summaries.append(summarize(Simulation(small, workload=work, optimizer=optimizer).run(), timelines=False))
+    try:
+        summary = extrapolate(summaries, repeats)
+    except _NotAffine:
+        return simulate(plan).prediction
+    return prediction_from(plan, summary, notes={"extrapolated_from_layers": counts})
+
+
+def extrapolate(s: list[Summary], repeats: int) -> Summary:
+    a, b, c = s
+    if a.largest_gpu_allocation_bytes != c.largest_gpu_allocation_bytes or b.scope != c.scope:
+        raise _NotAffine
+    windows = {}
+    for tier in c.windows:
+        if not len(a.windows[tier]) == len(b.windows[tier]) == len(c.windows[tier]):
+            raise _NotAffine
+        windows[tier] = [
+            (_affine(wa[0], wb[0], wc[0], repeats), _affine_dict(wa[1], wb[1], wc[1], repeats))
+            for wa, wb, wc in zip(a.windows[tier], b.windows[tier], c.windows[tier], strict=True)
+        ]
+    resources = {}
+    for name, rc in c.resources.items():
+        ra, rb = a.resources[name], b.resources[name]
+        resources[name] = {**rc, "busy_s": _affine(ra["busy_s"], rb["busy_s"], rc["busy_s"], repeats),
+                           "amount": _affine(ra["amount"], rb["amount"], rc["amount"], repeats)}
+    return Summary(
+        phase_end_s=_affine_dict(a.phase_end_s, b.phase_end_s, c.phase_end_s, repeats),
+        resources=resources,
+        link_bytes=_affine_dict(a.link_bytes, b.link_bytes, c.link_bytes, repeats),
+        windows=windows,
+        capacity_bytes=dict(c.capacity_bytes),
+        scope=dict(c.scope),
+        largest_gpu_allocation_bytes=c.largest_gpu_allocation_bytes,
+        simulated_ranks=c.simulated_ranks,
+    )
+
+
+def _affine(a: float, b: float, c: float, repeats: int) -> float:
+    step = c - b
+    if abs((b - a) - step) > _RELATIVE * max(abs(a), abs(b), abs(c)) + _ABSOLUTE:
+        raise _NotAffine
+    return c + repeats * step
+
+
+def _affine_dict(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any], repeats: int) -> dict[str, float]:
+    keys = set(a) | set(b) | set(c)
+    return {k: _affine(a.get(k, 0.0), b.get(k, 0.0), c.get(k, 0.0), repeats) for k in sorted(keys)}
