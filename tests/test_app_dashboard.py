@@ -125,9 +125,18 @@ def test_timeline_panel_shows_the_simulation(app):
     assert comparison.loc["iteration time", "analytic"] == report.fmt_seconds(best.prediction.iteration_time_s)
     assert comparison.loc["iteration time", "simulated"] == report.fmt_seconds(sim.iteration_time_s)
     assert comparison.loc["bottleneck", "simulated"] == sim.bottleneck
-    spec = json.loads(panel.get("vega_lite_chart")[0].proto.spec)
-    assert spec["encoding"]["x"]["field"] == "busy"
-    assert len(panel.get("image")) == 1  # the Gantt chart with memory curves (planner.sim.timeline)
+    utilisation, memory_over_time = (json.loads(c.proto.spec) for c in panel.get("vega_lite_chart"))
+    assert utilisation["encoding"]["x"]["field"] == "busy"
+    assert memory_over_time["facet"]["row"]["field"] == "tier"
+    assert not panel.get("image")  # the Gantt chart is drawn on request
+
+
+def test_timeline_panel_draws_the_gantt_chart_on_request(app):
+    tab(app, "Timeline")
+    app.toggle(key="gantt").set_value(True).run()
+    no_errors(app)
+    panel = next(t for t in app.tabs if t.label == "Timeline")
+    assert len(panel.get("image")) == 1  # planner.sim.timeline's Gantt chart with memory curves
 
 
 def test_only_the_open_tab_runs(app):

@@ -1,5 +1,6 @@
-"""Where the iteration's time goes: the discrete-event simulation of the chosen plan (Gantt chart
-of every resource with the memory curves, per-resource utilisation) beside the analytic estimate."""
+"""Where the iteration's time goes: the discrete-event simulation of the chosen plan (per-resource
+utilisation, memory over time, and the simulator's Gantt chart of every resource) beside the
+analytic estimate."""
 
 from __future__ import annotations
 
@@ -12,19 +13,26 @@ import pandas as pd
 import streamlit as st
 
 from planner import report
-from planner.plan import Plan, Prediction
+from planner.plan import TIERS, Plan, Prediction
+from planner.sim import SimResult, simulate
+from planner.units import GIB
+
+GANTT_TOGGLE = "Draw the Gantt chart of every resource (matplotlib; takes about a second)"
 
 
-@st.cache_data(max_entries=32, show_spinner="Simulating the iteration...")
-def simulated(plan_json: str) -> tuple[dict, bytes]:
-    """The simulated prediction block and the timeline PNG (planner.sim; cached on the plan)."""
-    from planner.sim import simulate
+@st.cache_resource(max_entries=8, show_spinner="Simulating the iteration...")
+def simulation(plan_json: str) -> SimResult:
+    """One simulated iteration of the plan (planner.sim), kept whole for the Gantt chart; never mutated."""
+    return simulate(Plan.from_dict(json.loads(plan_json)))
+
+
+@st.cache_data(max_entries=16, show_spinner="Drawing the Gantt chart...")
+def gantt_png(plan_json: str) -> bytes:
+    """planner.sim.timeline's picture: busy fraction of every resource, a zoom, memory curves."""
     from planner.sim.timeline import draw
 
-    result = simulate(Plan.from_dict(json.loads(plan_json)))
     with tempfile.TemporaryDirectory() as folder:
-        png = draw(result, Path(folder) / "timeline.png").read_bytes()
-    return result.prediction.to_dict(), png
+        return draw(simulation(plan_json), Path(folder) / "timeline.png").read_bytes()
 
 
 def utilisation_frame(sim: Prediction) -> pd.DataFrame:
@@ -57,14 +65,35 @@ def utilisation_chart(frame: pd.DataFrame) -> alt.Chart:
     ).properties(height=36 * max(1, len(frame)))
 
 
+def memory_frame(sim: Prediction) -> pd.DataFrame:
+    """Bytes in use over the simulated iteration per tier (the simulator's own view, downsampled)."""
+    timeline, scope = sim.details.get("memory_timeline") or {}, sim.details.get("memory_scope", {})
+    return pd.DataFrame([
+        {"tier": f"{tier.upper()} ({scope.get(tier, '')})", "seconds": t, "GiB": nbytes / GIB,
+         "capacity GiB": sim.capacity_bytes[tier] / GIB}
+        for tier in TIERS
+        for t, nbytes in timeline.get(tier, [])
+    ], columns=["tier", "seconds", "GiB", "capacity GiB"])
+
+
+def memory_chart(frame: pd.DataFrame) -> alt.FacetChart:
+    used = alt.Chart().mark_area(interpolate="step-after", opacity=0.6).encode(
+        x=alt.X("seconds:Q", title="seconds into the iteration"), y=alt.Y("GiB:Q", title="GiB in use"),
+        tooltip=[alt.Tooltip("seconds:Q", format=",.3f"), alt.Tooltip("GiB:Q", format=",.1f")])
+    capacity = alt.Chart().mark_rule(color="#C44E52", strokeDash=[4, 3]).encode(y="max(capacity GiB):Q")
+    return (alt.layer(used, capacity, data=frame).properties(height=110, width=760)
+            .facet(row=alt.Row("tier:N", title=None, sort=list(dict.fromkeys(frame["tier"]))))
+            .resolve_scale(y="independent"))
+
+
 def render(plan: Plan) -> None:
     analytic = plan.prediction
     assert analytic is not None
     if not analytic.feasible:
         st.info("Nothing fits, so there is no iteration to simulate.")
         return
-    sim_doc, png = simulated(json.dumps(plan.to_dict()))
-    sim = Prediction.from_dict(sim_doc)
+    plan_json = json.dumps(plan.to_dict())
+    sim = simulation(plan_json).prediction
     left, right = st.columns([2, 3])
     with left:
         st.markdown("**Simulated vs analytic**")
@@ -72,5 +101,10 @@ def render(plan: Plan) -> None:
     with right:
         st.markdown("**Per-resource utilisation** (simulated)")
         st.altair_chart(utilisation_chart(utilisation_frame(sim)), key="utilisation_chart")
-    st.image(png, caption="Simulated timeline (planner.sim): every resource's busy fraction over the iteration, a zoom "
-             "on one checkpoint segment, and GPU/CPU memory over time.")
+    st.markdown("**Memory over the iteration** (simulated; dashed: capacity)")
+    st.altair_chart(memory_chart(memory_frame(sim)), key="sim_memory_chart")
+    # The picture costs more to draw than the whole rest of the page, so it is drawn on request and
+    # cached per plan; everything above answers within the page's time budget (issue 7).
+    if st.toggle(GANTT_TOGGLE, key="gantt"):
+        st.image(gantt_png(plan_json), caption="Simulated timeline (planner.sim.timeline): every resource's busy "
+                 "fraction over the iteration, a zoom on one checkpoint segment, and memory over time.")
