@@ -46,7 +46,7 @@ def read_sidebar() -> Inputs:
         ).strip()
         layers = hidden = heads = None
     else:
-        model = None
+        model = ""
         layers = bar.number_input("Layers", value=128, step=1, key="layers")
         hidden = bar.number_input("Hidden size", value=25600, step=128, key="hidden")
         heads = bar.number_input("Attention heads", value=256, step=1, key="heads")
@@ -85,7 +85,7 @@ def read_sidebar() -> Inputs:
                              help="Pin a named strategy, or leave it to the search")
     pins = {state: bar.selectbox(state.replace("_", " "), (AUTO, *TIERS), key=f"pin:{state}") for state in STATES}
     return Inputs(
-        model=model or None if mode == MODEL_MODES[0] else None,
+        model=model or None,  # an empty field is "no model named": the library says what to give
         num_layers=_whole(layers),
         hidden_size=_whole(hidden),
         num_heads=_whole(heads),

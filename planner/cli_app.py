@@ -20,13 +20,12 @@ from planner.errors import PlannerError
 
 
 def dashboard_script() -> Path:
-    """app/dashboard.py of this installation (a checkout or an installed wheel)."""
-    spec = importlib.util.find_spec("app")
-    if spec is None or not spec.submodule_search_locations:
-        raise PlannerError("the dashboard package `app` is not installed; install tierwise from its checkout")
-    script = Path(next(iter(spec.submodule_search_locations))) / "dashboard.py"
+    """app/dashboard.py of this installation: the `app` package sits beside `planner` both in a
+    checkout and in site-packages (setup.py ships both), so look there rather than import `app`,
+    a name another distribution could also own."""
+    script = Path(__file__).resolve().parent.parent / "app" / "dashboard.py"
     if not script.is_file():
-        raise PlannerError(f"the dashboard script {script} is missing; reinstall tierwise")
+        raise PlannerError(f"the dashboard script {script} is missing; reinstall tierwise with its `app` package")
     return script
 
 

@@ -231,6 +231,7 @@ def test_pinned_batch_and_placement(app):
         ("number_input", "gpus", 12, "--gpus 12 is not a whole number of dgx-h100 nodes (8 GPUs each)"),
         ("number_input", "gpus", 0, "--gpus must be at least 1, got 0"),
         ("text_input", "model", "bogus", "unknown model 'bogus'"),
+        ("text_input", "model", "", "no MODEL given; name one (e.g. 1T, gpt3-175b)"),
         ("selectbox", "pin:gradients", "gpu", "contradicts"),
     ],
 )
