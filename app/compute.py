@@ -6,6 +6,8 @@ calls the library.
 
 from __future__ import annotations
 
+import json
+
 import streamlit as st
 
 from app.state import Inputs, node_spec, search_request
@@ -20,11 +22,9 @@ def search_result(inputs_json: str) -> SearchResult:
     return search(search_request(Inputs.from_json(inputs_json)))
 
 
-@st.cache_data(max_entries=4 * CACHE_ENTRIES, show_spinner=False)
+@st.cache_data(max_entries=16 * CACHE_ENTRIES, show_spinner=False)  # one int per curve point
 def max_params(strategy: str, hardware_key: str, num_gpus: int, seq_len: int) -> int:
     """Largest trainable parameter count (0: not even the smallest model fits)."""
-    import json
-
     hardware, overrides = json.loads(hardware_key)
     node = node_spec(hardware, tuple((k, v) for k, v in overrides))
     return max_size(strategy, node, num_gpus, seq_len=seq_len, with_plan=False).max_params
