@@ -244,3 +244,23 @@ def test_bad_values_show_one_line_and_no_traceback(app, widget, key, value, mess
     text = app.error[0].value
     assert message in text and "\n" not in text and "Traceback" not in text
     assert not app.tabs  # no panel is drawn from a question the library rejected
+
+
+@pytest.mark.parametrize(
+    "hardware, model, gpus",
+    [("cpu-dev-2core", "1.4B", 1), ("h200-x1", "13B", 1), ("dgx2-v100", "1T", 16), ("dgx-a100-80g", "gpt3-175b", 8),
+     ("dgx-h100", "100T", 8), ("dgx-h100", "llama-3-70b", 8)],
+)
+def test_every_panel_renders_on_every_preset(app, hardware, model, gpus):
+    app.sidebar.selectbox(key="hardware").set_value(hardware)
+    app.sidebar.text_input(key="model").set_value(model)
+    app.sidebar.number_input(key="gpus").set_value(gpus).run()
+    no_errors(app)
+    best = expected_best(model, hardware, gpus)
+    if best is None:
+        assert app.warning[0].value.startswith(f"**Does not fit** on {gpus} GPU(s) of {hardware}")
+    else:
+        assert metrics(app)["TFLOPS per GPU"] == f"{best.prediction.tflops_per_gpu:,.1f}"
+    for label in TABS:
+        panel = tab(app, label)
+        assert len(panel.children) > 0
