@@ -187,15 +187,19 @@ def _running(changes):
     return out
 
 
-def test_representative_rank_equals_every_rank_simulated():
-    # [Note: representative rank]: 4 GPUs, every transfer kind, efficiency curves, checkpoints on CPU.
+@pytest.mark.parametrize(("num_gpus", "mp", "placement"), [
+    (4, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")),
+    (8, 2, Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")),  # 2 nodes
+])
+def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement):
+    # [Note: representative rank]: nodes of 4 GPUs, every transfer kind, efficiency curves, checkpoints
+    # on CPU; with two nodes the all-gathers and reduce-scatters also cross the network port.
     from planner.catalog import hardware_presets
 
     node = hardware_presets()["dgx2-v100"].replace(num_gpus_per_node=4)
     model = ModelSpec(name="small", num_layers=3, hidden_size=256, num_heads=4, seq_len=64)
-    placement = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
-    plan = Plan(model=model, node=node, num_gpus=4, placement=placement, micro_batch_per_gpu=2, checkpoint_interval=2,
-                optimizer_chunk_bytes=65536)
+    plan = Plan(model=model, node=node, num_gpus=num_gpus, placement=placement, micro_batch_per_gpu=2,
+                checkpoint_interval=2, model_parallel_degree=mp, optimizer_chunk_bytes=65536)
     rep, every = simulate(plan).prediction, simulate(plan, ranks="explicit").prediction
     assert every.details["simulated_ranks"] == 4 and rep.details["simulated_ranks"] == 1
     assert rep.iteration_time_s == pytest.approx(every.iteration_time_s, rel=1e-9)

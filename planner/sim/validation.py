@@ -4,11 +4,13 @@ Source of the configurations: Rajbhandari et al., "ZeRO-Infinity", SC21 (arXiv 2
 summarised in METHOD.md §5 ("Experiment configs"). METHOD.md does not carry the paper's measured
 TFLOPS/GPU, so the table shows only our predictions beside each configuration.
 
+Also the strategy comparison (six strategies x six models on one DGX-2) and the tiling study
+(one-layer models under a 2 GiB largest allocation) of the same section.
+
 Run: `python -m planner.sim.validation --out docs/validation.md`
 
 Choices the table leaves open, made once here:
-- widths are the paper's K = 1024 (18K = 18432); heads are the preset's where one exists (10B, 1T),
-  otherwise hd / 128 (the shape rule's head size), which every mp divides;
+- models are the presets of data/models/paper.json (widths in the paper's K = 1024, 18K = 18432);
 - gradients follow the optimizer (GPU with a GPU optimizer, NVMe when parameters are on NVMe, CPU
   otherwise); activation checkpoints on the GPU when everything else is and they fit, on the CPU
   otherwise; the smallest tiling factor that fits (memory-centric tiling, METHOD.md §4.4);
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from planner.catalog import hardware_presets, model_presets
 from planner.model import ModelSpec
-from planner.plan import Placement, Plan
+from planner.plan import STRATEGY_TABLE, Placement, Plan, Prediction
 from planner.sim.fast import predict
 from planner.sim.report import simulate
 from planner.units import GIB
@@ -43,21 +45,22 @@ class Experiment:
     mp: int
     params_on: str
     optimizer_on: str
-    preset: str | None = None
+    preset: str
+    """Model preset in data/models/paper.json with this width and depth."""
 
 
 K = 1024
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment(1, "10B", 4 * K, 50, 8, 1, "gpu", "gpu", preset="paper-10b"),
-    Experiment(1, "50B", 8 * K, 62, 26, 1, "cpu", "nvme"),
-    Experiment(1, "100B", 8 * K, 125, 24, 1, "cpu", "nvme"),
-    Experiment(1, "0.5T", 18 * K, 124, 8, 1, "nvme", "nvme"),
-    Experiment(1, "1T", 25600, 128, 7, 1, "nvme", "nvme", preset="paper-1t"),
-    Experiment(32, "0.5T", 18 * K, 124, 7, 4, "gpu", "gpu"),
-    Experiment(32, "1T", 25600, 128, 5, 4, "gpu", "gpu", preset="paper-1t"),
-    Experiment(32, "5T", 48 * K, 174, 3, 4, "nvme", "nvme"),
-    Experiment(32, "10T", 64 * K, 200, 2, 4, "nvme", "nvme"),
-    Experiment(32, "20T", 88 * K, 205, 1.25, 8, "nvme", "nvme"),
+    Experiment(1, "50B", 8 * K, 62, 26, 1, "cpu", "nvme", preset="paper-50b"),
+    Experiment(1, "100B", 8 * K, 125, 24, 1, "cpu", "nvme", preset="paper-100b"),
+    Experiment(1, "0.5T", 18 * K, 124, 8, 1, "nvme", "nvme", preset="paper-0.5t-exp"),
+    Experiment(1, "1T", 25600, 128, 7, 1, "nvme", "nvme", preset="paper-1t-exp"),
+    Experiment(32, "0.5T", 18 * K, 124, 7, 4, "gpu", "gpu", preset="paper-0.5t-exp"),
+    Experiment(32, "1T", 25600, 128, 5, 4, "gpu", "gpu", preset="paper-1t-exp"),
+    Experiment(32, "5T", 48 * K, 174, 3, 4, "nvme", "nvme", preset="paper-5t"),
+    Experiment(32, "10T", 64 * K, 200, 2, 4, "nvme", "nvme", preset="paper-10t-exp"),
+    Experiment(32, "20T", 88 * K, 205, 1.25, 8, "nvme", "nvme", preset="paper-20t"),
 )
 
 
@@ -77,13 +80,8 @@ def experiment_plan(exp: Experiment) -> Plan:
 
 def _plan(exp: Experiment, checkpoints: str, tiling: int) -> Plan:
     node = hardware_presets()[HARDWARE]
-    if exp.preset:
-        model = model_presets()[exp.preset][0]
-        assert (model.hidden_size, model.num_layers) == (exp.hidden, exp.layers)
-    else:
-        model = ModelSpec(name=f"paper-experiment-{exp.label.lower()}", num_layers=exp.layers, hidden_size=exp.hidden,
-                          num_heads=exp.hidden // 128, seq_len=1024, vocab_size=0,
-                          source="ZeRO-Infinity (arXiv 2104.07857) experiment configurations, METHOD.md §5")
+    model = model_presets()[exp.preset][0]
+    assert (model.hidden_size, model.num_layers) == (exp.hidden, exp.layers), exp
     grads = "gpu" if exp.optimizer_on == "gpu" else ("nvme" if exp.params_on == "nvme" else "cpu")
     placement = Placement(params=exp.params_on, gradients=grads, optimizer_states=exp.optimizer_on,
                           activation_checkpoints=checkpoints)
@@ -122,6 +120,66 @@ def render(rows: list[tuple[Experiment, Plan, object, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Strategy comparison on one DGX-2 (METHOD.md §5): (preset, batch/GPU, mp).
+STRATEGY_MODELS: tuple[tuple[str, float, int], ...] = (
+    ("paper-1.4b", 1, 1), ("paper-10b", 1, 1), ("paper-13b", 1, 1), ("paper-20b", 1, 1), ("paper-70b", 1, 1),
+    ("paper-1t", 5, 4),
+)
+STRATEGIES = ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme")
+TILING_STUDY_HIDDEN = (8 * K, 16 * K, 32 * K, 64 * K)
+TILING_STUDY_MAX_ALLOC_GIB = 2.0
+
+
+def _smallest_fitting_tiling(plan: Plan) -> tuple[Plan, Prediction]:
+    """The plan at the smallest tiling factor (1, 2, 4, ... 64) that fits, or at 64."""
+    for tiling in (1, 2, 4, 8, 16, 32, 64):
+        candidate = plan.replace(tiling_factor=tiling)
+        prediction = predict(candidate)
+        if prediction.feasible:
+            break
+    return candidate, prediction
+
+
+def strategy_table() -> str:
+    node = hardware_presets()[HARDWARE]
+    lines = ["## Strategy comparison on one DGX-2 (16 GPUs)", "",
+             "Simulated TFLOPS/GPU per strategy (METHOD.md §5 strategy comparison: batch/GPU 1; 1000B with mp 4 and batch 5; "
+             "ci 1; smallest tiling factor that fits). `-` marks a plan the memory bill rejects (tiers over capacity).", "",
+             "| model | " + " | ".join(STRATEGIES) + " |", "|---|" + "---|" * len(STRATEGIES)]
+    for preset, batch, mp in STRATEGY_MODELS:
+        model = model_presets()[preset][0]
+        cells = []
+        for name in STRATEGIES:
+            plan = Plan(model=model, node=node, num_gpus=node.num_gpus_per_node, strategy=name,
+                        placement=STRATEGY_TABLE[name].placement, micro_batch_per_gpu=batch, checkpoint_interval=1,
+                        model_parallel_degree=mp)
+            plan, p = _smallest_fitting_tiling(plan)
+            over = [t for t in ("gpu", "cpu", "nvme") if p.peak_bytes[t] > p.capacity_bytes[t]]
+            cells.append(f"{p.tflops_per_gpu:.1f}" + (f" (tiling {plan.tiling_factor})" if plan.tiling_factor > 1 else "")
+                         if p.feasible else f"- ({', '.join(over) or 'allocation'})")
+        lines.append(f"| {preset} ({model.num_params / 1e9:,.1f}B, mp {mp}, batch {batch:g}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def tiling_table() -> str:
+    node = hardware_presets()[HARDWARE].replace(gpu_max_alloc_bytes=TILING_STUDY_MAX_ALLOC_GIB * GIB)
+    lines = ["## Tiling study (one-layer models, 16 GPUs, batch 1, no allocation above 2 GiB)", "",
+             "METHOD.md §5: GPU memory pre-fragmented into 2 GiB blocks. Placement ZeRO-Infinity CPU "
+             "(all states offloaded to CPU memory), ci 1.", "",
+             "| hd | largest linear (bf16) | fits untiled | smallest tiling that fits | simulated TFLOPS/GPU there |",
+             "|---|---|---|---|---|"]
+    for hidden in TILING_STUDY_HIDDEN:
+        model = ModelSpec(name=f"one-layer-{hidden // K}k", num_layers=1, hidden_size=hidden, num_heads=hidden // 128)
+        plan = Plan(model=model, node=node, num_gpus=16, strategy="zero-inf-cpu",
+                    placement=STRATEGY_TABLE["zero-inf-cpu"].placement, micro_batch_per_gpu=1, checkpoint_interval=1)
+        untiled = predict(plan)
+        tiled, p = _smallest_fitting_tiling(plan)
+        largest = model.largest_operator_params * 2 / GIB
+        lines.append(f"| {hidden // K}K | {largest:,.1f} GiB | {'yes' if untiled.feasible else 'no'} | "
+                     f"{tiled.tiling_factor if p.feasible else 'none up to 64'} | {p.tflops_per_gpu:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the markdown table here (default: print it)")
@@ -132,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         prediction = simulate(plan).prediction
         rows.append((exp, plan, prediction, time.perf_counter() - start))
-    text = render(rows)
+    text = render(rows) + "\n" + strategy_table() + "\n" + tiling_table()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
