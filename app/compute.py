@@ -12,14 +12,29 @@ import streamlit as st
 
 from app.state import Inputs, node_spec, search_request
 from planner.max_size import max_size
-from planner.search import SearchResult, search
+from planner.plan import Plan
+from planner.search import SearchResult, predict, search
 
 CACHE_ENTRIES = 64
 
 
 @st.cache_data(max_entries=CACHE_ENTRIES, show_spinner="Searching placements...")
 def search_result(inputs_json: str) -> SearchResult:
-    return search(search_request(Inputs.from_json(inputs_json)))
+    """The analytic search (paper §4), or with `refine` its top placements re-ranked by the simulator
+    exactly as `planner fit` reports them."""
+    inputs = Inputs.from_json(inputs_json)
+    result = search(search_request(inputs))
+    if inputs.refine:
+        from planner.sim.refine import refine
+
+        result = refine(result)
+    return result
+
+
+def analytic(plan: Plan) -> Plan:
+    """The plan with its analytic prediction (memory bill, eq. 6 efficiencies), whichever method ranked it."""
+    assert plan.prediction is not None
+    return plan if plan.prediction.method == "analytic" else predict(plan.replace(prediction=None))
 
 
 @st.cache_data(max_entries=16 * CACHE_ENTRIES, show_spinner=False)  # one int per curve point

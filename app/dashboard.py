@@ -55,10 +55,9 @@ def _render_panel(label: str, inputs: Inputs, plan: Plan | None, model: ModelSpe
     elif label == "Memory per tier":
         memory.render(plan)
     elif label == "Timeline":
-        timeline.render(plan)
+        timeline.render(compute.analytic(plan))
     elif label == "Bandwidth (eq. 6)":
-        bandwidth.render(plan)
-
+        bandwidth.render(compute.analytic(plan))
 
 if __name__ == "__main__":  # `streamlit run` and AppTest run the file as __main__
     main()

@@ -46,6 +46,8 @@ class Inputs:
     placement_pins: tuple[tuple[str, str], ...] = field(default=())
     model_parallel_degree: int | None = 1
     precision: str = "bf16"
+    refine: bool = False
+    """Re-rank the top placements by simulation, as `planner fit` does (slower: see docs/dashboard.md)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -64,6 +64,9 @@ INTERACTIONS = [
     ("NVMe capacity 28610 -> 14000 GiB (Largest model open)", "number_input", "hw:dgx-h100:nvme_capacity_gib", 14000.0),
     ("GPUs 16 -> 64 (Largest model open)", "number_input", "gpus", 64),
     ("open Predicted vs measured", "tab", "Predicted vs measured", None),
+    ("rank by simulation (toggle on)", "toggle", "refine", True),
+    ("GPUs 64 -> 16 (ranked by simulation)", "number_input", "gpus", 16),
+    ("rank by simulation off", "toggle", "refine", False),
     ("open Memory per tier", "tab", "Memory per tier", None),
 ]
 
@@ -72,7 +75,7 @@ def _act(at: AppTest, kind: str, key: str, value) -> None:
     if kind == "tab":
         at.session_state["panel"] = key
         at.run()
-    elif kind == "toggle":  # in the main area, not the sidebar
+    elif kind == "toggle":
         at.toggle(key=key).set_value(value).run()
     else:
         getattr(at.sidebar, kind)(key=key).set_value(value).run()

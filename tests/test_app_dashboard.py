@@ -17,7 +17,7 @@ from planner import report
 from planner.catalog import resolve_hardware, resolve_model
 from planner.deepspeed_config import deepspeed_config
 from planner.max_size import max_size
-from planner.search import SearchRequest, search
+from planner.search import SearchRequest, predict, search
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "app" / "dashboard.py")
 DOWNLOADS: dict[str, bytes] = {}
@@ -187,6 +187,28 @@ def test_twice_the_nvme_write_bandwidth_changes_the_answer(app):
     assert "modified: nvme_write_gb_per_s" in app.success[0].value
     assert metrics(app)["Iteration time"] == report.fmt_seconds(pred.iteration_time_s)
     assert pred.iteration_time_s < expected_best().prediction.iteration_time_s
+
+
+def test_ranking_by_simulation_reports_what_planner_fit_reports(app):
+    from planner.sim.refine import refine
+
+    assert "analytic estimate" in app.caption[1].value
+    app.sidebar.toggle(key="refine").set_value(True).run()
+    no_errors(app)
+    node = resolve_hardware("dgx-h100")
+    best = refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16))).best
+    assert best.prediction.method == "simulated"
+    assert metrics(app) == {
+        "Iteration time": report.fmt_seconds(best.prediction.iteration_time_s),
+        "TFLOPS per GPU": f"{best.prediction.tflops_per_gpu:,.1f}",
+        "Tokens per second": f"{best.prediction.tokens_per_s:,.0f}",
+        "Bottleneck": best.prediction.bottleneck,
+    }
+    assert "discrete-event simulator" in app.caption[1].value
+    comparison = tab(app, "Timeline").dataframe[0].value.set_index("")
+    analytic = predict(best.replace(prediction=None)).prediction  # shown beside the simulation
+    assert comparison.loc["iteration time", "analytic"] == report.fmt_seconds(analytic.iteration_time_s)
+    assert "simulated" in set(tab(app, "Strategies").dataframe[0].value["predicted by"])
 
 
 def test_a_bigger_model_and_a_pinned_strategy(app):

@@ -33,6 +33,7 @@ def strategies_frame(result: SearchResult) -> pd.DataFrame:
             "tokens/s": pred.tokens_per_s if pred.feasible else 0.0,
             "iteration (s)": pred.iteration_time_s if pred.feasible else None,
             "bottleneck": pred.bottleneck if pred.feasible else DOES_NOT_FIT,
+            "predicted by": pred.method,
             "why not": "" if pred.feasible else pred.reason,
         })
     return pd.DataFrame(rows)

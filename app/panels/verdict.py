@@ -13,6 +13,12 @@ from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.search import SearchResult
 
+METHOD_CAPTIONS = {
+    "analytic": "Predicted by the analytic estimate (paper §4). Turn on *Rank the top plans by simulation* in the "
+                "sidebar for the simulator's numbers, as `planner fit` reports them.",
+    "simulated": "Predicted by the discrete-event simulator: the best plan of each of the top placements was "
+                 "simulated and re-ranked, as `planner fit` does.",
+}
 NUMBER_FORMATS = {
     "TFLOPS/GPU": st.column_config.NumberColumn(format="%.1f"),
     "iteration (s)": st.column_config.NumberColumn(format="%.3g"),
@@ -73,6 +79,7 @@ def render(result: SearchResult) -> Plan | None:
     cols[1].metric("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}", help=f"paper accounting, eq. 7: {flops_rule}")
     cols[2].metric("Tokens per second", f"{pred.tokens_per_s:,.0f}")
     cols[3].metric("Bottleneck", pred.bottleneck)
+    st.caption(METHOD_CAPTIONS[pred.method])
     downloads = st.columns(2)
     downloads[0].download_button(
         "Download plan JSON", json.dumps(plan.to_dict(), indent=2) + "\n", file_name="plan.json",
