@@ -135,10 +135,13 @@ def main() -> None:
         write_results(doc)
 
 
+HEADING = "## Dashboard response time (`benchmarks/app_speed.py`)"
+
+
 def write_results(doc: dict) -> None:
+    """Replace this benchmark's section of benchmarks/RESULTS.md (or append it); others stay as they are."""
     lines = [
-        "",
-        "## Dashboard response time (`benchmarks/app_speed.py`)",
+        HEADING,
         "",
         f"Target (issue 7): every interaction for 1T on 16 GPUs answers within {TARGET_S:g} s. One widget change plus",
         "the full rerun in Streamlit's AppTest, each interaction computing what it newly needs (caches cleared",
@@ -149,11 +152,31 @@ def write_results(doc: dict) -> None:
         "|---|---|---|",
     ]
     lines += [f"| {label} | {v['median_s']:.2f} s | {v['worst_s']:.2f} s |" for label, v in doc["interactions"].items()]
-    lines += ["", f"Default view with cold caches (first visit): median {doc['default_view_cold_median_s']:.2f} s. "
-              f"Worst interaction: {doc['worst_interaction_s']:.2f} s.", ""]
-    with open(REPO / "benchmarks" / "RESULTS.md", "a") as out:
-        out.write("\n".join(lines))
-
+    lines += [
+        "",
+        f"Default view with cold caches (first visit): median {doc['default_view_cold_median_s']:.2f} s. "
+        f"Worst interaction: {doc['worst_interaction_s']:.2f} s.",
+        "",
+        "Over the target (worst case): "
+        + (", ".join(f"{label} ({v['median_s']:.2f} s median)" for label, v in doc["interactions"].items()
+                     if v["worst_s"] > TARGET_S) or "none") + ".",
+        "Both opt-in views run more of the simulator and are toggles, off by default, cached per plan or question:",
+        "the Gantt chart (`planner.sim.timeline.draw`, matplotlib, about 0.5-0.7 s on its own here) and ranking the",
+        "top placements by simulation (`planner.sim.refine.refine`, what `planner fit` reports, about 0.7-0.9 s on",
+        "its own for 1T on 16 GPUs).",
+        "`python benchmarks/app_speed.py --repeats 5 --write-results` reproduces this section.",
+        "",
+    ]
+    path = REPO / "benchmarks" / "RESULTS.md"
+    text = path.read_text()
+    section = "\n".join(lines)
+    if HEADING in text:
+        start = text.index(HEADING)
+        end = text.find("\n## ", start + len(HEADING))
+        text = text[:start] + section + (text[end + 1:] if end != -1 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
 
 if __name__ == "__main__":
     main()
