@@ -1,0 +1,62 @@
+"""`planner probe`: measure this machine and write a hardware spec for `--hardware`.
+
+The measuring code lives in `runtime.probe` (it needs torch); it is imported only when the command
+runs, so `planner` itself starts without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.errors import PlannerError
+from planner.hardware import NodeSpec
+from planner.specio import number
+from planner.units import GIB
+
+
+def probe(
+    out: Annotated[Path | None, typer.Option("--out", help="write the hardware JSON here (default: print it)")] = None,
+    nvme_path: Annotated[
+        Path | None, typer.Option("--nvme-path", help="directory on the drive to measure (default: the temp dir)")
+    ] = None,
+    nvme_test_gib: Annotated[float, typer.Option("--nvme-test-gib", help="bytes written and read per pass")] = 1.0,
+    name: Annotated[str | None, typer.Option("--name", help="spec name (default probed-HOSTNAME)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the document even when writing --out")] = False,
+) -> None:
+    """Measure NVMe, memory, CPU Adam and compute bandwidths here; write a hardware spec."""
+    number(nvme_test_gib, "--nvme-test-gib", exclusive_minimum=0, maximum=1024)
+    try:
+        from runtime.nvme.directory import check_swap_path
+
+        directory = check_swap_path(nvme_path or Path(tempfile.gettempdir()))  # before importing torch
+        from runtime.probe import probe_node
+    except ModuleNotFoundError as error:
+        raise PlannerError(
+            f"planner probe needs the runtime extra ({error.name} is missing): pip install 'tierwise[runtime]'"
+        ) from None
+    doc = probe_node(
+        nvme_path=directory,
+        nvme_test_bytes=max(64 * 1024**2, int(nvme_test_gib * GIB)),
+        name=name,
+        log=lambda message: sys.stderr.write(f"probe: {message}\n"),
+    )
+    spec = NodeSpec.from_dict(doc, "probed hardware")  # what --hardware will read back
+    text = json.dumps(spec.to_dict(), indent=2) + "\n"
+    if out is not None:
+        try:
+            out.write_text(text)
+        except OSError as error:
+            raise PlannerError(f"cannot write {out}: {error.strerror or error}") from None
+        sys.stderr.write(f"wrote {out}\n")
+    if out is None or as_json:
+        sys.stdout.write(text)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("probe")(probe)

@@ -1,0 +1,371 @@
+"""`planner probe`: measure this machine and write a hardware spec (`planner.hardware.NodeSpec`).
+
+Every number here is measured on the spot, side by side, with warm-up and the median of repeats:
+
+- NVMe read/write bandwidth through the engine with O_DIRECT (page cache excluded), on a file in a
+  private swap directory under `nvme_path`; the file is written once before timing so that reads
+  hit real blocks (reads of never-written, fallocated extents return zeros without touching the drive).
+- host memory bandwidth: a large tensor copy, counted as bytes read + written (STREAM "copy").
+- CPU AdamW: torch's fused AdamW (METHOD.md §6: measure it before hand-writing SIMD).
+- compute: the four linears of a transformer block (hd -> 3hd, hd -> hd, hd -> 4hd, 4hd -> hd,
+  METHOD.md eq. 1) at `tokens` rows; the best of fp32 and bf16 on a CPU, bf16 on a GPU.
+- with CUDA: pinned host <-> device copies and device memory bandwidth; with more than one GPU,
+  all-gather and reduce-scatter bus bandwidth over all of them (NCCL, one process per GPU).
+
+On a machine without CUDA the CPU is the compute device: "GPU" fields describe the CPU and its
+memory, and the spec says so.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, SwapStore
+
+GIB = 1024**3
+MIB = 1024**2
+GB = 1e9
+TFLOP = 1e12
+
+Log = Callable[[str], None]
+
+
+def _median_time_s(run: Callable[[], None], *, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        run()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+# -- NVMe ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class NvmeBandwidth:
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    direct: bool
+    """False when the filesystem refused O_DIRECT: the numbers then include the page cache."""
+    free_bytes: int
+    test_bytes: int
+    backend: str
+
+
+def measure_nvme(
+    nvme_path: str | os.PathLike[str], *, test_bytes: int = 1 * GIB, repeats: int = 3, config: EngineConfig | None = None
+) -> NvmeBandwidth:
+    """Write then read `test_bytes` (in 64 MiB requests, all submitted at once) `repeats` times."""
+    chunk = min(test_bytes, 64 * MIB)
+    num_chunks = max(1, test_bytes // chunk)
+    engine = IOEngine(config or EngineConfig())
+    with SwapDirectory(nvme_path, needed_bytes=num_chunks * chunk) as directory:
+        free = os.statvfs(directory.path).f_bavail * os.statvfs(directory.path).f_frsize
+        with SwapStore(directory, "probe", capacity_bytes=num_chunks * chunk, engine=engine) as store:
+            buffer = AlignedBuffer(chunk)
+            buffer.view[:] = os.urandom(chunk)  # incompressible, in case the drive compresses
+            extents = [store.allocate(chunk) for _ in range(num_chunks)]
+
+            def write() -> None:
+                for handle in [store.write_async(extent, buffer.view) for extent in extents]:
+                    handle.wait()
+
+            def read() -> None:
+                for handle in [store.read_async(extent, buffer.view) for extent in extents]:
+                    handle.wait()
+
+            write_s = _median_time_s(write, repeats=repeats)  # the warm-up pass lays the file out
+            read_s = _median_time_s(read, repeats=repeats)
+            direct = store.direct
+            buffer.close()
+    moved = num_chunks * chunk
+    return NvmeBandwidth(moved / read_s, moved / write_s, direct, free, moved, engine.backend)
+
+
+# -- host ------------------------------------------------------------------------------------------
+def measure_host_memory_bytes_per_s(nbytes: int = 256 * MIB, repeats: int = 5) -> float:
+    source = torch.ones(nbytes // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+    seconds = _median_time_s(lambda: target.copy_(source), repeats=repeats)
+    return 2 * nbytes / seconds  # bytes read + bytes written
+
+
+def measure_cpu_adam_params_per_s(num_params: int = 1 << 24, repeats: int = 5) -> float:
+    """torch fused AdamW on fp32 params (one tensor, so no per-tensor overhead)."""
+    param = torch.nn.Parameter(torch.zeros(num_params))
+    param.grad = torch.randn(num_params, generator=torch.Generator().manual_seed(0))
+    optimizer = torch.optim.AdamW([param], lr=1e-3, fused=True)
+    seconds = _median_time_s(optimizer.step, repeats=repeats, warmup=2)
+    return num_params / seconds
+
+
+# -- compute ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ComputeThroughput:
+    flops_per_s: float
+    dtype: str
+    hidden: int
+    tokens: int
+    by_dtype: dict[str, float]
+
+
+def block_matmul_shapes(hidden: int) -> list[tuple[int, int]]:
+    """(in, out) of a transformer block's four linears (METHOD.md eq. 1: 12 hd^2 params)."""
+    return [(hidden, 3 * hidden), (hidden, hidden), (hidden, 4 * hidden), (4 * hidden, hidden)]
+
+
+def measure_block_matmul(
+    device: torch.device, dtypes: tuple[torch.dtype, ...], *, hidden: int, tokens: int, repeats: int = 3
+) -> ComputeThroughput:
+    by_dtype: dict[str, float] = {}
+    for dtype in dtypes:
+        # Made on the device itself: at GPU shapes the operands are GiBs, too slow to build on the host.
+        pairs = [
+            (torch.randn(tokens, fan_in, device=device, dtype=dtype), torch.randn(fan_in, fan_out, device=device, dtype=dtype))
+            for fan_in, fan_out in block_matmul_shapes(hidden)
+        ]
+        flops = sum(2 * tokens * w.shape[0] * w.shape[1] for _, w in pairs)
+
+        def run(pairs: list[tuple[torch.Tensor, torch.Tensor]] = pairs) -> None:
+            for x, w in pairs:
+                torch.matmul(x, w)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        by_dtype[str(dtype).removeprefix("torch.")] = flops / _median_time_s(run, repeats=repeats)
+    best = max(by_dtype, key=by_dtype.__getitem__)
+    return ComputeThroughput(by_dtype[best], best, hidden, tokens, by_dtype)
+
+
+# -- CUDA ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CudaLinks:
+    host_to_device_bytes_per_s: float
+    device_to_host_bytes_per_s: float
+    device_memory_bytes_per_s: float
+
+
+def measure_cuda_links(device: torch.device, nbytes: int = 512 * MIB, repeats: int = 5) -> CudaLinks:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    gpu = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    gpu_copy = torch.empty_like(gpu)
+
+    def timed(copy: Callable[[], object]) -> float:
+        def run() -> None:
+            copy()
+            torch.cuda.synchronize(device)
+
+        return _median_time_s(run, repeats=repeats)
+
+    h2d = nbytes / timed(lambda: gpu.copy_(host, non_blocking=True))
+    d2h = nbytes / timed(lambda: host.copy_(gpu, non_blocking=True))
+    hbm = 2 * nbytes / timed(lambda: gpu_copy.copy_(gpu))
+    return CudaLinks(h2d, d2h, hbm)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveBandwidth:
+    """Bus bandwidth per rank (nccl-tests convention: (n-1)/n of the full tensor per rank)."""
+
+    all_gather_bytes_per_s: float
+    reduce_scatter_bytes_per_s: float
+    world_size: int
+    backend: str
+
+
+def _collective_worker(rank: int, world_size: int, backend: str, port: int, nbytes: int, queue) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    numel = nbytes // 4 // world_size * world_size
+    full = torch.ones(numel, device=device)
+    shard = torch.empty(numel // world_size, device=device)
+
+    def timed(op: Callable[[], object]) -> float:
+        def run() -> None:
+            op()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dist.barrier()
+
+        return _median_time_s(run, repeats=5)
+
+    gather_s = timed(lambda: dist.all_gather_into_tensor(full, shard))
+    scatter_s = timed(lambda: dist.reduce_scatter_tensor(shard, full))
+    if rank == 0:
+        bus = (world_size - 1) / world_size * numel * 4
+        queue.put((bus / gather_s, bus / scatter_s))
+    dist.destroy_process_group()
+
+
+def measure_collectives(world_size: int, backend: str, nbytes: int = 256 * MIB) -> CollectiveBandwidth:
+    """Spawn `world_size` local ranks and time all-gather / reduce-scatter of `nbytes` tensors."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    context = mp.get_context("spawn")
+    queue = context.SimpleQueue()
+    mp.start_processes(
+        _collective_worker, args=(world_size, backend, port, nbytes, queue), nprocs=world_size, start_method="spawn"
+    )
+    gather, scatter = queue.get()
+    return CollectiveBandwidth(gather, scatter, world_size, backend)
+
+
+# -- the spec --------------------------------------------------------------------------------------
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def probe_node(
+    *,
+    nvme_path: str | os.PathLike[str],
+    nvme_test_bytes: int = 1 * GIB,
+    name: str | None = None,
+    engine_config: EngineConfig | None = None,
+    log: Log = lambda message: None,
+) -> dict:
+    """Measure this machine; returns a hardware document that `NodeSpec.from_dict` accepts."""
+    host = socket.gethostname()
+    cores = os.cpu_count() or 1
+    memory = _memory_bytes()
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+
+    log(f"NVMe: writing and reading {nvme_test_bytes / GIB:g} GiB with O_DIRECT under {nvme_path}")
+    nvme = measure_nvme(nvme_path, test_bytes=nvme_test_bytes, config=engine_config)
+    nvme_source = "measured" if nvme.direct else "estimate"
+    notes.append(
+        f"NVMe: {nvme.test_bytes / GIB:g} GiB in 64 MiB requests through the {nvme.backend} engine under "
+        f"{Path(nvme_path).resolve()} (free {nvme.free_bytes / GIB:.1f} GiB), median of 3."
+        + ("" if nvme.direct else " The filesystem refused O_DIRECT: these are page-cache numbers, not the drive's.")
+    )
+    log("host memory bandwidth")
+    host_memory = measure_host_memory_bytes_per_s()
+    log("CPU AdamW (torch fused)")
+    adam = measure_cpu_adam_params_per_s()
+    notes.append(
+        f"Host memory: 256 MiB tensor copy, bytes read + written. CPU AdamW: torch {torch.__version__} "
+        f"AdamW(fused=True), 16 Mi fp32 params, {torch.get_num_threads()} threads."
+    )
+
+    doc: dict = {
+        "cpu_memory_gib": memory / GIB,
+        "nvme_capacity_gib": nvme.free_bytes / GIB,
+        "host_memory_gb_per_s": host_memory / GB,
+        "nvme_read_gb_per_s": nvme.read_bytes_per_s / GB,
+        "nvme_write_gb_per_s": nvme.write_bytes_per_s / GB,
+        "cpu_adam_gparams_per_s": adam / 1e9,
+    }
+    sources.update(
+        cpu_memory_gib="measured",
+        nvme_capacity_gib="measured",
+        host_memory_gb_per_s="measured",
+        nvme_read_gb_per_s=nvme_source,
+        nvme_write_gb_per_s=nvme_source,
+        cpu_adam_gparams_per_s="measured",
+    )
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", 0)
+        properties = torch.cuda.get_device_properties(device)
+        num_gpus = torch.cuda.device_count()
+        log(f"{properties.name}: block matmuls, host links")
+        compute = measure_block_matmul(device, (torch.bfloat16,), hidden=8192, tokens=8192)
+        links = measure_cuda_links(device)
+        doc.update(
+            num_gpus_per_node=num_gpus,
+            gpu_memory_gib=properties.total_memory / GIB,
+            gpu_hbm_gb_per_s=links.device_memory_bytes_per_s / GB,
+            host_to_gpu_gb_per_s=links.host_to_device_bytes_per_s / GB,
+            gpu_to_host_gb_per_s=links.device_to_host_bytes_per_s / GB,
+        )
+        description = f"{num_gpus} x {properties.name} on {host} ({_cpu_model()}, {cores} cores), measured by planner probe"
+        notes.append(
+            "GPU: pinned 512 MiB host<->device copies (one GPU alone); device memory copy counts bytes read + written."
+        )
+        if num_gpus > 1:
+            log(f"all-gather / reduce-scatter over {num_gpus} GPUs (NCCL)")
+            collectives = measure_collectives(num_gpus, "nccl")
+            doc["gpu_gpu_intra_node_gb_per_s"] = (
+                min(collectives.all_gather_bytes_per_s, collectives.reduce_scatter_bytes_per_s) / GB
+            )
+            sources["gpu_gpu_intra_node_gb_per_s"] = "measured"
+            notes.append(
+                f"Collectives: NCCL bus bandwidth over {num_gpus} GPUs, all-gather "
+                f"{collectives.all_gather_bytes_per_s / GB:.1f} GB/s, reduce-scatter "
+                f"{collectives.reduce_scatter_bytes_per_s / GB:.1f} GB/s; the spec keeps the lower."
+            )
+        else:
+            notes.append("Collectives: skipped, one GPU (nothing to all-gather across).")
+        sources.update(
+            num_gpus_per_node="measured",
+            gpu_memory_gib="measured",
+            gpu_hbm_gb_per_s="measured",
+            host_to_gpu_gb_per_s="measured",
+            gpu_to_host_gb_per_s="measured",
+        )
+    else:
+        log("CPU as the compute device: block matmuls")
+        compute = measure_block_matmul(torch.device("cpu"), (torch.float32, torch.bfloat16), hidden=1024, tokens=1024)
+        doc.update(
+            num_gpus_per_node=1,
+            gpu_memory_gib=memory / GIB,
+            gpu_hbm_gb_per_s=host_memory / GB,
+            host_to_gpu_gb_per_s=host_memory / GB,
+            gpu_to_host_gb_per_s=host_memory / GB,
+        )
+        description = (
+            f"{host}: {_cpu_model()}, {cores} cores, {memory / GIB:.0f} GiB RAM, no CUDA; the CPU is the compute "
+            "device (measured by planner probe)"
+        )
+        notes.append(
+            "No CUDA: the CPU is the compute device, so the 'gpu' fields describe the CPU and the same host RAM "
+            "(gpu_memory_gib and cpu_memory_gib are one pool, not two), and host<->device 'transfers' are memory "
+            "copies (host memory bandwidth). Collectives: skipped, one rank."
+        )
+        sources.update(
+            gpu_memory_gib="measured",
+            gpu_hbm_gb_per_s="measured",
+            host_to_gpu_gb_per_s="measured",
+            gpu_to_host_gb_per_s="measured",
+        )
+    doc["gpu_peak_tflops"] = compute.flops_per_s / TFLOP
+    sources["gpu_peak_tflops"] = "measured"
+    by_dtype = ", ".join(f"{dtype} {rate / TFLOP:.3f}" for dtype, rate in compute.by_dtype.items())
+    notes.append(
+        f"Compute: a transformer block's four linears (hd {compute.hidden}, {compute.tokens} tokens) in TFLOPS: "
+        f"{by_dtype}; gpu_peak_tflops is the {compute.dtype} figure."
+    )
+    return {
+        "name": name or f"probed-{host}",
+        "description": description,
+        **doc,
+        "sources": sources,
+        "notes": " ".join(notes),
+    }

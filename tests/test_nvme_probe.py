@@ -1,0 +1,117 @@
+"""`planner probe`: the spec it writes is what `--hardware` reads, every number is marked measured,
+and the planner itself still starts without torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.hardware import NodeSpec
+
+REPO = Path(__file__).resolve().parents[1]
+MEASURED = {
+    "cpu_memory_gib",
+    "nvme_capacity_gib",
+    "host_memory_gb_per_s",
+    "nvme_read_gb_per_s",
+    "nvme_write_gb_per_s",
+    "cpu_adam_gparams_per_s",
+    "gpu_memory_gib",
+    "gpu_hbm_gb_per_s",
+    "host_to_gpu_gb_per_s",
+    "gpu_to_host_gb_per_s",
+    "gpu_peak_tflops",
+}
+
+
+def planner(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "planner", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> tuple[Path, dict, Path]:
+    directory = tmp_path_factory.mktemp("probe")
+    out = directory / "hw.json"
+    result = planner("probe", "--out", str(out), "--nvme-path", str(directory), "--nvme-test-gib", "0.0625")
+    assert result.returncode == 0, result.stderr
+    return out, json.loads(out.read_text()), directory
+
+
+def test_probe_writes_a_spec_with_measured_sources(probed):
+    out, doc, directory = probed
+    spec = NodeSpec.from_dict(doc)
+    assert set(doc["sources"]) >= MEASURED
+    assert all(doc["sources"][key] == "measured" for key in MEASURED)
+    assert all(doc[key] > 0 for key in MEASURED)
+    assert spec.name.startswith("probed-")
+    assert list(directory.iterdir()) == [out]  # the swap directory it measured in is gone
+
+
+def test_probe_says_the_cpu_is_the_compute_device_without_cuda(probed):
+    torch = pytest.importorskip("torch")
+    _, doc, _ = probed
+    if torch.cuda.is_available():
+        assert doc["num_gpus_per_node"] == torch.cuda.device_count()
+    else:
+        assert "the CPU is the compute device" in doc["description"]
+        assert "Collectives: skipped, one rank" in doc["notes"]
+        assert doc["gpu_memory_gib"] == doc["cpu_memory_gib"]
+        assert doc["host_to_gpu_gb_per_s"] == doc["host_memory_gb_per_s"]
+
+
+def test_hardware_option_accepts_the_probed_spec(probed):
+    out, doc, _ = probed
+    result = planner("hardware", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["nvme_read_gb_per_s"] == doc["nvme_read_gb_per_s"]
+    fit = planner("fit", "100m", "--gpus", "1", "--hardware", str(out), "--json")
+    assert fit.returncode == 0, fit.stderr
+
+
+def test_probe_rejects_a_missing_nvme_path_in_one_line(tmp_path):
+    result = planner("probe", "--nvme-path", str(tmp_path / "missing"))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: nvme_path {tmp_path / 'missing'} does not exist; create it or choose another directory"
+    ]
+
+
+def test_planner_cli_starts_without_torch():
+    code = "import sys, planner.cli, planner.cli_probe; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_nvme_package_imports_without_torch():
+    code = "import sys, runtime.nvme; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.slow
+def test_collectives_are_measured_across_two_ranks():
+    pytest.importorskip("torch")
+    from runtime.probe import measure_collectives
+
+    result = measure_collectives(2, "gloo", nbytes=8 << 20)
+    assert (result.world_size, result.backend) == (2, "gloo")
+    assert result.all_gather_bytes_per_s > 0 and result.reduce_scatter_bytes_per_s > 0
+
+
+@pytest.mark.gpu
+def test_probe_cuda_measurements_run_on_the_gpu():
+    torch = pytest.importorskip("torch")
+    from runtime.probe import measure_block_matmul, measure_cuda_links
+
+    device = torch.device("cuda", 0)
+    links = measure_cuda_links(device, nbytes=64 << 20, repeats=2)
+    assert links.host_to_device_bytes_per_s > 0 and links.device_to_host_bytes_per_s > 0
+    assert links.device_memory_bytes_per_s > 0
+    compute = measure_block_matmul(device, (torch.bfloat16,), hidden=1024, tokens=1024, repeats=2)
+    assert (compute.dtype, list(compute.by_dtype)) == ("bfloat16", ["bfloat16"])
