@@ -71,11 +71,11 @@ def dashboard_url(tmp_path):
 
 
 @pytest.fixture
-def browser():
+def browser(monkeypatch):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager fetch a browser or driver
+    monkeypatch.setenv("SE_OFFLINE", "true")  # never let Selenium Manager fetch a browser or driver
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="tierwise-chromium-")
