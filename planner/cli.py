@@ -380,11 +380,12 @@ def _write_json(path: Path, doc) -> None:
 
 
 # -- command modules --
-from planner import cli_app, cli_probe, cli_sim  # noqa: E402
+from planner import cli_app, cli_probe, cli_run, cli_sim  # noqa: E402
 
 cli_app.register(app)
 cli_sim.register(app)
 cli_probe.register(app)
+cli_run.register(app)
 
 
 def main() -> None:

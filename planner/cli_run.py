@@ -1,0 +1,203 @@
+"""`planner run` and `planner compare`: execute a plan with the bundled runtime, then check the plan.
+
+`run` launches `runtime.launch` through torchrun (multi-node: pass torchrun's own arguments after
+`--`, e.g. `planner run plan.json -- --nnodes 2 --node_rank 0 --rdzv_endpoint host:29400`), shows a
+progress bar with step time and loss, and writes the profile. A plan the runtime cannot execute is
+refused before any process starts (model parallelism, unsupported placement, the wrong process
+count) or by the workers before training (memory that is not there), always as one line.
+This module imports no torch: the workers do.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from planner.errors import PlannerError
+from planner.plan import Plan, load_plan
+from planner.profile import compare, load_profile
+
+EVENT = "TIERWISE_EVENT"
+ERROR = "TIERWISE_ERROR"
+
+
+def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
+    """What can be refused without starting a process (the workers check memory themselves)."""
+    if plan.model_parallel_degree != 1:
+        raise PlannerError(f"model_parallel_degree {plan.model_parallel_degree} is not supported by the runtime "
+                           "(data parallel ZeRO-3 only); set it to 1")
+    on_nvme = [s for s, tier in plan.placement.to_dict().items() if tier == "nvme"]
+    if on_nvme:
+        raise PlannerError(f"placement {', '.join(on_nvme)}=nvme is not yet supported by the runtime; use gpu or cpu")
+    # With one data-parallel rank nothing is split, so every strategy is the same execution.
+    if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
+        raise PlannerError(f"strategy {plan.strategy} keeps model states replicated; the runtime runs ZeRO-3 "
+                           "(zero3, zero-inf-cpu or custom)")
+    if nproc * nnodes != plan.num_gpus:
+        raise PlannerError(f"--nproc {nproc} x {nnodes} node(s) starts {nproc * nnodes} process(es) but the plan is for "
+                           f"num_gpus {plan.num_gpus}; match them or re-plan")
+    if plan.micro_batch_per_gpu != int(plan.micro_batch_per_gpu):
+        raise PlannerError(f"micro_batch_per_gpu {plan.micro_batch_per_gpu} must be a whole number of samples to run")
+
+
+def torchrun_command(plan_path: Path, *, steps: int, nproc: int, data: Path | None, profile_out: Path | None,
+                     torchrun_args: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    cmd += torchrun_args or ["--standalone", "--nnodes", "1"]
+    cmd += ["-m", "runtime.launch", str(plan_path), "--steps", str(steps)]
+    if data is not None:
+        cmd += ["--data", str(data)]
+    if profile_out is not None:
+        cmd += ["--profile-out", str(profile_out)]
+    return cmd
+
+
+def _nnodes(torchrun_args: list[str]) -> int:
+    for i, arg in enumerate(torchrun_args):
+        value = arg.split("=", 1)[1] if arg.startswith("--nnodes=") else (
+            torchrun_args[i + 1] if arg == "--nnodes" and i + 1 < len(torchrun_args) else None)
+        if value is not None:
+            try:
+                return int(value.split(":")[-1])
+            except ValueError:
+                raise PlannerError(f"--nnodes {value!r} must be a number (or MIN:MAX)") from None
+    return 1
+
+
+def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
+             torchrun_args: list[str], console: Console, history_store: Path | None = None,
+             record_history: bool = True) -> int:
+    plan = load_plan(plan_path)
+    nnodes = _nnodes(torchrun_args)
+    nproc = nproc or plan.num_gpus // nnodes
+    precheck(plan, nproc, nnodes)
+    if steps < 1:
+        raise PlannerError(f"--steps must be at least 1, got {steps}")
+    if data is not None and not data.is_file():
+        raise PlannerError(f"--data {data} is not a readable file")
+    with tempfile.TemporaryDirectory(prefix="tierwise-run-") as tmp:
+        written = profile_out or Path(tmp, "profile.json")
+        code = _launch(torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=written,
+                                        torchrun_args=torchrun_args), steps, console)
+        if profile_out is not None:
+            console.print(f"profile written to {profile_out}")
+        if record_history and written.exists():
+            from planner.history import RunHistory
+
+            run_id = RunHistory(history_store).append(plan, json.loads(written.read_text()))
+            console.print(f"recorded as run {run_id} in the run history")
+    return code
+
+
+def _launch(cmd: list[str], steps: int, console: Console) -> int:
+    tail: deque[str] = deque(maxlen=30)
+    error = None
+    with Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeRemainingColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("train", total=steps, info="starting workers...")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line.startswith(EVENT):
+                event = json.loads(line[len(EVENT):])
+                progress.update(task, completed=event["step"],
+                                info=f"loss {event['loss']:.4f}  step {event['step_time_s']:.2f} s")
+            elif line.startswith(ERROR):
+                error = line[len(ERROR):].strip()
+            else:
+                tail.append(line)
+        code = proc.wait()
+    if error:
+        raise PlannerError(f"the runtime refused the plan: {error}")
+    if code != 0:
+        console.print("\n".join(tail), style="dim", markup=False, highlight=False)
+        raise PlannerError(f"training failed (torchrun exit code {code}); the workers' last output is above")
+    return 0
+
+
+def comparison_table(plan_path: Path, profile_path: Path) -> tuple[list[dict], Table]:
+    plan = load_plan(plan_path)
+    if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
+        from planner.search import predict
+
+        plan = predict(plan)
+    rows = [r.to_dict() for r in compare(plan, load_profile(profile_path))]
+    table = Table(title=f"{plan_path.name}: predicted vs measured")
+    for col in ("metric", "predicted", "measured", "relative error"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for r in rows:
+        err = r["relative_error"]
+        table.add_row(r["metric"], _fmt(r["predicted"]), _fmt(r["measured"]),
+                      "-" if err is None else f"{err:+.1%}")
+    return rows, table
+
+
+def _fmt(value: float | None) -> str:
+    return "unbounded" if value is None else f"{value:.4g}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def run_cmd(
+        ctx: typer.Context,
+        plan: Annotated[Path, typer.Argument(help="plan JSON written by `planner fit --out`")],
+        steps: Annotated[int, typer.Option(help="training steps")] = 10,
+        nproc: Annotated[int | None, typer.Option(help="processes (GPUs) per node; default: the plan's")] = None,
+        data: Annotated[Path | None, typer.Option(help="text file, tokenised byte-level; default synthetic")] = None,
+        profile_out: Annotated[Path | None, typer.Option(help="write the profile JSON here")] = None,
+        store: Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")] = None,
+        history: Annotated[bool, typer.Option(help="record the run in the run history")] = True,
+    ) -> None:
+        """Train the plan's reference GPT with the bundled runtime (torchrun) and write a profile.
+        Arguments after `--` go to torchrun (multi-node)."""
+        _exit_on_error(lambda: run_plan(plan, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
+                                        torchrun_args=list(ctx.args), console=Console(stderr=True),
+                                        history_store=store, record_history=history))
+
+    @app.command("compare")
+    def compare_cmd(
+        plan: Annotated[Path, typer.Argument(help="plan JSON with a prediction block")],
+        profile: Annotated[Path, typer.Argument(help="profile JSON written by `planner run`")],
+        as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    ) -> None:
+        """Predicted vs measured, per metric, with the relative error."""
+
+        def go() -> int:
+            rows, table = comparison_table(plan, profile)
+            if as_json:
+                print(json.dumps({"plan": str(plan), "profile": str(profile), "metrics": rows}, indent=2))
+            else:
+                Console().print(table)
+            return 0
+
+        _exit_on_error(go)
+
+
+def _exit_on_error(fn) -> None:  # noqa: ANN001
+    try:
+        code = fn()
+    except PlannerError as exc:
+        Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app = typer.Typer(add_completion=False, no_args_is_help=True)
+    register(app)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Activation checkpointing every `checkpoint_interval` blocks, checkpoints optionally offloaded.
+
+The blocks of the model (the elements of its largest `nn.ModuleList`) are grouped into segments of
+`ci` consecutive blocks. Each block is wrapped, in place in its list, by a `CheckpointedBlock`;
+the model's own loop calls them unchanged. Only the segment's input is kept (the checkpoint, eq. 3);
+everything inside is recomputed in backward (working memory eq. 5).
+
+[Note: segment checkpointing without owning the loop]
+The model calls the blocks one by one, so no single call spans a segment. We therefore drive torch's
+non-reentrant checkpoint frame by hand: the first block of a segment opens it, the last one closes
+it, and every tensor autograd saves in between is replaced by a recompute handle. The recompute
+function replays the segment from the stored input, calling each block with the extra arguments it
+received in forward (masks, rotary embeddings, ...) and the previous block's first output as its
+hidden state. The frame's only tensor argument is an empty device marker; the real input lives in
+our checkpoint store, so offloading it needs no cooperation from torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop_context_fn
+
+from runtime.ledger import MemoryLedger, nbytes
+from runtime.stores import CopyEngine
+
+
+class CheckpointStore:
+    """Holds segment inputs on the compute device (`gpu` placement)."""
+
+    tier = "gpu"
+
+    def __init__(self, ledger: MemoryLedger, copier: CopyEngine) -> None:
+        self.ledger = ledger
+        self.copier = copier
+
+    def save(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        self.ledger.add(self.tier, "activation_checkpoints", nbytes(x))
+        return x.detach(), None
+
+    def load(self, held: torch.Tensor, event: Any) -> torch.Tensor:  # noqa: ARG002
+        return held
+
+    def drop(self, held: torch.Tensor) -> None:
+        self.ledger.sub(self.tier, "activation_checkpoints", nbytes(held))
+
+
+class HostCheckpointStore(CheckpointStore):
+    """Holds segment inputs in host memory (`cpu` placement), copied on the side stream on CUDA.
+    On a CPU-only machine the input already is in host memory and is held as it is."""
+
+    tier = "cpu"
+
+    def save(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        if x.device.type == "cpu":
+            return super().save(x)
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        event = self.copier.copy(host, x.detach(), "d2h")
+        self.ledger.add(self.tier, "activation_checkpoints", nbytes(host))
+        return host, event
+
+    def load(self, held: torch.Tensor, event: Any) -> torch.Tensor:
+        if event is not None:
+            event.synchronize()
+        if held.device == self.copier.device:
+            return held
+        staged = torch.empty(held.shape, dtype=held.dtype, device=self.copier.device)
+        copy_done = self.copier.copy(staged, held, "h2d")
+        if copy_done is not None:
+            torch.cuda.current_stream(self.copier.device).wait_event(copy_done)
+        return staged
+
+
+CHECKPOINT_STORES: dict[str, type[CheckpointStore]] = {"gpu": CheckpointStore, "cpu": HostCheckpointStore}
+
+
+class Segment:
+    """`ci` consecutive blocks sharing one checkpoint; state of the current forward pass."""
+
+    def __init__(self, blocks: list[nn.Module], store: CheckpointStore) -> None:
+        self.blocks = blocks
+        self.store = store
+        self.recomputing = False
+        self._frame = None  # the open checkpoint generator between the first and last block
+        self._input: tuple[torch.Tensor, Any] | None = None
+        self._input_requires_grad = False
+        self._calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        """Each block's arguments other than the hidden state, for the replay."""
+
+    def begin(self, x: torch.Tensor) -> None:
+        self.release()
+        self._input = self.store.save(x)
+        self._input_requires_grad = x.requires_grad
+        self._calls = []
+        marker = torch.empty(0, device=x.device)
+        self._frame = _checkpoint_without_reentrant_generator(
+            self._replay, True, noop_context_fn, "default", False, True, marker
+        )
+        next(self._frame)
+
+    def record(self, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._calls.append((rest, kwargs))
+
+    def end(self) -> None:
+        frame, self._frame = self._frame, None
+        assert frame is not None, "a segment closed that was never opened"
+        try:
+            next(frame)
+        except StopIteration:
+            return
+        raise AssertionError("torch's checkpoint frame did not finish")
+
+    def _replay(self, marker: torch.Tensor) -> None:  # noqa: ARG002 - the device marker
+        assert self._input is not None, "recompute of a segment whose checkpoint was released"
+        # Same requires_grad as in forward: kernels (e.g. SDPA's backend) may choose by it, and the
+        # recompute must save exactly what the forward saved.
+        x = self.store.load(*self._input).detach().requires_grad_(self._input_requires_grad)
+        calls = self._calls
+        self.recomputing = True
+        try:
+            for block, (rest, kwargs) in zip(self.blocks, calls, strict=True):
+                out = block(x, *rest, **kwargs)
+                x = out[0] if isinstance(out, tuple | list) else out
+        finally:
+            self.recomputing = False
+            self.release()  # the frame now holds everything backward needs
+
+    def release(self) -> None:
+        """Drop the checkpoint (after its recompute, or at the end of the step)."""
+        if self._input is not None:
+            self.store.drop(self._input[0])
+            self._input = None
+        self._calls = []
+
+
+class CheckpointedBlock(nn.Module):
+    """A block wrapped in place: opens/closes its segment's checkpoint frame around the call."""
+
+    def __init__(self, block: nn.Module, segment: Segment, position: int) -> None:
+        super().__init__()
+        self.block = block
+        self._segment = segment
+        self._position = position
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        seg = self._segment
+        if seg.recomputing or not torch.is_grad_enabled() or not args or not isinstance(args[0], torch.Tensor):
+            return self.block(*args, **kwargs)
+        if self._position == 0:
+            seg.begin(args[0])
+        seg.record(args[1:], kwargs)
+        out = self.block(*args, **kwargs)
+        if self._position == len(seg.blocks) - 1:
+            seg.end()
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        # Model code sometimes reads attributes of its blocks (e.g. `layer.attention_type`).
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["block"], name)
+
+
+def find_blocks(model: nn.Module) -> nn.ModuleList | None:
+    """The transformer blocks: the `nn.ModuleList` holding the most parameters."""
+    best, best_numel = None, 0
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            numel = sum(p.numel() for p in module.parameters())
+            if numel > best_numel:
+                best, best_numel = module, numel
+    return best
+
+
+def apply_checkpointing(
+    blocks: nn.ModuleList, interval: int, store: CheckpointStore
+) -> list[Segment]:
+    """Wrap `blocks` in place into segments of `interval` blocks."""
+    segments = []
+    for start in range(0, len(blocks), interval):
+        members = [blocks[i] for i in range(start, min(start + interval, len(blocks)))]
+        segment = Segment(members, store)
+        for position, index in enumerate(range(start, start + len(members))):
+            blocks[index] = CheckpointedBlock(members[position], segment, position)
+        segments.append(segment)
+    return segments

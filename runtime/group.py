@@ -1,0 +1,234 @@
+"""One unit of gathering: a module's own parameters, sharded, and their gather/reshard/reduce cycle.
+
+A unit is one operator (a Linear, a LayerNorm, an Embedding, or one tile of a tiled Linear): the
+granularity at which ZeRO-3 gathers (METHOD.md §4.6 "hooks on every submodule") and at which the
+planner counts working memory (eq. 4) and the prefetch set. The module keeps its `nn.Parameter`
+objects (so `model.parameters()`, `.dtype` and tied weights still work); only their `.data` points
+at a view of the gathered flat buffer while the unit is gathered, and at an empty tensor otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+from torch import nn
+
+from runtime.collectives import Comm, Gathered, Reduced, all_gather_flat, reduce_scatter_flat
+from runtime.flat_param import FlatLayout
+from runtime.ledger import MemoryLedger, nbytes
+from runtime.stores import Pending, ShardStore
+
+
+class UnitState(enum.Enum):
+    """What memory a unit holds beyond its shard (which always lives in the params store)."""
+
+    SHARDED = enum.auto()
+    """Only the shard. Parameters point at an empty tensor."""
+    GATHERING = enum.auto()
+    """An all-gather is in flight into a full flat buffer on the compute device (prefetch)."""
+    GATHERED = enum.auto()
+    """The full flat buffer is valid and every parameter is a view of it."""
+
+
+class ParamUnit:
+    """A module's flat parameter group: shard in a store, full buffer while gathered, gradient path."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        params: list[nn.Parameter],
+        layout: FlatLayout,
+        comm: Comm,
+        param_store: ShardStore,
+        grad_store: ShardStore,
+        compute_dtype: torch.dtype,
+        ledger: MemoryLedger,
+        link_bytes: dict[str, int],
+    ) -> None:
+        self.name = name
+        self.params = params
+        self.layout = layout
+        self.comm = comm
+        self.param_store = param_store
+        self.grad_store = grad_store
+        self.compute_dtype = compute_dtype
+        self.ledger = ledger
+        self.link_bytes = link_bytes
+        self.state = UnitState.SHARDED
+        self.num_grad_params = sum(p.requires_grad for p in params)
+        self._empty = torch.empty(0, dtype=compute_dtype, device=param_store.compute_device)
+        self._staged: Pending | None = None
+        self._gathering: Gathered | None = None
+        self._full: torch.Tensor | None = None
+        self._held: list[tuple[str, int]] = []
+        """(term, bytes) charged to the gpu tier for the gathered buffers, released on reshard."""
+        self._grad_flat: torch.Tensor | None = None
+        self._grads_pending = self.num_grad_params
+        self._has_grad_shard = False
+        self._grad_written = [False] * len(params)
+        """Per parameter: its slice of the gradient shard holds this step's gradient (see
+        [Note: lazy gradient zeroing])."""
+
+    @property
+    def key(self) -> str:
+        return self.name
+
+    @property
+    def full_bytes(self) -> int:
+        return self.layout.padded_numel * self._empty.element_size()
+
+    # -- parameters -------------------------------------------------------------------------
+    def stage(self) -> None:
+        """Start bringing the shard to the compute device (prefetch depth 2; no-op when it is there)."""
+        if self.state is UnitState.SHARDED and self._staged is None:
+            self._staged = self.param_store.read(self.key, self.compute_dtype)
+            if self._staged.fresh:
+                self._charge("prefetch_shard_staging", self.layout.shard_numel * self._empty.element_size())
+
+    def start_gather(self, *, prefetch: bool) -> None:
+        """SHARDED -> GATHERING: start the all-gather (after the staged shard arrived)."""
+        if self.state is not UnitState.SHARDED:
+            return
+        self.stage()
+        assert self._staged is not None
+        shard = self._staged.wait()
+        self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
+        if self._gathering.output is not shard or self._staged.fresh:
+            self._release_charges()
+            self._charge("prefetch_gathered_params" if prefetch else "mswm", self.full_bytes)
+        self._staged = None
+        self.state = UnitState.GATHERING
+
+    def claim(self) -> None:
+        """The unit's use begins: a buffer gathered ahead now counts as working memory (eq. 4)."""
+        self._retag("prefetch_gathered_params", "mswm")
+
+    def unshard(self) -> None:
+        """-> GATHERED: parameters are views of the full buffer and may be used by compute."""
+        if self.state is UnitState.GATHERED:
+            return
+        self.start_gather(prefetch=False)
+        assert self._gathering is not None
+        self._full = self._gathering.wait()
+        self._gathering = None
+        self.claim()
+        for p, view in zip(self.params, self.layout.views(self._full), strict=True):
+            p.data = view
+        self.state = UnitState.GATHERED
+
+    def reshard(self) -> None:
+        """-> SHARDED: drop the full buffer (parameters point at an empty tensor again) and any shard
+        staged ahead (after the optimizer step it would be stale)."""
+        if self._gathering is not None:  # a prefetch nobody used: let it land before dropping it
+            self._gathering.wait()
+            self._gathering = None
+        self._staged = None
+        if self.state is not UnitState.SHARDED:
+            for p in self.params:
+                p.data = self._empty
+            self._full = None
+        self._release_charges()
+        self.state = UnitState.SHARDED
+
+    # -- gradients --------------------------------------------------------------------------
+    def on_grad(self, index: int, param: nn.Parameter) -> bool:
+        """File a parameter's gradient, complete for this backward. True when it was the unit's last,
+        i.e. the unit's backward is over: reduce its gradients and reshard it."""
+        grad = param.grad
+        param.grad = None
+        assert grad is not None
+        self._grads_pending -= 1
+        self._ensure_grad_shard()
+        if self.comm.world_size == 1:
+            # The flat vector is the shard: write (first) or add (later) straight into the store.
+            offset = self.layout.offsets[index]
+            if self._grad_written[index]:
+                self.grad_store.accumulate(self.key, grad, offset).wait()
+            else:
+                self.grad_store.write(self.key, grad, offset).wait()
+                self._grad_written[index] = True
+        else:
+            if self._grad_flat is None:
+                self._grad_flat = torch.zeros(self.layout.padded_numel, dtype=grad.dtype, device=grad.device)
+                self.ledger.add("gpu", "mswm", nbytes(self._grad_flat))
+            self._grad_flat[self.layout.param_slice(index)].copy_(grad.reshape(-1))
+        return self._grads_pending == 0
+
+    def reduce_grads(self) -> Reduced | None:
+        """Start the reduce-scatter of whatever gradients arrived (all of them, normally)."""
+        self._grads_pending = self.num_grad_params
+        flat, self._grad_flat = self._grad_flat, None
+        if flat is None:
+            return None
+        self.ledger.sub("gpu", "mswm", nbytes(flat))
+        self.ledger.add("gpu", "reduce_scatter_buffer", nbytes(flat))
+        return reduce_scatter_flat(self.comm, flat, self.link_bytes)
+
+    def finish_reduce(self, reduced: Reduced) -> Pending:
+        """Average the reduced slice and add it into the gradient shard where it lives."""
+        out = reduced.wait()
+        out.div_(self.comm.world_size)
+        if all(self._grad_written):
+            pending = self.grad_store.accumulate(self.key, out)
+        else:
+            pending = self.grad_store.write(self.key, out)
+            self._grad_written = [True] * len(self.params)
+        self.ledger.sub("gpu", "reduce_scatter_buffer", self.layout.padded_numel * out.element_size())
+        return pending
+
+    def _ensure_grad_shard(self) -> None:
+        """Gradient shards are created by the first backward, not at construction: a model is built
+        holding its parameter shards only (construction-time partitioning, METHOD.md §4.6)."""
+        if not self._has_grad_shard:
+            self.grad_store.create(self.key, self.layout.shard_numel, torch.float32)
+            self._has_grad_shard = True
+
+    @property
+    def grad_received(self) -> bool:
+        """Whether any gradient arrived since `zero_grad` (torch's optimizers skip a parameter whose
+        `.grad` is None: no decay, no momentum step; the optimizer does the same per unit)."""
+        return any(self._grad_written)
+
+    def grad_shard(self) -> torch.Tensor:
+        """The exact gradient shard where it lives (zeros for parameters that got no gradient)."""
+        self._ensure_grad_shard()
+        self.settle_grads()
+        return self.grad_store.resident(self.key)
+
+    def zero_grad(self) -> None:
+        """[Note: lazy gradient zeroing] Zeroing is a promise, not a memset: the next gradient to
+        arrive overwrites its slice instead of adding to it, which saves two passes over the
+        gradient shards per step. Slices nobody wrote are zeroed by `settle_grads` before use."""
+        self._grad_written = [False] * len(self.params)
+
+    def settle_grads(self) -> None:
+        """Make the gradient shard exact: zero the slices that received nothing since `zero_grad`."""
+        if all(self._grad_written) or not self._has_grad_shard:
+            return
+        shard = self.grad_store.resident(self.key)
+        if self.comm.world_size == 1:
+            for index, written in enumerate(self._grad_written):
+                if not written:
+                    shard[self.layout.param_slice(index)].zero_()
+        else:
+            shard.zero_()
+        self._grad_written = [True] * len(self.params)
+
+    # -- accounting -------------------------------------------------------------------------
+    def _charge(self, term: str, num_bytes: int) -> None:
+        self.ledger.add("gpu", term, num_bytes)
+        self._held.append((term, num_bytes))
+
+    def _retag(self, old: str, new: str) -> None:
+        for i, (term, b) in enumerate(self._held):
+            if term == old:
+                self.ledger.sub("gpu", old, b)
+                self.ledger.add("gpu", new, b)
+                self._held[i] = (new, b)
+
+    def _release_charges(self) -> None:
+        for term, b in self._held:
+            self.ledger.sub("gpu", term, b)
+        self._held = []

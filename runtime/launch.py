@@ -1,0 +1,188 @@
+"""Worker entry of `planner run`: one process per rank, started by torchrun.
+
+    torchrun --nproc_per_node P -m runtime.launch PLAN.json --steps N [--data FILE] [--profile-out F]
+
+Builds the plan's reference GPT on the meta device and materialises it shard by shard
+(construction-time partitioning), trains N steps on synthetic tokens or a byte-level tokenised text
+file, and writes the profile (rank 0). Rank 0 reports progress as `TIERWISE_EVENT {json}` lines on
+stdout, and a plan it cannot run as one `TIERWISE_ERROR message` line (exit code 3), which the CLI
+turns into its progress bar and its one-line errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import PlannerError
+from planner.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
+from planner.profile import Profile, StepSample
+from planner.units import TFLOP
+from runtime.plan_io import PlanNotExecutable, check_executable, check_memory
+from runtime.profiler import process_peak_rss_bytes
+
+EVENT = "TIERWISE_EVENT"
+ERROR = "TIERWISE_ERROR"
+EXIT_NOT_EXECUTABLE = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="runtime.launch")
+    ap.add_argument("plan")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--data", default=None, help="text file, tokenised byte-level; default: synthetic tokens")
+    ap.add_argument("--profile-out", default=None)
+    ap.add_argument("--warmup-steps", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    args = ap.parse_args(argv)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world_size > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        plan = load_plan(args.plan)
+        check_executable(plan, world_size=world_size)
+        check_memory(plan)
+        if args.steps < 1:
+            raise PlannerError(f"--steps must be at least 1, got {args.steps}")
+        if plan.micro_batch_per_gpu != int(plan.micro_batch_per_gpu):
+            raise PlanNotExecutable(f"micro_batch_per_gpu {plan.micro_batch_per_gpu} must be a whole number of samples")
+        tokens = load_tokens(args.data, plan) if args.data else None
+    except PlannerError as exc:
+        if rank == 0:
+            print(f"{ERROR} {exc}", flush=True)
+        return EXIT_NOT_EXECUTABLE
+    profile = train(plan, args, tokens, rank=rank, world_size=world_size)
+    if rank == 0 and args.profile_out:
+        profile.save(args.profile_out)
+    if world_size > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+def load_tokens(path: str, plan: Plan) -> torch.Tensor:
+    """Byte-level tokens of a text file (vocabulary 256)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise PlannerError(f"cannot read --data {path}: {exc.strerror or exc}") from None
+    if len(raw) < plan.model.seq_len + 1:
+        raise PlannerError(f"--data {path} has {len(raw)} bytes; it needs at least seq_len + 1 = {plan.model.seq_len + 1}")
+    if 0 < plan.model.vocab_size < 256:
+        raise PlannerError(f"byte-level --data needs vocab_size >= 256 (or 0), the plan has {plan.model.vocab_size}")
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+
+
+def batch_for(step: int, rank: int, plan: Plan, vocab: int, tokens: torch.Tensor | None, seed: int) -> torch.Tensor:
+    """(B, T + 1) tokens for this rank and step: random windows of the text, or synthetic tokens."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 10_007 + rank)
+    batch, seq = int(plan.micro_batch_per_gpu), plan.model.seq_len
+    if tokens is None:
+        return torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    starts = torch.randint(0, tokens.numel() - seq, (batch,), generator=g)
+    return torch.stack([tokens[s : s + seq + 1] for s in starts.tolist()])
+
+
+def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, rank: int, world_size: int) -> Profile:
+    import runtime
+    from runtime.gpt import GPT, GPTConfig, init_weights
+
+    cfg = GPTConfig.from_model_spec(plan.model)
+    torch.manual_seed(args.seed)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    model = runtime.shard(model, plan, param_init_fn=init_weights)
+    state = runtime.state_of(model)
+    optimizer = runtime.AdamW(model, lr=args.lr, weight_decay=0.1)
+    device = state.config.device
+    losses: list[float] = []
+    for step in range(1, args.steps + 1):
+        batch = batch_for(step, rank, plan, cfg.vocab_size, tokens, args.seed).to(device)
+        loss = model(input_ids=batch[:, :-1], labels=batch[:, 1:]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        value = loss.detach().float().clone()
+        if world_size > 1:
+            dist.all_reduce(value)
+        losses.append(value.item() / world_size)
+        sample = state.profiler.samples[-1]
+        if rank == 0:
+            print(f"{EVENT} " + json.dumps({"step": step, "steps": args.steps, "loss": losses[-1],
+                                              "step_time_s": sample.step_time_s}), flush=True)
+    local = [s.to_dict() for s in state.profiler.samples]
+    extra = {"peak_rss_bytes": process_peak_rss_bytes(), "order_changes": state.prefetcher.num_order_changes}
+    gathered = [(local, extra)]
+    if world_size > 1:
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, (local, extra))
+    num_params = sum(u.layout.numel for u in state.units)
+    return build_profile(plan, gathered, losses, args.warmup_steps, device=str(device), num_params_run=num_params)
+
+
+def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps: int, *, device: str,
+                  num_params_run: int) -> Profile:
+    """Rank 0's view of the run in the plan's units: gpu per GPU (max over ranks), cpu per node."""
+    num_steps = len(losses)
+    ranks_per_node = max(1, len(per_rank) // plan.num_nodes)
+    samples = []
+    for i in range(num_steps):
+        steps = [rank_samples[i] for rank_samples, _ in per_rank]
+        first = steps[0]
+        peak = {"gpu": max(s["peak_bytes"]["gpu"] for s in steps),
+                "cpu": sum(s["peak_bytes"]["cpu"] for s in steps) // plan.num_nodes,
+                "nvme": sum(s["peak_bytes"]["nvme"] for s in steps) // plan.num_nodes}
+        samples.append(StepSample(step=i + 1, step_time_s=max(s["step_time_s"] for s in steps), loss=losses[i],
+                                  phase_time_s={k: first["phase_time_s"].get(k, 0.0) for k in PHASES},
+                                  link_bytes={k: int(first["link_bytes"].get(k, 0)) for k in LINKS},
+                                  peak_bytes=peak))
+    measured_steps = samples[warmup_steps:] or samples
+    raw_measured = [rs for rs, _ in per_rank]
+    iteration = statistics.mean(s.step_time_s for s in measured_steps)
+    tokens_per_gpu = plan.micro_batch_per_gpu * plan.model.seq_len
+    # Paper accounting (eq. 7): 8 * tokens * params with recompute, 6 * tokens * params without.
+    flops_per_token = (8 if plan.checkpoint_interval else 6) * plan.model.num_params
+    worst = max(range(len(measured_steps)), key=lambda j: measured_steps[j].peak_bytes["gpu"])
+    index = warmup_steps + worst if len(samples) > warmup_steps else worst
+    terms = {tier: {k: int(v) * (ranks_per_node if tier != "gpu" else 1) for k, v in
+                    raw_measured[0][index].get("terms_at_peak", {}).get(tier, {}).items()} for tier in TIERS}
+    measured = Prediction(
+        feasible=True,
+        iteration_time_s=iteration,
+        tflops_per_gpu=flops_per_token * tokens_per_gpu / iteration / TFLOP,
+        tokens_per_s=tokens_per_gpu * plan.num_gpus / iteration,
+        bottleneck="",
+        peak_bytes={t: max(s.peak_bytes[t] for s in measured_steps) for t in TIERS},
+        capacity_bytes={"gpu": int(plan.node.gpu_memory_bytes), "cpu": int(plan.node.cpu_memory_bytes),
+                        "nvme": int(plan.node.nvme_capacity_bytes)},
+        phase_time_s={k: statistics.mean(s.phase_time_s[k] for s in measured_steps) for k in PHASES},
+        link_bytes={k: int(statistics.mean(s.link_bytes[k] for s in measured_steps)) for k in LINKS},
+        memory_terms=terms,
+        method="measured",
+        details={"tflops_accounting": "paper eq. 7: 8 x tokens x params with recompute, 6 x without"},
+    )
+    details = {
+        "world_size": len(per_rank),
+        "device": device,
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "num_params_run": num_params_run,
+        "peak_rss_bytes_per_rank": [extra["peak_rss_bytes"] for _, extra in per_rank],
+        "cuda_max_allocated_bytes": max(rs[index].get("cuda_max_allocated_bytes", 0) for rs, _ in per_rank),
+        "prefetch_order_changes": per_rank[0][1]["order_changes"],
+    }
+    return Profile(measured=measured, samples=tuple(samples), warmup_steps=min(warmup_steps, num_steps),
+                   plan=plan.to_dict(), details=details)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

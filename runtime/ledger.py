@@ -1,0 +1,76 @@
+"""Own accounting of every buffer the runtime holds, per memory tier and per named term.
+
+Term names are the planner's (`planner/memory.py`: `params`, `gradients`, `optimizer_states`,
+`activation_checkpoints`, `mswm`, `prefetch_gathered_params`, `reduce_scatter_buffer`, ...), so a
+profile's peak can be compared with the plan's memory bill term by term. Tier `gpu` means "the
+compute device" (the CPU itself on a machine without CUDA), `cpu` the host store, `nvme` files.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+TIERS: tuple[str, ...] = ("gpu", "cpu", "nvme")
+
+
+@dataclass(slots=True)
+class TierUsage:
+    """Current and peak bytes of one tier, with the term breakdown at the moment of the peak."""
+
+    current_bytes: int = 0
+    peak_bytes: int = 0
+    terms: dict[str, int] = field(default_factory=dict)
+    """Live bytes per term now."""
+    terms_at_peak: dict[str, int] = field(default_factory=dict)
+    term_peaks: dict[str, int] = field(default_factory=dict)
+    """Each term's own maximum (terms peak at different moments)."""
+
+
+class MemoryLedger:
+    """Thread-safe add/sub of named byte counts; keeps each tier's peak and its breakdown."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tiers: dict[str, TierUsage] = {tier: TierUsage() for tier in TIERS}
+
+    def add(self, tier: str, term: str, num_bytes: int) -> None:
+        assert tier in self._tiers, tier
+        with self._lock:
+            usage = self._tiers[tier]
+            usage.current_bytes += num_bytes
+            now = usage.terms.get(term, 0) + num_bytes
+            assert now >= 0, f"{tier}.{term} went negative ({now} bytes): unbalanced accounting"
+            usage.terms[term] = now
+            usage.term_peaks[term] = max(usage.term_peaks.get(term, 0), now)
+            if usage.current_bytes > usage.peak_bytes:
+                usage.peak_bytes = usage.current_bytes
+                usage.terms_at_peak = {k: v for k, v in usage.terms.items() if v}
+
+    def sub(self, tier: str, term: str, num_bytes: int) -> None:
+        self.add(tier, term, -num_bytes)
+
+    def reset_peaks(self) -> None:
+        """Start a new measurement window at the current usage (e.g. after warm-up)."""
+        with self._lock:
+            for usage in self._tiers.values():
+                usage.peak_bytes = usage.current_bytes
+                usage.terms_at_peak = {k: v for k, v in usage.terms.items() if v}
+                usage.term_peaks = {k: v for k, v in usage.terms.items() if v}
+
+    def usage(self, tier: str) -> TierUsage:
+        with self._lock:
+            u = self._tiers[tier]
+            return TierUsage(u.current_bytes, u.peak_bytes, dict(u.terms), dict(u.terms_at_peak), dict(u.term_peaks))
+
+    def peak_bytes(self) -> dict[str, int]:
+        with self._lock:
+            return {tier: u.peak_bytes for tier, u in self._tiers.items()}
+
+    def current_bytes(self) -> dict[str, int]:
+        with self._lock:
+            return {tier: u.current_bytes for tier, u in self._tiers.items()}
+
+
+def nbytes(tensor) -> int:  # noqa: ANN001 - torch.Tensor, kept import-free for callers' type hints
+    return tensor.numel() * tensor.element_size()

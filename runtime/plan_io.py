@@ -1,0 +1,130 @@
+"""From a plan (path, dict or `planner.plan.Plan`) to the runtime's own frozen config.
+
+Everything the runtime cannot execute is rejected here, before any training starts, with a
+one-line reason (DESIGN.md principle: "A plan the runtime cannot execute is rejected with the
+reason").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from planner.errors import PlannerError
+from planner.plan import Placement, Plan, load_plan
+from planner.units import GIB
+
+COMPUTE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class PlanNotExecutable(PlannerError):
+    """The plan is valid but this runtime (or this machine) cannot run it; the message says why."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeConfig:
+    """What the runtime reads from a plan, resolved for this process."""
+
+    placement: Placement
+    precision: str
+    """`fp32` (end to end), `bf16` or `fp16` (16-bit compute copies, fp32 master and Adam states)."""
+    checkpoint_interval: int
+    """Blocks per activation-checkpoint segment; 0 disables checkpointing."""
+    tiling_factor: int
+    """Tiles per large Linear (1: no tiling)."""
+    prefetch_depth: int
+    device: torch.device
+    """The compute device: `cuda:LOCAL_RANK` when CUDA is present, else the CPU."""
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return COMPUTE_DTYPES[self.precision]
+
+    @property
+    def offload_checkpoints(self) -> bool:
+        return self.placement.activation_checkpoints != "gpu"
+
+
+def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, dict):
+        return Plan.from_dict(plan)
+    if isinstance(plan, str | Path):
+        return load_plan(plan)
+    raise PlannerError(f"plan must be a path, a dict or a planner Plan, not {type(plan).__name__}")
+
+
+def check_executable(plan: Plan, *, world_size: int) -> None:
+    """Raise `PlanNotExecutable` for what this runtime does not run."""
+    if plan.model_parallel_degree != 1:
+        raise PlanNotExecutable(
+            f"model_parallel_degree {plan.model_parallel_degree} is not supported: this runtime is data parallel "
+            "(ZeRO-3) only; set model_parallel_degree to 1"
+        )
+    on_nvme = [state for state, tier in plan.placement.to_dict().items() if tier == "nvme"]
+    if on_nvme:
+        raise PlanNotExecutable(f"placement {', '.join(on_nvme)}=nvme is not yet supported by the runtime; use gpu or cpu")
+    # With one data-parallel rank nothing is split, so every strategy is the same execution.
+    if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
+        raise PlanNotExecutable(
+            f"strategy {plan.strategy} keeps some model states replicated; this runtime partitions all of them "
+            "(ZeRO-3): use strategy zero3, zero-inf-cpu or custom"
+        )
+    if world_size != plan.num_gpus:
+        raise PlanNotExecutable(
+            f"the plan is for num_gpus {plan.num_gpus} but {world_size} process(es) were started; "
+            f"launch {plan.num_gpus} (planner run --nproc) or re-plan for {world_size}"
+        )
+    if plan.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise PlanNotExecutable("precision bf16 is not supported by this GPU; use fp16 or fp32")
+
+
+def runtime_config(plan: Plan, *, world_size: int) -> RuntimeConfig:
+    check_executable(plan, world_size=world_size)
+    check_memory(plan)
+    return RuntimeConfig(
+        placement=plan.placement,
+        precision=plan.precision,
+        checkpoint_interval=plan.checkpoint_interval,
+        tiling_factor=plan.tiling_factor,
+        prefetch_depth=plan.prefetch_depth,
+        device=compute_device(),
+    )
+
+
+def compute_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def check_memory(plan: Plan) -> None:
+    """Refuse a plan whose memory bill does not fit what this machine has free right now."""
+    try:
+        from planner.memory import memory_bill
+    except ImportError:  # the memory model is not part of this build
+        return
+    import psutil
+
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    bill = memory_bill(plan)
+    peak = bill.peak_bytes
+    available = psutil.virtual_memory().available
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        if peak["gpu"] > free:
+            raise PlanNotExecutable(f"the plan needs {peak['gpu'] / GIB:.2f} GiB per GPU but {free / GIB:.2f} GiB is free")
+        host_need = peak["cpu"]
+    else:
+        # Without CUDA the compute device is host memory: every rank's `gpu` tier lives there too.
+        host_need = peak["cpu"] + peak["gpu"] * local_world_size
+    if host_need > available:
+        raise PlanNotExecutable(
+            f"the plan needs {host_need / GIB:.2f} GiB of host memory on this node but {available / GIB:.2f} GiB is "
+            "available; offload less, add nodes or shrink the model"
+        )

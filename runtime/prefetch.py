@@ -1,0 +1,79 @@
+"""Operator-order prefetching (METHOD.md §4.3, overlap-centric design).
+
+The first iteration records the order in which units are used, separately for forward and
+backward. Later iterations follow the recorded order: on using operator i the prefetcher starts the
+all-gather of i+1 (depth >= 1) and the transfer of i+2's shard to the compute device (depth >= 2);
+depth 3 (NVMe -> CPU for i+3) belongs to stores that have a slower tier behind them.
+
+[Note: a changed order]
+Models may take data-dependent branches, so the order is a hint, never a contract: when the unit
+being used is not the one recorded at this position, the prefetcher stops prefetching for the rest
+of the phase, records the new order from the start of the phase, and uses it from the next
+iteration on. Correctness never depends on it: a unit that was not prefetched is gathered on demand,
+and a prefetched unit that is not used is released at the end of the step.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from runtime.group import ParamUnit
+
+
+class Phase(enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+@dataclass(slots=True)
+class _PhaseOrder:
+    recorded: list[int] | None = None
+    """Unit indices in use order from the last complete recording (None before the first)."""
+    current: list[int] = field(default_factory=list)
+    """What this iteration used so far."""
+    diverged: bool = False
+
+
+class Prefetcher:
+    """Decides which units to gather or stage ahead, from the recorded use order."""
+
+    def __init__(self, units: list[ParamUnit], depth: int) -> None:
+        self.units = units
+        self.depth = depth
+        self._orders = {phase: _PhaseOrder() for phase in Phase}
+        self.num_order_changes = 0
+        """How many times a recorded order was found stale (reported in the profile)."""
+
+    def on_use(self, phase: Phase, index: int) -> None:
+        """Unit `index` is about to be used in `phase`: follow (or record) the order and prefetch."""
+        order = self._orders[phase]
+        position = len(order.current)
+        order.current.append(index)
+        if order.recorded is None or order.diverged or self.depth == 0:
+            return
+        if position >= len(order.recorded) or order.recorded[position] != index:
+            order.diverged = True
+            self.num_order_changes += 1
+            return
+        ahead = order.recorded[position + 1 : position + 1 + self.depth]
+        actions: list[Callable[[], None]] = []
+        if ahead:
+            unit = self.units[ahead[0]]
+            actions.append(lambda: unit.start_gather(prefetch=True))
+        if len(ahead) >= 2:
+            actions.append(self.units[ahead[1]].stage)
+        for action in actions:
+            action()
+
+    def end_phase(self, phase: Phase) -> None:
+        """The phase is over: keep what it used as the order for the next iteration."""
+        order = self._orders[phase]
+        if order.current and (order.recorded is None or order.diverged or order.current != order.recorded):
+            order.recorded = order.current
+        order.current = []
+        order.diverged = False
+
+    def recorded(self, phase: Phase) -> list[int] | None:
+        return self._orders[phase].recorded

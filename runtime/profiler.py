@@ -1,0 +1,99 @@
+"""Per-step measurements in the planner's vocabulary: phase times, bytes per link, peak bytes per tier.
+
+Phase boundaries come from the sharded model's own hooks (forward: root pre-hook to root post-hook;
+backward: first gradient to the end-of-backward callback; optimizer: `AdamW.step`). On CUDA each
+boundary synchronises the device so that a phase's time is the device's, not the launch queue's.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from runtime.ledger import TIERS, MemoryLedger
+
+PHASES = ("forward", "backward", "optimizer")
+LINKS = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
+
+
+@dataclass(slots=True)
+class StepSample:
+    step: int
+    step_time_s: float
+    phase_time_s: dict[str, float]
+    link_bytes: dict[str, int]
+    peak_bytes: dict[str, int]
+    """Own accounting per tier during this step (gpu: per device, cpu: this process's host buffers)."""
+    terms_at_peak: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per tier, the live bytes of each term at that tier's peak."""
+    cuda_max_allocated_bytes: int = 0
+    loss: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class Profiler:
+    ledger: MemoryLedger
+    device: torch.device
+    link_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LINKS, 0))
+    """Cumulative bytes per link since construction (this rank)."""
+    samples: list[StepSample] = field(default_factory=list)
+    _phase_start_s: dict[str, float] = field(default_factory=dict)
+    _phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    _step_start_s: float | None = None
+    _links_at_start: dict[str, int] = field(default_factory=dict)
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def begin(self, phase: str) -> None:
+        now = self._now()
+        if self._step_start_s is None:
+            self._step_start_s = now
+            self._links_at_start = dict(self.link_bytes)
+            self.ledger.reset_peaks()
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+        self._phase_start_s[phase] = now
+
+    def end(self, phase: str) -> None:
+        start = self._phase_start_s.pop(phase, None)
+        if start is not None:
+            self._phase_s[phase] += self._now() - start
+
+    def cancel_step(self) -> None:
+        """A forward without backward (evaluation) is not a training step: drop its timings."""
+        self._step_start_s = None
+        self._phase_start_s.clear()
+        self._phase_s = dict.fromkeys(PHASES, 0.0)
+
+    def end_step(self) -> StepSample | None:
+        """Close the step after the optimizer ran; returns its sample."""
+        if self._step_start_s is None:
+            return None
+        step_time = self._now() - self._step_start_s
+        sample = StepSample(
+            step=len(self.samples) + 1,
+            step_time_s=step_time,
+            phase_time_s=dict(self._phase_s),
+            link_bytes={k: self.link_bytes.get(k, 0) - self._links_at_start.get(k, 0) for k in LINKS},
+            peak_bytes={tier: self.ledger.usage(tier).peak_bytes for tier in TIERS},
+            terms_at_peak={tier: self.ledger.usage(tier).terms_at_peak for tier in TIERS},
+            cuda_max_allocated_bytes=(torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0),
+        )
+        self.samples.append(sample)
+        self._step_start_s = None
+        self._phase_s = dict.fromkeys(PHASES, 0.0)
+        return sample
+
+
+def process_peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

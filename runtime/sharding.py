@@ -1,0 +1,368 @@
+"""`shard(model, plan)`: partition a model's parameters across ranks and drive them with hooks.
+
+Construction-time partitioning: a model built on the meta device (`with torch.device("meta")`) is
+materialised one unit at a time: the unit's parameters are allocated, initialised, cut into this
+rank's shard and dropped, so no more than one operator's full parameters exist at once.
+
+[Note: when a unit is gathered]
+forward:  module pre-hook -> prefetch ahead, gather; module post-hook -> reshard, and hook the
+          outputs so that their gradient (the start of this module's backward) re-gathers.
+backward: output-gradient hook -> prefetch ahead, gather; each parameter's post-accumulate-grad hook
+          files its gradient; the unit's last one starts the reduce-scatter and reshards the unit.
+          Recomputation (activation checkpointing) re-enters the forward hooks during backward:
+          those gather but do not reshard, because the unit's backward comes right after.
+end of backward (autograd callback): finish reduce-scatters, reshard everything left, phase IDLE.
+
+With more than one rank, every rank must use the same parameters in a backward (as with FSDP): a
+unit's reduce-scatter is a collective that all ranks issue in the same order.
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.plan import Plan
+from runtime.checkpointing import CHECKPOINT_STORES, Segment, apply_checkpointing, find_blocks
+from runtime.collectives import Comm, Reduced, make_comm
+from runtime.flat_param import FlatLayout, flatten_shard
+from runtime.group import ParamUnit, UnitState
+from runtime.ledger import MemoryLedger
+from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
+from runtime.prefetch import Phase, Prefetcher
+from runtime.profiler import Profiler
+from runtime.stores import CopyEngine, ShardStore, make_store
+from runtime.tiling import apply_tiling
+
+MAX_REDUCES_IN_FLIGHT = 1
+"""Reduce-scatters in flight while the next operator's backward runs (the memory model's
+`reduce_scatter_buffer`: one operator's full gradients)."""
+
+
+class StepPhase(enum.Enum):
+    IDLE = enum.auto()
+    FORWARD = enum.auto()
+    BACKWARD = enum.auto()
+
+
+class ShardedModel:
+    """Everything the runtime keeps for one sharded module (looked up with `state_of(model)`)."""
+
+    def __init__(self, module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan) -> None:
+        self.module_ref = weakref.ref(module)
+        self.config = config
+        self.comm = comm
+        self.plan = plan
+        self.ledger = MemoryLedger()
+        self.profiler = Profiler(self.ledger, config.device)
+        self.copier = CopyEngine(config.device, self.profiler.link_bytes)
+        place = config.placement
+        mixed = config.precision != "fp32"
+        self.param_store = self._store(place.params, "params")
+        # Mixed precision: gradients arrive in 16 bits and are accumulated straight into the fp32
+        # gradient copy that the paper counts among the optimizer states (eq. 2).
+        self.grad_store = self._store(place.gradients, "optimizer_states" if mixed else "gradients")
+        self.optimizer_store = self._store(place.optimizer_states, "optimizer_states")
+        self.units: list[ParamUnit] = []
+        self.masters: dict[str, torch.Tensor] = {}
+        """fp32 master shard per unit, in the optimizer store (the param shard itself when it can be)."""
+        self.segments: list[Segment] = []
+        self.prefetcher: Prefetcher | None = None
+        self.phase = StepPhase.IDLE
+        self.loss_scaler: Any = None
+        self._reduces: deque[tuple[ParamUnit, Reduced]] = deque()
+        self._handles: list[Any] = []
+
+    def _store(self, tier: str, term: str) -> ShardStore:
+        return make_store(tier, term=term, ledger=self.ledger, copier=self.copier)
+
+    @property
+    def master_shares_param_shard(self) -> bool:
+        """fp32 params whose store is where the optimizer steps need no separate master copy."""
+        return self.config.precision == "fp32" and self.config.placement.params == self.config.placement.optimizer_states
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _use(self, indices: list[int], phase: Phase) -> None:
+        assert self.prefetcher is not None
+        for i in indices:
+            self.units[i].claim()
+            self.prefetcher.on_use(phase, i)  # start gathering ahead before waiting for this one
+            self.units[i].unshard()
+
+    def root_pre_forward(self, module: nn.Module, args: Any) -> None:  # noqa: ARG002
+        if self.phase is StepPhase.IDLE:
+            self.phase = StepPhase.FORWARD
+            self.profiler.begin("forward")
+
+    def root_post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:  # noqa: ARG002
+        if self.phase is not StepPhase.FORWARD:
+            return output
+        self.profiler.end("forward")
+        assert self.prefetcher is not None
+        self.prefetcher.end_phase(Phase.FORWARD)
+        tensors = [t for t in _tensors(output) if t.requires_grad]
+        if not torch.is_grad_enabled() or not tensors:
+            self._reshard_all()  # evaluation: no backward is coming
+            self.phase = StepPhase.IDLE
+            self.profiler.cancel_step()
+            return output
+        if self.loss_scaler is not None:
+            output = self.loss_scaler.scale_outputs(output)
+            tensors = [t for t in _tensors(output) if t.requires_grad]
+        torch.autograd.graph.register_multi_grad_hook(tensors, self._begin_backward, mode="any")
+        return output
+
+    def pre_forward(self, indices: list[int]) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:  # noqa: ARG001
+            self._use(indices, Phase.BACKWARD if self.phase is StepPhase.BACKWARD else Phase.FORWARD)
+
+        return hook
+
+    def post_forward(self, indices: list[int]) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:  # noqa: ARG001
+            if self.phase is not StepPhase.BACKWARD:  # see [Note: when a unit is gathered]
+                for i in indices:
+                    self.units[i].reshard()
+            if torch.is_grad_enabled():
+                for t in _tensors(output):
+                    if t.requires_grad:
+                        t.register_hook(self._pre_backward(indices))
+
+        return hook
+
+    def _pre_backward(self, indices: list[int]) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:  # noqa: ARG001
+            self._begin_backward(None)
+            self._use(indices, Phase.BACKWARD)
+
+        return hook
+
+    def _begin_backward(self, grad: Any) -> None:  # noqa: ARG002
+        if self.phase is StepPhase.BACKWARD:
+            return
+        if self.phase is StepPhase.FORWARD:
+            self.profiler.end("forward")  # no-op unless the root hook did not run
+        self.phase = StepPhase.BACKWARD
+        self.profiler.begin("backward")
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def grad_hook(self, unit: ParamUnit, index: int) -> Callable[[nn.Parameter], None]:
+        def hook(param: nn.Parameter) -> None:
+            if unit.on_grad(index, param):
+                self._start_reduce(unit)
+                unit.reshard()
+
+        return hook
+
+    def _start_reduce(self, unit: ParamUnit) -> None:
+        if self.comm.world_size > 1:
+            while len(self._reduces) >= MAX_REDUCES_IN_FLIGHT:  # bound the gradient buffers
+                done, red = self._reduces.popleft()
+                done.finish_reduce(red).wait()
+        reduced = unit.reduce_grads()
+        if reduced is not None:
+            self._reduces.append((unit, reduced))
+
+    def _end_backward(self) -> None:
+        for unit in self.units:  # units some of whose parameters got no gradient in this backward
+            self._start_reduce(unit)
+        while self._reduces:
+            unit, red = self._reduces.popleft()
+            unit.finish_reduce(red).wait()
+        self._reshard_all()
+        for seg in self.segments:
+            seg.release()
+        assert self.prefetcher is not None
+        self.prefetcher.end_phase(Phase.BACKWARD)
+        self.phase = StepPhase.IDLE
+        self.profiler.end("backward")
+
+    def _reshard_all(self) -> None:
+        for unit in self.units:
+            unit.reshard()
+
+    def finish_pending(self) -> None:
+        """Called before the optimizer step (a no-op when backward ended normally)."""
+        assert self.phase is not StepPhase.BACKWARD, "optimizer step inside backward"
+
+    # -- gathered views for users (e.g. saving a full state dict) ----------------------------
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter, gathered, as fp32 CPU tensors (a collective: all ranks must call it)."""
+        module = self.module_ref()
+        assert module is not None
+        owner = {id(p): u for u in self.units for p in u.params}
+        out: dict[str, torch.Tensor] = {}
+        for name, p in module.named_parameters():
+            unit = owner[id(p)]
+            was = unit.state
+            unit.unshard()
+            out[name] = p.detach().to("cpu", torch.float32).clone()
+            if was is UnitState.SHARDED:
+                unit.reshard()
+        return out
+
+
+_STATES: weakref.WeakKeyDictionary[nn.Module, ShardedModel] = weakref.WeakKeyDictionary()
+
+
+def state_of(model: nn.Module) -> ShardedModel:
+    if model not in _STATES:
+        raise ValueError("this model was not sharded: call runtime.shard(model, plan) first")
+    return _STATES[model]
+
+
+def shard(
+    model: nn.Module,
+    plan: str | Path | dict[str, Any] | Plan,
+    *,
+    param_init_fn: Callable[[nn.Module], None] | None = None,
+    reduce_scatter_method: str | None = None,
+) -> nn.Module:
+    """Partition `model` under `plan` and return it (the same object, now driven by hooks).
+
+    `param_init_fn(module)` initialises one module's parameters when the model was built on the meta
+    device (default: the module's `reset_parameters()`, or a Hugging Face model's `_init_weights`).
+    """
+    plan_obj = resolve_plan(plan)
+    comm = make_comm(reduce_scatter_method)
+    config = runtime_config(plan_obj, world_size=comm.world_size)
+    if model in _STATES:
+        raise ValueError("this model is already sharded")
+    state = ShardedModel(model, config, comm, plan_obj)
+    blocks = find_blocks(model)
+    if config.tiling_factor > 1 and blocks is not None:
+        apply_tiling(blocks, config.tiling_factor)
+    init_fn = param_init_fn or _default_init_fn(model)
+    module_units = _build_units(model, state, init_fn)
+    for buf_owner in model.modules():  # buffers are small and replicated: just move them
+        for name, buf in list(buf_owner._buffers.items()):
+            if buf is not None and buf.device != config.device and buf.device.type != "meta":
+                buf_owner._buffers[name] = buf.to(config.device)
+    state.prefetcher = Prefetcher(state.units, config.prefetch_depth)
+    handles = state._handles
+    handles.append(model.register_forward_pre_hook(state.root_pre_forward, prepend=True))
+    for module, indices in module_units:
+        handles.append(module.register_forward_pre_hook(state.pre_forward(indices)))
+        handles.append(module.register_forward_hook(state.post_forward(indices)))
+    # Registered last so it runs after every module hook of the root itself.
+    handles.append(model.register_forward_hook(state.root_post_forward))
+    for unit in state.units:
+        for index, p in enumerate(unit.params):
+            if p.requires_grad:
+                handles.append(p.register_post_accumulate_grad_hook(state.grad_hook(unit, index)))
+    if config.checkpoint_interval > 0 and blocks is not None:
+        # A key/value cache filled in forward would be extended again by the recompute (Hugging
+        # Face turns it off under gradient checkpointing for the same reason).
+        hf_config = getattr(model, "config", None)
+        if getattr(hf_config, "use_cache", False):
+            hf_config.use_cache = False
+        store = CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
+        state.segments = apply_checkpointing(blocks, config.checkpoint_interval, store)
+    if config.precision == "fp16":
+        from runtime.optimizer import DynamicLossScaler
+
+        state.loss_scaler = DynamicLossScaler()
+    _STATES[model] = state
+    return model
+
+
+def _build_units(model: nn.Module, state: ShardedModel, init_fn: Callable[[nn.Module], None]) -> list[tuple[nn.Module, list[int]]]:
+    """One unit per module that owns parameters; returns (module, units it uses) for hooking."""
+    config = state.config
+    owner: dict[int, int] = {}
+    references: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                references.setdefault(id(p), []).append((module, name))
+    module_units: list[tuple[nn.Module, list[int]]] = []
+    names = {m: n for n, m in model.named_modules()}
+    for module in model.modules():
+        own = [(n, p) for n, p in module._parameters.items() if p is not None and id(p) not in owner]
+        if own:
+            if any(p.device.type == "meta" for _, p in own):
+                own = _materialise(module, own, references, config.device, init_fn)
+            params = [p for _, p in own]
+            unit = _make_unit(names[module] or "<root>", params, state)
+            for p in params:
+                owner[id(p)] = len(state.units)
+            state.units.append(unit)
+        used = sorted({owner[id(p)] for p in module._parameters.values() if p is not None})
+        if used:
+            module_units.append((module, used))
+    return module_units
+
+
+def _materialise(module: nn.Module, own: list[tuple[str, nn.Parameter]], references: dict[int, list[tuple[nn.Module, str]]],
+                 device: torch.device, init_fn: Callable[[nn.Module], None]) -> list[tuple[str, nn.Parameter]]:
+    """Allocate and initialise one module's meta parameters (every module referencing one sees it)."""
+    out = []
+    for name, p in own:
+        if p.device.type == "meta":
+            new = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad)
+            for holder, attr in references[id(p)]:
+                holder._parameters[attr] = new
+            references[id(new)] = references.pop(id(p))
+            p = new
+        out.append((name, p))
+    with torch.no_grad():
+        init_fn(module)
+    return [(name, module._parameters[name]) for name, _ in out]
+
+
+def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> ParamUnit:
+    config, comm = state.config, state.comm
+    layout = FlatLayout.of(params, comm.world_size)
+    key = f"{len(state.units)}:{name}"
+    shard = state.param_store.create(key, layout.shard_numel, config.compute_dtype)
+    with torch.no_grad():
+        if state.master_shares_param_shard:
+            flatten_shard(params, layout, comm.rank, shard)
+            state.masters[key] = shard
+        else:
+            master = state.optimizer_store.create(f"master:{key}", layout.shard_numel, torch.float32)
+            flatten_shard(params, layout, comm.rank, master)
+            shard.copy_(master)
+            state.masters[key] = master
+        empty = torch.empty(0, dtype=config.compute_dtype, device=config.device)
+        for p in params:
+            p.data = empty  # drop the full parameter: only the shard remains
+    unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=state.param_store,
+                     grad_store=state.grad_store, compute_dtype=config.compute_dtype, ledger=state.ledger,
+                     link_bytes=state.profiler.link_bytes)
+    return unit
+
+
+def _default_init_fn(model: nn.Module) -> Callable[[nn.Module], None]:
+    hf_init = getattr(model, "_init_weights", None)
+
+    def init(module: nn.Module) -> None:
+        if hf_init is not None:
+            hf_init(module)
+        elif hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+        else:
+            raise ValueError(
+                f"cannot initialise the meta parameters of {type(module).__name__}: it has no reset_parameters(); "
+                "pass param_init_fn to runtime.shard"
+            )
+
+    return init
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """Tensors in a module output (tensor, tuple/list, dict or Hugging Face ModelOutput)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, tuple | list):
+        return [t for item in obj for t in _tensors(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in _tensors(item)]
+    return []

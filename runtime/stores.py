@@ -1,0 +1,217 @@
+"""Where a shard lives: one interface, one type per memory tier (the Infinity offload engine).
+
+A plan's placement picks a store *type* per state (`DeviceStore` for `gpu`, `HostStore` for `cpu`;
+the NVMe tier adds `NvmeStore` behind the same interface). Callers never check a placement flag:
+they `read` a shard to the compute device, `accumulate` a device tensor into a shard, `write` one
+back, and get a `Pending` they `wait()` on when they need the data.
+
+[Note: the CPU machine]
+Without CUDA the compute device *is* host memory: `gpu` means "tensors the compute uses directly"
+and `cpu` means "the host store". Reading a host shard to a CPU device is then the shard itself (no
+copy is made and no link bytes are counted), which is exactly what would happen on real hardware
+whose host memory is the device memory. On CUDA the host store is pinned and every transfer runs on
+a dedicated copy stream, so it overlaps the compute stream; consumers wait on an event.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from runtime.ledger import MemoryLedger, nbytes
+
+
+class Pending:
+    """A tensor that becomes valid after `wait()` (a finished copy, or a CUDA event on a copy stream)."""
+
+    __slots__ = ("_tensor", "_event", "_after", "fresh")
+
+    def __init__(self, tensor: torch.Tensor, event: torch.cuda.Event | None = None, after=None, *,  # noqa: ANN001
+                 fresh: bool = False) -> None:
+        self._tensor = tensor
+        self._event = event
+        self._after = after
+        """Callable run once the copy finished (e.g. add a staged gradient into its host shard)."""
+        self.fresh = fresh
+        """True when the tensor is a new buffer (a staged copy), False when it is the shard itself."""
+
+    def wait(self) -> torch.Tensor:
+        if self._event is not None:
+            if self._tensor.device.type == "cuda":
+                torch.cuda.current_stream(self._tensor.device).wait_event(self._event)
+            else:
+                self._event.synchronize()  # the host needs the bytes now
+            self._event = None
+        if self._after is not None:
+            after, self._after = self._after, None
+            after()
+        return self._tensor
+
+
+class CopyEngine:
+    """Host<->device copies on a side stream on CUDA; plain copies on CPU. Counts link bytes."""
+
+    def __init__(self, device: torch.device, link_bytes: dict[str, int]) -> None:
+        self.device = device
+        self.link_bytes = link_bytes
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, link: str) -> torch.cuda.Event | None:
+        """Start `dst.copy_(src)`; returns the event marking its end on CUDA (None when done)."""
+        if dst.device != src.device:
+            self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        if self._stream is None:
+            dst.copy_(src)
+            return None
+        # The copy must not start before the compute stream produced `src` (or stopped reading `dst`).
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            dst.copy_(src, non_blocking=True)
+            # Keep both alive until the copy stream is done with them (caching-allocator reuse).
+            for t in (dst, src):
+                if t.device.type == "cuda":
+                    t.record_stream(self._stream)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return event
+
+
+class ShardStore(ABC):
+    """Shards of one model state (`params`, `gradients` or `optimizer_states`) in one tier."""
+
+    tier: ClassVar[str]
+
+    def __init__(self, *, term: str, ledger: MemoryLedger, copier: CopyEngine) -> None:
+        self.term = term
+        self.ledger = ledger
+        self.copier = copier
+        self._shards: dict[str, torch.Tensor] = {}
+
+    @property
+    def compute_device(self) -> torch.device:
+        return self.copier.device
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def create(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Allocate a zeroed shard; returns it when resident in memory (every in-memory store)."""
+        assert key not in self._shards, f"shard {key} already exists in {type(self).__name__}"
+        shard = self._allocate(numel, dtype)
+        self._shards[key] = shard
+        self.ledger.add(self.tier, self.term, nbytes(shard))
+        return shard
+
+    def free(self, key: str) -> None:
+        shard = self._shards.pop(key)
+        self.ledger.sub(self.tier, self.term, nbytes(shard))
+
+    def keys(self) -> list[str]:
+        return list(self._shards)
+
+    def resident(self, key: str) -> torch.Tensor:
+        """The in-memory shard, for in-place updates where it lives (the optimizer step)."""
+        return self._shards[key]
+
+    # -- traffic ----------------------------------------------------------------------------
+    @abstractmethod
+    def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor: ...
+
+    @abstractmethod
+    def read(self, key: str, dtype: torch.dtype) -> Pending:
+        """The shard on the compute device in `dtype` (a view of the shard itself when it already is)."""
+
+    @abstractmethod
+    def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        """`shard[offset:offset + src.numel()] += src` for a compute-device tensor (arriving gradients)."""
+
+    @abstractmethod
+    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        """`shard[offset:offset + src.numel()] = src` (updated parameters, a step's first gradient)."""
+
+
+class DeviceStore(ShardStore):
+    """Shards in compute-device memory (`gpu` placement)."""
+
+    tier = "gpu"
+
+    def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(numel, dtype=dtype, device=self.compute_device)
+
+    def read(self, key: str, dtype: torch.dtype) -> Pending:
+        shard = self._shards[key]
+        return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
+
+    def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        shard = self._shards[key]
+        shard[offset : offset + src.numel()].add_(src.reshape(-1))
+        return Pending(shard)
+
+    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        self._shards[key][offset : offset + src.numel()].copy_(src.reshape(-1))
+        return Pending(self._shards[key])
+
+
+class HostStore(ShardStore):
+    """Shards in host memory (`cpu` placement); pinned on CUDA so copies run asynchronously."""
+
+    tier = "cpu"
+
+    def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        pin = self.compute_device.type == "cuda"
+        return torch.zeros(numel, dtype=dtype, pin_memory=pin)
+
+    def _on_host_device(self) -> bool:
+        return self.compute_device.type == "cpu"
+
+    def read(self, key: str, dtype: torch.dtype) -> Pending:
+        shard = self._shards[key]
+        if self._on_host_device():  # see [Note: the CPU machine]
+            return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
+        # Cast on the device after the copy: the link carries the stored width.
+        staged = torch.empty(shard.shape, dtype=shard.dtype, device=self.compute_device)
+        event = self.copier.copy(staged, shard, "h2d")
+        if dtype == shard.dtype:
+            return Pending(staged, event, fresh=True)
+        return _CastPending(Pending(staged, event), dtype)
+
+    def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        target = self._shards[key][offset : offset + src.numel()]
+        if self._on_host_device():
+            target.add_(src.reshape(-1))
+            return Pending(self._shards[key])
+        staging = torch.empty(src.numel(), dtype=src.dtype, pin_memory=True)
+        event = self.copier.copy(staging, src.reshape(-1), "d2h")
+        return Pending(self._shards[key], event, after=lambda: target.add_(staging))
+
+    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+        shard = self._shards[key]
+        target = shard[offset : offset + src.numel()]
+        if self._on_host_device():
+            target.copy_(src.reshape(-1))
+            return Pending(shard)
+        return Pending(shard, self.copier.copy(target, src.reshape(-1), "d2h"))
+
+
+class _CastPending(Pending):
+    """A staged copy followed by a cast on the compute device."""
+
+    __slots__ = ("_inner", "_dtype")
+
+    def __init__(self, inner: Pending, dtype: torch.dtype) -> None:
+        super().__init__(torch.empty(0), fresh=True)
+        self._inner = inner
+        self._dtype = dtype
+
+    def wait(self) -> torch.Tensor:
+        return self._inner.wait().to(self._dtype)
+
+
+STORE_TYPES: dict[str, type[ShardStore]] = {"gpu": DeviceStore, "cpu": HostStore}
+"""Placement tier -> store type. The NVMe tier registers `NvmeStore` here."""
+
+
+def make_store(tier: str, *, term: str, ledger: MemoryLedger, copier: CopyEngine) -> ShardStore:
+    if tier not in STORE_TYPES:
+        raise ValueError(f"placement {term}={tier} is not supported by this runtime yet; use gpu or cpu")
+    return STORE_TYPES[tier](term=term, ledger=ledger, copier=copier)

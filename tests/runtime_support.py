@@ -1,0 +1,144 @@
+"""Shared pieces of the runtime tests: tiny plans, tiny models, reference training, 2-rank runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+HARDWARE = json.loads((ROOT / "data" / "hardware" / "cpu-dev-2core.json").read_text())
+STEPS = 10
+BATCH = 4
+SEQ = 16
+VOCAB = 64
+ALL_CPU = {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"}
+ALL_DEVICE = {"params": "gpu", "gradients": "gpu", "optimizer_states": "gpu", "activation_checkpoints": "gpu"}
+
+
+def plan_doc(*, world_size: int = 1, placement: dict[str, str] | None = None, **knobs: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "model": {"num_layers": 2, "hidden_size": 32, "num_heads": 4, "seq_len": SEQ, "vocab_size": VOCAB},
+        "hardware": HARDWARE,
+        "num_gpus": world_size,
+        "precision": "fp32",
+        "checkpoint_interval": 0,
+        "placement": placement or ALL_DEVICE,
+    }
+    doc.update(knobs)
+    return doc
+
+
+def build_model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "gpt":
+        from runtime.gpt import GPT, GPTConfig
+
+        return GPT(GPTConfig(num_layers=2, hidden_size=32, num_heads=4, seq_len=SEQ, vocab_size=VOCAB))
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    raise AssertionError(kind)
+
+
+def batches(steps: int = STEPS) -> list[torch.Tensor]:
+    """Arithmetic sequences mod VOCAB (random start and stride): learnable within a few steps."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        start = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
+        stride = torch.randint(1, 4, (BATCH, 1), generator=g)
+        out.append((start + stride * torch.arange(SEQ + 1)) % VOCAB)
+    return out
+
+
+def _loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    # GPT takes shifted labels; Hugging Face models shift inside, so they get the inputs as labels.
+    from runtime.gpt import GPT
+
+    if isinstance(model, GPT):
+        return model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss
+    return model(input_ids=tokens[:, :-1], labels=tokens[:, :-1]).loss
+
+
+def reference_losses(kind: str, steps: int = STEPS) -> list[float]:
+    """Plain single-process PyTorch with torch.optim.AdamW on the global batch."""
+    model = build_model(kind)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    out = []
+    for tokens in batches(steps):
+        loss = _loss(model, tokens)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def sharded_losses(kind: str, plan: dict[str, Any], steps: int = STEPS, rank: int = 0, world_size: int = 1) -> list[float]:
+    import runtime
+
+    model = runtime.shard(build_model(kind), plan)
+    opt = runtime.AdamW(model, lr=1e-3, weight_decay=0.1)
+    out = []
+    for tokens in batches(steps):
+        loss = _loss(model, tokens.chunk(world_size)[rank])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        value = loss.detach().clone()
+        if world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(value)
+        out.append(value.item() / world_size)
+    return out
+
+
+def relative_errors(a: list[float], b: list[float]) -> list[float]:
+    assert len(a) == len(b)
+    return [abs(x - y) / abs(x) for x, y in zip(a, b, strict=True)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any], out_dir: str, module: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        import importlib
+
+        support = importlib.import_module(module)
+        results = [getattr(support, fn_name)(*case, rank=rank, world_size=world_size) for case in cases]
+        if rank == 0:
+            Path(out_dir, "results.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn_name: str, cases: list[tuple[Any, ...]], out_dir: Path, world_size: int = 2,
+                    module: str = "runtime_support") -> list[Any]:
+    """Run `module.fn_name(*case, rank=, world_size=)` for every case on `world_size` gloo ranks (one spawn)."""
+    mp.start_processes(_worker, args=(world_size, free_port(), fn_name, cases, str(out_dir), module), nprocs=world_size,
+                       start_method="spawn")
+    return json.loads(Path(out_dir, "results.json").read_text())

@@ -1,0 +1,96 @@
+"""Prefetch follows the recorded operator order, exactly, and survives a changed order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from runtime_support import ALL_CPU, plan_doc
+from torch import nn
+
+import runtime
+from runtime.prefetch import Phase, Prefetcher
+
+
+class FakeUnit:
+    def __init__(self, index: int, log: list[tuple[str, int]]) -> None:
+        self.index, self.log = index, log
+
+    def start_gather(self, *, prefetch: bool) -> None:
+        assert prefetch
+        self.log.append(("gather", self.index))
+
+    def stage(self) -> None:
+        self.log.append(("stage", self.index))
+
+
+def _run(prefetcher: Prefetcher, order: list[int], log: list) -> list:
+    log.clear()
+    for i in order:
+        log.append(("use", i))
+        prefetcher.on_use(Phase.FORWARD, i)
+    prefetcher.end_phase(Phase.FORWARD)
+    return list(log)
+
+
+def test_first_step_records_then_prefetches_at_depth() -> None:
+    log: list = []
+    p = Prefetcher([FakeUnit(i, log) for i in range(4)], depth=2)
+    assert _run(p, [0, 1, 2, 3], log) == [("use", 0), ("use", 1), ("use", 2), ("use", 3)]
+    assert _run(p, [0, 1, 2, 3], log) == [
+        ("use", 0), ("gather", 1), ("stage", 2),
+        ("use", 1), ("gather", 2), ("stage", 3),
+        ("use", 2), ("gather", 3),
+        ("use", 3),
+    ]
+
+
+def test_changed_order_stops_prefetching_and_is_learned() -> None:
+    log: list = []
+    p = Prefetcher([FakeUnit(i, log) for i in range(4)], depth=1)
+    _run(p, [0, 1, 2, 3], log)
+    assert _run(p, [0, 2, 3], log) == [("use", 0), ("gather", 1), ("use", 2), ("use", 3)]
+    assert p.num_order_changes == 1
+    assert p.recorded(Phase.FORWARD) == [0, 2, 3]
+    assert _run(p, [0, 2, 3], log) == [("use", 0), ("gather", 2), ("use", 2), ("gather", 3), ("use", 3)]
+
+
+def test_depth_zero_never_prefetches() -> None:
+    log: list = []
+    p = Prefetcher([FakeUnit(i, log) for i in range(3)], depth=0)
+    _run(p, [0, 1, 2], log)
+    assert _run(p, [0, 1, 2], log) == [("use", 0), ("use", 1), ("use", 2)]
+
+
+class Branchy(nn.Module):
+    """Takes a data-dependent branch: the operator order changes from step to step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, skip: int) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if i != skip:
+                x = torch.tanh(block(x))
+        return x.square().mean()
+
+
+def test_model_with_changing_order_trains_like_plain_pytorch() -> None:
+    torch.manual_seed(0)
+    ref = Branchy()
+    torch.manual_seed(0)
+    model = runtime.shard(Branchy(), plan_doc(placement=ALL_CPU, prefetch_depth=2))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = runtime.AdamW(model, lr=1e-2)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    for skip in (1, 1, 2, 2, 0, 3):
+        expected = ref(x, skip)
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        got = model(x, skip)
+        got.backward()
+        opt.step()
+        opt.zero_grad()
+        assert got.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert runtime.state_of(model).prefetcher.num_order_changes >= 3
