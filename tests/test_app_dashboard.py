@@ -41,7 +41,10 @@ def app(monkeypatch, tmp_path):
 
 def expected_best(model="1T", hardware="dgx-h100", gpus=16, node=None, **kw):
     node = node or resolve_hardware(hardware)
-    return search(SearchRequest(model=resolve_model(model), node=node, num_gpus=gpus, **kw)).best
+    # The page ranks by simulation by default, as `planner fit` does.
+    from planner.sim.refine import refine
+
+    return refine(search(SearchRequest(model=resolve_model(model), node=node, num_gpus=gpus, **kw))).best
 
 
 def metrics(at) -> dict[str, str]:
@@ -107,7 +110,9 @@ def test_strategies_panel_shows_every_strategy(app):
     assert len(panel.get("vega_lite_chart")) == 1
     table = panel.dataframe[0].value
     node = resolve_hardware("dgx-h100")
-    expected = strategies_frame(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16)))
+    from planner.sim.refine import refine
+
+    expected = strategies_frame(refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16))))
     assert list(table["strategy"]) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "custom"]
     assert list(table["fits"]) == list(expected["fits"])
     assert list(table["TFLOPS/GPU"]) == list(expected["TFLOPS/GPU"])
@@ -122,7 +127,8 @@ def test_timeline_panel_shows_the_simulation(app):
     best = expected_best()
     sim = simulate(best).prediction
     comparison = panel.dataframe[0].value.set_index("")
-    assert comparison.loc["iteration time", "analytic"] == report.fmt_seconds(best.prediction.iteration_time_s)
+    analytic = predict(best.replace(prediction=None)).prediction
+    assert comparison.loc["iteration time", "analytic"] == report.fmt_seconds(analytic.iteration_time_s)
     assert comparison.loc["iteration time", "simulated"] == report.fmt_seconds(sim.iteration_time_s)
     assert comparison.loc["bottleneck", "simulated"] == sim.bottleneck
     utilisation, memory_over_time = (json.loads(c.proto.spec) for c in panel.get("vega_lite_chart"))
@@ -192,7 +198,12 @@ def test_twice_the_nvme_write_bandwidth_changes_the_answer(app):
 def test_ranking_by_simulation_reports_what_planner_fit_reports(app):
     from planner.sim.refine import refine
 
+    # Default: ranked by simulation, as `planner fit`; switched off, the analytic estimate ranks.
+    app.sidebar.toggle(key="refine").set_value(False).run()
+    no_errors(app)
+    analytic_best = search(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16)).best
     assert "analytic estimate" in app.caption[1].value
+    assert metrics(app)["Iteration time"] == report.fmt_seconds(analytic_best.prediction.iteration_time_s)
     app.sidebar.toggle(key="refine").set_value(True).run()
     no_errors(app)
     node = resolve_hardware("dgx-h100")
@@ -231,7 +242,9 @@ def test_explicit_shape_and_sequence_length(app):
     no_errors(app)
     assert "custom (40 layers x hidden 5120): 40 layers x hidden 5120, 40 heads, seq 2048" in app.caption[0].value
     model = resolve_model(None, layers=40, hidden=5120, heads=40, seq=2048)
-    best = search(SearchRequest(model=model, node=resolve_hardware("dgx-h100"), num_gpus=16)).best
+    from planner.sim.refine import refine
+
+    best = refine(search(SearchRequest(model=model, node=resolve_hardware("dgx-h100"), num_gpus=16))).best
     assert metrics(app)["TFLOPS per GPU"] == f"{best.prediction.tflops_per_gpu:,.1f}"
 
 
