@@ -380,8 +380,9 @@ def _write_json(path: Path, doc) -> None:
 
 
 # -- command modules --
-from planner import cli_probe, cli_run, cli_sim  # noqa: E402
+from planner import cli_app, cli_probe, cli_run, cli_sim  # noqa: E402
 
+cli_app.register(app)
 cli_sim.register(app)
 cli_probe.register(app)
 cli_run.register(app)

@@ -9,7 +9,7 @@ from planner.catalog import shape_for_params
 from planner.hardware import NodeSpec
 from planner.model import ModelSpec
 from planner.plan import Plan
-from planner.search import SearchRequest, search
+from planner.search import SearchRequest, any_fits, search
 
 MIN_PARAMS = 10**7
 MAX_PARAMS = 10**17
@@ -22,31 +22,40 @@ class MaxSize:
     max_params: int
     model: ModelSpec | None
     plan: Plan | None
-    """The best plan for that model (batch 1 per GPU), or None when even the smallest does not fit."""
+    """The best plan for that model (batch 1 per GPU); None when even the smallest does not fit, or
+    when it was not asked for (`with_plan=False`)."""
 
 
 def _size_label(num_params: int) -> str:
     return f"{num_params / 1e12:.3g}T" if num_params >= 10**12 else f"{num_params / 1e9:.3g}B"
 
 
-def _best_plan(num_params: int, strategy: str, node: NodeSpec, num_gpus: int, seq_len: int) -> Plan | None:
+def _request(num_params: int, strategy: str, node: NodeSpec, num_gpus: int, seq_len: int) -> SearchRequest:
     model = shape_for_params(num_params, seq_len=seq_len, label=_size_label(num_params))
-    request = SearchRequest(model=model, node=node, num_gpus=num_gpus, strategy=strategy, micro_batch_per_gpu=1)
-    return search(request).best
+    return SearchRequest(model=model, node=node, num_gpus=num_gpus, strategy=strategy, micro_batch_per_gpu=1)
 
 
-def max_size(strategy: str, node: NodeSpec, num_gpus: int, *, seq_len: int = 1024) -> MaxSize:
-    """Bisect on the parameter count (shapes by the catalog's shape rule) to 1% precision."""
-    lo_plan = _best_plan(MIN_PARAMS, strategy, node, num_gpus, seq_len)
-    if lo_plan is None:
+def max_size(strategy: str, node: NodeSpec, num_gpus: int, *, seq_len: int = 1024, with_plan: bool = True) -> MaxSize:
+    """Bisect on the parameter count (shapes by the catalog's shape rule) to 1% precision.
+
+    Each step asks only whether anything fits ([Note: least-memory candidate] in planner/search.py);
+    the full search runs once, for the largest size found, unless `with_plan` is False (curves of
+    many points, e.g. the dashboard's, need only the size).
+    """
+    if not any_fits(_request(MIN_PARAMS, strategy, node, num_gpus, seq_len)):
         return MaxSize(strategy=strategy, max_params=0, model=None, plan=None)
     lo, hi = math.log(MIN_PARAMS), math.log(MAX_PARAMS)
-    best = lo_plan
+    largest = MIN_PARAMS
     while hi - lo > math.log1p(RELATIVE_PRECISION):
         mid = (lo + hi) / 2
-        plan = _best_plan(round(math.exp(mid)), strategy, node, num_gpus, seq_len)
-        if plan is None:
-            hi = mid
+        count = round(math.exp(mid))
+        if any_fits(_request(count, strategy, node, num_gpus, seq_len)):
+            lo, largest = mid, count
         else:
-            lo, best = mid, plan
+            hi = mid
+    request = _request(largest, strategy, node, num_gpus, seq_len)
+    if not with_plan:
+        return MaxSize(strategy=strategy, max_params=request.model.num_params, model=request.model, plan=None)
+    best = search(request).best
+    assert best is not None, "any_fits and search disagree"
     return MaxSize(strategy=strategy, max_params=best.model.num_params, model=best.model, plan=best)

@@ -33,6 +33,7 @@ PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 DEFAULT_OPTIMIZER_CHUNK_BYTES = 256 * 1024**2
 DEFAULT_NUM_OPTIMIZER_BUFFERS = 3  # read k+1, update k, write k-1 (METHOD.md §4.3)
 DEFAULT_NVME_BLOCK_BYTES = 1024**2
+MAX_TILING_FACTOR = 4096
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -225,7 +226,7 @@ class Plan:
         string(self.precision, "precision", choices=PRECISIONS)
         number(self.micro_batch_per_gpu, "micro_batch_per_gpu", exclusive_minimum=0, maximum=1_000_000)
         number(self.checkpoint_interval, "checkpoint_interval", minimum=0, maximum=self.model.num_layers, integer=True)
-        number(self.tiling_factor, "tiling_factor", minimum=1, maximum=4096, integer=True)
+        number(self.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
         number(self.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
         number(self.model_parallel_degree, "model_parallel_degree", minimum=1, maximum=1024, integer=True)
         number(self.optimizer_chunk_bytes, "optimizer_chunk_bytes", minimum=4096, maximum=2**40, integer=True)

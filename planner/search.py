@@ -17,7 +17,7 @@ from planner.errors import PlannerError
 from planner.hardware import Cluster, NodeSpec
 from planner.memory import memory_bill, min_tiling_factor
 from planner.model import ModelSpec
-from planner.plan import STATES, STRATEGY_TABLE, Placement, Plan, Prediction
+from planner.plan import MAX_TILING_FACTOR, STATES, STRATEGIES, STRATEGY_TABLE, Placement, Plan, Prediction
 from planner.throughput import estimate
 
 CHECKPOINT_INTERVALS = (1, 2, 4, 0)
@@ -196,6 +196,52 @@ def search(request: SearchRequest) -> SearchResult:
     return SearchResult(request=request, ranked=ranked, rejected=rejected, num_evaluated=evaluated)
 
 
+def any_fits(request: SearchRequest) -> bool:
+    """Whether `search(request)` finds any feasible plan, at a small fraction of its cost.
+
+    [Note: least-memory candidate]
+    Every memory term, and the largest single allocation, is non-decreasing in the prefetch depth
+    and in the micro-batch, and non-increasing in the tiling factor (each per-operator buffer is
+    divided by it). So a (placement, model-parallel degree, checkpoint interval) fits at some depth,
+    tiling and batch the search tries exactly when it fits at the shallowest depth, the largest
+    tiling and the smallest batch. `max_size` bisects on this; tests/test_app_library.py checks the
+    equivalence with `search`.
+    """
+    cluster = Cluster(node=request.node, num_gpus=request.num_gpus)
+    placements = candidate_placements(request.strategy, request.placement_pins)
+    shallowest = min(_prefetch_depths(request))
+    for (strategy, placement), mp in itertools.product(placements, _model_parallel_degrees(request, cluster)):
+        for ci in _checkpoint_intervals(request):
+            base = Plan(
+                model=request.model,
+                node=cluster.node,
+                num_gpus=request.num_gpus,
+                strategy=strategy,
+                placement=placement,
+                micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / mp,
+                checkpoint_interval=ci,
+                prefetch_depth=shallowest,
+                model_parallel_degree=mp,
+                precision=request.precision,
+            )
+            if memory_bill(base.replace(tiling_factor=max(_tilings(request, base)))).fits:
+                return True
+    return False
+
+
+def best_by_strategy(result: SearchResult) -> dict[str, Plan]:
+    """Strategy name -> its fastest feasible plan, or its rejected plan (with the reason) if none fits.
+
+    Free placements are grouped under `custom`. Strategies the search did not consider are absent.
+    """
+    best: dict[str, Plan] = {}
+    for plan in result.ranked:  # best first
+        best.setdefault(plan.strategy, plan)
+    for plan in result.rejected:
+        best.setdefault(plan.strategy, plan)
+    return {name: best[name] for name in STRATEGIES if name in best}
+
+
 def _rank_key(plan: Plan) -> tuple[float, ...]:
     pred = plan.prediction
     assert pred is not None and pred.feasible
@@ -229,4 +275,6 @@ def _tilings(request: SearchRequest, base: Plan) -> Iterable[int]:
     if request.tiling_factor is not None:
         return (request.tiling_factor,)
     start = min_tiling_factor(base)
-    return tuple(start * 2**k for k in range(MAX_TILING_DOUBLINGS + 1))
+    # A model too wide for the largest free block even at the most tiles a plan allows is tried at
+    # that many, so it comes back rejected with the allocation as its reason instead of an error.
+    return tuple(sorted({min(start * 2**k, MAX_TILING_FACTOR) for k in range(MAX_TILING_DOUBLINGS + 1)}))

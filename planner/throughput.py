@@ -208,16 +208,8 @@ def estimate(plan: Plan) -> Estimate:
         backward = compute_bwd + fetch_bwd + grads_time + ckpt_bwd + tp_bwd
     iteration = forward + backward + optimizer
     bottleneck = max(components, key=lambda k: components[k])
-    ait_params = tokens  # eq. 9
-    eff = {
-        "params_and_gradients": efficiency(ait_params, _state_bandwidth(place.params, bw), node.gpu_flops_per_s),
-        "optimizer_states": efficiency(ait_params / 4, _state_bandwidth(place.optimizer_states, bw), node.gpu_flops_per_s),
-        "activation_checkpoints": efficiency(
-            24 * m.hidden_size * max(1, plan.checkpoint_interval),
-            _state_bandwidth(place.activation_checkpoints, bw),
-            node.gpu_flops_per_s,
-        ),  # eq. 11
-    }
+    ait, state_bw = arithmetic_intensity(plan), state_bandwidths(plan)
+    eff = {state: efficiency(ait[state], state_bw[state], node.gpu_flops_per_s) for state in EFFICIENCY_STATES}
     return Estimate(
         iteration_time_s=iteration,
         phase_time_s=dict(zip(PHASES, (forward, backward, optimizer), strict=True)),
@@ -228,6 +220,28 @@ def estimate(plan: Plan) -> Estimate:
         tokens_per_s=plan.tokens_per_iteration / iteration,
         efficiency_no_overlap=eff,
     )
+
+
+EFFICIENCY_STATES: tuple[str, ...] = ("params_and_gradients", "optimizer_states", "activation_checkpoints")
+"""The three kinds of traffic of paper §4 (Fig. 2 a-c), in the order the paper plots them."""
+_TIER_OF = {"params_and_gradients": "params", "optimizer_states": "optimizer_states",
+            "activation_checkpoints": "activation_checkpoints"}
+
+
+def arithmetic_intensity(plan: Plan) -> dict[str, float]:
+    """Flops per byte moved for each kind of traffic (paper §4, eq. 9-11), per GPU."""
+    tokens = plan.micro_batch_per_gpu * plan.model.seq_len
+    return {
+        "params_and_gradients": tokens,  # eq. 9: seq x bsz
+        "optimizer_states": tokens / 4,  # eq. 10: seq x bsz / 4
+        "activation_checkpoints": 24 * plan.model.hidden_size * max(1, plan.checkpoint_interval),  # eq. 11
+    }
+
+
+def state_bandwidths(plan: Plan) -> dict[str, float]:
+    """Per-GPU bandwidth (bytes/s) each kind of traffic gets on the tier its state lives on (GPU: inf)."""
+    bw = bandwidths(plan)
+    return {state: _state_bandwidth(getattr(plan.placement, _TIER_OF[state]), bw) for state in EFFICIENCY_STATES}
 
 
 def _state_bandwidth(tier: str, bw: Bandwidths) -> float:

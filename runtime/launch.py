@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0 and args.profile_out:
         profile.save(args.profile_out)
     if world_size > 1:
+        dist.barrier()  # no rank tears down gloo/NCCL pairs while a peer still uses them
         dist.destroy_process_group()
     return 0
 

@@ -132,6 +132,9 @@ def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any
         results = [getattr(support, fn_name)(*case, rank=rank, world_size=world_size) for case in cases]
         if rank == 0:
             Path(out_dir, "results.json").write_text(json.dumps(results))
+        # Both ranks are done with every collective before either tears its groups down: a rank
+        # that destroys gloo's pairs while its peer is still using them can abort the peer.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

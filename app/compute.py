@@ -1,0 +1,45 @@
+"""Cached calls into the planner library ([Note: dashboard caching keys] in app/state.py).
+
+Nothing here computes a number of its own: each function rebuilds specs from its hashable key and
+calls the library.
+"""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from app.state import Inputs, node_spec, search_request
+from planner.max_size import max_size
+from planner.plan import Plan
+from planner.search import SearchResult, predict, search
+
+CACHE_ENTRIES = 64
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES, show_spinner="Searching placements...")
+def search_result(inputs_json: str) -> SearchResult:
+    """The analytic search (paper §4), or with `refine` its top placements re-ranked by the simulator
+    exactly as `planner fit` reports them."""
+    inputs = Inputs.from_json(inputs_json)
+    result = search(search_request(inputs))
+    if inputs.refine:
+        from planner.sim.refine import refine
+
+        result = refine(result)
+    return result
+
+
+def analytic(plan: Plan) -> Plan:
+    """The plan with its analytic prediction (memory bill, eq. 6 efficiencies), whichever method ranked it."""
+    assert plan.prediction is not None
+    return plan if plan.prediction.method == "analytic" else predict(plan.replace(prediction=None))
+
+
+@st.cache_data(max_entries=16 * CACHE_ENTRIES, show_spinner=False)  # one int per curve point
+def max_params(strategy: str, hardware_key: str, num_gpus: int, seq_len: int) -> int:
+    """Largest trainable parameter count (0: not even the smallest model fits)."""
+    hardware, overrides = json.loads(hardware_key)
+    node = node_spec(hardware, tuple((k, v) for k, v in overrides))
+    return max_size(strategy, node, num_gpus, seq_len=seq_len, with_plan=False).max_params

@@ -1,0 +1,63 @@
+"""Tierwise what-if dashboard: `planner dashboard` or `streamlit run app/dashboard.py`.
+
+A thin page over the `planner` library (DESIGN.md principle 9): the sidebar produces one `Inputs`
+value, cached library calls answer it (app/compute.py), and each panel draws one result.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import compute
+from app.panels import bandwidth, history, memory, scale, strategies, timeline, verdict
+from app.sidebar import read_sidebar
+from app.state import Inputs, model_spec, node_spec
+from planner.errors import PlannerError
+from planner.hardware import NodeSpec
+from planner.model import ModelSpec
+from planner.plan import Plan
+
+TABS = ("Memory per tier", "Strategies", "Timeline", "Bandwidth (eq. 6)", "Largest model", "Predicted vs measured")
+
+
+def main() -> None:
+    st.set_page_config(page_title="Tierwise what-if", layout="wide")
+    st.title("Tierwise: what fits, where, and how fast")
+    inputs = read_sidebar()
+    try:
+        model, node = model_spec(inputs), node_spec(inputs.hardware, inputs.overrides)
+        result = compute.search_result(inputs.to_json())
+    except PlannerError as exc:
+        st.error(str(exc))  # one line naming the value, as the CLI prints it; never a traceback
+        return
+    plan = verdict.render(result)
+    # Lazy tabs: only the open panel runs, so an interaction pays for what is on screen.
+    tabs = dict(zip(TABS, st.tabs(TABS, key="panel", on_change="rerun"), strict=True))
+    for label, tab in tabs.items():
+        if tab.open is False:
+            continue
+        with tab:
+            try:
+                _render_panel(label, inputs, plan, model, node)
+            except PlannerError as exc:
+                st.error(str(exc))
+
+
+def _render_panel(label: str, inputs: Inputs, plan: Plan | None, model: ModelSpec, node: NodeSpec) -> None:
+    if label == "Strategies":  # every strategy: the same question with the placement left free
+        strategies.render(compute.search_result(inputs.unpinned().to_json()))
+    elif label == "Largest model":
+        scale.render(inputs, node, model.seq_len, model.num_params)
+    elif label == "Predicted vs measured":
+        history.render()
+    elif plan is None:
+        return
+    elif label == "Memory per tier":
+        memory.render(plan)
+    elif label == "Timeline":
+        timeline.render(compute.analytic(plan))
+    elif label == "Bandwidth (eq. 6)":
+        bandwidth.render(compute.analytic(plan))
+
+if __name__ == "__main__":  # `streamlit run` and AppTest run the file as __main__
+    main()

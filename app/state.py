@@ -1,0 +1,115 @@
+"""What the user asked (the sidebar) as one frozen, hashable value, and the specs it resolves to.
+
+[Note: dashboard caching keys]
+Streamlit reruns the whole script on every interaction. The expensive library calls (the search,
+the largest-model curves, the simulation) are cached on the *inputs*, not on the specs: `Inputs` is
+made of strings, numbers and tuples only, so its JSON is a stable cache key, and the specs are
+rebuilt from it inside the cached function (by the library's own resolvers and validators). A bad
+value therefore raises `PlannerError` inside the cached call, is not cached, and the page shows its
+one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from planner.catalog import DEFAULT_HARDWARE, hardware_presets, resolve_model
+from planner.hardware import NVME_READ_WRITE, NodeSpec
+from planner.model import ModelSpec
+from planner.plan import STATES
+from planner.search import SearchRequest
+
+DEFAULT_MODEL = "1T"
+DEFAULT_GPUS = 16
+CHOICE_KEYS: dict[str, tuple[str, ...]] = {"nvme_read_write": NVME_READ_WRITE}
+"""Hardware document keys that take one of a few words rather than a number."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inputs:
+    """Everything the sidebar sets. None means "search it" (or "the model's own" for `seq_len`)."""
+
+    model: str | None = DEFAULT_MODEL
+    """Size shorthand, preset name or file; None when the shape is given explicitly."""
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    seq_len: int | None = None
+    hardware: str = DEFAULT_HARDWARE
+    overrides: tuple[tuple[str, float | str], ...] = ()
+    """Hardware document keys (`nvme_read_gb_per_s`, ...) whose value differs from the preset."""
+    num_gpus: int = DEFAULT_GPUS
+    micro_batch_per_gpu: float | None = None
+    strategy: str | None = None
+    placement_pins: tuple[tuple[str, str], ...] = field(default=())
+    model_parallel_degree: int | None = 1
+    precision: str = "bf16"
+    refine: bool = False
+    """Re-rank the top placements by simulation, as `planner fit` does (slower: see docs/dashboard.md)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Inputs:
+        doc: dict[str, Any] = json.loads(text)
+        doc["overrides"] = tuple((k, v) for k, v in doc["overrides"])
+        doc["placement_pins"] = tuple((k, v) for k, v in doc["placement_pins"])
+        return cls(**doc)
+
+    def unpinned(self) -> Inputs:
+        """The same question with placement left to the search: every strategy gets considered."""
+        return replace(self, strategy=None, placement_pins=())
+
+    def hardware_key(self) -> str:
+        return json.dumps([self.hardware, list(self.overrides)])
+
+
+def model_spec(inputs: Inputs) -> ModelSpec:
+    return resolve_model(
+        inputs.model, layers=inputs.num_layers, hidden=inputs.hidden_size, heads=inputs.num_heads, seq=inputs.seq_len
+    )
+
+
+def preset_document(hardware: str) -> dict[str, Any]:
+    return hardware_presets()[hardware.lower()].to_dict()
+
+
+def node_spec(hardware: str, overrides: tuple[tuple[str, float | str], ...]) -> NodeSpec:
+    """The preset with the overridden document keys; the library validates and converts units."""
+    preset = hardware_presets()[hardware.lower()]
+    if not overrides:
+        return preset
+    doc = preset.to_dict()
+    doc.update(dict(overrides))
+    doc["name"] = f"{preset.name} (modified: {', '.join(k for k, _ in overrides)})"
+    return NodeSpec.from_dict(doc, "hardware overrides")
+
+
+def search_request(inputs: Inputs) -> SearchRequest:
+    return SearchRequest(
+        model=model_spec(inputs),
+        node=node_spec(inputs.hardware, inputs.overrides),
+        num_gpus=inputs.num_gpus,
+        strategy=inputs.strategy,
+        placement_pins=dict(inputs.placement_pins),
+        micro_batch_per_gpu=inputs.micro_batch_per_gpu,
+        model_parallel_degree=inputs.model_parallel_degree,
+        precision=inputs.precision,
+    )
+
+
+def overridable_keys(hardware: str) -> list[str]:
+    """Every number of the hardware document, and its choices (NVMe read/write sharing)."""
+    doc = preset_document(hardware)
+    return [
+        k for k, v in doc.items()
+        if k in CHOICE_KEYS or (isinstance(v, int | float) and not isinstance(v, bool))
+    ]
+
+
+def pins_from(choices: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """Sidebar placement choices (`auto` or a tier per state) -> the search's pins."""
+    return tuple((state, choices[state]) for state in STATES if choices.get(state, "auto") != "auto")
