@@ -36,9 +36,11 @@ def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     if plan.model_parallel_degree != 1:
         raise PlannerError(f"model_parallel_degree {plan.model_parallel_degree} is not supported by the runtime "
                            "(data parallel ZeRO-3 only); set it to 1")
-    on_nvme = [s for s, tier in plan.placement.to_dict().items() if tier == "nvme"]
-    if on_nvme:
-        raise PlannerError(f"placement {', '.join(on_nvme)}=nvme is not yet supported by the runtime; use gpu or cpu")
+    from runtime.nvme.placement import nvme_placement_problem  # torch-free
+
+    nvme_problem = nvme_placement_problem(plan)
+    if nvme_problem is not None:
+        raise PlannerError(nvme_problem)
     # With one data-parallel rank nothing is split, so every strategy is the same execution.
     if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
         raise PlannerError(f"strategy {plan.strategy} keeps model states replicated; the runtime runs ZeRO-3 "

@@ -127,6 +127,8 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, 
         gathered = [None] * world_size
         dist.all_gather_object(gathered, (local, extra))
     num_params = sum(u.layout.numel for u in state.units)
+    optimizer.close()
+    state.close()  # swap files of an NVMe placement go now, not at interpreter exit
     return build_profile(plan, gathered, losses, args.warmup_steps, device=str(device), num_params_run=num_params)
 
 

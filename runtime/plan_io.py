@@ -17,6 +17,7 @@ import torch
 from planner.errors import PlannerError
 from planner.plan import Placement, Plan, load_plan
 from planner.units import GIB
+from runtime.nvme.placement import nvme_placement_problem
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -66,14 +67,9 @@ def check_executable(plan: Plan, *, world_size: int) -> None:
             f"model_parallel_degree {plan.model_parallel_degree} is not supported: this runtime is data parallel "
             "(ZeRO-3) only; set model_parallel_degree to 1"
         )
-    if plan.placement.activation_checkpoints == "nvme":
-        raise PlanNotExecutable("placement activation_checkpoints=nvme is not supported by the runtime; use gpu or cpu")
-    if plan.uses_nvme and not plan.nvme_path:
-        raise PlanNotExecutable("the plan places states on nvme but sets no nvme_path; set nvme_path to a directory "
-                                "on an NVMe drive")
-    if plan.placement.optimizer_states == "nvme" and plan.precision == "fp16":
-        raise PlanNotExecutable("precision fp16 with optimizer_states=nvme is not supported (the streamed optimizer "
-                                "step has no overflow check); use bf16 or fp32, or optimizer_states=cpu")
+    nvme_problem = nvme_placement_problem(plan)
+    if nvme_problem is not None:
+        raise PlanNotExecutable(nvme_problem)
     # With one data-parallel rank nothing is split, so every strategy is the same execution.
     if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
         raise PlanNotExecutable(

@@ -70,7 +70,9 @@ def _planner(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("knobs", "message"), [
-    ({"placement": {**ALL_CPU, "params": "nvme", "optimizer_states": "nvme"}, "nvme_path": "/tmp"}, "not yet supported"),
+    ({"placement": {**ALL_CPU, "params": "nvme", "optimizer_states": "nvme"}}, "sets no nvme_path"),
+    ({"placement": {**ALL_CPU, "activation_checkpoints": "nvme"}, "nvme_path": "/tmp"},
+     "activation_checkpoints=nvme is not supported"),
     ({"num_gpus": 2}, "--nproc 1 x 1 node(s) starts 1 process(es)"),
 ])
 def test_run_refuses_what_the_runtime_cannot_execute(tmp_path: Path, knobs: dict, message: str) -> None:

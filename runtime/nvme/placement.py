@@ -1,0 +1,22 @@
+"""What of an `nvme` placement the runtime cannot run, checked without torch (the CLI's precheck
+and the runtime's `plan_io` share it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def nvme_placement_problem(plan: Any) -> str | None:
+    """A one-line reason why the runtime cannot run this plan's NVMe placement, or None.
+
+    `plan` is a `planner.plan.Plan` (duck-typed: this package does not import the planner)."""
+    place = plan.placement
+    if place.activation_checkpoints == "nvme":
+        return "placement activation_checkpoints=nvme is not supported by the runtime; use gpu or cpu"
+    on_nvme = "nvme" in (place.params, place.gradients, place.optimizer_states)
+    if on_nvme and not plan.nvme_path:
+        return "the plan places states on nvme but sets no nvme_path; set nvme_path to a directory on an NVMe drive"
+    if place.optimizer_states == "nvme" and plan.precision == "fp16":
+        return ("precision fp16 with optimizer_states=nvme is not supported (the streamed optimizer step has no "
+                "overflow check); use bf16 or fp32, or optimizer_states=cpu")
+    return None
