@@ -161,6 +161,12 @@ def main() -> None:
               "ours-nvme / ours-cpu step time (median of paired ratios)": statistics.median(
                   a / b for r in runs for a, b in zip(r["step_time_s"]["ours-nvme"], r["step_time_s"]["ours-cpu"],
                                                       strict=True))}
+    # On a CPU-only machine compute alone outlasts the I/O, so the step cannot approach the roofline;
+    # the time NVMe adds over the same step in host memory (paired steps) is the exposed I/O.
+    exposed = [a - b for r in runs for a, b in zip(r["step_time_s"]["ours-nvme"], r["step_time_s"]["ours-cpu"],
+                                                    strict=True)]
+    ratios["(ours-nvme - ours-cpu) step time / I/O roofline (median of paired differences)"] = (
+        statistics.median(exposed) / roofline_s)
     if "deepspeed-nvme" in summary:
         ratios["ours-nvme / deepspeed-nvme step time (median of paired ratios)"] = statistics.median(
             a / b for r in runs for a, b in zip(r["step_time_s"]["ours-nvme"], r["step_time_s"]["deepspeed-nvme"],
@@ -199,6 +205,11 @@ def write_results(doc: dict) -> None:
     lines += [f"| {name} | {v['median_step_time_s']:.3f} | {v['min_step_time_s']:.3f} |" for name, v in s.items()]
     lines += ["", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in doc["ratios"].items()]
+    lines += ["", "Targets (issue 5): ours-nvme / deepspeed-nvme <= 0.75 and ours-nvme step / I/O roofline <= 1.2. "
+              "On this 2-core CPU-only machine the compute of the step alone (ours-cpu) is longer than the I/O "
+              "roofline, so the second ratio is bounded below by ours-cpu / roofline; the exposed-I/O row is the "
+              "NVMe cost that overlap could still hide. `ours-nvme` and `ours-cpu` losses agree bit for bit "
+              "(also pinned by tests/test_nvme_training.py)."]
     if doc.get("deepspeed_nvme_error"):
         lines += ["", "DeepSpeed's NVMe offload did not run on this machine; its error (last lines):", "", "```",
                   *doc["deepspeed_nvme_error"].strip().splitlines()[-12:], "```"]

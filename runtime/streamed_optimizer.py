@@ -61,9 +61,10 @@ class StreamedAdamW:
         self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel, num_buffers=plan.num_optimizer_buffers)
         state.ledger.add("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
         store: ShardStore = state.optimizer_store
+        self.units = {u.key: u for u in state.units}
         self.numels: dict[str, int] = {}
         for k in keys:
-            unit = next(u for u in state.units if u.key == k)
+            unit = self.units[k]
             self.numels[k] = unit.layout.shard_numel
             for name in ("exp_avg", "exp_avg_sq"):
                 store.create(f"{name}:{k}", unit.layout.shard_numel, torch.float32)  # zeros, like torch's lazy init
@@ -74,7 +75,7 @@ class StreamedAdamW:
     def step(self, live_keys: list[str]) -> None:
         st = self.state
         for k in live_keys:
-            next(u for u in st.units if u.key == k).settle_grads()
+            self.units[k].settle_grads()
         chunks = [_Chunk(k, s, min(self.chunk_numel, self.numels[k] - s))
                   for k in live_keys for s in range(0, self.numels[k], self.chunk_numel)]
         stepped: set[str] = set()
