@@ -73,7 +73,6 @@ class StreamedAdamW:
         """Per-unit step count (torch keeps one per parameter; a unit is stepped as one)."""
 
     def step(self, live_keys: list[str]) -> None:
-        st = self.state
         for k in live_keys:
             self.units[k].settle_grads()
         chunks = [_Chunk(k, s, min(self.chunk_numel, self.numels[k] - s))
