@@ -95,7 +95,7 @@ def prediction_table(plan: Plan) -> Table:
 def candidates_table(plans: list[Plan], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("strategy", "params", "grads", "optimizer", "ckpts", "batch/GPU", "ci", "tiling", "prefetch",
-                "TFLOPS/GPU", "iteration", "bottleneck"):
+                "TFLOPS/GPU", "iteration", "bottleneck", "predicted by"):
         table.add_column(col)
     for plan in plans:
         pred = plan.prediction
@@ -105,6 +105,7 @@ def candidates_table(plans: list[Plan], title: str) -> Table:
             plan.strategy, p.params, p.gradients, p.optimizer_states, p.activation_checkpoints,
             f"{plan.micro_batch_per_gpu:g}", str(plan.checkpoint_interval), str(plan.tiling_factor),
             str(plan.prefetch_depth), f"{pred.tflops_per_gpu:,.1f}", fmt_seconds(pred.iteration_time_s), pred.bottleneck,
+            pred.method,
         )
     return table
 
