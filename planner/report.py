@@ -124,4 +124,4 @@ def console() -> Console:
     import shutil
 
     # Wide enough for the tables when piped (rich would otherwise assume 80 columns).
-    return Console(width=max(140, shutil.get_terminal_size((140, 40)).columns), soft_wrap=False)
+    return Console(width=max(160, shutil.get_terminal_size((160, 40)).columns), soft_wrap=False)
