@@ -126,8 +126,9 @@ def fit(
         chosen.save(out)
     if deepspeed_out is not None:
         from planner.deepspeed_config import deepspeed_config
+        from planner.specio import write_json_atomic
 
-        _write_json(deepspeed_out, deepspeed_config(chosen))
+        write_json_atomic(deepspeed_out, deepspeed_config(chosen), "DeepSpeed config")
     if as_json:
         _print_json(chosen.to_dict())
         return
@@ -367,16 +368,6 @@ def history(
             report.fmt_seconds(meas) if meas else "-", error,
         )
     con.print(table)
-
-
-def _write_json(path: Path, doc) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise PlannerError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 # -- command modules --

@@ -7,7 +7,6 @@ same `prediction`-shaped block under `measured`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -15,7 +14,7 @@ from typing import Any, Literal
 from planner.errors import PlannerError
 from planner.hardware import Cluster, NodeSpec
 from planner.model import ModelSpec
-from planner.specio import check_keys, load_document, number, string
+from planner.specio import check_keys, load_document, number, string, write_json_atomic
 
 SCHEMA = "tierwise.plan/1"
 
@@ -337,14 +336,7 @@ class Plan:
 
     def save(self, path: str | Path) -> None:
         """Write atomically: a crash mid-write never leaves a half plan behind."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-            tmp.replace(path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise PlannerError(f"cannot write plan to {path}: {exc.strerror or exc}") from None
+        write_json_atomic(path, self.to_dict(), "plan")
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -8,7 +8,6 @@ are one-line `PlannerError`s.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.plan import LINKS, PHASES, TIERS, Plan, Prediction
-from planner.specio import check_keys, load_document, number
+from planner.specio import check_keys, load_document, number, write_json_atomic
 
 SCHEMA = "tierwise.profile/1"
 
@@ -103,14 +102,7 @@ class Profile:
         )
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-            tmp.replace(path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise PlannerError(f"cannot write profile to {path}: {exc.strerror or exc}") from None
+        write_json_atomic(path, self.to_dict(), "profile")
 
 
 def load_profile(path: str | Path) -> Profile:

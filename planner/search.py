@@ -158,18 +158,7 @@ def search(request: SearchRequest) -> SearchResult:
         best_for_placement: list[Plan] = []
         first_failure: Plan | None = None
         for ci in _checkpoint_intervals(request):
-            base = Plan(
-                model=request.model,
-                node=cluster.node,
-                num_gpus=request.num_gpus,
-                strategy=strategy,
-                placement=placement,
-                micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / mp,
-                checkpoint_interval=ci,
-                model_parallel_degree=mp,
-                precision=request.precision,
-                nvme_path=request.nvme_path if "nvme" in placement.to_dict().values() else None,
-            )
+            base = _base_plan(request, cluster, strategy, placement, mp, ci)
             for depth in _prefetch_depths(request):
                 found = False
                 for tiling in _tilings(request, base):
@@ -212,18 +201,7 @@ def any_fits(request: SearchRequest) -> bool:
     shallowest = min(_prefetch_depths(request))
     for (strategy, placement), mp in itertools.product(placements, _model_parallel_degrees(request, cluster)):
         for ci in _checkpoint_intervals(request):
-            base = Plan(
-                model=request.model,
-                node=cluster.node,
-                num_gpus=request.num_gpus,
-                strategy=strategy,
-                placement=placement,
-                micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / mp,
-                checkpoint_interval=ci,
-                prefetch_depth=shallowest,
-                model_parallel_degree=mp,
-                precision=request.precision,
-            )
+            base = _base_plan(request, cluster, strategy, placement, mp, ci).replace(prefetch_depth=shallowest)
             if memory_bill(base.replace(tiling_factor=max(_tilings(request, base)))).fits:
                 return True
     return False
@@ -240,6 +218,22 @@ def best_by_strategy(result: SearchResult) -> dict[str, Plan]:
     for plan in result.rejected:
         best.setdefault(plan.strategy, plan)
     return {name: best[name] for name in STRATEGIES if name in best}
+
+
+def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placement: Placement, mp: int, ci: int) -> Plan:
+    """The candidate before batch, tiling and prefetch depth are chosen (one sample per replica)."""
+    return Plan(
+        model=request.model,
+        node=cluster.node,
+        num_gpus=request.num_gpus,
+        strategy=strategy,
+        placement=placement,
+        micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / mp,
+        checkpoint_interval=ci,
+        model_parallel_degree=mp,
+        precision=request.precision,
+        nvme_path=request.nvme_path if "nvme" in placement.to_dict().values() else None,
+    )
 
 
 def _rank_key(plan: Plan) -> tuple[float, ...]:

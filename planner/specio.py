@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,22 @@ def load_document(path: str | Path, what: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise PlannerError(f"{what} file {path} must hold an object, got {type(doc).__name__}")
     return doc
+
+
+def write_json_atomic(path: str | Path, doc: Any, what: str) -> None:
+    """Write `doc` as JSON to a temporary file beside `path`, fsync it, then rename it into place:
+    a crash mid-write never leaves a half-written document where a good one was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(doc, indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise PlannerError(f"cannot write {what} to {path}: {exc.strerror or exc}") from None
 
 
 def _reject_constant(name: str) -> float:
