@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import results_md  # benchmarks/ is on sys.path when a script runs
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, open_io_file  # noqa: E402
@@ -36,8 +38,6 @@ DEFAULTS = EngineConfig()
 MIB = 1024**2
 GIB = 1024**3
 GB = 1e9
-RESULTS = Path(__file__).with_name("RESULTS.md")
-BEGIN, END = "<!-- aio_vs_fio:begin -->", "<!-- aio_vs_fio:end -->"
 
 
 # [Note: fio's two submission modes]
@@ -161,7 +161,6 @@ def write_results(result: dict, sweep: list[dict]) -> None:
     m = result["median_gb_per_s"]
     r = result["median_device_requests_per_gib"]
     lines = [
-        BEGIN,
         "## Async I/O engine vs fio (`python benchmarks/aio_vs_fio.py`)",
         "",
         f"Machine: {result['machine']}. File: {result['file_gib']:g} GiB on {result['filesystem']} "
@@ -207,14 +206,7 @@ def write_results(result: dict, sweep: list[dict]) -> None:
                 f"{s['fio_batched_read']:.3f} | {s['engine_read']:.3f} | {row['read_ratio']:.3f} | "
                 f"{s['fio_write']:.3f} | {s['fio_batched_write']:.3f} | {s['engine_write']:.3f} | {row['write_ratio']:.3f} |"
             )
-    lines.append(END)
-    section = "\n".join(lines) + "\n"
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nMeasured numbers only; each section names its machine.\n\n"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) + 1 :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text)
+    results_md.write_section("aio_vs_fio", "\n".join(lines))
 
 
 def main() -> None:

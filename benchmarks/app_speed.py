@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import results_md  # benchmarks/ is on sys.path when a script runs
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
@@ -166,16 +167,7 @@ def write_results(doc: dict) -> None:
         "`python benchmarks/app_speed.py --repeats 5 --write-results` reproduces this section.",
         "",
     ]
-    path = REPO / "benchmarks" / "RESULTS.md"
-    text = path.read_text()
-    section = "\n".join(lines)
-    if HEADING in text:
-        start = text.index(HEADING)
-        end = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + section + (text[end + 1:] if end != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    results_md.write_section("app_speed", "\n".join(lines))
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import results_md  # benchmarks/ is on sys.path when a script runs
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_runtime import BATCH, BLOCKS, FFN, HIDDEN, LR, TOKENS, build_model  # noqa: E402
@@ -187,11 +189,8 @@ def main() -> None:
 
 
 def write_results(doc: dict) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    begin, end = "<!-- nvme-step:begin -->", "<!-- nvme-step:end -->"
     s = doc["summary"]
-    lines = [begin, "## Full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline", "",
+    lines = ["## Full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline", "",
              f"`python benchmarks/bench_nvme_step.py --write-results` on {doc['machine']}; model: {doc['model']}; "
              f"{doc['rounds']} rounds x {doc['steps_per_round']} steps after {doc['warmup_steps']} warm-up, systems "
              "alternating step by step in one process.", "",
@@ -213,14 +212,7 @@ def write_results(doc: dict) -> None:
     if doc.get("deepspeed_nvme_error"):
         lines += ["", "DeepSpeed's NVMe offload did not run on this machine; its error (last lines):", "", "```",
                   *doc["deepspeed_nvme_error"].strip().splitlines()[-12:], "```"]
-    lines.append(end)
-    section = "\n".join(lines)
-    if begin in text:
-        head, rest = text.split(begin, 1)
-        text = head + section + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+    results_md.write_section("nvme-step", "\n".join(lines))
 
 
 if __name__ == "__main__":

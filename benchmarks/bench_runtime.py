@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import results_md  # benchmarks/ is on sys.path when a script runs
+
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN, FFN, BLOCKS, BATCH, TOKENS = 1024, 4096, 8, 4, 128
 LR = 1e-3
@@ -195,15 +197,11 @@ def main() -> None:
 
 
 def write_results(doc: dict) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    begin, end = "<!-- runtime:begin -->", "<!-- runtime:end -->"
     s = doc["summary"]
     rows = "\n".join(f"| {k} | {v['median_step_time_s']:.3f} | {v['min_step_time_s']:.3f} | "
                      f"{v['peak_rss_bytes'] / 2**30:.2f} |" for k, v in s.items())
     ratio_lines = "\n".join(f"- {k}: **{v:.3f}**" for k, v in doc["ratios"].items())
-    section = f"""{begin}
-## Runtime vs DeepSpeed ZeRO-3 (CPU offload) and plain PyTorch
+    section = f"""## Runtime vs DeepSpeed ZeRO-3 (CPU offload) and plain PyTorch
 
 `python benchmarks/bench_runtime.py --rounds {doc['rounds']} --steps {doc['steps_per_round']} --warmup {doc['warmup_steps']} --write-results`
 
@@ -222,13 +220,8 @@ process.
 |---|---|---|---|
 {rows}
 
-{ratio_lines}
-{end}"""
-    if begin in text:
-        text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+{ratio_lines}"""
+    results_md.write_section("runtime", section)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import results_md  # benchmarks/ is on sys.path when a script runs
+
 from planner.catalog import resolve_hardware, resolve_model
 from planner.plan import Placement, Plan
 from planner.sim import simulate
@@ -110,14 +112,7 @@ Machine: {r['machine']} (shared with other jobs; medians of {repeats} runs). Mea
 
 Simulated iteration of that plan: {r['simulated_iteration_s']} s.
 """
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + body
-    path.write_text(text)
+    results_md.write_section("sim_speed", body, path)
 
 
 if __name__ == "__main__":
