@@ -41,14 +41,9 @@ def _model(model, layers, hidden, heads, seq, vocab):
 
 def _node(hardware: str | None, max_alloc_gib: float | None = None):
     from planner.catalog import resolve_hardware
-    from planner.specio import number
-    from planner.units import GIB
 
     node = resolve_hardware(hardware)
-    if max_alloc_gib is not None:
-        number(max_alloc_gib, "--max-alloc-gib", exclusive_minimum=0)
-        node = node.replace(gpu_max_alloc_bytes=max_alloc_gib * GIB)
-    return node
+    return node if max_alloc_gib is None else node.with_max_alloc_gib(max_alloc_gib)
 
 
 def _model_parallel(text: str) -> int | None:

@@ -49,9 +49,7 @@ def apply_pins(
         if value is not None:
             changes[key] = value
     if max_alloc_gib is not None:
-        if max_alloc_gib <= 0:
-            raise PlannerError(f"--max-alloc-gib must be greater than 0, got {max_alloc_gib:g}")
-        changes["node"] = plan.node.replace(gpu_max_alloc_bytes=max_alloc_gib * GIB)
+        changes["node"] = plan.node.with_max_alloc_gib(max_alloc_gib)
     return plan.replace(**changes)
 
 

@@ -234,6 +234,11 @@ class NodeSpec:
                 kwargs[text_key] = string(doc[text_key], f"{where} {text_key}", max_len=20_000)
         return cls(**kwargs)
 
+    def with_max_alloc_gib(self, gib: float) -> NodeSpec:
+        """This node with its largest contiguous GPU allocation pinned (`--max-alloc-gib`)."""
+        number(gib, "--max-alloc-gib", exclusive_minimum=0)
+        return self.replace(gpu_max_alloc_bytes=gib * GIB)
+
     def provenance(self, key: str) -> str:
         return self.sources.get(key, "nominal")
 
