@@ -62,8 +62,8 @@ class ParamUnit:
         self._staged: Pending | None = None
         self._gathering: Gathered | None = None
         self._full: torch.Tensor | None = None
-        self._held: list[tuple[str, int]] = []
-        """(term, bytes) charged to the gpu tier for the gathered buffers, released on reshard."""
+        self._held: list[tuple[str, str, int]] = []
+        """(tier, term, bytes) charged for the staged or gathered buffers, released on reshard."""
         self._grad_flat: torch.Tensor | None = None
         self._grads_pending = self.num_grad_params
         self._has_grad_shard = False
@@ -80,12 +80,15 @@ class ParamUnit:
         return self.layout.padded_numel * self._empty.element_size()
 
     # -- parameters -------------------------------------------------------------------------
-    def stage(self) -> None:
-        """Start bringing the shard to the compute device (prefetch depth 2; no-op when it is there)."""
+    def stage(self, *, swap_buffer: bool = False) -> None:
+        """Start bringing the shard to the compute device (prefetch depth 2; no-op when it is there).
+        `swap_buffer`: staged at depth 3, two operators before the device staging slot; its buffer
+        is one of the memory model's host `param_swap_buffers`."""
         if self.state is UnitState.SHARDED and self._staged is None:
             self._staged = self.param_store.read(self.key, self.compute_dtype)
             if self._staged.fresh:
-                self._charge("prefetch_shard_staging", self.layout.shard_numel * self._empty.element_size())
+                term = ("cpu", "param_swap_buffers") if swap_buffer else ("gpu", "prefetch_shard_staging")
+                self._charge(*term, self.layout.shard_numel * self._empty.element_size())
 
     def start_gather(self, *, prefetch: bool) -> None:
         """SHARDED -> GATHERING: start the all-gather (after the staged shard arrived)."""
@@ -97,7 +100,7 @@ class ParamUnit:
         self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
         if self._gathering.output is not shard or self._staged.fresh:
             self._release_charges()
-            self._charge("prefetch_gathered_params" if prefetch else "mswm", self.full_bytes)
+            self._charge("gpu", "prefetch_gathered_params" if prefetch else "mswm", self.full_bytes)
         self._staged = None
         self.state = UnitState.GATHERING
 
@@ -217,18 +220,18 @@ class ParamUnit:
         self._grad_written = [True] * len(self.params)
 
     # -- accounting -------------------------------------------------------------------------
-    def _charge(self, term: str, num_bytes: int) -> None:
-        self.ledger.add("gpu", term, num_bytes)
-        self._held.append((term, num_bytes))
+    def _charge(self, tier: str, term: str, num_bytes: int) -> None:
+        self.ledger.add(tier, term, num_bytes)
+        self._held.append((tier, term, num_bytes))
 
     def _retag(self, old: str, new: str) -> None:
-        for i, (term, b) in enumerate(self._held):
+        for i, (tier, term, b) in enumerate(self._held):
             if term == old:
-                self.ledger.sub("gpu", old, b)
+                self.ledger.sub(tier, old, b)
                 self.ledger.add("gpu", new, b)
-                self._held[i] = (new, b)
+                self._held[i] = ("gpu", new, b)
 
     def _release_charges(self) -> None:
-        for term, b in self._held:
-            self.ledger.sub("gpu", term, b)
+        for tier, term, b in self._held:
+            self.ledger.sub(tier, term, b)
         self._held = []

@@ -10,8 +10,11 @@ into 4 KiB-aligned extents, one per shard (docs/nvme.md).
 Writes are fire-and-forget for the caller: `write` copies the data into a staging buffer, submits it
 and returns, so gradient shards stream out while backward goes on (METHOD.md §4.3 overlap). The
 store orders its own traffic: a read (or read-modify-write) of a shard first waits for the writes
-of that shard still in flight, and the staging bytes in flight are bounded (two of the largest
-shard, the memory model's `gradient_swap_buffers`), so host memory stays within the plan's bill.
+of that shard still in flight, and write staging is two reused page-aligned buffers of the largest
+shard (the memory model's `gradient_swap_buffers`): a write takes the free one, or waits for the
+older of the two writes in flight. Reusing them (instead of a fresh buffer per write) spares the
+kernel zeroing new pages for every gradient byte; `drain` gives them back, so host memory stays
+within the plan's bill between steps too.
 Reads return a `Pending` that waits for the I/O; the store also keeps every read handle until it
 finished, because a prefetch nobody waited for must not land in freed memory.
 """
@@ -89,11 +92,12 @@ class NvmeStore(ShardStore):
         self.engine = swap.engine
         self._extents: dict[str, tuple[Extent, torch.dtype, int]] = {}
         self._writes: dict[str, list[Handle]] = {}
-        self._staged_writes: deque[tuple[Handle, int]] = deque()
+        self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
+        self._free_staging: list[AlignedBuffer] = []
         self._reads: list[Handle] = []
         self._staging_term = STAGING_TERMS.get(self.name, "nvme_staging")
         self.max_staged_write_bytes = 0
-        """Write staging kept in flight: two of the largest shard (see [Note: ordering of NVMe transfers])."""
+        """Write staging: two buffers of the largest shard (see [Note: ordering of NVMe transfers])."""
 
     # -- lifetime ---------------------------------------------------------------------------
     def create(self, key: str, numel: int, dtype: torch.dtype) -> None:
@@ -135,14 +139,10 @@ class NvmeStore(ShardStore):
 
     def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
-        staging = aligned_empty(src.numel(), stored)
+        buffer = self._staging_buffer(src.numel() * src.element_size())
+        staging = torch.frombuffer(buffer.view, dtype=stored, count=src.numel())
         staging.copy_(src.reshape(-1))
-        size = nbytes(staging)
-        while self._staged_writes and self._staged_bytes() + size > self.max_staged_write_bytes:
-            self._retire_oldest_staged()
-        handle = self._submit_write(key, staging, offset)
-        self.ledger.add("cpu", self._staging_term, size)
-        self._staged_writes.append((handle, size))
+        self._staged_writes.append((self._submit_write(key, staging, offset), buffer))
         return Pending(src)
 
     def write_from(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
@@ -162,6 +162,10 @@ class NvmeStore(ShardStore):
     def drain(self) -> None:
         while self._staged_writes:
             self._retire_oldest_staged()
+        for buffer in self._free_staging:
+            self.ledger.sub("cpu", self._staging_term, buffer.capacity_bytes)
+            buffer.close()
+        self._free_staging.clear()
         for key in list(self._writes):
             self._wait_writes(key)
         reads, self._reads = self._reads, []
@@ -198,13 +202,29 @@ class NvmeStore(ShardStore):
         for handle in self._writes.pop(key, []):
             handle.wait()
 
-    def _staged_bytes(self) -> int:
-        return sum(size for _, size in self._staged_writes)
+    def _staging_buffer(self, size: int) -> AlignedBuffer:
+        """A free staging buffer of at least `size` bytes: one of two, reused; waits for the older
+        write in flight when both are busy. (Shards may be created after the first write, so a
+        buffer outgrown by a larger shard is replaced.)"""
+        capacity = max(size, self.max_staged_write_bytes // 2)
+        while not self._free_staging and len(self._staged_writes) >= 2:
+            self._retire_oldest_staged()
+        fitting = [b for b in self._free_staging if b.capacity_bytes >= size]
+        if fitting:
+            self._free_staging.remove(fitting[0])
+            return fitting[0]
+        if self._free_staging:  # too small for this shard: replace it
+            old = self._free_staging.pop()
+            self.ledger.sub("cpu", self._staging_term, old.capacity_bytes)
+            old.close()
+        buffer = AlignedBuffer(round_up(capacity))
+        self.ledger.add("cpu", self._staging_term, buffer.capacity_bytes)
+        return buffer
 
     def _retire_oldest_staged(self) -> None:
-        handle, size = self._staged_writes.popleft()
+        handle, buffer = self._staged_writes.popleft()
         handle.wait()
-        self.ledger.sub("cpu", self._staging_term, size)
+        self._free_staging.append(buffer)
 
 
 def _reap(handles: list[Handle]) -> list[Handle]:

@@ -2,8 +2,11 @@
 
 The first iteration records the order in which units are used, separately for forward and
 backward. Later iterations follow the recorded order: on using operator i the prefetcher starts the
-all-gather of i+1 (depth >= 1) and the transfer of i+2's shard to the compute device (depth >= 2);
-depth 3 (NVMe -> CPU for i+3) belongs to stores that have a slower tier behind them.
+transfer of i+2's shard to the compute device (depth >= 2) and, at depth 3, of i+3's shard into a
+host swap buffer (NVMe -> CPU: stores with a slower tier behind them), and only then the all-gather
+of i+1 (depth >= 1), which waits for i+1's shard to arrive. Deeper transfers are started first so
+that they are in flight while that wait lasts: with parameters on NVMe, reads of i+1, i+2 and i+3
+queue on the drive together instead of one at a time ([Note: NVMe prefetch pipeline] in docs/nvme.md).
 
 [Note: a changed order]
 Models may take data-dependent branches, so the order is a hint, never a contract: when the unit
@@ -59,11 +62,13 @@ class Prefetcher:
             return
         ahead = order.recorded[position + 1 : position + 1 + self.depth]
         actions: list[Callable[[], None]] = []
+        if len(ahead) >= 3 and not self.units[ahead[2]].param_store.resident_states:
+            actions.append(lambda: self.units[ahead[2]].stage(swap_buffer=True))
+        if len(ahead) >= 2:
+            actions.append(self.units[ahead[1]].stage)
         if ahead:
             unit = self.units[ahead[0]]
             actions.append(lambda: unit.start_gather(prefetch=True))
-        if len(ahead) >= 2:
-            actions.append(self.units[ahead[1]].stage)
         for action in actions:
             action()
 

@@ -251,6 +251,8 @@ def shard(
     state = ShardedModel(model, config, comm, plan_obj)
     init_fn = param_init_fn or _default_init_fn(model)
     module_units = _build_units(model, state, init_fn)
+    for store in (state.param_store, state.optimizer_store):
+        store.drain()  # the shards' first writes: NVMe staging is given back before training
     for buf_owner in model.modules():  # buffers are small and replicated: just move them
         for name, buf in list(buf_owner._buffers.items()):
             if buf is not None and buf.device != config.device and buf.device.type != "meta":

@@ -107,6 +107,10 @@ class StreamedAdamW:
                 self._retire(writes.popleft())
             while reads:
                 self._retire(reads.popleft())
+            # Give back the write staging of the gradients (and of the compute copies of the
+            # parameters, in mixed precision) until the next backward needs it.
+            for store in (self.state.grad_store, self.state.param_store):
+                store.drain()
 
     def close(self) -> None:
         self.state.ledger.sub("cpu", "optimizer_swap_buffers", self.pool.total_bytes)

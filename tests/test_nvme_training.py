@@ -53,10 +53,11 @@ def assert_bitwise(a: tuple[list[float], dict[str, torch.Tensor]], b: tuple[list
         assert torch.equal(a[1][name], b[1][name]), name
 
 
-@pytest.mark.parametrize("placement", [ALL_NVME, OPTIMIZER_NVME], ids=["all-nvme", "optimizer-nvme"])
-def test_nvme_training_is_bitwise_cpu_training(placement: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize(("placement", "depth"), [(ALL_NVME, 2), (ALL_NVME, 3), (OPTIMIZER_NVME, 2)],
+                         ids=["all-nvme", "all-nvme-depth3", "optimizer-nvme"])
+def test_nvme_training_is_bitwise_cpu_training(placement: dict[str, str], depth: int, tmp_path: Path) -> None:
     reference = train(ALL_CPU, None)
-    on_nvme = train(placement, str(tmp_path))
+    on_nvme = train(placement, str(tmp_path), prefetch_depth=depth)
     assert_bitwise(reference, on_nvme)
     assert reference[0][-1] < reference[0][0]
     assert list(tmp_path.iterdir()) == []  # the swap directory is removed on close
@@ -131,7 +132,7 @@ def _worker(rank: int, world_size: int, port: int, nvme_path: str, out: str) -> 
     torch.set_num_threads(1)
     try:
         results = {"cpu": train(ALL_CPU, None, rank=rank, world_size=world_size),
-                   "nvme": train(ALL_NVME, nvme_path, rank=rank, world_size=world_size)}
+                   "nvme": train(ALL_NVME, nvme_path, rank=rank, world_size=world_size, prefetch_depth=3)}
         torch.save(results, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()

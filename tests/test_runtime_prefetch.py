@@ -11,16 +11,22 @@ import runtime
 from runtime.prefetch import Phase, Prefetcher
 
 
+class FakeStore:
+    def __init__(self, resident_states: bool) -> None:
+        self.resident_states = resident_states
+
+
 class FakeUnit:
-    def __init__(self, index: int, log: list[tuple[str, int]]) -> None:
+    def __init__(self, index: int, log: list[tuple[str, int]], *, on_nvme: bool = False) -> None:
         self.index, self.log = index, log
+        self.param_store = FakeStore(resident_states=not on_nvme)
 
     def start_gather(self, *, prefetch: bool) -> None:
         assert prefetch
         self.log.append(("gather", self.index))
 
-    def stage(self) -> None:
-        self.log.append(("stage", self.index))
+    def stage(self, *, swap_buffer: bool = False) -> None:
+        self.log.append(("swap-in" if swap_buffer else "stage", self.index))
 
 
 def _run(prefetcher: Prefetcher, order: list[int], log: list) -> list:
@@ -36,12 +42,23 @@ def test_first_step_records_then_prefetches_at_depth() -> None:
     log: list = []
     p = Prefetcher([FakeUnit(i, log) for i in range(4)], depth=2)
     assert _run(p, [0, 1, 2, 3], log) == [("use", 0), ("use", 1), ("use", 2), ("use", 3)]
+    # The deeper transfer starts first: it is in flight while the gather waits for its shard.
     assert _run(p, [0, 1, 2, 3], log) == [
-        ("use", 0), ("gather", 1), ("stage", 2),
-        ("use", 1), ("gather", 2), ("stage", 3),
+        ("use", 0), ("stage", 2), ("gather", 1),
+        ("use", 1), ("stage", 3), ("gather", 2),
         ("use", 2), ("gather", 3),
         ("use", 3),
     ]
+
+
+@pytest.mark.parametrize("on_nvme", [True, False])
+def test_depth_three_swaps_in_from_nvme_only(on_nvme: bool) -> None:
+    log: list = []
+    p = Prefetcher([FakeUnit(i, log, on_nvme=on_nvme) for i in range(5)], depth=3)
+    _run(p, [0, 1, 2, 3, 4], log)
+    swap_in = [("swap-in", 3)] if on_nvme else []
+    assert _run(p, [0, 1, 2, 3, 4], log)[:4 + len(swap_in)] == [("use", 0), *swap_in, ("stage", 2), ("gather", 1),
+                                                                   ("use", 1)]
 
 
 def test_changed_order_stops_prefetching_and_is_learned() -> None:
