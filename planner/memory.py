@@ -37,6 +37,14 @@ BYTES_PER_PARAM: dict[str, dict[str, int]] = {
 ACTIVATION_BYTES = 2  # eq. 3 and 5 count fp16 activations
 LOGIT_GRAD_BYTES = 4  # the loss upcasts logits to fp32 and backpropagates through that copy
 ALLOCATOR_SLACK_FRACTION = 0.10
+OPERATORS_PER_LAYER = 6
+"""Runtime units per transformer layer: eq. 1's four linears (qkv, out, up, down) and two norms."""
+BOOKKEEPING_BYTES_PER_OPERATOR = 64 * 1024
+"""Host memory each operator costs whatever its size: its module and parameter objects, hooks,
+autograd nodes, swap extents and the runtime's per-unit state. Measured 43-49 KB per operator on the
+project VM (tests/nvme_memory_probe.py, 8 vs 48 layers: 261 KB per layer at h=256 and 293 KB at
+h=128, so independent of the sizes; unchanged by glibc's mmap threshold (4-64 KiB) and by
+malloc_trim, so live objects, not heap fragmentation), rounded up."""
 
 TERM_DOCS: dict[str, str] = {
     "params": "parameter shards: P/mp x bytes / dp (replicated: / 1) [eq. 2]",
@@ -55,6 +63,7 @@ TERM_DOCS: dict[str, str] = {
     "param_swap_buffers": "pinned NVMe->CPU buffers for parameter shards fetched ahead (depth >= 3: i+2, i+3)",
     "optimizer_swap_buffers": "pinned chunk buffers of the streamed NVMe optimizer step",
     "gradient_swap_buffers": "pinned double buffer of gradient shards on their way to NVMe",
+    "runtime_bookkeeping": "per-operator objects of the model and the runtime: (6 nl + 3) x 64 KiB per rank",
 }
 _TRANSIENT_GPU_TERMS = (
     "awm", "mswm", "prefetch_gathered_params", "prefetch_shard_staging", "reduce_scatter_buffer",
@@ -114,6 +123,12 @@ def model_state_bytes(plan: Plan) -> dict[str, int]:
 def operator_params_per_gpu(plan: Plan) -> float:
     """Largest operator's weight elements on one GPU at once: split by mp and by tiling."""
     return plan.model.largest_operator_params / (plan.model_parallel_degree * plan.tiling_factor)
+
+
+def num_operators(plan: Plan) -> int:
+    """Runtime units of the model: OPERATORS_PER_LAYER per layer, plus the token and position
+    embeddings and the final norm."""
+    return plan.model.num_layers * OPERATORS_PER_LAYER + 3
 
 
 def checkpoint_bytes(plan: Plan) -> int:
@@ -179,6 +194,7 @@ def memory_bill(plan: Plan) -> MemoryBill:
         cpu["optimizer_swap_buffers"] = min(shard, plan.num_optimizer_buffers * plan.optimizer_chunk_bytes)
     if place.gradients == "nvme":
         cpu["gradient_swap_buffers"] = 2 * op_grad_bytes / dp
+    cpu["runtime_bookkeeping"] = num_operators(plan) * BOOKKEEPING_BYTES_PER_OPERATOR
 
     # Host and NVMe tiers are shared by the node's GPUs: scale per-GPU amounts to per node.
     terms = {

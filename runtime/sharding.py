@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR
 from planner.plan import Plan
 from runtime.checkpointing import CHECKPOINT_STORES, Segment, apply_checkpointing, find_blocks
 from runtime.collectives import Comm, Reduced, make_comm
@@ -359,6 +360,9 @@ def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> Pa
     unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=state.param_store,
                      grad_store=state.grad_store, compute_dtype=config.compute_dtype, ledger=state.ledger,
                      link_bytes=state.profiler.link_bytes)
+    # Not an allocation the runtime makes but what each operator's objects cost (the memory model's
+    # constant, measured by tests/nvme_memory_probe.py), so that the host tier compares with the bill.
+    state.ledger.add("cpu", "runtime_bookkeeping", BOOKKEEPING_BYTES_PER_OPERATOR)
     return unit
 
 

@@ -152,24 +152,28 @@ def test_two_ranks_nvme_training_is_bitwise_cpu_training(tmp_path: Path) -> None
     assert list(swap.iterdir()) == []
 
 
-def test_host_memory_of_an_nvme_step_stays_within_the_plans_budget(tmp_path: Path) -> None:
-    """A model whose states on NVMe are 6.5x the plan's host budget: the ledger's host peak and the
-    measured anonymous RSS growth during 3 steps both stay within that budget.
+@pytest.mark.parametrize(("layers", "min_disk_to_budget"), [(8, 5), (48, 15)], ids=["8-layers", "48-layers"])
+def test_host_memory_of_an_nvme_step_stays_within_the_plans_budget(layers: int, min_disk_to_budget: int,
+                                                                   tmp_path: Path) -> None:
+    """Models whose states on NVMe are many times the plan's host budget (h=256; 8 layers: 5x, 48
+    layers: 17x): the ledger's host peak and the measured anonymous RSS growth during 3 steps both
+    stay within that budget, however deep the model (the bill's `runtime_bookkeeping` is what each
+    operator's objects cost; without it RSS outgrew the bill by ~0.26 MB per layer).
 
     The probe runs in its own process with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_), so
-    that large freed buffers go back to the kernel instead of staying in a fragmented heap, which RSS
-    would otherwise count although nothing uses them."""
+    that large freed buffers go back to the kernel instead of staying in the heap, which RSS would
+    otherwise count although nothing uses them."""
     import json
     import subprocess
     import sys
 
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
     tests = Path(__file__).parent
-    done = subprocess.run([sys.executable, "nvme_memory_probe.py", str(tmp_path), "8", "256", "3"], cwd=tests,
+    done = subprocess.run([sys.executable, "nvme_memory_probe.py", str(tmp_path), str(layers), "256", "3"], cwd=tests,
                           env=env, capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     budget = result["host_budget_bytes"]
-    assert result["nvme_state_bytes"] >= 6 * budget, result
+    assert result["nvme_state_bytes"] >= min_disk_to_budget * budget, result
     assert result["ledger_host_peak_bytes"] <= budget, result
     assert 0 < result["anon_rss_peak_delta_bytes"] <= budget, result
     assert list(tmp_path.iterdir()) == []
