@@ -9,6 +9,7 @@ grad. With three buffers the step runs
     read chunk k+1   |   update chunk k (torch's fused AdamW)   |   write chunk k-1
 
 concurrently: reads and writes are asynchronous engine requests, the update runs on this thread.
+With B > 3 buffers the reads run B-2 chunks ahead (k+1 .. k+B-2).
 The pool is allocated once, so host memory for the states never exceeds
 `num_optimizer_buffers * optimizer_chunk_bytes` however large the model on disk.
 
@@ -82,9 +83,12 @@ class StreamedAdamW:
         reads: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
         next_read = 0
         try:
+            # Read ahead as far as the pool allows: with B buffers, chunks i+1 .. i+B-2 are read while
+            # chunk i is updated and the writes of earlier chunks drain (a buffer is freed by retiring
+            # the oldest write). Three buffers give read k+1 | update k | write k-1.
+            read_ahead = max(1, self.pool.num_buffers - 2)
             for i, chunk in enumerate(chunks):
-                # Keep chunk i+1 reading while chunk i is updated (a buffer is freed by retiring a write).
-                while next_read < len(chunks) and next_read <= i + 1:
+                while next_read < len(chunks) and next_read <= i + read_ahead:
                     if not self.pool.num_free and writes:
                         self._retire(writes.popleft())
                     buffer = self.pool.acquire()

@@ -29,7 +29,7 @@ def train(placement: dict[str, str], nvme_path: str | None, *, rank: int = 0, wo
     import runtime
     from runtime.sharding import state_of
 
-    plan = plan_doc(world_size=world_size, placement=placement, nvme_path=nvme_path, **SMALL_CHUNKS, **knobs)
+    plan = plan_doc(world_size=world_size, placement=placement, nvme_path=nvme_path, **{**SMALL_CHUNKS, **knobs})
     model = runtime.shard(build_model("gpt"), plan)
     opt = runtime.AdamW(model, lr=1e-3, weight_decay=0.1)
     losses = []
@@ -53,11 +53,13 @@ def assert_bitwise(a: tuple[list[float], dict[str, torch.Tensor]], b: tuple[list
         assert torch.equal(a[1][name], b[1][name]), name
 
 
-@pytest.mark.parametrize(("placement", "depth"), [(ALL_NVME, 2), (ALL_NVME, 3), (OPTIMIZER_NVME, 2)],
-                         ids=["all-nvme", "all-nvme-depth3", "optimizer-nvme"])
-def test_nvme_training_is_bitwise_cpu_training(placement: dict[str, str], depth: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("placement", "depth", "buffers"),
+                         [(ALL_NVME, 2, 3), (ALL_NVME, 3, 5), (OPTIMIZER_NVME, 2, 3)],
+                         ids=["all-nvme", "all-nvme-depth3-5-buffers", "optimizer-nvme"])
+def test_nvme_training_is_bitwise_cpu_training(placement: dict[str, str], depth: int, buffers: int,
+                                               tmp_path: Path) -> None:
     reference = train(ALL_CPU, None)
-    on_nvme = train(placement, str(tmp_path), prefetch_depth=depth)
+    on_nvme = train(placement, str(tmp_path), prefetch_depth=depth, num_optimizer_buffers=buffers)
     assert_bitwise(reference, on_nvme)
     assert reference[0][-1] < reference[0][0]
     assert list(tmp_path.iterdir()) == []  # the swap directory is removed on close
