@@ -17,8 +17,8 @@ Whether reads and writes add up or overlap on the drive is measured, not assumed
 moves the step's own read:write mix (R read and W written) once concurrently (all requests in
 flight together) and once one after the other. The roofline is the faster way the drive moved
 those bytes, scaled to the step's bytes: min(R / read_bw + W / write_bw, concurrent-mix time).
-On the project VM the concurrent mix is not faster than the serial one (the virtio disk shares
-one queue between reads and writes), so the serial sum is the bound; the JSON records both.
+On the project VM the two take about as long (within +-15% either way from run to run: reads and
+writes share the virtio disk's bandwidth rather than adding up); the JSON records both.
 
     python benchmarks/bench_nvme_step.py --nvme-path DIR --rounds 2 --steps 3 --warmup 1 [--write-results]
 """

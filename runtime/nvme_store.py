@@ -98,6 +98,9 @@ class NvmeStore(ShardStore):
         self._staging_term = STAGING_TERMS.get(self.name, "nvme_staging")
         self.max_staged_write_bytes = 0
         """Write staging: two buffers of the largest shard (see [Note: ordering of NVMe transfers])."""
+        self.num_writes = 0
+        """Writes submitted so far (any key): lets a reader tell that nothing was written since it
+        read ahead (the streamed optimizer's next-step prefetch)."""
 
     # -- lifetime ---------------------------------------------------------------------------
     def create(self, key: str, numel: int, dtype: torch.dtype) -> None:
@@ -192,6 +195,7 @@ class NvmeStore(ShardStore):
 
     def _submit_write(self, key: str, src: torch.Tensor, offset: int) -> Handle:
         handle = self.engine.write_async(self.file.file, offset=self._byte_range(key, offset, src), buffer=src)
+        self.num_writes += 1
         pending = _reap(self._writes.get(key, []))
         pending.append(handle)
         self._writes[key] = pending

@@ -13,6 +13,15 @@ With B > 3 buffers the reads run B-2 chunks ahead (k+1 .. k+B-2).
 The pool is allocated once, so host memory for the states never exceeds
 `num_optimizer_buffers * optimizer_chunk_bytes` however large the model on disk.
 
+[Note: reading the next step's states ahead]
+A step ends by reading the fp32 master, momentum and variance of the next step's first chunks (as
+many as the pool has buffers for, B - 1) into the pool, so that those reads overlap the next forward
+and backward instead of starting when `step()` is called; the gradient region of those chunks is
+read at the step, since backward writes it. The states only change in a step, so the copies stay
+exact unless something else writes the stores in between (loading a checkpoint): the stores count
+their writes, and a step whose stores were written since the prefetch drops it and reads afresh.
+Chunks prefetched for units that got no gradient this step are dropped too.
+
 The arithmetic is the same kernel `torch.optim.AdamW(fused=True)` runs over the whole shard
 (elementwise, so chunking does not change a bit; `tests/test_nvme_training.py` checks it).
 """
@@ -26,6 +35,7 @@ from typing import Any
 import torch
 
 from runtime.nvme import AlignedBuffer, BufferPool
+from runtime.nvme_store import NvmeStore
 from runtime.stores import Pending, ShardStore
 
 REGIONS = 4
@@ -72,12 +82,17 @@ class StreamedAdamW:
         self.param_groups = [{"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}]
         self.steps = {k: torch.tensor(0.0) for k in keys}
         """Per-unit step count (torch keeps one per parameter; a unit is stepped as one)."""
+        self._prefetched: dict[_Chunk, tuple[AlignedBuffer, list[Pending]]] = {}
+        """Chunks of the next step whose master and Adam states are read ahead (see the Note)."""
+        self._prefetch_stamp: tuple[int, ...] = ()
 
     def step(self, live_keys: list[str]) -> None:
         for k in live_keys:
             self.units[k].settle_grads()
-        chunks = [_Chunk(k, s, min(self.chunk_numel, self.numels[k] - s))
-                  for k in live_keys for s in range(0, self.numels[k], self.chunk_numel)]
+        chunks = self._chunks(live_keys)
+        if self._prefetched and (self._write_stamp() != self._prefetch_stamp
+                                 or not set(self._prefetched) <= set(chunks)):
+            self._drop_prefetched()  # the stores were written since (or the unit got no gradient)
         stepped: set[str] = set()
         writes: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
         reads: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
@@ -86,13 +101,18 @@ class StreamedAdamW:
             # Read ahead as far as the pool allows: with B buffers, chunks i+1 .. i+B-2 are read while
             # chunk i is updated and the writes of earlier chunks drain (a buffer is freed by retiring
             # the oldest write). Three buffers give read k+1 | update k | write k-1.
-            read_ahead = max(1, self.pool.num_buffers - 2)
+            read_ahead = max(1, self.pool.num_buffers - 2) if self.pool.num_buffers > 1 else 0
             for i, chunk in enumerate(chunks):
                 while next_read < len(chunks) and next_read <= i + read_ahead:
                     if not self.pool.num_free and writes:
                         self._retire(writes.popleft())
-                    buffer = self.pool.acquire()
-                    reads.append((buffer, self._read(chunks[next_read], buffer)))
+                    ahead = chunks[next_read]
+                    if ahead in self._prefetched:
+                        buffer, pendings = self._prefetched.pop(ahead)
+                        reads.append((buffer, [*pendings, self._read_grad(ahead, buffer)]))
+                    else:
+                        buffer = self.pool.acquire()
+                        reads.append((buffer, self._read(ahead, buffer)))
                     next_read += 1
                 buffer, pendings = reads.popleft()
                 for p in pendings:
@@ -111,30 +131,65 @@ class StreamedAdamW:
                 self._retire(writes.popleft())
             while reads:
                 self._retire(reads.popleft())
+            self._drop_prefetched()  # only left over when the step failed
             # Give back the write staging of the gradients (and of the compute copies of the
             # parameters, in mixed precision) until the next backward needs it.
             for store in (self.state.grad_store, self.state.param_store):
                 store.drain()
+        self._prefetch_next()
 
     def close(self) -> None:
+        self._drop_prefetched()
         self.state.ledger.sub("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
         self.pool.close()
 
     # -- internals --------------------------------------------------------------------------
+    def _chunks(self, keys: list[str]) -> list[_Chunk]:
+        return [_Chunk(k, s, min(self.chunk_numel, self.numels[k] - s))
+                for k in keys for s in range(0, self.numels[k], self.chunk_numel)]
+
+    def _state_stores(self) -> list[ShardStore]:
+        stores = {id(s): s for s in [self.state.optimizer_store, *(s for s, _ in self.state.master_at.values())]}
+        return list(stores.values())
+
+    def _write_stamp(self) -> tuple[int, ...]:
+        return tuple(s.num_writes for s in self._state_stores() if isinstance(s, NvmeStore))
+
+    def _prefetch_next(self) -> None:
+        """Read the master and Adam states of the next step's first chunks (see the Note)."""
+        if not all(isinstance(s, NvmeStore) for s in self._state_stores()):
+            return
+        for chunk in self._chunks(self.keys)[: self.pool.num_buffers - 1]:
+            buffer = self.pool.acquire()
+            self._prefetched[chunk] = (buffer, self._read_states(chunk, buffer))
+        self._prefetch_stamp = self._write_stamp()
+
+    def _drop_prefetched(self) -> None:
+        prefetched, self._prefetched = self._prefetched, {}
+        for entry in prefetched.values():
+            self._retire(entry)
+
     def _views(self, buffer: AlignedBuffer, numel: int) -> list[torch.Tensor]:
         flat = torch.frombuffer(buffer.view, dtype=torch.float32)
         n = self.chunk_numel
         return [flat[r * n : r * n + numel] for r in range(REGIONS)]
 
     def _read(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
+        return [*self._read_states(chunk, buffer), self._read_grad(chunk, buffer)]
+
+    def _read_states(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
+        """The fp32 master and the Adam states of `chunk` (everything but its gradient)."""
         st = self.state
-        master, exp_avg, exp_avg_sq, grad = self._views(buffer, chunk.numel)
+        master, exp_avg, exp_avg_sq, _ = self._views(buffer, chunk.numel)
         master_store, master_key = st.master_at[chunk.key]
         opt = st.optimizer_store
         return [master_store.read_into(master_key, master, chunk.start),
                 opt.read_into(f"exp_avg:{chunk.key}", exp_avg, chunk.start),
-                opt.read_into(f"exp_avg_sq:{chunk.key}", exp_avg_sq, chunk.start),
-                st.grad_store.read_into(chunk.key, grad, chunk.start)]
+                opt.read_into(f"exp_avg_sq:{chunk.key}", exp_avg_sq, chunk.start)]
+
+    def _read_grad(self, chunk: _Chunk, buffer: AlignedBuffer) -> Pending:
+        grad = self._views(buffer, chunk.numel)[3]
+        return self.state.grad_store.read_into(chunk.key, grad, chunk.start)
 
     def _write(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
         st = self.state

@@ -25,6 +25,7 @@ def _status_bytes(field: str) -> int:
 
 def build_and_measure(rank: int = 0, world_size: int = 1) -> dict:
     import runtime
+    from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR
     from runtime.gpt import GPT, GPTConfig, init_weights
 
     plan = {"model": {"num_layers": LAYERS, "hidden_size": HIDDEN, "num_heads": 8, "seq_len": 64, "vocab_size": 0},
@@ -43,7 +44,9 @@ def build_and_measure(rank: int = 0, world_size: int = 1) -> dict:
     full_bytes = sum(u.layout.numel for u in state.units) * 4
     # One block's full parameters: four linears (eq. 1: 12 hd^2) plus biases and LayerNorms (13 hd).
     layer_bytes = (12 * HIDDEN * HIDDEN + 13 * HIDDEN) * 4
-    return {"peak_increase": peak_increase, "held": held["gpu"] + held["cpu"], "full_bytes": full_bytes,
+    # The shards: what the ledger holds less the per-operator bookkeeping constant it also charges.
+    bookkeeping = BOOKKEEPING_BYTES_PER_OPERATOR * len(state.units)
+    return {"peak_increase": peak_increase, "held": held["gpu"] + held["cpu"] - bookkeeping, "full_bytes": full_bytes,
             "layer_bytes": layer_bytes}
 
 
