@@ -284,8 +284,8 @@ def write_results(doc: dict) -> None:
     lines = ["## Full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline", "",
              f"`python benchmarks/bench_nvme_step.py --write-results` on {doc['machine']}; model: {doc['model']}; "
              f"{doc['rounds']} rounds x {doc['steps_per_round']} steps after {doc['warmup_steps']} warm-up per "
-             "config, systems alternating step by step in one process. Ours runs at prefetch depth 3 "
-             "(docs/nvme.md, [Note: NVMe step schedule]).", "",
+             "config, systems alternating step by step in one process. Ours runs at prefetch depth 3 with six "
+             "72 MiB optimizer buffers (docs/nvme.md, [Note: NVMe step schedule]).", "",
              f"NVMe probe (same directory, same run, O_DIRECT={probe['direct']}, backend {probe['backend']}): "
              f"read {probe['read_bytes_per_s'] / 1e9:.2f} GB/s, write {probe['write_bytes_per_s'] / 1e9:.2f} GB/s. "
              f"Our step moves {doc['ours_nvme_io_bytes_per_step']['read'] / 1e9:.3f} GB read + "
