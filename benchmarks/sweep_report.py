@@ -89,6 +89,7 @@ def write_results(report: dict, node: NodeSpec) -> None:
                f"{m['load_average_after'][0]:.2f} after, {m['steps_per_config']} steps per configuration, "
                f"sweep {m['sweep_wall_s']:.0f} s, measured {when}")
     cal = report["calibration"]
+    residual = f"{cal['residual']:.1%}" if cal else "n/a"
     factors = ", ".join(f"{k} {v:.4g}" for k, v in cal["factors"].items()) if cal else "none"
     probe = (f"probed spec: {node.gpu_flops_per_s / 1e12:.3f} TFLOPS, CPU AdamW {node.cpu_adam_params_per_s / 1e9:.2f} "
              f"G params/s, NVMe {node.nvme_read_bytes_per_s / 1e9:.2f} / {node.nvme_write_bytes_per_s / 1e9:.2f} GB/s")
@@ -96,7 +97,7 @@ def write_results(report: dict, node: NodeSpec) -> None:
     body = f"""## Simulator vs runtime (sweep)
 
 `{COMMAND}` ({machine}). {probe}. Calibration factors (fit on the calibration set, residual
-{cal['residual']:.1%} if cal else 'n/a'): {factors}.
+{residual}): {factors}.
 
 {summary(report)}
 
