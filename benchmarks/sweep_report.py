@@ -23,15 +23,15 @@ def _pct(predicted: float, measured: float) -> str:
 
 
 def table(report: dict) -> str:
-    lines = ["| config | set | measured s | predicted s (probe) | error | calibrated s | error | "
+    lines = ["| config | set | measured s | rounds' medians s | predicted s (probe) | error | calibrated s | error | "
              + " | ".join(f"peak {t} MB pred / meas (error)" for t in TIERS) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(TIERS)]
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(TIERS)]
     for r in report["rows"]:
         peaks = " | ".join(
             f"{r[f'peak_{t}_predicted'] / 1e6:.1f} / {r[f'peak_{t}_measured'] / 1e6:.1f} "
             f"({_pct(r[f'peak_{t}_predicted'], r[f'peak_{t}_measured'])})" for t in TIERS)
         lines.append(f"| {r['config']} | {'calibration' if r['calibration'] else 'held out'} | {r['measured_s']:.3f} | "
-                     f"{r['predicted_s']:.3f} | {_pct(r['predicted_s'], r['measured_s'])} | {r['calibrated_s']:.3f} | "
+                     f"{', '.join(f'{t:.3f}' for t in r.get('round_medians_s', []))} | {r['predicted_s']:.3f} | {_pct(r['predicted_s'], r['measured_s'])} | {r['calibrated_s']:.3f} | "
                      f"{_pct(r['calibrated_s'], r['measured_s'])} | {peaks} |")
     return "\n".join(lines)
 
