@@ -22,7 +22,7 @@ from planner.plan import Plan
 from runtime.gpt import GPT, GPTConfig
 from runtime.sharding import state_of
 
-SEQ, VOCAB = 16, 64
+SEQ, VOCAB, BATCH = 16, 64, 4
 ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
 
 
@@ -37,7 +37,7 @@ def anon_rss_bytes() -> int:
 def plan_for(nvme_path: str, layers: int, hidden: int) -> Plan:
     return Plan.from_dict({
         "model": {"num_layers": layers, "hidden_size": hidden, "num_heads": 4, "seq_len": SEQ, "vocab_size": VOCAB},
-        "hardware": HARDWARE, "num_gpus": 1, "precision": "fp32", "checkpoint_interval": 1, "placement": ALL_NVME,
+        "hardware": HARDWARE, "num_gpus": 1, "micro_batch_per_gpu": BATCH, "precision": "fp32", "checkpoint_interval": 1, "placement": ALL_NVME,
         "nvme_path": nvme_path, "optimizer_chunk_bytes": 1 << 20, "num_optimizer_buffers": 3,
     })
 
@@ -76,7 +76,7 @@ def train(plan: Plan, steps: int, tokens: torch.Tensor, sample: bool) -> dict[st
 def main() -> None:
     nvme_path, layers, hidden, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     torch.manual_seed(0)
-    tokens = torch.randint(0, VOCAB, (4, SEQ + 1))
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
     train(plan_for(nvme_path, 1, 32), 2, tokens, sample=False)  # load the code paths before the baseline
     base = anon_rss_bytes()
     plan = plan_for(nvme_path, layers, hidden)
