@@ -142,7 +142,8 @@ class NvmeStore(ShardStore):
 
     def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
-        buffer = self._staging_buffer(src.numel() * src.element_size())
+        # Sized in the stored dtype: a bf16 gradient is written into its fp32 shard.
+        buffer = self._staging_buffer(src.numel() * torch.empty(0, dtype=stored).element_size())
         staging = torch.frombuffer(buffer.view, dtype=stored, count=src.numel())
         staging.copy_(src.reshape(-1))
         self._staged_writes.append((self._submit_write(key, staging, offset), buffer))

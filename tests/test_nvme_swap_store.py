@@ -236,3 +236,32 @@ def test_pinned_pool_buffers_round_trip_nvme_to_gpu(tmp_path):
         assert torch.equal(on_gpu.cpu(), expected)
         del host
         pool.release(staging)
+
+
+def test_staged_writes_are_sized_in_the_stored_dtype(tmp_path):
+    """A bf16 gradient written into its fp32 shard needs staging of the fp32 size, also when a larger
+    shard is created after the first write (the reused staging buffer must be replaced, not
+    overrun). Regression: the sweep's bf16 all-NVMe plan failed here."""
+    import torch
+
+    from runtime.ledger import MemoryLedger
+    from runtime.nvme_store import NvmeSpace, NvmeStore
+    from runtime.stores import CopyEngine
+
+    space = NvmeSpace(str(tmp_path), rank=0, capacity_bytes={"gradients": 1 << 20}, node_needed_bytes=1 << 20,
+                        block_size_bytes=1 << 20)
+    store = NvmeStore(term="gradients", ledger=MemoryLedger(), copier=CopyEngine(torch.device("cpu"), {}),
+                      name="gradients", swap=space)
+    small = torch.arange(1024, dtype=torch.bfloat16)
+    store.create("small", small.numel(), torch.float32)
+    store.write("small", small)
+    store.write("small", small)  # both staging buffers in flight: the next write reuses one
+    big = torch.arange(2048, dtype=torch.bfloat16)
+    store.create("big", big.numel(), torch.float32)
+    store.write("big", big)
+    for key, src in (("small", small), ("big", big)):
+        out = torch.empty(src.numel(), dtype=torch.float32)
+        store.read_into(key, out).wait()
+        assert torch.equal(out, src.float())
+    store.close()
+    space.close()
