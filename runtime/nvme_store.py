@@ -114,6 +114,10 @@ class NvmeStore(ShardStore):
     def keys(self) -> list[str]:
         return list(self._extents)
 
+    def shard_info(self, key: str) -> tuple[int, torch.dtype]:
+        _, dtype, numel = self._extents[key]
+        return numel, dtype
+
     def resident(self, key: str) -> torch.Tensor:
         raise AssertionError(f"shard {key} lives on NVMe: stream it with read_into/write_from")
 
