@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world_size > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        init_process_group(rank=rank, world_size=world_size)
     try:
         plan = load_plan(args.plan)
         check_executable(plan, world_size=world_size)
@@ -91,6 +92,27 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()  # no rank tears down gloo/NCCL pairs while a peer still uses them
         dist.destroy_process_group()
     return 0
+
+
+def init_process_group(*, rank: int, world_size: int) -> None:
+    """torch.distributed's default group; on a torchrun restart, in a fresh key space of the store.
+
+    [Note: process groups after a torchrun restart]
+    torchrun's workers share the agent's TCPStore, and a restarted worker group gets the same
+    store: the previous attempt's keys (the dead ranks' gloo addresses) are still there, and the new
+    ranks connect to them (connection refused, or a hang). Prefixing the keys with the restart count
+    gives every attempt its own."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend)
+        return
+    from datetime import timedelta
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timedelta(minutes=10))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"tierwise/attempt_{restart}", store), rank=rank,
+                            world_size=world_size)
 
 
 def make_checkpointer(args: argparse.Namespace, plan: Plan, *, rank: int, world_size: int):  # noqa: ANN201
@@ -145,16 +167,32 @@ def batch_for(step: int, rank: int, plan: Plan, vocab: int, tokens: torch.Tensor
 def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, rank: int, world_size: int,
           checkpointer=None) -> Profile | None:  # noqa: ANN001 - runtime.ckpt.Checkpointer
     import runtime
-    from runtime.faults import fault_point
     from runtime.gpt import GPT, GPTConfig, init_weights
 
     cfg = GPTConfig.from_model_spec(plan.model)
     torch.manual_seed(args.seed)
+    random.seed(args.seed)  # ours does not draw from it, but a user's data pipeline may: runs are reproducible
     with torch.device("meta"):
         model = GPT(cfg)
     model = runtime.shard(model, plan, param_init_fn=init_weights)
     state = runtime.state_of(model)
     optimizer = runtime.AdamW(model, lr=args.lr, weight_decay=0.1)
+    try:
+        return _train_loop(plan, args, tokens, model, optimizer, rank=rank, world_size=world_size,
+                           checkpointer=checkpointer)
+    finally:
+        # Swap files of an NVMe placement go now (also after an error), not at interpreter exit.
+        optimizer.close()
+        state.close()
+
+
+def _train_loop(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, model: torch.nn.Module,
+                optimizer, *, rank: int, world_size: int, checkpointer) -> Profile | None:  # noqa: ANN001
+    import runtime
+    from runtime.faults import fault_point
+
+    state = runtime.state_of(model)
+    vocab_size = model.wte.num_embeddings
     device = state.config.device
     losses: list[float] = []
     first_step = 1
@@ -174,12 +212,10 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, 
         if rank == 0:
             print(f"warning: the newest checkpoint is at step {first_step - 1}; nothing left to train for --steps "
                   f"{args.steps}", file=sys.stderr, flush=True)
-        optimizer.close()
-        state.close()
         return None
     for step in range(first_step, args.steps + 1):
         # The data position is the step itself: batch_for draws from a generator seeded by it.
-        batch = batch_for(step, rank, plan, cfg.vocab_size, tokens, args.seed).to(device)
+        batch = batch_for(step, rank, plan, vocab_size, tokens, args.seed).to(device)
         loss = model(input_ids=batch[:, :-1], labels=batch[:, 1:]).loss
         loss.backward()
         fault_point("train.step", step=step, rank=rank)
@@ -204,8 +240,6 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, 
         gathered = [None] * world_size
         dist.all_gather_object(gathered, (local, extra))
     num_params = sum(u.layout.numel for u in state.units)
-    optimizer.close()
-    state.close()  # swap files of an NVMe placement go now, not at interpreter exit
     return build_profile(plan, gathered, losses, args.warmup_steps, device=str(device), num_params_run=num_params,
                          first_step=first_step)
 

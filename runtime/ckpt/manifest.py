@@ -112,6 +112,7 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
 
 
 def read_manifest(directory: Path) -> Manifest:
+    directory = Path(directory)
     path = directory / MANIFEST
     try:
         if path.stat().st_size > MAX_MANIFEST_BYTES:
@@ -144,6 +145,7 @@ def check_same_run(manifest: Manifest, directory: Path, *, world_size: int, fing
 
 def verify(directory: Path, *, world_size: int, fingerprint_: str) -> Manifest:
     """The manifest of a complete checkpoint usable by this run; a one-line CheckpointError otherwise."""
+    directory = Path(directory)
     manifest = read_manifest(directory)
     check_same_run(manifest, directory, world_size=world_size, fingerprint_=fingerprint_)
     for expected in manifest.files:
