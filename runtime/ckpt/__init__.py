@@ -41,13 +41,15 @@ __all__ = ["CheckpointError", "CheckpointMismatch", "Checkpointer", "check_check
 
 
 def check_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
-    """The checkpoint directory (created if missing), or a one-line CheckpointError."""
+    """The checkpoint directory (created if missing, inside an existing parent), or a one-line CheckpointError."""
     text = os.fspath(path)
     if not text or "\0" in text:
         raise CheckpointError(f"--checkpoint-dir {text!r} is not a usable path")
     root = Path(text).expanduser().resolve()
+    if not root.parent.is_dir():  # a typo should not grow a tree of directories
+        raise CheckpointError(f"--checkpoint-dir {root}: its parent {root.parent} is not an existing directory")
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create --checkpoint-dir {root}: {exc.strerror or exc}") from None
     if not root.is_dir():
