@@ -20,6 +20,7 @@ states are part of the checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -178,12 +179,19 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, 
     state = runtime.state_of(model)
     optimizer = runtime.AdamW(model, lr=args.lr, weight_decay=0.1)
     try:
-        return _train_loop(plan, args, tokens, model, optimizer, rank=rank, world_size=world_size,
-                           checkpointer=checkpointer)
-    finally:
-        # Swap files of an NVMe placement go now (also after an error), not at interpreter exit.
-        optimizer.close()
-        state.close()
+        profile = _train_loop(plan, args, tokens, model, optimizer, rank=rank, world_size=world_size,
+                              checkpointer=checkpointer)
+    except BaseException:
+        # Swap files of an NVMe placement go now, not at interpreter exit; the error that stopped
+        # the run is the one to report, not a second one from transfers still failing while closing.
+        with contextlib.suppress(Exception):
+            optimizer.close()
+        with contextlib.suppress(Exception):
+            state.close()
+        raise
+    optimizer.close()
+    state.close()
+    return profile
 
 
 def _train_loop(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, model: torch.nn.Module,
@@ -196,6 +204,8 @@ def _train_loop(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | Non
     device = state.config.device
     losses: list[float] = []
     first_step = 1
+    if checkpointer is not None and args.save_every:
+        checkpointer.preflight(state, optimizer)
     if checkpointer is not None and args.resume:
         restored = checkpointer.restore(state, optimizer)
         if restored is not None:

@@ -77,6 +77,12 @@ class AdamW:
                 out[f"adam/{key}/{name}"] = value
         return out
 
+    def checkpoint_bytes(self) -> int:
+        """Bytes of `checkpoint_tensors()` once every unit has stepped (Adam's states appear lazily)."""
+        if self._streamed is not None:
+            return 4 * len(self._keys)
+        return sum(2 * m.numel() * m.element_size() + 4 for m in self._masters)
+
     def checkpoint_tensors_for_load(self, names: list[str]) -> dict[str, torch.Tensor]:
         """Tensors to load the named checkpoint tensors into, creating Adam states that a fresh
         optimizer has not allocated yet (torch creates them lazily on the first step)."""

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,12 @@ def profile_losses(path: Path) -> list[float]:
 def manifest_files(checkpoint_dir: Path, step: int) -> list[dict[str, Any]]:
     """The manifest's file list of a checkpoint: equal lists mean bitwise-equal training state."""
     return json.loads((checkpoint_dir / f"step-{step:09d}" / "MANIFEST.json").read_text())["files"]
+
+
+def in_small_tmpfs(mount: Path, size_bytes: int, body: str) -> subprocess.CompletedProcess[str]:
+    """Run `body` (Python) in a private mount namespace with a tmpfs of `size_bytes` at `mount`."""
+    script = (f"import subprocess\nsubprocess.run(['mount', '-t', 'tmpfs', '-o', 'size={size_bytes}', 'none', "
+              f"{str(mount)!r}], check=True)\n" + textwrap.dedent(body))
+    mount.mkdir(exist_ok=True)
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-c", script], cwd=ROOT,
+                          env=worker_env(), capture_output=True, text=True, timeout=300)

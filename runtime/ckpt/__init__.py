@@ -146,6 +146,21 @@ class Checkpointer:
         self._barrier()  # nobody trains on (and may crash) before the checkpoint is complete
         return final
 
+    def preflight(self, state: Any, optimizer: Any) -> None:
+        """Refuse before training when the directory cannot hold the checkpoints this run keeps, plus the
+        one being written (`keep + 1` of them, less those already there), for every rank."""
+        from runtime.ckpt.rank_state import rank_bytes
+
+        existing = min(self.keep, len(checkpoint_steps(self.root)))
+        size = rank_bytes(state, optimizer) * self.world_size
+        needed = (self.keep + 1 - existing) * size
+        stat = os.statvfs(self.root)
+        free = stat.f_bavail * stat.f_frsize
+        if needed > free and stat.f_blocks:
+            raise CheckpointError(f"--checkpoint-dir {self.root} has {free / 2**20:.1f} MiB free but {self.keep + 1 - existing} "
+                                  f"more checkpoint(s) of {size / 2**20:.1f} MiB need {needed / 2**20:.1f} MiB; free "
+                                  "space, lower --keep-checkpoints or choose another directory")
+
     def restore(self, state: Any, optimizer: Any) -> dict[str, Any] | None:
         """Load the newest complete checkpoint into `state` and `optimizer` (skipping incomplete or
         corrupt ones with a warning); returns its scalars, or None when there is none."""

@@ -81,6 +81,14 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
+def rank_bytes(state: Any, optimizer: Any) -> int:
+    """Size of this rank's checkpoint files, within a MiB (RNG states and the index are small)."""
+    total = optimizer.checkpoint_bytes()
+    for store in (state.param_store, state.optimizer_store):
+        total += sum(numel * dtype.itemsize for numel, dtype in map(store.shard_info, store.keys()))
+    return total + (1 << 20)
+
+
 class ChunkBuffer:
     """The one host buffer checkpoint traffic goes through."""
 
