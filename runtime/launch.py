@@ -177,6 +177,7 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, 
         model = GPT(cfg)
     model = runtime.shard(model, plan, param_init_fn=init_weights)
     state = runtime.state_of(model)
+    state.profiler.keep_samples(args.steps)  # the profile has one sample per step
     optimizer = runtime.AdamW(model, lr=args.lr, weight_decay=0.1)
     try:
         profile = _train_loop(plan, args, tokens, model, optimizer, rank=rank, world_size=world_size,
