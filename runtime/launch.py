@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     args = ap.parse_args(argv)
     # A worker restarted by torchrun (--max-restarts) resumes: that is what the checkpoints are for.
-    args.resume = args.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    args.restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world_size > 1:
@@ -129,7 +129,8 @@ def make_checkpointer(args: argparse.Namespace, plan: Plan, *, rank: int, world_
     from runtime.ckpt import Checkpointer
 
     return Checkpointer(args.checkpoint_dir, plan=plan, seed=args.seed, rank=rank, world_size=world_size,
-                        resume=args.resume, keep=args.keep_checkpoints)
+                        resume=args.resume, keep=args.keep_checkpoints, restarted=args.restarted,
+                        run_id=os.environ.get("TORCHELASTIC_RUN_ID", ""))
 
 
 def describe_io_error(exc: OSError) -> str:
@@ -207,7 +208,7 @@ def _train_loop(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | Non
     first_step = 1
     if checkpointer is not None and args.save_every:
         checkpointer.preflight(state, optimizer)
-    if checkpointer is not None and args.resume:
+    if checkpointer is not None and (args.resume or args.restarted):
         restored = checkpointer.restore(state, optimizer)
         if restored is not None:
             first_step = restored["step"] + 1

@@ -98,3 +98,50 @@ def test_manifest_names_cannot_escape_the_checkpoint(tmp_path: Path) -> None:
     (step / "MANIFEST.json").write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match=r"is not a rank file name"):
         read_manifest(step)
+
+
+def test_planner_run_passes_checkpoint_options_and_restarts_to_torchrun(tmp_path: Path) -> None:
+    from planner.cli_run import CheckpointOptions, torchrun_command
+
+    plan = tmp_path / "plan.json"
+    ck = CheckpointOptions(save_every=5, checkpoint_dir=tmp_path / "ck", keep=3, resume=True)
+    cmd = torchrun_command(plan, steps=10, nproc=2, data=None, profile_out=None, torchrun_args=[], checkpoints=ck)
+    i = cmd.index("--max-restarts")
+    assert cmd[i + 1] == "3"
+    assert cmd[cmd.index(str(plan)):] == [str(plan), "--steps", "10", "--save-every", "5", "--checkpoint-dir",
+                                          str(tmp_path / "ck"), "--keep-checkpoints", "3", "--resume"]
+    plain = torchrun_command(plan, steps=10, nproc=2, data=None, profile_out=None, torchrun_args=[])
+    assert plain[plain.index("--max-restarts") + 1] == "0"
+    own = torchrun_command(plan, steps=10, nproc=2, data=None, profile_out=None, checkpoints=ck,
+                           torchrun_args=["--nnodes", "1", "--max-restarts=7"])
+    assert [a for a in own if a.startswith("--max-restarts")] == ["--max-restarts=7"]
+
+
+def test_planner_run_saves_and_resumes_through_the_cli(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from reliability_support import ROOT, profile_losses, worker_env
+
+    plan = write_plan(tmp_path, ALL_CPU)
+
+    def planner_run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "planner", "run", str(plan), "--no-history", *args], cwd=ROOT,
+                              env=worker_env(), capture_output=True, text=True, timeout=300)
+
+    ck = str(tmp_path / "ck")
+    first = planner_run("--steps", "2", "--save-every", "2", "--checkpoint-dir", ck, "--profile-out",
+                        str(tmp_path / "a.json"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = planner_run("--steps", "3", "--save-every", "2", "--checkpoint-dir", ck)
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"error: the runtime refused the plan: --checkpoint-dir {ck} already holds checkpoints (newest: step 2); "
+        "pass --resume to continue from them, or choose an empty directory")
+    resumed = planner_run("--steps", "3", "--save-every", "2", "--checkpoint-dir", ck, "--resume", "--profile-out",
+                          str(tmp_path / "b.json"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert [s["step"] for s in doc["samples"]] == [3]
+    assert len(profile_losses(tmp_path / "a.json") + doc["losses"]) == 3
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000002", "step-000000003"]

@@ -59,6 +59,13 @@ def check_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     return root
 
 
+def _run_id(directory: Path) -> str | None:
+    try:
+        return read_manifest(directory).run_id
+    except CheckpointError:
+        return None
+
+
 def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
@@ -67,13 +74,20 @@ class Checkpointer:
     """Saves and restores the checkpoints of one run under `root` (one object per rank)."""
 
     def __init__(self, root: str | os.PathLike[str], *, plan: Any, seed: int, rank: int, world_size: int,
-                 resume: bool, keep: int = 2, warn: Callable[[str], None] = _warn) -> None:
+                 resume: bool, keep: int = 2, warn: Callable[[str], None] = _warn,
+                 restarted: bool = False, run_id: str = "") -> None:
+        """`resume`: the user asked to continue from the checkpoints there. `restarted`: torchrun
+        restarted this worker (`run_id` is its invocation); it continues from its own checkpoints only."""
         if keep < 1:
             raise CheckpointError(f"keep must be at least 1 checkpoint, got {keep}")
         self.root = check_checkpoint_dir(root)
         self.fingerprint = fingerprint(plan, seed=seed)
         self.rank, self.world_size, self.keep, self.warn = rank, world_size, keep, warn
+        self.run_id = run_id
         steps = checkpoint_steps(self.root)
+        if steps and not resume and restarted:
+            # A restart resumes what this invocation wrote, never checkpoints its first attempt refused.
+            steps = [s for s in steps if _run_id(step_dir(self.root, s)) != run_id]
         if steps and not resume:
             # Starting over would interleave two runs' checkpoints, and pruning would delete the old ones.
             raise CheckpointError(f"--checkpoint-dir {self.root} already holds checkpoints (newest: step {steps[0]}); "
@@ -141,7 +155,7 @@ class Checkpointer:
         if self.rank == 0:
             files = tuple(d for digests in results for d in digests)
             publish(self.root, step, Manifest(step=step, world_size=self.world_size, fingerprint=self.fingerprint,
-                                              files=files))
+                                              files=files, run_id=self.run_id))
             prune(self.root, self.keep)
         self._barrier()  # nobody trains on (and may crash) before the checkpoint is complete
         return final

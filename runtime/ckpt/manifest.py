@@ -68,14 +68,16 @@ class Manifest:
     world_size: int
     fingerprint: str
     files: tuple[FileDigest, ...]
+    run_id: str = ""
+    """torchrun's run id of the invocation that wrote it (a restart resumes only its own checkpoints)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "step": self.step, "world_size": self.world_size, "fingerprint": self.fingerprint,
-                "files": [{"name": f.name, "size_bytes": f.size_bytes, "sha256": f.sha256} for f in self.files]}
+                "run_id": self.run_id, "files": [{"name": f.name, "size_bytes": f.size_bytes, "sha256": f.sha256} for f in self.files]}
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "manifest") -> Manifest:
-        check_keys(doc, {"format", "step", "world_size", "fingerprint", "files"}, where)
+        check_keys(doc, {"format", "step", "world_size", "fingerprint", "files", "run_id"}, where)
         for key in ("format", "step", "world_size", "fingerprint", "files"):
             if key not in doc:
                 raise CheckpointError(f"{where}: missing required key {key!r}")
@@ -84,6 +86,7 @@ class Manifest:
         step = int(number(doc["step"], f"{where}.step", minimum=1, maximum=MAX_STEP, integer=True))
         world_size = int(number(doc["world_size"], f"{where}.world_size", minimum=1, maximum=1 << 20, integer=True))
         fp = string(doc["fingerprint"], f"{where}.fingerprint", max_len=64)
+        run_id = string(doc.get("run_id", ""), f"{where}.run_id", max_len=256)
         if not isinstance(doc["files"], list) or len(doc["files"]) != 2 * world_size:
             raise CheckpointError(f"{where}.files must list 2 files per rank ({2 * world_size})")
         files = []
@@ -103,7 +106,7 @@ class Manifest:
         expected = sorted(rank_file(r, s) for r in range(world_size) for s in ("bin", "json"))
         if sorted(f.name for f in files) != expected:
             raise CheckpointError(f"{where}.files must be exactly the rank files of {world_size} rank(s)")
-        return cls(step=step, world_size=world_size, fingerprint=fp, files=tuple(files))
+        return cls(step=step, world_size=world_size, fingerprint=fp, files=tuple(files), run_id=run_id)
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
