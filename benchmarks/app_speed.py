@@ -56,9 +56,7 @@ INTERACTIONS = [
     ("open Timeline (simulate)", "tab", "Timeline", None),
     ("GPUs 24 -> 16 (Timeline open)", "number_input", "gpus", 16),
     ("NVMe write 56 -> 40 GB/s (Timeline open)", "number_input", "hw:dgx-h100:nvme_write_gb_per_s", 40.0),
-    ("draw the Gantt chart (toggle on)", "toggle", "gantt", True),
-    ("GPUs 16 -> 32 (Gantt chart on)", "number_input", "gpus", 32),
-    ("Gantt chart off", "toggle", "gantt", False),
+    ("GPUs 16 -> 32 (Timeline open)", "number_input", "gpus", 32),
     ("GPUs 32 -> 16 (Timeline open)", "number_input", "gpus", 16),
     ("open Bandwidth (eq. 6)", "tab", "Bandwidth (eq. 6)", None),
     ("open Largest model", "tab", "Largest model", None),
@@ -162,8 +160,8 @@ def write_results(doc: dict) -> None:
         + (", ".join(f"{label} ({v['median_s']:.2f} s median)" for label, v in doc["interactions"].items()
                      if v["worst_s"] > TARGET_S) or "none") + ".",
         "The page ranks the top placements by simulation by default (`planner.sim.refine.refine`, what",
-        "`planner fit` reports), cached per question; the Gantt chart (`planner.sim.timeline.draw`, matplotlib)",
-        "is drawn on request and cached per plan.",
+        "`planner fit` reports), cached per question; the Timeline panel's Gantt chart is the simulator's",
+        "binned data (`planner.sim.timeline.busy_bins`, `zoom_spans`) drawn by the browser (Vega-Lite).",
         "`python benchmarks/app_speed.py --repeats 5 --write-results` reproduces this section.",
         "",
     ]

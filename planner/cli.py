@@ -366,12 +366,13 @@ def history(
 
 
 # -- command modules --
-from planner import cli_app, cli_probe, cli_run, cli_sim  # noqa: E402
+from planner import cli_app, cli_calibrate, cli_probe, cli_run, cli_sim  # noqa: E402
 
 cli_app.register(app)
 cli_sim.register(app)
 cli_probe.register(app)
 cli_run.register(app)
+cli_calibrate.register(app)
 
 
 def main() -> None:

@@ -179,21 +179,42 @@ def _launch(cmd: list[str], steps: int, console: Console) -> int:
     return 0
 
 
-def comparison_table(plan_path: Path, profile_path: Path) -> tuple[list[dict], Table]:
+def comparison_table(plan_path: Path, profile_path: Path, hardware: str | None = None) -> tuple[list[dict], Table]:
+    """Predicted vs measured per metric; with `hardware` (a calibrated spec) the plan is simulated
+    again on it and every row also shows the prediction and error after calibration."""
     plan = load_plan(plan_path)
     if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
         from planner.search import predict
 
         plan = predict(plan)
-    rows = [r.to_dict() for r in compare(plan, load_profile(profile_path))]
+    profile = load_profile(profile_path)
+    rows = [r.to_dict() for r in compare(plan, profile)]
+    if hardware is not None:
+        from planner.catalog import resolve_hardware
+        from planner.sim import simulate
+
+        calibrated = plan.replace(node=resolve_hardware(hardware), prediction=None)
+        after = {r.metric: r.to_dict() for r in compare(calibrated.replace(prediction=simulate(calibrated).prediction),
+                                                         profile)}
+        for r in rows:
+            a = after.get(r["metric"], {})
+            r["calibrated_predicted"], r["calibrated_relative_error"] = a.get("predicted"), a.get("relative_error")
     table = Table(title=f"{plan_path.name}: predicted vs measured")
-    for col in ("metric", "predicted", "measured", "relative error"):
+    cols = ["metric", "predicted", "measured", "relative error"]
+    if hardware is not None:
+        cols += ["calibrated", "error after"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "metric" else "right")
     for r in rows:
-        err = r["relative_error"]
-        table.add_row(r["metric"], _fmt(r["predicted"]), _fmt(r["measured"]),
-                      "-" if err is None else f"{err:+.1%}")
+        cells = [r["metric"], _fmt(r["predicted"]), _fmt(r["measured"]), _pct(r["relative_error"])]
+        if hardware is not None:
+            cells += [_fmt(r["calibrated_predicted"]), _pct(r["calibrated_relative_error"])]
+        table.add_row(*cells)
     return rows, table
+
+
+def _pct(err: float | None) -> str:
+    return "-" if err is None else f"{err:+.1%}"
 
 
 def _fmt(value: float | None) -> str:
@@ -229,12 +250,14 @@ def register(app: typer.Typer) -> None:
     def compare_cmd(
         plan: Annotated[Path, typer.Argument(help="plan JSON with a prediction block")],
         profile: Annotated[Path, typer.Argument(help="profile JSON written by `planner run`")],
+        hardware: Annotated[str | None, typer.Option(help="calibrated hardware (`planner calibrate --out`): "
+                                                          "also show predictions and errors after calibration")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     ) -> None:
-        """Predicted vs measured, per metric, with the relative error."""
+        """Predicted vs measured, per metric, with the relative error (before and after calibration)."""
 
         def go() -> int:
-            rows, table = comparison_table(plan, profile)
+            rows, table = comparison_table(plan, profile, hardware)
             if as_json:
                 print(json.dumps({"plan": str(plan), "profile": str(profile), "metrics": rows}, indent=2))
             else:

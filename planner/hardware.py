@@ -54,7 +54,7 @@ _CURVES: dict[str, tuple[str, float, str]] = {
     "transfer": ("size_mib", MIB, "bytes"),
     "matmul": ("gflop", 1e9, "flop"),
 }
-_EXTRA_KEYS = {"nvme_read_write", "efficiency"}
+_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +159,10 @@ class NodeSpec:
     """`independent`: reads and writes each reach their own rate at once (separate drives or a
     duplex-friendly array); `shared`: they split one device budget, a byte read costing
     1/read rate and a byte written 1/write rate of it."""
+    host_is_device: bool = False
+    """The compute device *is* the host (a CPU-only machine, as `planner probe` finds without CUDA):
+    the `gpu` and `cpu` tiers are the same memory, so a state placed on `cpu` is used where it lies,
+    with no host<->device copy and no staging buffer (runtime/stores.py [Note: the CPU machine])."""
     transfer_efficiency: EfficiencyCurve = EfficiencyCurve()
     """Fraction of a link's rate one transfer of a given size reaches (PCIe, NVMe, collectives)."""
     matmul_efficiency: EfficiencyCurve = EfficiencyCurve()
@@ -181,6 +185,8 @@ class NodeSpec:
                 f"({self.gpu_memory_bytes / GIB:g})"
             )
         string(self.nvme_read_write, f"{where} nvme_read_write", choices=NVME_READ_WRITE)
+        if not isinstance(self.host_is_device, bool):
+            raise PlannerError(f"{where} host_is_device must be true or false, got {self.host_is_device!r}")
         for curve in (self.transfer_efficiency, self.matmul_efficiency):
             if not isinstance(curve, EfficiencyCurve):
                 raise PlannerError(f"{where}: efficiency curves must be EfficiencyCurve, got {type(curve).__name__}")
@@ -198,6 +204,8 @@ class NodeSpec:
             value = getattr(self, attr)
             doc[key] = int(value) if integer else value / scale
         doc["nvme_read_write"] = self.nvme_read_write
+        if self.host_is_device:
+            doc["host_is_device"] = True
         curves = {"transfer": self.transfer_efficiency, "matmul": self.matmul_efficiency}
         if any(curve.points for curve in curves.values()):
             doc["efficiency"] = {kind: _curve_to_doc(curve, kind) for kind, curve in curves.items() if curve.points}
@@ -222,6 +230,10 @@ class NodeSpec:
                 kwargs[attr] = value if integer else value * scale
         if "nvme_read_write" in doc:
             kwargs["nvme_read_write"] = string(doc["nvme_read_write"], f"{where} nvme_read_write", choices=NVME_READ_WRITE)
+        if "host_is_device" in doc:
+            if not isinstance(doc["host_is_device"], bool):
+                raise PlannerError(f"{where} host_is_device must be true or false, got {doc['host_is_device']!r}")
+            kwargs["host_is_device"] = doc["host_is_device"]
         if "efficiency" in doc:
             check_keys(doc["efficiency"], set(_CURVES), f"{where} efficiency")
             for kind, curve_doc in doc["efficiency"].items():

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 from planner.plan import MODEL_STATES, TIERS, Plan
 
-# bytes per parameter of each model state (eq. 2: 2 + 2 + 16 = 20 for mixed precision, where the
-# optimizer's 16 are the fp32 master weights, momentum, variance and the fp32 gradient copy).
+# bytes per parameter of each model state as eq. 2 writes them (2 + 2 + 16 = 20 for mixed precision,
+# where the optimizer's 16 are the fp32 master weights, momentum, variance and the fp32 gradient
+# copy). `paper_quantities` reports these; the bill counts what the runtime holds (below).
 BYTES_PER_PARAM: dict[str, dict[str, int]] = {
     "bf16": {"params": 2, "gradients": 2, "optimizer_states": 16},
     "fp16": {"params": 2, "gradients": 2, "optimizer_states": 16},
@@ -34,7 +35,10 @@ BYTES_PER_PARAM: dict[str, dict[str, int]] = {
     # it steps (it may be another tier), momentum and variance.
     "fp32": {"params": 4, "gradients": 4, "optimizer_states": 12},
 }
-ACTIVATION_BYTES = 2  # eq. 3 and 5 count fp16 activations
+PAPER_BYTES_PER_PARAM = BYTES_PER_PARAM
+COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+"""Bytes per element of parameters, activations and checkpoints in the plan's compute precision."""
+ACTIVATION_BYTES = 2  # eq. 3 and 5 count fp16 activations (the paper quantities; the bill uses COMPUTE_BYTES)
 LOGIT_GRAD_BYTES = 4  # the loss upcasts logits to fp32 and backpropagates through that copy
 ALLOCATOR_SLACK_FRACTION = 0.10
 
@@ -101,7 +105,7 @@ class MemoryBill:
 
 
 def model_state_bytes(plan: Plan) -> dict[str, int]:
-    """Per-GPU bytes of each model state where it lives (eq. 2 split by partitioning)."""
+    """Per-GPU bytes of each model state as eq. 2 counts them (split by partitioning)."""
     per_param = BYTES_PER_PARAM[plan.precision]
     params_per_gpu = plan.model.num_params / plan.model_parallel_degree
     dp = plan.data_parallel_degree
@@ -111,18 +115,71 @@ def model_state_bytes(plan: Plan) -> dict[str, int]:
     }
 
 
+def resident_state_terms(plan: Plan) -> list[tuple[str, str, int]]:
+    """(tier, term, bytes per GPU) of the model states as the runtime holds them.
+
+    [Note: runtime bytes per parameter] Where eq. 2 and the runtime differ, the bill follows the
+    runtime (`tests/test_runtime_memory.py` checks it; `paper_quantities` keeps eq. 2):
+    - mixed precision: no 16-bit gradient shard exists; arriving 16-bit gradients are added straight
+      into the fp32 gradient copy, which eq. 2 counts among the optimizer states. That copy lives
+      where the gradients are placed (4 bytes/param, term `optimizer_states` in the gradients'
+      tier); the master, momentum and variance (12) where the optimizer states are: 18, not 20.
+    - fp32 with params and optimizer states in one tier: the parameter shard is the master, so the
+      optimizer holds momentum and variance only (8 bytes/param, not 12).
+    """
+    per_gpu = plan.model.num_params / plan.model_parallel_degree
+    dp = plan.data_parallel_degree
+    place = plan.placement
+
+    def share(state: str, nbytes: int) -> int:
+        return math.ceil(per_gpu * nbytes / (dp if state in plan.partitioned else 1))
+
+    compute = COMPUTE_BYTES[plan.precision]
+    terms = [(place.params, "params", share("params", compute))]
+    if plan.precision == "fp32":
+        terms.append((place.gradients, "gradients", share("gradients", 4)))
+        master = 0 if place.params == place.optimizer_states else 4
+        terms.append((place.optimizer_states, "optimizer_states", share("optimizer_states", master + 8)))
+    else:
+        terms.append((place.gradients, "optimizer_states", share("gradients", 4)))
+        terms.append((place.optimizer_states, "optimizer_states", share("optimizer_states", 12)))
+    return terms
+
+
+def resident_bytes(plan: Plan) -> dict[str, int]:
+    """Per-GPU bytes of the resident model states per tier (what `resident_state_terms` sums to)."""
+    out = dict.fromkeys(("gpu", "cpu", "nvme"), 0)
+    for tier, _, nbytes in resident_state_terms(plan):
+        out[tier] += nbytes
+    return out
+
+
+def params_on_compute_device(plan: Plan) -> bool:
+    """Whether the compute uses the parameter shard where it lies (no copy, no fresh buffer)."""
+    place = plan.placement.params
+    return place == "gpu" or (place == "cpu" and plan.node.host_is_device)
+
+
+def gathers_params(plan: Plan) -> bool:
+    """Whether the runtime materialises a full operator in a buffer of its own: an all-gather
+    (dp > 1), or a copy from a tier the compute cannot use directly."""
+    return "params" in plan.partitioned and (plan.data_parallel_degree > 1 or not params_on_compute_device(plan))
+
+
 def operator_params_per_gpu(plan: Plan) -> float:
     """Largest operator's weight elements on one GPU at once: split by mp and by tiling."""
     return plan.model.largest_operator_params / (plan.model_parallel_degree * plan.tiling_factor)
 
 
-def checkpoint_bytes(plan: Plan) -> int:
-    """Eq. 3 per GPU; one fp16 block input per checkpoint. 0 when checkpointing is off."""
+def checkpoint_bytes(plan: Plan, element_bytes: int | None = None) -> int:
+    """Eq. 3 per GPU: one block input per checkpoint, in the compute precision (eq. 3 writes fp16:
+    `element_bytes=ACTIVATION_BYTES`; an fp32 run holds 4-byte checkpoints). 0 without checkpointing."""
     m, ci = plan.model, plan.checkpoint_interval
     if ci == 0:
         return 0
+    element = COMPUTE_BYTES[plan.precision] if element_bytes is None else element_bytes
     num_checkpoints = math.ceil(m.num_layers / ci)
-    return math.ceil(ACTIVATION_BYTES * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size * num_checkpoints)
+    return math.ceil(element * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size * num_checkpoints)
 
 
 def activation_working_bytes(plan: Plan) -> int:
@@ -132,53 +189,77 @@ def activation_working_bytes(plan: Plan) -> int:
     return math.ceil(plan.micro_batch_per_gpu * m.seq_len * blocks * (16 * m.hidden_size + 2 * m.num_heads * m.seq_len))
 
 
+def largest_unit_params(plan: Plan) -> float:
+    """Elements of the largest parameter unit the runtime gathers at once, on one GPU: the largest
+    operator's weight tile plus its bias tile (the MLP up projection: `4 hd^2 + 4 hd` untiled)."""
+    m = plan.model
+    op = operator_params_per_gpu(plan)
+    bias = m.ffn_hidden_size / (plan.model_parallel_degree * plan.tiling_factor)
+    return op + (0 if _embedding_is_largest(plan) else bias)
+
+
+def _embedding_is_largest(plan: Plan) -> bool:
+    m = plan.model
+    return m.vocab_size * m.hidden_size > max(op.num_params for op in m.block_operators())
+
+
 def memory_bill(plan: Plan) -> MemoryBill:
     m, node, place = plan.model, plan.node, plan.placement
-    per_param = BYTES_PER_PARAM[plan.precision]
     dp = plan.data_parallel_degree
     gpus_per_node = plan.cluster.gpus_per_node
-    zero3 = "params" in plan.partitioned
-    op_params = operator_params_per_gpu(plan)
-    op_param_bytes = op_params * per_param["params"]
-    op_grad_bytes = op_params * per_param["gradients"]
+    compute = COMPUTE_BYTES[plan.precision]
+    unit_param_bytes = largest_unit_params(plan) * compute
     depth = plan.prefetch_depth
+    gathers = gathers_params(plan)
+    copies = not node.host_is_device  # host <-> device copies need staging (runtime/stores.py)
 
     gpu: dict[str, float] = {}
     cpu: dict[str, float] = {}
     nvme: dict[str, float] = {}
     per_gpu_tiers = {"gpu": gpu, "cpu": cpu, "nvme": nvme}
 
-    # -- resident states (eq. 2, eq. 3) ------------------------------------------------------
-    for state, nbytes in model_state_bytes(plan).items():
-        per_gpu_tiers[getattr(place, state)][state] = nbytes
+    # -- resident states (eq. 2 as the runtime holds them, eq. 3) ------------------------------
+    for tier, term, nbytes in resident_state_terms(plan):
+        per_gpu_tiers[tier][term] = per_gpu_tiers[tier].get(term, 0) + nbytes
     per_gpu_tiers[place.activation_checkpoints]["activation_checkpoints"] = checkpoint_bytes(plan)
 
     # -- working memory (eq. 4, eq. 5) and the runtime's buffers ------------------------------
+    # [Note: gathered working memory] The runtime gathers a unit (weights + bias) into a buffer of
+    # its own only when it must (`gathers_params`); with 2+ ranks the unit's 16-bit gradients are
+    # collected in a flat buffer too, and the tied embedding stays gathered from its use as the
+    # output head until its gradient is complete. Each term is its own worst case; the runtime's
+    # units of different sizes rarely reach all of them at one instant (docs/calibration.md).
     gpu["awm"] = activation_working_bytes(plan)
-    if zero3:
-        gpu["mswm"] = op_param_bytes + op_grad_bytes  # eq. 4: 16 hd^2 for the hd x 4hd linear
+    if gathers:
+        op_working = unit_param_bytes
+        if dp > 1:
+            op_working += largest_unit_params(plan) * compute  # the flat gradient buffer
+        if m.vocab_size and m.tied_embeddings and not _embedding_is_largest(plan):
+            op_working += m.vocab_size * m.hidden_size / plan.model_parallel_degree * compute
+        gpu["mswm"] = op_working
         if depth >= 1:
-            gpu["prefetch_gathered_params"] = op_param_bytes
-        if depth >= 2 and place.params != "gpu":
-            gpu["prefetch_shard_staging"] = op_param_bytes / dp
-    if "gradients" in plan.partitioned:
-        gpu["reduce_scatter_buffer"] = op_grad_bytes
-    if place.gradients != "gpu":
-        gpu["gradient_offload_staging"] = 2 * op_grad_bytes / dp
-    if place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
-        gpu["checkpoint_offload_staging"] = 2 * ACTIVATION_BYTES * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
+            gpu["prefetch_gathered_params"] = unit_param_bytes
+        if depth >= 2 and not params_on_compute_device(plan):
+            gpu["prefetch_shard_staging"] = unit_param_bytes / dp
+    if "gradients" in plan.partitioned and dp > 1:
+        gpu["reduce_scatter_buffer"] = largest_unit_params(plan) * compute
+    if copies and place.gradients != "gpu":
+        gpu["gradient_offload_staging"] = 2 * unit_param_bytes / dp
+    if copies and place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
+        gpu["checkpoint_offload_staging"] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
     if m.vocab_size:
         logit_elems = plan.micro_batch_per_gpu * m.seq_len * m.vocab_size
         gpu["logits"] = logit_elems * (ACTIVATION_BYTES + LOGIT_GRAD_BYTES)
     gpu["allocator_slack"] = ALLOCATOR_SLACK_FRACTION * sum(gpu.get(t, 0) for t in _TRANSIENT_GPU_TERMS)
 
-    if place.params == "nvme" and zero3:
-        cpu["param_swap_buffers"] = max(0, min(depth, 3) - 1) * op_param_bytes / dp
+    # NVMe write staging: two of the largest shard in flight per state (runtime/nvme_store.py).
+    unit_shard = largest_unit_params(plan) / dp
+    if place.params == "nvme" and "params" in plan.partitioned:
+        cpu["param_swap_buffers"] = 2 * _aligned(unit_shard * compute)
     if place.optimizer_states == "nvme":
-        shard = model_state_bytes(plan)["optimizer_states"]
-        cpu["optimizer_swap_buffers"] = min(shard, plan.num_optimizer_buffers * plan.optimizer_chunk_bytes)
+        cpu["optimizer_swap_buffers"] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
     if place.gradients == "nvme":
-        cpu["gradient_swap_buffers"] = 2 * op_grad_bytes / dp
+        cpu["gradient_swap_buffers"] = 2 * _aligned(unit_shard * 4)  # fp32 gradient shards
 
     # Host and NVMe tiers are shared by the node's GPUs: scale per-GPU amounts to per node.
     terms = {
@@ -192,9 +273,17 @@ def memory_bill(plan: Plan) -> MemoryBill:
         "nvme": int(node.nvme_capacity_bytes),
     }
     peak = {tier: sum(t.values()) for tier, t in terms.items()}
-    over = {tier: peak[tier] - capacity[tier] for tier in TIERS if peak[tier] > capacity[tier]}
-    largest_activation = plan.micro_batch_per_gpu * m.seq_len * m.ffn_hidden_size * ACTIVATION_BYTES / plan.model_parallel_degree
-    largest_weight = op_param_bytes if zero3 else (m.largest_operator_params / plan.model_parallel_degree) * per_param["params"]
+    if node.host_is_device:  # one memory: the host store's bytes and the device's add up
+        joint = peak["gpu"] + peak["cpu"]
+        over = {tier: joint - capacity[tier] for tier in ("gpu", "cpu") if joint > capacity[tier]}
+    else:
+        over = {tier: peak[tier] - capacity[tier] for tier in ("gpu", "cpu") if peak[tier] > capacity[tier]}
+    if peak["nvme"] > capacity["nvme"]:
+        over["nvme"] = peak["nvme"] - capacity["nvme"]
+    largest_activation = plan.micro_batch_per_gpu * m.seq_len * m.ffn_hidden_size * compute / plan.model_parallel_degree
+    zero3 = "params" in plan.partitioned
+    largest_weight = operator_params_per_gpu(plan) * compute if zero3 else (
+        m.largest_operator_params / plan.model_parallel_degree) * compute
     return MemoryBill(
         terms=terms,
         capacity_bytes=capacity,
@@ -202,6 +291,32 @@ def memory_bill(plan: Plan) -> MemoryBill:
         max_alloc_bytes=int(node.gpu_max_alloc_bytes),
         over=over,
     )
+
+
+RUNTIME_UNTRACKED_TERMS = ("awm", "logits", "allocator_slack")
+"""GPU terms that are autograd's tensors or allocator behaviour, not buffers the runtime owns: its
+ledger (and so a profile's `peak_bytes`) does not see them."""
+
+
+def runtime_buffer_peak_bytes(bill: MemoryBill) -> dict[str, int]:
+    """The bill's peak per tier over the terms the runtime's own ledger tracks (what a profile's
+    `peak_bytes` measures; on CUDA the allocator's peak is recorded beside it)."""
+    return {tier: sum(v for k, v in terms.items() if tier != "gpu" or k not in RUNTIME_UNTRACKED_TERMS)
+            for tier, terms in bill.terms.items()}
+
+
+def optimizer_chunk_buffer_bytes(plan: Plan) -> int:
+    """One buffer of the streamed optimizer: four fp32 regions (master, momentum, variance,
+    gradient) of `chunk_numel` elements each, `chunk_numel` a multiple of 1024 (4 KiB alignment)."""
+    numel = plan.optimizer_chunk_bytes // 16
+    if numel >= 1024:
+        numel -= numel % 1024
+    return 16 * numel
+
+
+def _aligned(nbytes: float) -> int:
+    """Direct I/O rounds every staged write up to 4 KiB."""
+    return -(-math.ceil(nbytes) // 4096) * 4096
 
 
 def min_tiling_factor(plan: Plan) -> int:
@@ -223,8 +338,8 @@ def paper_quantities(plan: Plan) -> dict[str, int]:
         "num_params": m.num_params,
         "num_params_eq1": m.num_params_eq1,
         "model_states": m.num_params * sum(per_param.values()),
-        "activation_checkpoints_per_gpu": checkpoint_bytes(plan),
-        "activations_per_gpu": checkpoint_bytes(plan) + activation_working_bytes(plan),
+        "activation_checkpoints_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES),
+        "activations_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES) + activation_working_bytes(plan),
         "mswm_per_gpu": math.ceil(m.largest_operator_params * (per_param["params"] + per_param["gradients"])),
         "awm_per_gpu": activation_working_bytes(plan),
     }

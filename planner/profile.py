@@ -161,6 +161,13 @@ def compare(plan: Plan, profile: Profile) -> list[MetricComparison]:
         pt, mt = getattr(p, table), getattr(m, table)
         rows += [MetricComparison(metric=f"{table}.{k}", predicted=float(pt.get(k, 0)), measured=float(mt.get(k, 0)))
                  for k in names]
+    # A profile's peaks are the runtime's own ledger, which does not see autograd's activations:
+    # the like-for-like prediction is the bill over the terms the ledger tracks.
+    from planner.memory import memory_bill, runtime_buffer_peak_bytes
+
+    buffers = runtime_buffer_peak_bytes(memory_bill(plan))
+    rows += [MetricComparison(metric=f"runtime_buffer_peak_bytes.{k}", predicted=float(buffers[k]),
+                              measured=float(m.peak_bytes.get(k, 0))) for k in TIERS]
     for tier in TIERS:
         pterms, mterms = p.memory_terms.get(tier, {}), m.memory_terms.get(tier, {})
         rows += [MetricComparison(metric=f"memory_terms.{tier}.{k}", predicted=float(pterms.get(k, 0)),

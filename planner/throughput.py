@@ -165,7 +165,6 @@ def estimate(plan: Plan) -> Estimate:
         tp_bwd = (2 + (2 if recompute else 0)) * m.num_layers * per_allreduce / bw.tensor_parallel
 
     # -- optimizer step: not overlapped with forward/backward in the paper's design ---------
-    opt_states_shard = shard_params * per_param["optimizer_states"]
     gpus = plan.cluster.gpus_per_node
     if place.optimizer_states == "gpu":
         optimizer = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
@@ -173,10 +172,14 @@ def estimate(plan: Plan) -> Estimate:
         cpu_update = _divide(shard_params * gpus, node.cpu_adam_params_per_s)
         io = 0.0
         if place.optimizer_states == "nvme":
-            # eq. 10: the 16 bytes/param of optimizer state are read and written once
-            links["nvme_read"] += opt_states_shard
-            links["nvme_write"] += opt_states_shard
-            io = _divide(opt_states_shard, bw.nvme_read) + _divide(opt_states_shard, bw.nvme_write)
+            # eq. 10 reads and writes 16 bytes/param once; the runtime's streamed step reads the
+            # fp32 master, momentum, variance (12) and the fp32 gradient (4, from NVMe when the
+            # gradients live there) and writes back only the 12 (runtime/streamed_optimizer.py).
+            read = shard_params * (12 + (4 if place.gradients == "nvme" else 0))
+            written = shard_params * 12
+            links["nvme_read"] += read
+            links["nvme_write"] += written
+            io = _divide(read, bw.nvme_read) + _divide(written, bw.nvme_write)
         # updated parameters go back to where the parameters live
         updated = shard_params * per_param["params"]
         if place.params == "gpu":

@@ -335,6 +335,7 @@ def probe_node(
         compute = measure_block_matmul(torch.device("cpu"), (torch.float32, torch.bfloat16), hidden=1024, tokens=1024)
         doc.update(
             num_gpus_per_node=1,
+            host_is_device=True,
             gpu_memory_gib=memory / GIB,
             gpu_hbm_gb_per_s=host_memory / GB,
             host_to_gpu_gb_per_s=host_memory / GB,

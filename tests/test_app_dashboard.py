@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test as app_test_module
 
 from app.dashboard import TABS
+from app.panels import timeline
 from app.panels.strategies import strategies_frame
 from planner import report
 from planner.catalog import resolve_hardware, resolve_model
@@ -131,18 +132,37 @@ def test_timeline_panel_shows_the_simulation(app):
     assert comparison.loc["iteration time", "analytic"] == report.fmt_seconds(analytic.iteration_time_s)
     assert comparison.loc["iteration time", "simulated"] == report.fmt_seconds(sim.iteration_time_s)
     assert comparison.loc["bottleneck", "simulated"] == sim.bottleneck
-    utilisation, memory_over_time = (json.loads(c.proto.spec) for c in panel.get("vega_lite_chart"))
+    utilisation, gantt, memory_over_time = (json.loads(c.proto.spec) for c in panel.get("vega_lite_chart"))
     assert utilisation["encoding"]["x"]["field"] == "busy"
     assert memory_over_time["facet"]["row"]["field"] == "tier"
-    assert not panel.get("image")  # the Gantt chart is drawn on request
+    # The Gantt chart is planner.sim.timeline's data, drawn by the browser: the whole iteration binned,
+    # then one checkpoint segment span by span.
+    full, zoom = gantt["vconcat"]
+    assert (full["mark"]["type"], zoom["mark"]["type"]) == ("rect", "bar")
+    assert full["encoding"]["opacity"]["field"] == "busy"
 
 
-def test_timeline_panel_draws_the_gantt_chart_on_request(app):
+def test_gantt_chart_data_is_the_simulators(app):
+    from planner.sim import simulate
+    from planner.sim.report import rank0_links
+    from planner.sim.timeline import ROW_LABELS, busy_bins, zoom_spans
+
     tab(app, "Timeline")
-    app.toggle(key="gantt").set_value(True).run()
-    no_errors(app)
-    panel = next(t for t in app.tabs if t.label == "Timeline")
-    assert len(panel.get("image")) == 1  # planner.sim.timeline's Gantt chart with memory curves
+    result = simulate(expected_best())
+    bins, window, spans = timeline.gantt_frames(result)
+    assert bins.to_dict("records") == busy_bins(result, timeline.GANTT_BINS)
+    assert spans.to_dict("records") == zoom_spans(result)[1]
+    # Every busy second of every resource is in the bins (to rounding), and no bin is over-full.
+    width = result.simulation.iteration_time_s / timeline.GANTT_BINS
+    for link in rank0_links(result.simulation):
+        if link.intervals:
+            mine = bins[bins["label"] == ROW_LABELS[link.name]]
+            assert (mine["busy"] * width).sum() == pytest.approx(link.busy_s, rel=1e-9)
+    assert bins["busy"].between(0, 1).all()
+    lo, hi = window
+    assert 0 <= lo < hi <= result.simulation.iteration_time_s
+    assert {"recompute", "backward"} <= set(spans["phase"])
+    assert spans["start_s"].between(lo, hi).all()
 
 
 def test_only_the_open_tab_runs(app):

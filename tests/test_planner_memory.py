@@ -47,10 +47,11 @@ def test_paper_equations_batch_and_interval(model, expected):
 
 def test_zero3_partitions_model_states_across_gpus():
     bill = memory_bill(plan_for())
-    # 20 bytes/param / 16 GPUs, split 2 + 2 + 16 (eq. 2)
+    # Eq. 2's 20 bytes/param / 16 GPUs as the runtime holds them: 2 (bf16 params) + 16 (fp32 gradient
+    # copy, master, momentum, variance); no 16-bit gradient shard exists ([Note: runtime bytes per parameter]).
     params = 12 * 128 * 25600**2
     assert bill.terms["gpu"]["params"] == params * 2 // 16
-    assert bill.terms["gpu"]["gradients"] == params * 2 // 16
+    assert "gradients" not in bill.terms["gpu"]
     assert bill.terms["gpu"]["optimizer_states"] == params * 16 // 16
     assert not bill.fits and "GPU needs" in bill.reason()
 
@@ -80,8 +81,10 @@ def test_allocator_slack_is_ten_percent_of_transient_terms():
 def test_tiling_divides_operator_working_memory():
     one = memory_bill(plan_for(strategy="zero-inf-cpu")).terms["gpu"]
     four = memory_bill(plan_for(strategy="zero-inf-cpu", tiling_factor=4)).terms["gpu"]
-    assert four["mswm"] == one["mswm"] // 4
-    assert four["prefetch_gathered_params"] == one["prefetch_gathered_params"] // 4
+    # The largest unit (weight + bias) is tiled; the tied embedding kept gathered is not (no
+    # embeddings in the paper's models, so exactly a quarter).
+    assert four["mswm"] == pytest.approx(one["mswm"] / 4, abs=1)
+    assert four["prefetch_gathered_params"] == pytest.approx(one["prefetch_gathered_params"] / 4, abs=1)
 
 
 def test_largest_allocation_drives_minimum_tiling():
@@ -118,7 +121,8 @@ def test_embeddings_add_logits_buffer():
 def test_data_parallel_replicates_everything():
     gpu = memory_bill(plan_for("paper-1.4b", hardware="dgx-h100", gpus=8, strategy="dp")).terms["gpu"]
     params = 12 * 40 * 1536**2
-    assert (gpu["params"], gpu["gradients"], gpu["optimizer_states"]) == (2 * params, 2 * params, 16 * params)
+    # replicated, as the runtime holds them: bf16 params, fp32 gradient copy + master, momentum, variance
+    assert (gpu["params"], gpu.get("gradients", 0), gpu["optimizer_states"]) == (2 * params, 0, 16 * params)
 
 
 def test_custom_placement_validation():

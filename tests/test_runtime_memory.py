@@ -1,21 +1,19 @@
 """The runtime's own accounting per tier and term against the planner's memory bill, same plan.
 
-Compared (within 10%): the resident model states and checkpoints, which are what both sides define
-the same way: `params`, `gradients`, `optimizer_states`, `activation_checkpoints`, per tier, and
-their sum. Not compared, with the reason (also in the runtime report):
-- mixed precision `gradients`: the bill counts a 2-byte gradient shard *and* the fp32 gradient copy
-  inside `optimizer_states` (eq. 2's 20 bytes/param); the runtime accumulates arriving 16-bit
-  gradients straight into the fp32 copy and holds no 16-bit shard (measured 0 vs 2 bytes/param).
-- fp32 with params and optimizer states in the same tier: the bill counts a 4-byte master copy
-  (12 bytes/param of optimizer states); the runtime steps the parameter shard itself (8 bytes/param).
-- fp32 `activation_checkpoints`: the bill counts 2-byte (fp16) activations (eq. 3) whatever the
-  precision; an fp32 run holds 4-byte checkpoints.
-- on one rank the gathering terms are 0: nothing is gathered (the shard *is* the full vector); they
-  are compared on two ranks below (`params`, `prefetch_gathered_params`, `reduce_scatter_buffer`
-  within 1%; `mswm` exactly the bill plus the tied embedding and the largest operator's bias).
-- `awm`, `logits`, `allocator_slack`, `gradient_offload_staging`: activations and logits are
-  autograd's tensors, not runtime buffers, and a CPU device has no caching allocator or staging
-  copies; on CUDA the profile records the allocator's peak next to the ledger.
+The bill follows the runtime where eq. 2-3 and the runtime differ (planner/memory.py [Note: runtime
+bytes per parameter]; `planner memory` still reports the paper's quantities as written):
+- mixed precision: no 16-bit gradient shard; the fp32 gradient copy (4 B/param, term
+  `optimizer_states`, in the gradients' tier) plus master, momentum, variance (12 B/param);
+- fp32 with params and optimizer states in one tier: 8 B/param of optimizer states (the parameter
+  shard is the master);
+- checkpoints in the compute precision (4 bytes/element in fp32);
+- `mswm` on 2+ ranks: the largest unit's weight *and bias*, its flat gradient buffer, and the tied
+  embedding (kept gathered through backward until its gradient is complete).
+Compared exactly (to padding): the resident states and checkpoints per tier, the host tier's whole
+peak, and on two ranks every gathering term. Not compared: `awm`, `logits`, `allocator_slack`
+(autograd's tensors and allocator behaviour, not runtime buffers; on CUDA the profile records the
+allocator's peak next to the ledger) and the host<->device staging terms (a CPU device makes no
+copies: the bill leaves them out when the hardware says `host_is_device`).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import torch
 from runtime_support import HARDWARE, run_distributed
 
 import runtime
-from planner.memory import memory_bill
+from planner.memory import memory_bill, runtime_buffer_peak_bytes
 from planner.plan import Plan
 from runtime.gpt import GPT, GPTConfig
 
@@ -66,7 +64,18 @@ CASES = {
     "fp32-params-device": (_plan("fp32", {"params": "gpu", "gradients": "cpu", "optimizer_states": "cpu",
                                           "activation_checkpoints": "gpu"}, 0),
                            {"gpu": ("params",), "cpu": ("gradients", "optimizer_states")}),
+    # bf16 with gradients and optimizer states on the device, parameters on the host.
+    "bf16-params-host": (_plan("bf16", {"params": "cpu", "gradients": "gpu", "optimizer_states": "gpu",
+                                        "activation_checkpoints": "gpu"}, 1),
+                         {"gpu": ("optimizer_states", "activation_checkpoints"), "cpu": ("params",)}),
+    # fp32, everything in one tier: the parameter shard is the master (8 B/param of optimizer states);
+    # fp32 checkpoints are 4 bytes per element.
+    "fp32-all-cpu": (_plan("fp32", dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"),
+                                                 "cpu"), 1),
+                     {"cpu": ("params", "gradients", "optimizer_states", "activation_checkpoints")}),
 }
+# Parameters the bill's model leaves out (biases, LayerNorms, position embeddings): ~1.7% here.
+TOLERANCE = 0.025
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -76,16 +85,15 @@ def test_resident_terms_match_the_memory_bill(case: str) -> None:
     measured = _measure(plan)
     for tier, terms in compared.items():
         for term in terms:
-            assert measured[tier].get(term, 0) == pytest.approx(bill[tier][term], rel=0.10), (tier, term, measured, bill)
-        total_measured = sum(measured[tier].get(t, 0) for t in terms)
-        total_bill = sum(bill[tier][t] for t in terms)
-        assert total_measured == pytest.approx(total_bill, rel=0.10)
+            assert measured[tier].get(term, 0) == pytest.approx(bill[tier][term], rel=TOLERANCE), (tier, term, measured, bill)
+        assert "gradients" not in measured[tier] or plan.precision == "fp32"
+        assert set(measured[tier]) <= set(bill[tier]), (tier, measured, bill)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_host_tier_peak_matches_the_memory_bill(case: str) -> None:
     """The `cpu` tier holds only buffers the runtime owns (no activations), so its whole measured
-    peak is comparable with the bill's whole `cpu` peak, discrepancies included (within 10%)."""
+    peak is the bill's whole `cpu` peak."""
     plan, _ = CASES[case]
     torch.manual_seed(0)
     model = runtime.shard(GPT(GPTConfig.from_model_spec(plan.model)), plan)
@@ -95,20 +103,10 @@ def test_host_tier_peak_matches_the_memory_bill(case: str) -> None:
         model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
         opt.step()
         opt.zero_grad()
-    measured_peak = runtime.state_of(model).profiler.samples[-1].peak_bytes["cpu"]
-    assert measured_peak == pytest.approx(memory_bill(plan).peak_bytes["cpu"], rel=0.10)
-
-
-def test_documented_discrepancies_are_what_the_runtime_holds() -> None:
-    """Pin the known disagreements exactly, so that a change on either side is noticed."""
-    plan = _plan("bf16", dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"), "cpu"), 1)
-    measured = _measure(plan)
-    bill = memory_bill(plan).terms
-    assert measured["cpu"].get("gradients", 0) == 0
-    assert bill["cpu"]["gradients"] == pytest.approx(2 * plan.model.num_params, rel=0.01)
-    same_tier = _plan("fp32", dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"), "cpu"), 0)
-    m, b = _measure(same_tier), memory_bill(same_tier).terms
-    assert m["cpu"]["optimizer_states"] == pytest.approx(b["cpu"]["optimizer_states"] * 8 / 12, rel=0.02)
+    samples = runtime.state_of(model).profiler.samples[-1].peak_bytes
+    buffers = runtime_buffer_peak_bytes(memory_bill(plan))
+    assert samples["cpu"] == pytest.approx(buffers["cpu"], rel=TOLERANCE)
+    assert samples["gpu"] == pytest.approx(buffers["gpu"], rel=TOLERANCE)  # resident states only: no copies
 
 
 def gpu_term_peaks(tiling: int, depth: int, rank: int = 0, world_size: int = 1) -> dict:
@@ -132,15 +130,12 @@ def gpu_term_peaks(tiling: int, depth: int, rank: int = 0, world_size: int = 1) 
 @pytest.mark.slow
 def test_gathering_buffers_on_two_ranks_match_the_memory_bill(tmp_path) -> None:  # noqa: ANN001
     """2 ranks: the per-operator buffers the bill names (eq. 4 and the runtime's own) against the
-    ledger's peak of each term. `mswm` differs by exactly what the bill leaves out: the tied
-    embedding (vocab x hd) stays gathered through backward until its gradient is complete, and the
-    largest operator's bias (and its gradient) is gathered with its weight."""
+    ledger's peak of each term, `mswm` included (the unit's bias, its gradient buffer and the tied
+    embedding are billed: planner/memory.py [Note: gathered working memory])."""
     cases = [(1, 1), (2, 1), (1, 2)]
     results = run_distributed("gpu_term_peaks", cases, tmp_path, world_size=2, module="test_runtime_memory")
     for (tiling, _), r in zip(cases, results, strict=True):
         m, b = r["measured"], r["bill"]
         for term in ("params", "prefetch_gathered_params", "reduce_scatter_buffer"):
             assert m[term] == pytest.approx(b[term], rel=0.01), (term, tiling, m, b)
-        tied_embedding = VOCAB * HIDDEN * 4
-        largest_bias_and_grad = 2 * (4 * HIDDEN // tiling) * 4
-        assert m["mswm"] == b["mswm"] + tied_embedding + largest_bias_and_grad, (tiling, m, b)
+        assert m["mswm"] == pytest.approx(b["mswm"], rel=0.001), (tiling, m, b)

@@ -1,12 +1,9 @@
 """Where the iteration's time goes: the discrete-event simulation of the chosen plan (per-resource
-utilisation, memory over time, and the simulator's Gantt chart of every resource) beside the
-analytic estimate."""
+utilisation, the Gantt chart of every resource, memory over time) beside the analytic estimate."""
 
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
 import altair as alt
 import pandas as pd
@@ -15,24 +12,17 @@ import streamlit as st
 from planner import report
 from planner.plan import TIERS, Plan, Prediction
 from planner.sim import SimResult, simulate
+from planner.sim.timeline import PHASE_COLORS, busy_bins, zoom_spans
 from planner.units import GIB
 
-GANTT_TOGGLE = "Draw the Gantt chart of every resource (matplotlib; takes about a second)"
+GANTT_BINS = 300
+"""Bins of the full-iteration chart: finer than the chart's width in pixels is not readable."""
 
 
 @st.cache_resource(max_entries=8, show_spinner="Simulating the iteration...")
 def simulation(plan_json: str) -> SimResult:
     """One simulated iteration of the plan (planner.sim), kept whole for the Gantt chart; never mutated."""
     return simulate(Plan.from_dict(json.loads(plan_json)))
-
-
-@st.cache_data(max_entries=16, show_spinner="Drawing the Gantt chart...")
-def gantt_png(plan_json: str) -> bytes:
-    """planner.sim.timeline's picture: busy fraction of every resource, a zoom, memory curves."""
-    from planner.sim.timeline import draw
-
-    with tempfile.TemporaryDirectory() as folder:
-        return draw(simulation(plan_json), Path(folder) / "timeline.png").read_bytes()
 
 
 def utilisation_frame(sim: Prediction) -> pd.DataFrame:
@@ -86,6 +76,37 @@ def memory_chart(frame: pd.DataFrame) -> alt.FacetChart:
             .resolve_scale(y="independent"))
 
 
+def gantt_frames(result: SimResult) -> tuple[pd.DataFrame, tuple[float, float], pd.DataFrame]:
+    """planner.sim.timeline's data: busy fraction per resource and time bin, and one checkpoint
+    segment of the backward pass span by span."""
+    window, spans = zoom_spans(result)
+    return pd.DataFrame(busy_bins(result, GANTT_BINS)), window, pd.DataFrame(spans)
+
+
+_PHASE_SCALE = alt.Scale(domain=list(PHASE_COLORS), range=list(PHASE_COLORS.values()))
+
+
+def gantt_chart(bins: pd.DataFrame, spans: pd.DataFrame, window: tuple[float, float]) -> alt.VConcatChart:
+    """Full iteration (opacity: busy share of each bin, colour: its main phase) over a zoom where
+    single operators are visible. Drawn by the browser (Vega-Lite), so a new plan costs no more
+    than its data; `planner simulate PLAN --timeline out.png` writes the matplotlib picture."""
+    rows = alt.Y("label:N", sort=list(dict.fromkeys(bins["label"])), title=None, axis=alt.Axis(labelLimit=320))
+    full = alt.Chart(bins).mark_rect().encode(
+        x=alt.X("start_s:Q", title="seconds into the iteration"), x2="end_s:Q", y=rows,
+        color=alt.Color("phase:N", scale=_PHASE_SCALE, title="phase"),
+        opacity=alt.Opacity("busy:Q", scale=alt.Scale(domain=[0, 1]), legend=None),
+        tooltip=["label", alt.Tooltip("start_s:Q", format=",.4g"), alt.Tooltip("busy:Q", format=".0%"), "phase"],
+    ).properties(height=28 * bins["label"].nunique(), width=760, title="whole iteration (opacity: busy share of the bin)")
+    lo, hi = window
+    zoom = alt.Chart(spans).mark_bar().encode(
+        x=alt.X("start_s:Q", title="seconds", scale=alt.Scale(domain=[lo, hi])), x2="end_s:Q", y=rows,
+        color=alt.Color("phase:N", scale=_PHASE_SCALE, title="phase"),
+        tooltip=["label", "phase", alt.Tooltip("start_s:Q", format=",.5g"), alt.Tooltip("end_s:Q", format=",.5g")],
+    ).properties(height=28 * max(1, spans["label"].nunique()), width=760,
+                 title=f"zoom {lo:.4g}-{hi:.4g} s: one checkpoint segment of the backward pass (recompute, then backward)")
+    return alt.vconcat(full, zoom)
+
+
 def render(plan: Plan) -> None:
     analytic = plan.prediction
     assert analytic is not None
@@ -93,7 +114,8 @@ def render(plan: Plan) -> None:
         st.info("Nothing fits, so there is no iteration to simulate.")
         return
     plan_json = json.dumps(plan.to_dict())
-    sim = simulation(plan_json).prediction
+    result = simulation(plan_json)
+    sim = result.prediction
     left, right = st.columns([2, 3])
     with left:
         st.markdown("**Simulated vs analytic**")
@@ -101,10 +123,8 @@ def render(plan: Plan) -> None:
     with right:
         st.markdown("**Per-resource utilisation** (simulated)")
         st.altair_chart(utilisation_chart(utilisation_frame(sim)), key="utilisation_chart")
+    st.markdown("**Gantt chart** (simulated, rank 0's links and the node's shared ones)")
+    bins, window, spans = gantt_frames(result)
+    st.altair_chart(gantt_chart(bins, spans, window), key="gantt_chart")
     st.markdown("**Memory over the iteration** (simulated; dashed: capacity)")
     st.altair_chart(memory_chart(memory_frame(sim)), key="sim_memory_chart")
-    # The picture costs more to draw than the whole rest of the page, so it is drawn on request and
-    # cached per plan; everything above answers within the page's time budget (issue 7).
-    if st.toggle(GANTT_TOGGLE, key="gantt"):
-        st.image(gantt_png(plan_json), caption="Simulated timeline (planner.sim.timeline): every resource's busy "
-                 "fraction over the iteration, a zoom on one checkpoint segment, and memory over time.")

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import simpy
 
-from planner.memory import model_state_bytes
+from planner.memory import resident_state_terms
 from planner.plan import Plan
 from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
@@ -138,9 +138,9 @@ class Simulation:
         plan = self.plan
         per_node = plan.cluster.gpus_per_node
         trackers = {"gpu": (self.gpu, 1), "cpu": (self.cpu, per_node), "nvme": (self.nvme, per_node)}
-        for state, per_gpu in model_state_bytes(plan).items():
-            tracker, copies = trackers[getattr(plan.placement, state)]
-            tracker.add(0.0, state, per_gpu * copies)
+        for tier, term, per_gpu in resident_state_terms(plan):
+            tracker, copies = trackers[tier]
+            tracker.add(0.0, term, per_gpu * copies)
 
 
 class RankProgram:
@@ -159,11 +159,13 @@ class RankProgram:
         self.transfer_eff = node.transfer_efficiency.at
         self.matmul_eff = node.matmul_efficiency.at
         placement = plan.placement
+        self.host_is_device = node.host_is_device
+        """[Note: the CPU machine] in runtime/stores.py: host memory is the device's, nothing is copied."""
         self.stages: list[str] = []
         if "params" in plan.partitioned:
             if placement.params == "nvme":
                 self.stages.append("nvme")
-            if placement.params in ("cpu", "nvme"):
+            if placement.params in ("cpu", "nvme") and not self.host_is_device:
                 self.stages.append("h2d")
             if self.dp > 1:
                 self.stages.append("gather")
@@ -230,7 +232,12 @@ class RankProgram:
                 yield trigger
             del self._triggers[(stage, j)]
             if stage == "nvme":
-                sim.cpu_add("param staging", shard_bytes)
+                if "h2d" in self.stages:
+                    sim.cpu_add("param staging", shard_bytes)
+                elif gathers:
+                    sim.gpu_add(rank, "param staging", shard_bytes)
+                else:  # read straight into memory the compute uses (host is the device)
+                    sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
                 yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
             elif stage == "h2d":
                 # The shard lands in a shard-sized buffer; without a gather (dp = 1) it is the slice.
@@ -245,7 +252,7 @@ class RankProgram:
                 sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
                 yield self._move(self._collective_bytes(slice_bytes), self.res.collective(rank, spans_nodes=self.spans_nodes),
                                  "all_gather", label)
-                if "h2d" in self.stages:
+                if "h2d" in self.stages or "nvme" in self.stages:
                     sim.gpu_remove(rank, "param staging", shard_bytes)
         self._ready.pop(j).succeed()
 
@@ -310,7 +317,10 @@ class RankProgram:
                 if step.phase == "backward":
                     sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
                     if ci and blk % ci == 0:
-                        sim.gpu_remove(self.rank, "checkpoints", work.checkpoint_bytes)
+                        if self.host_is_device and plan.placement.activation_checkpoints != "gpu":
+                            sim.cpu_remove("checkpoints", work.checkpoint_bytes)
+                        else:
+                            sim.gpu_remove(self.rank, "checkpoints", work.checkpoint_bytes)
                 elif step.phase == "forward" and ci:
                     sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
         yield simpy.AllOf(self.env, self._grad_done)
@@ -328,6 +338,9 @@ class RankProgram:
     # -- activation checkpoints ----------------------------------------------------------------
     def _save_checkpoint(self, segment: int) -> None:
         sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
+        if sim.plan.placement.activation_checkpoints != "gpu" and self.host_is_device:
+            sim.cpu_add("checkpoints", nbytes)  # saved where it lies: no copy
+            return
         sim.gpu_add(self.rank, "checkpoints", nbytes)
         if sim.plan.placement.activation_checkpoints == "gpu":
             return
@@ -341,7 +354,7 @@ class RankProgram:
 
     def _restore_checkpoint(self, segment: int) -> Proc:
         """Wait for this segment's checkpoint on the GPU; start fetching the previous segment's."""
-        if self.sim.plan.placement.activation_checkpoints == "gpu":
+        if self.sim.plan.placement.activation_checkpoints == "gpu" or self.host_is_device:
             return
         if segment not in self._ckpt_ready:
             self._ckpt_ready[segment] = self.env.process(self._fetch_checkpoint())
@@ -368,12 +381,13 @@ class RankProgram:
         sim.gpu_remove(rank, "gradient buckets", slice_bytes)
         reduced.succeed()
         tier = plan.placement.gradients
-        if tier == "gpu":
+        if tier == "gpu" or (tier == "cpu" and self.host_is_device):
             return
         shard = slice_bytes / self.dp
-        sim.gpu_add(rank, "gradient staging", shard)
-        yield self._move(shard, self.res.d2h(rank), "d2h", label)
-        sim.gpu_remove(rank, "gradient staging", shard)
+        if not self.host_is_device:
+            sim.gpu_add(rank, "gradient staging", shard)
+            yield self._move(shard, self.res.d2h(rank), "d2h", label)
+            sim.gpu_remove(rank, "gradient staging", shard)
         if tier == "nvme":
             sim.cpu_add("gradient staging", shard)
             yield self._move(shard, self.res.nvme_write(), "nvme_write", label)
@@ -382,7 +396,7 @@ class RankProgram:
     # -- optimizer -----------------------------------------------------------------------------
     def _optimizer_step(self) -> Proc:
         plan, work = self.sim.plan, self.sim.work
-        if plan.placement.optimizer_states == "gpu":
+        if plan.placement.optimizer_states == "gpu" and not self.host_is_device:
             seconds = gpu_step_seconds(plan, work.params_per_rank)
             if seconds > 0:
                 now = self.env.now

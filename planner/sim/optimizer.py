@@ -24,6 +24,7 @@ from typing import Any
 import simpy
 
 from planner.errors import PlannerError
+from planner.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
 from planner.plan import Plan
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
@@ -65,7 +66,9 @@ def chunked_step(plan: Plan, work: Workload, num_ranks: int, *, detail: bool = T
     chart's material); totals and the CPU peak are the same, since each period frees what it takes.
     """
     params = work.params_per_rank
-    chunk_params = plan.optimizer_chunk_bytes / work.optimizer_state_bytes
+    # The runtime cuts chunks of `optimizer_chunk_bytes / 16` fp32 elements (master, momentum,
+    # variance, gradient: runtime/streamed_optimizer.py), in either precision.
+    chunk_params = optimizer_chunk_buffer_bytes(plan) / 16
     num_full = max(0, math.ceil(params / chunk_params) - 1)
     last = params - chunk_params * num_full
     k = 2 * plan.num_optimizer_buffers + 2
@@ -105,9 +108,15 @@ class _Pipeline:
 
     def _rank(self, rank: int) -> Proc:
         env, res, placement = self.env, self.res, self.plan.placement
-        b = self.work.param_bytes
+        b = COMPUTE_BYTES[self.plan.precision]
         on_nvme = placement.optimizer_states == "nvme"
-        state = self.work.optimizer_state_bytes
+        copies = not self.plan.node.host_is_device
+        # Read per parameter: master (unless the fp32 parameter shard is the master and lives
+        # elsewhere... it then lives in the same tier), momentum, variance from the optimizer's tier,
+        # the fp32 gradient from the gradients' tier; written back: the same minus the gradient,
+        # plus the 16-bit compute copy of the parameter (runtime/streamed_optimizer.py).
+        state = 12
+        separate_params = self.plan.precision != "fp32" or placement.params != placement.optimizer_states
         buffers = simpy.Container(env, capacity=self.plan.num_optimizer_buffers, init=self.plan.num_optimizer_buffers)
         to_update: simpy.Store = simpy.Store(env)
         to_write: simpy.Store = simpy.Store(env)
@@ -118,10 +127,10 @@ class _Pipeline:
                 if rank == 0:
                     self.chunk_start_s.append(env.now)
                 if on_nvme:
-                    self._cpu(n * state)
+                    self._cpu(n * 16)
                     reads = [self._move(rank, n * state, res.nvme_read(), "nvme_read")]
                     if placement.gradients == "nvme":
-                        reads.append(self._move(rank, n * b, res.nvme_read(), "nvme_read"))
+                        reads.append(self._move(rank, n * 4, res.nvme_read(), "nvme_read"))
                     yield env.all_of(reads)
                 yield to_update.put(n)
 
@@ -137,14 +146,14 @@ class _Pipeline:
                 writes = []
                 if on_nvme:
                     writes.append(self._move(rank, n * state, res.nvme_write(), "nvme_write"))
-                if placement.params == "nvme":
+                if placement.params == "nvme" and separate_params:
                     writes.append(self._move(rank, n * b, res.nvme_write(), "nvme_write"))
-                elif placement.params == "gpu":
+                elif placement.params == "gpu" and copies:
                     writes.append(self._move(rank, n * b, res.h2d(rank), "h2d"))
                 if writes:
                     yield env.all_of(writes)
                 if on_nvme:
-                    self._cpu(-n * state)
+                    self._cpu(-n * 16)
                 yield buffers.put(1)
 
         yield env.all_of([env.process(reader()), env.process(updater()), env.process(writer())])

@@ -31,6 +31,7 @@ BINS = 500
 def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: int = 110) -> Path:
     """Write the timeline PNG to `path` and return it."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -39,7 +40,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     sim, prediction = result.simulation, result.prediction
     total = sim.iteration_time_s
     links = {link.name: link for link in rank0_links(sim)}
-    rows = [name for name in ROW_ORDER if name in links and links[name].intervals]
+    rows = gantt_rows(result)
     height_in = 3.2 + 0.9 * len(rows)
     fig = plt.figure(figsize=(16, height_in))
     # Fixed margins rather than constrained layout: the layout pass costs a whole extra draw (about
@@ -50,19 +51,21 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     gpu_ax = fig.add_subplot(grid[2], sharex=full)
     cpu_ax = fig.add_subplot(grid[3], sharex=full)
 
-    window = _zoom_window(result)
+    window, spans = zoom_spans(result)
     width = total / BINS
+    edges = [i * width for i in range(BINS + 1)]
     for y, name in enumerate(rows):
         # Full iteration: each bin's bar is as tall as the share of the bin the resource was busy.
-        edges = [i * width for i in range(BINS + 1)]
         bottom = [y + 0.4] * (BINS + 1)
-        for label, busy in _binned(links[name].intervals, total, BINS).items():
+        for label, busy in _binned(links[name].intervals, np.linspace(0.0, total, BINS + 1)).items():
+            busy = list(busy)
             top = [b - 0.8 * f for b, f in zip(bottom, busy + busy[-1:], strict=True)]
             full.fill_between(edges, bottom, top, step="post", color=PHASE_COLORS.get(label, "grey"), linewidth=0)
             bottom = top
-        lo, hi = window
-        for label, spans in _merged(links[name].intervals, lo, hi, (hi - lo) / PIXELS).items():
-            zoom.broken_barh(spans, (y - 0.38, 0.76), facecolors=PHASE_COLORS.get(label, "grey"), linewidth=0)
+        for label in PHASE_COLORS | {s["phase"]: None for s in spans}:
+            mine = [(s["start_s"], s["end_s"] - s["start_s"]) for s in spans if s["resource"] == name and s["phase"] == label]
+            if mine:
+                zoom.broken_barh(mine, (y - 0.38, 0.76), facecolors=PHASE_COLORS.get(label, "grey"), linewidth=0)
     for ax, (lo, hi) in ((full, (0.0, total)), (zoom, window)):
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([f"{ROW_LABELS[n]}  {prediction.details['resources'][n]['busy_fraction']:.0%}" for n in rows])
@@ -126,6 +129,44 @@ def _zoom_window(result: SimResult) -> tuple[float, float]:
     return lo, min(end, lo + width)
 
 
+def gantt_rows(result: SimResult) -> list[str]:
+    """The resources that were ever busy, in the chart's order."""
+    links = {link.name: link for link in rank0_links(result.simulation)}
+    return [name for name in ROW_ORDER if name in links and links[name].intervals]
+
+
+def busy_bins(result: SimResult, bins: int = BINS) -> list[dict[str, object]]:
+    """The full-iteration Gantt chart as data: per resource and bin of [0, iteration], the busy
+    fraction of the bin and its split by phase label (what `draw` and the dashboard show)."""
+    import numpy as np
+
+    total = result.simulation.iteration_time_s
+    edges = np.linspace(0.0, total, bins + 1)
+    links = {link.name: link for link in rank0_links(result.simulation)}
+    shares = {name: _binned(links[name].intervals, edges) for name in gantt_rows(result)}
+    phases = list(dict.fromkeys(p for row in shares.values() for p in row))
+    out = []
+    for name, row in shares.items():
+        busy = sum(row.values())
+        for i in np.flatnonzero(busy > 0):
+            out.append({"resource": name, "label": ROW_LABELS[name], "start_s": float(edges[i]), "end_s": float(edges[i + 1]),
+                        "busy": float(min(busy[i], 1.0)), "phase": max(row, key=lambda p: row[p][i]),
+                        **{f"{p}_share": float(row[p][i]) if p in row else 0.0 for p in phases}})
+    return out
+
+
+def zoom_spans(result: SimResult, pixels: int = PIXELS) -> tuple[tuple[float, float], list[dict[str, object]]]:
+    """One checkpoint segment of the backward pass, operator by operator: the window and its spans
+    (same-phase spans closer than a pixel merged)."""
+    lo, hi = _zoom_window(result)
+    links = {link.name: link for link in rank0_links(result.simulation)}
+    spans = [{"resource": name, "label": ROW_LABELS[name], "phase": phase, "start_s": a, "end_s": a + width}
+             for name in gantt_rows(result)
+             for phase, pairs in _merged(links[name].intervals, lo, hi, (hi - lo) / pixels).items()
+             for a, width in pairs]
+    return (lo, hi), spans
+
+
 def _merged(intervals, lo: float, hi: float, pixel: float) -> dict[str, list[tuple[float, float]]]:
     """Clip to [lo, hi] and merge same-label spans whose gap is under a pixel: (start, width) lists."""
     out: dict[str, list[list[float]]] = {}
@@ -141,17 +182,30 @@ def _merged(intervals, lo: float, hi: float, pixel: float) -> dict[str, list[tup
     return {label: [(a, max(b - a, pixel)) for a, b in spans] for label, spans in out.items()}
 
 
-def _binned(intervals, end_s: float, bins: int) -> dict[str, list[float]]:
-    """Busy fraction of each of `bins` equal bins of [0, end_s], per label."""
-    width = end_s / bins
-    out: dict[str, list[float]] = {}
+def _binned(intervals, edges):
+    """Busy fraction of each bin between consecutive `edges`, per label (numpy arrays).
+
+    A link's intervals never overlap (`Link` merges while busy), so the busy time before t is the
+    durations of the intervals that started before t, less the part of the last one after t: one
+    sorted search over all edges instead of a loop over bins per interval (a 1T iteration has tens
+    of thousands of intervals).
+    """
+    import numpy as np
+
+    width = edges[1] - edges[0]
+    by_label: dict[str, list[tuple[float, float]]] = {}
     for a, b, label in intervals:
-        busy = out.setdefault(label, [0.0] * bins)
-        first, last = int(a / width), min(int(b / width), bins - 1)
-        for i in range(first, last + 1):
-            overlap = min(b, (i + 1) * width) - max(a, i * width)
-            if overlap > 0:
-                busy[i] += overlap / width
+        by_label.setdefault(label, []).append((a, b))
+    out = {}
+    for label, pairs in by_label.items():
+        ab = np.array(sorted(pairs))
+        starts, ends = ab[:, 0], ab[:, 1]
+        done = np.concatenate(([0.0], np.cumsum(ends - starts)))
+        k = np.searchsorted(starts, edges, side="right")  # intervals started by each edge
+        last = np.maximum(k - 1, 0)
+        overhang = np.where(k > 0, np.maximum(ends[last] - edges, 0.0), 0.0)
+        busy_before = done[k] - overhang
+        out[label] = np.diff(busy_before) / width
     return out
 
 

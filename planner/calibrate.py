@@ -1,0 +1,170 @@
+"""Calibration: fit a hardware spec's efficiency parameters to measured profiles (`planner calibrate`).
+
+[Note: the calibration model] For every profiled plan the simulator is run on the *base* spec with
+its matmul efficiency curve removed, and each phase (forward; backward = recompute + backward;
+optimizer) is described by what it asked of each resource:
+
+    compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute`)
+    operators      trace steps in the phase                  (one unit gathered, run, released)
+    cpu_adam_s     parameters / cpu_adam_gparams_per_s       (busy time of `cpu_optimizer`)
+    nvme_s         bytes / NVMe rates                        (busy time of the NVMe links)
+
+The measured phase time is modelled as `sum_f theta_f * feature_f` with every `theta >= 0`
+(non-negative least squares, each row divided by its measured time so that every phase of every
+profile weighs the same relative error). The fitted spec is the base spec with
+- `gpu_peak_tflops / theta_compute`,
+- a matmul efficiency curve `eff(f) = f / (f + theta_operators * peak')`: a fixed cost per
+  operator is exactly a size-keyed efficiency ("small matmuls are slow"), sampled at 13 sizes,
+- `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`.
+A feature no profile exercises (all zeros) keeps the base value. The model adds busy times, so it
+ignores overlap: a phase whose NVMe traffic hides behind compute pushes `theta_nvme` down; the
+simulator with the fitted spec still overlaps them. `residual` is the fit's relative RMS error over
+all rows; `planner compare --hardware` shows the simulator's own error before and after.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.hardware import EfficiencyCurve, NodeSpec
+from planner.plan import Plan
+from planner.profile import Profile
+
+FEATURES = ("compute_s", "operators", "cpu_adam_s", "nvme_s")
+PHASE_LABELS = {"forward": ("forward",), "backward": ("recompute", "backward"), "optimizer": ("optimizer",)}
+_CURVE_GFLOP = tuple(10.0 ** (e / 2) for e in range(-6, 7))  # 1 MFLOP .. 1 TFLOP
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    node: NodeSpec
+    """The base spec with the fitted parameters."""
+    factors: dict[str, float]
+    """theta per feature (seconds per feature unit relative to the base spec; `operators`: s/op)."""
+    residual: float
+    """Relative RMS error of the fitted linear model over all (profile, phase) rows."""
+    num_rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"factors": dict(self.factors), "residual": self.residual, "num_rows": self.num_rows,
+                "hardware": self.node.to_dict()}
+
+
+def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
+    """Per phase, what the simulated iteration asks of each resource under `node` (no matmul curve)."""
+    from planner.sim.engine import Simulation
+
+    bare = node.replace(matmul_efficiency=EfficiencyCurve())
+    sim = Simulation(plan.replace(node=bare, prediction=None)).run()
+    out = {phase: dict.fromkeys(FEATURES, 0.0) for phase in PHASE_LABELS}
+    for phase, labels in PHASE_LABELS.items():
+        out[phase]["operators"] = float(sum(1 for s in sim.work.steps if s.phase in labels))
+    kinds = {"gpu_compute": "compute_s", "cpu_optimizer": "cpu_adam_s", "nvme_read": "nvme_s", "nvme_write": "nvme_s",
+             "nvme": "nvme_s"}
+    seen: set[str] = set()
+    for link in sim.links():
+        if link.name not in kinds or link.name in seen:  # rank 0's links only (one per name)
+            continue
+        seen.add(link.name)
+        for start, end, label in link.intervals:
+            for phase, labels in PHASE_LABELS.items():
+                if label in labels:
+                    out[phase][kinds[link.name]] += end - start
+    return out
+
+
+def _nnls(rows: list[list[float]], targets: list[float]) -> tuple[list[float], float]:
+    """Exact non-negative least squares for a handful of columns: the best unconstrained fit over
+    every subset of columns whose solution is non-negative (2^k small solves)."""
+    import numpy as np
+
+    a, b = np.asarray(rows, dtype=float), np.asarray(targets, dtype=float)
+    k = a.shape[1]
+    best, best_err = [0.0] * k, float(np.sum(b * b))
+    for size in range(1, k + 1):
+        for cols in itertools.combinations(range(k), size):
+            sub = a[:, cols]
+            if not np.any(sub):
+                continue
+            x, *_ = np.linalg.lstsq(sub, b, rcond=None)
+            if np.any(x < 0):
+                continue
+            err = float(np.sum((sub @ x - b) ** 2))
+            if err < best_err - 1e-15:
+                best = [0.0] * k
+                for c, v in zip(cols, x, strict=True):
+                    best[c] = float(v)
+                best_err = err
+    return best, best_err
+
+
+def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
+    """Fit `node`'s efficiency parameters to the runs (see [Note: the calibration model])."""
+    if not runs:
+        raise PlannerError("calibrate needs at least one profile")
+    rows, targets = [], []
+    for plan, profile in runs:
+        features = phase_features(plan, node)
+        for phase, measured in profile.measured.phase_time_s.items():
+            if measured <= 0 or phase not in features:
+                continue
+            rows.append([features[phase][f] / measured for f in FEATURES])
+            targets.append(1.0)
+    if not rows:
+        raise PlannerError("the profiles carry no positive phase times to calibrate on")
+    used = [j for j in range(len(FEATURES)) if any(r[j] for r in rows)]
+    theta_used, err = _nnls([[r[j] for j in used] for r in rows], targets)
+    theta = dict.fromkeys(FEATURES, 0.0)
+    for j, v in zip(used, theta_used, strict=True):
+        theta[FEATURES[j]] = v
+    return Calibration(node=calibrated_node(node, theta, {FEATURES[j] for j in used}), factors=theta,
+                       residual=math.sqrt(err / len(rows)), num_rows=len(rows))
+
+
+def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -> NodeSpec:
+    changes: dict[str, Any] = {}
+    flops = node.gpu_flops_per_s
+    if "compute_s" in fitted and theta["compute_s"] > 0:
+        flops = node.gpu_flops_per_s / theta["compute_s"]
+        changes["gpu_flops_per_s"] = flops
+    if "operators" in fitted:
+        per_op_s = theta["operators"]
+        points = tuple((g * 1e9, max(1e-6, g * 1e9 / (g * 1e9 + per_op_s * flops))) for g in _CURVE_GFLOP)
+        changes["matmul_efficiency"] = EfficiencyCurve(points) if per_op_s > 0 else EfficiencyCurve()
+    if "cpu_adam_s" in fitted and theta["cpu_adam_s"] > 0:
+        changes["cpu_adam_params_per_s"] = node.cpu_adam_params_per_s / theta["cpu_adam_s"]
+    if "nvme_s" in fitted and theta["nvme_s"] > 0:
+        changes["nvme_read_bytes_per_s"] = node.nvme_read_bytes_per_s / theta["nvme_s"]
+        changes["nvme_write_bytes_per_s"] = node.nvme_write_bytes_per_s / theta["nvme_s"]
+    keys = {"gpu_flops_per_s": "gpu_peak_tflops", "cpu_adam_params_per_s": "cpu_adam_gparams_per_s",
+            "nvme_read_bytes_per_s": "nvme_read_gb_per_s", "nvme_write_bytes_per_s": "nvme_write_gb_per_s",
+            "matmul_efficiency": "efficiency"}
+    sources = dict(node.sources)
+    sources.update({keys[k]: "measured" for k in changes})
+    note = ("Calibrated by `planner calibrate` (planner/calibrate.py [Note: the calibration model]): factors "
+            + ", ".join(f"{k} {theta[k]:.4g}" for k in FEATURES if k in fitted) + ".")
+    return node.replace(**changes, sources=sources, notes=(node.notes + " " + note).strip(),
+                        name=f"{node.name}-calibrated" if not node.name.endswith("-calibrated") else node.name)
+
+
+def calibration_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Error summary of sweep rows (`measured_s`, `predicted_s`, optional `calibrated_s`), split into
+    the calibration set and the held-out set."""
+    def errors(key: str, held_out: bool) -> list[float]:
+        return [abs(r[key] - r["measured_s"]) / r["measured_s"] for r in rows
+                if key in r and r["calibration"] is not held_out]
+
+    out: dict[str, Any] = {}
+    for key in ("predicted_s", "calibrated_s"):
+        for held_out in (True, False):
+            errs = sorted(errors(key, held_out))
+            if errs:
+                mid = len(errs) // 2
+                median = errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2
+                out[f"{key.removesuffix('_s')}_{'held_out' if held_out else 'calibration'}"] = {
+                    "median_abs_error": median, "worst_abs_error": errs[-1], "count": len(errs)}
+    return out

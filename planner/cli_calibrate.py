@@ -1,0 +1,70 @@
+"""`planner calibrate PROFILE... --hardware H --out H2.json`: fit a hardware spec to measured runs.
+
+Each profile carries the plan it ran (`planner run` writes it); the fit is
+planner/calibrate.py [Note: the calibration model]. `planner compare PLAN PROFILE --hardware H2`
+then shows every metric's error before and after calibration.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner.errors import PlannerError
+from planner.plan import Plan
+from planner.profile import load_profile
+from planner.specio import write_json_atomic
+
+
+def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | None) -> dict:
+    from planner.calibrate import FEATURES, calibrate
+    from planner.catalog import resolve_hardware
+
+    runs = []
+    for path in profiles:
+        profile = load_profile(path)
+        if not profile.plan:
+            raise PlannerError(f"profile {path} does not carry its plan; re-run it with `planner run`")
+        runs.append((Plan.from_dict(profile.plan, f"profile {path}.plan"), profile))
+    node = resolve_hardware(hardware) if hardware else runs[0][0].node
+    result = calibrate(runs, node)
+    if out is not None:
+        write_json_atomic(out, result.node.to_dict(), "hardware")
+    return {"profiles": [str(p) for p in profiles], "factors": {k: result.factors[k] for k in FEATURES},
+            "residual": result.residual, "num_rows": result.num_rows, "out": str(out) if out else None,
+            "hardware": result.node.to_dict()}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("calibrate")
+    def calibrate_cmd(
+        profiles: Annotated[list[Path], typer.Argument(help="profile JSON files written by `planner run`")],
+        hardware: Annotated[str | None, typer.Option(help="base hardware preset or JSON (default: the first profile's plan's)")] = None,
+        out: Annotated[Path | None, typer.Option("--out", help="write the calibrated hardware JSON here")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    ) -> None:
+        """Fit the hardware spec's compute, per-operator, CPU Adam and NVMe efficiency to profiles
+        (non-negative least squares on per-phase times) and report the residual."""
+        try:
+            doc = calibrate_command(profiles, hardware, out)
+        except PlannerError as exc:
+            Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False)
+            raise typer.Exit(1) from None
+        if as_json:
+            print(json.dumps(doc, indent=2))
+            return
+        table = Table(title=f"calibration on {len(profiles)} profile(s), {doc['num_rows']} phase rows")
+        table.add_column("factor")
+        table.add_column("theta", justify="right")
+        for name, value in doc["factors"].items():
+            table.add_row(name, f"{value:.4g}")
+        console = Console()
+        console.print(table)
+        console.print(f"residual (relative RMS of the fit): {doc['residual']:.1%}")
+        if out is not None:
+            console.print(f"calibrated hardware written to {out}")
