@@ -1,8 +1,8 @@
 """Property-based fuzzing of the remaining parsers and every CLI command: a clean one-line error or a
 valid answer, never a traceback. Extends tests/test_planner_fuzz.py (model, hardware, plan,
 placement pins, `fit` options) to the profile, the checkpoint manifest and rank index, the options
-of `run`, `compare`, `simulate`, `memory`, `max-size` and `probe`, and hostile `nvme_path` /
-`--checkpoint-dir` values. About 1,400 generated inputs in all (the `max_examples` below).
+of `run`, `compare`, `calibrate`, `simulate`, `memory`, `max-size` and `probe`, and hostile `nvme_path` /
+`--checkpoint-dir` values. 1,620 generated inputs in all (the `max_examples` below).
 """
 
 from __future__ import annotations
@@ -202,3 +202,11 @@ def test_hostile_checkpoint_dirs(tmp_path: Path, suffix: str) -> None:
         one_line(str(exc))
         return
     assert root.is_dir() and tmp_path in root.parents
+
+
+@settings(max_examples=100, **FAST)
+@given(profile=st.one_of(mutated({**PROFILE_DOC, "plan": PLAN_DOC}), json_values),
+       hardware=st.one_of(st.none(), st.sampled_from(["dgx-h100", "cpu-dev-2core"]), st.text(max_size=8)))
+def test_calibrate_documents(tmp_path: Path, profile, hardware) -> None:  # noqa: ANN001
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    invoke(["calibrate", str(tmp_path / "profile.json"), "--json", *(["--hardware", hardware] if hardware else [])])
