@@ -130,6 +130,7 @@ class Checkpointer:
         from runtime.ckpt.rank_state import save_rank
 
         partial = partial_dir(self.root, step)
+        prepared = [True]
         if self.rank == 0:
             # A crash during an earlier attempt at this step left a partial directory: start afresh.
             shutil.rmtree(partial, ignore_errors=True)
@@ -137,9 +138,12 @@ class Checkpointer:
                 partial.mkdir()
                 fsync_dir(self.root)
             except OSError as exc:
-                raise CheckpointError(f"cannot create {partial}: {exc.strerror or exc}") from None
+                prepared = [f"cannot create {partial}: {exc.strerror or exc}"]
         self._barrier()
+        prepared = self._broadcast(prepared)  # every rank stops alike instead of waiting on a dead rank 0
         try:
+            if prepared != [True]:
+                raise CheckpointError(prepared[0])
             result: Any = save_rank(partial, rank=self.rank, step=step, state=state, optimizer=optimizer,
                                     scalars=scalars)
         except CheckpointError as exc:
