@@ -4,7 +4,8 @@
 
 A small GPT with params, gradients and optimizer states on NVMe (swap files under a temporary
 `nvme_path`) trains with a checkpoint every `--save-every` steps; every `--sample-every` steps the
-process's resident memory (RSS and anonymous RSS), open file descriptors, threads and the swap
+process's resident memory (RSS and anonymous RSS), open file descriptors, threads (io_uring's
+kernel workers, which the kernel starts and retires on demand, counted apart) and the swap
 files' sizes (apparent and allocated) are sampled. After a warm-up (the first checkpoint) nothing may
 grow from the first half of the samples to the second: fds, threads and swap-file sizes not at
 all, RSS by at most `--rss-tolerance-mib` (allocator noise). Prints JSON; `--write-results` writes the
@@ -28,6 +29,16 @@ if str(ROOT) not in sys.path:
 MIB = 1 << 20
 
 
+def _thread_names() -> list[str]:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return names
+
+
 def sample(step: int, swap_root: Path) -> dict[str, int]:
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
     files = [p for d in swap_root.iterdir() for p in d.iterdir()]
@@ -35,7 +46,10 @@ def sample(step: int, swap_root: Path) -> dict[str, int]:
             "rss_bytes": int(status["VmRSS"].split()[0]) * 1024,
             "anon_rss_bytes": int(status["RssAnon"].split()[0]) * 1024,
             "open_fds": len(os.listdir("/proc/self/fd")),
-            "threads": int(status["Threads"]),
+            # io_uring's kernel workers (`iou-wrk-*`) are started and retired by the kernel on demand
+            # (bounded by io-wq's limits): counted apart, not as our threads.
+            "threads": sum(not n.startswith("iou-wrk") for n in _thread_names()),
+            "io_uring_kernel_workers": sum(n.startswith("iou-wrk") for n in _thread_names()),
             "swap_apparent_bytes": sum(p.stat().st_size for p in files),
             "swap_allocated_bytes": sum(p.stat().st_blocks * 512 for p in files)}
 
@@ -93,7 +107,8 @@ def growth(samples: list[dict[str, int]], warmup_step: int) -> dict[str, int]:
     after = [s for s in samples if s["step"] >= warmup_step]
     assert len(after) >= 4, "too few samples after the warm-up"
     first, second = after[: len(after) // 2], after[len(after) // 2 :]
-    return {k: max(s[k] for s in second) - max(s[k] for s in first) for k in after[0] if k != "step"}
+    return {k: max(s[k] for s in second) - max(s[k] for s in first) for k in after[0]
+            if k not in ("step", "io_uring_kernel_workers")}
 
 
 def main() -> None:
