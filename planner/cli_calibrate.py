@@ -8,6 +8,7 @@ then shows every metric's error before and after calibration.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
         try:
             doc = calibrate_command(profiles, hardware, out)
         except PlannerError as exc:
-            Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False)
+            sys.stderr.write("error: " + " ".join(str(exc).split()) + "\n")  # one line, never wrapped by rich
             raise typer.Exit(1) from None
         if as_json:
             print(json.dumps(doc, indent=2))

@@ -5,6 +5,9 @@
 progress bar with step time and loss, and writes the profile. A plan the runtime cannot execute is
 refused before any process starts (model parallelism, unsupported placement, the wrong process
 count) or by the workers before training (memory that is not there), always as one line.
+`--save-every N --checkpoint-dir DIR` checkpoints the run (runtime/ckpt) and lets torchrun restart
+failed workers (`--max-restarts`, default 3 with checkpoints, 0 without), which resume from the
+newest complete checkpoint; `--resume` continues a run that was stopped.
 This module imports no torch: the workers do.
 """
 
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -52,16 +56,56 @@ def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
         raise PlannerError(f"micro_batch_per_gpu {plan.micro_batch_per_gpu} must be a whole number of samples to run")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointOptions:
+    """`planner run`'s checkpoint options, passed through to every worker."""
+
+    save_every: int = 0
+    """Checkpoint every N steps and at the last (0: never)."""
+    checkpoint_dir: Path | None = None
+    keep: int = 2
+    """Complete checkpoints kept (older ones are deleted once a newer one is complete)."""
+    resume: bool = False
+    max_restarts: int | None = None
+    """torchrun's restarts of failed workers; default 3 with checkpoints (they resume), else 0."""
+
+    def check(self) -> None:
+        if self.save_every < 0:
+            raise PlannerError(f"--save-every must be 0 (never) or a number of steps, got {self.save_every}")
+        if self.keep < 1:
+            raise PlannerError(f"--keep-checkpoints must be at least 1, got {self.keep}")
+        if (self.save_every or self.resume) and self.checkpoint_dir is None:
+            raise PlannerError("--save-every and --resume need --checkpoint-dir DIR")
+        if self.max_restarts is not None and not 0 <= self.max_restarts <= 100:
+            raise PlannerError(f"--max-restarts must be from 0 to 100, got {self.max_restarts}")
+
+    def launch_args(self) -> list[str]:
+        if self.checkpoint_dir is None:
+            return []
+        out = ["--save-every", str(self.save_every), "--checkpoint-dir", str(self.checkpoint_dir),
+               "--keep-checkpoints", str(self.keep)]
+        return out + (["--resume"] if self.resume else [])
+
+    def restarts(self) -> int:
+        if self.max_restarts is not None:
+            return self.max_restarts
+        return 3 if self.save_every else 0
+
+
 def torchrun_command(plan_path: Path, *, steps: int, nproc: int, data: Path | None, profile_out: Path | None,
-                     torchrun_args: list[str]) -> list[str]:
+                     torchrun_args: list[str], checkpoints: CheckpointOptions | None = None) -> list[str]:
+    checkpoints = checkpoints or CheckpointOptions()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     cmd += torchrun_args or ["--standalone", "--nnodes", "1"]
+    if not any(a == "--max-restarts" or a.startswith("--max-restarts=") or a.startswith("--max_restarts")
+               for a in torchrun_args):
+        cmd += ["--max-restarts", str(checkpoints.restarts())]
     cmd += ["-m", "runtime.launch", str(plan_path), "--steps", str(steps)]
     if data is not None:
         cmd += ["--data", str(data)]
     if profile_out is not None:
         cmd += ["--profile-out", str(profile_out)]
-    return cmd
+    return cmd + checkpoints.launch_args()
 
 
 def _nnodes(torchrun_args: list[str]) -> int:
@@ -78,7 +122,9 @@ def _nnodes(torchrun_args: list[str]) -> int:
 
 def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
              torchrun_args: list[str], console: Console, history_store: Path | None = None,
-             record_history: bool = True) -> int:
+             record_history: bool = True, checkpoints: CheckpointOptions | None = None) -> int:
+    checkpoints = checkpoints or CheckpointOptions()
+    checkpoints.check()
     plan = load_plan(plan_path)
     nnodes = _nnodes(torchrun_args)
     nproc = nproc or plan.num_gpus // nnodes
@@ -90,7 +136,7 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     with tempfile.TemporaryDirectory(prefix="tierwise-run-") as tmp:
         written = profile_out or Path(tmp, "profile.json")
         code = _launch(torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=written,
-                                        torchrun_args=torchrun_args), steps, console)
+                                        torchrun_args=torchrun_args, checkpoints=checkpoints), steps, console)
         if profile_out is not None:
             console.print(f"profile written to {profile_out}")
         if record_history and written.exists():
@@ -113,6 +159,9 @@ def _launch(cmd: list[str], steps: int, console: Console) -> int:
             line = line.rstrip("\n")
             if line.startswith(EVENT):
                 event = json.loads(line[len(EVENT):])
+                if "step" not in event:  # e.g. {"resumed_from_step": N}
+                    progress.update(task, completed=event.get("resumed_from_step", 0), info="resumed")
+                    continue
                 progress.update(task, completed=event["step"],
                                 info=f"loss {event['loss']:.4f}  step {event['step_time_s']:.2f} s")
             elif line.startswith(ERROR):
@@ -120,6 +169,8 @@ def _launch(cmd: list[str], steps: int, console: Console) -> int:
             else:
                 tail.append(line)
         code = proc.wait()
+    if error and error.startswith("rank "):  # a worker stopped during training (see runtime/launch.py)
+        raise PlannerError(f"the run stopped: {error}")
     if error:
         raise PlannerError(f"the runtime refused the plan: {error}")
     if code != 0:
@@ -181,12 +232,19 @@ def register(app: typer.Typer) -> None:
         profile_out: Annotated[Path | None, typer.Option(help="write the profile JSON here")] = None,
         store: Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")] = None,
         history: Annotated[bool, typer.Option(help="record the run in the run history")] = True,
+        save_every: Annotated[int, typer.Option(help="checkpoint every N steps and at the last (0: never)")] = 0,
+        checkpoint_dir: Annotated[Path | None, typer.Option(help="directory of the run's checkpoints (shared by all nodes)")] = None,
+        keep_checkpoints: Annotated[int, typer.Option(help="complete checkpoints to keep")] = 2,
+        resume: Annotated[bool, typer.Option("--resume", help="continue from the newest complete checkpoint")] = False,
+        max_restarts: Annotated[int | None, typer.Option(help="torchrun restarts of failed workers (default 3 with --save-every, else 0)")] = None,
     ) -> None:
         """Train the plan's reference GPT with the bundled runtime (torchrun) and write a profile.
         Arguments after `--` go to torchrun (multi-node)."""
+        checkpoints = CheckpointOptions(save_every=save_every, checkpoint_dir=checkpoint_dir, keep=keep_checkpoints,
+                                        resume=resume, max_restarts=max_restarts)
         _exit_on_error(lambda: run_plan(plan, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
                                         torchrun_args=list(ctx.args), console=Console(stderr=True),
-                                        history_store=store, record_history=history))
+                                        history_store=store, record_history=history, checkpoints=checkpoints))
 
     @app.command("compare")
     def compare_cmd(
@@ -213,7 +271,7 @@ def _exit_on_error(fn) -> None:  # noqa: ANN001
     try:
         code = fn()
     except PlannerError as exc:
-        Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False)
+        sys.stderr.write("error: " + " ".join(str(exc).split()) + "\n")  # one line, never wrapped
         raise typer.Exit(1) from None
     raise typer.Exit(code)
 

@@ -1,20 +1,30 @@
 """Worker entry of `planner run`: one process per rank, started by torchrun.
 
     torchrun --nproc_per_node P -m runtime.launch PLAN.json --steps N [--data FILE] [--profile-out F]
+             [--save-every K --checkpoint-dir DIR [--keep-checkpoints 2] [--resume]]
 
 Builds the plan's reference GPT on the meta device and materialises it shard by shard
 (construction-time partitioning), trains N steps on synthetic tokens or a byte-level tokenised text
 file, and writes the profile (rank 0). Rank 0 reports progress as `TIERWISE_EVENT {json}` lines on
 stdout, and a plan it cannot run as one `TIERWISE_ERROR message` line (exit code 3), which the CLI
-turns into its progress bar and its one-line errors.
+turns into its progress bar and its one-line errors. An error during training (a full disk, an I/O
+error from the NVMe engine, an unusable checkpoint) is one `TIERWISE_ERROR` line from the rank that
+hit it (exit code 4).
+
+With `--save-every K` every K-th step (and the last) is checkpointed (runtime/ckpt); `--resume`, and
+any restart by torchrun (`--max-restarts`), continues from the newest complete checkpoint, with
+bitwise the losses of an uninterrupted run: the data order is a function of the step, and the RNG
+states are part of the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -32,6 +42,7 @@ from runtime.profiler import process_peak_rss_bytes
 EVENT = "TIERWISE_EVENT"
 ERROR = "TIERWISE_ERROR"
 EXIT_NOT_EXECUTABLE = 3
+EXIT_TRAINING_FAILED = 4
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,11 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--keep-checkpoints", type=int, default=2)
+    ap.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     args = ap.parse_args(argv)
+    # A worker restarted by torchrun (--max-restarts) resumes: that is what the checkpoints are for.
+    args.restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world_size > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        init_process_group(rank=rank, world_size=world_size)
     try:
         plan = load_plan(args.plan)
         check_executable(plan, world_size=world_size)
@@ -57,17 +74,73 @@ def main(argv: list[str] | None = None) -> int:
         if plan.micro_batch_per_gpu != int(plan.micro_batch_per_gpu):
             raise PlanNotExecutable(f"micro_batch_per_gpu {plan.micro_batch_per_gpu} must be a whole number of samples")
         tokens = load_tokens(args.data, plan) if args.data else None
+        checkpointer = make_checkpointer(args, plan, rank=rank, world_size=world_size)
     except PlannerError as exc:
         if rank == 0:
             print(f"{ERROR} {exc}", flush=True)
         return EXIT_NOT_EXECUTABLE
-    profile = train(plan, args, tokens, rank=rank, world_size=world_size)
-    if rank == 0 and args.profile_out:
+    try:
+        profile = train(plan, args, tokens, rank=rank, world_size=world_size, checkpointer=checkpointer)
+    except PlannerError as exc:
+        print(f"{ERROR} rank {rank}: {exc}", flush=True)
+        return EXIT_TRAINING_FAILED
+    except OSError as exc:
+        print(f"{ERROR} rank {rank}: {describe_io_error(exc)}", flush=True)
+        return EXIT_TRAINING_FAILED
+    if rank == 0 and args.profile_out and profile is not None:
         profile.save(args.profile_out)
     if world_size > 1:
         dist.barrier()  # no rank tears down gloo/NCCL pairs while a peer still uses them
         dist.destroy_process_group()
     return 0
+
+
+def init_process_group(*, rank: int, world_size: int) -> None:
+    """torch.distributed's default group; on a torchrun restart, in a fresh key space of the store.
+
+    [Note: process groups after a torchrun restart]
+    torchrun's workers share the agent's TCPStore, and a restarted worker group gets the same
+    store: the previous attempt's keys (the dead ranks' gloo addresses) are still there, and the new
+    ranks connect to them (connection refused, or a hang). Prefixing the keys with the restart count
+    gives every attempt its own."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend)
+        return
+    from datetime import timedelta
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timedelta(minutes=10))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"tierwise/attempt_{restart}", store), rank=rank,
+                            world_size=world_size)
+
+
+def make_checkpointer(args: argparse.Namespace, plan: Plan, *, rank: int, world_size: int):  # noqa: ANN201
+    """The run's `Checkpointer`, or None without --save-every / --resume; bad options are one line."""
+    if args.save_every < 0:
+        raise PlannerError(f"--save-every must be 0 (never) or a number of steps, got {args.save_every}")
+    if args.keep_checkpoints < 1:
+        raise PlannerError(f"--keep-checkpoints must be at least 1, got {args.keep_checkpoints}")
+    if not (args.save_every or args.resume):
+        return None
+    if not args.checkpoint_dir:
+        raise PlannerError("--save-every and --resume need --checkpoint-dir DIR")
+    from runtime.ckpt import Checkpointer
+
+    return Checkpointer(args.checkpoint_dir, plan=plan, seed=args.seed, rank=rank, world_size=world_size,
+                        resume=args.resume, keep=args.keep_checkpoints, restarted=args.restarted,
+                        run_id=os.environ.get("TORCHELASTIC_RUN_ID", ""))
+
+
+def describe_io_error(exc: OSError) -> str:
+    """One line for an I/O error during training: what failed, on which file, and where."""
+    where = ""
+    if getattr(exc, "offset", None) is not None:
+        where = f" ({'read' if 'read' in str(exc.args[-1]) else 'write'} of {exc.nbytes} bytes at offset {exc.offset})"
+    name = exc.filename or "an unnamed file"
+    hint = "; free space there" if exc.errno in (28, 27, 122) else ""  # ENOSPC, EFBIG, EDQUOT
+    return f"I/O error on {name}: {exc.strerror or exc}{where}{hint}; checkpoints already written are intact"
 
 
 def load_tokens(path: str, plan: Plan) -> torch.Tensor:
@@ -93,23 +166,71 @@ def batch_for(step: int, rank: int, plan: Plan, vocab: int, tokens: torch.Tensor
     return torch.stack([tokens[s : s + seq + 1] for s in starts.tolist()])
 
 
-def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, rank: int, world_size: int) -> Profile:
+def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, rank: int, world_size: int,
+          checkpointer=None) -> Profile | None:  # noqa: ANN001 - runtime.ckpt.Checkpointer
     import runtime
     from runtime.gpt import GPT, GPTConfig, init_weights
 
     cfg = GPTConfig.from_model_spec(plan.model)
     torch.manual_seed(args.seed)
+    random.seed(args.seed)  # ours does not draw from it, but a user's data pipeline may: runs are reproducible
     with torch.device("meta"):
         model = GPT(cfg)
     model = runtime.shard(model, plan, param_init_fn=init_weights)
     state = runtime.state_of(model)
+    state.profiler.keep_samples(args.steps)  # the profile has one sample per step
     optimizer = runtime.AdamW(model, lr=args.lr, weight_decay=0.1)
+    try:
+        profile = _train_loop(plan, args, tokens, model, optimizer, rank=rank, world_size=world_size,
+                              checkpointer=checkpointer)
+    except BaseException:
+        # Swap files of an NVMe placement go now, not at interpreter exit; the error that stopped
+        # the run is the one to report, not a second one from transfers still failing while closing.
+        with contextlib.suppress(Exception):
+            optimizer.close()
+        with contextlib.suppress(Exception):
+            state.close()
+        raise
+    optimizer.close()
+    state.close()
+    return profile
+
+
+def _train_loop(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, model: torch.nn.Module,
+                optimizer, *, rank: int, world_size: int, checkpointer) -> Profile | None:  # noqa: ANN001
+    import runtime
+    from runtime.faults import fault_point
+
+    state = runtime.state_of(model)
+    vocab_size = model.wte.num_embeddings
     device = state.config.device
     losses: list[float] = []
-    for step in range(1, args.steps + 1):
-        batch = batch_for(step, rank, plan, cfg.vocab_size, tokens, args.seed).to(device)
+    first_step = 1
+    if checkpointer is not None and args.save_every:
+        checkpointer.preflight(state, optimizer)
+    if checkpointer is not None and (args.resume or args.restarted):
+        restored = checkpointer.restore(state, optimizer)
+        if restored is not None:
+            first_step = restored["step"] + 1
+            if state.loss_scaler is not None and restored.get("loss_scaler"):
+                state.loss_scaler.load_state_dict(restored["loss_scaler"])
+            optimizer.num_skipped_steps = restored.get("num_skipped_steps", 0)
+            if rank == 0:
+                print(f"{EVENT} " + json.dumps({"resumed_from_step": restored["step"]}), flush=True)
+        elif rank == 0:
+            print(f"warning: no complete checkpoint in {checkpointer.root}; starting at step 1", file=sys.stderr,
+                  flush=True)
+    if first_step > args.steps:  # the checkpoint is already at (or past) the last step
+        if rank == 0:
+            print(f"warning: the newest checkpoint is at step {first_step - 1}; nothing left to train for --steps "
+                  f"{args.steps}", file=sys.stderr, flush=True)
+        return None
+    for step in range(first_step, args.steps + 1):
+        # The data position is the step itself: batch_for draws from a generator seeded by it.
+        batch = batch_for(step, rank, plan, vocab_size, tokens, args.seed).to(device)
         loss = model(input_ids=batch[:, :-1], labels=batch[:, 1:]).loss
         loss.backward()
+        fault_point("train.step", step=step, rank=rank)
         optimizer.step()
         optimizer.zero_grad()
         value = loss.detach().float().clone()
@@ -120,6 +241,10 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, 
         if rank == 0:
             print(f"{EVENT} " + json.dumps({"step": step, "steps": args.steps, "loss": losses[-1],
                                               "step_time_s": sample.step_time_s}), flush=True)
+        if checkpointer is not None and args.save_every and (step % args.save_every == 0 or step == args.steps):
+            scaler = state.loss_scaler.state_dict() if state.loss_scaler is not None else None
+            checkpointer.save(step, state, optimizer, scalars={"loss_scaler": scaler,
+                                                               "num_skipped_steps": optimizer.num_skipped_steps})
     local = [s.to_dict() for s in state.profiler.samples]
     extra = {"peak_rss_bytes": process_peak_rss_bytes(), "order_changes": state.prefetcher.num_order_changes}
     gathered = [(local, extra)]
@@ -127,13 +252,12 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, 
         gathered = [None] * world_size
         dist.all_gather_object(gathered, (local, extra))
     num_params = sum(u.layout.numel for u in state.units)
-    optimizer.close()
-    state.close()  # swap files of an NVMe placement go now, not at interpreter exit
-    return build_profile(plan, gathered, losses, args.warmup_steps, device=str(device), num_params_run=num_params)
+    return build_profile(plan, gathered, losses, args.warmup_steps, device=str(device), num_params_run=num_params,
+                         first_step=first_step)
 
 
 def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps: int, *, device: str,
-                  num_params_run: int) -> Profile:
+                  num_params_run: int, first_step: int = 1) -> Profile:
     """Rank 0's view of the run in the plan's units: gpu per GPU (max over ranks), cpu per node."""
     num_steps = len(losses)
     ranks_per_node = max(1, len(per_rank) // plan.num_nodes)
@@ -144,7 +268,7 @@ def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps:
         peak = {"gpu": max(s["peak_bytes"]["gpu"] for s in steps),
                 "cpu": sum(s["peak_bytes"]["cpu"] for s in steps) // plan.num_nodes,
                 "nvme": sum(s["peak_bytes"]["nvme"] for s in steps) // plan.num_nodes}
-        samples.append(StepSample(step=i + 1, step_time_s=max(s["step_time_s"] for s in steps), loss=losses[i],
+        samples.append(StepSample(step=first_step + i, step_time_s=max(s["step_time_s"] for s in steps), loss=losses[i],
                                   phase_time_s={k: first["phase_time_s"].get(k, 0.0) for k in PHASES},
                                   link_bytes={k: int(first["link_bytes"].get(k, 0)) for k in LINKS},
                                   peak_bytes=peak))

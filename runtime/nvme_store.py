@@ -21,14 +21,24 @@ finished, because a prefetch nobody waited for must not land in freed memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections import deque
 from typing import ClassVar
 
 import torch
 
 from runtime.ledger import MemoryLedger, nbytes
-from runtime.nvme import AlignedBuffer, EngineConfig, Handle, IOEngine, SwapDirectory, SwapStore
+from runtime.nvme import (
+    AlignedBuffer,
+    EngineConfig,
+    Handle,
+    IOEngine,
+    SwapDirectory,
+    SwapStore,
+    find_stale_swap_dirs,
+)
 from runtime.nvme.config import DIRECT_ALIGNMENT_BYTES
 from runtime.nvme.extents import Extent
 from runtime.stores import STORE_TYPES, CopyEngine, Pending, ShardStore
@@ -56,6 +66,7 @@ class NvmeSpace:
     def __init__(self, nvme_path: str, *, rank: int, capacity_bytes: dict[str, int], node_needed_bytes: int,
                  block_size_bytes: int) -> None:
         self.capacity_bytes = {name: round_up(b) for name, b in capacity_bytes.items()}
+        _remove_stale(nvme_path)
         self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
         self.engine = IOEngine(EngineConfig(block_size_bytes=block_size_bytes))
         self._files: dict[str, SwapStore] = {}
@@ -72,6 +83,24 @@ class NvmeSpace:
             f.close()
         self._files.clear()
         self.directory.close()
+
+
+class StaleSwapWarning(UserWarning):
+    """Swap directories of crashed runs were found under nvme_path and removed."""
+
+
+def _remove_stale(nvme_path: str) -> None:
+    """Remove the swap directories that crashed runs on this host left behind (their owner pid is
+    gone, so nothing can use them again) before the preflight counts free space: a run restarted
+    after a SIGKILL or an OOM kill gets the space back instead of a refusal."""
+    import warnings
+
+    with contextlib.suppress(OSError):
+        for entry in find_stale_swap_dirs(nvme_path):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if not entry.path.exists():
+                warnings.warn(f"removed stale swap directory {entry.path} ({entry.nbytes} bytes) of a crashed run "
+                              f"(owner pid {entry.pid} is gone)", StaleSwapWarning, stacklevel=3)
 
 
 def local_world_size() -> int:
@@ -120,6 +149,10 @@ class NvmeStore(ShardStore):
 
     def keys(self) -> list[str]:
         return list(self._extents)
+
+    def shard_info(self, key: str) -> tuple[int, torch.dtype]:
+        _, dtype, numel = self._extents[key]
+        return numel, dtype
 
     def resident(self, key: str) -> torch.Tensor:
         raise AssertionError(f"shard {key} lives on NVMe: stream it with read_into/write_from")

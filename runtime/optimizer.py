@@ -65,6 +65,44 @@ class AdamW:
         self._refuse_streamed("load_state_dict")
         self._inner.load_state_dict(state_dict)
 
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The optimizer's tensors that are not shards of the model's stores, by stable name, for
+        training checkpoints (runtime/ckpt): per-unit step counts, and Adam's momentum and variance
+        where torch keeps them (in-memory states; streamed states live in the optimizer store)."""
+        if self._streamed is not None:
+            return {f"streamed/{k}/step": self._streamed.steps[k] for k in self._keys}
+        out = {}
+        for key, master in zip(self._keys, self._masters, strict=True):
+            for name, value in self._inner.state.get(master, {}).items():
+                out[f"adam/{key}/{name}"] = value
+        return out
+
+    def checkpoint_bytes(self) -> int:
+        """Bytes of `checkpoint_tensors()` once every unit has stepped (Adam's states appear lazily)."""
+        if self._streamed is not None:
+            return 4 * len(self._keys)
+        return sum(2 * m.numel() * m.element_size() + 4 for m in self._masters)
+
+    def checkpoint_tensors_for_load(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Tensors to load the named checkpoint tensors into, creating Adam states that a fresh
+        optimizer has not allocated yet (torch creates them lazily on the first step)."""
+        if self._streamed is not None:
+            return self.checkpoint_tensors()
+        masters = dict(zip(self._keys, self._masters, strict=True))
+        for name in names:
+            parts = name.split("/")
+            master = masters.get(parts[1]) if len(parts) == 3 and parts[0] == "adam" else None
+            what = parts[-1]
+            if master is None or what not in ("exp_avg", "exp_avg_sq", "step"):
+                continue  # the loader reports names that match nothing
+            state = self._inner.state[master]
+            if what == "step":
+                # torch's fused AdamW keeps the step as a float32 scalar on the parameter's device.
+                state.setdefault("step", torch.zeros((), dtype=torch.float32, device=master.device))
+            else:
+                state.setdefault(what, torch.zeros_like(master, memory_format=torch.preserve_format))
+        return self.checkpoint_tensors()
+
     def _refuse_streamed(self, what: str) -> None:
         if self._streamed is not None:
             raise ValueError(f"{what} of optimizer states on NVMe is not supported; place optimizer_states on cpu "
@@ -166,6 +204,14 @@ class DynamicLossScaler:
                     output[key] = self.scale_outputs(output[key])
             return output
         return output
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {"scale": self.scale, "clean_steps": self._clean_steps, "growth_interval": self.growth_interval}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.scale = float(state["scale"])
+        self._clean_steps = int(state["clean_steps"])
+        self.growth_interval = int(state["growth_interval"])
 
     def unscale_and_check(self, grads: list[torch.Tensor], comm: Any) -> bool:
         found_inf = torch.zeros(1)

@@ -105,17 +105,16 @@ def compute_device() -> torch.device:
 
 
 def check_memory(plan: Plan) -> None:
-    """Refuse a plan whose memory bill does not fit what this machine has free right now."""
+    """Refuse a plan whose memory bill does not fit what this machine has free right now: GPU memory,
+    and host memory within every limit that would otherwise end the run halfway (see
+    [Note: host memory limits])."""
     try:
         from planner.memory import memory_bill
     except ImportError:  # the memory model is not part of this build
         return
-    import psutil
-
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     bill = memory_bill(plan)
     peak = bill.peak_bytes
-    available = psutil.virtual_memory().available
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         if peak["gpu"] > free:
@@ -124,8 +123,65 @@ def check_memory(plan: Plan) -> None:
     else:
         # Without CUDA the compute device is host memory: every rank's `gpu` tier lives there too.
         host_need = peak["cpu"] + peak["gpu"] * local_world_size
-    if host_need > available:
-        raise PlanNotExecutable(
-            f"the plan needs {host_need / GIB:.2f} GiB of host memory on this node but {available / GIB:.2f} GiB is "
-            "available; offload less, add nodes or shrink the model"
-        )
+    for limit in host_memory_limits(local_world_size):
+        if host_need > limit.bytes_:
+            raise PlanNotExecutable(
+                f"the plan needs {host_need / GIB:.2f} GiB of host memory on this node but {limit.what} allows "
+                f"{limit.bytes_ / GIB:.2f} GiB; offload less, add nodes or shrink the model"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class HostLimit:
+    bytes_: int
+    """Host memory the node's ranks may still take under this limit (node total)."""
+    what: str
+
+
+def host_memory_limits(local_world_size: int, *, cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[HostLimit]:
+    """[Note: host memory limits]
+    A plan must fit every one of these, or the run is killed (OOM killer, cgroup OOM) or fails an
+    allocation (RLIMIT_AS/RLIMIT_DATA) in the middle of training instead of being refused up front:
+    - the memory the kernel reports available (psutil; excludes swap, which pinned memory cannot use);
+    - a cgroup v2 `memory.max` (containers: the host's free memory says nothing about the container's);
+    - RLIMIT_AS and RLIMIT_DATA of this process, times the ranks on this node (each has its own).
+    RLIMIT_MEMLOCK is not among them: the runtime locks no memory itself (no mlock, no io_uring
+    registered buffers); CUDA's pinned memory is page-locked by the NVIDIA driver, which does not
+    charge RLIMIT_MEMLOCK."""
+    import resource
+
+    import psutil
+
+    limits = [HostLimit(psutil.virtual_memory().available, "the memory available on this node")]
+    cgroup = cgroup_headroom_bytes(cgroup_root)
+    if cgroup is not None:
+        limits.append(HostLimit(cgroup, f"the cgroup memory limit ({cgroup_root}/memory.max)"))
+    used = psutil.Process().memory_info().vms
+    for name in ("RLIMIT_AS", "RLIMIT_DATA"):
+        soft, _ = resource.getrlimit(getattr(resource, name))
+        if soft != resource.RLIM_INFINITY:
+            limits.append(HostLimit(max(0, soft - used) * local_world_size, f"{name} ({soft / GIB:.2f} GiB per process)"))
+    return limits
+
+
+def cgroup_headroom_bytes(root: Path) -> int | None:
+    """Limit minus usage of this process's memory cgroup (v2 `memory.max`, or v1
+    `memory.limit_in_bytes` at the container's mount), or None where there is no limit."""
+    try:
+        line = Path("/proc/self/cgroup").read_text().splitlines()[0]
+        relative = line.split("::", 1)[1].lstrip("/") if line.startswith("0::") else ""
+    except (OSError, IndexError):
+        relative = ""
+    candidates = [(root / relative / "memory.max", root / relative / "memory.current"),
+                  (root / "memory.max", root / "memory.current"),
+                  (root / "memory" / "memory.limit_in_bytes", root / "memory" / "memory.usage_in_bytes")]
+    for limit_file, usage_file in candidates:
+        try:
+            limit = limit_file.read_text().strip()
+            usage = int(usage_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if not limit.isdigit() or int(limit) >= 1 << 62:  # "max", or v1's "unlimited" (page-rounded 2^63)
+            return None
+        return max(0, int(limit) - usage)
+    return None

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import resource
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from runtime.ledger import TIERS, MemoryLedger
+
+MAX_SAMPLES = 10_000
+"""Step samples a profiler keeps by default (the most recent)."""
 
 PHASES = ("forward", "backward", "optimizer")
 LINKS = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
@@ -42,11 +46,18 @@ class Profiler:
     device: torch.device
     link_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LINKS, 0))
     """Cumulative bytes per link since construction (this rank)."""
-    samples: list[StepSample] = field(default_factory=list)
+    samples: deque[StepSample] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    """The last `MAX_SAMPLES` steps (a sample is ~2 KB: a run of millions of steps must not keep them
+    all; `keep_samples` raises the bound where every step is wanted, as `planner run`'s profile)."""
+    num_steps: int = 0
     _phase_start_s: dict[str, float] = field(default_factory=dict)
     _phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     _step_start_s: float | None = None
     _links_at_start: dict[str, int] = field(default_factory=dict)
+
+    def keep_samples(self, num_samples: int) -> None:
+        """Keep the last `num_samples` step samples from now on."""
+        self.samples = deque(self.samples, maxlen=max(1, num_samples))
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -80,7 +91,7 @@ class Profiler:
             return None
         step_time = self._now() - self._step_start_s
         sample = StepSample(
-            step=len(self.samples) + 1,
+            step=self.num_steps + 1,
             step_time_s=step_time,
             phase_time_s=dict(self._phase_s),
             link_bytes={k: self.link_bytes.get(k, 0) - self._links_at_start.get(k, 0) for k in LINKS},
@@ -89,6 +100,7 @@ class Profiler:
             cuda_max_allocated_bytes=(torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0),
         )
         self.samples.append(sample)
+        self.num_steps += 1
         self._step_start_s = None
         self._phase_s = dict.fromkeys(PHASES, 0.0)
         return sample

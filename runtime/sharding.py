@@ -89,10 +89,12 @@ class ShardedModel:
 
     def close(self) -> None:
         """Finish outstanding NVMe transfers and remove the swap directory (also done at exit)."""
-        for store in (self.param_store, self.grad_store, self.optimizer_store):
-            store.close()
-        if self.swap is not None:
-            self.swap.close()
+        try:
+            for store in (self.param_store, self.grad_store, self.optimizer_store):
+                store.close()
+        finally:  # after an I/O error too: the swap files must not outlive the run
+            if self.swap is not None:
+                self.swap.close()
 
     @property
     def master_shares_param_shard(self) -> bool:

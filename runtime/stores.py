@@ -113,6 +113,11 @@ class ShardStore(ABC):
     def keys(self) -> list[str]:
         return list(self._shards)
 
+    def shard_info(self, key: str) -> tuple[int, torch.dtype]:
+        """(numel, dtype) of a shard, wherever it lives (checkpoints stream shards by this)."""
+        shard = self._shards[key]
+        return shard.numel(), shard.dtype
+
     def resident(self, key: str) -> torch.Tensor:
         """The in-memory shard, for in-place updates where it lives (the optimizer step)."""
         return self._shards[key]

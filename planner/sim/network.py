@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from planner.errors import PlannerError
+
 # A flow this close to done (in seconds at its current rate) is done: float residue of rate * time
 # would otherwise leave a remainder too small to move the clock, and the timer would spin.
 _DONE_WITHIN_S = 1e-9
@@ -108,6 +110,11 @@ class Network:
             flow.rate = min(link.capacity / weight for link, weight in flow.hops)
         else:
             _max_min_rates(flows)
+        for flow in flows:
+            if flow.rate <= 0:  # a transfer over a link the hardware spec gives no bandwidth would never end
+                link = next((lk for lk, _ in flow.hops if lk.capacity <= 0), flow.hops[0][0])
+                raise PlannerError(f"the plan moves data over {link.name}, whose bandwidth in the hardware spec is "
+                                   f"{link.capacity:g} {link.unit}/s; give it a bandwidth or use hardware that has it")
         dt = min(flow.remaining / flow.rate for flow in flows)
         self._epoch += 1
         timer = self.env.timeout(max(dt, 0.0))

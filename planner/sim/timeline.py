@@ -104,6 +104,8 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
         fig.savefig(path, dpi=dpi)
     except OSError as exc:
         raise PlannerError(f"cannot write timeline to {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # matplotlib: an unknown image format (the file name's suffix)
+        raise PlannerError(f"cannot write timeline to {path}: {str(exc).splitlines()[0]}; name it .png, .svg or .pdf") from None
     finally:
         plt.close(fig)
     return path

@@ -175,6 +175,12 @@ class SwapDirectory:
             return
         self._closed = True
         atexit.unregister(self.close)
+        # owner.json goes last: a removal cut short (SIGTERM during atexit) leaves a directory that
+        # find_stale_swap_dirs still recognises, so the next run reclaims its space.
+        for entry in self.path.iterdir() if self.path.is_dir() else ():
+            if entry.name != OWNER_FILE:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
         shutil.rmtree(self.path, ignore_errors=True)
 
     @property

@@ -1,0 +1,231 @@
+"""One rank's share of a training checkpoint: its shards, optimizer tensors, RNG states and scalars.
+
+`rank-NNNNN.bin` holds raw tensor bytes back to back; `rank-NNNNN.json` indexes them (name, dtype,
+numel, byte offset) and carries the scalars (step, Python RNG state, loss scaler). Nothing is
+pickled, so loading a checkpoint can never run code.
+
+Shards are streamed through one chunk buffer of the plan's `optimizer_chunk_bytes` (borrowed from
+the streamed optimizer's pool when the states are on NVMe), whatever the store: a state on NVMe is
+read chunk by chunk from its swap file into the checkpoint file and back, so host memory stays
+within the plan's budget however large the model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from planner.specio import check_keys, number, string
+from runtime.ckpt.errors import CheckpointError
+from runtime.ckpt.files import FileDigest, atomic_file
+from runtime.ckpt.manifest import rank_file
+from runtime.faults import fault_point
+from runtime.nvme import AlignedBuffer
+from runtime.stores import Pending, ShardStore
+
+RANK_FORMAT = "tierwise.checkpoint-rank/1"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "uint8": torch.uint8,
+          "float64": torch.float64, "int64": torch.int64}
+MAX_INDEX_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """A tensor to save or load, read and written in chunks (`read(out, offset)` / `write(src, offset)`)."""
+
+    name: str
+    numel: int
+    dtype: torch.dtype
+    read: Callable[[torch.Tensor, int], Pending]
+    write: Callable[[torch.Tensor, int], Pending]
+
+
+def _store_entry(prefix: str, store: ShardStore, key: str) -> _Entry:
+    numel, dtype = store.shard_info(key)
+    return _Entry(f"{prefix}/{key}", numel, dtype, lambda out, o: store.read_into(key, out, o),
+                  lambda src, o: store.write_from(key, src, o))
+
+
+def _tensor_entry(name: str, tensor: torch.Tensor) -> _Entry:
+    flat = tensor.view(-1)
+
+    def read(out: torch.Tensor, offset: int) -> Pending:
+        out.copy_(flat[offset : offset + out.numel()])
+        return Pending(out)
+
+    def write(src: torch.Tensor, offset: int) -> Pending:
+        flat[offset : offset + src.numel()].copy_(src)
+        return Pending(src)
+
+    return _Entry(name, flat.numel(), tensor.dtype, read, write)
+
+
+def _store_entries(state: Any) -> list[_Entry]:
+    entries = []
+    for prefix, store in (("params", state.param_store), ("optimizer_states", state.optimizer_store)):
+        store.drain()
+        entries += [_store_entry(prefix, store, key) for key in sorted(store.keys())]
+    return entries
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    out = {"rng/torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out["rng/torch_cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def rank_bytes(state: Any, optimizer: Any) -> int:
+    """Size of this rank's checkpoint files, within a MiB (RNG states and the index are small)."""
+    total = optimizer.checkpoint_bytes()
+    for store in (state.param_store, state.optimizer_store):
+        total += sum(numel * dtype.itemsize for numel, dtype in map(store.shard_info, store.keys()))
+    return total + (1 << 20)
+
+
+class ChunkBuffer:
+    """The one host buffer checkpoint traffic goes through."""
+
+    def __init__(self, optimizer: Any, chunk_bytes: int) -> None:
+        streamed = getattr(optimizer, "_streamed", None)
+        self._pool = streamed.pool if streamed is not None else None
+        self.buffer = self._pool.acquire() if self._pool is not None else AlignedBuffer(chunk_bytes)
+        self.nbytes = self.buffer.nbytes
+
+    def view(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        return torch.frombuffer(self.buffer.view, dtype=dtype, count=numel)
+
+    def release(self) -> None:
+        if self._pool is not None:
+            self._pool.release(self.buffer)
+
+    def chunks(self, entry: _Entry) -> Iterator[tuple[int, int]]:
+        per_chunk = max(1, self.nbytes // entry.dtype.itemsize)
+        for start in range(0, entry.numel, per_chunk):
+            yield start, min(per_chunk, entry.numel - start)
+
+
+def save_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: Any,
+              scalars: dict[str, Any]) -> list[FileDigest]:
+    """Write this rank's files into `directory` (atomically each); returns their digests."""
+    entries = _store_entries(state)
+    entries += [_tensor_entry(n, t) for n, t in sorted(optimizer.checkpoint_tensors().items())]
+    entries += [_tensor_entry(n, t) for n, t in _rng_tensors().items()]
+    index = []
+    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes)
+    try:
+        with atomic_file(directory / rank_file(rank, "bin")) as out:
+            for i, entry in enumerate(entries):
+                index.append({"name": entry.name, "dtype": str(entry.dtype).removeprefix("torch."),
+                              "numel": entry.numel, "offset_bytes": out.size_bytes})
+                for start, numel in buffer.chunks(entry):
+                    view = buffer.view(entry.dtype, numel)
+                    entry.read(view, start).wait()
+                    out.write(buffer.buffer.view[: numel * entry.dtype.itemsize])
+                if i == 0:
+                    fault_point("checkpoint.rank_file", step=step, rank=rank)
+            bin_digest = out.digest()
+    finally:
+        buffer.release()
+    doc = {"format": RANK_FORMAT, "rank": rank, "step": step, "tensors": index,
+           "python_rng": _python_rng_to_json(random.getstate()), **scalars}
+    with atomic_file(directory / rank_file(rank, "json")) as out:
+        out.write(json.dumps(doc).encode())
+        json_digest = out.digest()
+    return [bin_digest, json_digest]
+
+
+def load_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: Any) -> dict[str, Any]:
+    """Load this rank's files from a verified checkpoint; returns the scalars (RNG states restored)."""
+    doc, index = read_rank_index(directory / rank_file(rank, "json"), rank=rank, step=step)
+    names = [e["name"] for e in index]
+    targets = {e.name: e for e in _store_entries(state)}
+    targets.update({n: _tensor_entry(n, t) for n, t in optimizer.checkpoint_tensors_for_load(names).items()})
+    rng = {n: torch.empty(0, dtype=torch.uint8) for n in names if n.startswith("rng/")}
+    expected = set(targets) | {n for n in names if n.startswith("rng/")}
+    if set(names) - expected or set(targets) - set(names):
+        missing = sorted(set(targets) - set(names))[:3]
+        extra = sorted(set(names) - expected)[:3]
+        raise CheckpointError(f"checkpoint {directory} does not match this model (missing {missing}, unknown {extra}); "
+                              "resume with the plan it was written for")
+    path = directory / rank_file(rank, "bin")
+    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes)
+    try:
+        with open(path, "rb") as f:
+            for e in index:
+                dtype = DTYPES[e["dtype"]]
+                if e["name"] in rng:
+                    raw = torch.empty(e["numel"], dtype=dtype)
+                    f.seek(e["offset_bytes"])
+                    f.readinto(memoryview(raw.numpy()).cast("B"))
+                    rng[e["name"]] = raw
+                    continue
+                target = targets[e["name"]]
+                if (target.numel, target.dtype) != (e["numel"], dtype):
+                    raise CheckpointError(f"checkpoint tensor {e['name']} is {e['numel']} x {e['dtype']}, the model "
+                                          f"has {target.numel} x {str(target.dtype).removeprefix('torch.')}")
+                f.seek(e["offset_bytes"])
+                for start, numel in buffer.chunks(target):
+                    nbytes = numel * dtype.itemsize
+                    if f.readinto(buffer.buffer.view[:nbytes]) != nbytes:
+                        raise CheckpointError(f"{path} ends inside tensor {e['name']} (truncated)")
+                    target.write(buffer.view(dtype, numel), start).wait()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint file {path}: {exc.strerror or exc}") from None
+    finally:
+        buffer.release()
+    for store in (state.param_store, state.optimizer_store):
+        store.drain()
+    torch.set_rng_state(rng["rng/torch_cpu"])
+    if "rng/torch_cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["rng/torch_cuda"])
+    random.setstate(_python_rng_from_json(doc["python_rng"]))
+    return doc
+
+
+def read_rank_index(path: Path, *, rank: int, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The rank file's JSON, strictly checked (it is input like any other file)."""
+    try:
+        if path.stat().st_size > MAX_INDEX_BYTES:
+            raise CheckpointError(f"{path} is larger than {MAX_INDEX_BYTES} bytes; not a checkpoint index")
+        doc = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint index {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint index {path} is not valid JSON ({str(exc).splitlines()[0]})") from None
+    where = str(path)
+    if not isinstance(doc, dict) or doc.get("format") != RANK_FORMAT:
+        raise CheckpointError(f"{where} is not a {RANK_FORMAT} document")
+    if doc.get("rank") != rank or doc.get("step") != step:
+        raise CheckpointError(f"{where} is for rank {doc.get('rank')!r} step {doc.get('step')!r}, expected {rank} {step}")
+    if not isinstance(doc.get("tensors"), list):
+        raise CheckpointError(f"{where}.tensors must be a list")
+    index, offset = [], 0
+    for i, e in enumerate(doc["tensors"]):
+        at = f"{where}.tensors[{i}]"
+        check_keys(e, {"name", "dtype", "numel", "offset_bytes"}, at)
+        name = string(e.get("name"), f"{at}.name", max_len=1000)
+        dtype = string(e.get("dtype"), f"{at}.dtype", choices=tuple(DTYPES))
+        numel = int(number(e.get("numel"), f"{at}.numel", minimum=0, maximum=1 << 50, integer=True))
+        if e.get("offset_bytes") != offset:
+            raise CheckpointError(f"{at}.offset_bytes must be {offset} (tensors are stored back to back)")
+        index.append({"name": name, "dtype": dtype, "numel": numel, "offset_bytes": offset})
+        offset += numel * DTYPES[dtype].itemsize
+    return doc, index
+
+
+def _python_rng_to_json(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _python_rng_from_json(doc: Any) -> tuple:
+    if not (isinstance(doc, list) and len(doc) == 3 and isinstance(doc[1], list)):
+        raise CheckpointError("checkpoint python_rng must be [version, [ints], gauss_next]")
+    return (doc[0], tuple(doc[1]), doc[2])
