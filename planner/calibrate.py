@@ -4,7 +4,8 @@
 its matmul efficiency curve removed, and each phase (forward; backward = recompute + backward;
 optimizer) is described by what it asked of each resource:
 
-    compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute`)
+    compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute` less memory_s)
+    memory_s       elementwise bytes / gpu_hbm_gb_per_s      (planner/sim/workload.py [Note: elementwise work])
     operators      trace steps in the phase                  (one unit gathered, run, released)
     cpu_adam_s     parameters / cpu_adam_gparams_per_s       (busy time of `cpu_optimizer`)
     nvme_s         bytes / NVMe rates                        (busy time of the NVMe links)
@@ -12,7 +13,7 @@ optimizer) is described by what it asked of each resource:
 The measured phase time is modelled as `sum_f theta_f * feature_f` with every `theta >= 0`
 (non-negative least squares, each row divided by its measured time so that every phase of every
 profile weighs the same relative error). The fitted spec is the base spec with
-- `gpu_peak_tflops / theta_compute`,
+- `gpu_peak_tflops / theta_compute`, `gpu_hbm_gb_per_s / theta_memory`,
 - a matmul efficiency curve `eff(f) = f / (f + theta_operators * peak')`: a fixed cost per
   operator is exactly a size-keyed efficiency ("small matmuls are slow"), sampled at 13 sizes,
 - `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`.
@@ -34,7 +35,7 @@ from planner.hardware import EfficiencyCurve, NodeSpec
 from planner.plan import Plan
 from planner.profile import Profile
 
-FEATURES = ("compute_s", "operators", "cpu_adam_s", "nvme_s")
+FEATURES = ("compute_s", "memory_s", "operators", "cpu_adam_s", "nvme_s")
 PHASE_LABELS = {"forward": ("forward",), "backward": ("recompute", "backward"), "optimizer": ("optimizer",)}
 _CURVE_GFLOP = tuple(10.0 ** (e / 2) for e in range(-6, 7))  # 1 MFLOP .. 1 TFLOP
 
@@ -61,8 +62,13 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     bare = node.replace(matmul_efficiency=EfficiencyCurve())
     sim = Simulation(plan.replace(node=bare, prediction=None)).run()
     out = {phase: dict.fromkeys(FEATURES, 0.0) for phase in PHASE_LABELS}
+    hbm = bare.gpu_hbm_bytes_per_s
     for phase, labels in PHASE_LABELS.items():
-        out[phase]["operators"] = float(sum(1 for s in sim.work.steps if s.phase in labels))
+        steps = [s for s in sim.work.steps if s.phase in labels]
+        out[phase]["operators"] = float(len(steps))
+        if hbm > 0:  # the engine's split of each operator's compute time (engine._compute)
+            out[phase]["memory_s"] = sum(s.op.elementwise_bytes * (2 if s.phase == "backward" else 1)
+                                         for s in steps) / hbm
     kinds = {"gpu_compute": "compute_s", "cpu_optimizer": "cpu_adam_s", "nvme_read": "nvme_s", "nvme_write": "nvme_s",
              "nvme": "nvme_s"}
     seen: set[str] = set()
@@ -74,6 +80,8 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
             for phase, labels in PHASE_LABELS.items():
                 if label in labels:
                     out[phase][kinds[link.name]] += end - start
+    for phase in out:
+        out[phase]["compute_s"] = max(0.0, out[phase]["compute_s"] - out[phase]["memory_s"])
     return out
 
 
@@ -135,6 +143,8 @@ def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -
         per_op_s = theta["operators"]
         points = tuple((g * 1e9, max(1e-6, g * 1e9 / (g * 1e9 + per_op_s * flops))) for g in _CURVE_GFLOP)
         changes["matmul_efficiency"] = EfficiencyCurve(points) if per_op_s > 0 else EfficiencyCurve()
+    if "memory_s" in fitted and theta["memory_s"] > 0:
+        changes["gpu_hbm_bytes_per_s"] = node.gpu_hbm_bytes_per_s / theta["memory_s"]
     if "cpu_adam_s" in fitted and theta["cpu_adam_s"] > 0:
         changes["cpu_adam_params_per_s"] = node.cpu_adam_params_per_s / theta["cpu_adam_s"]
     if "nvme_s" in fitted and theta["nvme_s"] > 0:
@@ -142,6 +152,7 @@ def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -
         changes["nvme_write_bytes_per_s"] = node.nvme_write_bytes_per_s / theta["nvme_s"]
     keys = {"gpu_flops_per_s": "gpu_peak_tflops", "cpu_adam_params_per_s": "cpu_adam_gparams_per_s",
             "nvme_read_bytes_per_s": "nvme_read_gb_per_s", "nvme_write_bytes_per_s": "nvme_write_gb_per_s",
+            "gpu_hbm_bytes_per_s": "gpu_hbm_gb_per_s",
             "matmul_efficiency": "efficiency"}
     sources = dict(node.sources)
     sources.update({keys[k]: "measured" for k in changes})

@@ -59,6 +59,11 @@ class NvmeBandwidth:
     free_bytes: int
     test_bytes: int
     backend: str
+    mixed_s: float = 0.0
+    """Half the extents written while the other half are read, all in flight together."""
+    read_write: str = "independent"
+    """`shared` when reads and writes in flight together take about as long as one after the other
+    ([Note: NVMe read/write sharing]); the simulator's `nvme_read_write`."""
 
 
 def measure_nvme(
@@ -83,12 +88,35 @@ def measure_nvme(
                 for handle in [store.read_async(extent, buffer.view) for extent in extents]:
                     handle.wait()
 
+            def mixed() -> None:
+                half = len(extents) // 2 or 1
+                handles = [store.write_async(extent, buffer.view) for extent in extents[:half]]
+                handles += [store.read_async(extent, scratch.view) for extent in extents[half:] or extents[:1]]
+                for handle in handles:
+                    handle.wait()
+
             write_s = _median_time_s(write, repeats=repeats)  # the warm-up pass lays the file out
             read_s = _median_time_s(read, repeats=repeats)
+            scratch = AlignedBuffer(chunk)
+            mixed_s = _median_time_s(mixed, repeats=repeats)
             direct = store.direct
             buffer.close()
+            scratch.close()
     moved = num_chunks * chunk
-    return NvmeBandwidth(moved / read_s, moved / write_s, direct, free, moved, engine.backend)
+    written = (num_chunks // 2 or 1) * chunk
+    read_bytes = max(num_chunks - num_chunks // 2, 1) * chunk if num_chunks > 1 else chunk
+    read_bps, write_bps = moved / read_s, moved / write_s
+    return NvmeBandwidth(read_bps, write_bps, direct, free, moved, engine.backend, mixed_s,
+                         read_write_sharing(read_bytes / read_bps, written / write_bps, mixed_s))
+
+
+def read_write_sharing(read_alone_s: float, write_alone_s: float, mixed_s: float) -> str:
+    """[Note: NVMe read/write sharing] If a device serves reads and writes from independent budgets,
+    a mix of both takes as long as the longer of the two alone; if from one budget, as long as both
+    one after the other. The probe times the mix and picks the model whose prediction is closer (a
+    virtio disk measured 'shared' here: the mix took the serial time, benchmarks/RESULTS.md)."""
+    independent_s, shared_s = max(read_alone_s, write_alone_s), read_alone_s + write_alone_s
+    return "shared" if abs(mixed_s - shared_s) < abs(mixed_s - independent_s) else "independent"
 
 
 # -- host ------------------------------------------------------------------------------------------
@@ -262,7 +290,8 @@ def probe_node(
     nvme_source = "measured" if nvme.direct else "estimate"
     notes.append(
         f"NVMe: {nvme.test_bytes / GIB:g} GiB in 64 MiB requests through the {nvme.backend} engine under "
-        f"{Path(nvme_path).resolve()} (free {nvme.free_bytes / GIB:.1f} GiB), median of 3."
+        f"{Path(nvme_path).resolve()} (free {nvme.free_bytes / GIB:.1f} GiB), median of 3; half written while half is "
+        f"read took {nvme.mixed_s:.3f} s: reads and writes {nvme.read_write}."
         + ("" if nvme.direct else " The filesystem refused O_DIRECT: these are page-cache numbers, not the drive's.")
     )
     log("host memory bandwidth")
@@ -280,6 +309,7 @@ def probe_node(
         "host_memory_gb_per_s": host_memory / GB,
         "nvme_read_gb_per_s": nvme.read_bytes_per_s / GB,
         "nvme_write_gb_per_s": nvme.write_bytes_per_s / GB,
+        "nvme_read_write": nvme.read_write,
         "cpu_adam_gparams_per_s": adam / 1e9,
     }
     sources.update(

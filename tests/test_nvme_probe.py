@@ -115,3 +115,12 @@ def test_probe_cuda_measurements_run_on_the_gpu():
     assert links.device_memory_bytes_per_s > 0
     compute = measure_block_matmul(device, (torch.bfloat16,), hidden=1024, tokens=1024, repeats=2)
     assert (compute.dtype, list(compute.by_dtype)) == ("bfloat16", ["bfloat16"])
+
+
+def test_read_write_sharing_picks_the_closer_model():
+    from runtime.probe import read_write_sharing
+
+    # 1 s of reads and 0.5 s of writes alone: independent budgets predict 1 s for the mix, one budget 1.5 s.
+    assert read_write_sharing(1.0, 0.5, 1.05) == "independent"
+    assert read_write_sharing(1.0, 0.5, 1.45) == "shared"
+    assert read_write_sharing(1.0, 0.5, 1.6) == "shared"

@@ -158,6 +158,7 @@ class RankProgram:
         node = plan.node
         self.transfer_eff = node.transfer_efficiency.at
         self.matmul_eff = node.matmul_efficiency.at
+        self.hbm_bytes_per_s = node.gpu_hbm_bytes_per_s
         placement = plan.placement
         self.host_is_device = node.host_is_device
         """[Note: the CPU machine] in runtime/stores.py: host memory is the device's, nothing is copied."""
@@ -187,9 +188,12 @@ class RankProgram:
             return self.net.transfer(0, hops, label)
         return self.net.transfer(nbytes / self.transfer_eff(nbytes), hops, label)
 
-    def _compute(self, flops: float, matmul_flops: float, label: str) -> simpy.Event:
-        """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size."""
+    def _compute(self, flops: float, matmul_flops: float, label: str, elementwise_bytes: float = 0.0) -> simpy.Event:
+        """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
+        operator's memory-bound work at the device's memory bandwidth ([Note: elementwise work])."""
         seconds = flops / (self.links.compute.capacity * self.matmul_eff(matmul_flops)) if flops > 0 else 0.0
+        if elementwise_bytes > 0 and self.hbm_bytes_per_s > 0:
+            seconds += elementwise_bytes / self.hbm_bytes_per_s
         now = self.env.now
         if seconds > 0:
             self.links.compute.occupy(now, now + seconds, label, flops)
@@ -287,6 +291,7 @@ class RankProgram:
                 yield self._ready[step.index]
             if step.phase == "backward":
                 flops = 2 * op.flops_per_gpu  # input and weight gradients, each a forward-sized matmul
+                elementwise = 2 * op.elementwise_bytes
                 if op.has_grads and not self.synchronous_grads:
                     # At most the previous operator's reduce-scatter and the one before's offload
                     # may still run while this one computes (§4.3).
@@ -297,8 +302,8 @@ class RankProgram:
                 if op.has_grads:
                     sim.gpu_add(self.rank, "gradient buckets", op.num_params * slice_factor, single=True)
             else:
-                flops = op.flops_per_gpu
-            yield self._compute(flops, op.flops_per_gpu, step.phase)
+                flops, elementwise = op.flops_per_gpu, op.elementwise_bytes
+            yield self._compute(flops, op.flops_per_gpu, step.phase, elementwise)
             if op.tp_all_reduce:
                 activation = work.tp_all_reduce_bytes
                 yield self._move(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),

@@ -21,6 +21,7 @@ node) and data-parallel degree `dp = N / mp`:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -45,6 +46,10 @@ class OpShape:
     """A Megatron all-reduce follows it (last tile of attn_out / mlp_down, mp > 1)."""
     has_grads: bool = True
     """False for a tied output head: its gradient lands in the embedding's and is reduced there."""
+    elementwise_bytes: float = 0.0
+    """Bytes its share of the block's non-matmul work (norms, activation function, softmax, residual
+    adds, casts) reads and writes in the forward pass, per GPU: memory-bound, timed at the device's
+    memory bandwidth ([Note: elementwise work])."""
 
 
 @dataclass(slots=True)
@@ -107,6 +112,14 @@ def build_workload(plan: Plan) -> Workload:
             shapes[0] = OpShape(name=first.name, num_params=first.num_params,
                                 flops_per_gpu=first.flops_per_gpu + attention_flops, tp_all_reduce=first.tp_all_reduce)
         block_ops += shapes
+    # [Note: elementwise work] Besides its matmuls a block runs memory-bound operators (layer norms,
+    # the activation function, the attention softmax, residual adds, dtype casts). Their traffic is
+    # taken as the block's activations (eq. 5's per-block term: every activation is written once by
+    # the operator that makes it and read by the next), spread evenly over the block's operators;
+    # backward touches each twice. On a GPU this is ~1% of a large model's block time; on a CPU it
+    # is not negligible, and calibration scales it (planner/calibrate.py).
+    block_elementwise = bsz * seq * (16 * hd + 2 * model.num_heads * seq) / len(block_ops)
+    block_ops = [dataclasses.replace(op, elementwise_bytes=block_elementwise) for op in block_ops]
 
     embedding = head = ()
     if model.vocab_size > 0:
