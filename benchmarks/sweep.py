@@ -141,6 +141,9 @@ def median_spec(paths: list[Path]) -> dict:
     for key in MEDIAN_KEYS:
         if key in out:
             out[key] = statistics.median(d[key] for d in docs)
+    # A categorical measurement: the majority of the probes.
+    shares = [d.get("nvme_read_write", "independent") for d in docs]
+    out["nvme_read_write"] = max(sorted(set(shares)), key=shares.count)
     out["notes"] = (out.get("notes", "") + f" Rates: medians of {len(docs)} probes taken between the sweep's rounds "
                     "(benchmarks/sweep.py [Note: sweep rounds]).").strip()
     return out
@@ -189,13 +192,20 @@ def main() -> int:
         plan = plan_for(config, node, args.nvme_path)
         plans[config.name] = plan.replace(prediction=simulate(plan).prediction)
         plans[config.name].save(work / f"{config.name}.plan.json")
-    load_after = os.getloadavg()
+    # The facts of the run that measured the profiles; a --reuse re-analysis reports those, not its own.
+    collection = work / "collection.json"
+    if args.reuse and collection.exists():
+        machine = json.loads(collection.read_text())
+    else:
+        machine = {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
+                   "load_average_after": os.getloadavg(), "sweep_wall_s": time.perf_counter() - started,
+                   "steps_per_config": args.steps, "rounds": args.rounds,
+                   "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        collection.write_text(json.dumps(machine))
     if args.collect_only:
         return 0
     report = analyse(plans, profiles, node)
-    report["machine"] = {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
-                         "load_average_after": load_after, "sweep_wall_s": time.perf_counter() - started,
-                         "hardware": str(hw_path), "steps_per_config": args.steps, "rounds": args.rounds}
+    report["machine"] = {**machine, "hardware": str(hw_path)}
     print(json.dumps(report, indent=2))
     if args.write_results:
         sys.path.insert(0, str(ROOT / "benchmarks"))

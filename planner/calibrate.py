@@ -6,7 +6,6 @@ optimizer) is described by what it asked of each resource:
 
     compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute` less memory_s)
     memory_s       elementwise bytes / gpu_hbm_gb_per_s      (planner/sim/workload.py [Note: elementwise work])
-    operators      trace steps in the phase                  (one unit gathered, run, released)
     cpu_adam_s     parameters / cpu_adam_gparams_per_s       (busy time of `cpu_optimizer`)
     nvme_s         bytes / NVMe rates                        (busy time of the NVMe links)
 
@@ -14,9 +13,12 @@ The measured phase time is modelled as `sum_f theta_f * feature_f` with every `t
 (non-negative least squares, each row divided by its measured time so that every phase of every
 profile weighs the same relative error). The fitted spec is the base spec with
 - `gpu_peak_tflops / theta_compute`, `gpu_hbm_gb_per_s / theta_memory`,
-- a matmul efficiency curve `eff(f) = f / (f + theta_operators * peak')`: a fixed cost per
-  operator is exactly a size-keyed efficiency ("small matmuls are slow"), sampled at 13 sizes,
+  and no matmul efficiency curve (the features were taken without one),
 - `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`.
+A fixed cost per operator (one unit gathered, run, released) was a feature too, and is not any
+more: on the dev VM tiling 2 and 4 (2-4x the operators) measured the same step time as untiled
+runs (docs/calibration.md), and a fitted per-operator cost, identified only by noise in four
+calibration runs, overpredicted the tiled held-out runs by 37-47%.
 A feature no profile exercises (all zeros) keeps the base value. The model adds busy times, so it
 ignores overlap: a phase whose NVMe traffic hides behind compute pushes `theta_nvme` down; the
 simulator with the fitted spec still overlaps them. `residual` is the fit's relative RMS error over
@@ -35,9 +37,8 @@ from planner.hardware import EfficiencyCurve, NodeSpec
 from planner.plan import Plan
 from planner.profile import Profile
 
-FEATURES = ("compute_s", "memory_s", "operators", "cpu_adam_s", "nvme_s")
+FEATURES = ("compute_s", "memory_s", "cpu_adam_s", "nvme_s")
 PHASE_LABELS = {"forward": ("forward",), "backward": ("recompute", "backward"), "optimizer": ("optimizer",)}
-_CURVE_GFLOP = tuple(10.0 ** (e / 2) for e in range(-6, 7))  # 1 MFLOP .. 1 TFLOP
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class Calibration:
     node: NodeSpec
     """The base spec with the fitted parameters."""
     factors: dict[str, float]
-    """theta per feature (seconds per feature unit relative to the base spec; `operators`: s/op)."""
+    """theta per feature (seconds per feature second of the base spec)."""
     residual: float
     """Relative RMS error of the fitted linear model over all (profile, phase) rows."""
     num_rows: int
@@ -65,7 +66,6 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     hbm = bare.gpu_hbm_bytes_per_s
     for phase, labels in PHASE_LABELS.items():
         steps = [s for s in sim.work.steps if s.phase in labels]
-        out[phase]["operators"] = float(len(steps))
         if hbm > 0:  # the engine's split of each operator's compute time (engine._compute)
             out[phase]["memory_s"] = sum(s.op.elementwise_bytes * (2 if s.phase == "backward" else 1)
                                          for s in steps) / hbm
@@ -135,14 +135,9 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
 
 def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -> NodeSpec:
     changes: dict[str, Any] = {}
-    flops = node.gpu_flops_per_s
     if "compute_s" in fitted and theta["compute_s"] > 0:
-        flops = node.gpu_flops_per_s / theta["compute_s"]
-        changes["gpu_flops_per_s"] = flops
-    if "operators" in fitted:
-        per_op_s = theta["operators"]
-        points = tuple((g * 1e9, max(1e-6, g * 1e9 / (g * 1e9 + per_op_s * flops))) for g in _CURVE_GFLOP)
-        changes["matmul_efficiency"] = EfficiencyCurve(points) if per_op_s > 0 else EfficiencyCurve()
+        changes["gpu_flops_per_s"] = node.gpu_flops_per_s / theta["compute_s"]
+        changes["matmul_efficiency"] = EfficiencyCurve()
     if "memory_s" in fitted and theta["memory_s"] > 0:
         changes["gpu_hbm_bytes_per_s"] = node.gpu_hbm_bytes_per_s / theta["memory_s"]
     if "cpu_adam_s" in fitted and theta["cpu_adam_s"] > 0:

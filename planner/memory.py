@@ -41,8 +41,8 @@ COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ACTIVATION_BYTES = 2  # eq. 3 and 5 count fp16 activations (the paper quantities; the bill uses COMPUTE_BYTES)
 LOGIT_GRAD_BYTES = 4  # the loss upcasts logits to fp32 and backpropagates through that copy
 ALLOCATOR_SLACK_FRACTION = 0.10
-OPERATORS_PER_LAYER = 6
-"""Runtime units per transformer layer: eq. 1's four linears (qkv, out, up, down) and two norms."""
+NORMS_PER_LAYER = 2
+"""Runtime units per transformer layer besides its linears (the two layer norms)."""
 BOOKKEEPING_BYTES_PER_OPERATOR = 64 * 1024
 """Host memory each operator costs whatever its size: its module and parameter objects, hooks,
 autograd nodes, swap extents and the runtime's per-unit state. Measured 43-49 KB per operator on the
@@ -67,7 +67,7 @@ TERM_DOCS: dict[str, str] = {
     "param_swap_buffers": "pinned NVMe->CPU buffers for parameter shards fetched ahead (depth >= 3: i+2, i+3)",
     "optimizer_swap_buffers": "pinned chunk buffers of the streamed NVMe optimizer step",
     "gradient_swap_buffers": "pinned double buffer of gradient shards on their way to NVMe",
-    "runtime_bookkeeping": "per-operator objects of the model and the runtime: (6 nl + 3) x 64 KiB per rank",
+    "runtime_bookkeeping": "per-operator objects of the model and the runtime: (nl x (2 norms + linears x tiling) + 3) x 64 KiB per rank",
 }
 _TRANSIENT_GPU_TERMS = (
     "awm", "mswm", "prefetch_gathered_params", "prefetch_shard_staging", "reduce_scatter_buffer",
@@ -181,9 +181,11 @@ def operator_params_per_gpu(plan: Plan) -> float:
 
 
 def num_operators(plan: Plan) -> int:
-    """Runtime units of the model: OPERATORS_PER_LAYER per layer, plus the token and position
-    embeddings and the final norm."""
-    return plan.model.num_layers * OPERATORS_PER_LAYER + 3
+    """Runtime units of the model: per layer its norms and its linears, each linear one unit per
+    tile (runtime/tiling.py makes every tile its own unit), plus the token and position embeddings
+    and the final norm."""
+    linears = len(plan.model.block_operators()) * plan.tiling_factor
+    return plan.model.num_layers * (NORMS_PER_LAYER + linears) + 3
 
 
 def checkpoint_bytes(plan: Plan, element_bytes: int | None = None) -> int:
