@@ -166,7 +166,7 @@ def estimate(plan: Plan) -> Estimate:
 
     # -- optimizer step: not overlapped with forward/backward in the paper's design ---------
     gpus = plan.cluster.gpus_per_node
-    if place.optimizer_states == "gpu":
+    if place.optimizer_states == "gpu" and not node.host_is_device:
         optimizer = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
     else:
         cpu_update = _divide(shard_params * gpus, node.cpu_adam_params_per_s)
