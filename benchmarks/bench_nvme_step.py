@@ -40,7 +40,7 @@ import results_md  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_runtime import BATCH, BLOCKS, FFN, HIDDEN, LR, TOKENS, build_model  # noqa: E402
+from bench_runtime import BATCH, BLOCKS, FFN, HIDDEN, TOKENS, build_model, deepspeed_step, ours_step  # noqa: E402
 from bench_runtime import plan_doc as cpu_plan_doc  # noqa: E402
 
 CONFIGS = {"io-bound": (1, 16), "design": (BATCH, TOKENS)}
@@ -65,49 +65,18 @@ def make_step(system: str, x, y, nvme_path: str):  # noqa: ANN001, ANN201 - torc
     batch, tokens = x.shape[0], x.shape[1]
     model = build_model()
     if system in ("ours-nvme", "ours-cpu"):
-        import runtime
         from runtime.sharding import state_of
 
-        model = runtime.shard(model, plan_doc(system, nvme_path, batch, tokens))
-        opt = runtime.AdamW(model, lr=LR, weight_decay=0.0)
+        step, model = ours_step(model, plan_doc(system, nvme_path, batch, tokens), x, y)
         links = state_of(model).profiler.link_bytes
-
-        def step() -> float:
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.item()
-
         return step, lambda: (links.get("nvme_read", 0), links.get("nvme_write", 0))
     if system == "deepspeed-nvme":
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("BENCH_PORT", "29613"), DS_ACCELERATOR="cpu")
-        import deepspeed
-
-        deepspeed.init_distributed(dist_backend="gloo")
-        config = {
-            "train_micro_batch_size_per_gpu": batch,
-            "gradient_accumulation_steps": 1,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0, "torch_adam": True}},
-            "zero_optimization": {
-                "stage": 3,
-                "offload_param": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": False},
-                "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": False},
-            },
-            "aio": {"block_size": 1 << 20, "queue_depth": 16, "thread_count": 4, "single_submit": False,
-                    "overlap_events": True},
-            "bf16": {"enabled": False}, "fp16": {"enabled": False},
-        }
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-
-        def ds_step() -> float:
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-            return loss.item()
-
-        return ds_step, lambda: (0, 0)
+        offload = {"device": "nvme", "nvme_path": nvme_path, "pin_memory": False}
+        step = deepspeed_step(model, x, y, batch=batch, port="29613",
+                              zero_optimization={"stage": 3, "offload_param": offload, "offload_optimizer": dict(offload)},
+                              aio={"block_size": 1 << 20, "queue_depth": 16, "thread_count": 4, "single_submit": False,
+                                   "overlap_events": True})
+        return step, lambda: (0, 0)
     raise SystemExit(f"unknown system {system}")
 
 

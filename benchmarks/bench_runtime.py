@@ -71,22 +71,56 @@ def plan_doc(placement: str) -> dict:
             "prefetch_depth": 2, "placement": tiers[placement]}
 
 
+def ours_step(model, plan: dict, x, y):  # noqa: ANN001, ANN201 - torch objects; returns (step, sharded model)
+    """One training step of our runtime executing `plan` on `model` (AdamW, the benchmarks' lr)."""
+    import runtime
+
+    model = runtime.shard(model, plan)
+    opt = runtime.AdamW(model, lr=LR, weight_decay=0.0)
+
+    def step() -> float:
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    return step, model
+
+
+def deepspeed_step(model, x, y, *, batch: int, port: str, zero_optimization: dict, **config):  # noqa: ANN001, ANN201
+    """One training step of DeepSpeed ZeRO in this single process (gloo, CPU accelerator), fp32, its
+    torch AdamW at the benchmarks' lr; `config` adds top-level keys (e.g. `aio`)."""
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=os.environ.get("BENCH_PORT", port), DS_ACCELERATOR="cpu")
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    config = {
+        "train_micro_batch_size_per_gpu": batch,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0, "torch_adam": True}},
+        "zero_optimization": zero_optimization,
+        "bf16": {"enabled": False}, "fp16": {"enabled": False},
+        **config,
+    }
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+
+    def step() -> float:
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        return loss.item()
+
+    return step
+
+
 def make_step(system: str, x, y):  # noqa: ANN001, ANN201 - torch tensors; returns a step callable
     import torch
 
     model = build_model()
     if system in ("ours-cpu", "ours-device"):
-        import runtime
-
-        model = runtime.shard(model, plan_doc(system.split("-")[1]))
-        opt = runtime.AdamW(model, lr=LR, weight_decay=0.0)
-
-        def step() -> float:
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.item()
+        step, _ = ours_step(model, plan_doc(system.split("-")[1]), x, y)
     elif system == "plain":
         opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
 
@@ -97,26 +131,9 @@ def make_step(system: str, x, y):  # noqa: ANN001, ANN201 - torch tensors; retur
             opt.zero_grad(set_to_none=True)
             return loss.item()
     elif system == "deepspeed":
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("BENCH_PORT", "29611"), DS_ACCELERATOR="cpu")
-        import deepspeed
-
-        deepspeed.init_distributed(dist_backend="gloo")
-        config = {
-            "train_micro_batch_size_per_gpu": BATCH,
-            "gradient_accumulation_steps": 1,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0, "torch_adam": True}},
-            "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
-                                  "offload_optimizer": {"device": "cpu"}},
-            "bf16": {"enabled": False}, "fp16": {"enabled": False},
-        }
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-
-        def step() -> float:
-            loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
-            return loss.item()
+        step = deepspeed_step(model, x, y, batch=BATCH, port="29611",
+                              zero_optimization={"stage": 3, "offload_param": {"device": "cpu"},
+                                                 "offload_optimizer": {"device": "cpu"}})
     else:
         raise SystemExit(f"unknown system {system}")
     return step
