@@ -38,16 +38,21 @@ def _plan(precision: str, placement: dict[str, str], checkpoint_interval: int) -
     })
 
 
-def _measure(plan: Plan) -> dict[str, dict[str, int]]:
+def _trained(plan: Plan, steps: int):  # noqa: ANN202 - the sharded model
+    """The reference GPT sharded by `plan`, after `steps` training steps on random tokens."""
     torch.manual_seed(0)
     model = runtime.shard(GPT(GPTConfig.from_model_spec(plan.model)), plan)
     opt = runtime.AdamW(model, lr=1e-3)
-    for _ in range(2):
+    for _ in range(steps):
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
-        loss = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss
-        loss.backward()
+        model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
         opt.step()
         opt.zero_grad()
+    return model
+
+
+def _measure(plan: Plan) -> dict[str, dict[str, int]]:
+    model = _trained(plan, 2)
     sample = runtime.state_of(model).profiler.samples[-1]
     ledger = runtime.state_of(model).ledger
     # Each term's own peak over the last step (persistent states are constant; checkpoints peak
@@ -95,14 +100,7 @@ def test_host_tier_peak_matches_the_memory_bill(case: str) -> None:
     """The `cpu` tier holds only buffers the runtime owns (no activations), so its whole measured
     peak is the bill's whole `cpu` peak."""
     plan, _ = CASES[case]
-    torch.manual_seed(0)
-    model = runtime.shard(GPT(GPTConfig.from_model_spec(plan.model)), plan)
-    opt = runtime.AdamW(model, lr=1e-3)
-    for _ in range(2):
-        tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
-        model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
-        opt.step()
-        opt.zero_grad()
+    model = _trained(plan, 2)
     samples = runtime.state_of(model).profiler.samples[-1].peak_bytes
     buffers = runtime_buffer_peak_bytes(memory_bill(plan))
     assert samples["cpu"] == pytest.approx(buffers["cpu"], rel=TOLERANCE)
@@ -116,14 +114,7 @@ def gpu_term_peaks(tiling: int, depth: int, rank: int = 0, world_size: int = 1) 
         "checkpoint_interval": 0, "tiling_factor": tiling, "prefetch_depth": depth,
         "placement": {"params": "gpu", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "gpu"},
     })
-    torch.manual_seed(0)
-    model = runtime.shard(GPT(GPTConfig.from_model_spec(plan.model)), plan)
-    opt = runtime.AdamW(model, lr=1e-3)
-    for _ in range(3):
-        tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
-        model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
-        opt.step()
-        opt.zero_grad()
+    model = _trained(plan, 3)
     return {"measured": runtime.state_of(model).ledger.usage("gpu").term_peaks, "bill": memory_bill(plan).terms["gpu"]}
 
 
