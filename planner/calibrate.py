@@ -59,6 +59,7 @@ class Calibration:
 def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     """Per phase, what the simulated iteration asks of each resource under `node` (no matmul curve)."""
     from planner.sim.engine import Simulation
+    from planner.sim.workload import step_elementwise_bytes
 
     bare = node.replace(matmul_efficiency=EfficiencyCurve())
     sim = Simulation(plan.replace(node=bare, prediction=None)).run()
@@ -67,8 +68,7 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     for phase, labels in PHASE_LABELS.items():
         steps = [s for s in sim.work.steps if s.phase in labels]
         if hbm > 0:  # the engine's split of each operator's compute time (engine._compute)
-            out[phase]["memory_s"] = sum(s.op.elementwise_bytes * (2 if s.phase == "backward" else 1)
-                                         for s in steps) / hbm
+            out[phase]["memory_s"] = sum(step_elementwise_bytes(s) for s in steps) / hbm
     kinds = {"gpu_compute": "compute_s", "cpu_optimizer": "cpu_adam_s", "nvme_read": "nvme_s", "nvme_write": "nvme_s",
              "nvme": "nvme_s"}
     seen: set[str] = set()

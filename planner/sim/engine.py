@@ -35,7 +35,7 @@ from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
-from planner.sim.workload import Step, Workload, build_workload
+from planner.sim.workload import Step, Workload, build_workload, step_elementwise_bytes
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
@@ -291,7 +291,6 @@ class RankProgram:
                 yield self._ready[step.index]
             if step.phase == "backward":
                 flops = 2 * op.flops_per_gpu  # input and weight gradients, each a forward-sized matmul
-                elementwise = 2 * op.elementwise_bytes
                 if op.has_grads and not self.synchronous_grads:
                     # At most the previous operator's reduce-scatter and the one before's offload
                     # may still run while this one computes (§4.3).
@@ -302,8 +301,8 @@ class RankProgram:
                 if op.has_grads:
                     sim.gpu_add(self.rank, "gradient buckets", op.num_params * slice_factor, single=True)
             else:
-                flops, elementwise = op.flops_per_gpu, op.elementwise_bytes
-            yield self._compute(flops, op.flops_per_gpu, step.phase, elementwise)
+                flops = op.flops_per_gpu
+            yield self._compute(flops, op.flops_per_gpu, step.phase, step_elementwise_bytes(step))
             if op.tp_all_reduce:
                 activation = work.tp_all_reduce_bytes
                 yield self._move(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),

@@ -65,6 +65,12 @@ class Step:
     """Checkpoint segment of the block; -1 outside the checkpointed blocks."""
 
 
+def step_elementwise_bytes(step: Step) -> float:
+    """Memory-bound bytes a trace step moves: its operator's forward share, twice in backward
+    ([Note: elementwise work])."""
+    return step.op.elementwise_bytes * (2 if step.phase == "backward" else 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     plan: Plan
