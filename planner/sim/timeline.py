@@ -52,12 +52,11 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     cpu_ax = fig.add_subplot(grid[3], sharex=full)
 
     window, spans = zoom_spans(result)
-    width = total / BINS
-    edges = [i * width for i in range(BINS + 1)]
+    edges = np.linspace(0.0, total, BINS + 1)
     for y, name in enumerate(rows):
         # Full iteration: each bin's bar is as tall as the share of the bin the resource was busy.
         bottom = [y + 0.4] * (BINS + 1)
-        for label, busy in _binned(links[name].intervals, np.linspace(0.0, total, BINS + 1)).items():
+        for label, busy in _binned(links[name].intervals, edges).items():
             busy = list(busy)
             top = [b - 0.8 * f for b, f in zip(bottom, busy + busy[-1:], strict=True)]
             full.fill_between(edges, bottom, top, step="post", color=PHASE_COLORS.get(label, "grey"), linewidth=0)
