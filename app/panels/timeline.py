@@ -11,7 +11,8 @@ import streamlit as st
 
 from planner import report
 from planner.plan import TIERS, Plan, Prediction
-from planner.sim import SimResult, simulate
+from planner.sim import SimResult
+from planner.sim.periodic import simulate_periodic
 from planner.sim.timeline import PHASE_COLORS, busy_bins, zoom_spans
 from planner.units import GIB
 
@@ -21,8 +22,9 @@ GANTT_BINS = 300
 
 @st.cache_resource(max_entries=8, show_spinner="Simulating the iteration...")
 def simulation(plan_json: str) -> SimResult:
-    """One simulated iteration of the plan (planner.sim), kept whole for the Gantt chart; never mutated."""
-    return simulate(Plan.from_dict(json.loads(plan_json)))
+    """One simulated iteration of the plan with its whole timelines, for a deep model extrapolated from
+    three short simulations ([Note: periodic timelines] in planner/sim/periodic.py); never mutated."""
+    return simulate_periodic(Plan.from_dict(json.loads(plan_json)))
 
 
 def utilisation_frame(sim: Prediction) -> pd.DataFrame:

@@ -66,6 +66,10 @@ class Simulation:
         self.link_bytes: dict[str, float] = {}
         """Bytes per GPU per link category (DESIGN.md `prediction.link_bytes`), from rank 0."""
         self.phase_end_s: dict[str, float] = {}
+        self.unit_start_s: dict[tuple[str, int], float] = {}
+        """When rank 0's compute starts on each repeating unit of blocks (a checkpoint segment, or a
+        block without checkpointing), keyed ("forward" | "backward", unit): the marks the periodic
+        extrapolation of the timelines cuts at ([Note: periodic timelines] in periodic.py)."""
         self.largest_gpu_allocation_bytes = 0.0
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
         self.optimizer = optimizer
@@ -135,12 +139,15 @@ class Simulation:
 
     def _place_residents(self) -> None:
         """Partitioned model states live in their tier for the whole iteration (memory.py, eq. 2)."""
-        plan = self.plan
-        per_node = plan.cluster.gpus_per_node
-        trackers = {"gpu": (self.gpu, 1), "cpu": (self.cpu, per_node), "nvme": (self.nvme, per_node)}
-        for tier, term, per_gpu in resident_state_terms(plan):
-            tracker, copies = trackers[tier]
-            tracker.add(0.0, term, per_gpu * copies)
+        trackers = {"gpu": self.gpu, "cpu": self.cpu, "nvme": self.nvme}
+        for tier, term, nbytes in resident_terms(self.plan):
+            trackers[tier].add(0.0, term, nbytes)
+
+
+def resident_terms(plan: Plan) -> list[tuple[str, str, float]]:
+    """(tier, term, bytes per tracker: per GPU, or per node for cpu and nvme) of the resident states."""
+    per_node = plan.cluster.gpus_per_node
+    return [(tier, term, per_gpu * (1 if tier == "gpu" else per_node)) for tier, term, per_gpu in resident_state_terms(plan)]
 
 
 class RankProgram:
@@ -265,6 +272,8 @@ class RankProgram:
         sim, plan, work = self.sim, self.sim.plan, self.sim.work
         steps = work.steps
         ci = plan.checkpoint_interval
+        unit = ci or 1
+        unit_opening = "recompute" if ci else "backward"  # a unit's work in the backward pass starts so
         layers = plan.model.num_layers
         slice_factor = self.b / self.mp
         backward_index = 0
@@ -302,6 +311,9 @@ class RankProgram:
                     sim.gpu_add(self.rank, "gradient buckets", op.num_params * slice_factor, single=True)
             else:
                 flops = op.flops_per_gpu
+            if (in_blocks and first_of_block and blk % unit == 0 and self.rank == 0
+                    and step.phase in ("forward", unit_opening)):
+                sim.unit_start_s["forward" if step.phase == "forward" else "backward", blk // unit] = self.env.now
             yield self._compute(flops, op.flops_per_gpu, step.phase, step_elementwise_bytes(step))
             if op.tp_all_reduce:
                 activation = work.tp_all_reduce_bytes

@@ -30,7 +30,7 @@ MIN_SEGMENTS = 2
 MIN_BLOCKS = 4
 
 
-class _NotAffine(Exception):
+class NotAffine(Exception):
     pass
 
 
@@ -62,7 +62,7 @@ def predict(plan: Plan) -> Prediction:
         summaries.append(summarize(Simulation(small, workload=work, optimizer=optimizer).run(), timelines=False))
     try:
         summary = extrapolate(summaries, repeats)
-    except _NotAffine:
+    except NotAffine:
         return simulate(plan).prediction
     return prediction_from(plan, summary, notes={"extrapolated_from_layers": counts})
 
@@ -70,11 +70,11 @@ def predict(plan: Plan) -> Prediction:
 def extrapolate(s: list[Summary], repeats: int) -> Summary:
     a, b, c = s
     if a.largest_gpu_allocation_bytes != c.largest_gpu_allocation_bytes or b.scope != c.scope:
-        raise _NotAffine
+        raise NotAffine
     windows = {}
     for tier in c.windows:
         if not len(a.windows[tier]) == len(b.windows[tier]) == len(c.windows[tier]):
-            raise _NotAffine
+            raise NotAffine
         windows[tier] = [
             (_affine(wa[0], wb[0], wc[0], repeats), _affine_dict(wa[1], wb[1], wc[1], repeats))
             for wa, wb, wc in zip(a.windows[tier], b.windows[tier], c.windows[tier], strict=True)
@@ -99,7 +99,7 @@ def extrapolate(s: list[Summary], repeats: int) -> Summary:
 def _affine(a: float, b: float, c: float, repeats: int) -> float:
     step = c - b
     if abs((b - a) - step) > _RELATIVE * max(abs(a), abs(b), abs(c)) + _ABSOLUTE:
-        raise _NotAffine
+        raise NotAffine
     return c + repeats * step
 
 

@@ -23,17 +23,61 @@ MAX_TIMELINE_POINTS = 400
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryCurve:
+    """Bytes in use in one tier over the iteration (`TierTracker`'s record, or its extrapolation)."""
+
+    name: str
+    capacity_bytes: float
+    scope: str
+    points: list[tuple[float, float]]
+    """(time, bytes in use) after every change, one point per instant, in time order."""
+    peak_bytes: float
+    peak_time_s: float
+    """When the peak was first reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timelines:
+    """The simulated iteration as data: what the Gantt chart and the memory curves are drawn from
+    (planner.sim.timeline), from a whole simulation or extrapolated from a short one (periodic.py)."""
+
+    phase_end_s: dict[str, float]
+    num_segments: int
+    intervals: dict[str, list[tuple[float, float, str]]]
+    """Busy (start, end, label) of every resource, rank 0's links and the node's, in `rank0_links` order."""
+    memory: dict[str, MemoryCurve]
+    """gpu (per GPU), cpu and nvme (per node)."""
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.phase_end_s["optimizer"]
+
+
+@dataclass(frozen=True, slots=True)
 class SimResult:
     plan: Plan
     prediction: Prediction
-    simulation: Simulation
-    """The finished simulation: links with busy intervals, tier timelines (for the Gantt chart)."""
+    timelines: Timelines
+    simulation: Simulation | None = None
+    """The finished simulation (links, trackers, trace) when the whole iteration was simulated;
+    None when the timelines were extrapolated (periodic.simulate_periodic)."""
 
 
 def simulate(plan: Plan, *, ranks: Ranks = "representative") -> SimResult:
     """Simulate one training iteration of `plan` and predict its cost."""
     sim = Simulation(plan, ranks=ranks).run()
-    return SimResult(plan=plan, prediction=build_prediction(sim), simulation=sim)
+    return SimResult(plan=plan, prediction=build_prediction(sim), timelines=timelines_of(sim), simulation=sim)
+
+
+def timelines_of(sim: Simulation) -> Timelines:
+    return Timelines(
+        phase_end_s=dict(sim.phase_end_s),
+        num_segments=sim.work.num_segments,
+        intervals={link.name: list(link.intervals) for link in rank0_links(sim)},
+        memory={t.name: MemoryCurve(name=t.name, capacity_bytes=t.capacity_bytes, scope=t.scope, points=list(t.timeline),
+                                    peak_bytes=t.peak_bytes, peak_time_s=t.peak_time_s)
+                for t in (sim.gpu, sim.cpu, sim.nvme)},
+    )
 
 
 def rank0_links(sim: Simulation) -> list[Link]:
@@ -75,7 +119,7 @@ def summarize(sim: Simulation, *, timelines: bool = True) -> Summary:
         scope={t.name: t.scope for t in trackers},
         largest_gpu_allocation_bytes=sim.largest_gpu_allocation_bytes,
         simulated_ranks=len(sim.ranks),
-        memory_timeline={t.name: _downsample(t.timeline, total) for t in trackers} if timelines else None,
+        memory_timeline={t.name: downsample(t.timeline, total) for t in trackers} if timelines else None,
         memory_peak_time_s={t.name: t.peak_time_s for t in trackers} if timelines else None,
     )
 
@@ -126,7 +170,7 @@ def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = No
     )
 
 
-def _downsample(timeline: list[tuple[float, float]], end_s: float) -> list[list[float]]:
+def downsample(timeline: list[tuple[float, float]], end_s: float) -> list[list[float]]:
     """Keep each bucket's peak so the curve never hides a maximum."""
     if len(timeline) <= MAX_TIMELINE_POINTS or end_s <= 0:
         return [[t, b] for t, b in timeline]

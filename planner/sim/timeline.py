@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import PlannerError
-from planner.sim.report import SimResult, rank0_links
+from planner.sim.report import SimResult
 from planner.units import GIB
 
 PHASE_COLORS = {"forward": "#4C72B0", "recompute": "#DD8452", "backward": "#55A868", "optimizer": "#C44E52"}
@@ -37,9 +37,8 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    sim, prediction = result.simulation, result.prediction
-    total = sim.iteration_time_s
-    links = {link.name: link for link in rank0_links(sim)}
+    tl, prediction = result.timelines, result.prediction
+    total = tl.iteration_time_s
     rows = gantt_rows(result)
     height_in = 3.2 + 0.9 * len(rows)
     fig = plt.figure(figsize=(16, height_in))
@@ -56,7 +55,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     for y, name in enumerate(rows):
         # Full iteration: each bin's bar is as tall as the share of the bin the resource was busy.
         bottom = [y + 0.4] * (BINS + 1)
-        for label, busy in _binned(links[name].intervals, edges).items():
+        for label, busy in _binned(tl.intervals[name], edges).items():
             busy = list(busy)
             top = [b - 0.8 * f for b, f in zip(bottom, busy + busy[-1:], strict=True)]
             full.fill_between(edges, bottom, top, step="post", color=PHASE_COLORS.get(label, "grey"), linewidth=0)
@@ -71,7 +70,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_xlim(lo, hi)
         ax.grid(axis="x", alpha=0.3)
-        _phase_lines(ax, sim.phase_end_s)
+        _phase_lines(ax, tl.phase_end_s)
     full.set_title(title or _title(result), fontsize=11, loc="left")
     zoom.set_title(f"zoom: {window[0]:.4g}-{window[1]:.4g} s (one checkpoint segment of the backward pass: recompute, "
                    "then backward)", fontsize=10, loc="left")
@@ -79,9 +78,9 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     full.add_artist(full.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()],
                                 loc="upper right", fontsize=8, ncols=4))
 
-    for ax, tracker in ((gpu_ax, sim.gpu), (cpu_ax, sim.cpu)):
-        times = [t for t, _ in tracker.timeline] + [total]
-        used = [b / GIB for _, b in tracker.timeline]
+    for ax, tracker in ((gpu_ax, tl.memory["gpu"]), (cpu_ax, tl.memory["cpu"])):
+        times = [t for t, _ in tracker.points] + [total]
+        used = [b / GIB for _, b in tracker.points]
         used.append(used[-1] if used else 0.0)
         ax.fill_between(times, used, step="post", color="#8172B3", alpha=0.55, linewidth=0, label=f"{tracker.name} in use")
         ax.axhline(tracker.capacity_bytes / GIB, color="#C44E52", linestyle="--", linewidth=1, label="capacity")
@@ -94,8 +93,8 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
                     xytext=(5, -12), textcoords="offset points", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)
-        _phase_lines(ax, sim.phase_end_s)
-    nvme = sim.nvme
+        _phase_lines(ax, tl.phase_end_s)
+    nvme = tl.memory["nvme"]
     cpu_ax.set_xlabel(f"seconds   (NVMe holds {nvme.peak_bytes / GIB:,.0f} of {nvme.capacity_bytes / GIB:,.0f} GiB per node "
                       "for the whole iteration)")
     path = Path(path)
@@ -120,9 +119,9 @@ def _title(result: SimResult) -> str:
 
 def _zoom_window(result: SimResult) -> tuple[float, float]:
     """One checkpoint segment in the middle of the backward pass."""
-    sim = result.simulation
-    start, end = sim.phase_end_s["forward"], sim.phase_end_s["backward"]
-    segments = max(1, sim.work.num_segments)
+    tl = result.timelines
+    start, end = tl.phase_end_s["forward"], tl.phase_end_s["backward"]
+    segments = max(1, tl.num_segments)
     width = (end - start) / segments
     lo = start + width * (segments // 2)
     return lo, min(end, lo + width)
@@ -130,8 +129,8 @@ def _zoom_window(result: SimResult) -> tuple[float, float]:
 
 def gantt_rows(result: SimResult) -> list[str]:
     """The resources that were ever busy, in the chart's order."""
-    links = {link.name: link for link in rank0_links(result.simulation)}
-    return [name for name in ROW_ORDER if name in links and links[name].intervals]
+    intervals = result.timelines.intervals
+    return [name for name in ROW_ORDER if intervals.get(name)]
 
 
 def busy_bins(result: SimResult, bins: int = BINS) -> list[dict[str, object]]:
@@ -139,10 +138,10 @@ def busy_bins(result: SimResult, bins: int = BINS) -> list[dict[str, object]]:
     fraction of the bin and its split by phase label (what `draw` and the dashboard show)."""
     import numpy as np
 
-    total = result.simulation.iteration_time_s
+    total = result.timelines.iteration_time_s
     edges = np.linspace(0.0, total, bins + 1)
-    links = {link.name: link for link in rank0_links(result.simulation)}
-    shares = {name: _binned(links[name].intervals, edges) for name in gantt_rows(result)}
+    intervals = result.timelines.intervals
+    shares = {name: _binned(intervals[name], edges) for name in gantt_rows(result)}
     phases = list(dict.fromkeys(p for row in shares.values() for p in row))
     out = []
     for name, row in shares.items():
@@ -158,10 +157,10 @@ def zoom_spans(result: SimResult, pixels: int = PIXELS) -> tuple[tuple[float, fl
     """One checkpoint segment of the backward pass, operator by operator: the window and its spans
     (same-phase spans closer than a pixel merged)."""
     lo, hi = _zoom_window(result)
-    links = {link.name: link for link in rank0_links(result.simulation)}
+    intervals = result.timelines.intervals
     spans = [{"resource": name, "label": ROW_LABELS[name], "phase": phase, "start_s": a, "end_s": a + width}
              for name in gantt_rows(result)
-             for phase, pairs in _merged(links[name].intervals, lo, hi, (hi - lo) / pixels).items()
+             for phase, pairs in _merged(intervals[name], lo, hi, (hi - lo) / pixels).items()
              for a, width in pairs]
     return (lo, hi), spans
 

@@ -1,0 +1,280 @@
+"""The whole iteration's timelines from a short simulation: what the dashboard's Timeline panel shows.
+
+[Note: periodic timelines] [Note: periodic layers] in fast.py extrapolates a deep model's summary
+numbers; the Gantt chart and the memory curves need every busy interval and every allocation of
+the iteration, so we extrapolate those too. A model's blocks come in identical *units* (one
+checkpoint segment, or one block without checkpointing). Once the prefetch pipeline is full, the
+forward pass repeats unit after unit with a period `Pf`, and the backward pass (recompute, then
+backward, from the top unit down) with a period `Pb`. In a sample model of `s` whole units (plus
+the real model's partial top unit), cut at the marks the engine records when compute starts on a
+unit (`Simulation.unit_start_s`): the forward window is unit K's forward, [F(K), F(K+1)), the
+backward window unit K's backward, [B(K), B(K-1)). The real model with `s + R` whole units is
+then, piece by piece of the sample's time axis:
+
+    before F(K)          as simulated
+    forward window       R + 1 copies, copy m shifted by m * Pf
+    F(K+1) .. B(K)       shifted by R * Pf       (the forward's top, the backward's top units)
+    backward window      R + 1 copies, copy m shifted by R * Pf + m * Pb
+    after B(K-1)         shifted by R * (Pf + Pb) (the bottom units, the optimizer step)
+
+Busy intervals are cut at the window edges and each piece is placed by that map; memory curves
+are placed the same way, each copy of a window also adding what the window adds (a forward unit
+adds its checkpoint, a backward unit frees one). The map is checked, not assumed: three samples
+with `s`, `s + 1` and `s + 2` whole units are simulated (as fast.py does, with the real model's
+optimizer step), the smallest is stretched by one and by two units and must reproduce the other
+two's timelines (every interval and every memory step to 1e-9 of the iteration time and of the
+tier's peak), and their summaries must be affine (fast.extrapolate). Only then is the largest
+stretched to the real depth; otherwise the whole model is simulated. For 1T (128 blocks) this
+simulates 3 + 4 + 5 units instead of 32 (tests/test_sim_periodic.py compares with the whole).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from planner.plan import Plan
+from planner.sim.engine import Simulation, resident_terms
+from planner.sim.fast import MIN_BLOCKS, NotAffine, extrapolate
+from planner.sim.optimizer import chunked_step
+from planner.sim.report import (
+    MemoryCurve,
+    SimResult,
+    Timelines,
+    downsample,
+    prediction_from,
+    simulate,
+    summarize,
+    timelines_of,
+)
+from planner.sim.workload import build_workload, optimizer_params_per_rank
+
+FIRST_UNITS = 3
+"""Whole units of the smallest sample: one before the window (pipeline start), the window, one
+after it (so the backward window follows a whole unit)."""
+WINDOW_UNIT = 1
+MIN_REPEATS = 2
+"""Fewer extra units than this and the samples cost about as much as the whole model."""
+_TOLERANCE = 1e-9
+_JOIN = 1e-12
+"""Relative gap under which two same-label pieces of a link's busy time are one interval."""
+
+
+class NotPeriodic(Exception):
+    pass
+
+
+def sample_units(plan: Plan) -> tuple[list[int], int] | None:
+    """Layer counts of the three samples and how many units the largest is short of the real model."""
+    layers, ci = plan.model.num_layers, plan.checkpoint_interval
+    unit = ci or 1
+    whole, partial = divmod(layers, unit)
+    first = max(FIRST_UNITS, math.ceil(MIN_BLOCKS / unit))
+    repeats = whole - (first + 2)
+    if repeats < MIN_REPEATS:
+        return None
+    return [unit * (first + x) + partial for x in range(3)], repeats
+
+
+def simulate_periodic(plan: Plan) -> SimResult:
+    """`simulate(plan)` for the Timeline panel: the same prediction and timelines, from three short
+    simulations when [Note: periodic timelines] applies (then `simulation` is None)."""
+    sample = sample_units(plan)
+    if sample is None:
+        return simulate(plan)
+    counts, repeats = sample
+    params = optimizer_params_per_rank(plan)
+    sims, optimizer = [], None
+    for layers in counts:
+        small = plan.replace(model=plan.model.replace(num_layers=layers))
+        work = dataclasses.replace(build_workload(small), params_per_rank=params)
+        if optimizer is None and plan.placement.optimizer_states != "gpu":
+            optimizer = chunked_step(plan, work, 1)  # the real step, with its intervals for the chart
+        sims.append(Simulation(small, workload=work, optimizer=optimizer).run())
+    try:
+        summary = extrapolate([summarize(s, timelines=False) for s in sims], repeats)
+        smallest = timelines_of(sims[0])
+        for extra, sim in ((1, sims[1]), (2, sims[2])):
+            base = _resident_growth(sims[0].plan, sim.plan)
+            check_equal(stretch(smallest, windows(sims[0]), extra, base), timelines_of(sim))
+        timelines = stretch(timelines_of(sims[2]), windows(sims[2]), repeats, _resident_growth(sims[2].plan, plan))
+        timelines = dataclasses.replace(timelines, num_segments=build_workload(plan).num_segments)
+        for phase, end_s in summary.phase_end_s.items():
+            _close(end_s, timelines.phase_end_s[phase], timelines.iteration_time_s, f"end of {phase}")
+    except (NotAffine, NotPeriodic):
+        return simulate(plan)
+    total = timelines.iteration_time_s
+    summary.memory_timeline = {name: downsample(c.points, total) for name, c in timelines.memory.items()}
+    summary.memory_peak_time_s = {name: c.peak_time_s for name, c in timelines.memory.items()}
+    prediction = prediction_from(plan, summary, notes={"extrapolated_from_layers": counts})
+    return SimResult(plan=plan, prediction=prediction, timelines=timelines)
+
+
+def _resident_growth(sample: Plan, deeper: Plan) -> dict[str, float]:
+    """Per tier, how many more bytes of resident model states the deeper model keeps all along."""
+    growth = dict.fromkeys(("gpu", "cpu", "nvme"), 0.0)
+    for sign, plan in ((-1, sample), (1, deeper)):
+        for tier, _, nbytes in resident_terms(plan):
+            growth[tier] += sign * nbytes
+    return growth
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """The sample's forward and backward windows (sample time, seconds)."""
+
+    forward: tuple[float, float]
+    backward: tuple[float, float]
+
+
+def windows(sim: Simulation) -> Windows:
+    marks = sim.unit_start_s
+    k = WINDOW_UNIT
+    try:
+        return Windows(forward=(marks["forward", k], marks["forward", k + 1]),
+                       backward=(marks["backward", k], marks["backward", k - 1]))
+    except KeyError:
+        raise NotPeriodic from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A stretch of the sample's time axis and where its copies go in the real iteration."""
+
+    lo: float
+    hi: float
+    shift_s: float
+    copies: int
+    period_s: float
+    offset: dict[str, float]
+    """Per tier, bytes every copy adds to the sample's values (copy 0)."""
+    delta: dict[str, float]
+    """Per tier, bytes each further copy adds (what one window adds)."""
+
+
+def _pieces(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> list[_Piece]:
+    (f_lo, f_hi), (b_lo, b_hi) = w.forward, w.backward
+    if not (0 < f_lo < f_hi <= b_lo < b_hi):
+        raise NotPeriodic
+    pf, pb = f_hi - f_lo, b_hi - b_lo
+    # What a window adds: between the states just before its two edges. At the edge instant itself
+    # the sample already does what follows the window (a different unit, the head), which the tail
+    # keeps.
+    df = {name: _value_before(c.points, f_hi) - _value_before(c.points, f_lo) for name, c in tl.memory.items()}
+    db = {name: _value_before(c.points, b_hi) - _value_before(c.points, b_lo) for name, c in tl.memory.items()}
+    zero = {n: base[n] for n in tl.memory}
+    after_f = {n: base[n] + repeats * df[n] for n in tl.memory}
+    after_b = {n: base[n] + repeats * (df[n] + db[n]) for n in tl.memory}
+    inf = math.inf
+    return [
+        _Piece(-inf, f_lo, 0.0, 1, 0.0, zero, zero),
+        _Piece(f_lo, f_hi, 0.0, repeats + 1, pf, zero, df),
+        _Piece(f_hi, b_lo, repeats * pf, 1, 0.0, after_f, zero),
+        _Piece(b_lo, b_hi, repeats * pf, repeats + 1, pb, after_f, db),
+        _Piece(b_hi, inf, repeats * (pf + pb), 1, 0.0, after_b, zero),
+    ]
+
+
+def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> Timelines:
+    """The sample's timelines with `repeats` more units in both passes ([Note: periodic timelines]);
+    `base` adds to every memory point (per tier: the deeper model's larger resident states)."""
+    pieces = _pieces(tl, w, repeats, base)
+    phase_end_s = {}
+    for phase, t in tl.phase_end_s.items():
+        piece = next(p for p in pieces if p.lo <= t < p.hi or (t == p.hi == pieces[-1].hi))
+        if piece.copies != 1:  # a phase ending inside a window: the passes are not what the map assumes
+            raise NotPeriodic
+        phase_end_s[phase] = t + piece.shift_s
+    intervals = {name: _joined(_stretch_intervals(spans, pieces)) for name, spans in tl.intervals.items()}
+    memory = {}
+    for name, curve in tl.memory.items():
+        points = _stretch_points(curve.points, pieces, name)
+        peak_bytes, peak_time_s = 0.0, 0.0
+        for t, nbytes in points:  # the first time the peak is reached, as TierTracker records it
+            if nbytes > peak_bytes:
+                peak_bytes, peak_time_s = nbytes, t
+        memory[name] = MemoryCurve(name=name, capacity_bytes=curve.capacity_bytes, scope=curve.scope, points=points,
+                                   peak_bytes=peak_bytes, peak_time_s=peak_time_s)
+    return Timelines(phase_end_s=phase_end_s, num_segments=tl.num_segments + repeats, intervals=intervals, memory=memory)
+
+
+def _stretch_intervals(spans: list[tuple[float, float, str]], pieces: list[_Piece]) -> list[tuple[float, float, str]]:
+    spans = sorted(spans)
+    ends = [b for _, b, _ in spans]  # a link's intervals never overlap: sorted by start is sorted by end
+    out: list[tuple[float, float, str]] = []
+    for p in pieces:
+        inside = []
+        for a, b, label in spans[bisect_left(ends, p.lo):]:
+            if a >= p.hi:
+                break
+            if b > p.lo:
+                inside.append((max(a, p.lo), min(b, p.hi), label))
+        for m in range(p.copies):
+            shift = p.shift_s + m * p.period_s
+            out += [(a + shift, b + shift, label) for a, b, label in inside]
+    return out
+
+
+def _stretch_points(points: list[tuple[float, float]], pieces: list[_Piece], tier: str) -> list[tuple[float, float]]:
+    times = [t for t, _ in points]
+    out: list[tuple[float, float]] = []
+    for p in pieces:
+        inside = points[bisect_left(times, p.lo):bisect_left(times, p.hi)]
+        for m in range(p.copies):
+            shift, add = p.shift_s + m * p.period_s, p.offset[tier] + m * p.delta[tier]
+            out += [(t + shift, b + add) for t, b in inside]
+    return out
+
+
+def _value_before(points: list[tuple[float, float]], t: float) -> float:
+    """Bytes in use after every change before `t` (not those at `t`)."""
+    i = bisect_left([p[0] for p in points], t)
+    return points[i - 1][1] if i > 0 else 0.0
+
+
+def _joined(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Rejoin same-label pieces the cuts separated (they touch to rounding); drop empty ones."""
+    out: list[tuple[float, float, str]] = []
+    for a, b, label in spans:
+        if b <= a:
+            continue
+        if out and out[-1][2] == label and a - out[-1][1] <= _JOIN * abs(a):
+            out[-1] = (out[-1][0], b, label)
+        else:
+            out.append((a, b, label))
+    return out
+
+
+# -- the check -------------------------------------------------------------------------------------
+def check_equal(stretched: Timelines, simulated: Timelines) -> None:
+    """Raise NotPeriodic unless `stretched` reproduces `simulated` (times to 1e-9 of the iteration,
+    bytes to 1e-9 of the tier's peak)."""
+    total = simulated.iteration_time_s
+    if stretched.phase_end_s.keys() != simulated.phase_end_s.keys() or stretched.intervals.keys() != simulated.intervals.keys():
+        raise NotPeriodic
+    for phase, t in simulated.phase_end_s.items():
+        _close(stretched.phase_end_s[phase], t, total, phase)
+    for name, spans in simulated.intervals.items():
+        mine, theirs = _joined(stretched.intervals[name]), _joined(spans)
+        if len(mine) != len(theirs):
+            raise NotPeriodic
+        for (a1, b1, l1), (a2, b2, l2) in zip(mine, theirs, strict=True):
+            if l1 != l2:
+                raise NotPeriodic
+            _close(a1, a2, total, name)
+            _close(b1, b2, total, name)
+    for name, curve in simulated.memory.items():
+        mine, theirs = stretched.memory[name].points, curve.points
+        if len(mine) != len(theirs):
+            raise NotPeriodic
+        scale = max(curve.peak_bytes, 1.0)
+        for (t1, v1), (t2, v2) in zip(mine, theirs, strict=True):
+            _close(t1, t2, total, name)
+            _close(v1, v2, scale, name)
+
+
+def _close(x: float, y: float, scale: float, what: str) -> None:
+    if abs(x - y) > _TOLERANCE * scale:
+        raise NotPeriodic(what)

@@ -1,0 +1,114 @@
+"""The Timeline panel's extrapolated timelines equal the whole simulation's (planner/sim/periodic.py,
+[Note: periodic timelines]): every busy interval, every memory step, the Gantt chart's bins and zoom,
+and the prediction, on plans with tiling, a partial top segment, no checkpointing, tensor
+parallelism, several nodes, and GPU / CPU / NVMe placements."""
+
+import numpy as np
+import pytest
+
+from planner.catalog import resolve_hardware, resolve_model
+from planner.model import ModelSpec
+from planner.plan import Placement, Plan
+from planner.sim import simulate
+from planner.sim.periodic import NotPeriodic, check_equal, sample_units, simulate_periodic
+from planner.sim.report import timelines_of
+from planner.sim.timeline import busy_bins, zoom_spans
+
+NVME_PARAMS = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
+ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
+ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu")
+GPU_OPTIMIZER = Placement(params="cpu", gradients="gpu", optimizer_states="gpu", activation_checkpoints="gpu")
+
+
+def small(num_layers: int, **kw) -> ModelSpec:
+    return ModelSpec(name=f"{num_layers}-layer", num_layers=num_layers, hidden_size=2048, num_heads=16, seq_len=1024, **kw)
+
+
+PLANS = {
+    # The dashboard's slow case (issue 7): 1T on 32 GPUs, tiling 8, parameters on NVMe, the rest on the CPU.
+    "1T tiled, nvme params": Plan(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=32,
+                                  placement=NVME_PARAMS, micro_batch_per_gpu=19, checkpoint_interval=4, tiling_factor=8),
+    "partial top segment, cpu": Plan(model=small(30), node=resolve_hardware("dgx2-v100"), num_gpus=16, placement=ALL_CPU,
+                                     micro_batch_per_gpu=4, checkpoint_interval=4),
+    "all nvme, ci 1, vocab, 2 nodes": Plan(model=small(12, vocab_size=32000), node=resolve_hardware("dgx-a100-80g"),
+                                           num_gpus=16, placement=ALL_NVME, micro_batch_per_gpu=2, checkpoint_interval=1),
+    "no checkpointing, gpu optimizer, mp 2": Plan(model=small(10), node=resolve_hardware("dgx-h100"), num_gpus=8,
+                                                  placement=GPU_OPTIMIZER, micro_batch_per_gpu=1, checkpoint_interval=0,
+                                                  model_parallel_degree=2),
+}
+
+
+@pytest.fixture(scope="module", params=list(PLANS))
+def pair(request):
+    plan = PLANS[request.param]
+    return simulate_periodic(plan), simulate(plan)
+
+
+def test_timelines_are_extrapolated_and_equal_the_whole_simulation(pair):
+    fast, full = pair
+    assert fast.simulation is None, "the plan is deep enough: the timelines must come from the short samples"
+    check_equal(fast.timelines, timelines_of(full.simulation))  # raises NotPeriodic on any difference
+    assert fast.timelines.num_segments == full.simulation.work.num_segments
+
+
+def test_gantt_bins_and_zoom_equal_the_whole_simulation(pair):
+    fast, full = pair
+    total = full.timelines.iteration_time_s
+    mine, theirs = busy_bins(fast, 300), busy_bins(full, 300)
+    assert [(b["resource"], b["phase"]) for b in mine] == [(b["resource"], b["phase"]) for b in theirs]
+    for key in ("start_s", "end_s", "busy", "forward_share", "recompute_share", "backward_share", "optimizer_share"):
+        a = np.array([b.get(key, 0.0) for b in mine])
+        b = np.array([b.get(key, 0.0) for b in theirs])
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9 * (total if key.endswith("_s") else 1))
+    (lo, hi), spans = zoom_spans(fast)
+    (lo2, hi2), spans2 = zoom_spans(full)
+    assert (lo, hi) == pytest.approx((lo2, hi2), rel=1e-9)
+    assert [(s["resource"], s["phase"]) for s in spans] == [(s["resource"], s["phase"]) for s in spans2]
+    assert [s["start_s"] for s in spans] == pytest.approx([s["start_s"] for s in spans2], rel=1e-9)
+
+
+def test_memory_curves_and_peaks_equal_the_whole_simulation(pair):
+    fast, full = pair
+    for tier, curve in full.timelines.memory.items():
+        mine = fast.timelines.memory[tier]
+        assert mine.peak_bytes == pytest.approx(curve.peak_bytes, rel=1e-9)
+        assert len(mine.points) == len(curve.points)
+        assert np.allclose(np.array(mine.points), np.array(curve.points), rtol=1e-9, atol=0)
+        if not curve.points:  # nothing ever lives in this tier
+            continue
+        # The extrapolated peak time holds the peak in the whole simulation too.
+        times = np.array([t for t, _ in curve.points])
+        at = np.searchsorted(times, mine.peak_time_s * (1 + 1e-12), side="right") - 1
+        assert curve.points[at][1] == pytest.approx(curve.peak_bytes, rel=1e-9)
+
+
+def test_prediction_equals_the_whole_simulation(pair):
+    fast, full = pair
+    f, s = fast.prediction, full.prediction
+    assert f.iteration_time_s == pytest.approx(s.iteration_time_s, rel=1e-9)
+    assert f.phase_time_s == pytest.approx(s.phase_time_s, rel=1e-9)
+    assert f.bottleneck == s.bottleneck
+    assert f.link_bytes == pytest.approx(s.link_bytes, rel=1e-9)
+    for name, r in s.details["resources"].items():
+        assert f.details["resources"][name]["busy_s"] == pytest.approx(r["busy_s"], rel=1e-9)
+        assert f.details["resources"][name]["amount"] == pytest.approx(r["amount"], rel=1e-9)
+    assert f.details["simulated_peak_bytes"] == pytest.approx(s.details["simulated_peak_bytes"], rel=1e-9)
+    assert set(f.details["memory_timeline"]) == {"gpu", "cpu", "nvme"}
+
+
+def test_shallow_models_are_simulated_whole():
+    plan = PLANS["partial top segment, cpu"].replace(model=small(12))
+    assert sample_units(plan) is None
+    result = simulate_periodic(plan)
+    assert result.simulation is not None and result.prediction == simulate(plan).prediction
+
+
+def test_check_equal_rejects_a_moved_interval():
+    full = simulate(PLANS["partial top segment, cpu"])
+    tl = timelines_of(full.simulation)
+    check_equal(tl, tl)
+    moved = dict(tl.intervals)
+    a, b, label = moved["h2d"][5]
+    moved["h2d"] = [*moved["h2d"][:5], (a, b + 1e-6 * tl.iteration_time_s, label), *moved["h2d"][6:]]
+    with pytest.raises(NotPeriodic):
+        check_equal(tl.__class__(tl.phase_end_s, tl.num_segments, moved, tl.memory), tl)
