@@ -24,7 +24,7 @@ Mechanisms, each as the runtime does it:
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Literal
 
 import simpy
@@ -144,6 +144,21 @@ class Simulation:
             trackers[tier].add(0.0, term, nbytes)
 
 
+class _Memo(dict):
+    """An efficiency curve's values by size: a trace repeats a handful of sizes tens of thousands of
+    times, and a dict look-up costs a fifth of the curve's log-interpolation."""
+
+    def __init__(self, curve: Callable[[float], float]) -> None:
+        super().__init__()
+        self.curve = curve
+
+    def __missing__(self, size: float) -> float:
+        value = self[size] = self.curve(size)
+        return value
+
+    __call__ = dict.__getitem__
+
+
 def resident_terms(plan: Plan) -> list[tuple[str, str, float]]:
     """(tier, term, bytes per tracker: per GPU, or per node for cpu and nvme) of the resident states."""
     per_node = plan.cluster.gpus_per_node
@@ -163,8 +178,8 @@ class RankProgram:
         self.spans_nodes = plan.num_nodes > 1 and self.dp > plan.cluster.gpus_per_node // self.mp
         self.b = work.param_bytes
         node = plan.node
-        self.transfer_eff = node.transfer_efficiency.at
-        self.matmul_eff = node.matmul_efficiency.at
+        self.transfer_eff = _Memo(node.transfer_efficiency.at)
+        self.matmul_eff = _Memo(node.matmul_efficiency.at)
         self.hbm_bytes_per_s = node.gpu_hbm_bytes_per_s
         placement = plan.placement
         self.host_is_device = node.host_is_device

@@ -15,6 +15,7 @@ completion; a newer allocation invalidates older timers by bumping an epoch coun
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import simpy
@@ -36,6 +37,7 @@ class Link:
     scope: str = "per GPU"
     """`per GPU`, `per node` or `per GPU (simulated rank k)`: what one instance serves."""
     active: int = 0
+    """Flows crossing it now (Network starts and stops them with the flow)."""
     busy_since: float = 0.0
     busy_s: float = 0.0
     amount: float = 0.0
@@ -69,6 +71,8 @@ class Flow:
     remaining: float
     done: simpy.Event
     rate: float = 0.0
+    alone_rate: float = 0.0
+    """Its rate with no other flow on its links: its narrowest hop (capacities never change)."""
 
 
 class Network:
@@ -88,10 +92,14 @@ class Network:
             return done
         self._advance()
         now = self.env.now
+        alone = math.inf
         for link, weight in hops:
             link.start(now, label)
             link.amount += size * weight
-        self.flows.append(Flow(hops=hops, size=size, remaining=size, done=done))
+            rate = link.capacity / weight
+            if rate < alone:
+                alone = rate
+        self.flows.append(Flow(hops=hops, size=size, remaining=size, done=done, alone_rate=alone))
         self._reallocate()
         return done
 
@@ -106,16 +114,21 @@ class Network:
     def _reallocate(self) -> None:
         flows = self.flows
         if len(flows) == 1:
-            flow = flows[0]
-            flow.rate = min(link.capacity / weight for link, weight in flow.hops)
+            flows[0].rate = flows[0].alone_rate
         else:
             _max_min_rates(flows)
+        # Loops rather than min() over generators: this runs once per flow start and end (the
+        # simulator's hottest path); the values are the same.
+        dt = math.inf
         for flow in flows:
-            if flow.rate <= 0:  # a transfer over a link the hardware spec gives no bandwidth would never end
+            rate = flow.rate
+            if rate <= 0:  # a transfer over a link the hardware spec gives no bandwidth would never end
                 link = next((lk for lk, _ in flow.hops if lk.capacity <= 0), flow.hops[0][0])
                 raise PlannerError(f"the plan moves data over {link.name}, whose bandwidth in the hardware spec is "
                                    f"{link.capacity:g} {link.unit}/s; give it a bandwidth or use hardware that has it")
-        dt = min(flow.remaining / flow.rate for flow in flows)
+            left_s = flow.remaining / rate
+            if left_s < dt:
+                dt = left_s
         self._epoch += 1
         timer = self.env.timeout(max(dt, 0.0))
         epoch = self._epoch
@@ -141,24 +154,29 @@ class Network:
 
 def _max_min_rates(flows: list[Flow]) -> None:
     """Progressive filling: the max-min fair rate of every flow (see [Note: fair sharing])."""
-    users: dict[Link, list[tuple[Flow, float]]] = {}
+    # Fast path: a flow alone on every link it crosses runs at its narrowest hop's rate. A link's
+    # `active` is the number of flows crossing it (started with the flow, stopped when it ends), so
+    # telling the lone flows apart needs no table of users; most reallocations end here.
+    contended: list[Flow] = []
     for flow in flows:
+        for link, _ in flow.hops:
+            if link.active > 1:
+                flow.rate = -1.0  # unfrozen
+                contended.append(flow)
+                break
+        else:
+            flow.rate = flow.alone_rate
+    if not contended:
+        return
+    # A link crossed by several flows is crossed by contended flows only: its users, in flow order.
+    users: dict[Link, list[tuple[Flow, float]]] = {}
+    for flow in contended:
         for link, weight in flow.hops:
             on_link = users.get(link)
             if on_link is None:
                 users[link] = [(flow, weight)]
             else:
                 on_link.append((flow, weight))
-    # Fast path: a flow alone on every link it crosses runs at its narrowest hop's rate.
-    contended: list[Flow] = []
-    for flow in flows:
-        if all(len(users[link]) == 1 for link, _ in flow.hops):
-            flow.rate = min(link.capacity / weight for link, weight in flow.hops)
-        else:
-            flow.rate = -1.0  # unfrozen
-            contended.append(flow)
-    if not contended:
-        return
     capacity_left = {link: link.capacity for link, on_link in users.items() if len(on_link) > 1}
     shared = {link: users[link] for link in capacity_left}
     # Links used by one contended flow only still cap it; give them their own entry.
