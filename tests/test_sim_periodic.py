@@ -55,11 +55,14 @@ def test_gantt_bins_and_zoom_equal_the_whole_simulation(pair):
     fast, full = pair
     total = full.timelines.iteration_time_s
     mine, theirs = busy_bins(fast, 300), busy_bins(full, 300)
-    assert [(b["resource"], b["phase"]) for b in mine] == [(b["resource"], b["phase"]) for b in theirs]
+    assert [b["resource"] for b in mine] == [b["resource"] for b in theirs]
     for key in ("start_s", "end_s", "busy", "forward_share", "recompute_share", "backward_share", "optimizer_share"):
         a = np.array([b.get(key, 0.0) for b in mine])
         b = np.array([b.get(key, 0.0) for b in theirs])
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-9 * (total if key.endswith("_s") else 1))
+    # A bin's colour is its largest phase share; where two phases share a bin equally it is either.
+    for m, t in zip(mine, theirs, strict=True):
+        assert m[f"{m['phase']}_share"] == pytest.approx(t[f"{t['phase']}_share"], abs=1e-9)
     (lo, hi), spans = zoom_spans(fast)
     (lo2, hi2), spans2 = zoom_spans(full)
     assert (lo, hi) == pytest.approx((lo2, hi2), rel=1e-9)

@@ -9,7 +9,8 @@ m+2 segments (keeping a partial top segment if the real model has one, and the r
 optimizer partition, so the optimizer step is the real one), check that both differences agree for
 every quantity (to 1e-7 relative), and extrapolate to the real segment count. When any quantity is
 not affine, or the model is too shallow to gain anything, the full model is simulated instead. The
-memory-over-time curves are not extrapolated: `simulate` the chosen plan to draw them.
+timelines (busy intervals, memory over time) are extrapolated by periodic.py ([Note: periodic
+timelines]), for the dashboard.
 """
 
 from __future__ import annotations

@@ -19,13 +19,16 @@ then, piece by piece of the sample's time axis:
 
 Busy intervals are cut at the window edges and each piece is placed by that map; memory curves
 are placed the same way, each copy of a window also adding what the window adds (a forward unit
-adds its checkpoint, a backward unit frees one). The map is checked, not assumed: three samples
-with `s`, `s + 1` and `s + 2` whole units are simulated (as fast.py does, with the real model's
-optimizer step), the smallest is stretched by one and by two units and must reproduce the other
-two's timelines (every interval and every memory step to 1e-9 of the iteration time and of the
-tier's peak), and their summaries must be affine (fast.extrapolate). Only then is the largest
-stretched to the real depth; otherwise the whole model is simulated. For 1T (128 blocks) this
-simulates 3 + 4 + 5 units instead of 32 (tests/test_sim_periodic.py compares with the whole).
+adds its checkpoint, a backward unit frees one), and every point the deeper model's larger
+resident states. The map is checked, not assumed: two samples of `s = 3` and `s + 1` whole units
+are simulated (with the real model's optimizer step, as fast.py does), and the shorter stretched
+by one unit must reproduce the longer's timelines (every busy interval and every memory step, to
+1e-9 of the iteration time and of the tier's peak). Only then is the longer stretched to the real
+depth, and the summary numbers (busy seconds, bytes, memory peaks and their terms) are the longer
+sample's plus `R` times what the extra unit added, each checked against the stretched timelines
+where they carry it (`extend`); otherwise the whole model is simulated. For 1T (128 blocks,
+checkpoint interval 4) this simulates 3 + 4 units instead of 32, and tests/test_sim_periodic.py
+compares the result with the whole simulation.
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ from dataclasses import dataclass
 
 from planner.plan import Plan
 from planner.sim.engine import Simulation, resident_terms
-from planner.sim.fast import MIN_BLOCKS, NotAffine, extrapolate
+from planner.sim.fast import MIN_BLOCKS
 from planner.sim.optimizer import chunked_step
 from planner.sim.report import (
     MemoryCurve,
     SimResult,
+    Summary,
     Timelines,
     downsample,
     prediction_from,
@@ -52,7 +56,7 @@ from planner.sim.report import (
 from planner.sim.workload import build_workload, optimizer_params_per_rank
 
 FIRST_UNITS = 3
-"""Whole units of the smallest sample: one before the window (pipeline start), the window, one
+"""Whole units of the shorter sample: one before the window (the pipeline starts), the window, one
 after it (so the backward window follows a whole unit)."""
 WINDOW_UNIT = 1
 MIN_REPEATS = 2
@@ -67,19 +71,19 @@ class NotPeriodic(Exception):
 
 
 def sample_units(plan: Plan) -> tuple[list[int], int] | None:
-    """Layer counts of the three samples and how many units the largest is short of the real model."""
+    """Layer counts of the two samples and how many units the longer is short of the real model."""
     layers, ci = plan.model.num_layers, plan.checkpoint_interval
     unit = ci or 1
     whole, partial = divmod(layers, unit)
     first = max(FIRST_UNITS, math.ceil(MIN_BLOCKS / unit))
-    repeats = whole - (first + 2)
+    repeats = whole - (first + 1)
     if repeats < MIN_REPEATS:
         return None
-    return [unit * (first + x) + partial for x in range(3)], repeats
+    return [unit * (first + x) + partial for x in range(2)], repeats
 
 
 def simulate_periodic(plan: Plan) -> SimResult:
-    """`simulate(plan)` for the Timeline panel: the same prediction and timelines, from three short
+    """`simulate(plan)` for the Timeline panel: the same prediction and timelines, from two short
     simulations when [Note: periodic timelines] applies (then `simulation` is None)."""
     sample = sample_units(plan)
     if sample is None:
@@ -93,23 +97,66 @@ def simulate_periodic(plan: Plan) -> SimResult:
         if optimizer is None and plan.placement.optimizer_states != "gpu":
             optimizer = chunked_step(plan, work, 1)  # the real step, with its intervals for the chart
         sims.append(Simulation(small, workload=work, optimizer=optimizer).run())
+    shorter, longer = sims
     try:
-        summary = extrapolate([summarize(s, timelines=False) for s in sims], repeats)
-        smallest = timelines_of(sims[0])
-        for extra, sim in ((1, sims[1]), (2, sims[2])):
-            base = _resident_growth(sims[0].plan, sim.plan)
-            check_equal(stretch(smallest, windows(sims[0]), extra, base), timelines_of(sim))
-        timelines = stretch(timelines_of(sims[2]), windows(sims[2]), repeats, _resident_growth(sims[2].plan, plan))
-        timelines = dataclasses.replace(timelines, num_segments=build_workload(plan).num_segments)
-        for phase, end_s in summary.phase_end_s.items():
-            _close(end_s, timelines.phase_end_s[phase], timelines.iteration_time_s, f"end of {phase}")
-    except (NotAffine, NotPeriodic):
+        check_equal(stretch(timelines_of(shorter), windows(shorter), 1, _resident_growth(shorter.plan, longer.plan)),
+                    timelines_of(longer))
+        timelines = stretch(timelines_of(longer), windows(longer), repeats, _resident_growth(longer.plan, plan))
+        # A unit is a checkpoint segment, or a block of the one segment there is without checkpointing.
+        segments = longer.work.num_segments + (repeats if plan.checkpoint_interval else 0)
+        timelines = dataclasses.replace(timelines, num_segments=segments)
+        summary = extend(summarize(shorter, timelines=False), summarize(longer, timelines=False), repeats, timelines)
+    except NotPeriodic:
         return simulate(plan)
     total = timelines.iteration_time_s
     summary.memory_timeline = {name: downsample(c.points, total) for name, c in timelines.memory.items()}
     summary.memory_peak_time_s = {name: c.peak_time_s for name, c in timelines.memory.items()}
     prediction = prediction_from(plan, summary, notes={"extrapolated_from_layers": counts})
     return SimResult(plan=plan, prediction=prediction, timelines=timelines)
+
+
+def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines) -> Summary:
+    """The summary of `b` with `repeats` more units: what one unit adds (b - a) added `repeats` times.
+
+    The timelines are checked periodic (`check_equal`), so every time-dependent quantity adds the
+    same each unit; here each is also checked against the extrapolated timelines (phase ends, busy
+    seconds, memory peaks). Bytes moved per link are the trace's sizes, the same each unit.
+    """
+    if a.largest_gpu_allocation_bytes != b.largest_gpu_allocation_bytes or a.scope != b.scope:
+        raise NotPeriodic("largest allocation or scopes")
+
+    def line(x: float, y: float) -> float:
+        return y + repeats * (y - x)
+
+    total = timelines.iteration_time_s
+    phase_end_s = {phase: line(a.phase_end_s[phase], t) for phase, t in b.phase_end_s.items()}
+    for phase, t in phase_end_s.items():
+        _close(t, timelines.phase_end_s[phase], total, f"end of {phase}")
+    resources = {}
+    for name, rb in b.resources.items():
+        ra = a.resources[name]
+        busy_s = line(ra["busy_s"], rb["busy_s"])
+        _close(busy_s, sum(end - start for start, end, _ in timelines.intervals[name]), total, f"{name} busy")
+        resources[name] = {**rb, "busy_s": busy_s, "amount": line(ra["amount"], rb["amount"])}
+    windows = {}
+    for tier, wb in b.windows.items():
+        wa = a.windows[tier]
+        if len(wa) != len(wb):
+            raise NotPeriodic(f"{tier} windows")
+        windows[tier] = [(line(pa, pb), {k: line(ta.get(k, 0.0), tb.get(k, 0.0)) for k in sorted(set(ta) | set(tb))})
+                         for (pa, ta), (pb, tb) in zip(wa, wb, strict=True)]
+        _close(max(peak for peak, _ in windows[tier]), timelines.memory[tier].peak_bytes,
+               max(timelines.memory[tier].peak_bytes, 1.0), f"{tier} peak")
+    return Summary(
+        phase_end_s=phase_end_s,
+        resources=resources,
+        link_bytes={k: line(a.link_bytes.get(k, 0.0), v) for k, v in b.link_bytes.items()},
+        windows=windows,
+        capacity_bytes=dict(b.capacity_bytes),
+        scope=dict(b.scope),
+        largest_gpu_allocation_bytes=b.largest_gpu_allocation_bytes,
+        simulated_ranks=b.simulated_ranks,
+    )
 
 
 def _resident_growth(sample: Plan, deeper: Plan) -> dict[str, float]:
@@ -179,7 +226,8 @@ def _pieces(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> 
 
 def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> Timelines:
     """The sample's timelines with `repeats` more units in both passes ([Note: periodic timelines]);
-    `base` adds to every memory point (per tier: the deeper model's larger resident states)."""
+    `base` adds to every memory point (per tier: the deeper model's larger resident states). The
+    segment count is the caller's to set."""
     pieces = _pieces(tl, w, repeats, base)
     phase_end_s = {}
     for phase, t in tl.phase_end_s.items():
@@ -197,7 +245,7 @@ def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> 
                 peak_bytes, peak_time_s = nbytes, t
         memory[name] = MemoryCurve(name=name, capacity_bytes=curve.capacity_bytes, scope=curve.scope, points=points,
                                    peak_bytes=peak_bytes, peak_time_s=peak_time_s)
-    return Timelines(phase_end_s=phase_end_s, num_segments=tl.num_segments + repeats, intervals=intervals, memory=memory)
+    return Timelines(phase_end_s=phase_end_s, num_segments=tl.num_segments, intervals=intervals, memory=memory)
 
 
 def _stretch_intervals(spans: list[tuple[float, float, str]], pieces: list[_Piece]) -> list[tuple[float, float, str]]:
