@@ -30,7 +30,8 @@ import results_md  # benchmarks/ is on sys.path when a script runs
 
 from planner.catalog import resolve_hardware, resolve_model
 from planner.plan import Placement, Plan
-from planner.sim import simulate
+from planner.sim import fast, simulate
+from planner.sim.periodic import simulate_periodic
 
 SECTION = "## Simulator speed (benchmarks/sim_speed.py)"
 
@@ -39,6 +40,18 @@ def one_t_plan() -> Plan:
     placement = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
     return Plan(model=resolve_model("1T"), node=resolve_hardware("dgx2-v100"), num_gpus=16, placement=placement,
                 micro_batch_per_gpu=7, checkpoint_interval=1)
+
+
+def tiled_1t_plan() -> Plan:
+    """The dashboard's slowest Timeline (issue 7): 1T on 32 GPUs of dgx-h100, tiling 8, parameters on NVMe."""
+    placement = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
+    return Plan(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=32, placement=placement,
+                micro_batch_per_gpu=19, checkpoint_interval=4, tiling_factor=8)
+
+
+def fresh_periodic(plan: Plan) -> None:
+    fast.forget_samples()
+    simulate_periodic(plan)
 
 
 def median_s(fn, repeats: int) -> tuple[float, list[float]]:
@@ -73,6 +86,11 @@ def main() -> None:
     small = plan.replace(model=plan.model.replace(num_layers=16))
     rep_s, _ = median_s(lambda: simulate(small), args.repeats)
     explicit_s, _ = median_s(lambda: simulate(small, ranks="explicit"), args.repeats)
+    tiled = tiled_1t_plan()
+    whole_s, _ = median_s(lambda: simulate(tiled), args.repeats)
+    periodic_s, _ = median_s(lambda: fresh_periodic(tiled), args.repeats)
+    fast.predict(tiled)  # what refine does before the panel opens ([Note: shared samples])
+    kept_s, _ = median_s(lambda: simulate_periodic(tiled), args.repeats)
     fit = fit_wall_s(args.repeats, [])
     fit_v100 = fit_wall_s(args.repeats, ["--hardware", "dgx2-v100"])
     result = {
@@ -83,6 +101,8 @@ def main() -> None:
         "target_simulate_s": 0.5,
         "representative_vs_explicit_16_layers": {"representative_s": round(rep_s, 4), "explicit_16_ranks_s": round(explicit_s, 4),
                                                  "speedup": round(explicit_s / rep_s, 1)},
+        "timeline_1t_tiled_32gpu": {"whole_s": round(whole_s, 4), "periodic_s": round(periodic_s, 4),
+                                    "periodic_after_refine_s": round(kept_s, 4)},
         "fit_1t_16gpu_wall_s": round(fit[0], 3) if fit else None,
         "fit_1t_16gpu_runs_s": [round(t, 3) for t in fit[1]] if fit else None,
         "fit_1t_16gpu_dgx2_wall_s": round(fit_v100[0], 3) if fit_v100 else None,
@@ -99,6 +119,7 @@ def write_section(path: Path, r: dict, repeats: int) -> None:
     fit_v100 = (f"{r['fit_1t_16gpu_dgx2_wall_s']} s (runs {r['fit_1t_16gpu_dgx2_runs_s']})"
                 if r["fit_1t_16gpu_dgx2_wall_s"] else "not measured (fit failed)")
     rv = r["representative_vs_explicit_16_layers"]
+    tl = r["timeline_1t_tiled_32gpu"]
     body = f"""{SECTION}
 
 Machine: {r['machine']} (shared with other jobs; medians of {repeats} runs). Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.
@@ -108,6 +129,7 @@ Machine: {r['machine']} (shared with other jobs; medians of {repeats} runs). Mea
 | simulate one iteration, 1T (128 layers) on 16 x dgx2-v100, all on NVMe | {r['simulate_1t_16gpu_s']} s (runs {r['simulate_1t_16gpu_runs_s']}) | < {r['target_simulate_s']} s |
 | `planner fit 1T --gpus 16` (dgx-h100) incl. simulated refinement of the top 8 placements, fresh process | {fit} | < {r['target_fit_s']} s |
 | `planner fit 1T --gpus 16 --hardware dgx2-v100`, same | {fit_v100} | < {r['target_fit_s']} s |
+| Timeline panel, 1T tiling 8 on 32 x dgx-h100 (params on NVMe): whole simulation vs periodic timelines ([Note: periodic timelines]) vs periodic after `refine` kept the samples | {tl['whole_s']} s vs {tl['periodic_s']} s vs {tl['periodic_after_refine_s']} s | same timelines (tests/test_sim_periodic.py) |
 | 16-layer variant: representative rank vs every GPU of the node simulated | {rv['representative_s']} s vs {rv['explicit_16_ranks_s']} s ({rv['speedup']}x) | same times (tested) |
 
 Simulated iteration of that plan: {r['simulated_iteration_s']} s.

@@ -9,7 +9,7 @@ import pytest
 from planner.catalog import resolve_hardware, resolve_model
 from planner.model import ModelSpec
 from planner.plan import Placement, Plan
-from planner.sim import simulate
+from planner.sim import fast, simulate
 from planner.sim.periodic import NotPeriodic, check_equal, sample_units, simulate_periodic
 from planner.sim.report import timelines_of
 from planner.sim.timeline import busy_bins, zoom_spans
@@ -115,3 +115,18 @@ def test_check_equal_rejects_a_moved_interval():
     moved["h2d"] = [*moved["h2d"][:5], (a, b + 1e-6 * tl.iteration_time_s, label), *moved["h2d"][6:]]
     with pytest.raises(NotPeriodic):
         check_equal(tl.__class__(tl.phase_end_s, tl.num_segments, moved, tl.memory), tl)
+
+
+def test_the_panel_reuses_the_samples_refine_simulated(monkeypatch):
+    # [Note: shared samples]: predict (refine's stage) keeps its samples; the Timeline panel's
+    # extrapolation of the same plan then simulates nothing and gives the same timelines.
+    plan = PLANS["partial top segment, cpu"]
+    monkeypatch.setattr(fast, "_kept", fast.OrderedDict())
+    alone = simulate_periodic(plan)
+    monkeypatch.setattr(fast, "_kept", fast.OrderedDict())
+    predicted = fast.predict(plan)
+    counts, _ = sample_units(plan)
+    assert set(counts) <= set(predicted.details["extrapolated_from_layers"])
+    monkeypatch.setattr(fast.Simulation, "run", lambda self: pytest.fail("a kept sample was simulated again"))
+    shared = simulate_periodic(plan)
+    assert shared.timelines == alone.timelines and shared.prediction == alone.prediction

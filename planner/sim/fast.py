@@ -16,13 +16,17 @@ timelines]), for the dashboard.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from planner.plan import Plan, Prediction
 from planner.sim.engine import Simulation
 from planner.sim.optimizer import chunked_step
-from planner.sim.report import Summary, prediction_from, simulate, summarize
+from planner.sim.report import Summary, Timelines, prediction_from, simulate, summarize, timelines_of
 from planner.sim.workload import build_workload, optimizer_params_per_rank
 
 _RELATIVE = 1e-7
@@ -52,20 +56,66 @@ def predict(plan: Plan) -> Prediction:
     if sample is None:
         return simulate(plan).prediction
     counts, repeats = sample
-    params = optimizer_params_per_rank(plan)
-    summaries, optimizer = [], None
-    for layers in counts:
-        small = plan.replace(model=plan.model.replace(num_layers=layers))
-        work = dataclasses.replace(build_workload(small), params_per_rank=params)
-        if optimizer is None and plan.placement.optimizer_states != "gpu":
-            # The step starts on an idle network (optimizer.py): the real one is simulated once.
-            optimizer = chunked_step(plan, work, 1, detail=False)
-        summaries.append(summarize(Simulation(small, workload=work, optimizer=optimizer).run(), timelines=False))
     try:
-        summary = extrapolate(summaries, repeats)
+        summary = extrapolate([s.summary for s in simulate_samples(plan, counts)], repeats)
     except NotAffine:
         return simulate(plan).prediction
     return prediction_from(plan, summary, notes={"extrapolated_from_layers": counts})
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One simulated sample of a plan (the plan with fewer blocks), kept as data."""
+
+    plan: Plan
+    summary: Summary
+    """Without memory curves (see `timelines`)."""
+    timelines: Timelines
+    unit_start_s: dict[tuple[str, int], float]
+    num_segments: int
+
+
+KEPT_PLANS = 8
+"""[Note: shared samples] The dashboard's Timeline panel shows the plan `refine` has just ranked
+first, and periodic.py stretches two of the three samples `predict` simulated for it (3 and 4
+units; predict's are 2, 3, 4, or 4, 5, 6 for single-block units). The samples of the last
+`KEPT_PLANS` plans are kept, as data (summary, timelines, unit marks), so that the panel costs one
+stretch instead of two more simulations. Keyed by the whole plan (its prediction aside); samples
+are never changed after they are made."""
+_kept: OrderedDict[str, dict[int, Sample]] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def forget_samples() -> None:
+    """Drop every kept sample (benchmarks timing a first visit)."""
+    with _kept_lock:
+        _kept.clear()
+
+
+def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
+    """The samples of `plan` with `counts` blocks, each with the real model's optimizer step."""
+    key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
+    with _kept_lock:
+        samples = dict(_kept.get(key, {}))
+    missing = [layers for layers in counts if layers not in samples]
+    params, optimizer = optimizer_params_per_rank(plan), None
+    for layers in missing:
+        small = plan.replace(model=plan.model.replace(num_layers=layers))
+        work = dataclasses.replace(build_workload(small), params_per_rank=params)
+        if optimizer is None and plan.placement.optimizer_states != "gpu":
+            # The step starts on an idle network (optimizer.py): the real one is simulated once,
+            # with the busy intervals periodic.py draws.
+            optimizer = chunked_step(plan, work, 1)
+        sim = Simulation(small, workload=work, optimizer=optimizer).run()
+        samples[layers] = Sample(plan=small, summary=summarize(sim, timelines=False), timelines=timelines_of(sim),
+                                 unit_start_s=dict(sim.unit_start_s), num_segments=sim.work.num_segments)
+    if missing:
+        with _kept_lock:
+            _kept[key] = samples
+            _kept.move_to_end(key)
+            while len(_kept) > KEPT_PLANS:
+                _kept.popitem(last=False)
+    return [samples[layers] for layers in counts]
 
 
 def extrapolate(s: list[Summary], repeats: int) -> Summary:

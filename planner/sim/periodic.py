@@ -21,7 +21,8 @@ Busy intervals are cut at the window edges and each piece is placed by that map;
 are placed the same way, each copy of a window also adding what the window adds (a forward unit
 adds its checkpoint, a backward unit frees one), and every point the deeper model's larger
 resident states. The map is checked, not assumed: two samples of `s = 3` and `s + 1` whole units
-are simulated (with the real model's optimizer step, as fast.py does), and the shorter stretched
+are simulated (with the real model's optimizer step, as fast.py does; usually `refine` has just
+simulated them, [Note: shared samples] in fast.py), and the shorter stretched
 by one unit must reproduce the longer's timelines (every busy interval and every memory step, to
 1e-9 of the iteration time and of the tier's peak). Only then is the longer stretched to the real
 depth, and the summary numbers (busy seconds, bytes, memory peaks and their terms) are the longer
@@ -39,9 +40,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from planner.plan import Plan
-from planner.sim.engine import Simulation, resident_terms
-from planner.sim.fast import MIN_BLOCKS
-from planner.sim.optimizer import chunked_step
+from planner.sim.engine import resident_terms
+from planner.sim.fast import MIN_BLOCKS, Sample, simulate_samples
 from planner.sim.report import (
     MemoryCurve,
     SimResult,
@@ -50,10 +50,7 @@ from planner.sim.report import (
     downsample,
     prediction_from,
     simulate,
-    summarize,
-    timelines_of,
 )
-from planner.sim.workload import build_workload, optimizer_params_per_rank
 
 FIRST_UNITS = 3
 """Whole units of the shorter sample: one before the window (the pipeline starts), the window, one
@@ -89,23 +86,15 @@ def simulate_periodic(plan: Plan) -> SimResult:
     if sample is None:
         return simulate(plan)
     counts, repeats = sample
-    params = optimizer_params_per_rank(plan)
-    sims, optimizer = [], None
-    for layers in counts:
-        small = plan.replace(model=plan.model.replace(num_layers=layers))
-        work = dataclasses.replace(build_workload(small), params_per_rank=params)
-        if optimizer is None and plan.placement.optimizer_states != "gpu":
-            optimizer = chunked_step(plan, work, 1)  # the real step, with its intervals for the chart
-        sims.append(Simulation(small, workload=work, optimizer=optimizer).run())
-    shorter, longer = sims
+    shorter, longer = simulate_samples(plan, counts)  # usually kept from refine ([Note: shared samples])
     try:
-        check_equal(stretch(timelines_of(shorter), windows(shorter), 1, _resident_growth(shorter.plan, longer.plan)),
-                    timelines_of(longer))
-        timelines = stretch(timelines_of(longer), windows(longer), repeats, _resident_growth(longer.plan, plan))
+        check_equal(stretch(shorter.timelines, windows(shorter), 1, _resident_growth(shorter.plan, longer.plan)),
+                    longer.timelines)
+        timelines = stretch(longer.timelines, windows(longer), repeats, _resident_growth(longer.plan, plan))
         # A unit is a checkpoint segment, or a block of the one segment there is without checkpointing.
-        segments = longer.work.num_segments + (repeats if plan.checkpoint_interval else 0)
+        segments = longer.num_segments + (repeats if plan.checkpoint_interval else 0)
         timelines = dataclasses.replace(timelines, num_segments=segments)
-        summary = extend(summarize(shorter, timelines=False), summarize(longer, timelines=False), repeats, timelines)
+        summary = extend(shorter.summary, longer.summary, repeats, timelines)
     except NotPeriodic:
         return simulate(plan)
     total = timelines.iteration_time_s
@@ -176,8 +165,8 @@ class Windows:
     backward: tuple[float, float]
 
 
-def windows(sim: Simulation) -> Windows:
-    marks = sim.unit_start_s
+def windows(sample: Sample) -> Windows:
+    marks = sample.unit_start_s
     k = WINDOW_UNIT
     try:
         return Windows(forward=(marks["forward", k], marks["forward", k + 1]),
@@ -235,7 +224,7 @@ def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> 
         if piece.copies != 1:  # a phase ending inside a window: the passes are not what the map assumes
             raise NotPeriodic
         phase_end_s[phase] = t + piece.shift_s
-    intervals = {name: _joined(_stretch_intervals(spans, pieces)) for name, spans in tl.intervals.items()}
+    intervals = {name: _stretch_intervals(spans, pieces) for name, spans in tl.intervals.items()}
     memory = {}
     for name, curve in tl.memory.items():
         points = _stretch_points(curve.points, pieces, name)
@@ -261,7 +250,12 @@ def _stretch_intervals(spans: list[tuple[float, float, str]], pieces: list[_Piec
                 inside.append((max(a, p.lo), min(b, p.hi), label))
         for m in range(p.copies):
             shift = p.shift_s + m * p.period_s
-            out += [(a + shift, b + shift, label) for a, b, label in inside]
+            copy = [(a + shift, b + shift, label) for a, b, label in inside]
+            # An interval the cut split continues across it: rejoin it (its pieces touch to rounding).
+            if copy and out and out[-1][2] == copy[0][2] and copy[0][0] - out[-1][1] <= _JOIN * abs(copy[0][0]):
+                out[-1] = (out[-1][0], copy[0][1], copy[0][2])
+                copy = copy[1:]
+            out += copy
     return out
 
 
@@ -283,7 +277,8 @@ def _value_before(points: list[tuple[float, float]], t: float) -> float:
 
 
 def _joined(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
-    """Rejoin same-label pieces the cuts separated (they touch to rounding); drop empty ones."""
+    """Same-label intervals that touch (to rounding) as one, empty ones dropped: the form two
+    timelines are compared in (a simulated link may stop and start again at one instant)."""
     out: list[tuple[float, float, str]] = []
     for a, b, label in spans:
         if b <= a:
