@@ -4,7 +4,7 @@ Each interaction is one widget change followed by a full script rerun in Streaml
 same code path as a browser session, minus the websocket and drawing), timed from `set_value` to
 the end of the rerun. The sequence starts from the default view (1T, dgx-h100, 16 GPUs) after one
 warm-up run; before each repetition the caches (Streamlit's, and the simulation samples that
-planner.sim.fast keeps) are cleared and the default view is run once, so every interaction pays
+planner.sim.samples keeps) are cleared and the default view is run once, so every interaction pays
 for what it newly computes exactly as a user's first visit would.
 
     python benchmarks/app_speed.py [--repeats 5] [--json] [--write-results]
@@ -25,7 +25,7 @@ import results_md  # benchmarks/ is on sys.path when a script runs
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from planner.sim import fast
+from planner.sim import samples
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = str(REPO / "app" / "dashboard.py")
@@ -86,7 +86,7 @@ def _act(at: AppTest, kind: str, key: str, value) -> None:
 def one_repetition() -> tuple[float, dict[str, float]]:
     st.cache_data.clear()
     st.cache_resource.clear()  # the simulations
-    fast.forget_samples()  # the samples refine keeps for the Timeline panel ([Note: shared samples])
+    samples.forget_samples()  # the samples refine keeps for the Timeline panel ([Note: shared samples])
     at = AppTest.from_file(SCRIPT, default_timeout=300)
     start = time.perf_counter()
     at.run()

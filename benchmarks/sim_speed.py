@@ -30,7 +30,7 @@ import results_md  # benchmarks/ is on sys.path when a script runs
 
 from planner.catalog import resolve_hardware, resolve_model
 from planner.plan import Placement, Plan
-from planner.sim import fast, simulate
+from planner.sim import fast, samples, simulate
 from planner.sim.periodic import simulate_periodic
 
 SECTION = "## Simulator speed (benchmarks/sim_speed.py)"
@@ -50,7 +50,7 @@ def tiled_1t_plan() -> Plan:
 
 
 def fresh_periodic(plan: Plan) -> None:
-    fast.forget_samples()
+    samples.forget_samples()
     simulate_periodic(plan)
 
 

@@ -9,7 +9,7 @@ import pytest
 from planner.catalog import resolve_hardware, resolve_model
 from planner.model import ModelSpec
 from planner.plan import Placement, Plan
-from planner.sim import fast, simulate
+from planner.sim import fast, samples, simulate
 from planner.sim.periodic import NotPeriodic, check_equal, sample_units, simulate_periodic
 from planner.sim.report import timelines_of
 from planner.sim.timeline import busy_bins, zoom_spans
@@ -121,12 +121,11 @@ def test_the_panel_reuses_the_samples_refine_simulated(monkeypatch):
     # [Note: shared samples]: predict (refine's stage) keeps its samples; the Timeline panel's
     # extrapolation of the same plan then simulates nothing and gives the same timelines.
     plan = PLANS["partial top segment, cpu"]
-    monkeypatch.setattr(fast, "_kept", fast.OrderedDict())
+    monkeypatch.setattr(samples, "_kept", samples.OrderedDict())
     alone = simulate_periodic(plan)
-    monkeypatch.setattr(fast, "_kept", fast.OrderedDict())
+    monkeypatch.setattr(samples, "_kept", samples.OrderedDict())
     predicted = fast.predict(plan)
-    counts, _ = sample_units(plan)
-    assert set(counts) <= set(predicted.details["extrapolated_from_layers"])
-    monkeypatch.setattr(fast.Simulation, "run", lambda self: pytest.fail("a kept sample was simulated again"))
+    assert predicted.details["extrapolated_from_layers"] == sample_units(plan).layer_counts
+    monkeypatch.setattr(samples.Simulation, "run", lambda self: pytest.fail("a kept sample was simulated again"))
     shared = simulate_periodic(plan)
     assert shared.timelines == alone.timelines and shared.prediction == alone.prediction

@@ -221,15 +221,16 @@ def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement
      False),
 ])
 def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci, placement, mp, tiling, periodic):
-    # [Note: periodic layers]: the fast path samples 3 shallower models and extrapolates exactly.
+    # [Note: periodic layers]: the fast path samples 2 shallower models and extrapolates exactly.
     from planner.catalog import hardware_presets
-    from planner.sim.fast import predict, sample_layer_counts
+    from planner.sim.fast import predict
+    from planner.sim.periodic import sample_units
 
     model = ModelSpec(name="deep", num_layers=layers, hidden_size=hidden, num_heads=8, seq_len=128, vocab_size=1000)
     plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=16, placement=placement,
                 micro_batch_per_gpu=2, checkpoint_interval=ci, model_parallel_degree=mp, tiling_factor=tiling,
                 optimizer_chunk_bytes=2**20)
-    assert sample_layer_counts(plan) is not None
+    assert sample_units(plan) is not None
     fast, full = predict(plan), simulate(plan).prediction
     assert ("extrapolated_from_layers" in fast.details) == periodic
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 from planner.plan import Plan
 from planner.sim.engine import resident_terms
-from planner.sim.fast import MIN_BLOCKS, Sample, simulate_samples
 from planner.sim.report import (
     MemoryCurve,
     SimResult,
@@ -51,11 +50,16 @@ from planner.sim.report import (
     prediction_from,
     simulate,
 )
+from planner.sim.samples import Sample, simulate_samples
 
+MIN_BLOCKS = 4
+"""Blocks of the shorter sample at least (units of one block: the prefetch pipeline must fill)."""
 FIRST_UNITS = 3
-"""Whole units of the shorter sample: one before the window (the pipeline starts), the window, one
-after it (so the backward window follows a whole unit)."""
-WINDOW_UNIT = 1
+"""Whole units of the shorter sample at least: one before the window (the pipeline starts), the
+window, one after it (so the backward window follows a whole unit)."""
+ATTEMPTS = 3
+"""Sample pairs tried before simulating the whole model: `s`, `s + 1`, then `2 s` units, for
+pipelines that take longer to settle (small transfers drifting against each other)."""
 MIN_REPEATS = 2
 """Fewer extra units than this and the samples cost about as much as the whole model."""
 _TOLERANCE = 1e-9
@@ -67,30 +71,60 @@ class NotPeriodic(Exception):
     pass
 
 
-def sample_units(plan: Plan) -> tuple[list[int], int] | None:
-    """Layer counts of the two samples and how many units the longer is short of the real model."""
+@dataclass(frozen=True, slots=True)
+class SamplePair:
+    """Two samples, `units` and `units + 1` whole units (plus the real partial top unit)."""
+
+    layer_counts: list[int]
+    repeats: int
+    """Units the longer is short of the real model."""
+    window_unit: int
+    """The unit whose forward and backward are the windows ([Note: periodic timelines])."""
+
+
+def sample_units(plan: Plan, attempt: int = 0) -> SamplePair | None:
+    """The `attempt`-th sample pair of `plan`, or None when the model is too shallow for it."""
     layers, ci = plan.model.num_layers, plan.checkpoint_interval
     unit = ci or 1
     whole, partial = divmod(layers, unit)
-    first = max(FIRST_UNITS, math.ceil(MIN_BLOCKS / unit))
+    least = max(FIRST_UNITS, math.ceil(MIN_BLOCKS / unit))
+    first = (least, least + 1, 2 * least)[attempt]
     repeats = whole - (first + 1)
     if repeats < MIN_REPEATS:
         return None
-    return [unit * (first + x) + partial for x in range(2)], repeats
+    # The window in the middle: the forward settles in the units below it, the backward in those above.
+    return SamplePair([unit * (first + x) + partial for x in range(2)], repeats, window_unit=first // 2)
+
+
+def verified_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | None:
+    """The first sample pair whose shorter sample, stretched by one unit, is the longer one (the
+    check of [Note: periodic timelines]); None when there is none (simulate the whole model)."""
+    for attempt in range(ATTEMPTS):
+        pair = sample_units(plan, attempt)
+        if pair is None:
+            return None
+        # Usually kept from refine's prediction of the same plan ([Note: shared samples]).
+        shorter, longer = simulate_samples(plan, pair.layer_counts)
+        try:
+            check_equal(stretch(shorter.timelines, windows(shorter, pair.window_unit), 1,
+                                _resident_growth(shorter.plan, longer.plan)), longer.timelines)
+        except NotPeriodic:
+            continue
+        return pair, shorter, longer
+    return None
 
 
 def simulate_periodic(plan: Plan) -> SimResult:
     """`simulate(plan)` for the Timeline panel: the same prediction and timelines, from two short
     simulations when [Note: periodic timelines] applies (then `simulation` is None)."""
-    sample = sample_units(plan)
-    if sample is None:
+    verified = verified_samples(plan)
+    if verified is None:
         return simulate(plan)
-    counts, repeats = sample
-    shorter, longer = simulate_samples(plan, counts)  # usually kept from refine ([Note: shared samples])
+    pair, shorter, longer = verified
+    repeats = pair.repeats
     try:
-        check_equal(stretch(shorter.timelines, windows(shorter), 1, _resident_growth(shorter.plan, longer.plan)),
-                    longer.timelines)
-        timelines = stretch(longer.timelines, windows(longer), repeats, _resident_growth(longer.plan, plan))
+        timelines = stretch(longer.timelines, windows(longer, pair.window_unit), repeats,
+                            _resident_growth(longer.plan, plan))
         # A unit is a checkpoint segment, or a block of the one segment there is without checkpointing.
         segments = longer.num_segments + (repeats if plan.checkpoint_interval else 0)
         timelines = dataclasses.replace(timelines, num_segments=segments)
@@ -100,16 +134,17 @@ def simulate_periodic(plan: Plan) -> SimResult:
     total = timelines.iteration_time_s
     summary.memory_timeline = {name: downsample(c.points, total) for name, c in timelines.memory.items()}
     summary.memory_peak_time_s = {name: c.peak_time_s for name, c in timelines.memory.items()}
-    prediction = prediction_from(plan, summary, notes={"extrapolated_from_layers": counts})
+    prediction = prediction_from(plan, summary, notes={"extrapolated_from_layers": pair.layer_counts})
     return SimResult(plan=plan, prediction=prediction, timelines=timelines)
 
 
-def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines) -> Summary:
+def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines | None = None) -> Summary:
     """The summary of `b` with `repeats` more units: what one unit adds (b - a) added `repeats` times.
 
-    The timelines are checked periodic (`check_equal`), so every time-dependent quantity adds the
-    same each unit; here each is also checked against the extrapolated timelines (phase ends, busy
-    seconds, memory peaks). Bytes moved per link are the trace's sizes, the same each unit.
+    The samples' timelines are checked periodic (`check_equal`), so every time-dependent quantity
+    adds the same each unit; given the extrapolated `timelines`, each is also checked against them
+    (phase ends, busy seconds, memory peaks). Bytes moved per link are the trace's sizes, the same
+    each unit.
     """
     if a.largest_gpu_allocation_bytes != b.largest_gpu_allocation_bytes or a.scope != b.scope:
         raise NotPeriodic("largest allocation or scopes")
@@ -117,15 +152,17 @@ def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines) -> Summar
     def line(x: float, y: float) -> float:
         return y + repeats * (y - x)
 
-    total = timelines.iteration_time_s
     phase_end_s = {phase: line(a.phase_end_s[phase], t) for phase, t in b.phase_end_s.items()}
-    for phase, t in phase_end_s.items():
-        _close(t, timelines.phase_end_s[phase], total, f"end of {phase}")
+    if timelines is not None:
+        total = timelines.iteration_time_s
+        for phase, t in phase_end_s.items():
+            _close(t, timelines.phase_end_s[phase], total, f"end of {phase}")
     resources = {}
     for name, rb in b.resources.items():
         ra = a.resources[name]
         busy_s = line(ra["busy_s"], rb["busy_s"])
-        _close(busy_s, sum(end - start for start, end, _ in timelines.intervals[name]), total, f"{name} busy")
+        if timelines is not None:
+            _close(busy_s, sum(end - start for start, end, _ in timelines.intervals[name]), total, f"{name} busy")
         resources[name] = {**rb, "busy_s": busy_s, "amount": line(ra["amount"], rb["amount"])}
     windows = {}
     for tier, wb in b.windows.items():
@@ -134,8 +171,9 @@ def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines) -> Summar
             raise NotPeriodic(f"{tier} windows")
         windows[tier] = [(line(pa, pb), {k: line(ta.get(k, 0.0), tb.get(k, 0.0)) for k in sorted(set(ta) | set(tb))})
                          for (pa, ta), (pb, tb) in zip(wa, wb, strict=True)]
-        _close(max(peak for peak, _ in windows[tier]), timelines.memory[tier].peak_bytes,
-               max(timelines.memory[tier].peak_bytes, 1.0), f"{tier} peak")
+        if timelines is not None:
+            peak = timelines.memory[tier].peak_bytes
+            _close(max(p for p, _ in windows[tier]), peak, max(peak, 1.0), f"{tier} peak")
     return Summary(
         phase_end_s=phase_end_s,
         resources=resources,
@@ -165,9 +203,8 @@ class Windows:
     backward: tuple[float, float]
 
 
-def windows(sample: Sample) -> Windows:
+def windows(sample: Sample, k: int) -> Windows:
     marks = sample.unit_start_s
-    k = WINDOW_UNIT
     try:
         return Windows(forward=(marks["forward", k], marks["forward", k + 1]),
                        backward=(marks["backward", k], marks["backward", k - 1]))

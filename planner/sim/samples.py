@@ -1,0 +1,73 @@
+"""Sample simulations of a plan with fewer blocks, as data, kept for the plans simulated last.
+
+The fast prediction (fast.py) and the dashboard's timelines (periodic.py) both simulate a deep
+plan as two shallower samples and extrapolate ([Note: periodic timelines] in periodic.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from planner.plan import Plan
+from planner.sim.engine import Simulation
+from planner.sim.optimizer import chunked_step
+from planner.sim.report import Summary, Timelines, summarize, timelines_of
+from planner.sim.workload import build_workload, optimizer_params_per_rank
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One simulated sample of a plan (the plan with fewer blocks), kept as data."""
+
+    plan: Plan
+    summary: Summary
+    """Without memory curves (see `timelines`)."""
+    timelines: Timelines
+    unit_start_s: dict[tuple[str, int], float]
+    num_segments: int
+
+
+KEPT_PLANS = 8
+"""[Note: shared samples] The dashboard's Timeline panel shows the plan `refine` has just ranked
+first, from the same two samples `fast.predict` simulated for it. The samples of the last
+`KEPT_PLANS` plans are kept, as data (summary, timelines, unit marks), so that the panel costs one
+stretch instead of two more simulations. Keyed by the whole plan (its prediction aside); samples
+are never changed after they are made."""
+_kept: OrderedDict[str, dict[int, Sample]] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def forget_samples() -> None:
+    """Drop every kept sample (benchmarks timing a first visit)."""
+    with _kept_lock:
+        _kept.clear()
+
+
+def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
+    """The samples of `plan` with `counts` blocks, each with the real model's optimizer step."""
+    key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
+    with _kept_lock:
+        samples = dict(_kept.get(key, {}))
+    missing = [layers for layers in counts if layers not in samples]
+    params, optimizer = optimizer_params_per_rank(plan), None
+    for layers in missing:
+        small = plan.replace(model=plan.model.replace(num_layers=layers))
+        work = dataclasses.replace(build_workload(small), params_per_rank=params)
+        if optimizer is None and plan.placement.optimizer_states != "gpu":
+            # The step starts on an idle network (optimizer.py): the real one is simulated once,
+            # with the busy intervals periodic.py draws.
+            optimizer = chunked_step(plan, work, 1)
+        sim = Simulation(small, workload=work, optimizer=optimizer).run()
+        samples[layers] = Sample(plan=small, summary=summarize(sim, timelines=False), timelines=timelines_of(sim),
+                                 unit_start_s=dict(sim.unit_start_s), num_segments=sim.work.num_segments)
+    if missing:
+        with _kept_lock:
+            _kept[key] = samples
+            _kept.move_to_end(key)
+            while len(_kept) > KEPT_PLANS:
+                _kept.popitem(last=False)
+    return [samples[layers] for layers in counts]
