@@ -28,6 +28,10 @@ def probe(
     nvme_test_gib: Annotated[float, typer.Option("--nvme-test-gib", help="bytes written and read per pass")] = 1.0,
     name: Annotated[str | None, typer.Option("--name", help="spec name (default probed-HOSTNAME)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the document even when writing --out")] = False,
+    calibrate: Annotated[bool | None, typer.Option(
+        "--calibrate/--no-calibrate",
+        help="fit the spec to three small reference runs of the runtime (default: on when the CPU is the compute device)",
+    )] = None,
 ) -> None:
     """Measure NVMe, memory, CPU Adam and compute bandwidths here; write a hardware spec."""
     number(nvme_test_gib, "--nvme-test-gib", exclusive_minimum=0, maximum=1024)
@@ -47,6 +51,17 @@ def probe(
         log=lambda message: sys.stderr.write(f"probe: {message}\n"),
     )
     spec = NodeSpec.from_dict(doc, "probed hardware")  # what --hardware will read back
+    if calibrate if calibrate is not None else spec.host_is_device:
+        from planner.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs
+
+        fit = calibrate_on_reference_runs(spec, str(directory),
+                                          log=lambda message: sys.stderr.write(f"probe: {message}\n"))
+        factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
+        spec = fit.node.replace(name=spec.name, notes=(
+            f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime (planner/probe_reference.py "
+            f"[Note: probe reference runs]): factors {factors}, residual {fit.residual:.1%}. The measured bare-kernel "
+            f"rates were {spec.gpu_flops_per_s / 1e12:.4g} TFLOPS and {spec.gpu_hbm_bytes_per_s / 1e9:.4g} GB/s "
+            "memory-bound."))
     text = json.dumps(spec.to_dict(), indent=2) + "\n"
     if out is not None:
         try:
