@@ -2,8 +2,8 @@
 
 [Note: probe reference runs]
 A spec made only of bare-kernel rates (a block's matmuls, a tensor copy, fused AdamW, 64 MiB O_DIRECT
-requests) predicted the runtime ~2x too fast on the CPU-only dev VM (docs/calibration.md, "probe
-alone": median error 47%). Most of the gap is the memory-bound work of a block: torch's layer norm,
+requests) predicted the runtime ~2x too fast on the CPU-only dev VM (benchmarks/sweep.py, 2026-11-22
+04:21 UTC: median error 47%, worst 59% over ten configurations). Most of the gap is the memory-bound work of a block: torch's layer norm,
 GELU, softmax and bf16 casts run 20-50x below copy bandwidth on a CPU, and timing those kernels one
 by one was not stable (0.7 and 6 GB/s in two probes), because their cost depends on the shapes and
 kernels around them. What is stable is the runtime's own step. So, where the CPU is the compute
