@@ -63,3 +63,13 @@ def test_no_calibrate_keeps_the_bare_measurements(tmp_path: Path) -> None:
                                       "--nvme-test-gib", "0.0625", "--no-calibrate"])
     assert result.exit_code == 0, result.output
     assert "reference runs" not in json.loads(out.read_text())["notes"]
+
+
+def test_probe_warns_when_other_work_competes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner import cli_probe
+
+    monkeypatch.setattr(cli_probe.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cli_probe.os, "getloadavg", lambda: (0.4, 0.4, 0.4))
+    assert cli_probe._busy_warning() == ""
+    monkeypatch.setattr(cli_probe.os, "getloadavg", lambda: (1.8, 1.0, 0.5))
+    assert cli_probe._busy_warning().startswith("load average 1.80 on 2 CPUs: other work is running")
