@@ -52,7 +52,7 @@ class Simulation:
     def __init__(self, plan: Plan, *, ranks: Ranks = "representative", workload: Workload | None = None,
                  optimizer: OptimizerOutcome | None = None) -> None:
         """`workload` replaces the plan's operator trace, `optimizer` a precomputed chunked CPU step
-        (both for tests and for fast.py, which reuses one optimizer step for several layer counts)."""
+        (both for tests and for samples.py, which reuses one optimizer step for several layer counts)."""
         self.plan = plan
         self.work = workload if workload is not None else build_workload(plan)
         self.env = simpy.Environment()

@@ -9,9 +9,9 @@ s = 3 and s + 1 units (segments, or blocks without checkpointing; at least 4 blo
 partial top segment if the real model has one, and the real model's optimizer partition, so the
 optimizer step is the real one), check that stretching the shorter by one unit reproduces the
 longer's every busy interval and memory step ([Note: periodic timelines] in periodic.py, to 1e-9),
-and add what one unit adds for every missing unit. When the check fails, a second pair with twice
-the units before the window is tried; when that fails too, or the model is too shallow to gain
-anything, the full model is simulated instead.
+and add what one unit adds for every missing unit. When the check fails, pairs of s + 1 and 2 s
+units are tried (pipelines of small transfers take longer to settle); when those fail too, or the
+model is too shallow to gain anything, the full model is simulated instead.
 """
 
 from __future__ import annotations

@@ -20,12 +20,13 @@ then, piece by piece of the sample's time axis:
 Busy intervals are cut at the window edges and each piece is placed by that map; memory curves
 are placed the same way, each copy of a window also adding what the window adds (a forward unit
 adds its checkpoint, a backward unit frees one), and every point the deeper model's larger
-resident states. The map is checked, not assumed: two samples of `s = 3` and `s + 1` whole units
-are simulated (with the real model's optimizer step, as fast.py does; usually `refine` has just
-simulated them, [Note: shared samples] in fast.py), and the shorter stretched
-by one unit must reproduce the longer's timelines (every busy interval and every memory step, to
-1e-9 of the iteration time and of the tier's peak). Only then is the longer stretched to the real
-depth, and the summary numbers (busy seconds, bytes, memory peaks and their terms) are the longer
+resident states. The map is checked, not assumed: two samples of `s` and `s + 1` whole units
+(s = 3, at least 4 blocks; K = s // 2, so the pipeline settles on both sides of the windows) are
+simulated with the real model's optimizer step (usually `refine` has just simulated them, [Note:
+shared samples] in samples.py), and the shorter stretched by one unit must reproduce the longer's
+timelines (every busy interval and every memory step, to 1e-9 of the iteration time and of the
+tier's peak; failing that, pairs of s + 1 and 2 s units are tried). Only then is the longer
+stretched to the real depth, and the summary numbers (busy seconds, bytes, memory peaks and their terms) are the longer
 sample's plus `R` times what the extra unit added, each checked against the stretched timelines
 where they carry it (`extend`); otherwise the whole model is simulated. For 1T (128 blocks,
 checkpoint interval 4) this simulates 3 + 4 units instead of 32, and tests/test_sim_periodic.py
@@ -55,8 +56,8 @@ from planner.sim.samples import Sample, simulate_samples
 MIN_BLOCKS = 4
 """Blocks of the shorter sample at least (units of one block: the prefetch pipeline must fill)."""
 FIRST_UNITS = 3
-"""Whole units of the shorter sample at least: one before the window (the pipeline starts), the
-window, one after it (so the backward window follows a whole unit)."""
+"""Whole units of the shorter sample at least: the window unit with a whole unit below it (where
+the forward pipeline fills) and one above it (where the backward pipeline fills)."""
 ATTEMPTS = 3
 """Sample pairs tried before simulating the whole model: `s`, `s + 1`, then `2 s` units, for
 pipelines that take longer to settle (small transfers drifting against each other)."""
