@@ -3,7 +3,9 @@
     flock /work/bench.lock python benchmarks/sweep.py --write-results
 
 1. `planner probe` (quick: 256 MiB of NVMe traffic) writes this machine's hardware spec, unless
-   `--hardware FILE` gives one.
+   `--hardware FILE` gives one. Without CUDA the probe calibrates itself on three reference runs of
+   the runtime, none of them a configuration below (planner/probe_reference.py), so the "probe
+   spec" predictions are of plans the spec never saw.
 2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on
    device, cpu and nvme; three model sizes; micro-batch; checkpoint interval; tiling) is planned
    with that spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`, one

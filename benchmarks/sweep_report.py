@@ -38,7 +38,13 @@ def table(report: dict) -> str:
 
 def summary(report: dict) -> str:
     s = report["summary"]
-    out = []
+    errors = sorted(abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in report["rows"])
+    mid = len(errors) // 2
+    median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
+    # The probe calibrates on its own reference runs, none of them a sweep configuration, so every
+    # configuration is one the probe's spec never saw (planner/probe_reference.py).
+    out = [f"- probe spec, every configuration (none run by the probe): median |error| {median:.1%}, worst "
+           f"{errors[-1]:.1%} ({len(errors)} configurations)"]
     for key, label in (("predicted_held_out", "probe spec, held out"), ("calibrated_held_out", "calibrated, held out"),
                        ("calibrated_calibration", "calibrated, calibration set")):
         if key in s:
@@ -107,10 +113,12 @@ def write_results(report: dict, node: NodeSpec) -> None:
     results_md.write_section("sweep", body)
     doc = f"""# Calibration: the simulator against the runtime
 
-`{COMMAND}` probes this machine, plans every configuration of `benchmarks/sweep.py` with the probed
-spec, trains each with the real runtime (`planner run`), fits the spec's efficiency parameters on
-four of them (`planner calibrate`, planner/calibrate.py [Note: the calibration model]) and predicts
-the rest again with the calibrated spec. Peak bytes are the runtime's own ledger per tier against
+`{COMMAND}` probes this machine (`planner probe`, which on a CPU-only machine calibrates itself on
+three reference runs of the runtime that are not sweep configurations: planner/probe_reference.py
+[Note: probe reference runs]), plans every configuration of `benchmarks/sweep.py` with the probed
+spec, trains each with the real runtime (`planner run`), fits the spec's efficiency parameters
+further on four of them (`planner calibrate`, planner/calibrate.py [Note: the calibration model])
+and predicts the rest again with that calibrated spec. Peak bytes are the runtime's own ledger per tier against
 the memory bill over the terms that ledger tracks (`runtime_buffer_peak_bytes`: the bill without
 autograd's activations, logits and allocator slack).
 

@@ -7,6 +7,7 @@ runs, so `planner` itself starts without torch.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +29,10 @@ def probe(
     nvme_test_gib: Annotated[float, typer.Option("--nvme-test-gib", help="bytes written and read per pass")] = 1.0,
     name: Annotated[str | None, typer.Option("--name", help="spec name (default probed-HOSTNAME)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the document even when writing --out")] = False,
+    calibrate: Annotated[bool | None, typer.Option(
+        "--calibrate/--no-calibrate",
+        help="fit the spec to three small reference runs of the runtime (default: on when the CPU is the compute device)",
+    )] = None,
 ) -> None:
     """Measure NVMe, memory, CPU Adam and compute bandwidths here; write a hardware spec."""
     number(nvme_test_gib, "--nvme-test-gib", exclusive_minimum=0, maximum=1024)
@@ -40,13 +45,29 @@ def probe(
         raise PlannerError(
             f"planner probe needs the runtime extra ({error.name} is missing): pip install 'tierwise[runtime]'"
         ) from None
+    busy = _busy_warning()
+    if busy:
+        sys.stderr.write(f"probe: warning: {busy}\n")
     doc = probe_node(
         nvme_path=directory,
         nvme_test_bytes=max(64 * 1024**2, int(nvme_test_gib * GIB)),
         name=name,
         log=lambda message: sys.stderr.write(f"probe: {message}\n"),
     )
+    if busy:
+        doc["notes"] = f"{doc['notes']} Probed while busy: {busy}"
     spec = NodeSpec.from_dict(doc, "probed hardware")  # what --hardware will read back
+    if calibrate if calibrate is not None else spec.host_is_device:
+        from planner.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs
+
+        fit = calibrate_on_reference_runs(spec, str(directory),
+                                          log=lambda message: sys.stderr.write(f"probe: {message}\n"))
+        factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
+        spec = fit.node.replace(name=spec.name, notes=(
+            f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime (planner/probe_reference.py "
+            f"[Note: probe reference runs]): factors {factors}, residual {fit.residual:.1%}. The measured bare-kernel "
+            f"rates were {spec.gpu_flops_per_s / 1e12:.4g} TFLOPS and {spec.gpu_hbm_bytes_per_s / 1e9:.4g} GB/s "
+            "memory-bound."))
     text = json.dumps(spec.to_dict(), indent=2) + "\n"
     if out is not None:
         try:
@@ -56,6 +77,20 @@ def probe(
         sys.stderr.write(f"wrote {out}\n")
     if out is None or as_json:
         sys.stdout.write(text)
+
+
+BUSY_LOAD_PER_CPU = 0.5
+"""A one-minute load average above this share of the CPUs means other work competes with the probe."""
+
+
+def _busy_warning() -> str:
+    """Why the probe's numbers may be low, or "" (a probe measures the machine as it is now; on a
+    2-core VM a concurrent test run made the probe's reference runs 5x slower than the same runs idle)."""
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load <= BUSY_LOAD_PER_CPU * cpus:
+        return ""
+    return (f"load average {load:.2f} on {cpus} CPUs: other work is running, so the measured rates will be those of "
+            "a shared machine; probe again when it is idle for a spec of the machine itself")
 
 
 def register(app: typer.Typer) -> None:

@@ -38,7 +38,9 @@ def planner(*args: str) -> subprocess.CompletedProcess[str]:
 def probed(tmp_path_factory) -> tuple[Path, dict, Path]:
     directory = tmp_path_factory.mktemp("probe")
     out = directory / "hw.json"
-    result = planner("probe", "--out", str(out), "--nvme-path", str(directory), "--nvme-test-gib", "0.0625")
+    # The bare measurements; tests/test_calibrate_probe.py covers the reference-run calibration.
+    result = planner("probe", "--out", str(out), "--nvme-path", str(directory), "--nvme-test-gib", "0.0625",
+                     "--no-calibrate")
     assert result.returncode == 0, result.stderr
     return out, json.loads(out.read_text()), directory
 

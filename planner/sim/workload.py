@@ -123,7 +123,8 @@ def build_workload(plan: Plan) -> Workload:
     # taken as the block's activations (eq. 5's per-block term: every activation is written once by
     # the operator that makes it and read by the next), spread evenly over the block's operators;
     # backward touches each twice. On a GPU this is ~1% of a large model's block time; on a CPU it
-    # is not negligible, and calibration scales it (planner/calibrate.py).
+    # is not negligible (these kernels run 20-50x below copy bandwidth there), and calibration finds
+    # its rate (planner/calibrate.py; `planner probe` does on reference runs, planner/probe_reference.py).
     block_elementwise = bsz * seq * (16 * hd + 2 * model.num_heads * seq) / len(block_ops)
     block_ops = [dataclasses.replace(op, elementwise_bytes=block_elementwise) for op in block_ops]
 

@@ -1,0 +1,95 @@
+"""Reference runs: `planner probe` calibrates the spec it measured on the bundled runtime itself.
+
+[Note: probe reference runs]
+A spec made only of bare-kernel rates (a block's matmuls, a tensor copy, fused AdamW, 64 MiB O_DIRECT
+requests) predicted the runtime ~2x too fast on the CPU-only dev VM (benchmarks/sweep.py, 2026-11-22
+04:21 UTC: median error 47%, worst 59% over ten configurations). Most of the gap is the memory-bound work of a block: torch's layer norm,
+GELU, softmax and bf16 casts run 20-50x below copy bandwidth on a CPU, and timing those kernels one
+by one was not stable (0.7 and 6 GB/s in two probes), because their cost depends on the shapes and
+kernels around them. What is stable is the runtime's own step. So, where the CPU is the compute
+device, the probe trains `REFERENCE_RUNS` (three small GPTs with the runtime, `planner run`, one
+warm-up step and `steps - 1` measured ones) and fits the spec's efficiency parameters to their
+profiles with `planner calibrate`'s model (planner/calibrate.py [Note: the calibration model]).
+
+The three runs cover the four fitted terms: an all-on-device run with long sequences (memory-bound
+heavy), a wide one with parameters and optimizer states in host memory (matmul heavy, CPU Adam),
+and one with parameters and optimizer states on NVMe (the swap engine). Their shapes are not those
+of benchmarks/sweep.py, which checks the result on configurations the probe never ran. On a CUDA
+machine bare-kernel rates are what the kernels reach, and these small models would measure launch
+overhead rather than the GPU, so the probe does not run them unless asked (`--calibrate`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.calibrate import Calibration, calibrate
+from planner.errors import PlannerError
+from planner.hardware import NodeSpec
+from planner.plan import Plan
+from planner.profile import load_profile
+
+REFERENCE_VOCAB = 256
+REFERENCE_STEPS = 4
+"""Steps per reference run: one warm-up (the runtime records its trace) and three measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceRun:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    seq_len: int
+    micro_batch_per_gpu: int
+    params: str
+    gradients: str
+    optimizer_states: str
+    checkpoint_interval: int
+
+
+REFERENCE_RUNS = (
+    ReferenceRun("device-long-seq", 4, 384, 6, 512, 2, "gpu", "gpu", "gpu", 1),
+    ReferenceRun("host-wide", 4, 1024, 16, 128, 8, "cpu", "cpu", "cpu", 2),
+    ReferenceRun("nvme", 4, 640, 10, 256, 4, "nvme", "cpu", "nvme", 1),
+)
+
+
+def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str) -> Plan:
+    placement = {"params": run.params, "gradients": run.gradients, "optimizer_states": run.optimizer_states,
+                 "activation_checkpoints": "cpu"}
+    return Plan.from_dict({
+        "model": {"name": f"probe-{run.name}", "num_layers": run.num_layers, "hidden_size": run.hidden_size,
+                  "num_heads": run.num_heads, "seq_len": run.seq_len, "vocab_size": REFERENCE_VOCAB},
+        "hardware": node.to_dict(), "num_gpus": 1, "precision": "bf16", "placement": placement,
+        "micro_batch_per_gpu": run.micro_batch_per_gpu, "checkpoint_interval": run.checkpoint_interval,
+        "nvme_path": nvme_path if "nvme" in placement.values() else None,
+    }, f"reference run {run.name}")
+
+
+def calibrate_on_reference_runs(
+    node: NodeSpec, nvme_path: str, *, steps: int = REFERENCE_STEPS, log: Callable[[str], None] = lambda m: None
+) -> Calibration:
+    """Train every reference run with the bundled runtime and fit `node` to their profiles."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="tierwise-probe-") as work:
+        for ref in REFERENCE_RUNS:
+            plan = reference_plan(ref, node, nvme_path)
+            plan_path, profile_path = Path(work) / f"{ref.name}.plan.json", Path(work) / f"{ref.name}.profile.json"
+            plan.save(plan_path)
+            log(f"reference run {ref.name}: {ref.num_layers} x hd {ref.hidden_size}, seq {ref.seq_len}, batch "
+                f"{ref.micro_batch_per_gpu}, params {ref.params}, optimizer {ref.optimizer_states}")
+            cmd = [sys.executable, "-m", "planner", "run", str(plan_path), "--steps", str(steps),
+                   "--profile-out", str(profile_path), "--no-history"]
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if done.returncode != 0:
+                last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "no output")
+                raise PlannerError(f"probe reference run {ref.name} failed ({last.strip()}); "
+                                   "run `planner probe --no-calibrate` for the uncalibrated spec")
+            runs.append((plan, load_profile(profile_path)))
+    return calibrate(runs, node)

@@ -1,0 +1,75 @@
+"""`planner probe` calibrates on reference runs of the runtime where the CPU is the compute device
+(planner/probe_reference.py [Note: probe reference runs]).
+
+The end-to-end flow (probe with calibration, fit, run, compare) is tests/test_calibrate_loop.py;
+whether the calibrated spec predicts well is the sweep benchmark's business (benchmarks/sweep.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner import probe_reference
+from planner.calibrate import FEATURES, phase_features
+from planner.catalog import hardware_presets
+from planner.cli import app
+from planner.errors import PlannerError
+from planner.hardware import NodeSpec
+from planner.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs, reference_plan
+
+
+def _cpu_node():
+    """A spec shaped like a probe's on a CPU-only machine (host_is_device)."""
+    doc = hardware_presets()["dgx-h100"].to_dict()
+    doc.update(name="probed-test", num_gpus_per_node=1, host_is_device=True, gpu_peak_tflops=0.5,
+               gpu_hbm_gb_per_s=10.0, host_memory_gb_per_s=10.0, host_to_gpu_gb_per_s=10.0,
+               gpu_to_host_gb_per_s=10.0, cpu_adam_gparams_per_s=2.0, nvme_read_gb_per_s=2.0,
+               nvme_write_gb_per_s=4.0, gpu_memory_gib=24.0, cpu_memory_gib=24.0)
+    doc.pop("gpu_max_alloc_gib", None)
+    return NodeSpec.from_dict(doc)
+
+
+def test_reference_runs_exercise_every_fitted_term(tmp_path: Path) -> None:
+    # Each of calibrate's four terms is asked for by some reference run, so the fit sets all of them.
+    node = _cpu_node()
+    totals = dict.fromkeys(FEATURES, 0.0)
+    for ref in REFERENCE_RUNS:
+        plan = reference_plan(ref, node, str(tmp_path))
+        assert plan.num_gpus == 1 and plan.precision == "bf16"
+        assert (plan.nvme_path is not None) == ("nvme" in plan.placement.to_dict().values())
+        for phases in phase_features(plan, node).values():
+            for feature, seconds in phases.items():
+                totals[feature] += seconds
+    assert all(totals[f] > 0 for f in FEATURES), totals
+
+
+def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nvme_only = tuple(r for r in REFERENCE_RUNS if r.params == "nvme")
+    monkeypatch.setattr(probe_reference, "REFERENCE_RUNS", nvme_only)
+    with pytest.raises(PlannerError) as error:
+        calibrate_on_reference_runs(_cpu_node(), str(tmp_path / "missing"))
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"probe reference run {nvme_only[0].name} failed (")
+    assert "--no-calibrate" in message
+
+
+def test_no_calibrate_keeps_the_bare_measurements(tmp_path: Path) -> None:
+    out = tmp_path / "hw.json"
+    result = CliRunner().invoke(app, ["probe", "--out", str(out), "--nvme-path", str(tmp_path),
+                                      "--nvme-test-gib", "0.0625", "--no-calibrate"])
+    assert result.exit_code == 0, result.output
+    assert "reference runs" not in json.loads(out.read_text())["notes"]
+
+
+def test_probe_warns_when_other_work_competes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner import cli_probe
+
+    monkeypatch.setattr(cli_probe.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cli_probe.os, "getloadavg", lambda: (0.4, 0.4, 0.4))
+    assert cli_probe._busy_warning() == ""
+    monkeypatch.setattr(cli_probe.os, "getloadavg", lambda: (1.8, 1.0, 0.5))
+    assert cli_probe._busy_warning().startswith("load average 1.80 on 2 CPUs: other work is running")
