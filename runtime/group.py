@@ -31,6 +31,11 @@ class UnitState(enum.Enum):
     """The full flat buffer is valid and every parameter is a view of it."""
 
 
+STAGE_TERMS = {0: ("gpu", "mswm"), 1: ("gpu", "prefetch_gathered_params"), 2: ("gpu", "prefetch_shard_staging"),
+               3: ("cpu", "param_swap_buffers")}
+"""Operators ahead of use -> (tier, memory-bill term) of a shard staged that far ahead."""
+
+
 class ParamUnit:
     """A module's flat parameter group: shard in a store, full buffer while gathered, gradient path."""
 
@@ -80,15 +85,15 @@ class ParamUnit:
         return self.layout.padded_numel * self._empty.element_size()
 
     # -- parameters -------------------------------------------------------------------------
-    def stage(self, *, swap_buffer: bool = False) -> None:
-        """Start bringing the shard to the compute device (prefetch depth 2; no-op when it is there).
-        `swap_buffer`: staged at depth 3, two operators before the device staging slot; its buffer
-        is one of the memory model's host `param_swap_buffers`."""
+    def stage(self, *, ahead: int = 2) -> None:
+        """Start bringing the shard to the compute device (no-op when it is there or on its way).
+        `ahead`: how many operators before its use it is staged, which names the buffer it occupies
+        until it is gathered (STAGE_TERMS: 0 the operator in use, 1 the next one, 2 the device
+        staging slot, 3 one of the memory model's host `param_swap_buffers`)."""
         if self.state is UnitState.SHARDED and self._staged is None:
             self._staged = self.param_store.read(self.key, self.compute_dtype)
             if self._staged.fresh:
-                term = ("cpu", "param_swap_buffers") if swap_buffer else ("gpu", "prefetch_shard_staging")
-                self._charge(*term, self.layout.shard_numel * self._empty.element_size())
+                self._charge(*STAGE_TERMS[ahead], self.layout.shard_numel * self._empty.element_size())
 
     def start_gather(self, *, prefetch: bool) -> None:
         """SHARDED -> GATHERING: start the all-gather (after the staged shard arrived)."""

@@ -32,6 +32,7 @@ import torch
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.nvme import (
     AlignedBuffer,
+    BufferRecycler,
     EngineConfig,
     Handle,
     IOEngine,
@@ -52,12 +53,18 @@ def round_up(nbytes_: int) -> int:
     return -(-nbytes_ // DIRECT_ALIGNMENT_BYTES) * DIRECT_ALIGNMENT_BYTES
 
 
-def aligned_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A host tensor on page-aligned memory (huge pages where granted), so direct I/O takes it whole."""
-    size = max(1, numel) * torch.empty(0, dtype=dtype).element_size()
+def aligned_empty(numel: int, dtype: torch.dtype, recycler: BufferRecycler | None = None) -> torch.Tensor:
+    """A host tensor on page-aligned memory (huge pages where granted), so direct I/O takes it whole;
+    from `recycler` when given ([Note: recycled read buffers] in runtime/nvme/buffers.py)."""
+    if not numel:
+        return torch.empty(0, dtype=dtype)
+    size = numel * torch.empty(0, dtype=dtype).element_size()
+    if recycler is not None:
+        # from_numpy keeps the array, and through it the lease, alive as long as any view.
+        return torch.from_numpy(recycler.lease(size)).view(dtype)
     buffer = AlignedBuffer(size)
     # frombuffer keeps `buffer.view` (and through it the mapping) alive as long as the tensor.
-    return torch.frombuffer(buffer.view, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
+    return torch.frombuffer(buffer.view, dtype=dtype, count=numel)
 
 
 class NvmeSpace:
@@ -70,6 +77,9 @@ class NvmeSpace:
         self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
         self.engine = IOEngine(EngineConfig(block_size_bytes=block_size_bytes))
         self._files: dict[str, SwapStore] = {}
+        self.recycler = BufferRecycler(max_free_bytes=0)
+        """Host buffers that shard reads land in, reused once freed ([Note: recycled read buffers]);
+        `NvmeStore.create` raises its bound to two of the largest shard."""
 
     def swap_file(self, name: str) -> SwapStore:
         if name not in self._files:
@@ -82,6 +92,7 @@ class NvmeSpace:
         for f in self._files.values():
             f.close()
         self._files.clear()
+        self.recycler.close()
         self.directory.close()
 
 
@@ -119,6 +130,7 @@ class NvmeStore(ShardStore):
         assert swap is not None, "the nvme tier needs the rank's NvmeSpace"
         self.file = swap.swap_file(self.name)
         self.engine = swap.engine
+        self.recycler = swap.recycler
         self._extents: dict[str, tuple[Extent, torch.dtype, int]] = {}
         self._writes: dict[str, list[Handle]] = {}
         self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
@@ -138,6 +150,7 @@ class NvmeStore(ShardStore):
         size = numel * torch.empty(0, dtype=dtype).element_size()
         self._extents[key] = (self.file.allocate(size), dtype, numel)
         self.max_staged_write_bytes = max(self.max_staged_write_bytes, 2 * round_up(size))
+        self.recycler.max_free_bytes = max(self.recycler.max_free_bytes, self.max_staged_write_bytes)
         self.ledger.add(self.tier, self.term, size)
         return None
 
@@ -163,7 +176,7 @@ class NvmeStore(ShardStore):
     # -- traffic ----------------------------------------------------------------------------
     def read(self, key: str, dtype: torch.dtype) -> Pending:
         _, stored, numel = self._extents[key]
-        host = aligned_empty(numel, stored)
+        host = aligned_empty(numel, stored, self.recycler)
         handle = self._submit_read(key, host, 0)
         device = self.compute_device
         if device.type == "cpu" and dtype == stored:
@@ -187,7 +200,7 @@ class NvmeStore(ShardStore):
 
     def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
-        current = aligned_empty(src.numel(), stored)
+        current = aligned_empty(src.numel(), stored, self.recycler)
         self.read_into(key, current, offset).wait()
         current.add_(src.reshape(-1).to(current.device))
         return self.write(key, current, offset)

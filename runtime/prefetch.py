@@ -2,11 +2,18 @@
 
 The first iteration records the order in which units are used, separately for forward and
 backward. Later iterations follow the recorded order: on using operator i the prefetcher starts the
-transfer of i+2's shard to the compute device (depth >= 2) and, at depth 3, of i+3's shard into a
-host swap buffer (NVMe -> CPU: stores with a slower tier behind them), and only then the all-gather
-of i+1 (depth >= 1), which waits for i+1's shard to arrive. Deeper transfers are started first so
-that they are in flight while that wait lasts: with parameters on NVMe, reads of i+1, i+2 and i+3
-queue on the drive together instead of one at a time ([Note: NVMe prefetch pipeline] in docs/nvme.md).
+transfers of i's and i+1's shards where they are not on their way yet, of i+2's shard to the compute
+device (depth >= 2) and, at depth 3, of i+3's shard into a host swap buffer (NVMe -> CPU: stores
+with a slower tier behind them), and only then the all-gather of i+1 (depth >= 1), which waits for
+i+1's shard to arrive. All are started before that wait, so that with parameters on NVMe the reads
+of i+1, i+2 and i+3 queue on the drive together instead of one at a time.
+
+[Note: submission order]
+The engine serves requests in the order they were submitted. In the steady state one new transfer
+starts per operator (i+3's) and the nearer ones are already in flight; at the start of a phase
+none is, and the operator in use must not wait behind the reads of the three after it: transfers
+start nearest first (i, i+1, i+2, i+3). Each is charged, until gathered, to the memory-bill term of
+the slot it fills (`runtime.group.STAGE_TERMS`), so a phase start holds what the steady state does.
 
 [Note: a changed order]
 Models may take data-dependent branches, so the order is a hint, never a contract: when the unit
@@ -19,7 +26,6 @@ and a prefetched unit that is not used is released at the end of the step.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.group import ParamUnit
@@ -61,16 +67,14 @@ class Prefetcher:
             self.num_order_changes += 1
             return
         ahead = order.recorded[position + 1 : position + 1 + self.depth]
-        actions: list[Callable[[], None]] = []
+        # Nearest first (see [Note: submission order]); all are submitted before the gather waits.
+        self.units[index].stage(ahead=0)
+        for distance, i in enumerate(ahead[:2], start=1):
+            self.units[i].stage(ahead=distance)
         if len(ahead) >= 3 and not self.units[ahead[2]].param_store.resident_states:
-            actions.append(lambda: self.units[ahead[2]].stage(swap_buffer=True))
-        if len(ahead) >= 2:
-            actions.append(self.units[ahead[1]].stage)
+            self.units[ahead[2]].stage(ahead=3)
         if ahead:
-            unit = self.units[ahead[0]]
-            actions.append(lambda: unit.start_gather(prefetch=True))
-        for action in actions:
-            action()
+            self.units[ahead[0]].start_gather(prefetch=True)
 
     def end_phase(self, phase: Phase) -> None:
         """The phase is over: keep what it used as the order for the next iteration."""

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from runtime.nvme import (
     BufferPool,
+    BufferRecycler,
     EngineConfig,
     Extent,
     ExtentAllocator,
@@ -164,6 +165,31 @@ def test_buffer_pool_pins_once_and_bounds_buffers_in_use():
     assert sorted(a for kind, a, _ in hook.calls if kind == "pin") == addresses
     assert [n for kind, _, n in hook.calls if kind == "pin"] == [12288, 12288]
     assert sorted(a for kind, a, _ in hook.calls if kind == "unpin") == addresses
+
+
+def test_recycled_buffer_comes_back_when_the_last_view_is_freed():
+    torch = pytest.importorskip("torch")
+    recycler = BufferRecycler(max_free_bytes=2 * 12288)
+    first = torch.from_numpy(recycler.lease(10_000)).view(torch.float32)
+    address = first.data_ptr()
+    assert address % 4096 == 0 and first.numel() == 2500
+    view = first[100:200]
+    del first
+    assert recycler.free_bytes == 0  # a view still uses the memory
+    del view
+    assert recycler.free_bytes == 12288
+    again = torch.from_numpy(recycler.lease(10_000))
+    other = torch.from_numpy(recycler.lease(5_000))  # another size: a buffer of its own
+    assert (again.data_ptr(), recycler.num_reused, recycler.free_bytes) == (address, 1, 0)
+    assert other.data_ptr() != address
+    extra = [torch.from_numpy(recycler.lease(10_000)) for _ in range(3)]
+    del again, extra
+    assert recycler.free_bytes == 2 * 12288  # the rest were unmapped
+    recycler.close()
+    assert recycler.free_bytes == 0
+    other.fill_(1)  # still valid after close; unmapped when freed
+    del other
+    assert recycler.free_bytes == 0
 
 
 # -- swap store ------------------------------------------------------------------------------------

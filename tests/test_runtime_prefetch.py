@@ -25,8 +25,8 @@ class FakeUnit:
         assert prefetch
         self.log.append(("gather", self.index))
 
-    def stage(self, *, swap_buffer: bool = False) -> None:
-        self.log.append(("swap-in" if swap_buffer else "stage", self.index))
+    def stage(self, *, ahead: int = 2) -> None:
+        self.log.append(({0: "stage-now", 1: "stage-next", 2: "stage", 3: "swap-in"}[ahead], self.index))
 
 
 def _run(prefetcher: Prefetcher, order: list[int], log: list) -> list:
@@ -42,12 +42,12 @@ def test_first_step_records_then_prefetches_at_depth() -> None:
     log: list = []
     p = Prefetcher([FakeUnit(i, log) for i in range(4)], depth=2)
     assert _run(p, [0, 1, 2, 3], log) == [("use", 0), ("use", 1), ("use", 2), ("use", 3)]
-    # The deeper transfer starts first: it is in flight while the gather waits for its shard.
+    # Nearest first, every transfer started before the gather waits for i+1's shard.
     assert _run(p, [0, 1, 2, 3], log) == [
-        ("use", 0), ("stage", 2), ("gather", 1),
-        ("use", 1), ("stage", 3), ("gather", 2),
-        ("use", 2), ("gather", 3),
-        ("use", 3),
+        ("use", 0), ("stage-now", 0), ("stage-next", 1), ("stage", 2), ("gather", 1),
+        ("use", 1), ("stage-now", 1), ("stage-next", 2), ("stage", 3), ("gather", 2),
+        ("use", 2), ("stage-now", 2), ("stage-next", 3), ("gather", 3),
+        ("use", 3), ("stage-now", 3),
     ]
 
 
@@ -57,18 +57,21 @@ def test_depth_three_swaps_in_from_nvme_only(on_nvme: bool) -> None:
     p = Prefetcher([FakeUnit(i, log, on_nvme=on_nvme) for i in range(5)], depth=3)
     _run(p, [0, 1, 2, 3, 4], log)
     swap_in = [("swap-in", 3)] if on_nvme else []
-    assert _run(p, [0, 1, 2, 3, 4], log)[:4 + len(swap_in)] == [("use", 0), *swap_in, ("stage", 2), ("gather", 1),
-                                                                   ("use", 1)]
+    assert _run(p, [0, 1, 2, 3, 4], log)[:6 + len(swap_in)] == [
+        ("use", 0), ("stage-now", 0), ("stage-next", 1), ("stage", 2), *swap_in, ("gather", 1), ("use", 1)]
 
 
 def test_changed_order_stops_prefetching_and_is_learned() -> None:
     log: list = []
     p = Prefetcher([FakeUnit(i, log) for i in range(4)], depth=1)
     _run(p, [0, 1, 2, 3], log)
-    assert _run(p, [0, 2, 3], log) == [("use", 0), ("gather", 1), ("use", 2), ("use", 3)]
+    assert _run(p, [0, 2, 3], log) == [("use", 0), ("stage-now", 0), ("stage-next", 1), ("gather", 1), ("use", 2),
+                                       ("use", 3)]
     assert p.num_order_changes == 1
     assert p.recorded(Phase.FORWARD) == [0, 2, 3]
-    assert _run(p, [0, 2, 3], log) == [("use", 0), ("gather", 2), ("use", 2), ("gather", 3), ("use", 3)]
+    assert _run(p, [0, 2, 3], log) == [("use", 0), ("stage-now", 0), ("stage-next", 2), ("gather", 2),
+                                       ("use", 2), ("stage-now", 2), ("stage-next", 3), ("gather", 3),
+                                       ("use", 3), ("stage-now", 3)]
 
 
 def test_depth_zero_never_prefetches() -> None:

@@ -4,7 +4,7 @@ Importing this package needs numpy but not torch (torch tensors are accepted whe
 See docs/nvme.md.
 """
 
-from runtime.nvme.buffers import AlignedBuffer, BufferPool, PinHook
+from runtime.nvme.buffers import AlignedBuffer, BufferPool, BufferRecycler, PinHook
 from runtime.nvme.config import EngineConfig
 from runtime.nvme.directory import SwapDirectory, find_stale_swap_dirs, remove_stale_swap_dirs
 from runtime.nvme.engine import Handle, IOEngine, extension_available, io_uring_available
@@ -16,6 +16,7 @@ from runtime.nvme.swap_store import SwapStore
 __all__ = [
     "AlignedBuffer",
     "BufferPool",
+    "BufferRecycler",
     "DirectIOFallbackWarning",
     "EngineConfig",
     "Extent",
