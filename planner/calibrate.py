@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,18 +160,13 @@ def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -
 
 def calibration_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Error summary of sweep rows (`measured_s`, `predicted_s`, optional `calibrated_s`), split into
-    the calibration set and the held-out set."""
-    def errors(key: str, held_out: bool) -> list[float]:
-        return [abs(r[key] - r["measured_s"]) / r["measured_s"] for r in rows
-                if key in r and r["calibration"] is not held_out]
-
+    the calibration set and the held-out set, and over all rows (`predicted_all`, `calibrated_all`)."""
     out: dict[str, Any] = {}
     for key in ("predicted_s", "calibrated_s"):
-        for held_out in (True, False):
-            errs = sorted(errors(key, held_out))
+        for split, wanted in (("held_out", False), ("calibration", True), ("all", None)):
+            errs = sorted(abs(r[key] - r["measured_s"]) / r["measured_s"] for r in rows
+                          if key in r and wanted in (None, r["calibration"]))
             if errs:
-                mid = len(errs) // 2
-                median = errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2
-                out[f"{key.removesuffix('_s')}_{'held_out' if held_out else 'calibration'}"] = {
-                    "median_abs_error": median, "worst_abs_error": errs[-1], "count": len(errs)}
+                out[f"{key.removesuffix('_s')}_{split}"] = {
+                    "median_abs_error": statistics.median(errs), "worst_abs_error": errs[-1], "count": len(errs)}
     return out
