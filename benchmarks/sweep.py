@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.hardware import NodeSpec  # noqa: E402
 from planner.plan import TIERS, Plan  # noqa: E402
+from planner.probe_reference import pinned_plan  # noqa: E402
 from planner.profile import Profile, load_profile  # noqa: E402
 from planner.sim.report import simulate  # noqa: E402
 
@@ -88,16 +89,12 @@ CALIBRATION = ("S-cpu-cpu", "M-nvme-nvme", "L-gpu-gpu-t2", "M-cpu-nvme")
 
 def plan_for(config: Config, node: NodeSpec, nvme_path: str) -> Plan:
     layers, hidden, heads = SIZES[config.size]
+    model = {"name": config.size, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
+             "seq_len": SEQ, "vocab_size": VOCAB}
     placement = {"params": config.params, "gradients": config.gradients, "optimizer_states": config.optimizer,
                  "activation_checkpoints": config.checkpoints}
-    uses_nvme = "nvme" in placement.values()
-    return Plan.from_dict({
-        "model": {"name": config.size, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
-                  "seq_len": SEQ, "vocab_size": VOCAB},
-        "hardware": node.to_dict(), "num_gpus": 1, "precision": "bf16", "placement": placement,
-        "micro_batch_per_gpu": config.batch, "checkpoint_interval": config.checkpoint_interval,
-        "tiling_factor": config.tiling, "nvme_path": nvme_path if uses_nvme else None,
-    })
+    return pinned_plan(node, model, placement, micro_batch_per_gpu=config.batch,
+                       checkpoint_interval=config.checkpoint_interval, tiling_factor=config.tiling, nvme_path=nvme_path)
 
 
 def step_times_s(profile: Profile) -> list[float]:

@@ -60,16 +60,25 @@ REFERENCE_RUNS = (
 )
 
 
+def pinned_plan(node: NodeSpec, model: dict, placement: dict[str, str], *, micro_batch_per_gpu: int,
+                checkpoint_interval: int, nvme_path: str, tiling_factor: int = 1, where: str = "plan") -> Plan:
+    """A one-GPU bf16 plan with every knob pinned, as the runtime is asked to train it here: the
+    probe's reference runs and benchmarks/sweep.py's configurations."""
+    return Plan.from_dict({
+        "model": model, "hardware": node.to_dict(), "num_gpus": 1, "precision": "bf16", "placement": placement,
+        "micro_batch_per_gpu": micro_batch_per_gpu, "checkpoint_interval": checkpoint_interval,
+        "tiling_factor": tiling_factor, "nvme_path": nvme_path if "nvme" in placement.values() else None,
+    }, where)
+
+
 def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str) -> Plan:
+    model = {"name": f"probe-{run.name}", "num_layers": run.num_layers, "hidden_size": run.hidden_size,
+             "num_heads": run.num_heads, "seq_len": run.seq_len, "vocab_size": REFERENCE_VOCAB}
     placement = {"params": run.params, "gradients": run.gradients, "optimizer_states": run.optimizer_states,
                  "activation_checkpoints": "cpu"}
-    return Plan.from_dict({
-        "model": {"name": f"probe-{run.name}", "num_layers": run.num_layers, "hidden_size": run.hidden_size,
-                  "num_heads": run.num_heads, "seq_len": run.seq_len, "vocab_size": REFERENCE_VOCAB},
-        "hardware": node.to_dict(), "num_gpus": 1, "precision": "bf16", "placement": placement,
-        "micro_batch_per_gpu": run.micro_batch_per_gpu, "checkpoint_interval": run.checkpoint_interval,
-        "nvme_path": nvme_path if "nvme" in placement.values() else None,
-    }, f"reference run {run.name}")
+    return pinned_plan(node, model, placement, micro_batch_per_gpu=run.micro_batch_per_gpu,
+                       checkpoint_interval=run.checkpoint_interval, nvme_path=nvme_path,
+                       where=f"reference run {run.name}")
 
 
 def calibrate_on_reference_runs(
