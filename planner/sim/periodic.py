@@ -127,7 +127,7 @@ def simulate_periodic(plan: Plan) -> SimResult:
         timelines = stretch(longer.timelines, windows(longer, pair.window_unit), repeats,
                             _resident_growth(longer.plan, plan))
         # A unit is a checkpoint segment, or a block of the one segment there is without checkpointing.
-        segments = longer.num_segments + (repeats if plan.checkpoint_interval else 0)
+        segments = longer.timelines.num_segments + (repeats if plan.checkpoint_interval else 0)
         timelines = dataclasses.replace(timelines, num_segments=segments)
         summary = extend(shorter.summary, longer.summary, repeats, timelines)
     except NotPeriodic:
@@ -290,7 +290,7 @@ def _stretch_intervals(spans: list[tuple[float, float, str]], pieces: list[_Piec
             shift = p.shift_s + m * p.period_s
             copy = [(a + shift, b + shift, label) for a, b, label in inside]
             # An interval the cut split continues across it: rejoin it (its pieces touch to rounding).
-            if copy and out and out[-1][2] == copy[0][2] and copy[0][0] - out[-1][1] <= _JOIN * abs(copy[0][0]):
+            if copy and _continues(out, copy[0]):
                 out[-1] = (out[-1][0], copy[0][1], copy[0][2])
                 copy = copy[1:]
             out += copy
@@ -314,6 +314,11 @@ def _value_before(points: list[tuple[float, float]], t: float) -> float:
     return points[i - 1][1] if i > 0 else 0.0
 
 
+def _continues(out: list[tuple[float, float, str]], span: tuple[float, float, str]) -> bool:
+    """`span` carries on `out`'s last interval: the same label, starting where it ended (to rounding)."""
+    return bool(out) and out[-1][2] == span[2] and span[0] - out[-1][1] <= _JOIN * abs(span[0])
+
+
 def _joined(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
     """Same-label intervals that touch (to rounding) as one, empty ones dropped: the form two
     timelines are compared in (a simulated link may stop and start again at one instant)."""
@@ -321,7 +326,7 @@ def _joined(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, s
     for a, b, label in spans:
         if b <= a:
             continue
-        if out and out[-1][2] == label and a - out[-1][1] <= _JOIN * abs(a):
+        if _continues(out, (a, b, label)):
             out[-1] = (out[-1][0], b, label)
         else:
             out.append((a, b, label))

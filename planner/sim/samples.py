@@ -28,7 +28,6 @@ class Sample:
     """Without memory curves (see `timelines`)."""
     timelines: Timelines
     unit_start_s: dict[tuple[str, int], float]
-    num_segments: int
 
 
 KEPT_PLANS = 8
@@ -63,7 +62,7 @@ def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
             optimizer = chunked_step(plan, work, 1)
         sim = Simulation(small, workload=work, optimizer=optimizer).run()
         samples[layers] = Sample(plan=small, summary=summarize(sim, timelines=False), timelines=timelines_of(sim),
-                                 unit_start_s=dict(sim.unit_start_s), num_segments=sim.work.num_segments)
+                                 unit_start_s=dict(sim.unit_start_s))
     if missing:
         with _kept_lock:
             _kept[key] = samples
