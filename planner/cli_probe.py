@@ -45,14 +45,17 @@ def probe(
         raise PlannerError(
             f"planner probe needs the runtime extra ({error.name} is missing): pip install 'tierwise[runtime]'"
         ) from None
+    def log(message: str) -> None:
+        sys.stderr.write(f"probe: {message}\n")
+
     busy = _busy_warning()
     if busy:
-        sys.stderr.write(f"probe: warning: {busy}\n")
+        log(f"warning: {busy}")
     doc = probe_node(
         nvme_path=directory,
         nvme_test_bytes=max(64 * 1024**2, int(nvme_test_gib * GIB)),
         name=name,
-        log=lambda message: sys.stderr.write(f"probe: {message}\n"),
+        log=log,
     )
     if busy:
         doc["notes"] = f"{doc['notes']} Probed while busy: {busy}"
@@ -60,8 +63,7 @@ def probe(
     if calibrate if calibrate is not None else spec.host_is_device:
         from planner.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs
 
-        fit = calibrate_on_reference_runs(spec, str(directory),
-                                          log=lambda message: sys.stderr.write(f"probe: {message}\n"))
+        fit = calibrate_on_reference_runs(spec, str(directory), log=log)
         factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
         spec = fit.node.replace(name=spec.name, notes=(
             f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime (planner/probe_reference.py "
