@@ -51,6 +51,7 @@ class ParamUnit:
         compute_dtype: torch.dtype,
         ledger: MemoryLedger,
         link_bytes: dict[str, int],
+        transient_buffers: dict[int, ParamUnit] | None = None,
     ) -> None:
         self.name = name
         self.params = params
@@ -67,6 +68,12 @@ class ParamUnit:
         self._staged: Pending | None = None
         self._gathering: Gathered | None = None
         self._full: torch.Tensor | None = None
+        self._full_is_transient = False
+        """The gathered buffer is one of its own (a read, a gather or a cast), freed by `reshard`,
+        rather than the shard where it lives."""
+        self.transient_buffers = {} if transient_buffers is None else transient_buffers
+        """Storage address -> unit, for every gathered buffer that is transient (shared by the model's
+        units; see [Note: saved parameters] in runtime/sharding.py)."""
         self._held: list[tuple[str, str, int]] = []
         """(tier, term, bytes) charged for the staged or gathered buffers, released on reshard."""
         self._grad_flat: torch.Tensor | None = None
@@ -103,11 +110,18 @@ class ParamUnit:
         assert self._staged is not None
         shard = self._staged.wait()
         self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
-        if self._gathering.output is not shard or self._staged.fresh:
+        self._full_is_transient = self._gathering.output is not shard or self._staged.fresh
+        if self._full_is_transient:
             self._release_charges()
             self._charge("gpu", "prefetch_gathered_params" if prefetch else "mswm", self.full_bytes)
         self._staged = None
         self.state = UnitState.GATHERING
+
+    @property
+    def full(self) -> torch.Tensor:
+        """The gathered flat buffer (the unit must be GATHERED)."""
+        assert self._full is not None, f"unit {self.name} is not gathered"
+        return self._full
 
     def claim(self) -> None:
         """The unit's use begins: a buffer gathered ahead now counts as working memory (eq. 4)."""
@@ -121,6 +135,8 @@ class ParamUnit:
         assert self._gathering is not None
         self._full = self._gathering.wait()
         self._gathering = None
+        if self._full_is_transient:
+            self.transient_buffers[self._full.untyped_storage().data_ptr()] = self
         self.claim()
         for p, view in zip(self.params, self.layout.views(self._full), strict=True):
             p.data = view
@@ -136,6 +152,8 @@ class ParamUnit:
         if self.state is not UnitState.SHARDED:
             for p in self.params:
                 p.data = self._empty
+            if self._full is not None and self._full_is_transient:
+                self.transient_buffers.pop(self._full.untyped_storage().data_ptr(), None)
             self._full = None
         self._release_charges()
         self.state = UnitState.SHARDED

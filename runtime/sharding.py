@@ -15,6 +15,20 @@ end of backward (autograd callback): finish reduce-scatters, reshard everything 
 
 With more than one rank, every rank must use the same parameters in a backward (as with FSDP): a
 unit's reduce-scatter is a collective that all ranks issue in the same order.
+
+[Note: saved parameters]
+Autograd saves what backward needs, and an operator's weight is among it (a Linear's grad input is
+grad_output @ W). What it saves holds the tensor's *storage*: setting `p.data` to an empty tensor at
+reshard does not free the gathered buffer a forward view came from, so without checkpointing every
+unit's buffer (a read from NVMe, an all-gather output, a cast) stayed alive from its forward to its
+backward, the whole model's parameters at the end of forward, which no memory bill holds. While a
+forward runs, saved tensors therefore go through `saved_tensors_hooks` (pushed outermost, for the
+root's forward): a view of a transient gathered buffer is packed as (unit, offset, size, stride)
+and unpacked as the same view of the buffer the unit is gathered into for its backward (FSDP keeps
+the storage object and refills it instead; a recycled direct-I/O buffer cannot be resized in place).
+Views of a shard that lives in memory (the unit gathers nothing) are saved as they are. Checkpointed
+segments push torch's own hooks inside ours, so only the tensors saved outside them reach ours, and
+the recompute in backward runs without ours.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -51,6 +65,16 @@ class StepPhase(enum.Enum):
     IDLE = enum.auto()
     FORWARD = enum.auto()
     BACKWARD = enum.auto()
+
+
+class _SavedView(NamedTuple):
+    """A saved tensor that viewed a unit's transient gathered buffer (see [Note: saved parameters])."""
+
+    unit: ParamUnit
+    offset: int
+    """Elements from the buffer's first element to the view's."""
+    size: torch.Size
+    stride: tuple[int, ...]
 
 
 class ShardedModel:
@@ -83,6 +107,9 @@ class ShardedModel:
         self.loss_scaler: Any = None
         self._reduces: deque[tuple[ParamUnit, Reduced]] = deque()
         self._handles: list[Any] = []
+        self.transient_buffers: dict[int, ParamUnit] = {}
+        """Storage address -> unit gathered into it, for transient gathered buffers."""
+        self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
 
     def _store(self, tier: str, term: str, name: str) -> ShardStore:
         return make_store(tier, term=term, ledger=self.ledger, copier=self.copier, name=name, swap=self.swap)
@@ -113,8 +140,38 @@ class ShardedModel:
         if self.phase is StepPhase.IDLE:
             self.phase = StepPhase.FORWARD
             self.profiler.begin("forward")
+            if torch.is_grad_enabled() and self._saving is None:
+                self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack_saved, self._unpack_saved)
+                self._saving.__enter__()
+
+    def stop_saving(self, *args: Any) -> None:  # noqa: ARG002 - also a forward hook (always called)
+        """Pop the saved-tensor hooks of [Note: saved parameters] (after a forward, or its failure)."""
+        if self._saving is not None:
+            saving, self._saving = self._saving, None
+            saving.__exit__(None, None, None)
+
+    def _pack_saved(self, t: torch.Tensor) -> torch.Tensor | _SavedView:
+        if t.layout is not torch.strided or not self.transient_buffers:
+            return t
+        unit = self.transient_buffers.get(t.untyped_storage().data_ptr())
+        if unit is None or t.dtype != unit.full.dtype:
+            return t
+        offset = t.storage_offset() - unit.full.storage_offset()
+        last = offset + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+        if t.numel() == 0 or offset < 0 or last >= unit.full.numel():
+            return t
+        return _SavedView(unit, offset, t.shape, t.stride())
+
+    def _unpack_saved(self, saved: torch.Tensor | _SavedView) -> torch.Tensor:
+        if not isinstance(saved, _SavedView):
+            return saved
+        unit = saved.unit
+        unit.unshard()  # normally gathered already, by the hook on its outputs' gradients
+        full = unit.full
+        return full.as_strided(saved.size, saved.stride, full.storage_offset() + saved.offset)
 
     def root_post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:  # noqa: ARG002
+        self.stop_saving()
         if self.phase is not StepPhase.FORWARD:
             return output
         self.profiler.end("forward")
@@ -268,6 +325,7 @@ def shard(
         handles.append(module.register_forward_hook(state.post_forward(indices)))
     # Registered last so it runs after every module hook of the root itself.
     handles.append(model.register_forward_hook(state.root_post_forward))
+    handles.append(model.register_forward_hook(state.stop_saving, always_call=True))  # a failed forward too
     for unit in state.units:
         for index, p in enumerate(unit.params):
             if p.requires_grad:
@@ -361,7 +419,7 @@ def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> Pa
             p.data = empty  # drop the full parameter: only the shard remains
     unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=state.param_store,
                      grad_store=state.grad_store, compute_dtype=config.compute_dtype, ledger=state.ledger,
-                     link_bytes=state.profiler.link_bytes)
+                     link_bytes=state.profiler.link_bytes, transient_buffers=state.transient_buffers)
     # Not an allocation the runtime makes but what each operator's objects cost (the memory model's
     # constant, measured by tests/nvme_memory_probe.py), so that the host tier compares with the bill.
     state.ledger.add("cpu", "runtime_bookkeeping", BOOKKEEPING_BYTES_PER_OPERATOR)

@@ -207,3 +207,31 @@ def test_states_written_between_steps_are_read_afresh(tmp_path: Path) -> None:
         opt.close()
         st.close()
     assert_bitwise(results[0], results[1])
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_forward_without_checkpointing_keeps_no_parameter_reads_for_backward(depth: int, tmp_path: Path) -> None:
+    """[Note: saved parameters]: what autograd saves of a weight must not pin the buffer the weight was
+    read into. Before, every unit's read buffer stayed alive from its forward to its backward, so at
+    the end of forward the whole model's parameters were in host memory."""
+    import runtime
+    from runtime.gpt import GPT, GPTConfig
+    from runtime.sharding import state_of
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(num_layers=6, hidden_size=64, num_heads=4, seq_len=16, vocab_size=64))
+    plan = plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path), prefetch_depth=depth,
+                    model={"num_layers": 6, "hidden_size": 64, "num_heads": 4, "seq_len": 16, "vocab_size": 64})
+    model = runtime.shard(model, plan)
+    state = state_of(model)
+    read_bytes = sorted(-(-u.layout.shard_numel * 4 // 4096) * 4096 for u in state.units)
+    tokens = batches(1)[0][:, :17] % 64
+    for _ in range(2):  # the second forward follows the recorded order, prefetching `depth` ahead
+        loss = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss
+        held = state.swap.recycler.leased_bytes
+        loss.backward()
+    # At most the units from the one in use to the deepest prefetch, and the tied embedding, which
+    # stays gathered from its use as the output head until its backward.
+    assert held <= (depth + 2) * read_bytes[-1]
+    assert held < sum(read_bytes) / 2
+    state.close()
