@@ -14,7 +14,9 @@ of that shard still in flight, and write staging is two reused page-aligned buff
 shard (the memory model's `gradient_swap_buffers`): a write takes the free one, or waits for the
 older of the two writes in flight. Reusing them (instead of a fresh buffer per write) spares the
 kernel zeroing new pages for every gradient byte; `drain` gives them back, so host memory stays
-within the plan's bill between steps too.
+within the plan's bill between steps too (the gradient store keeps its two from step to step: the
+bill holds them throughout, and fresh ones cost page faults every step, see [Note: recycled read
+buffers]).
 Reads return a `Pending` that waits for the I/O; the store also keeps every read handle until it
 finished, because a prefetch nobody waited for must not land in freed memory.
 """
@@ -71,15 +73,19 @@ class NvmeSpace:
     """This rank's swap directory, engine and the capacity of each state's swap file."""
 
     def __init__(self, nvme_path: str, *, rank: int, capacity_bytes: dict[str, int], node_needed_bytes: int,
-                 block_size_bytes: int) -> None:
+                 block_size_bytes: int, read_buffers: int = 2) -> None:
         self.capacity_bytes = {name: round_up(b) for name, b in capacity_bytes.items()}
         _remove_stale(nvme_path)
         self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
         self.engine = IOEngine(EngineConfig(block_size_bytes=block_size_bytes))
         self._files: dict[str, SwapStore] = {}
-        self.recycler = BufferRecycler(max_free_bytes=0)
+        self.read_buffers = read_buffers
+        """How many shard reads the memory bill holds in host memory at once: the host swap buffers
+        (2), or, where the host is the compute device, every unit from the one in use to the
+        deepest prefetch (depth + 1)."""
+        self.recycler = BufferRecycler(max_held_bytes=0)
         """Host buffers that shard reads land in, reused once freed ([Note: recycled read buffers]);
-        `NvmeStore.create` raises its bound to two of the largest shard."""
+        `NvmeStore.create` raises its bound to `read_buffers` of the largest shard."""
 
     def swap_file(self, name: str) -> SwapStore:
         if name not in self._files:
@@ -131,6 +137,7 @@ class NvmeStore(ShardStore):
         self.file = swap.swap_file(self.name)
         self.engine = swap.engine
         self.recycler = swap.recycler
+        self.read_buffers = swap.read_buffers
         self._extents: dict[str, tuple[Extent, torch.dtype, int]] = {}
         self._writes: dict[str, list[Handle]] = {}
         self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
@@ -150,7 +157,7 @@ class NvmeStore(ShardStore):
         size = numel * torch.empty(0, dtype=dtype).element_size()
         self._extents[key] = (self.file.allocate(size), dtype, numel)
         self.max_staged_write_bytes = max(self.max_staged_write_bytes, 2 * round_up(size))
-        self.recycler.max_free_bytes = max(self.recycler.max_free_bytes, self.max_staged_write_bytes)
+        self.recycler.max_held_bytes = max(self.recycler.max_held_bytes, self.read_buffers * round_up(size))
         self.ledger.add(self.tier, self.term, size)
         return None
 
@@ -209,13 +216,14 @@ class NvmeStore(ShardStore):
         _, stored, _ = self._extents[key]
         self.write(key, torch.zeros(numel, dtype=stored), offset)
 
-    def drain(self) -> None:
+    def drain(self, *, keep_staging: bool = False) -> None:
         while self._staged_writes:
             self._retire_oldest_staged()
-        for buffer in self._free_staging:
-            self.ledger.sub("cpu", self._staging_term, buffer.capacity_bytes)
-            buffer.close()
-        self._free_staging.clear()
+        if not keep_staging:
+            for buffer in self._free_staging:
+                self.ledger.sub("cpu", self._staging_term, buffer.capacity_bytes)
+                buffer.close()
+            self._free_staging.clear()
         for key in list(self._writes):
             self._wait_writes(key)
         reads, self._reads = self._reads, []

@@ -457,9 +457,11 @@ def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
     if place.optimizer_states == "nvme":
         capacity["optimizer_states"] = shards(4, optimizer_copies)
     assert plan.nvme_path is not None  # refused in plan_io
+    # Reads land in host memory; where that is the compute device they stay there until reshard.
+    read_buffers = config.prefetch_depth + 1 if config.device.type == "cpu" else 2
     return NvmeSpace(plan.nvme_path, rank=comm.rank, capacity_bytes=capacity,
                      node_needed_bytes=sum(capacity.values()) * local_world_size(),
-                     block_size_bytes=plan.nvme_block_bytes)
+                     block_size_bytes=plan.nvme_block_bytes, read_buffers=max(2, read_buffers))
 
 
 def _default_init_fn(model: nn.Module) -> Callable[[nn.Module], None]:

@@ -137,8 +137,9 @@ class ShardStore(ABC):
         self._shards[key][offset : offset + src.numel()].copy_(src)
         return Pending(src)
 
-    def drain(self) -> None:
-        """Wait for every transfer this store started (a no-op for in-memory stores)."""
+    def drain(self, *, keep_staging: bool = False) -> None:  # noqa: ARG002
+        """Wait for every transfer this store started (a no-op for in-memory stores), and give back
+        the write staging unless `keep_staging`."""
         return
 
     def close(self) -> None:

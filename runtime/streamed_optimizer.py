@@ -132,10 +132,11 @@ class StreamedAdamW:
             while reads:
                 self._retire(reads.popleft())
             self._drop_prefetched()  # only left over when the step failed
-            # Give back the write staging of the gradients (and of the compute copies of the
-            # parameters, in mixed precision) until the next backward needs it.
-            for store in (self.state.grad_store, self.state.param_store):
-                store.drain()
+            # Let the writes land. The gradients' write staging stays for the next backward (the
+            # bill's gradient_swap_buffers); that of the compute copies of the parameters (mixed
+            # precision) is given back, since the forward's reads need the room.
+            self.state.grad_store.drain(keep_staging=True)
+            self.state.param_store.drain()
         self._prefetch_next()
 
     def close(self) -> None:

@@ -169,7 +169,7 @@ def test_buffer_pool_pins_once_and_bounds_buffers_in_use():
 
 def test_recycled_buffer_comes_back_when_the_last_view_is_freed():
     torch = pytest.importorskip("torch")
-    recycler = BufferRecycler(max_free_bytes=2 * 12288)
+    recycler = BufferRecycler(max_held_bytes=3 * 12288)
     first = torch.from_numpy(recycler.lease(10_000)).view(torch.float32)
     address = first.data_ptr()
     assert address % 4096 == 0 and first.numel() == 2500
@@ -183,8 +183,11 @@ def test_recycled_buffer_comes_back_when_the_last_view_is_freed():
     assert (again.data_ptr(), recycler.num_reused, recycler.free_bytes) == (address, 1, 0)
     assert other.data_ptr() != address
     extra = [torch.from_numpy(recycler.lease(10_000)) for _ in range(3)]
+    assert recycler.leased_bytes == 4 * 12288 + 8192
     del again, extra
-    assert recycler.free_bytes == 2 * 12288  # the rest were unmapped
+    # Kept while leased (`other`, 8192 bytes) and kept add up to at most the bound: two of the four;
+    # the rest were unmapped.
+    assert (recycler.leased_bytes, recycler.free_bytes) == (8192, 2 * 12288)
     recycler.close()
     assert recycler.free_bytes == 0
     other.fill_(1)  # still valid after close; unmapped when freed

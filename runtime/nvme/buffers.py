@@ -117,15 +117,17 @@ class BufferRecycler:
     that the compute then holds for as long as it needs (autograd may keep views of them), so the
     store cannot say when a buffer is free; the buffer's lifetime can: `lease` returns a numpy
     array (torch.from_numpy keeps it alive as long as any tensor storage uses it) whose lease gives
-    the buffer back when the array is freed. At most `max_free_bytes` of free buffers are kept (the
-    rest are unmapped), and a buffer is reused only for a request of its own size, so a recycled
-    buffer never holds more memory than a fresh one would.
+    the buffer back when the array is freed. A freed buffer is kept only while the buffers leased
+    and kept add up to at most `max_held_bytes` (the rest are unmapped), and a buffer is reused
+    only for a request of its own size, so a recycled buffer never holds more memory than a fresh
+    one would and the recycler never holds more than the memory bill sets aside for these reads.
     """
 
-    def __init__(self, max_free_bytes: int) -> None:
-        self.max_free_bytes = max_free_bytes
+    def __init__(self, max_held_bytes: int) -> None:
+        self.max_held_bytes = max_held_bytes
         self._free: dict[int, list[AlignedBuffer]] = {}
         self._free_bytes = 0
+        self._leased_bytes = 0
         self._lock = threading.Lock()  # a tensor may be freed on another thread (autograd's)
         self._closed = False
         self.num_reused = 0
@@ -133,6 +135,11 @@ class BufferRecycler:
     @property
     def free_bytes(self) -> int:
         return self._free_bytes
+
+    @property
+    def leased_bytes(self) -> int:
+        """Bytes of the buffers handed out and not freed yet."""
+        return self._leased_bytes
 
     def lease(self, nbytes: int) -> np.ndarray:
         """A zero-copy uint8 array of `nbytes` on page-aligned memory, reused when one is free."""
@@ -143,13 +150,16 @@ class BufferRecycler:
             if buffer is not None:
                 self._free_bytes -= capacity
                 self.num_reused += 1
+            self._leased_bytes += capacity
         if buffer is None:
             buffer = AlignedBuffer(capacity)
         return np.asarray(_Lease(buffer, self, nbytes))
 
     def give_back(self, buffer: AlignedBuffer) -> None:
         with self._lock:
-            keep = not self._closed and self._free_bytes + buffer.capacity_bytes <= self.max_free_bytes
+            self._leased_bytes -= buffer.capacity_bytes
+            held = self._leased_bytes + self._free_bytes + buffer.capacity_bytes
+            keep = not self._closed and held <= self.max_held_bytes
             if keep:
                 self._free.setdefault(buffer.capacity_bytes, []).append(buffer)
                 self._free_bytes += buffer.capacity_bytes
