@@ -258,6 +258,12 @@ class ShardedModel:
         for unit in self.units:
             unit.reshard()
 
+    def wait_io(self) -> None:
+        """Wait for every NVMe transfer in flight, the optimizer's reads of the next step's states
+        included (benchmarks time whole steps with it); buffers stay where they are."""
+        for store in (self.param_store, self.grad_store, self.optimizer_store):
+            store.drain(keep_staging=True)
+
     def finish_pending(self) -> None:
         """Called before the optimizer step (a no-op when backward ended normally)."""
         assert self.phase is not StepPhase.BACKWARD, "optimizer step inside backward"
