@@ -107,6 +107,8 @@ class ShardedModel:
         self.loss_scaler: Any = None
         self._reduces: deque[tuple[ParamUnit, Reduced]] = deque()
         self._handles: list[Any] = []
+        self.after_unit_backward: list[Callable[[], None]] = []
+        """Called each time a unit's backward is over (the streamed optimizer reads ahead from it)."""
         self.transient_buffers: dict[int, ParamUnit] = {}
         """Storage address -> unit gathered into it, for transient gathered buffers."""
         self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
@@ -228,6 +230,8 @@ class ShardedModel:
             if unit.on_grad(index, param):
                 self._start_reduce(unit)
                 unit.reshard()
+                for callback in self.after_unit_backward:
+                    callback()
 
         return hook
 

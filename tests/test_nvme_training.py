@@ -182,9 +182,8 @@ def test_host_memory_of_an_nvme_step_stays_within_the_plans_budget(layers: int, 
 
 
 def test_states_written_between_steps_are_read_afresh(tmp_path: Path) -> None:
-    """A step reads the next step's first chunks ahead; writing a master shard in between (as
-    loading a checkpoint does) must make the next step use what was written, bit for bit as in
-    host memory."""
+    """Backward reads the step's first chunks ahead; writing a master shard in between (as loading
+    a checkpoint does) must make the step use what was written, bit for bit as in host memory."""
     import runtime
     from runtime.sharding import state_of
 
@@ -194,13 +193,13 @@ def test_states_written_between_steps_are_read_afresh(tmp_path: Path) -> None:
         opt = runtime.AdamW(model, lr=1e-3, weight_decay=0.1)
         st = state_of(model)
         for i, tokens in enumerate(batches(3)):
+            model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
             if i == 2:
                 if placement is ALL_NVME:
                     assert opt._streamed is not None and opt._streamed._prefetched  # read ahead
                 unit = next(u for u in st.units if u.num_grad_params)
                 store, key = st.master_at[unit.key]
                 store.write_from(key, torch.full((unit.layout.shard_numel,), 0.5)).wait()
-            model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
             opt.step()
             opt.zero_grad()
         results.append(([], st.full_parameters()))
