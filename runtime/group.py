@@ -33,7 +33,13 @@ class UnitState(enum.Enum):
 
 STAGE_TERMS = {0: ("gpu", "mswm"), 1: ("gpu", "prefetch_gathered_params"), 2: ("gpu", "prefetch_shard_staging"),
                3: ("cpu", "param_swap_buffers")}
-"""Operators ahead of use -> (tier, memory-bill term) of a shard staged that far ahead."""
+"""Operators ahead of use -> (tier, memory-bill term) of a shard staged that far ahead. A shard read
+from NVMe (a store whose states are not resident) lands in a host buffer and stays there until its
+all-gather, so from 2 ahead it is one of the host `param_swap_buffers` (`stage_term`)."""
+
+
+def stage_term(ahead: int, *, resident: bool) -> tuple[str, str]:
+    return STAGE_TERMS[ahead if resident or ahead < 2 else 3]
 
 
 class ParamUnit:
@@ -100,7 +106,8 @@ class ParamUnit:
         if self.state is UnitState.SHARDED and self._staged is None:
             self._staged = self.param_store.read(self.key, self.compute_dtype)
             if self._staged.fresh:
-                self._charge(*STAGE_TERMS[ahead], self.layout.shard_numel * self._empty.element_size())
+                self._charge(*stage_term(ahead, resident=self.param_store.resident_states),
+                             self.layout.shard_numel * self._empty.element_size())
 
     def start_gather(self, *, prefetch: bool) -> None:
         """SHARDED -> GATHERING: start the all-gather (after the staged shard arrived)."""
