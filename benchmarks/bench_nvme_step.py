@@ -422,9 +422,9 @@ def write_results(doc: dict) -> None:
                   for ph, v in adj["phases"].items()]
         lines += [""]
     lines += ["Phase ideal times: forward reads P, backward reads P and writes P, the optimizer reads 4P and "
-              "writes 3P (P: parameter bytes), at the adjacent probe's read and write bandwidth; the optimizer's "
-              "read-ahead of the next step's first chunks overlaps the next forward, so phases can beat their own "
-              "ideal while the step cannot beat the roofline.", "",
+              "writes 3P (P: parameter bytes), at the adjacent probe's read and write bandwidth; backward also "
+              "reads the optimizer's first chunks' states ahead (counted in the optimizer's ideal), so the "
+              "optimizer can beat its own ideal while the step cannot beat the roofline.", "",
               "Targets (issue 5): ours-nvme / deepspeed-nvme <= 0.75 and ours-nvme step / I/O roofline <= 1.2. "
               "The roofline ratio is meaningful on the io-bound config; on the design config the compute of the "
               "step alone (ours-cpu) is longer than the roofline on this 2-core CPU-only machine, which bounds the "
