@@ -77,6 +77,11 @@ class ParamUnit:
         self._full_is_transient = False
         """The gathered buffer is one of its own (a read, a gather or a cast), freed by `reshard`,
         rather than the shard where it lives."""
+        self._hollow: torch.Tensor | None = None
+        """After a recompute use: the gathered buffer with its memory freed in place, to be refilled
+        for the unit's backward ([Note: recompute releases parameters] in runtime/sharding.py)."""
+        self.backward_begun = False
+        """The unit's own backward began (its outputs' gradient arrived) since it was last resharded."""
         self.transient_buffers = {} if transient_buffers is None else transient_buffers
         """Storage address -> unit, for every gathered buffer that is transient (shared by the model's
         units; see [Note: saved parameters] in runtime/sharding.py)."""
@@ -142,12 +147,50 @@ class ParamUnit:
         assert self._gathering is not None
         self._full = self._gathering.wait()
         self._gathering = None
+        if self._hollow is not None:  # refill, in place, the buffer a recompute's saved tensors view
+            hollow, self._hollow = self._hollow, None
+            hollow.untyped_storage().resize_(self._full.numel() * self._full.element_size())
+            hollow.copy_(self._full)
+            self._full = hollow
         if self._full_is_transient:
             self.transient_buffers[self._full.untyped_storage().data_ptr()] = self
         self.claim()
         for p, view in zip(self.params, self.layout.views(self._full), strict=True):
             p.data = view
         self.state = UnitState.GATHERED
+
+    def own_buffer(self) -> None:
+        """Before a recompute use: make the transient gathered buffer a torch allocation, whose memory
+        `hollow` can free in place (a direct-I/O read buffer is copied into one)."""
+        if self.state is not UnitState.GATHERED or not self._full_is_transient or self.backward_begun:
+            return
+        full = self.full
+        if full.untyped_storage().resizable():
+            return
+        owned = torch.empty_like(full)
+        owned.copy_(full)
+        self.transient_buffers.pop(full.untyped_storage().data_ptr(), None)
+        self.transient_buffers[owned.untyped_storage().data_ptr()] = self
+        self._full = owned
+        for p, view in zip(self.params, self.layout.views(owned), strict=True):
+            p.data = view
+
+    def hollow(self) -> None:
+        """After a recompute use: -> SHARDED, freeing the gathered buffer's memory but keeping its
+        storage object, which the recompute's saved tensors view; `unshard` refills it in place."""
+        if self.state is not UnitState.GATHERED or not self._full_is_transient or self.backward_begun:
+            return
+        full = self.full
+        storage = full.untyped_storage()
+        if not storage.resizable():
+            return
+        for p in self.params:
+            p.data = self._empty
+        self.transient_buffers.pop(storage.data_ptr(), None)
+        storage.resize_(0)
+        self._hollow, self._full = full, None
+        self._release_charges()
+        self.state = UnitState.SHARDED
 
     def reshard(self) -> None:
         """-> SHARDED: drop the full buffer (parameters point at an empty tensor again) and any shard
@@ -162,6 +205,8 @@ class ParamUnit:
             if self._full is not None and self._full_is_transient:
                 self.transient_buffers.pop(self._full.untyped_storage().data_ptr(), None)
             self._full = None
+        self._hollow = None
+        self.backward_begun = False
         self._release_charges()
         self.state = UnitState.SHARDED
 

@@ -10,7 +10,8 @@ forward:  module pre-hook -> prefetch ahead, gather; module post-hook -> reshard
 backward: output-gradient hook -> prefetch ahead, gather; each parameter's post-accumulate-grad hook
           files its gradient; the unit's last one starts the reduce-scatter and reshards the unit.
           Recomputation (activation checkpointing) re-enters the forward hooks during backward:
-          those gather but do not reshard, because the unit's backward comes right after.
+          those gather, and release the buffer's memory in place after the use
+          ([Note: recompute releases parameters]).
 end of backward (autograd callback): finish reduce-scatters, reshard everything left, phase IDLE.
 
 With more than one rank, every rank must use the same parameters in a backward (as with FSDP): a
@@ -29,6 +30,17 @@ the storage object and refills it instead; a recycled direct-I/O buffer cannot b
 Views of a shard that lives in memory (the unit gathers nothing) are saved as they are. Checkpointed
 segments push torch's own hooks inside ours, so only the tensors saved outside them reach ours, and
 the recompute in backward runs without ours.
+
+[Note: recompute releases parameters]
+A checkpointed segment's backward first re-runs its forward, and torch's checkpoint frame keeps what
+that recompute saved (views of the units' gathered buffers) until each operator's backward. Holding
+the buffers that long would keep a whole segment's parameters gathered at once, where the paper's
+schedule (eq. 4) and the memory bill hold one operator; so after its recompute use a unit `hollow`s
+its buffer: the storage object stays (the saved views keep pointing at it) but its memory is freed
+(`resize_(0)`), and the unit's backward gathers again and copies into it (FSDP2 frees and refills
+its unsharded parameters the same way). Only torch allocations can be resized, so before a
+recompute use a direct-I/O read buffer is copied into one (`own_buffer`). A unit whose backward has
+begun (the segment's last, whose output gradient triggered the recompute) is not hollowed.
 """
 
 from __future__ import annotations
@@ -193,14 +205,20 @@ class ShardedModel:
 
     def pre_forward(self, indices: list[int]) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any) -> None:  # noqa: ARG001
-            self._use(indices, Phase.BACKWARD if self.phase is StepPhase.BACKWARD else Phase.FORWARD)
+            recompute = self.phase is StepPhase.BACKWARD
+            self._use(indices, Phase.BACKWARD if recompute else Phase.FORWARD)
+            if recompute:  # see [Note: recompute releases parameters]
+                for i in indices:
+                    self.units[i].own_buffer()
 
         return hook
 
     def post_forward(self, indices: list[int]) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:  # noqa: ARG001
-            if self.phase is not StepPhase.BACKWARD:  # see [Note: when a unit is gathered]
-                for i in indices:
+            for i in indices:  # see [Note: when a unit is gathered]
+                if self.phase is StepPhase.BACKWARD:
+                    self.units[i].hollow()
+                else:
                     self.units[i].reshard()
             if torch.is_grad_enabled():
                 for t in _tensors(output):
@@ -212,6 +230,8 @@ class ShardedModel:
     def _pre_backward(self, indices: list[int]) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:  # noqa: ARG001
             self._begin_backward(None)
+            for i in indices:
+                self.units[i].backward_begun = True
             self._use(indices, Phase.BACKWARD)
 
         return hook

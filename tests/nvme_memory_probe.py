@@ -34,10 +34,10 @@ def anon_rss_bytes() -> int:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
-def plan_for(nvme_path: str, layers: int, hidden: int) -> Plan:
+def plan_for(nvme_path: str, layers: int, hidden: int, checkpoint_interval: int = 1) -> Plan:
     return Plan.from_dict({
         "model": {"num_layers": layers, "hidden_size": hidden, "num_heads": 4, "seq_len": SEQ, "vocab_size": VOCAB},
-        "hardware": HARDWARE, "num_gpus": 1, "micro_batch_per_gpu": BATCH, "precision": "fp32", "checkpoint_interval": 1, "placement": ALL_NVME,
+        "hardware": HARDWARE, "num_gpus": 1, "micro_batch_per_gpu": BATCH, "precision": "fp32", "checkpoint_interval": checkpoint_interval, "placement": ALL_NVME,
         "nvme_path": nvme_path, "optimizer_chunk_bytes": 1 << 20, "num_optimizer_buffers": 3,
     })
 
@@ -75,11 +75,12 @@ def train(plan: Plan, steps: int, tokens: torch.Tensor, sample: bool) -> dict[st
 
 def main() -> None:
     nvme_path, layers, hidden, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    checkpoint_interval = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     torch.manual_seed(0)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
     train(plan_for(nvme_path, 1, 32), 2, tokens, sample=False)  # load the code paths before the baseline
     base = anon_rss_bytes()
-    plan = plan_for(nvme_path, layers, hidden)
+    plan = plan_for(nvme_path, layers, hidden, checkpoint_interval)
     bill = memory_bill(plan).peak_bytes
     out = train(plan, steps, tokens, sample=True)
     out["anon_rss_peak_delta_bytes"] = out.pop("anon_rss_peak_bytes") - base
