@@ -58,13 +58,13 @@ TERM_DOCS: dict[str, str] = {
     "awm": "activation working memory: bsz x seq x ci x (16 hd + 2 heads seq) [eq. 5]",
     "mswm": "model-state working memory: largest operator's params + grads / (mp x tiling) [eq. 4]",
     "prefetch_gathered_params": "next operator's gathered params, all-gathered ahead (depth >= 1)",
-    "prefetch_shard_staging": "operator i+2's shard staged on the GPU (depth >= 2, params off GPU)",
+    "prefetch_shard_staging": "operator i+2's shard staged on the GPU (depth >= 2, params in CPU memory)",
     "reduce_scatter_buffer": "one operator's full gradients in flight to reduce-scatter",
     "gradient_offload_staging": "double buffer of gradient shards on their way off the GPU",
     "checkpoint_offload_staging": "double buffer of one checkpoint on its way to the CPU",
     "logits": "bsz x seq x vocab logits and their fp32 gradient",
     "allocator_slack": f"{ALLOCATOR_SLACK_FRACTION:.0%} of the transient GPU terms (caching allocator)",
-    "param_swap_buffers": "pinned NVMe->CPU buffers for parameter shards fetched ahead (depth >= 3: i+2, i+3)",
+    "param_swap_buffers": "pinned NVMe->CPU buffers for parameter shards read ahead (depth >= 2: i+2; 3: i+3)",
     "optimizer_swap_buffers": "pinned chunk buffers of the streamed NVMe optimizer step",
     "gradient_swap_buffers": "pinned double buffer of gradient shards on their way to NVMe",
     "runtime_bookkeeping": "per-operator objects of the model and the runtime: (nl x (2 norms + linears x tiling) + 3) x 64 KiB per rank",
@@ -256,7 +256,8 @@ def memory_bill(plan: Plan) -> MemoryBill:
         gpu["mswm"] = op_working
         if depth >= 1:
             gpu["prefetch_gathered_params"] = unit_param_bytes
-        if depth >= 2 and not params_on_compute_device(plan):
+        if depth >= 2 and not params_on_compute_device(plan) and place.params != "nvme":
+            # A shard read from NVMe waits in a host swap buffer instead, until its all-gather.
             gpu["prefetch_shard_staging"] = unit_param_bytes / dp
     if "gradients" in plan.partitioned and dp > 1:
         gpu["reduce_scatter_buffer"] = largest_unit_params(plan) * compute
@@ -271,8 +272,9 @@ def memory_bill(plan: Plan) -> MemoryBill:
 
     # NVMe write staging: two of the largest shard in flight per state (runtime/nvme_store.py).
     unit_shard = largest_unit_params(plan) / dp
-    if place.params == "nvme" and "params" in plan.partitioned:
-        cpu["param_swap_buffers"] = 2 * _aligned(unit_shard * compute)
+    if place.params == "nvme" and "params" in plan.partitioned and depth >= 2:
+        # Shards read ahead of operator i+1 (i+2, and i+3 at depth 3) wait here (runtime/group.py).
+        cpu["param_swap_buffers"] = (min(depth, 3) - 1) * _aligned(unit_shard * compute)
     if place.optimizer_states == "nvme":
         cpu["optimizer_swap_buffers"] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
     if place.gradients == "nvme":

@@ -66,9 +66,14 @@ def test_offloaded_states_are_billed_per_node():
     # buffers the runtime holds for NVMe traffic are named terms
     for term in ("param_swap_buffers", "optimizer_swap_buffers", "gradient_swap_buffers"):
         assert bill.terms["cpu"][term] > 0
-    for term in ("awm", "mswm", "prefetch_gathered_params", "prefetch_shard_staging", "reduce_scatter_buffer",
+    for term in ("awm", "mswm", "prefetch_gathered_params", "reduce_scatter_buffer",
                  "gradient_offload_staging", "checkpoint_offload_staging", "allocator_slack"):
         assert bill.terms["gpu"][term] > 0
+    # Shards read ahead from NVMe (i+2, i+3 at depth 3) wait in host swap buffers, not on the GPU.
+    assert "prefetch_shard_staging" not in bill.terms["gpu"]
+    # Two shards (the gathered unit / 16 ranks, 4 KiB aligned) per GPU, 16 GPUs per node.
+    assert bill.terms["cpu"]["param_swap_buffers"] == pytest.approx(
+        2 * bill.terms["gpu"]["prefetch_gathered_params"] / 16 * 16, rel=1e-4)
     assert bill.fits, bill.reason()
 
 
