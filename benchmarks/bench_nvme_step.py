@@ -29,11 +29,12 @@ The probe also gives each step's read and write bandwidth, against which each ph
 compared with the ideal disk time of its bytes (`phase_budget`).
 
 [Note: blocks of steps]
-Our step ends by submitting the reads of the next step's first optimizer chunks, which in training
-overlap the next forward. Timed alone, those reads would run on while another system (or a probe)
-is timed: part of our I/O unpaid. Each system therefore runs `--block` consecutive steps (3) as
-one timed call, which for ours ends by waiting for every transfer still in flight
-(`ShardedModel.wait_io`); the per-step time, bytes and phases are the block's divided by its steps.
+A step of ours can leave I/O in flight when it returns (until 2026-11-22 it ended by submitting the
+reads of the next step's first optimizer chunks, which in training overlap the next forward). Timed
+alone, such I/O would run on while another system (or a probe) is timed: part of our I/O unpaid.
+Each system therefore runs `--block` consecutive steps (3) as one timed call, which for ours ends by
+waiting for every transfer still in flight (`ShardedModel.wait_io`); the per-step time, bytes and
+phases are the block's divided by its steps.
 A roofline probe sits next to each block, as above, sized to one step's bytes.
 
 Whole-run form (kept for comparison with earlier results): `planner probe`'s measurement

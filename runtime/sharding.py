@@ -283,8 +283,8 @@ class ShardedModel:
             unit.reshard()
 
     def wait_io(self) -> None:
-        """Wait for every NVMe transfer in flight, the optimizer's reads of the next step's states
-        included (benchmarks time whole steps with it); buffers stay where they are."""
+        """Wait for every NVMe transfer in flight (benchmarks time whole steps with it, I/O included);
+        buffers stay where they are."""
         for store in (self.param_store, self.grad_store, self.optimizer_store):
             store.drain(keep_staging=True)
 
