@@ -145,50 +145,41 @@ class ParamUnit:
             return
         self.start_gather(prefetch=False)
         assert self._gathering is not None
-        self._full = self._gathering.wait()
+        full = self._gathering.wait()
         self._gathering = None
         if self._hollow is not None:  # refill, in place, the buffer a recompute's saved tensors view
             hollow, self._hollow = self._hollow, None
-            hollow.untyped_storage().resize_(self._full.numel() * self._full.element_size())
-            hollow.copy_(self._full)
-            self._full = hollow
-        if self._full_is_transient:
-            self.transient_buffers[self._full.untyped_storage().data_ptr()] = self
+            hollow.untyped_storage().resize_(full.numel() * full.element_size())
+            hollow.copy_(full)
+            full = hollow
         self.claim()
-        for p, view in zip(self.params, self.layout.views(self._full), strict=True):
-            p.data = view
+        self._set_full(full)
         self.state = UnitState.GATHERED
+
+    @property
+    def _recompute_may_release(self) -> bool:
+        """Gathered into a buffer of its own, and its own backward has not begun ([Note: recompute
+        releases parameters] in runtime/sharding.py)."""
+        return self.state is UnitState.GATHERED and self._full_is_transient and not self.backward_begun
 
     def own_buffer(self) -> None:
         """Before a recompute use: make the transient gathered buffer a torch allocation, whose memory
         `hollow` can free in place (a direct-I/O read buffer is copied into one)."""
-        if self.state is not UnitState.GATHERED or not self._full_is_transient or self.backward_begun:
+        if not self._recompute_may_release or self.full.untyped_storage().resizable():
             return
-        full = self.full
-        if full.untyped_storage().resizable():
-            return
-        owned = torch.empty_like(full)
-        owned.copy_(full)
-        self.transient_buffers.pop(full.untyped_storage().data_ptr(), None)
-        self.transient_buffers[owned.untyped_storage().data_ptr()] = self
-        self._full = owned
-        for p, view in zip(self.params, self.layout.views(owned), strict=True):
-            p.data = view
+        owned = torch.empty_like(self.full)
+        owned.copy_(self.full)
+        self._set_full(owned)
 
     def hollow(self) -> None:
         """After a recompute use: -> SHARDED, freeing the gathered buffer's memory but keeping its
         storage object, which the recompute's saved tensors view; `unshard` refills it in place."""
-        if self.state is not UnitState.GATHERED or not self._full_is_transient or self.backward_begun:
+        if not self._recompute_may_release or not self.full.untyped_storage().resizable():
             return
         full = self.full
-        storage = full.untyped_storage()
-        if not storage.resizable():
-            return
-        for p in self.params:
-            p.data = self._empty
-        self.transient_buffers.pop(storage.data_ptr(), None)
-        storage.resize_(0)
-        self._hollow, self._full = full, None
+        self._set_full(None)
+        full.untyped_storage().resize_(0)
+        self._hollow = full
         self._release_charges()
         self.state = UnitState.SHARDED
 
@@ -200,15 +191,23 @@ class ParamUnit:
             self._gathering = None
         self._staged = None
         if self.state is not UnitState.SHARDED:
-            for p in self.params:
-                p.data = self._empty
-            if self._full is not None and self._full_is_transient:
-                self.transient_buffers.pop(self._full.untyped_storage().data_ptr(), None)
-            self._full = None
+            self._set_full(None)
         self._hollow = None
         self.backward_begun = False
         self._release_charges()
         self.state = UnitState.SHARDED
+
+    def _set_full(self, full: torch.Tensor | None) -> None:
+        """Make `full` the gathered buffer (None: no buffer): the parameters view it (or an empty
+        tensor), and a transient one is registered by its storage address ([Note: saved parameters])."""
+        if self._full is not None and self._full_is_transient:
+            self.transient_buffers.pop(self._full.untyped_storage().data_ptr(), None)
+        self._full = full
+        if full is not None and self._full_is_transient:
+            self.transient_buffers[full.untyped_storage().data_ptr()] = self
+        views = self.layout.views(full) if full is not None else [self._empty] * len(self.params)
+        for p, view in zip(self.params, views, strict=True):
+            p.data = view
 
     # -- gradients --------------------------------------------------------------------------
     def on_grad(self, index: int, param: nn.Parameter) -> bool:

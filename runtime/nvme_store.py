@@ -84,8 +84,12 @@ class NvmeSpace:
         (2), or, where the host is the compute device, every unit from the one in use to the
         deepest prefetch (depth + 1)."""
         self.recycler = BufferRecycler(max_held_bytes=0)
-        """Host buffers that shard reads land in, reused once freed ([Note: recycled read buffers]);
-        `NvmeStore.create` raises its bound to `read_buffers` of the largest shard."""
+        """Host buffers that shard reads land in, reused once freed ([Note: recycled read buffers]),
+        up to `read_buffers` of the largest shard (`hold_reads_of`)."""
+
+    def hold_reads_of(self, shard_bytes: int) -> None:
+        """A shard of `shard_bytes` exists: let the recycler keep `read_buffers` of it."""
+        self.recycler.max_held_bytes = max(self.recycler.max_held_bytes, self.read_buffers * round_up(shard_bytes))
 
     def swap_file(self, name: str) -> SwapStore:
         if name not in self._files:
@@ -137,7 +141,7 @@ class NvmeStore(ShardStore):
         self.file = swap.swap_file(self.name)
         self.engine = swap.engine
         self.recycler = swap.recycler
-        self.read_buffers = swap.read_buffers
+        self._hold_reads_of = swap.hold_reads_of
         self._extents: dict[str, tuple[Extent, torch.dtype, int]] = {}
         self._writes: dict[str, list[Handle]] = {}
         self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
@@ -157,7 +161,7 @@ class NvmeStore(ShardStore):
         size = numel * torch.empty(0, dtype=dtype).element_size()
         self._extents[key] = (self.file.allocate(size), dtype, numel)
         self.max_staged_write_bytes = max(self.max_staged_write_bytes, 2 * round_up(size))
-        self.recycler.max_held_bytes = max(self.recycler.max_held_bytes, self.read_buffers * round_up(size))
+        self._hold_reads_of(size)
         self.ledger.add(self.tier, self.term, size)
         return None
 

@@ -92,7 +92,8 @@ class StreamedAdamW:
         # The chunks read ahead during backward, where every state store is one to read ahead from.
         streamed = all(isinstance(s, NvmeStore) for s in self._state_stores())
         self._ahead = self._chunks(keys)[: self.pool.num_buffers - 1] if streamed else []
-        state.after_unit_backward.append(self._prefetch_one)
+        if self._ahead:  # called on every unit's backward: only when there is something to read
+            state.after_unit_backward.append(self._prefetch_one)
 
     def step(self, live_keys: list[str]) -> None:
         for k in live_keys:
