@@ -104,22 +104,32 @@ class ParamUnit:
 
     # -- parameters -------------------------------------------------------------------------
     def stage(self, *, ahead: int = 2) -> None:
-        """Start bringing the shard to the compute device (no-op when it is there or on its way).
-        `ahead`: how many operators before its use it is staged, which names the buffer it occupies
-        until it is gathered (STAGE_TERMS: 0 the operator in use, 1 the next one, 2 the device
-        staging slot, 3 one of the memory model's host `param_swap_buffers`)."""
-        if self.state is UnitState.SHARDED and self._staged is None:
-            self._staged = self.param_store.read(self.key, self.compute_dtype)
-            if self._staged.fresh:
-                self._charge(*stage_term(ahead, resident=self.param_store.resident_states),
-                             self.layout.shard_numel * self._empty.element_size())
-
-    def start_gather(self, *, prefetch: bool) -> None:
-        """SHARDED -> GATHERING: start the all-gather (after the staged shard arrived)."""
+        """Start bringing the shard to the compute device (no-op when it is there). `ahead`: how many
+        operators before its use it is, which names the buffer it occupies until it is gathered
+        (STAGE_TERMS: 0 the operator in use, 1 the next one, 2 the device staging slot, 3 one of the
+        memory model's host `param_swap_buffers`); a shard already on its way is charged to the term
+        of its new distance."""
         if self.state is not UnitState.SHARDED:
             return
-        self.stage()
+        if self._staged is None:
+            self._staged = self.param_store.read(self.key, self.compute_dtype)
+        elif not self._held:
+            return
+        if self._staged.fresh:
+            self._release_charges()
+            self._charge(*stage_term(ahead, resident=self.param_store.resident_states),
+                         self.layout.shard_numel * self._empty.element_size())
+
+    def start_gather(self, *, prefetch: bool) -> None:
+        """SHARDED -> GATHERING: start the all-gather (after the staged shard arrived). A prefetch on
+        one rank whose shard is still on its way leaves it staged ([Note: one rank does not wait
+        ahead])."""
+        if self.state is not UnitState.SHARDED:
+            return
+        self.stage(ahead=1 if prefetch else 0)
         assert self._staged is not None
+        if prefetch and self.comm.world_size == 1 and not self._staged.ready():
+            return
         shard = self._staged.wait()
         self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
         self._full_is_transient = self._gathering.output is not shard or self._staged.fresh

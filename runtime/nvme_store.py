@@ -191,7 +191,7 @@ class NvmeStore(ShardStore):
         handle = self._submit_read(key, host, 0)
         device = self.compute_device
         if device.type == "cpu" and dtype == stored:
-            return Pending(host, after=handle.wait, fresh=True)
+            return Pending(host, after=handle.wait, done=handle.done, fresh=True)
         return _ThenPending(handle, host, device, dtype, self.copier)
 
     def read_into(self, key: str, out: torch.Tensor, offset: int = 0) -> Pending:
@@ -311,6 +311,9 @@ class _ThenPending(Pending):
                  copier: CopyEngine) -> None:
         super().__init__(torch.empty(0), fresh=True)
         self._handle, self._host, self._device, self._dtype, self._copier = handle, host, device, dtype, copier
+
+    def ready(self) -> bool:
+        return self._handle.done()
 
     def wait(self) -> torch.Tensor:
         self._handle.wait()

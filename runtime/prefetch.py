@@ -4,9 +4,11 @@ The first iteration records the order in which units are used, separately for fo
 backward. Later iterations follow the recorded order: on using operator i the prefetcher starts the
 transfers of i's and i+1's shards where they are not on their way yet, of i+2's shard to the compute
 device (depth >= 2) and, at depth 3, of i+3's shard into a host swap buffer (NVMe -> CPU: stores
-with a slower tier behind them), and only then the all-gather of i+1 (depth >= 1), which waits for
-i+1's shard to arrive. All are started before that wait, so that with parameters on NVMe the reads
-of i+1, i+2 and i+3 queue on the drive together instead of one at a time.
+with a slower tier behind them), and only then the all-gather of i+1 (depth >= 1), which with
+several ranks waits for i+1's shard to arrive ([Note: one rank does not wait ahead]). All are
+started before that wait, so that with parameters on NVMe the reads of i+1, i+2 and i+3 queue on
+the drive together instead of one at a time. "Operators" are counted as the planner does
+([Note: small units ride along]).
 
 [Note: submission order]
 The engine serves requests in the order they were submitted. In the steady state one new transfer
@@ -14,6 +16,24 @@ starts per operator (i+3's) and the nearer ones are already in flight; at the st
 none is, and the operator in use must not wait behind the reads of the three after it: transfers
 start nearest first (i, i+1, i+2, i+3). Each is charged, until gathered, to the memory-bill term of
 the slot it fills (`runtime.group.STAGE_TERMS`), so a phase start holds what the steady state does.
+
+[Note: one rank does not wait ahead]
+The all-gather of i+1 needs i+1's shard, so starting it waits for that shard's transfer, and
+operator i's compute waits with it. With several ranks it must: collectives are issued in the same
+order on every rank, and whether a read has landed differs from rank to rank. With one rank the
+"gather" is the shard itself, so a prefetch whose shard is still on its way leaves it staged and
+the unit's use waits for it, as the simulator's schedule has it (planner/sim/engine.py: operator i
+waits for its own fetch only). Before this, on the io-bound NVMe benchmark (2 vCPUs), each
+linear's compute (3-15 ms: it streams its 16 MiB weight) began only once the next one's read had
+landed, and the drive idled in forward while it ran.
+
+[Note: small units ride along]
+The depth counts operators as the planner does: its trace (planner/sim/workload.py) has a model's
+linears and embeddings, not its norms, whose parameters are ~1/hidden of a linear's. A unit smaller
+than 1/`RIDER_FRACTION` of the largest one does not take a place in the window: it is fetched with the
+operator before it. Counted as operators (before 2026-11-22), a GPT's two LayerNorms per block made
+depth 3 hold two linears at times, and the drive ran dry while a linear computed. The riders cost at
+most 1/`RIDER_FRACTION` of a largest shard each, and at most `MAX_RIDERS` of them are in a window.
 
 [Note: a changed order]
 Models may take data-dependent branches, so the order is a hint, never a contract: when the unit
@@ -45,12 +65,20 @@ class _PhaseOrder:
     diverged: bool = False
 
 
+RIDER_FRACTION = 64
+"""Units below 1/RIDER_FRACTION of the largest unit's bytes ride along ([Note: small units ride along])."""
+MAX_RIDERS = 4
+"""At most this many riders in a window beyond its `depth` operators."""
+
+
 class Prefetcher:
     """Decides which units to gather or stage ahead, from the recorded use order."""
 
     def __init__(self, units: list[ParamUnit], depth: int) -> None:
         self.units = units
         self.depth = depth
+        largest = max((u.full_bytes for u in units), default=0)
+        self._rides = [u.full_bytes * RIDER_FRACTION < largest for u in units]
         self._orders = {phase: _PhaseOrder() for phase in Phase}
         self.num_order_changes = 0
         """How many times a recorded order was found stale (reported in the profile)."""
@@ -66,15 +94,34 @@ class Prefetcher:
             order.diverged = True
             self.num_order_changes += 1
             return
-        ahead = order.recorded[position + 1 : position + 1 + self.depth]
+        window = self._window(order.recorded, position)
         # Nearest first (see [Note: submission order]); all are submitted before the gather waits.
         self.units[index].stage(ahead=0)
-        for distance, i in enumerate(ahead[:2], start=1):
-            self.units[i].stage(ahead=distance)
-        if len(ahead) >= 3 and not self.units[ahead[2]].param_store.resident_states:
-            self.units[ahead[2]].stage(ahead=3)
-        if ahead:
-            self.units[ahead[0]].start_gather(prefetch=True)
+        for i, distance in window:
+            if distance <= 2:
+                self.units[i].stage(ahead=distance)
+            elif distance == 3 and not self.units[i].param_store.resident_states:
+                self.units[i].stage(ahead=3)
+        for i, distance in window:
+            if distance == 1:
+                self.units[i].start_gather(prefetch=True)
+
+    def _window(self, recorded: list[int], position: int) -> list[tuple[int, int]]:
+        """(unit, operators ahead) for the units after `position` up to the `depth`-th operator, with
+        the riders among them at the distance of the operator before them (at least 1)."""
+        window: list[tuple[int, int]] = []
+        distance = riders = 0
+        for i in recorded[position + 1 :]:
+            if self._rides[i]:
+                riders += 1
+                if riders > MAX_RIDERS:
+                    break
+            else:
+                distance += 1
+                if distance > self.depth:
+                    break
+            window.append((i, max(distance, 1)))
+        return window
 
     def end_phase(self, phase: Phase) -> None:
         """The phase is over: keep what it used as the order for the next iteration."""

@@ -26,16 +26,25 @@ from runtime.ledger import MemoryLedger, nbytes
 class Pending:
     """A tensor that becomes valid after `wait()` (a finished copy, or a CUDA event on a copy stream)."""
 
-    __slots__ = ("_tensor", "_event", "_after", "fresh")
+    __slots__ = ("_tensor", "_event", "_after", "_done", "fresh")
 
     def __init__(self, tensor: torch.Tensor, event: torch.cuda.Event | None = None, after=None, *,  # noqa: ANN001
-                 fresh: bool = False) -> None:
+                 done=None, fresh: bool = False) -> None:  # noqa: ANN001
         self._tensor = tensor
         self._event = event
         self._after = after
         """Callable run once the copy finished (e.g. add a staged gradient into its host shard)."""
+        self._done = done
+        """Callable telling, without blocking, whether the transfer `after` waits for has finished."""
         self.fresh = fresh
         """True when the tensor is a new buffer (a staged copy), False when it is the shard itself."""
+
+    def ready(self) -> bool:
+        """False while a transfer `wait()` would block on is known to be in flight (a copy with an event,
+        or an NVMe read); True otherwise."""
+        if self._event is not None and not self._event.query():
+            return False
+        return self._done is None or self._after is None or bool(self._done())
 
     def wait(self) -> torch.Tensor:
         if self._event is not None:

@@ -73,6 +73,39 @@ def test_checkpointed_nvme_training_is_bitwise_cpu_training(ci: int, tmp_path: P
                    train(ALL_NVME, str(tmp_path), checkpoint_interval=ci, prefetch_depth=3))
 
 
+def test_one_rank_prefetch_never_waits_for_a_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[Note: one rank does not wait ahead]: with every read still in flight when the prefetcher
+    wants to gather it (forced here), operator i's use never waits for operator i+1's read, and
+    training is still bitwise that in host memory (checkpointed too, where units are gathered for
+    recompute and backward)."""
+    from runtime import group, nvme_store, stores
+    from runtime.nvme import engine
+
+    monkeypatch.setattr(stores.Pending, "ready", lambda self: False)
+    monkeypatch.setattr(nvme_store._ThenPending, "ready", lambda self: False)
+    in_prefetch, waited_ahead = [False], []
+    start_gather, wait = group.ParamUnit.start_gather, engine.Handle.wait
+
+    def tracked_start_gather(self: group.ParamUnit, *, prefetch: bool) -> None:
+        in_prefetch[0] = prefetch
+        try:
+            start_gather(self, prefetch=prefetch)
+        finally:
+            in_prefetch[0] = False
+
+    def tracked_wait(self: engine.Handle) -> None:
+        if in_prefetch[0]:
+            waited_ahead.append(self.nbytes)
+        wait(self)
+
+    monkeypatch.setattr(group.ParamUnit, "start_gather", tracked_start_gather)
+    monkeypatch.setattr(engine.Handle, "wait", tracked_wait)
+    for ci in (0, 1):
+        assert_bitwise(train(ALL_CPU, None, checkpoint_interval=ci),
+                       train(ALL_NVME, str(tmp_path), checkpoint_interval=ci, prefetch_depth=3))
+    assert waited_ahead == []
+
+
 def test_nvme_training_bf16_is_bitwise_cpu_training(tmp_path: Path) -> None:
     assert_bitwise(train(ALL_CPU, None, precision="bf16"), train(ALL_NVME, str(tmp_path), precision="bf16"))
 

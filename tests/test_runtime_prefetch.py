@@ -17,9 +17,11 @@ class FakeStore:
 
 
 class FakeUnit:
-    def __init__(self, index: int, log: list[tuple[str, int]], *, on_nvme: bool = False) -> None:
+    def __init__(self, index: int, log: list[tuple[str, int]], *, on_nvme: bool = False,
+                 full_bytes: int = 4096) -> None:
         self.index, self.log = index, log
         self.param_store = FakeStore(resident_states=not on_nvme)
+        self.full_bytes = full_bytes
 
     def start_gather(self, *, prefetch: bool) -> None:
         assert prefetch
@@ -59,6 +61,32 @@ def test_depth_three_swaps_in_from_nvme_only(on_nvme: bool) -> None:
     swap_in = [("swap-in", 3)] if on_nvme else []
     assert _run(p, [0, 1, 2, 3, 4], log)[:6 + len(swap_in)] == [
         ("use", 0), ("stage-now", 0), ("stage-next", 1), ("stage", 2), *swap_in, ("gather", 1), ("use", 1)]
+
+
+def test_norms_ride_along_without_taking_a_place_in_the_window() -> None:
+    """[Note: small units ride along]: a LayerNorm-sized unit (1/hidden of a linear) is fetched with
+    the operator before it, so depth 3 still holds three linears ahead, as the planner's trace does."""
+    log: list = []
+    sizes = [4096, 32, 4096, 4096, 32, 4096, 4096]  # linear, norm, linear, linear, norm, linear, linear
+    p = Prefetcher([FakeUnit(i, log, on_nvme=True, full_bytes=b) for i, b in enumerate(sizes)], depth=3)
+    _run(p, list(range(7)), log)
+    assert _run(p, list(range(7)), log)[:10] == [
+        ("use", 0), ("stage-now", 0), ("stage-next", 1), ("stage-next", 2), ("stage", 3), ("stage", 4),
+        ("swap-in", 5), ("gather", 1), ("gather", 2),  # the norm and the first linear ahead; 6 not yet
+        ("use", 1)]
+
+
+def test_riders_are_bounded() -> None:
+    """However many tiny units follow each other, a window holds at most MAX_RIDERS of them."""
+    from runtime.prefetch import MAX_RIDERS
+
+    log: list = []
+    sizes = [4096] + [8] * 10 + [4096]
+    p = Prefetcher([FakeUnit(i, log, on_nvme=True, full_bytes=b) for i, b in enumerate(sizes)], depth=3)
+    _run(p, list(range(len(sizes))), log)
+    log.clear()
+    p.on_use(Phase.FORWARD, 0)
+    assert sorted(i for what, i in log if what != "gather" and i > 0) == list(range(1, MAX_RIDERS + 1))
 
 
 def test_changed_order_stops_prefetching_and_is_learned() -> None:
