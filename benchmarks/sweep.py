@@ -8,8 +8,8 @@
    spec" predictions are of plans the spec never saw.
 2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on
    device, cpu and nvme; three model sizes; micro-batch; checkpoint interval; tiling) is planned
-   with that spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`, one
-   warm-up step then `--steps - 1` measured ones).
+   with that spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`, two
+   warm-up steps, runtime/launch.py WARMUP_STEPS, then `--steps - 2` measured ones).
    [Note: sweep rounds] This shared 2-vCPU VM changes speed by 2x and more from one minute to the
    next (the same bf16 matmul measures 0.3 or 0.7 TFLOPS minutes apart, with nothing else running),
    so one pass would compare a prediction with whatever state the machine was in. The sweep runs in
@@ -49,6 +49,7 @@ from planner.plan import TIERS, Plan  # noqa: E402
 from planner.probe_reference import pinned_plan  # noqa: E402
 from planner.profile import Profile, load_profile  # noqa: E402
 from planner.sim.report import simulate  # noqa: E402
+from runtime.launch import WARMUP_STEPS  # noqa: E402
 
 SIZES = {"S": (4, 512, 8), "M": (6, 768, 12), "L": (8, 1024, 16)}
 SEQ, VOCAB = 256, 256
@@ -153,7 +154,7 @@ def main() -> int:
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/tierwise-sweep"))
     ap.add_argument("--hardware", type=Path, default=None, help="hardware spec to use instead of probing")
     ap.add_argument("--nvme-path", default="/tmp")
-    ap.add_argument("--steps", type=int, default=5, help="training steps per configuration and round (the first is warm-up)")
+    ap.add_argument("--steps", type=int, default=5, help="training steps per configuration and round (the first two are warm-up)")
     ap.add_argument("--rounds", type=int, default=3, help="passes over every configuration ([Note: sweep rounds])")
     ap.add_argument("--only", default=None, help="comma-separated configuration names")
     ap.add_argument("--reuse", action="store_true", help="keep profiles already in --work-dir")
@@ -198,7 +199,7 @@ def main() -> int:
     else:
         machine = {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
                    "load_average_after": os.getloadavg(), "sweep_wall_s": time.perf_counter() - started,
-                   "steps_per_config": args.steps, "rounds": args.rounds,
+                   "steps_per_config": args.steps, "warmup_steps": WARMUP_STEPS, "rounds": args.rounds,
                    "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         collection.write_text(json.dumps(machine))
     if args.collect_only:

@@ -90,7 +90,7 @@ def write_results(report: dict, node: NodeSpec) -> None:
     when = m.get("measured_utc") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = (f"{m['host']}, {m['cpus']} CPUs, load average {m['load_average_before'][0]:.2f} before / "
                f"{m['load_average_after'][0]:.2f} after, {m.get('rounds', 1)} rounds of {m['steps_per_config']} steps "
-               f"(1 warm-up) per configuration, "
+               f"({m.get('warmup_steps', 1)} warm-up) per configuration, "
                f"sweep {m['sweep_wall_s']:.0f} s, measured {when}")
     cal = report["calibration"]
     residual = f"{cal['residual']:.1%}" if cal else "n/a"

@@ -8,7 +8,7 @@ GELU, softmax and bf16 casts run 20-50x below copy bandwidth on a CPU, and timin
 by one was not stable (0.7 and 6 GB/s in two probes), because their cost depends on the shapes and
 kernels around them. What is stable is the runtime's own step. So, where the CPU is the compute
 device, the probe trains `REFERENCE_RUNS` (three small GPTs with the runtime, `planner run`, one
-warm-up step and `steps - 1` measured ones) and fits the spec's efficiency parameters to their
+`runtime.launch.WARMUP_STEPS` warm-up steps, the rest measured) and fits the spec's efficiency parameters to their
 profiles with `planner calibrate`'s model (planner/calibrate.py [Note: the calibration model]).
 
 The three runs cover the four fitted terms: an all-on-device run with long sequences (memory-bound
@@ -35,8 +35,8 @@ from planner.plan import Plan
 from planner.profile import load_profile
 
 REFERENCE_VOCAB = 256
-REFERENCE_STEPS = 4
-"""Steps per reference run: one warm-up (the runtime records its trace) and three measured."""
+REFERENCE_STEPS = 5
+"""Steps per reference run: two warm-up (runtime/launch.py, WARMUP_STEPS) and three measured."""
 
 
 @dataclass(frozen=True, slots=True)
