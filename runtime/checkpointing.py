@@ -100,6 +100,11 @@ class Segment:
         )
         next(self._frame)
 
+    @property
+    def awaits_recompute(self) -> bool:
+        """Its checkpoint is saved and its recompute has not run yet."""
+        return self._input is not None
+
     def record(self, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._calls.append((rest, kwargs))
 

@@ -41,6 +41,13 @@ its buffer: the storage object stays (the saved views keep pointing at it) but i
 its unsharded parameters the same way). Only torch allocations can be resized, so before a
 recompute use a direct-I/O read buffer is copied into one (`own_buffer`). A unit whose backward has
 begun (the segment's last, whose output gradient triggered the recompute) is not hollowed.
+
+The gradient of a segment's output reaches the hook on its last operator's output before that
+operator's backward asks for its saved tensors, i.e. before the recompute. Gathering the operator
+there (as for any other unit) held it through the whole recompute, one operator beyond the bill:
+on a 6-layer, hidden-768 GPT with params on NVMe, 11.0 MB of device memory measured against 9.8
+billed (benchmarks/sweep.py, 2026-11-22 11:16 UTC, M-nvme-nvme). So a unit whose segment still
+awaits its recompute only marks its backward begun there; the recompute gathers it.
 """
 
 from __future__ import annotations
@@ -114,6 +121,8 @@ class ShardedModel:
         self.master_at: dict[str, tuple[ShardStore, str]] = {}
         """(store, key) of each unit's fp32 master shard, wherever it lives."""
         self.segments: list[Segment] = []
+        self.segment_of_unit: dict[int, Segment] = {}
+        """Unit index -> the checkpointed segment whose blocks use it."""
         self.prefetcher: Prefetcher | None = None
         self.phase = StepPhase.IDLE
         self.loss_scaler: Any = None
@@ -232,9 +241,14 @@ class ShardedModel:
             self._begin_backward(None)
             for i in indices:
                 self.units[i].backward_begun = True
-            self._use(indices, Phase.BACKWARD)
+            # See [Note: recompute releases parameters]: the recompute gathers these.
+            self._use([i for i in indices if not self._awaits_recompute(i)], Phase.BACKWARD)
 
         return hook
+
+    def _awaits_recompute(self, index: int) -> bool:
+        segment = self.segment_of_unit.get(index)
+        return segment is not None and segment.awaits_recompute
 
     def _begin_backward(self, grad: Any) -> None:  # noqa: ARG002
         if self.phase is StepPhase.BACKWARD:
@@ -368,6 +382,9 @@ def shard(
             hf_config.use_cache = False
         store = CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
         state.segments = apply_checkpointing(blocks, config.checkpoint_interval, store)
+        units_of = {id(module): indices for module, indices in module_units}
+        state.segment_of_unit = {i: seg for seg in state.segments for block in seg.blocks
+                                 for module in block.modules() for i in units_of.get(id(module), ())}
     if config.precision == "fp16":
         from runtime.optimizer import DynamicLossScaler
 

@@ -130,3 +130,23 @@ def test_gathering_buffers_on_two_ranks_match_the_memory_bill(tmp_path) -> None:
         for term in ("params", "prefetch_gathered_params", "reduce_scatter_buffer"):
             assert m[term] == pytest.approx(b[term], rel=0.01), (term, tiling, m, b)
         assert m["mswm"] == pytest.approx(b["mswm"], rel=0.001), (tiling, m, b)
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_recompute_holds_one_operator_with_params_on_nvme(depth: int, tmp_path) -> None:  # noqa: ANN001
+    """Checkpoint every block, parameters read from NVMe (transient gathered buffers): the operator
+    in use (`mswm`) and the one gathered ahead are all the device holds, as billed. The segment's
+    last operator is gathered by its recompute, not when its output's gradient arrives ([Note:
+    recompute releases parameters]); that held it through the whole recompute, a second operator."""
+    nvme = {"params": "nvme", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"}
+    plan = Plan.from_dict({
+        "model": {"num_layers": LAYERS, "hidden_size": HIDDEN, "num_heads": HEADS, "seq_len": SEQ, "vocab_size": VOCAB},
+        "hardware": HARDWARE, "num_gpus": 1, "precision": "fp32", "micro_batch_per_gpu": BATCH,
+        "checkpoint_interval": 1, "prefetch_depth": depth, "placement": nvme, "nvme_path": str(tmp_path),
+    })
+    model = _trained(plan, 3)
+    state = runtime.state_of(model)
+    measured, bill = state.ledger.usage("gpu").term_peaks, memory_bill(plan).terms["gpu"]
+    state.close()
+    assert measured["mswm"] == pytest.approx(bill["mswm"], rel=0.01), (measured, bill)
+    assert measured["prefetch_gathered_params"] == pytest.approx(bill["prefetch_gathered_params"], rel=0.01)
