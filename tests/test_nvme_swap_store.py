@@ -195,6 +195,20 @@ def test_recycled_buffer_comes_back_when_the_last_view_is_freed():
     assert recycler.free_bytes == 0
 
 
+def test_a_fresh_lease_unmaps_kept_buffers_of_other_sizes_beyond_the_bound():
+    """Leased + kept stays within the bound when a lease of a new size needs a fresh buffer: kept
+    buffers of other sizes go first (else they sat beside it, memory no bill holds)."""
+    torch = pytest.importorskip("torch")
+    recycler = BufferRecycler(max_held_bytes=2 * 12288)
+    small = [torch.from_numpy(recycler.lease(10_000)) for _ in range(2)]
+    del small
+    assert recycler.free_bytes == 2 * 12288
+    large = torch.from_numpy(recycler.lease(20_000))  # 20480 bytes: no free buffer of its size
+    assert (recycler.leased_bytes, recycler.free_bytes) == (20480, 0)
+    del large
+    recycler.close()
+
+
 # -- swap store ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["io_uring", "threads", "python"])
 def test_swap_store_round_trips_many_extents_concurrently(tmp_path, backend):

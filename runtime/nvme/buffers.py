@@ -151,9 +151,22 @@ class BufferRecycler:
                 self._free_bytes -= capacity
                 self.num_reused += 1
             self._leased_bytes += capacity
+            evicted = self._evict_over_cap() if buffer is None else []
+        for old in evicted:  # a fresh buffer is coming: free ones of other sizes go first
+            old.close()
         if buffer is None:
             buffer = AlignedBuffer(capacity)
         return np.asarray(_Lease(buffer, self, nbytes))
+
+    def _evict_over_cap(self) -> list[AlignedBuffer]:
+        """Free buffers to unmap so that leased + kept is back within `max_held_bytes` (lock held)."""
+        evicted = []
+        for buffers in self._free.values():
+            while buffers and self._leased_bytes + self._free_bytes > self.max_held_bytes:
+                old = buffers.pop()
+                self._free_bytes -= old.capacity_bytes
+                evicted.append(old)
+        return evicted
 
     def give_back(self, buffer: AlignedBuffer) -> None:
         with self._lock:
