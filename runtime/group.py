@@ -10,6 +10,7 @@ at a view of the gathered flat buffer while the unit is gathered, and at an empt
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import torch
 from torch import nn
@@ -80,6 +81,8 @@ class ParamUnit:
         self._hollow: torch.Tensor | None = None
         """After a recompute use: the gathered buffer with its memory freed in place, to be refilled
         for the unit's backward ([Note: recompute releases parameters] in runtime/sharding.py)."""
+        self._outside: tuple[Any, int] | None = None
+        """(recycler, bytes) while `own_buffer`'s copy stands in for a read buffer in its bound."""
         self.backward_begun = False
         """The unit's own backward began (its outputs' gradient arrived) since it was last resharded."""
         self.transient_buffers = {} if transient_buffers is None else transient_buffers
@@ -179,6 +182,11 @@ class ParamUnit:
             return
         owned = torch.empty_like(self.full)
         owned.copy_(self.full)
+        recycler = getattr(self.param_store, "recycler", None)
+        if recycler is not None:  # the copy takes the read buffer's place in the recycler's bound
+            self._release_outside()
+            recycler.hold_outside(self.full_bytes)
+            self._outside = (recycler, self.full_bytes)
         self._set_full(owned)
 
     def hollow(self) -> None:
@@ -189,6 +197,7 @@ class ParamUnit:
         full = self.full
         self._set_full(None)
         full.untyped_storage().resize_(0)
+        self._release_outside()
         self._hollow = full
         self._release_charges()
         self.state = UnitState.SHARDED
@@ -204,6 +213,7 @@ class ParamUnit:
             self._set_full(None)
         self._hollow = None
         self.backward_begun = False
+        self._release_outside()
         self._release_charges()
         self.state = UnitState.SHARDED
 
@@ -314,6 +324,12 @@ class ParamUnit:
                 self.ledger.sub(tier, old, b)
                 self.ledger.add("gpu", new, b)
                 self._held[i] = ("gpu", new, b)
+
+    def _release_outside(self) -> None:
+        if self._outside is not None:
+            recycler, num_bytes = self._outside
+            self._outside = None
+            recycler.release_outside(num_bytes)
 
     def _release_charges(self) -> None:
         for tier, term, b in self._held:

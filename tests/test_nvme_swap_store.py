@@ -209,6 +209,25 @@ def test_a_fresh_lease_unmaps_kept_buffers_of_other_sizes_beyond_the_bound():
     recycler.close()
 
 
+def test_memory_held_outside_counts_against_the_bound():
+    """A recompute copies a read buffer into a torch allocation (runtime/group.py `own_buffer`): the
+    copy stands in for the buffer, so kept buffers make room for it until it is released."""
+    torch = pytest.importorskip("torch")
+    recycler = BufferRecycler(max_held_bytes=2 * 12288)
+    kept = [torch.from_numpy(recycler.lease(10_000)) for _ in range(2)]
+    del kept
+    recycler.hold_outside(12288)
+    assert recycler.free_bytes == 12288
+    back = torch.from_numpy(recycler.lease(10_000))  # reuses the one kept
+    del back
+    assert recycler.free_bytes == 12288  # 12288 outside + 12288 kept: at the bound
+    recycler.release_outside(12288)
+    more = [torch.from_numpy(recycler.lease(10_000)) for _ in range(2)]
+    del more
+    assert recycler.free_bytes == 2 * 12288
+    recycler.close()
+
+
 # -- swap store ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["io_uring", "threads", "python"])
 def test_swap_store_round_trips_many_extents_concurrently(tmp_path, backend):
