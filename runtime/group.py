@@ -182,12 +182,12 @@ class ParamUnit:
             return
         owned = torch.empty_like(self.full)
         owned.copy_(self.full)
-        recycler = getattr(self.param_store, "recycler", None)
-        if recycler is not None:  # the copy takes the read buffer's place in the recycler's bound
+        self._set_full(owned)  # the read buffer goes back to the recycler
+        recycler = self.param_store.recycler
+        if recycler is not None:  # and the copy takes its place in the recycler's bound
             self._release_outside()
             recycler.hold_outside(self.full_bytes)
             self._outside = (recycler, self.full_bytes)
-        self._set_full(owned)
 
     def hollow(self) -> None:
         """After a recompute use: -> SHARDED, freeing the gathered buffer's memory but keeping its

@@ -16,7 +16,7 @@ a dedicated copy stream, so it overlaps the compute stream; consumers wait on an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -93,6 +93,8 @@ class ShardStore(ABC):
     tier: ClassVar[str]
     resident_states: ClassVar[bool] = True
     """Shards live in memory (`resident` works); False for stores whose shards are streamed."""
+    recycler: Any = None
+    """The `BufferRecycler` that streamed reads lease their host buffers from (None: no reads)."""
 
     def __init__(self, *, term: str, ledger: MemoryLedger, copier: CopyEngine, name: str = "", swap=None) -> None:  # noqa: ANN001, ARG002
         self.term = term

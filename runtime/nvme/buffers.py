@@ -181,7 +181,8 @@ class BufferRecycler:
             self._outside_bytes -= nbytes
 
     def _evict_over_cap(self) -> list[AlignedBuffer]:
-        """Free buffers to unmap so that leased + kept is back within `max_held_bytes` (lock held)."""
+        """Free buffers to unmap so that leased + held outside + kept is back within `max_held_bytes`
+        (lock held)."""
         evicted = []
         for buffers in self._free.values():
             while buffers and self._leased_bytes + self._outside_bytes + self._free_bytes > self.max_held_bytes:
