@@ -36,6 +36,7 @@ from planner.errors import PlannerError
 from planner.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
 from planner.profile import Profile, StepSample
 from planner.units import TFLOP
+from runtime.host_malloc import keep_freed_memory_mapped
 from runtime.plan_io import PlanNotExecutable, check_executable, check_memory
 from runtime.profiler import process_peak_rss_bytes
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-checkpoints", type=int, default=2)
     ap.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     args = ap.parse_args(argv)
+    keep_freed_memory_mapped()  # before the model's first buffers ([Note: glibc's mmap threshold])
     # A worker restarted by torchrun (--max-restarts) resumes: that is what the checkpoints are for.
     args.restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
