@@ -5,7 +5,7 @@
 Every round does exactly what docs/calibration.md tells a new user to do, through the CLI:
 `planner probe --out hw.json` (which, on a CPU-only machine, calibrates on its own reference runs:
 planner/probe_reference.py), then for each model in `MODELS`: `planner fit` with the model's shape
-and placement pinned (the planner picks the rest), `planner run --steps 6` (two warm-up steps), and
+and placement pinned (the planner picks the rest), `planner run --steps 10` (two warm-up steps), and
 `planner compare --json`. The models are neither the probe's reference runs nor the sweep's
 configurations (benchmarks/sweep.py), so the spec has never seen them. A round probes afresh, as a
 new user would; rounds are repeated because this VM's speed drifts by 2x within minutes, and every
@@ -28,7 +28,7 @@ from pathlib import Path
 import results_md  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = 6
+STEPS = 10
 
 MODELS = (
     ("5 x hd 576, seq 384, batch 3, host memory", ["--layers", "5", "--hidden", "576", "--heads", "9", "--seq", "384"],

@@ -35,8 +35,10 @@ from planner.plan import Plan
 from planner.profile import load_profile
 
 REFERENCE_VOCAB = 256
-REFERENCE_STEPS = 5
-"""Steps per reference run: two warm-up (runtime/launch.py, WARMUP_STEPS) and three measured."""
+REFERENCE_STEPS = 8
+"""Steps per reference run: two warm-up (runtime/launch.py, WARMUP_STEPS) and six measured. With
+three measured steps one slow step (this 2-core VM stalls a step by 20-50% every few steps) moved a
+run's mean by 10-15% and the fitted factors with it; six halve that, for ~9 s more probing."""
 
 
 @dataclass(frozen=True, slots=True)
