@@ -120,6 +120,10 @@ def worker(systems: list[str], steps: int, warmup: int, nvme_path: str, config: 
     and phases are reported per step: the block's divided by `block`)."""
     import torch
 
+    from runtime.host_malloc import keep_freed_memory_mapped
+
+    # As `planner run` does for a rank; process-wide, so DeepSpeed's steps in this process get it too.
+    keep_freed_memory_mapped()
     batch, tokens = CONFIGS[config]
     torch.manual_seed(1)
     x = torch.randn(batch, tokens, HIDDEN)
