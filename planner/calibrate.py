@@ -18,7 +18,9 @@ profile weighs the same relative error). The fitted spec is the base spec with
 A fixed cost per operator (one unit gathered, run, released) was a feature too, and is not any
 more: on the dev VM tiling 2 and 4 (2-4x the operators) measured the same step time as untiled
 runs (docs/calibration.md), and a fitted per-operator cost, identified only by noise in four
-calibration runs, overpredicted the tiled held-out runs by 37-47%.
+calibration runs, overpredicted the tiled held-out runs by 37-47%. On the slower VM of 2026-11-23
+tiling 4 did cost 12-44% of the step (benchmarks/RESULTS.md, sweep runs), which none of these
+features charges; identifying that cost needs a tiled run among the probe's reference runs.
 A feature no profile exercises (all zeros) keeps the base value. The model adds busy times, so it
 ignores overlap: a phase whose NVMe traffic hides behind compute pushes `theta_nvme` down; the
 simulator with the fitted spec still overlaps them. `residual` is the fit's relative RMS error over

@@ -61,12 +61,13 @@ def probe(
         doc["notes"] = f"{doc['notes']} Probed while busy: {busy}"
     spec = NodeSpec.from_dict(doc, "probed hardware")  # what --hardware will read back
     if calibrate if calibrate is not None else spec.host_is_device:
-        from planner.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs
+        from planner.probe_reference import REFERENCE_REPEATS, REFERENCE_RUNS, calibrate_on_reference_runs
 
         fit = calibrate_on_reference_runs(spec, str(directory), log=log)
         factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
         spec = fit.node.replace(name=spec.name, notes=(
-            f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime (planner/probe_reference.py "
+            f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime (the median of "
+            f"{REFERENCE_REPEATS} trainings each; planner/probe_reference.py "
             f"[Note: probe reference runs]): factors {factors}, residual {fit.residual:.1%}. The measured bare-kernel "
             f"rates were {spec.gpu_flops_per_s / 1e12:.4g} TFLOPS and {spec.gpu_hbm_bytes_per_s / 1e9:.4g} GB/s "
             "memory-bound."))

@@ -7,9 +7,10 @@ requests) predicted the runtime ~2x too fast on the CPU-only dev VM (benchmarks/
 GELU, softmax and bf16 casts run 20-50x below copy bandwidth on a CPU, and timing those kernels one
 by one was not stable (0.7 and 6 GB/s in two probes), because their cost depends on the shapes and
 kernels around them. What is stable is the runtime's own step. So, where the CPU is the compute
-device, the probe trains `REFERENCE_RUNS` (three small GPTs with the runtime, `planner run`, one
-`runtime.launch.WARMUP_STEPS` warm-up steps, the rest measured) and fits the spec's efficiency parameters to their
-profiles with `planner calibrate`'s model (planner/calibrate.py [Note: the calibration model]).
+device, the probe trains `REFERENCE_RUNS` (three small GPTs with the runtime, `planner run`,
+`runtime.launch.WARMUP_STEPS` warm-up steps, the rest measured; each `REFERENCE_REPEATS` times) and
+fits the spec's efficiency parameters to the median run of each with `planner calibrate`'s model
+(planner/calibrate.py [Note: the calibration model]).
 
 The three runs cover the four fitted terms: an all-on-device run with long sequences (memory-bound
 heavy), a wide one with parameters and optimizer states in host memory (matmul heavy, CPU Adam),
@@ -32,13 +33,21 @@ from planner.calibrate import Calibration, calibrate
 from planner.errors import PlannerError
 from planner.hardware import NodeSpec
 from planner.plan import Plan
-from planner.profile import load_profile
+from planner.profile import Profile, load_profile
 
 REFERENCE_VOCAB = 256
 REFERENCE_STEPS = 8
 """Steps per reference run: two warm-up (runtime/launch.py, WARMUP_STEPS) and six measured. With
 three measured steps one slow step (this 2-core VM stalls a step by 20-50% every few steps) moved a
 run's mean by 10-15% and the fitted factors with it; six halve that, for ~9 s more probing."""
+REFERENCE_REPEATS = 3
+"""Each reference run is trained this many times, round-robin, and the fit takes the run of median
+step time. A whole run can land in a slow minute: on the project VM the same reference plan measured
+0.325-0.440 s in six runs minutes apart, and a probe that took one such run moved its predictions of
+other plans by up to 36% (docs/calibration.md, "How much of the error is this VM"). Replaying the
+fit on saved runs, the median of three narrowed the spread of its predictions by about half
+(device plan 0.554-0.656 s from single runs, 0.584-0.625 s from medians of three), for ~70 s more
+probing; `--no-calibrate` skips the reference runs altogether."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,23 +93,35 @@ def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str) -> Plan:
 
 
 def calibrate_on_reference_runs(
-    node: NodeSpec, nvme_path: str, *, steps: int = REFERENCE_STEPS, log: Callable[[str], None] = lambda m: None
+    node: NodeSpec, nvme_path: str, *, steps: int = REFERENCE_STEPS, repeats: int = REFERENCE_REPEATS,
+    log: Callable[[str], None] = lambda m: None,
 ) -> Calibration:
-    """Train every reference run with the bundled runtime and fit `node` to their profiles."""
-    runs = []
+    """Train every reference run `repeats` times with the bundled runtime (round-robin, so that a slow
+    minute hits different runs), and fit `node` to each run's median-time profile."""
+    measured: dict[str, list[Profile]] = {ref.name: [] for ref in REFERENCE_RUNS}
+    plans = {ref.name: reference_plan(ref, node, nvme_path) for ref in REFERENCE_RUNS}
     with tempfile.TemporaryDirectory(prefix="tierwise-probe-") as work:
-        for ref in REFERENCE_RUNS:
-            plan = reference_plan(ref, node, nvme_path)
-            plan_path, profile_path = Path(work) / f"{ref.name}.plan.json", Path(work) / f"{ref.name}.profile.json"
-            plan.save(plan_path)
-            log(f"reference run {ref.name}: {ref.num_layers} x hd {ref.hidden_size}, seq {ref.seq_len}, batch "
-                f"{ref.micro_batch_per_gpu}, params {ref.params}, optimizer {ref.optimizer_states}")
-            cmd = [sys.executable, "-m", "planner", "run", str(plan_path), "--steps", str(steps),
-                   "--profile-out", str(profile_path), "--no-history"]
-            done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if done.returncode != 0:
-                last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "no output")
-                raise PlannerError(f"probe reference run {ref.name} failed ({last.strip()}); "
-                                   "run `planner probe --no-calibrate` for the uncalibrated spec")
-            runs.append((plan, load_profile(profile_path)))
+        for attempt in range(repeats):
+            for ref in REFERENCE_RUNS:
+                log(f"reference run {ref.name} ({attempt + 1}/{repeats}): {ref.num_layers} x hd {ref.hidden_size}, "
+                    f"seq {ref.seq_len}, batch {ref.micro_batch_per_gpu}, params {ref.params}, optimizer "
+                    f"{ref.optimizer_states}")
+                measured[ref.name].append(_train(ref, plans[ref.name], Path(work), steps))
+    runs = []
+    for ref in REFERENCE_RUNS:
+        by_time = sorted(measured[ref.name], key=lambda p: p.measured.iteration_time_s)
+        runs.append((plans[ref.name], by_time[(len(by_time) - 1) // 2]))
     return calibrate(runs, node)
+
+
+def _train(ref: ReferenceRun, plan: Plan, work: Path, steps: int) -> Profile:
+    plan_path, profile_path = work / f"{ref.name}.plan.json", work / f"{ref.name}.profile.json"
+    plan.save(plan_path)
+    cmd = [sys.executable, "-m", "planner", "run", str(plan_path), "--steps", str(steps),
+           "--profile-out", str(profile_path), "--no-history"]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "no output")
+        raise PlannerError(f"probe reference run {ref.name} failed ({last.strip()}); "
+                           "run `planner probe --no-calibrate` for the uncalibrated spec")
+    return load_profile(profile_path)

@@ -57,6 +57,29 @@ def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypat
     assert "--no-calibrate" in message
 
 
+def test_each_reference_run_is_trained_round_robin_and_fitted_on_its_median(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One slow training of a reference run (a slow minute of the machine) must not reach the fit.
+    from planner.plan import Prediction
+    from planner.profile import Profile
+
+    times = {ref.name: iter([1.0, 5.0, 2.0]) for ref in REFERENCE_RUNS}  # median: 2.0
+    trained, fitted = [], []
+
+    def fake_train(ref, plan, work, steps):  # noqa: ANN001, ANN202
+        trained.append(ref.name)
+        t = next(times[ref.name])
+        return Profile(measured=Prediction(feasible=True, iteration_time_s=t, method="measured"), samples=(),
+                       warmup_steps=0, details={"t": t})
+
+    monkeypatch.setattr(probe_reference, "_train", fake_train)
+    monkeypatch.setattr(probe_reference, "calibrate", lambda runs, node: fitted.extend(runs) or "fit")
+    assert calibrate_on_reference_runs(_cpu_node(), str(tmp_path), repeats=3) == "fit"
+    assert trained == [ref.name for ref in REFERENCE_RUNS] * 3
+    assert [plan.model.name for plan, _ in fitted] == [f"probe-{ref.name}" for ref in REFERENCE_RUNS]
+    assert [profile.details["t"] for _, profile in fitted] == [2.0] * len(REFERENCE_RUNS)
+
+
 def test_no_calibrate_keeps_the_bare_measurements(tmp_path: Path) -> None:
     out = tmp_path / "hw.json"
     result = CliRunner().invoke(app, ["probe", "--out", str(out), "--nvme-path", str(tmp_path),
