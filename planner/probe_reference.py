@@ -101,12 +101,14 @@ def calibrate_on_reference_runs(
     measured: dict[str, list[Profile]] = {ref.name: [] for ref in REFERENCE_RUNS}
     plans = {ref.name: reference_plan(ref, node, nvme_path) for ref in REFERENCE_RUNS}
     with tempfile.TemporaryDirectory(prefix="tierwise-probe-") as work:
+        for ref in REFERENCE_RUNS:
+            plans[ref.name].save(Path(work) / f"{ref.name}.plan.json")
         for attempt in range(repeats):
             for ref in REFERENCE_RUNS:
                 log(f"reference run {ref.name} ({attempt + 1}/{repeats}): {ref.num_layers} x hd {ref.hidden_size}, "
                     f"seq {ref.seq_len}, batch {ref.micro_batch_per_gpu}, params {ref.params}, optimizer "
                     f"{ref.optimizer_states}")
-                measured[ref.name].append(_train(ref, plans[ref.name], Path(work), steps))
+                measured[ref.name].append(_train(ref, Path(work), steps))
     runs = []
     for ref in REFERENCE_RUNS:
         by_time = sorted(measured[ref.name], key=lambda p: p.measured.iteration_time_s)
@@ -114,9 +116,9 @@ def calibrate_on_reference_runs(
     return calibrate(runs, node)
 
 
-def _train(ref: ReferenceRun, plan: Plan, work: Path, steps: int) -> Profile:
+def _train(ref: ReferenceRun, work: Path, steps: int) -> Profile:
+    """`planner run` of the plan saved as `work/<name>.plan.json`, in its own processes."""
     plan_path, profile_path = work / f"{ref.name}.plan.json", work / f"{ref.name}.profile.json"
-    plan.save(plan_path)
     cmd = [sys.executable, "-m", "planner", "run", str(plan_path), "--steps", str(steps),
            "--profile-out", str(profile_path), "--no-history"]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

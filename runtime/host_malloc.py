@@ -23,7 +23,6 @@ memory-bandwidth term covers them."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 from planner.units import MIB
@@ -65,11 +64,8 @@ def keep_freed_memory_mapped() -> bool:
 
 
 def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+    """The C library this process runs on, if it is glibc (other C libraries have other mallopt
+    parameters, or none)."""
+    if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
         return None
-    libc = ctypes.CDLL(name)
-    # gnu_get_libc_version exists only in glibc; other C libraries have other mallopt parameters.
-    if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
-        return None
-    return libc
+    return ctypes.CDLL(None)  # the process's own symbols: the libc already loaded, no search

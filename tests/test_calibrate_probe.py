@@ -66,7 +66,8 @@ def test_each_reference_run_is_trained_round_robin_and_fitted_on_its_median(
     times = {ref.name: iter([1.0, 5.0, 2.0]) for ref in REFERENCE_RUNS}  # median: 2.0
     trained, fitted = [], []
 
-    def fake_train(ref, plan, work, steps):  # noqa: ANN001, ANN202
+    def fake_train(ref, work, steps):  # noqa: ANN001, ANN202
+        assert (work / f"{ref.name}.plan.json").is_file()
         trained.append(ref.name)
         t = next(times[ref.name])
         return Profile(measured=Prediction(feasible=True, iteration_time_s=t, method="measured"), samples=(),
