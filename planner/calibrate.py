@@ -1,26 +1,32 @@
 """Calibration: fit a hardware spec's efficiency parameters to measured profiles (`planner calibrate`).
 
 [Note: the calibration model] For every profiled plan the simulator is run on the *base* spec with
-its matmul efficiency curve removed, and each phase (forward; backward = recompute + backward;
-optimizer) is described by what it asked of each resource:
+its matmul efficiency curve and per-operator cost removed, and each phase (forward; backward =
+recompute + backward; optimizer) is described by what it asked of each resource:
 
-    compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute` less memory_s)
+    compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute` less the rest)
     memory_s       elementwise bytes / gpu_hbm_gb_per_s      (planner/sim/workload.py [Note: elementwise work])
     cpu_adam_s     parameters / cpu_adam_gparams_per_s       (busy time of `cpu_optimizer`)
     nvme_s         bytes / NVMe rates                        (busy time of the NVMe links)
+    operators      trace steps in the phase                  (one unit gathered, run, released)
 
 The measured phase time is modelled as `sum_f theta_f * feature_f` with every `theta >= 0`
 (non-negative least squares, each row divided by its measured time so that every phase of every
 profile weighs the same relative error). The fitted spec is the base spec with
 - `gpu_peak_tflops / theta_compute`, `gpu_hbm_gb_per_s / theta_memory`,
   and no matmul efficiency curve (the features were taken without one),
-- `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`.
-A fixed cost per operator (one unit gathered, run, released) was a feature too, and is not any
-more: on the dev VM tiling 2 and 4 (2-4x the operators) measured the same step time as untiled
-runs (docs/calibration.md), and a fitted per-operator cost, identified only by noise in four
-calibration runs, overpredicted the tiled held-out runs by 37-47%. On the slower VM of 2026-11-23
-tiling 4 did cost 12-44% of the step (benchmarks/RESULTS.md, sweep runs), which none of these
-features charges; identifying that cost needs a tiled run among the probe's reference runs.
+- `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`,
+- `operator_overhead_ms = 1000 * theta_operators` (absolute: the feature counts operators).
+
+`operators` is the runtime's fixed cost per operator (one unit gathered, its hooks run, released;
+the framework's dispatch), fitted in seconds per operator as `operator_overhead_ms`. It is what
+tiling costs: tiling `t` runs `t` operators where one ran, with the same flops and bytes. On the
+dev VM of 2026-11-22 tiling 2 and 4 measured like untiled runs and a per-operator cost fitted on
+four untiled-or-barely-tiled calibration runs was noise that overpredicted tiled runs by 37-47%,
+so the feature was dropped; on the VM of 2026-11-23 tiling 4 cost 12-44% of the step (~0.6 ms per
+operator in forward and backward alike, benchmarks/RESULTS.md), which no other feature charges.
+It is back, and the probe's reference runs include a tiled one (planner/probe_reference.py) so that
+the fit tells the cost from noise: where tiling is free it fits ~0.
 A feature no profile exercises (all zeros) keeps the base value. The model adds busy times, so it
 ignores overlap: a phase whose NVMe traffic hides behind compute pushes `theta_nvme` down; the
 simulator with the fitted spec still overlaps them. `residual` is the fit's relative RMS error over
@@ -40,7 +46,7 @@ from planner.hardware import EfficiencyCurve, NodeSpec
 from planner.plan import Plan
 from planner.profile import Profile
 
-FEATURES = ("compute_s", "memory_s", "cpu_adam_s", "nvme_s")
+FEATURES = ("compute_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
 PHASE_LABELS = {"forward": ("forward",), "backward": ("recompute", "backward"), "optimizer": ("optimizer",)}
 
 
@@ -49,7 +55,7 @@ class Calibration:
     node: NodeSpec
     """The base spec with the fitted parameters."""
     factors: dict[str, float]
-    """theta per feature (seconds per feature second of the base spec)."""
+    """theta per feature (seconds per feature second of the base spec; `operators`: seconds per operator)."""
     residual: float
     """Relative RMS error of the fitted linear model over all (profile, phase) rows."""
     num_rows: int
@@ -64,12 +70,13 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     from planner.sim.engine import Simulation
     from planner.sim.workload import step_elementwise_bytes
 
-    bare = node.replace(matmul_efficiency=EfficiencyCurve())
+    bare = node.replace(matmul_efficiency=EfficiencyCurve(), operator_overhead_s=0.0)
     sim = Simulation(plan.replace(node=bare, prediction=None)).run()
     out = {phase: dict.fromkeys(FEATURES, 0.0) for phase in PHASE_LABELS}
     hbm = bare.gpu_hbm_bytes_per_s
     for phase, labels in PHASE_LABELS.items():
         steps = [s for s in sim.work.steps if s.phase in labels]
+        out[phase]["operators"] = float(len(steps))
         if hbm > 0:  # the engine's split of each operator's compute time (engine._compute)
             out[phase]["memory_s"] = sum(step_elementwise_bytes(s) for s in steps) / hbm
     kinds = {"gpu_compute": "compute_s", "cpu_optimizer": "cpu_adam_s", "nvme_read": "nvme_s", "nvme_write": "nvme_s",
@@ -145,12 +152,14 @@ def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -
         changes["gpu_hbm_bytes_per_s"] = node.gpu_hbm_bytes_per_s / theta["memory_s"]
     if "cpu_adam_s" in fitted and theta["cpu_adam_s"] > 0:
         changes["cpu_adam_params_per_s"] = node.cpu_adam_params_per_s / theta["cpu_adam_s"]
+    if "operators" in fitted:
+        changes["operator_overhead_s"] = theta["operators"]
     if "nvme_s" in fitted and theta["nvme_s"] > 0:
         changes["nvme_read_bytes_per_s"] = node.nvme_read_bytes_per_s / theta["nvme_s"]
         changes["nvme_write_bytes_per_s"] = node.nvme_write_bytes_per_s / theta["nvme_s"]
     keys = {"gpu_flops_per_s": "gpu_peak_tflops", "cpu_adam_params_per_s": "cpu_adam_gparams_per_s",
             "nvme_read_bytes_per_s": "nvme_read_gb_per_s", "nvme_write_bytes_per_s": "nvme_write_gb_per_s",
-            "gpu_hbm_bytes_per_s": "gpu_hbm_gb_per_s",
+            "gpu_hbm_bytes_per_s": "gpu_hbm_gb_per_s", "operator_overhead_s": "operator_overhead_ms",
             "matmul_efficiency": "efficiency"}
     sources = dict(node.sources)
     sources.update({keys[k]: "measured" for k in changes})

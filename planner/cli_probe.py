@@ -31,7 +31,7 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json", help="print the document even when writing --out")] = False,
     calibrate: Annotated[bool | None, typer.Option(
         "--calibrate/--no-calibrate",
-        help="fit the spec to three small reference runs of the runtime (default: on when the CPU is the compute device)",
+        help="fit the spec to four small reference runs of the runtime (default: on when the CPU is the compute device)",
     )] = None,
 ) -> None:
     """Measure NVMe, memory, CPU Adam and compute bandwidths here; write a hardware spec."""

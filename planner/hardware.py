@@ -46,6 +46,7 @@ _NUMERIC_FIELDS: tuple[tuple[str, str, float, float, bool], ...] = (
     ("gpu_gpu_intra_node_bytes_per_s", "gpu_gpu_intra_node_gb_per_s", GB, 0, False),
     ("inter_node_bytes_per_s", "inter_node_gb_per_s", GB, 0, False),
     ("cpu_adam_params_per_s", "cpu_adam_gparams_per_s", 1e9, 0, False),
+    ("operator_overhead_s", "operator_overhead_ms", 1e-3, 0, False),
 )
 NvmeReadWrite = Literal["independent", "shared"]
 NVME_READ_WRITE: tuple[str, ...] = ("independent", "shared")
@@ -159,6 +160,11 @@ class NodeSpec:
     """`independent`: reads and writes each reach their own rate at once (separate drives or a
     duplex-friendly array); `shared`: they split one device budget, a byte read costing
     1/read rate and a byte written 1/write rate of it."""
+    operator_overhead_s: float = 0.0
+    """Fixed time the runtime spends per operator beyond its matmuls and memory-bound work: the
+    unit's gather, hooks and release, and the framework's dispatch of a smaller matmul. Nominal 0
+    (a GPU node hides it behind the stream); `planner probe` fits it where the CPU is the device
+    (planner/calibrate.py [Note: the calibration model]), and it is what tiling costs there."""
     host_is_device: bool = False
     """The compute device *is* the host (a CPU-only machine, as `planner probe` finds without CUDA):
     the `gpu` and `cpu` tiers are the same memory, so a state placed on `cpu` is used where it lies,

@@ -7,14 +7,17 @@ requests) predicted the runtime ~2x too fast on the CPU-only dev VM (benchmarks/
 GELU, softmax and bf16 casts run 20-50x below copy bandwidth on a CPU, and timing those kernels one
 by one was not stable (0.7 and 6 GB/s in two probes), because their cost depends on the shapes and
 kernels around them. What is stable is the runtime's own step. So, where the CPU is the compute
-device, the probe trains `REFERENCE_RUNS` (three small GPTs with the runtime, `planner run`,
+device, the probe trains `REFERENCE_RUNS` (four small GPTs with the runtime, `planner run`,
 `runtime.launch.WARMUP_STEPS` warm-up steps, the rest measured; each `REFERENCE_REPEATS` times) and
 fits the spec's efficiency parameters to the median run of each with `planner calibrate`'s model
 (planner/calibrate.py [Note: the calibration model]).
 
-The three runs cover the four fitted terms: an all-on-device run with long sequences (memory-bound
+The four runs cover the five fitted terms: an all-on-device run with long sequences (memory-bound
 heavy), a wide one with parameters and optimizer states in host memory (matmul heavy, CPU Adam),
-and one with parameters and optimizer states on NVMe (the swap engine). Their shapes are not those
+one with parameters and optimizer states on NVMe (the swap engine), and a tiled one (tiling 4: four
+times the operators for the same flops and bytes, which is what tells the per-operator cost from
+the rates; without it the fit charged tiling nothing, and on the 2026-11-23 VM, where tiling 4 cost
+12-44% of a step, it predicted a tiled plan 24-27% fast). Their shapes are not those
 of benchmarks/sweep.py, which checks the result on configurations the probe never ran. On a CUDA
 machine bare-kernel rates are what the kernels reach, and these small models would measure launch
 overhead rather than the GPU, so the probe does not run them unless asked (`--calibrate`).
@@ -62,12 +65,14 @@ class ReferenceRun:
     gradients: str
     optimizer_states: str
     checkpoint_interval: int
+    tiling_factor: int = 1
 
 
 REFERENCE_RUNS = (
     ReferenceRun("device-long-seq", 4, 384, 6, 512, 2, "gpu", "gpu", "gpu", 1),
     ReferenceRun("host-wide", 4, 1024, 16, 128, 8, "cpu", "cpu", "cpu", 2),
     ReferenceRun("nvme", 4, 640, 10, 256, 4, "nvme", "cpu", "nvme", 1),
+    ReferenceRun("device-tiled", 3, 448, 7, 256, 2, "gpu", "gpu", "gpu", 1, tiling_factor=4),
 )
 
 
@@ -89,7 +94,7 @@ def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str) -> Plan:
                  "activation_checkpoints": "cpu"}
     return pinned_plan(node, model, placement, micro_batch_per_gpu=run.micro_batch_per_gpu,
                        checkpoint_interval=run.checkpoint_interval, nvme_path=nvme_path,
-                       where=f"reference run {run.name}")
+                       tiling_factor=run.tiling_factor, where=f"reference run {run.name}")
 
 
 def calibrate_on_reference_runs(
@@ -107,7 +112,7 @@ def calibrate_on_reference_runs(
             for ref in REFERENCE_RUNS:
                 log(f"reference run {ref.name} ({attempt + 1}/{repeats}): {ref.num_layers} x hd {ref.hidden_size}, "
                     f"seq {ref.seq_len}, batch {ref.micro_batch_per_gpu}, params {ref.params}, optimizer "
-                    f"{ref.optimizer_states}")
+                    f"{ref.optimizer_states}, tiling {ref.tiling_factor}")
                 measured[ref.name].append(_train(ref, Path(work), steps))
     runs = []
     for ref in REFERENCE_RUNS:

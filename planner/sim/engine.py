@@ -181,6 +181,7 @@ class RankProgram:
         self.transfer_eff = _Memo(node.transfer_efficiency.at)
         self.matmul_eff = _Memo(node.matmul_efficiency.at)
         self.hbm_bytes_per_s = node.gpu_hbm_bytes_per_s
+        self.operator_overhead_s = node.operator_overhead_s
         placement = plan.placement
         self.host_is_device = node.host_is_device
         """[Note: the CPU machine] in runtime/stores.py: host memory is the device's, nothing is copied."""
@@ -212,10 +213,12 @@ class RankProgram:
 
     def _compute(self, flops: float, matmul_flops: float, label: str, elementwise_bytes: float = 0.0) -> simpy.Event:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
-        operator's memory-bound work at the device's memory bandwidth ([Note: elementwise work])."""
+        operator's memory-bound work at the device's memory bandwidth ([Note: elementwise work]),
+        and the runtime's fixed cost per operator (`NodeSpec.operator_overhead_s`)."""
         seconds = flops / (self.links.compute.capacity * self.matmul_eff(matmul_flops)) if flops > 0 else 0.0
         if elementwise_bytes > 0 and self.hbm_bytes_per_s > 0:
             seconds += elementwise_bytes / self.hbm_bytes_per_s
+        seconds += self.operator_overhead_s
         now = self.env.now
         if seconds > 0:
             self.links.compute.occupy(now, now + seconds, label, flops)
