@@ -3,7 +3,7 @@
     flock /work/bench.lock python benchmarks/sweep.py --write-results
 
 1. `planner probe` (quick: 256 MiB of NVMe traffic) writes this machine's hardware spec, unless
-   `--hardware FILE` gives one. Without CUDA the probe calibrates itself on three reference runs of
+   `--hardware FILE` gives one. Without CUDA the probe calibrates itself on four reference runs of
    the runtime, none of them a configuration below (planner/probe_reference.py), so the "probe
    spec" predictions are of plans the spec never saw.
 2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on
@@ -18,8 +18,9 @@
    measurement is the median of all its measured steps over the rounds, and the calibration fits
    every round's profile: prediction and measurement sample the same spread of machine states.
    The measurement runs at the highest CPU and I/O priority (`nice -20`, `ionice -c1`) when allowed.
-3. `planner calibrate` fits the spec's efficiency parameters on `CALIBRATION` (4 configurations)
-   and the held-out ones are predicted again with the calibrated spec.
+3. `planner calibrate` fits the spec's efficiency parameters on `CALIBRATION` (4 configurations,
+   one per term of the calibration model) and the held-out ones are predicted again with the
+   calibrated spec.
 4. Prints JSON; with `--write-results` writes docs/calibration.md, docs/sweep-scatter.png and the
    "Simulator vs runtime (sweep)" section of benchmarks/RESULTS.md.
 
@@ -85,7 +86,13 @@ CONFIGS = (
     Config("L-gpu-gpu-t2", "L", "gpu", "gpu", "gpu", "gpu", 4, 0, 2),
     Config("L-cpu-nvme", "L", "cpu", "nvme", "cpu", "cpu", 2, 2),
 )
-CALIBRATION = ("S-cpu-cpu", "M-nvme-nvme", "L-gpu-gpu-t2", "M-cpu-nvme")
+# One configuration per term of the calibration model, as in the probe's reference runs: memory-bound
+# heavy (all on device, batch 8), NVMe both ways, NVMe optimizer from host parameters, and tiling 4
+# (four times the operators for the same flops). Until 2026-11-23 the set had L-gpu-gpu-t2 and
+# S-cpu-cpu instead: with the per-operator term that set cannot tell the cost of an operator from
+# memory-bound work (in the 21:21 sweep it fitted 2.2 ms per operator and no memory-bound cost, and
+# overpredicted the held-out tiled runs by 27-39%; docs/calibration.md).
+CALIBRATION = ("S-gpu-gpu", "M-nvme-nvme", "M-gpu-gpu-t4", "M-cpu-nvme")
 
 
 def plan_for(config: Config, node: NodeSpec, nvme_path: str) -> Plan:

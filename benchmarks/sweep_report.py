@@ -111,7 +111,7 @@ def write_results(report: dict, node: NodeSpec) -> None:
     doc = f"""# Calibration: the simulator against the runtime
 
 `{COMMAND}` probes this machine (`planner probe`, which on a CPU-only machine calibrates itself on
-three reference runs of the runtime that are not sweep configurations: planner/probe_reference.py
+four reference runs of the runtime that are not sweep configurations: planner/probe_reference.py
 [Note: probe reference runs]), plans every configuration of `benchmarks/sweep.py` with the probed
 spec, trains each with the real runtime (`planner run`), fits the spec's efficiency parameters
 further on four of them (`planner calibrate`, planner/calibrate.py [Note: the calibration model])

@@ -31,6 +31,11 @@ A feature no profile exercises (all zeros) keeps the base value. The model adds 
 ignores overlap: a phase whose NVMe traffic hides behind compute pushes `theta_nvme` down; the
 simulator with the fitted spec still overlaps them. `residual` is the fit's relative RMS error over
 all rows; `planner compare --hardware` shows the simulator's own error before and after.
+`standard_errors` are each fitted factor's (the least-squares covariance of the factors the fit
+kept, scaled by the residual): a factor whose error is a large share of its value is one the
+profiles do not pin down. Profiles that never change one term independently of another (untiled
+runs only: operators and memory-bound bytes both grow with layers and tokens) can trade one for
+the other; calibrate on runs that vary each term, as the probe's reference runs do.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlannerError
@@ -59,9 +64,13 @@ class Calibration:
     residual: float
     """Relative RMS error of the fitted linear model over all (profile, phase) rows."""
     num_rows: int
+    standard_errors: dict[str, float] = field(default_factory=dict)
+    """Standard error of each nonzero factor (see [Note: the calibration model]); nan where the
+    rows leave no degree of freedom."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"factors": dict(self.factors), "residual": self.residual, "num_rows": self.num_rows,
+        return {"factors": dict(self.factors), "standard_errors": dict(self.standard_errors),
+                "residual": self.residual, "num_rows": self.num_rows,
                 "hardware": self.node.to_dict()}
 
 
@@ -139,8 +148,23 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     theta = dict.fromkeys(FEATURES, 0.0)
     for j, v in zip(used, theta_used, strict=True):
         theta[FEATURES[j]] = v
+    active = [j for j in used if theta[FEATURES[j]] > 0]
     return Calibration(node=calibrated_node(node, theta, {FEATURES[j] for j in used}), factors=theta,
-                       residual=math.sqrt(err / len(rows)), num_rows=len(rows))
+                       residual=math.sqrt(err / len(rows)), num_rows=len(rows),
+                       standard_errors=_standard_errors([[r[j] for j in active] for r in rows], err,
+                                                        [FEATURES[j] for j in active]))
+
+
+def _standard_errors(rows: list[list[float]], err: float, names: list[str]) -> dict[str, float]:
+    """Least-squares standard errors of the kept factors: sqrt(diag(s^2 (A^T A)^-1)), s^2 = err / dof."""
+    import numpy as np
+
+    dof = len(rows) - len(names)
+    if not names or dof <= 0:
+        return dict.fromkeys(names, math.nan)
+    a = np.asarray(rows, dtype=float)
+    cov = (err / dof) * np.linalg.pinv(a.T @ a)
+    return {name: float(math.sqrt(max(0.0, cov[i, i]))) for i, name in enumerate(names)}
 
 
 def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -> NodeSpec:

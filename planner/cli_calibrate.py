@@ -8,6 +8,7 @@ then shows every metric's error before and after calibration.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -37,6 +38,7 @@ def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | No
     if out is not None:
         write_json_atomic(out, result.node.to_dict(), "hardware")
     return {"profiles": [str(p) for p in profiles], "factors": {k: result.factors[k] for k in FEATURES},
+            "standard_errors": {k: None if math.isnan(v) else v for k, v in result.standard_errors.items()},
             "residual": result.residual, "num_rows": result.num_rows, "out": str(out) if out else None,
             "hardware": result.node.to_dict()}
 
@@ -62,8 +64,10 @@ def register(app: typer.Typer) -> None:
         table = Table(title=f"calibration on {len(profiles)} profile(s), {doc['num_rows']} phase rows")
         table.add_column("factor")
         table.add_column("theta", justify="right")
+        table.add_column("standard error", justify="right")
         for name, value in doc["factors"].items():
-            table.add_row(name, f"{value:.4g}")
+            se = doc["standard_errors"].get(name)
+            table.add_row(name, f"{value:.4g}", "" if se is None else f"{se:.2g}")
         console = Console()
         console.print(table)
         console.print(f"residual (relative RMS of the fit): {doc['residual']:.1%}")

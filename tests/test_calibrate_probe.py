@@ -76,6 +76,9 @@ def test_the_fit_recovers_a_known_spec_from_its_own_predictions(tmp_path: Path) 
     assert fitted.node.gpu_hbm_bytes_per_s == pytest.approx(truth.gpu_hbm_bytes_per_s, rel=0.02)
     assert fitted.node.cpu_adam_params_per_s == pytest.approx(truth.cpu_adam_params_per_s, rel=0.02)
     assert fitted.residual < 0.01
+    # Exact data pins every factor down: standard errors are a tiny share of the values.
+    assert fitted.standard_errors["operators"] < 0.01 * 1.5e-3
+    assert all(fitted.standard_errors[k] < 0.01 * fitted.factors[k] for k in fitted.standard_errors)
 
 
 def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
