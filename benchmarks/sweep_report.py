@@ -96,7 +96,8 @@ def write_results(report: dict, node: NodeSpec) -> None:
     residual = f"{cal['residual']:.1%}" if cal else "n/a"
     factors = ", ".join(f"{k} {v:.4g}" for k, v in cal["factors"].items()) if cal else "none"
     probe = (f"probed spec: {node.gpu_flops_per_s / 1e12:.3f} TFLOPS, CPU AdamW {node.cpu_adam_params_per_s / 1e9:.2f} "
-             f"G params/s, NVMe {node.nvme_read_bytes_per_s / 1e9:.2f} / {node.nvme_write_bytes_per_s / 1e9:.2f} GB/s")
+             f"G params/s, NVMe {node.nvme_read_bytes_per_s / 1e9:.2f} / {node.nvme_write_bytes_per_s / 1e9:.2f} GB/s, "
+             f"{node.operator_overhead_s * 1e3:.2f} ms per operator")
     scatter(report, DOCS / "sweep-scatter.png")
     body = f"""## Simulator vs runtime (sweep)
 
@@ -108,9 +109,7 @@ def write_results(report: dict, node: NodeSpec) -> None:
 {table(report)}
 """
     results_md.write_section("sweep", body)
-    doc = f"""# Calibration: the simulator against the runtime
-
-`{COMMAND}` probes this machine (`planner probe`, which on a CPU-only machine calibrates itself on
+    doc = f"""`{COMMAND}` probes this machine (`planner probe`, which on a CPU-only machine calibrates itself on
 four reference runs of the runtime that are not sweep configurations: planner/probe_reference.py
 [Note: probe reference runs]), plans every configuration of `benchmarks/sweep.py` with the probed
 spec, trains each with the real runtime (`planner run`), fits the spec's efficiency parameters
@@ -138,4 +137,5 @@ planner calibrate run.json other-run.json --hardware hw.json --out hw-calibrated
 planner compare plan.json run.json --hardware hw-calibrated.json
 ```
 """
-    (DOCS / "calibration.md").write_text(doc)
+    # Only the generated part: what follows its end marker in docs/calibration.md is kept by hand.
+    results_md.write_section("calibration", doc, DOCS / "calibration.md")
