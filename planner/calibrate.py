@@ -26,7 +26,8 @@ four untiled-or-barely-tiled calibration runs was noise that overpredicted tiled
 so the feature was dropped; on the VM of 2026-11-23 tiling 4 cost 12-44% of the step (~0.6 ms per
 operator in forward and backward alike, benchmarks/RESULTS.md), which no other feature charges.
 It is back, and the probe's reference runs include a tiled one (planner/probe_reference.py) so that
-the fit tells the cost from noise: where tiling is free it fits ~0.
+the fit can tell the cost from the rates (tests/test_calibrate_probe.py fits a known cost back from
+simulated reference runs); the probes of 2026-11-23 fitted 0.21-0.58 ms per operator.
 A feature no profile exercises (all zeros) keeps the base value. The model adds busy times, so it
 ignores overlap: a phase whose NVMe traffic hides behind compute pushes `theta_nvme` down; the
 simulator with the fitted spec still overlaps them. `residual` is the fit's relative RMS error over
