@@ -156,6 +156,16 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
                                                         [FEATURES[j] for j in active]))
 
 
+LOOSE_SHARE = 0.5
+"""A factor whose standard error is more than this share of its value (t < 2) is loosely determined."""
+
+
+def loose_factors(result: Calibration) -> list[str]:
+    """The fitted factors the profiles do not pin down (standard error over `LOOSE_SHARE` of the value)."""
+    return [name for name, se in result.standard_errors.items()
+            if math.isfinite(se) and se > LOOSE_SHARE * result.factors[name]]
+
+
 def _standard_errors(rows: list[list[float]], err: float, names: list[str]) -> dict[str, float]:
     """Least-squares standard errors of the kept factors: sqrt(diag(s^2 (A^T A)^-1)), s^2 = err / dof."""
     import numpy as np

@@ -24,7 +24,7 @@ from planner.specio import write_json_atomic
 
 
 def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | None) -> dict:
-    from planner.calibrate import FEATURES, calibrate
+    from planner.calibrate import FEATURES, calibrate, loose_factors
     from planner.catalog import resolve_hardware
 
     runs = []
@@ -39,6 +39,7 @@ def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | No
         write_json_atomic(out, result.node.to_dict(), "hardware")
     return {"profiles": [str(p) for p in profiles], "factors": {k: result.factors[k] for k in FEATURES},
             "standard_errors": {k: None if math.isnan(v) else v for k, v in result.standard_errors.items()},
+            "loose_factors": loose_factors(result),
             "residual": result.residual, "num_rows": result.num_rows, "out": str(out) if out else None,
             "hardware": result.node.to_dict()}
 
@@ -71,5 +72,9 @@ def register(app: typer.Typer) -> None:
         console = Console()
         console.print(table)
         console.print(f"residual (relative RMS of the fit): {doc['residual']:.1%}")
+        if doc["loose_factors"]:
+            console.print(f"loosely determined by these profiles: {', '.join(doc['loose_factors'])} (standard error "
+                          "over half the value); add runs that vary them on their own (a tiled plan for operators, "
+                          "a long-sequence one for memory_s)")
         if out is not None:
             console.print(f"calibrated hardware written to {out}")

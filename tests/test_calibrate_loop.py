@@ -65,6 +65,7 @@ def test_new_user_probe_fit_run_compare_calibrate(tmp_path: Path) -> None:
     # One profile's three phases leave no degrees of freedom for errors: null, never NaN in the JSON.
     assert set(out["standard_errors"]) <= set(out["factors"])
     assert all(se is None or (math.isfinite(se) and se >= 0) for se in out["standard_errors"].values())
+    assert out["loose_factors"] == []  # nothing is judged without degrees of freedom
     after = json.loads(_cli("compare", str(plan_path), str(profile_path), "--hardware", str(calibrated), "--json"))
     err = {r["metric"]: r for r in after["metrics"]}["iteration_time_s"]["calibrated_relative_error"]
     assert err is not None and math.isfinite(err)

@@ -54,7 +54,9 @@ def test_reference_runs_identify_every_fitted_term(tmp_path: Path) -> None:
 def test_the_fit_recovers_a_known_spec_from_its_own_predictions(tmp_path: Path) -> None:
     # Profiles whose phase times are the simulator's under a known spec (a 1.5 ms per-operator cost,
     # slower compute, memory and CPU Adam than the base) are fitted back to that spec.
-    from planner.calibrate import calibrate
+    import dataclasses
+
+    from planner.calibrate import calibrate, loose_factors
     from planner.hardware import EfficiencyCurve
     from planner.profile import Profile
     from planner.sim.report import simulate
@@ -79,6 +81,13 @@ def test_the_fit_recovers_a_known_spec_from_its_own_predictions(tmp_path: Path) 
     # Exact data pins every factor down: standard errors are a tiny share of the values.
     assert fitted.standard_errors["operators"] < 0.01 * 1.5e-3
     assert all(fitted.standard_errors[k] < 0.01 * fitted.factors[k] for k in fitted.standard_errors)
+    assert loose_factors(fitted) == []
+    # A factor whose standard error is over half its value is named loose (t < 2); NaN (no degrees
+    # of freedom) is not judged.
+    judged = dataclasses.replace(fitted, standard_errors={"compute_s": 0.1 * fitted.factors["compute_s"],
+                                                          "operators": 0.6 * fitted.factors["operators"],
+                                                          "memory_s": float("nan")})
+    assert loose_factors(judged) == ["operators"]
 
 
 def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
