@@ -70,8 +70,10 @@ class Calibration:
     rows leave no degree of freedom."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"factors": dict(self.factors), "standard_errors": dict(self.standard_errors),
-                "residual": self.residual, "num_rows": self.num_rows,
+        """The JSON document of `planner calibrate --json` and the sweep (a NaN standard error is null)."""
+        return {"factors": dict(self.factors),
+                "standard_errors": {k: None if math.isnan(v) else v for k, v in self.standard_errors.items()},
+                "loose_factors": loose_factors(self), "residual": self.residual, "num_rows": self.num_rows,
                 "hardware": self.node.to_dict()}
 
 

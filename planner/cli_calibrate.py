@@ -8,7 +8,6 @@ then shows every metric's error before and after calibration.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -24,7 +23,7 @@ from planner.specio import write_json_atomic
 
 
 def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | None) -> dict:
-    from planner.calibrate import FEATURES, calibrate, loose_factors
+    from planner.calibrate import calibrate
     from planner.catalog import resolve_hardware
 
     runs = []
@@ -37,11 +36,7 @@ def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | No
     result = calibrate(runs, node)
     if out is not None:
         write_json_atomic(out, result.node.to_dict(), "hardware")
-    return {"profiles": [str(p) for p in profiles], "factors": {k: result.factors[k] for k in FEATURES},
-            "standard_errors": {k: None if math.isnan(v) else v for k, v in result.standard_errors.items()},
-            "loose_factors": loose_factors(result),
-            "residual": result.residual, "num_rows": result.num_rows, "out": str(out) if out else None,
-            "hardware": result.node.to_dict()}
+    return {"profiles": [str(p) for p in profiles], **result.to_dict(), "out": str(out) if out else None}
 
 
 def register(app: typer.Typer) -> None:
