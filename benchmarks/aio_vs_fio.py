@@ -234,7 +234,7 @@ def main() -> None:
         sweep = []
         if args.sweep:
             for block_kib in (256, 1024, 4096):
-                for depth in (4, 16, 64):
+                for depth in (4, 16, 64, 128):
                     row = compare(path, size=size, block=block_kib * 1024, depth=depth, threads=args.threads,
                                   backend=args.backend, repeats=3)  # fmt: skip
                     print(json.dumps(row), file=sys.stderr)
