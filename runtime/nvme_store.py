@@ -10,13 +10,14 @@ into 4 KiB-aligned extents, one per shard (docs/nvme.md).
 Writes are fire-and-forget for the caller: `write` copies the data into a staging buffer, submits it
 and returns, so gradient shards stream out while backward goes on (METHOD.md §4.3 overlap). The
 store orders its own traffic: a read (or read-modify-write) of a shard first waits for the writes
-of that shard still in flight, and write staging is two reused page-aligned buffers of the largest
-shard (the memory model's `gradient_swap_buffers`): a write takes the free one, or waits for the
-older of the two writes in flight. Reusing them (instead of a fresh buffer per write) spares the
-kernel zeroing new pages for every gradient byte; `drain` gives them back, so host memory stays
-within the plan's bill between steps too (the gradient store keeps its two from step to step: the
-bill holds them throughout, and fresh ones cost page faults every step, see [Note: recycled read
-buffers]).
+of that shard still in flight, and write staging is a few reused page-aligned buffers of the
+largest shard (two; the gradient store has the memory model's `gradient_write_buffers`, four at
+prefetch depth 3 with parameters on NVMe, [Note: gradient write buffers] in planner/memory.py): a
+write takes a free one, or waits for the oldest write in flight. Reusing them (instead of a fresh
+buffer per write) spares the kernel zeroing new pages for every gradient byte; `drain` gives them
+back, so host memory stays within the plan's bill between steps too (the gradient store keeps its
+buffers from step to step: the bill holds them throughout, and fresh ones cost page faults every
+step, see [Note: recycled read buffers]).
 Reads return a `Pending` that waits for the I/O; the store also keeps every read handle until it
 finished, because a prefetch nobody waited for must not land in freed memory.
 """
@@ -73,7 +74,7 @@ class NvmeSpace:
     """This rank's swap directory, engine and the capacity of each state's swap file."""
 
     def __init__(self, nvme_path: str, *, rank: int, capacity_bytes: dict[str, int], node_needed_bytes: int,
-                 block_size_bytes: int, read_buffers: int = 2) -> None:
+                 block_size_bytes: int, read_buffers: int = 2, gradient_write_buffers: int = 2) -> None:
         self.capacity_bytes = {name: round_up(b) for name, b in capacity_bytes.items()}
         _remove_stale(nvme_path)
         self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
@@ -83,6 +84,8 @@ class NvmeSpace:
         """How many shard reads the memory bill holds in host memory at once: the host swap buffers
         (2), or, where the host is the compute device, every unit from the one in use to the
         deepest prefetch (depth + 1)."""
+        self.write_buffers = {"gradients": gradient_write_buffers}
+        """Write staging buffers per state (2 where not named; [Note: ordering of NVMe transfers])."""
         self.recycler = BufferRecycler(max_held_bytes=0)
         """Host buffers that shard reads land in, reused once freed ([Note: recycled read buffers]),
         up to `read_buffers` of the largest shard (`hold_reads_of`)."""
@@ -148,8 +151,10 @@ class NvmeStore(ShardStore):
         self._free_staging: list[AlignedBuffer] = []
         self._reads: list[Handle] = []
         self._staging_term = STAGING_TERMS.get(self.name, "nvme_staging")
-        self.max_staged_write_bytes = 0
-        """Write staging: two buffers of the largest shard (see [Note: ordering of NVMe transfers])."""
+        self.num_write_buffers = swap.write_buffers.get(self.name, 2)
+        self.largest_write_bytes = 0
+        """Write staging: `num_write_buffers` buffers of the largest shard (see [Note: ordering of
+        NVMe transfers])."""
         self.num_writes = 0
         """Writes submitted so far (any key): lets a reader tell that nothing was written since it
         read ahead (the streamed optimizer's next-step prefetch)."""
@@ -160,7 +165,7 @@ class NvmeStore(ShardStore):
         assert key not in self._extents, f"shard {key} already exists in the nvme store"
         size = numel * torch.empty(0, dtype=dtype).element_size()
         self._extents[key] = (self.file.allocate(size), dtype, numel)
-        self.max_staged_write_bytes = max(self.max_staged_write_bytes, 2 * round_up(size))
+        self.largest_write_bytes = max(self.largest_write_bytes, round_up(size))
         self._hold_reads_of(size)
         self.ledger.add(self.tier, self.term, size)
         return None
@@ -266,11 +271,11 @@ class NvmeStore(ShardStore):
             handle.wait()
 
     def _staging_buffer(self, size: int) -> AlignedBuffer:
-        """A free staging buffer of at least `size` bytes: one of two, reused; waits for the older
-        write in flight when both are busy. (Shards may be created after the first write, so a
-        buffer outgrown by a larger shard is replaced.)"""
-        capacity = max(size, self.max_staged_write_bytes // 2)
-        while not self._free_staging and len(self._staged_writes) >= 2:
+        """A free staging buffer of at least `size` bytes: one of `num_write_buffers`, reused; waits
+        for the oldest write in flight when all are busy. (Shards may be created after the first
+        write, so a buffer outgrown by a larger shard is replaced.)"""
+        capacity = max(size, self.largest_write_bytes)
+        while not self._free_staging and len(self._staged_writes) >= self.num_write_buffers:
             self._retire_oldest_staged()
         fitting = [b for b in self._free_staging if b.capacity_bytes >= size]
         if fitting:

@@ -62,7 +62,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR
+from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
 from planner.plan import Plan
 from runtime.checkpointing import CHECKPOINT_STORES, Segment, apply_checkpointing, find_blocks
 from runtime.collectives import Comm, Reduced, make_comm
@@ -508,7 +508,9 @@ def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
     read_buffers = config.prefetch_depth + 1 if config.device.type == "cpu" else 2
     return NvmeSpace(plan.nvme_path, rank=comm.rank, capacity_bytes=capacity,
                      node_needed_bytes=sum(capacity.values()) * local_world_size(),
-                     block_size_bytes=plan.nvme_block_bytes, read_buffers=max(2, read_buffers))
+                     block_size_bytes=plan.nvme_block_bytes, read_buffers=max(2, read_buffers),
+                     gradient_write_buffers=gradient_write_buffers(config.prefetch_depth,
+                                                                   params_on_nvme=place.params == "nvme"))
 
 
 def _default_init_fn(model: nn.Module) -> Callable[[nn.Module], None]:

@@ -280,3 +280,23 @@ def test_forward_without_checkpointing_keeps_no_parameter_reads_for_backward(dep
     assert held <= (depth + 2) * read_bytes[-1]
     assert held < sum(read_bytes) / 2
     state.close()
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_gradient_write_buffers_are_the_bills(depth: int, tmp_path: Path) -> None:
+    """The runtime stages as many gradient writes as the memory bill holds buffers for: 2, or
+    min(depth, 3) + 1 with parameters on NVMe ([Note: gradient write buffers])."""
+    import runtime
+    from planner.memory import gradient_write_buffers, memory_bill
+    from planner.plan import Plan
+    from runtime.sharding import state_of
+
+    doc = plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path), prefetch_depth=depth, **SMALL_CHUNKS)
+    buffers = gradient_write_buffers(depth, params_on_nvme=True)
+    assert buffers == {1: 2, 3: 4}[depth]
+    model = runtime.shard(build_model("gpt"), doc)
+    store = state_of(model).grad_store
+    assert store.num_write_buffers == buffers
+    bill = memory_bill(Plan.from_dict(doc)).terms["cpu"]["gradient_swap_buffers"]
+    assert bill % buffers == 0 and bill // buffers >= store.largest_write_bytes
+    state_of(model).close()
