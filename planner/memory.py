@@ -326,6 +326,10 @@ def runtime_buffer_peak_bytes(bill: MemoryBill) -> dict[str, int]:
             for tier, terms in bill.terms.items()}
 
 
+WRITE_STAGING_BUFFERS = 2
+"""Write staging buffers an NVMe store keeps by default (runtime/nvme_store.py): a double buffer."""
+
+
 def gradient_write_buffers(prefetch_depth: int, *, params_on_nvme: bool) -> int:
     """How many gradient shards a rank stages on their way to NVMe at once (`gradient_swap_buffers`;
     runtime/nvme_store.py). [Note: gradient write buffers] A gradient's write queues on the drive
@@ -335,7 +339,7 @@ def gradient_write_buffers(prefetch_depth: int, *, params_on_nvme: bool) -> int:
     computes. Measured on the io-bound NVMe benchmark (project VM, 2026-11-24, paired blocks at
     depth 3): backward 0.449 / 0.439 / 0.412 s with 2 buffers vs 0.381 / 0.334 / 0.305 s with 4 in
     three runs; 8 buffers gave 0.291 vs 0.299 s for 4, not worth twice the memory."""
-    return max(2, min(prefetch_depth, 3) + 1) if params_on_nvme else 2
+    return max(WRITE_STAGING_BUFFERS, min(prefetch_depth, 3) + 1) if params_on_nvme else WRITE_STAGING_BUFFERS
 
 
 def optimizer_chunk_buffer_bytes(plan: Plan) -> int:

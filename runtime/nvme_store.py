@@ -32,6 +32,7 @@ from typing import ClassVar
 
 import torch
 
+from planner.memory import WRITE_STAGING_BUFFERS
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.nvme import (
     AlignedBuffer,
@@ -74,7 +75,8 @@ class NvmeSpace:
     """This rank's swap directory, engine and the capacity of each state's swap file."""
 
     def __init__(self, nvme_path: str, *, rank: int, capacity_bytes: dict[str, int], node_needed_bytes: int,
-                 block_size_bytes: int, read_buffers: int = 2, gradient_write_buffers: int = 2) -> None:
+                 block_size_bytes: int, read_buffers: int = 2,
+                 gradient_write_buffers: int = WRITE_STAGING_BUFFERS) -> None:
         self.capacity_bytes = {name: round_up(b) for name, b in capacity_bytes.items()}
         _remove_stale(nvme_path)
         self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
@@ -85,7 +87,8 @@ class NvmeSpace:
         (2), or, where the host is the compute device, every unit from the one in use to the
         deepest prefetch (depth + 1)."""
         self.write_buffers = {"gradients": gradient_write_buffers}
-        """Write staging buffers per state (2 where not named; [Note: ordering of NVMe transfers])."""
+        """Write staging buffers per state (WRITE_STAGING_BUFFERS where not named; [Note: ordering of
+        NVMe transfers])."""
         self.recycler = BufferRecycler(max_held_bytes=0)
         """Host buffers that shard reads land in, reused once freed ([Note: recycled read buffers]),
         up to `read_buffers` of the largest shard (`hold_reads_of`)."""
@@ -151,7 +154,7 @@ class NvmeStore(ShardStore):
         self._free_staging: list[AlignedBuffer] = []
         self._reads: list[Handle] = []
         self._staging_term = STAGING_TERMS.get(self.name, "nvme_staging")
-        self.num_write_buffers = swap.write_buffers.get(self.name, 2)
+        self.num_write_buffers = swap.write_buffers.get(self.name, WRITE_STAGING_BUFFERS)
         self.largest_write_bytes = 0
         """Write staging: `num_write_buffers` buffers of the largest shard (see [Note: ordering of
         NVMe transfers])."""

@@ -31,7 +31,9 @@ class EngineConfig:
     (virtio disk) 1 MiB blocks read 1612 MB at 2.2 GB/s with 16 in flight, 2.5 with 64, 2.8 with
     128 and no more with 256, and wrote 1075 MB at 4.2, 4.8, 6.0 and 6.5 GB/s (2026-11-24, medians
     of 5 alternating runs of benchmarks/bench_nvme_step.py's MixProbe). Costs no memory: requests
-    fill their callers' buffers, and a caller with fewer bytes in flight is not slowed."""
+    fill their callers' buffers. The price is order: requests submitted together are served
+    together, so the first of several lands later than at depth 16 (a forward's first shard ~25 vs
+    ~8 ms on that VM; docs/nvme.md)."""
     num_threads: int = 4
     """Workers of the thread-pool backends (the C++ one and the pure-Python reference)."""
     backend: Backend = "auto"
