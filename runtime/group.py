@@ -83,6 +83,8 @@ class ParamUnit:
         for the unit's backward ([Note: recompute releases parameters] in runtime/sharding.py)."""
         self._outside: tuple[Any, int] | None = None
         """(recycler, bytes) while `own_buffer`'s copy stands in for a read buffer in its bound."""
+        self._kept = False
+        """Gathered past its forward use for the backward (`keep`), until resharded."""
         self.backward_begun = False
         """The unit's own backward began (its outputs' gradient arrived) since it was last resharded."""
         self.transient_buffers = {} if transient_buffers is None else transient_buffers
@@ -113,6 +115,8 @@ class ParamUnit:
         memory model's host `param_swap_buffers`); a shard already on its way is charged to the term
         of its new distance."""
         if self.state is not UnitState.SHARDED:
+            if self._kept:
+                self._retag_all(*stage_term(ahead, resident=self.param_store.resident_states))
             return
         if self._staged is None:
             self._staged = self.param_store.read(self.key, self.compute_dtype)
@@ -149,8 +153,23 @@ class ParamUnit:
         return self._full
 
     def claim(self) -> None:
-        """The unit's use begins: a buffer gathered ahead now counts as working memory (eq. 4)."""
-        self._retag("prefetch_gathered_params", "mswm")
+        """The unit's use begins: a buffer gathered ahead (or kept from the forward) now counts as
+        working memory (eq. 4)."""
+        if self.state is UnitState.GATHERED:
+            self._retag_all("gpu", "mswm")
+        else:
+            self._retag("prefetch_gathered_params", "mswm")
+
+    def keep(self, *, ahead: int) -> bool:
+        """After a forward use: stay gathered for a use `ahead` operators into the backward; from
+        now on `stage` charges the gathered buffer to the term of its distance, as it does a staged
+        shard ([Note: the forward's tail is the backward's head] in runtime/prefetch.py). Only where
+        that term holds the whole buffer: from 2 ahead the terms hold a shard, which is the whole
+        unit on one rank only. False: reshard instead."""
+        if self.state is not UnitState.GATHERED or (ahead >= 2 and self.comm.world_size > 1):
+            return False
+        self._kept = True
+        return True
 
     def unshard(self) -> None:
         """-> GATHERED: parameters are views of the full buffer and may be used by compute."""
@@ -212,6 +231,7 @@ class ParamUnit:
         if self.state is not UnitState.SHARDED:
             self._set_full(None)
         self._hollow = None
+        self._kept = False
         self.backward_begun = False
         self._release_outside()
         self._release_charges()
@@ -324,6 +344,12 @@ class ParamUnit:
                 self.ledger.sub(tier, old, b)
                 self.ledger.add("gpu", new, b)
                 self._held[i] = ("gpu", new, b)
+
+    def _retag_all(self, tier: str, term: str) -> None:
+        held, self._held = self._held, []
+        for old_tier, old_term, b in held:
+            self.ledger.sub(old_tier, old_term, b)
+            self._charge(tier, term, b)
 
     def _release_outside(self) -> None:
         if self._outside is not None:

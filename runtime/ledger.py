@@ -9,6 +9,8 @@ compute device" (the CPU itself on a machine without CUDA), `cpu` the host store
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 TIERS: tuple[str, ...] = ("gpu", "cpu", "nvme")
@@ -33,6 +35,7 @@ class MemoryLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tiers: dict[str, TierUsage] = {tier: TierUsage() for tier in TIERS}
+        self._local = threading.local()
 
     def add(self, tier: str, term: str, num_bytes: int) -> None:
         assert tier in self._tiers, tier
@@ -42,10 +45,26 @@ class MemoryLedger:
             now = usage.terms.get(term, 0) + num_bytes
             assert now >= 0, f"{tier}.{term} went negative ({now} bytes): unbalanced accounting"
             usage.terms[term] = now
-            usage.term_peaks[term] = max(usage.term_peaks.get(term, 0), now)
-            if usage.current_bytes > usage.peak_bytes:
-                usage.peak_bytes = usage.current_bytes
-                usage.terms_at_peak = {k: v for k, v in usage.terms.items() if v}
+            if not getattr(self._local, "relabelling", False):
+                _record_peaks(usage, [term])
+
+    @contextmanager
+    def relabelling(self) -> Iterator[None]:
+        """This thread's adds and subs inside take effect at once, but peaks are recorded only for
+        the state reached at the end. For moving buffers between the terms of the slots they fill
+        (a unit passing from "2 ahead" to "1 ahead"), where one move after another can pass through
+        a labelling no memory was ever in; within, memory may be added but not freed, so the end
+        state is the real peak of the span."""
+        outer = getattr(self._local, "relabelling", False)
+        self._local.relabelling = True
+        try:
+            yield
+        finally:
+            self._local.relabelling = outer
+            if not outer:
+                with self._lock:
+                    for usage in self._tiers.values():
+                        _record_peaks(usage, list(usage.terms))
 
     def sub(self, tier: str, term: str, num_bytes: int) -> None:
         self.add(tier, term, -num_bytes)
@@ -70,6 +89,14 @@ class MemoryLedger:
     def current_bytes(self) -> dict[str, int]:
         with self._lock:
             return {tier: u.current_bytes for tier, u in self._tiers.items()}
+
+
+def _record_peaks(usage: TierUsage, terms: list[str]) -> None:
+    for term in terms:
+        usage.term_peaks[term] = max(usage.term_peaks.get(term, 0), usage.terms[term])
+    if usage.current_bytes > usage.peak_bytes:
+        usage.peak_bytes = usage.current_bytes
+        usage.terms_at_peak = {k: v for k, v in usage.terms.items() if v}
 
 
 def nbytes(tensor) -> int:  # noqa: ANN001 - torch.Tensor, kept import-free for callers' type hints

@@ -35,6 +35,22 @@ operator before it. Counted as operators (before 2026-11-22), a GPT's two LayerN
 depth 3 hold two linears at times, and the drive ran dry while a linear computed. The riders cost at
 most 1/`RIDER_FRACTION` of a largest shard each, and at most `MAX_RIDERS` of them are in a window.
 
+[Note: the forward's tail is the backward's head]
+The backward's first operators are the forward's last ones, in reverse. Resharding them after
+their forward use would read them straight back at the start of backward, where the first one's
+shard, submitted with the three after it, is waited for with nothing to compute. A unit whose last
+forward use is `r` operators before the forward's end and which is `q` operators into the
+backward's first window stays gathered instead (`keep_distance`) when r <= q and the next use is
+an operator's, not a rider's. From the next operator's use on, such units fill exactly the window
+slots the forward's own prefetch no longer needs (its window reaches r operators ahead of a unit
+r from the end), each charged to the memory-bill term of its backward distance (`ParamUnit.keep`;
+the slots change hands inside `MemoryLedger.relabelling`), so the bill holds them as it holds a
+prefetch. Until then the unit holds the slot of the operator in use, which a rider used in
+between would need too: hence the second condition. FSDP2 makes the same choice by hand
+(torchtitan leaves the last block gathered after forward, `reshard_after_forward=False`). Under
+activation checkpointing the backward opens with a recompute of the last segment in forward
+order, so few units qualify; whatever is kept and not used is resharded when backward ends.
+
 [Note: a changed order]
 Models may take data-dependent branches, so the order is a hint, never a contract: when the unit
 being used is not the one recorded at this position, the prefetcher stops prefetching for the rest
@@ -105,6 +121,26 @@ class Prefetcher:
         for i, distance in window:
             if distance == 1:
                 self.units[i].start_gather(prefetch=True)
+
+    def keep_distance(self, index: int) -> int | None:
+        """At the end of a forward use of unit `index`: how many operators into the backward's first
+        window it is, if it should stay gathered until then ([Note: the forward's tail is the
+        backward's head]); None to reshard it."""
+        forward, backward = self._orders[Phase.FORWARD], self._orders[Phase.BACKWARD]
+        if self.depth == 0 or forward.recorded is None or backward.recorded is None or forward.diverged:
+            return None
+        position = len(forward.current)
+        rest = forward.recorded[position:]
+        if forward.recorded[position - 1 : position] != [index] or index in rest:
+            return None  # not where the recorded order has it, or used again later in this forward
+        if rest and self._rides[rest[0]]:
+            return None  # a rider's use comes next, while this unit still holds the in-use slot
+        head = [(backward.recorded[0], 0), *self._window(backward.recorded, 0)]
+        q = next((distance for i, distance in head if i == index), None)
+        if q is None:
+            return None
+        r = sum(not self._rides[i] for i in rest)  # operators after this use
+        return q if r <= q else None
 
     def _window(self, recorded: list[int], position: int) -> list[tuple[int, int]]:
         """(unit, operators ahead) for the units after `position` up to the `depth`-th operator, with

@@ -133,6 +133,9 @@ class ShardedModel:
         self.transient_buffers: dict[int, ParamUnit] = {}
         """Storage address -> unit gathered into it, for transient gathered buffers."""
         self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._kept: dict[int, int] = {}
+        """Units this forward keeps gathered for the backward -> their distance into its first
+        window ([Note: the forward's tail is the backward's head] in runtime/prefetch.py)."""
 
     def _store(self, tier: str, term: str, name: str) -> ShardStore:
         return make_store(tier, term=term, ledger=self.ledger, copier=self.copier, name=name, swap=self.swap)
@@ -155,12 +158,19 @@ class ShardedModel:
     def _use(self, indices: list[int], phase: Phase) -> None:
         assert self.prefetcher is not None
         for i in indices:
-            self.units[i].claim()
-            self.prefetcher.on_use(phase, i)  # start gathering ahead before waiting for this one
+            self._kept.pop(i, None)  # used again (the order changed): in use, not kept
+            # Buffers change slots here, and each is charged to its new slot's term once all moved.
+            with self.ledger.relabelling():
+                self.units[i].claim()
+                self.prefetcher.on_use(phase, i)  # start gathering ahead before waiting for this one
+                if phase is Phase.FORWARD:  # what the forward keeps takes the slot of its backward use
+                    for j, ahead in self._kept.items():
+                        self.units[j].stage(ahead=ahead)
             self.units[i].unshard()
 
     def root_pre_forward(self, module: nn.Module, args: Any) -> None:  # noqa: ARG002
         if self.phase is StepPhase.IDLE:
+            self._kept = {}
             self.phase = StepPhase.FORWARD
             self.profiler.begin("forward")
             if torch.is_grad_enabled() and self._saving is None:
@@ -227,7 +237,7 @@ class ShardedModel:
             for i in indices:  # see [Note: when a unit is gathered]
                 if self.phase is StepPhase.BACKWARD:
                     self.units[i].hollow()
-                else:
+                elif not self._keep_for_backward(i):
                     self.units[i].reshard()
             if torch.is_grad_enabled():
                 for t in _tensors(output):
@@ -235,6 +245,15 @@ class ShardedModel:
                         t.register_hook(self._pre_backward(indices))
 
         return hook
+
+    def _keep_for_backward(self, index: int) -> bool:
+        """[Note: the forward's tail is the backward's head] in runtime/prefetch.py."""
+        assert self.prefetcher is not None
+        ahead = self.prefetcher.keep_distance(index) if torch.is_grad_enabled() else None
+        if ahead is None or not self.units[index].keep(ahead=ahead):
+            return False
+        self._kept[index] = ahead
+        return True
 
     def _pre_backward(self, indices: list[int]) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:  # noqa: ARG001
@@ -256,6 +275,7 @@ class ShardedModel:
         if self.phase is StepPhase.FORWARD:
             self.profiler.end("forward")  # no-op unless the root hook did not run
         self.phase = StepPhase.BACKWARD
+        self._kept = {}  # from here the prefetcher's window charges them ([Note: the forward's tail ...])
         self.profiler.begin("backward")
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
@@ -305,6 +325,8 @@ class ShardedModel:
     def finish_pending(self) -> None:
         """Called before the optimizer step (a no-op when backward ended normally)."""
         assert self.phase is not StepPhase.BACKWARD, "optimizer step inside backward"
+        if self.phase is StepPhase.FORWARD:  # a forward with no backward: drop what it kept gathered
+            self._reshard_all()
 
     # -- gathered views for users (e.g. saving a full state dict) ----------------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:

@@ -300,3 +300,55 @@ def test_gradient_write_buffers_are_the_bills(depth: int, tmp_path: Path) -> Non
     bill = memory_bill(Plan.from_dict(doc)).terms["cpu"]["gradient_swap_buffers"]
     assert bill % buffers == 0 and bill // buffers >= store.largest_write_bytes
     state_of(model).close()
+
+
+def test_the_backward_reads_no_shard_the_forward_kept(tmp_path: Path) -> None:
+    """[Note: the forward's tail is the backward's head] with parameters on NVMe at depth 3 (blocks of
+    LayerNorm, Linear, Linear; the norms ride along): from the second step on, the backward reads none of the units the
+    forward kept gathered (the last block's linears, and the linear three operators into the
+    backward; not the one a norm follows, see the Note) and every other unit once; the host
+    ledger stays within the bill, and training is bit for bit that in host memory."""
+    from torch import nn
+
+    import runtime
+    from runtime.prefetch import Phase
+    from runtime.sharding import state_of
+
+    def mlp() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(*[m for _ in range(4) for m in (nn.LayerNorm(256), nn.Linear(256, 512), nn.Linear(512, 256))])
+
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2))
+    results = []
+    for placement, path in ((ALL_CPU, None), (ALL_NVME, str(tmp_path))):
+        doc = plan_doc(placement=placement, nvme_path=path, prefetch_depth=3, **SMALL_CHUNKS)
+        model = runtime.shard(mlp(), doc)
+        opt = runtime.AdamW(model, lr=1e-3)
+        st = state_of(model)
+        reads: list[tuple[str, str]] = []
+        read = st.param_store.read
+        st.param_store.read = (lambda key, dtype, _st=st, _reads=reads, _read=read:  # type: ignore[method-assign]
+                               _reads.append((_st.phase.name, key)) or _read(key, dtype))
+        losses = []
+        for _ in range(3):
+            reads.clear()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        if placement is ALL_NVME:
+            forward = [st.units[i].key for i in st.prefetcher.recorded(Phase.FORWARD)]
+            # ... LN3 L1_3 L2_3 | LN4 L1_4 L2_4: kept L2_4 (q 0), L1_4 (q 1) and L1_3 (q 3); not L2_3 (LN4 follows).
+            kept = {forward[-1], forward[-2], forward[-5]}
+            in_backward = [key for phase, key in reads if phase == "BACKWARD"]
+            assert sorted(in_backward) == sorted(set(forward) - kept)
+            # The bill's host swap buffers (planner/memory.py, for this model): two of the largest shard.
+            largest = -(-max(u.layout.shard_numel for u in st.units) * 4 // 4096) * 4096
+            peaks = st.ledger.usage("cpu").term_peaks
+            assert largest < peaks["param_swap_buffers"] <= 2 * largest
+        del st.param_store.read
+        results.append((losses, st.full_parameters()))
+        opt.close()
+        st.close()
+    assert_bitwise(results[0], results[1])

@@ -142,3 +142,47 @@ def test_model_with_changing_order_trains_like_plain_pytorch() -> None:
         opt.zero_grad()
         assert got.item() == pytest.approx(expected.item(), rel=1e-5)
     assert runtime.state_of(model).prefetcher.num_order_changes >= 3
+
+
+def _keeps(p: Prefetcher, forward: list[int]) -> dict[int, int]:
+    """Units `keep_distance` keeps gathered at the end of their forward use -> backward distance."""
+    kept = {}
+    for i in forward:
+        p.on_use(Phase.FORWARD, i)
+        if (q := p.keep_distance(i)) is not None:
+            kept[i] = q
+    p.end_phase(Phase.FORWARD)
+    return kept
+
+
+def test_the_forwards_tail_stays_gathered_for_the_backwards_head() -> None:
+    """[Note: the forward's tail is the backward's head]: with the backward the forward reversed,
+    the last depth + 1 operators stay gathered, each for its distance into the backward's window;
+    nothing is kept before both orders are recorded."""
+    log: list = []
+    p = Prefetcher([FakeUnit(i, log, on_nvme=True) for i in range(8)], depth=3)
+    assert _keeps(p, list(range(8))) == {}
+    for i in reversed(range(8)):
+        p.on_use(Phase.BACKWARD, i)
+    p.end_phase(Phase.BACKWARD)
+    assert _keeps(p, list(range(8))) == {7: 0, 6: 1, 5: 2, 4: 3}
+    p.depth = 1
+    assert _keeps(p, list(range(8))) == {7: 0, 6: 1}
+
+
+def test_a_unit_is_kept_only_where_its_slot_is_free() -> None:
+    """Not kept: a unit used again later in the forward (a tied embedding's first use), one whose
+    backward use is nearer than its distance from the forward's end (r > q), and one followed by a
+    rider's use (which needs the in-use slot the unit still holds)."""
+    log: list = []
+    sizes = [4096, 4096, 4096, 32, 4096, 4096]  # 3 is a norm, riding with 2
+    p = Prefetcher([FakeUnit(i, log, on_nvme=True, full_bytes=b) for i, b in enumerate(sizes)], depth=3)
+    forward = [0, 1, 2, 3, 4, 5, 0]  # 0 is used again at the end (tied output head)
+    backward = [0, 5, 4, 1, 2, 3]  # 1 before 2 and 3: a changed order in the backward
+    for order, phase in ((forward, Phase.FORWARD), (backward, Phase.BACKWARD)):
+        for i in order:
+            p.on_use(phase, i)
+        p.end_phase(phase)
+    # Kept: 0's last use (r 0, q 0), 5 (r 1, q 1), 4 (r 2, q 2). Not: 0's first use; 1 (r 4: 2, 4,
+    # 5 and 0 follow; q 3); 2 (the rider 3 follows); 3 (not in the backward's first window).
+    assert _keeps(p, forward) == {0: 0, 5: 1, 4: 2}
