@@ -268,19 +268,23 @@ def spread(values: list[float]) -> dict[str, float]:
 def phase_budget(runs: list[dict]) -> dict[str, dict[str, float]]:
     """Each phase of our step against the ideal disk time of its bytes at the adjacent probe's
     bandwidths (medians over the measured steps). Per parameter byte P on NVMe the schedule moves:
-    forward reads P; backward reads P and writes P; the optimizer reads 4P and writes 3P
-    (docs/nvme.md, [Note: NVMe step schedule])."""
-    phase_bytes = {"forward": (1, 0), "backward": (1, 1), "optimizer": (4, 3)}
+    forward reads P; backward reads K <= P (the forward's tail stays gathered for the backward's
+    head: runtime/prefetch.py, [Note: the forward's tail is the backward's head]) and writes P; the
+    optimizer reads 4P and writes 3P (docs/nvme.md, [Note: NVMe step schedule]). P and K come from
+    the step's measured bytes: writes are 4P, reads 5P + K."""
+    phase_bytes = {"forward": lambda p, k: (p, 0), "backward": lambda p, k: (k, p), "optimizer": lambda p, k: (4 * p, 3 * p)}
     out: dict[str, dict[str, float]] = {}
-    for phase, (reads, writes) in phase_bytes.items():
+    for phase, moved in phase_bytes.items():
         measured, ideal = [], []
         for run in runs:
             for (read_bytes, write_bytes), phases, adj in zip(run["io_bytes"]["ours-nvme"], run["ours_nvme_phase_time_s"],
                                                                run["adjacent_rooflines"], strict=True):
                 p = write_bytes / 4
-                assert abs(read_bytes / 6 - p) < 1e-6 * p, (read_bytes, write_bytes)  # the schedule above
+                k = read_bytes - 5 * p
+                assert 0 <= k <= p, (read_bytes, write_bytes)  # the schedule above
+                reads, writes = moved(p, k)
                 measured.append(phases[phase])
-                ideal.append(reads * p / adj["read_bytes_per_s"] + writes * p / adj["write_bytes_per_s"])
+                ideal.append(reads / adj["read_bytes_per_s"] + writes / adj["write_bytes_per_s"])
         out[phase] = {"median_s": statistics.median(measured), "ideal_disk_s": statistics.median(ideal),
                       "median_ratio": statistics.median(m / i for m, i in zip(measured, ideal, strict=True))}
     return out

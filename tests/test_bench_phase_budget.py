@@ -1,0 +1,38 @@
+"""The NVMe benchmark's per-phase budget splits a step's measured bytes by the schedule in
+docs/nvme.md: the backward reads only what the forward did not keep gathered."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_nvme_step.py"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as when the script runs: its siblings import
+    spec = importlib.util.spec_from_file_location("bench_nvme_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_of(param_bytes: int, kept_bytes: int) -> dict:
+    reads, writes = 6 * param_bytes - kept_bytes, 4 * param_bytes
+    return {"io_bytes": {"ours-nvme": [[reads, writes]]},
+            "ours_nvme_phase_time_s": [{"forward": 1.0, "backward": 2.0, "optimizer": 8.0}],
+            "adjacent_rooflines": [{"read_bytes_per_s": 100.0, "write_bytes_per_s": 50.0}]}
+
+
+def test_the_backward_is_charged_only_the_reads_the_forward_did_not_keep(bench):
+    budget = bench.phase_budget([run_of(param_bytes=400, kept_bytes=100)])
+    assert budget["forward"]["ideal_disk_s"] == pytest.approx(400 / 100)
+    assert budget["backward"]["ideal_disk_s"] == pytest.approx(300 / 100 + 400 / 50)
+    assert budget["optimizer"]["ideal_disk_s"] == pytest.approx(1600 / 100 + 1200 / 50)
+    assert budget["backward"]["median_ratio"] == pytest.approx(2.0 / 11.0)
+
+
+def test_bytes_off_the_schedule_are_refused(bench):
+    with pytest.raises(AssertionError):
+        bench.phase_budget([run_of(param_bytes=400, kept_bytes=500)])
