@@ -430,8 +430,8 @@ def write_results(doc: dict) -> None:
         lines += [f"| {ph} | {v['median_s']:.3f} | {v['ideal_disk_s']:.3f} | {v['median_ratio']:.2f} |"
                   for ph, v in adj["phases"].items()]
         lines += [""]
-    lines += ["Phase ideal times: forward reads P, backward reads P and writes P, the optimizer reads 4P and "
-              "writes 3P (P: parameter bytes), at the adjacent probe's read and write bandwidth; backward also "
+    lines += ["Phase ideal times: forward reads P, backward reads what the forward did not keep gathered (the "
+              "step's reads less 5P) and writes P, the optimizer reads 4P and writes 3P (P: parameter bytes), at the adjacent probe's read and write bandwidth; backward also "
               "reads the optimizer's first chunks' states ahead (counted in the optimizer's ideal), so the "
               "optimizer can beat its own ideal while the step cannot beat the roofline.", "",
               "Targets (issue 5): ours-nvme / deepspeed-nvme <= 0.75 and ours-nvme step / I/O roofline <= 1.2. "
