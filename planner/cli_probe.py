@@ -51,7 +51,7 @@ def probe(
     busy = _busy_warning()
     if busy:
         log(f"warning: {busy}")
-    doc = probe_node(
+    doc, precision = probe_node(
         nvme_path=directory,
         nvme_test_bytes=max(64 * 1024**2, int(nvme_test_gib * GIB)),
         name=name,
@@ -63,11 +63,11 @@ def probe(
     if calibrate if calibrate is not None else spec.host_is_device:
         from planner.probe_reference import REFERENCE_REPEATS, REFERENCE_RUNS, calibrate_on_reference_runs
 
-        fit = calibrate_on_reference_runs(spec, str(directory), log=log)
+        fit = calibrate_on_reference_runs(spec, str(directory), precision=precision, log=log)
         factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
         spec = fit.node.replace(name=spec.name, notes=(
-            f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime (the median of "
-            f"{REFERENCE_REPEATS} trainings each; planner/probe_reference.py "
+            f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime in {precision} (the "
+            f"median of {REFERENCE_REPEATS} trainings each; planner/probe_reference.py "
             f"[Note: probe reference runs]): factors {factors}, residual {fit.residual:.1%}. The measured bare-kernel "
             f"rates were {spec.gpu_flops_per_s / 1e12:.4g} TFLOPS and {spec.gpu_hbm_bytes_per_s / 1e9:.4g} GB/s "
             "memory-bound."))

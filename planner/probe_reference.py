@@ -21,6 +21,13 @@ the rates; without it the fit charged tiling nothing, and on the 2026-11-23 VM, 
 of benchmarks/sweep.py, which checks the result on configurations the probe never ran. On a CUDA
 machine bare-kernel rates are what the kernels reach, and these small models would measure launch
 overhead rather than the GPU, so the probe does not run them unless asked (`--calibrate`).
+
+[Note: reference runs in the probed precision]
+The runs train in the precision whose matmul rate the probe measured as the spec's compute rate (on
+a CPU the faster of fp32 and bf16, runtime/probe.py), so the fit scales the rate the spec holds, and
+the runs take what the spec says they take. A CPU without bf16 instructions emulates bf16 matmuls:
+on the 2026-11-25 VM (AVX2, no AVX-512) they ran at 0.7 GFLOP/s against 65 in fp32, and one bf16
+training of the wide run had not finished in 11 minutes, where the whole probe is meant to take ~2.
 """
 
 from __future__ import annotations
@@ -77,34 +84,36 @@ REFERENCE_RUNS = (
 
 
 def pinned_plan(node: NodeSpec, model: dict, placement: dict[str, str], *, micro_batch_per_gpu: int,
-                checkpoint_interval: int, nvme_path: str, tiling_factor: int = 1, where: str = "plan") -> Plan:
-    """A one-GPU bf16 plan with every knob pinned, as the runtime is asked to train it here: the
-    probe's reference runs and benchmarks/sweep.py's configurations."""
+                checkpoint_interval: int, nvme_path: str, tiling_factor: int = 1, precision: str = "bf16",
+                where: str = "plan") -> Plan:
+    """A one-GPU plan with every knob pinned, as the runtime is asked to train it here: the probe's
+    reference runs and benchmarks/sweep.py's configurations."""
     return Plan.from_dict({
-        "model": model, "hardware": node.to_dict(), "num_gpus": 1, "precision": "bf16", "placement": placement,
+        "model": model, "hardware": node.to_dict(), "num_gpus": 1, "precision": precision, "placement": placement,
         "micro_batch_per_gpu": micro_batch_per_gpu, "checkpoint_interval": checkpoint_interval,
         "tiling_factor": tiling_factor, "nvme_path": nvme_path if "nvme" in placement.values() else None,
     }, where)
 
 
-def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str) -> Plan:
+def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str, precision: str = "bf16") -> Plan:
     model = {"name": f"probe-{run.name}", "num_layers": run.num_layers, "hidden_size": run.hidden_size,
              "num_heads": run.num_heads, "seq_len": run.seq_len, "vocab_size": REFERENCE_VOCAB}
     placement = {"params": run.params, "gradients": run.gradients, "optimizer_states": run.optimizer_states,
                  "activation_checkpoints": "cpu"}
     return pinned_plan(node, model, placement, micro_batch_per_gpu=run.micro_batch_per_gpu,
                        checkpoint_interval=run.checkpoint_interval, nvme_path=nvme_path,
-                       tiling_factor=run.tiling_factor, where=f"reference run {run.name}")
+                       tiling_factor=run.tiling_factor, precision=precision, where=f"reference run {run.name}")
 
 
 def calibrate_on_reference_runs(
-    node: NodeSpec, nvme_path: str, *, steps: int = REFERENCE_STEPS, repeats: int = REFERENCE_REPEATS,
-    log: Callable[[str], None] = lambda m: None,
+    node: NodeSpec, nvme_path: str, *, precision: str = "bf16", steps: int = REFERENCE_STEPS,
+    repeats: int = REFERENCE_REPEATS, log: Callable[[str], None] = lambda m: None,
 ) -> Calibration:
     """Train every reference run `repeats` times with the bundled runtime (round-robin, so that a slow
-    minute hits different runs), and fit `node` to each run's median-time profile."""
+    minute hits different runs) in `precision` ([Note: reference runs in the probed precision]), and
+    fit `node` to each run's median-time profile."""
     measured: dict[str, list[Profile]] = {ref.name: [] for ref in REFERENCE_RUNS}
-    plans = {ref.name: reference_plan(ref, node, nvme_path) for ref in REFERENCE_RUNS}
+    plans = {ref.name: reference_plan(ref, node, nvme_path, precision) for ref in REFERENCE_RUNS}
     with tempfile.TemporaryDirectory(prefix="tierwise-probe-") as work:
         for ref in REFERENCE_RUNS:
             plans[ref.name].save(Path(work) / f"{ref.name}.plan.json")
@@ -112,7 +121,7 @@ def calibrate_on_reference_runs(
             for ref in REFERENCE_RUNS:
                 log(f"reference run {ref.name} ({attempt + 1}/{repeats}): {ref.num_layers} x hd {ref.hidden_size}, "
                     f"seq {ref.seq_len}, batch {ref.micro_batch_per_gpu}, params {ref.params}, optimizer "
-                    f"{ref.optimizer_states}, tiling {ref.tiling_factor}")
+                    f"{ref.optimizer_states}, tiling {ref.tiling_factor}, {precision}")
                 measured[ref.name].append(_train(ref, Path(work), steps))
     runs = []
     for ref in REFERENCE_RUNS:

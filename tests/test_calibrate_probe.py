@@ -141,3 +141,36 @@ def test_probe_warns_when_other_work_competes(monkeypatch: pytest.MonkeyPatch) -
     assert cli_probe._busy_warning() == ""
     monkeypatch.setattr(cli_probe.os, "getloadavg", lambda: (1.8, 1.0, 0.5))
     assert cli_probe._busy_warning().startswith("load average 1.80 on 2 CPUs: other work is running")
+
+
+def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # [Note: reference runs in the probed precision]: where fp32 matmuls are the faster (a CPU that
+    # emulates bf16), the spec's compute rate is fp32's and the reference runs train in fp32.
+    from planner.plan import PRECISIONS, load_plan
+    from runtime import probe as runtime_probe
+
+    assert set(runtime_probe.PRECISION_OF_DTYPE.values()) <= set(PRECISIONS)
+    doc = _cpu_node().to_dict()
+    monkeypatch.setattr(runtime_probe, "probe_node", lambda **kwargs: (dict(doc), "fp32"))
+    trained: list[str] = []
+
+    def fake_train(ref, work, steps):  # noqa: ANN001, ANN202
+        from planner.plan import Prediction
+        from planner.profile import Profile
+
+        trained.append(load_plan(work / f"{ref.name}.plan.json").precision)
+        return Profile(measured=Prediction(feasible=True, iteration_time_s=1.0, method="measured"), samples=(),
+                       warmup_steps=0)
+
+    monkeypatch.setattr(probe_reference, "_train", fake_train)
+    class Fit:  # what the CLI reads of a fit; the fit itself is tested above
+        node, factors, residual = _cpu_node(), {"compute_s": 1.0}, 0.0
+
+    monkeypatch.setattr(probe_reference, "calibrate", lambda runs, node: Fit())
+    out = tmp_path / "hw.json"
+    result = CliRunner().invoke(app, ["probe", "--out", str(out), "--nvme-path", str(tmp_path), "--calibrate"])
+    assert result.exit_code == 0, result.output
+    assert trained == ["fp32"] * len(REFERENCE_RUNS) * probe_reference.REFERENCE_REPEATS
+    assert "reference runs of the runtime in fp32" in json.loads(out.read_text())["notes"]
+    assert reference_plan(REFERENCE_RUNS[0], _cpu_node(), str(tmp_path)).precision == "bf16"  # the default
