@@ -9,8 +9,10 @@ into 4 KiB-aligned extents, one per shard (docs/nvme.md).
 [Note: ordering of NVMe transfers]
 Writes are fire-and-forget for the caller: `write` copies the data into a staging buffer, submits it
 and returns, so gradient shards stream out while backward goes on (METHOD.md §4.3 overlap). The
-store orders its own traffic: a read (or read-modify-write) of a shard first waits for the writes
-of that shard still in flight, and write staging is a few reused page-aligned buffers of the
+store orders its own traffic: a read (or read-modify-write) of a range of a shard first waits for
+the writes in flight that overlap it, and so does a write (two writes of one range in flight at
+once would land in either order; writes of disjoint chunks of a shard, as the optimizer's, do not
+wait for each other), and write staging is a few reused page-aligned buffers of the
 largest shard (two; the gradient store has the memory model's `gradient_write_buffers`, four at
 prefetch depth 3 with parameters on NVMe, [Note: gradient write buffers] in planner/memory.py): a
 write takes a free one, or waits for the oldest write in flight. Reusing them (instead of a fresh
@@ -149,7 +151,8 @@ class NvmeStore(ShardStore):
         self.recycler = swap.recycler
         self._hold_reads_of = swap.hold_reads_of
         self._extents: dict[str, tuple[Extent, torch.dtype, int]] = {}
-        self._writes: dict[str, list[Handle]] = {}
+        self._writes: dict[str, list[tuple[Handle, int, int]]] = {}
+        """Writes in flight per shard, with the element range [start, end) each writes."""
         self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
         self._free_staging: list[AlignedBuffer] = []
         self._reads: list[Handle] = []
@@ -253,7 +256,7 @@ class NvmeStore(ShardStore):
         return extent.offset_bytes + offset * tensor.element_size()
 
     def _submit_read(self, key: str, out: torch.Tensor, offset: int) -> Handle:
-        self._wait_writes(key)
+        self._wait_writes(key, offset, offset + out.numel())
         self._reads = _reap(self._reads)
         handle = self.engine.read_async(self.file.file, offset=self._byte_range(key, offset, out), buffer=out)
         self._reads.append(handle)
@@ -261,17 +264,25 @@ class NvmeStore(ShardStore):
         return handle
 
     def _submit_write(self, key: str, src: torch.Tensor, offset: int) -> Handle:
+        end = offset + src.numel()
+        self._wait_writes(key, offset, end)
         handle = self.engine.write_async(self.file.file, offset=self._byte_range(key, offset, src), buffer=src)
         self.num_writes += 1
-        pending = _reap(self._writes.get(key, []))
-        pending.append(handle)
-        self._writes[key] = pending
+        self._writes.setdefault(key, []).append((handle, offset, end))
         self.copier.link_bytes["nvme_write"] = self.copier.link_bytes.get("nvme_write", 0) + nbytes(src)
         return handle
 
-    def _wait_writes(self, key: str) -> None:
-        for handle in self._writes.pop(key, []):
-            handle.wait()
+    def _wait_writes(self, key: str, start: int = 0, end: int | None = None) -> None:
+        """Wait for the writes of `key` in flight that overlap elements [start, end) (all of them by
+        default); finished ones are waited on too, which collects their errors (as `_reap`)."""
+        running = []
+        for handle, lo, hi in self._writes.pop(key, []):
+            if handle.done() or (start < hi and (end is None or lo < end)):
+                handle.wait()
+            else:
+                running.append((handle, lo, hi))
+        if running:
+            self._writes[key] = running
 
     def _staging_buffer(self, size: int) -> AlignedBuffer:
         """A free staging buffer of at least `size` bytes: one of `num_write_buffers`, reused; waits

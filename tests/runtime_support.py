@@ -145,3 +145,45 @@ def run_distributed(fn_name: str, cases: list[tuple[Any, ...]], out_dir: Path, w
     mp.start_processes(_worker, args=(world_size, free_port(), fn_name, cases, str(out_dir), module), nprocs=world_size,
                        start_method="spawn")
     return json.loads(Path(out_dir, "results.json").read_text())
+
+
+class DeferredWrites:
+    """NVMe engine writes that run only when first waited for (waiting again is a no-op, as for an
+    engine `Handle`): what a caller waits for, and when, becomes visible, and a read that did not
+    wait for a write of its range would read the old bytes. `install` puts it in place of
+    `IOEngine.write_async` for every engine."""
+
+    def __init__(self) -> None:
+        self.handles: list[_DeferredWrite] = []
+        self.waited: list[int] = []
+        """Numbers of the writes in the order they were first waited for (0 is the first submitted)."""
+
+    def install(self, monkeypatch: Any) -> None:
+        from runtime.nvme import IOEngine
+
+        submit = IOEngine.write_async
+
+        def write_async(engine: Any, file: Any, **kwargs: Any) -> _DeferredWrite:
+            handle = _DeferredWrite(len(self.handles), lambda: submit(engine, file, **kwargs).wait(), self.waited)
+            self.handles.append(handle)
+            return handle
+
+        monkeypatch.setattr(IOEngine, "write_async", write_async)
+
+    def unrun(self) -> int:
+        """Writes submitted and not waited for yet."""
+        return sum(not h.ran for h in self.handles)
+
+
+class _DeferredWrite:
+    def __init__(self, number: int, run: Any, waited: list[int]) -> None:
+        self.number, self._run, self._waited, self.ran = number, run, waited, False
+
+    def done(self) -> bool:
+        return self.ran
+
+    def wait(self) -> None:
+        if not self.ran:
+            self.ran = True
+            self._waited.append(self.number)
+            self._run()

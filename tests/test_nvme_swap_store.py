@@ -329,55 +329,73 @@ def test_staged_writes_are_sized_in_the_stored_dtype(tmp_path):
     space.close()
 
 
-def test_gradient_store_keeps_the_bills_writes_in_flight(tmp_path):
-    """The gradient store stages up to `gradient_write_buffers` writes before waiting for one, and
-    then waits for the oldest only ([Note: gradient write buffers] in planner/memory.py): writes
-    here start only when waited, so what the store waits for is visible."""
+def _deferred_store(tmp_path, monkeypatch, name: str, **space_kwargs):  # noqa: ANN001, ANN202
+    """An NVMe store of `name` whose writes run only when waited for (`DeferredWrites`)."""
     import torch
+    from runtime_support import DeferredWrites
 
     from runtime.ledger import MemoryLedger
     from runtime.nvme_store import NvmeSpace, NvmeStore
     from runtime.stores import CopyEngine
 
-    space = NvmeSpace(str(tmp_path), rank=0, capacity_bytes={"gradients": 1 << 20}, node_needed_bytes=1 << 20,
-                      block_size_bytes=1 << 20, gradient_write_buffers=4)
+    space = NvmeSpace(str(tmp_path), rank=0, capacity_bytes={name: 1 << 20}, node_needed_bytes=1 << 20,
+                      block_size_bytes=1 << 20, **space_kwargs)
     ledger = MemoryLedger()
-    store = NvmeStore(term="gradients", ledger=ledger, copier=CopyEngine(torch.device("cpu"), {}), name="gradients",
-                      swap=space)
-    waited: list[int] = []
-    submit = space.engine.write_async
+    store = NvmeStore(term=name, ledger=ledger, copier=CopyEngine(torch.device("cpu"), {}), name=name, swap=space)
+    writes = DeferredWrites()
+    writes.install(monkeypatch)
+    return space, store, ledger, writes
 
-    class Deferred:  # a write that runs when first waited for (waiting again is a no-op, as for Handle)
-        def __init__(self, number: int, file: object, **kwargs) -> None:
-            self.number, self.file, self.kwargs, self.ran = number, file, kwargs, False
 
-        def done(self) -> bool:
-            return self.ran
+def test_gradient_store_keeps_the_bills_writes_in_flight(tmp_path, monkeypatch):
+    """The gradient store stages up to `gradient_write_buffers` writes before waiting for one, and
+    then waits for the oldest only ([Note: gradient write buffers] in planner/memory.py): writes
+    here start only when waited, so what the store waits for is visible."""
+    import torch
 
-        def wait(self) -> None:
-            if not self.ran:
-                self.ran = True
-                waited.append(self.number)
-                submit(self.file, **self.kwargs).wait()
-
-    numbers = iter(range(100))
-    space.engine.write_async = lambda file, **kw: Deferred(next(numbers), file=file, **kw)
+    space, store, ledger, writes = _deferred_store(tmp_path, monkeypatch, "gradients", gradient_write_buffers=4)
     shards = [torch.full((1024,), float(i)) for i in range(6)]
     for i, shard in enumerate(shards):
         store.create(f"g{i}", shard.numel(), torch.float32)
     for i in range(4):
         store.write(f"g{i}", shards[i])
-    assert waited == []  # four staged, none waited for
+    assert writes.waited == []  # four staged, none waited for
     assert ledger.usage("cpu").term_peaks["gradient_swap_buffers"] == 4 * 4096
     store.write("g4", shards[4])
     store.write("g5", shards[5])
-    assert waited == [0, 1]  # each further write waits for the oldest, reusing its buffer
+    assert writes.waited == [0, 1]  # each further write waits for the oldest, reusing its buffer
     assert ledger.usage("cpu").term_peaks["gradient_swap_buffers"] == 4 * 4096
     store.drain()
-    space.engine.write_async = submit
     for i, shard in enumerate(shards):
         out = torch.empty(1024)
         store.read_into(f"g{i}", out).wait()
         assert torch.equal(out, shard)
+    store.close()
+    space.close()
+
+
+def test_reads_and_writes_wait_for_the_writes_in_flight_that_overlap_them(tmp_path, monkeypatch):
+    """[Note: ordering of NVMe transfers]: writes of disjoint chunks of a shard stay in flight
+    together (the optimizer's), a write or read of a range waits for those overlapping it only, and
+    what lands is the order the caller wrote in."""
+    import torch
+
+    space, store, _, writes = _deferred_store(tmp_path, monkeypatch, "optimizer_states")
+    store.create("a", 3072, torch.float32)
+    first, second, across = torch.full((1024,), 1.0), torch.full((1024,), 2.0), torch.full((1024,), 3.0)
+    store.write_from("a", first, 0)
+    store.write_from("a", second, 1024)
+    assert writes.waited == []  # disjoint: both in flight
+    store.write_from("a", across, 512)
+    assert writes.waited == [0, 1]  # over the halves of both: they land first
+    tail = torch.empty(1024)
+    store.read_into("a", tail, 2048).wait()
+    assert writes.waited == [0, 1] and writes.unrun() == 1  # past the write in flight: not waited for
+    assert torch.equal(tail, torch.zeros(1024))
+    whole = torch.empty(3072)
+    store.read_into("a", whole).wait()
+    assert writes.waited == [0, 1, 2]
+    expected = torch.cat([first[:512], across, second[512:], torch.zeros(1024)])
+    assert torch.equal(whole, expected)
     store.close()
     space.close()
