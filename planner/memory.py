@@ -135,6 +135,8 @@ def resident_state_terms(plan: Plan) -> list[tuple[str, str, int]]:
       tier); the master, momentum and variance (12) where the optimizer states are: 18, not 20.
     - fp32 with params and optimizer states in one tier: the parameter shard is the master, so the
       optimizer holds momentum and variance only (8 bytes/param, not 12).
+    - `optimizer_step: in_backward` with the optimizer states on NVMe: no gradient shard at all
+      (`stores_gradients`).
     """
     per_gpu = plan.model.num_params / plan.model_parallel_degree
     dp = plan.data_parallel_degree
@@ -146,13 +148,25 @@ def resident_state_terms(plan: Plan) -> list[tuple[str, str, int]]:
     compute = COMPUTE_BYTES[plan.precision]
     terms = [(place.params, "params", share("params", compute))]
     if plan.precision == "fp32":
-        terms.append((place.gradients, "gradients", share("gradients", 4)))
+        if stores_gradients(plan):
+            terms.append((place.gradients, "gradients", share("gradients", 4)))
         master = 0 if place.params == place.optimizer_states else 4
         terms.append((place.optimizer_states, "optimizer_states", share("optimizer_states", master + 8)))
     else:
-        terms.append((place.gradients, "optimizer_states", share("gradients", 4)))
+        if stores_gradients(plan):
+            terms.append((place.gradients, "optimizer_states", share("gradients", 4)))
         terms.append((place.optimizer_states, "optimizer_states", share("optimizer_states", 12)))
     return terms
+
+
+def stores_gradients(plan: Plan) -> bool:
+    """Whether gradient shards are kept in the gradients' tier until the optimizer reads them. Not
+    with `optimizer_step: in_backward` and the optimizer states on NVMe: each unit's gradient goes
+    from its reduce-scatter (or, on one rank, from autograd) straight into the streamed update's
+    chunk buffers, so no gradient shard, gradient swap file or gradient staging exists
+    ([Note: the optimizer step in backward] in runtime/streamed_optimizer.py). With the states in
+    memory an in-backward step reads the gradient shard where it lies, as after backward."""
+    return not (plan.optimizer_step == "in_backward" and plan.placement.optimizer_states == "nvme")
 
 
 def resident_bytes(plan: Plan) -> dict[str, int]:
@@ -261,7 +275,7 @@ def memory_bill(plan: Plan) -> MemoryBill:
             gpu["prefetch_shard_staging"] = unit_param_bytes / dp
     if "gradients" in plan.partitioned and dp > 1:
         gpu["reduce_scatter_buffer"] = largest_unit_params(plan) * compute
-    if copies and place.gradients != "gpu":
+    if copies and place.gradients != "gpu" and stores_gradients(plan):
         gpu["gradient_offload_staging"] = 2 * unit_param_bytes / dp
     if copies and place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
         gpu["checkpoint_offload_staging"] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
@@ -277,7 +291,7 @@ def memory_bill(plan: Plan) -> MemoryBill:
         cpu["param_swap_buffers"] = (min(depth, 3) - 1) * _aligned(unit_shard * compute)
     if place.optimizer_states == "nvme":
         cpu["optimizer_swap_buffers"] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
-    if place.gradients == "nvme":
+    if place.gradients == "nvme" and stores_gradients(plan):
         buffers = gradient_write_buffers(depth, params_on_nvme=place.params == "nvme")
         cpu["gradient_swap_buffers"] = buffers * _aligned(unit_shard * 4)  # fp32 gradient shards
     cpu["runtime_bookkeeping"] = num_operators(plan) * BOOKKEEPING_BYTES_PER_OPERATOR

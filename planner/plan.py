@@ -27,6 +27,8 @@ PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 STRATEGIES: tuple[str, ...] = ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "custom")
 LINKS: tuple[str, ...] = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
+OptimizerStep = Literal["after_backward", "in_backward"]
+OPTIMIZER_STEPS: tuple[str, ...] = ("after_backward", "in_backward")
 
 # Runtime defaults a plan carries explicitly so that the simulator and the runtime share them.
 DEFAULT_OPTIMIZER_CHUNK_BYTES = 256 * 1024**2
@@ -217,12 +219,25 @@ class Plan:
     """Pinned chunk buffers of the streamed optimizer step (>= 3 to overlap read, update, write)."""
     nvme_block_bytes: int = DEFAULT_NVME_BLOCK_BYTES
     """Request size of the async I/O engine."""
+    optimizer_step: OptimizerStep = "after_backward"
+    """When the optimizer updates a unit: `after_backward` (the paper's schedule: every unit at
+    `optimizer.step()`, once the whole backward is over) or `in_backward` (each unit as soon as its
+    gradient is final, overlapping the optimizer's work and its state traffic with the rest of the
+    backward; with optimizer states on NVMe the gradient goes straight into the update and is never
+    stored). `in_backward` is exact for a loop that steps after every backward with no gradient
+    clipping; it refuses gradient accumulation at run time and fp16 (whose overflow check needs
+    every gradient before any update) here. [Note: the optimizer step in backward] in
+    runtime/streamed_optimizer.py."""
     prediction: Prediction | None = None
 
     def __post_init__(self) -> None:
         number(self.num_gpus, "num_gpus", minimum=1, maximum=1_000_000, integer=True)
         string(self.strategy, "strategy", choices=STRATEGIES)
         string(self.precision, "precision", choices=PRECISIONS)
+        string(self.optimizer_step, "optimizer_step", choices=OPTIMIZER_STEPS)
+        if self.optimizer_step == "in_backward" and self.precision == "fp16":
+            raise PlannerError("optimizer_step in_backward cannot run with precision fp16: the loss scaler must see "
+                               "every gradient before any update; use bf16 or fp32, or optimizer_step after_backward")
         number(self.micro_batch_per_gpu, "micro_batch_per_gpu", exclusive_minimum=0, maximum=1_000_000)
         number(self.checkpoint_interval, "checkpoint_interval", minimum=0, maximum=self.model.num_layers, integer=True)
         number(self.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
@@ -296,6 +311,7 @@ class Plan:
             "optimizer_chunk_bytes": self.optimizer_chunk_bytes,
             "num_optimizer_buffers": self.num_optimizer_buffers,
             "nvme_block_bytes": self.nvme_block_bytes,
+            "optimizer_step": self.optimizer_step,
         }
         if self.prediction is not None:
             doc["prediction"] = self.prediction.to_dict()
@@ -305,7 +321,7 @@ class Plan:
     def from_dict(cls, doc: dict[str, Any], where: str = "plan") -> Plan:
         scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "checkpoint_interval", "tiling_factor",
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
-                  "num_optimizer_buffers", "nvme_block_bytes"}
+                  "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
