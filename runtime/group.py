@@ -43,6 +43,43 @@ def stage_term(ahead: int, *, resident: bool) -> tuple[str, str]:
     return STAGE_TERMS[ahead if resident or ahead < 2 else 3]
 
 
+class UnitGradient:
+    """A unit's final gradient shard for this backward, handed to the optimizer's in-backward update
+    instead of being stored ([Note: the optimizer step in backward] in runtime/streamed_optimizer.py).
+
+    `parts` are (element offset in the flat shard, flat tensor): on one rank each parameter's
+    gradient as autograd produced it, with several ranks the reduce-scattered shard. Elements no
+    part covers (padding, parameters that got no gradient) are zeros, as `settle_grads` makes them."""
+
+    __slots__ = ("parts", "numel")
+
+    def __init__(self, parts: list[tuple[int, torch.Tensor]], numel: int) -> None:
+        self.parts = parts
+        self.numel = numel
+
+    def chunk(self, start: int, numel: int, out: torch.Tensor) -> torch.Tensor:
+        """Elements [start, start + numel) as fp32 on `out`'s device: a view of a part when one part
+        holds them all in fp32 there (no copy), else copied (and cast) into `out[:numel]`."""
+        end = start + numel
+        for offset, flat in self.parts:
+            if offset <= start and end <= offset + flat.numel() and flat.dtype == torch.float32 \
+                    and flat.device == out.device:
+                return flat[start - offset : end - offset]
+        dst = out[:numel]
+        covered = 0
+        for offset, flat in sorted(self.parts, key=lambda p: p[0]):
+            lo, hi = max(start, offset), min(end, offset + flat.numel())
+            if lo >= hi:
+                continue
+            if lo - start > covered:
+                dst[covered : lo - start].zero_()
+            dst[lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
+            covered = hi - start
+        if covered < numel:
+            dst[covered:].zero_()
+        return dst
+
+
 class ParamUnit:
     """A module's flat parameter group: shard in a store, full buffer while gathered, gradient path."""
 
@@ -54,7 +91,7 @@ class ParamUnit:
         layout: FlatLayout,
         comm: Comm,
         param_store: ShardStore,
-        grad_store: ShardStore,
+        grad_store: ShardStore | None,
         compute_dtype: torch.dtype,
         ledger: MemoryLedger,
         link_bytes: dict[str, int],
@@ -66,6 +103,8 @@ class ParamUnit:
         self.comm = comm
         self.param_store = param_store
         self.grad_store = grad_store
+        """None when gradients are not stored: each is handed to the optimizer in backward
+        (`take_gradient`, `planner.memory.stores_gradients`)."""
         self.compute_dtype = compute_dtype
         self.ledger = ledger
         self.link_bytes = link_bytes
@@ -98,6 +137,11 @@ class ParamUnit:
         self._grad_written = [False] * len(params)
         """Per parameter: its slice of the gradient shard holds this step's gradient (see
         [Note: lazy gradient zeroing])."""
+        self._arrived: dict[int, torch.Tensor] = {}
+        """Without a gradient store, on one rank: the gradients of this backward by parameter index,
+        until the unit's last one arrives and `take_gradient` hands them over."""
+        self._reduced: torch.Tensor | None = None
+        """Without a gradient store, with several ranks: the reduced shard `finish_reduce` produced."""
 
     @property
     def key(self) -> str:
@@ -257,7 +301,13 @@ class ParamUnit:
         param.grad = None
         assert grad is not None
         self._grads_pending -= 1
-        self._ensure_grad_shard()
+        if self.grad_store is None:
+            if self.comm.world_size == 1:
+                assert index not in self._arrived, f"unit {self.name}: a second gradient for parameter {index}"
+                self._arrived[index] = grad
+                return self._grads_pending == 0
+        else:
+            self._ensure_grad_shard()
         if self.comm.world_size == 1:
             # The flat vector is the shard: write (first) or add (later) straight into the store.
             offset = self.layout.offsets[index]
@@ -284,9 +334,14 @@ class ParamUnit:
         return reduce_scatter_flat(self.comm, flat, self.link_bytes)
 
     def finish_reduce(self, reduced: Reduced) -> Pending:
-        """Average the reduced slice and add it into the gradient shard where it lives."""
+        """Average the reduced slice and add it into the gradient shard where it lives (without a
+        gradient store: keep it for `take_gradient`)."""
         out = reduced.wait()
         out.div_(self.comm.world_size)
+        if self.grad_store is None:
+            self.ledger.sub("gpu", "reduce_scatter_buffer", self.layout.padded_numel * out.element_size())
+            self._reduced = out
+            return Pending(out)
         if all(self._grad_written):
             pending = self.grad_store.accumulate(self.key, out)
         else:
@@ -294,6 +349,24 @@ class ParamUnit:
             self._grad_written = [True] * len(self.params)
         self.ledger.sub("gpu", "reduce_scatter_buffer", self.layout.padded_numel * out.element_size())
         return pending
+
+    @property
+    def grads_partial(self) -> bool:
+        """Some but not all of the unit's gradients arrived in this backward (so far)."""
+        return 0 < self.num_grad_params - self._grads_pending < self.num_grad_params
+
+    def take_gradient(self) -> UnitGradient | None:
+        """Without a gradient store: this backward's gradient shard, handed over once (None when
+        nothing arrived)."""
+        if self._reduced is not None:
+            out, self._reduced = self._reduced, None
+            return UnitGradient([(0, out.reshape(-1))], self.layout.shard_numel)
+        if not self._arrived:
+            return None
+        arrived, self._arrived = self._arrived, {}
+        self._grads_pending = self.num_grad_params
+        return UnitGradient([(self.layout.offsets[i], g.reshape(-1)) for i, g in arrived.items()],
+                            self.layout.shard_numel)
 
     def _ensure_grad_shard(self) -> None:
         """Gradient shards are created by the first backward, not at construction: a model is built

@@ -206,7 +206,8 @@ class NvmeStore(ShardStore):
         return _ThenPending(handle, host, device, dtype, self.copier)
 
     def read_into(self, key: str, out: torch.Tensor, offset: int = 0) -> Pending:
-        return Pending(out, after=self._submit_read(key, out, offset).wait)
+        handle = self._submit_read(key, out, offset)
+        return Pending(out, after=handle.wait, done=handle.done)
 
     def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
@@ -218,7 +219,8 @@ class NvmeStore(ShardStore):
         return Pending(src)
 
     def write_from(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
-        return Pending(src, after=self._submit_write(key, src, offset).wait)
+        handle = self._submit_write(key, src, offset)
+        return Pending(src, after=handle.wait, done=handle.done)
 
     def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runtime.group import ParamUnit, UnitGradient
 from runtime.ledger import nbytes
 from runtime.sharding import ShardedModel, _tensors, state_of
 from runtime.streamed_optimizer import StreamedAdamW
@@ -39,10 +40,21 @@ class AdamW:
         self._keys = [u.key for u in st.units if u.num_grad_params]
         self._units = {u.key: u for u in st.units}
         self.num_skipped_steps = 0
+        self.in_backward = st.config.optimizer_step == "in_backward"
+        """Each unit is updated in backward as soon as its gradient is final ([Note: the optimizer step
+        in backward] in runtime/streamed_optimizer.py); `step()` finishes what is left."""
+        self._updated: set[str] = set()
+        """Units updated in this step's backward (in-backward only)."""
         self._streamed: StreamedAdamW | None = None
+        if self.in_backward:
+            if st.unit_gradient_ready is not None:
+                raise ValueError("this model already has an optimizer that steps in backward; create one optimizer "
+                                 "per sharded model")
+            st.unit_gradient_ready = self._update_unit
         if not st.optimizer_store.resident_states:
             # States that do not fit in memory are streamed through a few chunk buffers.
-            self._streamed = StreamedAdamW(st, self._keys, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            self._streamed = StreamedAdamW(st, self._keys, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                           in_backward=self.in_backward)
             return
         # Leaf views of the master shards: torch's optimizer needs Parameters; they share storage.
         self._masters = [nn.Parameter(st.masters[k], requires_grad=True) for k in self._keys]
@@ -110,8 +122,35 @@ class AdamW:
 
     def close(self) -> None:
         """Free the streamed step's chunk buffers (no-op for in-memory states)."""
+        if self.state.unit_gradient_ready == self._update_unit:
+            self.state.unit_gradient_ready = None
         if self._streamed is not None:
             self._streamed.close()
+
+    @torch.no_grad()
+    def _update_unit(self, unit: ParamUnit, gradient: UnitGradient | None) -> None:
+        """In backward: update `unit` with its final gradient (`gradient`, or its stored shard)."""
+        key = unit.key
+        if key in self._updated:
+            raise RuntimeError(
+                f"unit {key} got a second gradient before optimizer.step(): the plan's optimizer_step is in_backward, "
+                "which updates each unit once per backward and cannot accumulate gradients over several; call "
+                "optimizer.step() after every backward, or set optimizer_step to after_backward")
+        self._updated.add(key)
+        if self._streamed is not None:
+            assert gradient is not None
+            self._streamed.update_unit(key, gradient)
+            return
+        master = self._masters[self._keys.index(key)]
+        master.grad = unit.grad_shard()
+        try:
+            self._inner.step()  # torch skips the masters whose .grad is None: only this one steps
+        finally:
+            master.grad = None
+        self._charge_states()
+        unit.zero_grad()  # spent: the next backward overwrites it, whatever the loop does
+        if not self.state.master_shares_param_shard:
+            self.state.param_store.write(key, self.state.masters[key]).wait()
 
     @torch.no_grad()
     def step(self) -> bool:
@@ -119,6 +158,13 @@ class AdamW:
         st = self.state
         st.finish_pending()
         st.profiler.begin("optimizer")
+        if self.in_backward:  # every unit with a gradient was updated in backward: what is left are writes
+            self._updated.clear()
+            if self._streamed is not None:
+                self._streamed.finish_in_backward()
+            st.profiler.end("optimizer")
+            st.profiler.end_step()
+            return True
         live = [self._units[k].grad_received for k in self._keys]
         if self._streamed is not None:
             self._streamed.step([k for k, used in zip(self._keys, live, strict=True) if used])
@@ -148,6 +194,8 @@ class AdamW:
         return applied
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - shards are always kept
+        if self.state.grad_store is None:
+            return  # gradients are handed to the in-backward update, never kept
         for k in self._keys:
             self._units[k].zero_grad()
 

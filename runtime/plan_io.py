@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from planner.errors import PlannerError
+from planner.memory import stores_gradients
 from planner.plan import Placement, Plan, load_plan
 from planner.units import GIB
 from runtime.nvme.placement import nvme_placement_problem
@@ -40,6 +41,11 @@ class RuntimeConfig:
     prefetch_depth: int
     device: torch.device
     """The compute device: `cuda:LOCAL_RANK` when CUDA is present, else the CPU."""
+    optimizer_step: str = "after_backward"
+    """`after_backward` or `in_backward` (`planner.plan.Plan.optimizer_step`)."""
+    stores_gradients: bool = True
+    """False when each unit's gradient goes straight into the in-backward update and is never stored
+    (`planner.memory.stores_gradients`)."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -95,6 +101,8 @@ def runtime_config(plan: Plan, *, world_size: int) -> RuntimeConfig:
         tiling_factor=plan.tiling_factor,
         prefetch_depth=plan.prefetch_depth,
         device=compute_device(),
+        optimizer_step=plan.optimizer_step,
+        stores_gradients=stores_gradients(plan),
     )
 
 

@@ -67,7 +67,7 @@ from planner.plan import Plan
 from runtime.checkpointing import CHECKPOINT_STORES, Segment, apply_checkpointing, find_blocks
 from runtime.collectives import Comm, Reduced, make_comm
 from runtime.flat_param import FlatLayout, flatten_shard
-from runtime.group import ParamUnit, UnitState
+from runtime.group import ParamUnit, UnitGradient, UnitState
 from runtime.ledger import MemoryLedger
 from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
@@ -113,7 +113,10 @@ class ShardedModel:
         self.param_store = self._store(place.params, "params", "params")
         # Mixed precision: gradients arrive in 16 bits and are accumulated straight into the fp32
         # gradient copy that the paper counts among the optimizer states (eq. 2).
-        self.grad_store = self._store(place.gradients, "optimizer_states" if mixed else "gradients", "gradients")
+        self.grad_store: ShardStore | None = (
+            self._store(place.gradients, "optimizer_states" if mixed else "gradients", "gradients")
+            if config.stores_gradients else None)
+        """None when each unit's gradient goes straight into the in-backward update (`unit_gradient_ready`)."""
         self.optimizer_store = self._store(place.optimizer_states, "optimizer_states", "optimizer_states")
         self.units: list[ParamUnit] = []
         self.masters: dict[str, torch.Tensor | None] = {}
@@ -130,6 +133,12 @@ class ShardedModel:
         self._handles: list[Any] = []
         self.after_unit_backward: list[Callable[[], None]] = []
         """Called each time a unit's backward is over (the streamed optimizer reads ahead from it)."""
+        self.at_backward_begin: list[Callable[[], None]] = []
+        """Called when a backward begins (the in-backward update starts reading states ahead)."""
+        self.unit_gradient_ready: Callable[[ParamUnit, UnitGradient | None], None] | None = None
+        """With `optimizer_step: in_backward`, the optimizer's update of one unit, called as soon as
+        the unit's gradient is final: with the `UnitGradient` when gradients are not stored, else
+        None (the gradient is in the store)."""
         self.transient_buffers: dict[int, ParamUnit] = {}
         """Storage address -> unit gathered into it, for transient gathered buffers."""
         self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
@@ -143,11 +152,15 @@ class ShardedModel:
     def close(self) -> None:
         """Finish outstanding NVMe transfers and remove the swap directory (also done at exit)."""
         try:
-            for store in (self.param_store, self.grad_store, self.optimizer_store):
+            for store in self.stores:
                 store.close()
         finally:  # after an I/O error too: the swap files must not outlive the run
             if self.swap is not None:
                 self.swap.close()
+
+    @property
+    def stores(self) -> list[ShardStore]:
+        return [s for s in (self.param_store, self.grad_store, self.optimizer_store) if s is not None]
 
     @property
     def master_shares_param_shard(self) -> bool:
@@ -278,12 +291,16 @@ class ShardedModel:
         self._kept = {}  # from here the prefetcher's window charges them ([Note: the forward's tail ...])
         self.profiler.begin("backward")
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        for callback in self.at_backward_begin:
+            callback()
 
     def grad_hook(self, unit: ParamUnit, index: int) -> Callable[[nn.Parameter], None]:
         def hook(param: nn.Parameter) -> None:
             if unit.on_grad(index, param):
                 self._start_reduce(unit)
                 unit.reshard()
+                if self.comm.world_size == 1:  # with several ranks: once its reduce-scatter is done
+                    self._gradient_final(unit)
                 for callback in self.after_unit_backward:
                     callback()
 
@@ -292,18 +309,37 @@ class ShardedModel:
     def _start_reduce(self, unit: ParamUnit) -> None:
         if self.comm.world_size > 1:
             while len(self._reduces) >= MAX_REDUCES_IN_FLIGHT:  # bound the gradient buffers
-                done, red = self._reduces.popleft()
-                done.finish_reduce(red).wait()
+                self._finish_reduce(*self._reduces.popleft())
         reduced = unit.reduce_grads()
         if reduced is not None:
             self._reduces.append((unit, reduced))
 
+    def _finish_reduce(self, unit: ParamUnit, reduced: Reduced) -> None:
+        unit.finish_reduce(reduced).wait()
+        self._gradient_final(unit)
+
+    def _gradient_final(self, unit: ParamUnit) -> None:
+        """The unit's gradient for this backward is complete: with `optimizer_step: in_backward` the
+        optimizer updates the unit now ([Note: the optimizer step in backward])."""
+        if self.grad_store is None:
+            gradient = unit.take_gradient()
+            if gradient is None:
+                return
+            if self.unit_gradient_ready is None:
+                raise RuntimeError("the plan's optimizer_step is in_backward, so each gradient goes straight into the "
+                                   "optimizer: create runtime.AdamW(model, ...) before the first backward")
+            self.unit_gradient_ready(unit, gradient)
+        elif self.unit_gradient_ready is not None:
+            self.unit_gradient_ready(unit, None)
+
     def _end_backward(self) -> None:
         for unit in self.units:  # units some of whose parameters got no gradient in this backward
+            partial = unit.grads_partial
             self._start_reduce(unit)
+            if partial and self.comm.world_size == 1:
+                self._gradient_final(unit)
         while self._reduces:
-            unit, red = self._reduces.popleft()
-            unit.finish_reduce(red).wait()
+            self._finish_reduce(*self._reduces.popleft())
         self._reshard_all()
         for seg in self.segments:
             seg.release()
@@ -319,7 +355,7 @@ class ShardedModel:
     def wait_io(self) -> None:
         """Wait for every NVMe transfer in flight (benchmarks time whole steps with it, I/O included);
         buffers stay where they are."""
-        for store in (self.param_store, self.grad_store, self.optimizer_store):
+        for store in self.stores:
             store.drain(keep_staging=True)
 
     def finish_pending(self) -> None:
@@ -521,7 +557,7 @@ def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
     capacity = {}
     if place.params == "nvme":
         capacity["params"] = shards(compute_bytes, 1)
-    if place.gradients == "nvme":
+    if place.gradients == "nvme" and config.stores_gradients:
         capacity["gradients"] = shards(4, 1)
     if place.optimizer_states == "nvme":
         capacity["optimizer_states"] = shards(4, optimizer_copies)

@@ -28,6 +28,31 @@ Chunks prefetched for units that got no gradient this step are dropped too.
 
 The arithmetic is the same kernel `torch.optim.AdamW(fused=True)` runs over the whole shard
 (elementwise, so chunking does not change a bit; `tests/test_nvme_training.py` checks it).
+
+[Note: the optimizer step in backward]
+With `optimizer_step: in_backward` in the plan, a unit is updated as soon as its gradient is final
+(its last parameter's gradient arrived on one rank, its reduce-scatter finished on several) instead
+of at `optimizer.step()`: the update's state traffic (read 3 fp32 states, write 3 per parameter)
+and its CPU work then overlap the rest of the backward, and the gradient goes from autograd (or
+the reduce-scatter) straight into the update, never to the gradient store: 2 bytes of NVMe traffic
+per fp32 parameter byte fewer (the gradient's write and its read back) and no gradient swap file.
+Later systems do this to hide the CPU optimizer (METHOD.md §6; PyTorch's "optimizer in backward"
+recipe, ZenFlow, SuperOffload). On the io-bound NVMe benchmark on a 2.7x slower CPU the step was
+~1.5x its I/O roofline with the whole state traffic after a compute-bound backward (docs/nvme.md).
+
+The schedule: when a backward begins, the states of the first chunks in the order the previous
+step updated them (reversed unit order before any step) are read into the pool; each update takes
+its chunk's buffer, waits for its reads, updates with the gradient (a view of it where it already
+is fp32 host memory, else copied into the buffer's gradient region), submits the chunk's writes,
+and reads further ahead into every buffer that is free or whose write has landed, never waiting
+for a write (backward's compute is not held up for a read-ahead). A chunk that is not the one
+expected (a changed order) drops the read-ahead and is read on demand. `optimizer.step()` then
+only waits for the last writes.
+
+It is exact (bitwise the after-backward step: same gradients, same kernel, same order per element)
+for the loop it is meant for: one backward per step, no gradient clipping (which needs the global
+norm of every gradient first) and no fp16 loss scaling (refused in the plan). A second backward
+before `optimizer.step()` (gradient accumulation) raises instead of updating twice.
 """
 
 from __future__ import annotations
@@ -38,6 +63,7 @@ from typing import Any
 
 import torch
 
+from runtime.group import UnitGradient
 from runtime.nvme import AlignedBuffer, BufferPool
 from runtime.nvme_store import NvmeStore
 from runtime.stores import Pending, ShardStore
@@ -68,7 +94,7 @@ class StreamedAdamW:
     """AdamW over shards that live in stores not resident in memory (the `nvme` optimizer tier)."""
 
     def __init__(self, state: Any, keys: list[str], *, lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float) -> None:
+                 weight_decay: float, in_backward: bool = False) -> None:
         self.state = state
         self.keys = keys
         plan = state.plan
@@ -91,9 +117,22 @@ class StreamedAdamW:
         self._prefetch_stamp: tuple[int, ...] = ()
         # The chunks read ahead during backward, where every state store is one to read ahead from.
         streamed = all(isinstance(s, NvmeStore) for s in self._state_stores())
-        self._ahead = self._chunks(keys)[: self.pool.num_buffers - 1] if streamed else []
+        self._ahead = self._chunks(keys)[: self.pool.num_buffers - 1] if streamed and not in_backward else []
         if self._ahead:  # called on every unit's backward: only when there is something to read
             state.after_unit_backward.append(self._prefetch_one)
+        # In-backward update ([Note: the optimizer step in backward]).
+        self.in_backward = in_backward
+        self._order: list[str] = list(reversed(keys))
+        """Units in the order the last step updated them (the guess before any step: reversed)."""
+        self._updated: list[str] = []
+        """Units updated in this backward, in order."""
+        self._expected: list[_Chunk] = []
+        self._next_expected = 0
+        self._diverged = False
+        self._read_ahead: deque[tuple[_Chunk, AlignedBuffer, list[Pending]]] = deque()
+        self._writes: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
+        if in_backward:
+            state.at_backward_begin.append(self._begin_backward)
 
     def step(self, live_keys: list[str]) -> None:
         for k in live_keys:
@@ -130,10 +169,7 @@ class StreamedAdamW:
                     self.steps[chunk.key] += 1
                     stepped.add(chunk.key)
                 master, exp_avg, exp_avg_sq, grad = self._views(buffer, chunk.numel)
-                group = self.param_groups[0]
-                torch._fused_adamw_([master], [grad], [exp_avg], [exp_avg_sq], [], [self.steps[chunk.key]],
-                                    amsgrad=False, lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
-                                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+                self._adamw(chunk.key, master, grad, exp_avg, exp_avg_sq)
                 writes.append((buffer, self._write(chunk, buffer)))
         finally:
             while writes:
@@ -144,12 +180,89 @@ class StreamedAdamW:
             # Let the writes land. The gradients' write staging stays for the next backward (the
             # bill's gradient_swap_buffers); that of the compute copies of the parameters (mixed
             # precision) is given back, since the forward's reads need the room.
+            assert self.state.grad_store is not None
             self.state.grad_store.drain(keep_staging=True)
             self.state.param_store.drain()
+
+    # -- in backward ([Note: the optimizer step in backward]) ----------------------------------
+    def update_unit(self, key: str, gradient: UnitGradient) -> None:
+        """Update unit `key` now, with its final gradient of this backward."""
+        self.steps[key] += 1
+        self._updated.append(key)
+        for chunk in self._chunks([key]):
+            buffer, pendings = self._claim(chunk)
+            for p in pendings:
+                p.wait()
+            master, exp_avg, exp_avg_sq, grad_region = self._views(buffer, chunk.numel)
+            grad = gradient.chunk(chunk.start, chunk.numel, grad_region)
+            self._adamw(key, master, grad, exp_avg, exp_avg_sq)
+            self._writes.append((buffer, self._write(chunk, buffer)))
+            self._read_more()
+
+    def finish_in_backward(self) -> None:
+        """At `optimizer.step()`: let the updates' writes land; what was read ahead for units that got
+        no gradient is dropped; the order of this step's updates is the next step's guess."""
+        try:
+            self._drop_read_ahead()
+            while self._writes:
+                self._retire(self._writes.popleft())
+        finally:
+            if self._updated:
+                self._order = self._updated
+            self._updated = []
+            self.state.param_store.drain()
+
+    def _begin_backward(self) -> None:
+        self._drop_read_ahead()  # left over only when the last backward failed
+        self._updated = []
+        self._expected = self._chunks(self._order)
+        self._next_expected = 0
+        self._diverged = False
+        self._read_more()
+
+    def _claim(self, chunk: _Chunk) -> tuple[AlignedBuffer, list[Pending]]:
+        """The buffer `chunk`'s states are (being) read into: read ahead, or read now."""
+        if self._read_ahead and self._read_ahead[0][0] == chunk:
+            _, buffer, pendings = self._read_ahead.popleft()
+            return buffer, pendings
+        expected = (not self._diverged and not self._read_ahead and self._next_expected < len(self._expected)
+                    and self._expected[self._next_expected] == chunk)
+        if expected:  # next in order, not read ahead for want of a free buffer
+            self._next_expected += 1
+        else:  # the order changed: read on demand from here on (re-recorded at the step)
+            self._diverged = True
+            self._drop_read_ahead()
+        if not self.pool.num_free and self._writes:
+            self._retire(self._writes.popleft())
+        buffer = self.pool.acquire()
+        return buffer, self._read_states(chunk, buffer)
+
+    def _read_more(self) -> None:
+        """Read the next expected chunks' states into buffers that are free or whose writes landed,
+        without waiting for any."""
+        while not self._diverged and self._next_expected < len(self._expected):
+            if not self.pool.num_free:
+                if not self._writes or not all(p.ready() for p in self._writes[0][1]):
+                    return
+                self._retire(self._writes.popleft())
+            chunk = self._expected[self._next_expected]
+            self._next_expected += 1
+            buffer = self.pool.acquire()
+            self._read_ahead.append((chunk, buffer, self._read_states(chunk, buffer)))
+
+    def _drop_read_ahead(self) -> None:
+        while self._read_ahead:
+            _, buffer, pendings = self._read_ahead.popleft()
+            self._retire((buffer, pendings))
 
     def close(self) -> None:
         if self._prefetch_one in self.state.after_unit_backward:
             self.state.after_unit_backward.remove(self._prefetch_one)
+        if self._begin_backward in self.state.at_backward_begin:
+            self.state.at_backward_begin.remove(self._begin_backward)
+        self._drop_read_ahead()
+        while self._writes:
+            self._retire(self._writes.popleft())
         self._drop_prefetched()
         self.state.ledger.sub("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
         self.pool.close()
@@ -182,6 +295,13 @@ class StreamedAdamW:
         for entry in prefetched.values():
             self._retire(entry)
 
+    def _adamw(self, key: str, master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+               exp_avg_sq: torch.Tensor) -> None:
+        group = self.param_groups[0]
+        torch._fused_adamw_([master], [grad], [exp_avg], [exp_avg_sq], [], [self.steps[key]],
+                            amsgrad=False, lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
+                            weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+
     def _views(self, buffer: AlignedBuffer, numel: int) -> list[torch.Tensor]:
         flat = torch.frombuffer(buffer.view, dtype=torch.float32)
         n = self.chunk_numel
@@ -202,6 +322,7 @@ class StreamedAdamW:
 
     def _read_grad(self, chunk: _Chunk, buffer: AlignedBuffer) -> Pending:
         grad = self._views(buffer, chunk.numel)[3]
+        assert self.state.grad_store is not None, "gradients are not stored: the update runs in backward"
         return self.state.grad_store.read_into(chunk.key, grad, chunk.start)
 
     def _write(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
