@@ -70,6 +70,9 @@ from bench_runtime import plan_doc as cpu_plan_doc  # noqa: E402
 CONFIGS = {"io-bound": (1, 16), "design": (BATCH, TOKENS)}
 """name -> (batch, tokens per sample)."""
 OPTIMIZER_CHUNK_BYTES, OPTIMIZER_BUFFERS = 72 * 1024**2, 6
+NVME_SYSTEMS = {"ours-nvme": "after_backward", "ours-nvme-ib": "in_backward"}
+"""Our systems with everything on NVMe -> the plan's `optimizer_step` ([Note: the optimizer step in
+backward] in runtime/streamed_optimizer.py)."""
 NVME_PLACEMENT = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
 
 
@@ -77,7 +80,8 @@ def plan_doc(system: str, nvme_path: str, batch: int, tokens: int) -> dict:
     doc = cpu_plan_doc("cpu")
     doc["model"]["seq_len"] = tokens
     doc["micro_batch_per_gpu"] = batch
-    if system == "ours-nvme":
+    if system in NVME_SYSTEMS:
+        doc["optimizer_step"] = NVME_SYSTEMS[system]
         # Depth 3: parameter shards are read from NVMe three operators ahead; six 72 MiB optimizer
         # buffers (one 4.2 M-element unit per chunk) read four chunks ahead (docs/nvme.md).
         doc.update(placement=NVME_PLACEMENT, nvme_path=nvme_path, prefetch_depth=3,
@@ -91,7 +95,7 @@ def make_step(system: str, x, y, nvme_path: str, block: int):  # noqa: ANN001, A
     times of the block's steps."""
     batch, tokens = x.shape[0], x.shape[1]
     model = build_model()
-    if system in ("ours-nvme", "ours-cpu"):
+    if system in (*NVME_SYSTEMS, "ours-cpu"):
         from runtime.sharding import state_of
 
         step, model = ours_step(model, plan_doc(system, nvme_path, batch, tokens), x, y)
@@ -129,21 +133,24 @@ def worker(systems: list[str], steps: int, warmup: int, nvme_path: str, config: 
     x = torch.randn(batch, tokens, HIDDEN)
     y = torch.randn(batch, tokens, HIDDEN)
     steppers = {name: make_step(name, x, y, nvme_path, block) for name in systems}
+    nvme_systems = [n for n in systems if n in NVME_SYSTEMS]
     times: dict[str, list[float]] = {n: [] for n in systems}
     io: dict[str, list[list[int]]] = {n: [] for n in systems}
     losses: dict[str, list[float]] = {n: [] for n in systems}
-    phases: list[dict[str, float]] = []
-    adjacent: list[dict[str, float]] = []
-    probe: MixProbe | None = None
-    # The adjacent roofline probe runs right next to every measured ours-nvme step: before it in
-    # even iterations, after it in odd ones (the order of the systems flips each iteration).
-    order = ["roofline", *systems] if "ours-nvme" in systems else list(systems)
+    phases: dict[str, list[dict[str, float]]] = {n: [] for n in nvme_systems}
+    adjacent: dict[str, list[dict[str, float]]] = {n: [] for n in nvme_systems}
+    probes: dict[str, MixProbe] = {}
+    # Each of our NVMe systems has its adjacent roofline probe (of its own mix) right next to every
+    # measured block: before it in even iterations, after it in odd ones (the order of the systems
+    # flips each iteration).
+    order = [entry for n in systems for entry in ([f"roofline:{n}", n] if n in NVME_SYSTEMS else [n])]
     for i in range(warmup + steps):
         measured = i >= warmup
         for name in order if i % 2 == 0 else reversed(order):
-            if name == "roofline":
-                if measured and probe is not None:
-                    adjacent.append(probe.time())
+            if name.startswith("roofline:"):
+                of = name.partition(":")[2]
+                if measured and of in probes:
+                    adjacent[of].append(probes[of].time())
                 continue
             step, io_bytes, last_phases = steppers[name]
             before = io_bytes()
@@ -152,21 +159,21 @@ def worker(systems: list[str], steps: int, warmup: int, nvme_path: str, config: 
             elapsed = (time.perf_counter() - start) / block
             after = io_bytes()
             moved = [(after[0] - before[0]) // block, (after[1] - before[1]) // block]
-            if name == "ours-nvme":
-                if probe is None:  # the step's bytes are known after its first (warm-up) step
-                    probe = MixProbe(nvme_path, *moved)
+            if name in NVME_SYSTEMS:
+                if name not in probes:  # the step's bytes are known after its first (warm-up) block
+                    probes[name] = MixProbe(nvme_path, *moved)
                     if measured:
-                        adjacent.append(probe.time())
+                        adjacent[name].append(probes[name].time())
                 if measured:
                     block_phases = last_phases()
-                    phases.append({p: statistics.fmean(b[p] for b in block_phases) for p in block_phases[0]})
+                    phases[name].append({p: statistics.fmean(b[p] for b in block_phases) for p in block_phases[0]})
             if measured:
                 times[name].append(elapsed)
                 io[name].append(moved)
-    out = {"step_time_s": times, "io_bytes": io, "losses": losses, "ours_nvme_phase_time_s": phases}
-    if probe is not None:
-        out["adjacent_rooflines"] = [probe.roofline_s(*moved, m) | m for moved, m in zip(io["ours-nvme"], adjacent,
-                                                                                           strict=True)]
+    out = {"step_time_s": times, "io_bytes": io, "losses": losses, "phase_time_s": phases, "adjacent_rooflines": {}}
+    for name, probe in probes.items():
+        out["adjacent_rooflines"][name] = [probe.roofline_s(*moved, m) | m
+                                           for moved, m in zip(io[name], adjacent[name], strict=True)]
         probe.close()
     return out
 
@@ -265,32 +272,53 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(ordered), "min": ordered[0], "q1": quart[0], "q3": quart[2], "max": ordered[-1]}
 
 
-def phase_budget(runs: list[dict]) -> dict[str, dict[str, float]]:
+PHASE_BYTES = {
+    "after_backward": {"forward": lambda p, k: (p, 0), "backward": lambda p, k: (k, p),
+                       "optimizer": lambda p, k: (4 * p, 3 * p)},
+    "in_backward": {"forward": lambda p, k: (p, 0), "backward + optimizer": lambda p, k: (k + 3 * p, 3 * p)},
+}
+"""Per optimizer step schedule: phase -> (bytes read, bytes written) from P and K (`phase_budget`)."""
+
+
+def schedule_bytes(optimizer_step: str, read_bytes: int, write_bytes: int) -> tuple[float, float]:
+    """P (parameter bytes on NVMe) and K (parameter bytes the backward reads) from a step's measured
+    bytes. After backward the step writes 4P (gradients, master, Adam's two states) and reads 5P + K
+    (forward P, backward K, the optimizer 4P: the gradient too); in backward it writes 3P and reads
+    4P + K (no gradient goes to NVMe: [Note: the optimizer step in backward])."""
+    writes_per_p, reads_per_p = {"after_backward": (4, 5), "in_backward": (3, 4)}[optimizer_step]
+    p = write_bytes / writes_per_p
+    k = read_bytes - reads_per_p * p
+    assert 0 <= k <= p, (optimizer_step, read_bytes, write_bytes)  # the schedule above
+    return p, k
+
+
+def phase_budget(runs: list[dict], system: str = "ours-nvme") -> dict[str, dict[str, float]]:
     """Each phase of our step against the ideal disk time of its bytes at the adjacent probe's
     bandwidths (medians over the measured steps). Per parameter byte P on NVMe the schedule moves:
-    forward reads P; backward reads K <= P (the forward's tail stays gathered for the backward's
-    head: runtime/prefetch.py, [Note: the forward's tail is the backward's head]) and writes P; the
-    optimizer reads 4P and writes 3P (docs/nvme.md, [Note: NVMe step schedule]). P and K come from
-    the step's measured bytes: writes are 4P, reads 5P + K."""
-    phase_bytes = {"forward": lambda p, k: (p, 0), "backward": lambda p, k: (k, p), "optimizer": lambda p, k: (4 * p, 3 * p)}
+    forward reads P; after backward, the backward reads K <= P (the forward's tail stays gathered
+    for the backward's head: runtime/prefetch.py, [Note: the forward's tail is the backward's head])
+    and writes P, and the optimizer reads 4P and writes 3P (docs/nvme.md, [Note: NVMe step
+    schedule]); in backward, the backward reads K + 3P and writes 3P, and the optimizer phase is the
+    tail of those writes, so the two are one row. P and K come from the step's measured bytes."""
+    optimizer_step = NVME_SYSTEMS[system]
     out: dict[str, dict[str, float]] = {}
-    for phase, moved in phase_bytes.items():
+    for phase, moved in PHASE_BYTES[optimizer_step].items():
         measured, ideal = [], []
         for run in runs:
-            for (read_bytes, write_bytes), phases, adj in zip(run["io_bytes"]["ours-nvme"], run["ours_nvme_phase_time_s"],
-                                                               run["adjacent_rooflines"], strict=True):
-                p = write_bytes / 4
-                k = read_bytes - 5 * p
-                assert 0 <= k <= p, (read_bytes, write_bytes)  # the schedule above
-                reads, writes = moved(p, k)
-                measured.append(phases[phase])
+            for (read_bytes, write_bytes), phases, adj in zip(run["io_bytes"][system], run["phase_time_s"][system],
+                                                               run["adjacent_rooflines"][system], strict=True):
+                reads, writes = moved(*schedule_bytes(optimizer_step, read_bytes, write_bytes))
+                measured.append(sum(phases[p] for p in phase.split(" + ")))
                 ideal.append(reads / adj["read_bytes_per_s"] + writes / adj["write_bytes_per_s"])
         out[phase] = {"median_s": statistics.median(measured), "ideal_disk_s": statistics.median(ideal),
                       "median_ratio": statistics.median(m / i for m, i in zip(measured, ideal, strict=True))}
     return out
 
 
-def summarise(runs: list[dict], systems: list[str], roofline_s: float) -> tuple[dict, dict, dict]:
+def summarise(runs: list[dict], systems: list[str], roofline_s: dict[str, float]) -> tuple[dict, dict, dict]:
+    """Per-system step times, the ratios (per NVMe system of ours: to its adjacent and whole-run
+    rooflines, to the compute alone and to DeepSpeed), and each NVMe system's per-step spread and
+    phase budget."""
     summary: dict[str, dict] = {}
     for name in systems:
         times = [t for r in runs for t in r["step_time_s"][name]]
@@ -300,23 +328,30 @@ def summarise(runs: list[dict], systems: list[str], roofline_s: float) -> tuple[
     def paired(a: str, b: str) -> list[float]:
         return [x / y for r in runs for x, y in zip(r["step_time_s"][a], r["step_time_s"][b], strict=True)]
 
-    ours = [t for r in runs for t in r["step_time_s"]["ours-nvme"]]
-    adjacent = [t / a["roofline_s"] for r in runs
-                for t, a in zip(r["step_time_s"]["ours-nvme"], r["adjacent_rooflines"], strict=True)]
-    ratios = {"ours-nvme step / adjacent I/O roofline (median of per-step ratios)": statistics.median(adjacent),
-              "ours-nvme step / whole-run I/O roofline (median)": statistics.median(t / roofline_s for t in ours),
-              "ours-nvme step / whole-run I/O roofline (best step)": min(ours) / roofline_s,
-              "ours-cpu step (compute alone) / whole-run I/O roofline (median)": statistics.median(
-                  summary["ours-cpu"]["step_times_s"]) / roofline_s,
-              "ours-nvme / ours-cpu step time (median of paired ratios)": statistics.median(paired("ours-nvme", "ours-cpu"))}
-    if "deepspeed-nvme" in summary:
-        ratios["ours-nvme / deepspeed-nvme step time (median of paired ratios)"] = statistics.median(
-            paired("ours-nvme", "deepspeed-nvme"))
-    per_step = {"step_over_adjacent_roofline": adjacent, "spread": spread(adjacent),
-                "adjacent_roofline_s": [a["roofline_s"] for r in runs for a in r["adjacent_rooflines"]],
-                "adjacent_read_gb_per_s": [a["read_bytes_per_s"] / 1e9 for r in runs for a in r["adjacent_rooflines"]],
-                "adjacent_write_gb_per_s": [a["write_bytes_per_s"] / 1e9 for r in runs for a in r["adjacent_rooflines"]],
-                "phases": phase_budget(runs)}
+    ratios: dict[str, float] = {}
+    per_step: dict[str, dict] = {}
+    for name in (n for n in systems if n in NVME_SYSTEMS):
+        ours = summary[name]["step_times_s"]
+        adjacent = [t / a["roofline_s"] for r in runs
+                    for t, a in zip(r["step_time_s"][name], r["adjacent_rooflines"][name], strict=True)]
+        ratios |= {f"{name} step / adjacent I/O roofline (median of per-step ratios)": statistics.median(adjacent),
+                   f"{name} step / whole-run I/O roofline (median)": statistics.median(t / roofline_s[name] for t in ours),
+                   f"{name} step / whole-run I/O roofline (best step)": min(ours) / roofline_s[name],
+                   f"ours-cpu step (compute alone) / {name}'s whole-run I/O roofline (median)": statistics.median(
+                       summary["ours-cpu"]["step_times_s"]) / roofline_s[name],
+                   f"{name} / ours-cpu step time (median of paired ratios)": statistics.median(paired(name, "ours-cpu"))}
+        if "deepspeed-nvme" in summary:
+            ratios[f"{name} / deepspeed-nvme step time (median of paired ratios)"] = statistics.median(
+                paired(name, "deepspeed-nvme"))
+        per_step[name] = {
+            "step_over_adjacent_roofline": adjacent, "spread": spread(adjacent),
+            "adjacent_roofline_s": [a["roofline_s"] for r in runs for a in r["adjacent_rooflines"][name]],
+            "adjacent_read_gb_per_s": [a["read_bytes_per_s"] / 1e9 for r in runs for a in r["adjacent_rooflines"][name]],
+            "adjacent_write_gb_per_s": [a["write_bytes_per_s"] / 1e9 for r in runs for a in r["adjacent_rooflines"][name]],
+            "phases": phase_budget(runs, name)}
+    if "ours-nvme" in summary and "ours-nvme-ib" in summary:
+        ratios["ours-nvme-ib / ours-nvme step time (median of paired ratios)"] = statistics.median(
+            paired("ours-nvme-ib", "ours-nvme"))
     return summary, ratios, per_step
 
 
@@ -330,6 +365,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--block", type=int, default=3, help="consecutive steps timed as one ([Note: blocks of steps])")
+    ap.add_argument("--systems", default=",".join(NVME_SYSTEMS),
+                    help="our NVMe systems to measure: comma-separated subset of " + ",".join(NVME_SYSTEMS))
     ap.add_argument("--write-results", action="store_true")
     args = ap.parse_args()
     if args.worker:
@@ -339,11 +376,15 @@ def main() -> None:
     from runtime.probe import measure_nvme
 
     configs = args.configs.split(",")
+    nvme_systems = [n for n in args.systems.split(",") if n]
+    unknown = sorted(set(nvme_systems) - set(NVME_SYSTEMS))
+    if unknown or not nvme_systems:
+        raise SystemExit(f"--systems takes a comma-separated subset of {','.join(NVME_SYSTEMS)}, not {args.systems!r}")
     with tempfile.TemporaryDirectory(dir=args.nvme_path) as nvme_path:
         probe_before = measure_nvme(nvme_path)
         # DeepSpeed's NVMe path needs its async_io op (JIT-built against libaio): try it alone first.
         ds_check = run_worker("deepspeed-nvme", 1, 0, nvme_path, configs[0], 1)
-        systems = ["ours-nvme", "ours-cpu"] + ([] if "error" in ds_check else ["deepspeed-nvme"])
+        systems = [*nvme_systems, "ours-cpu"] + ([] if "error" in ds_check else ["deepspeed-nvme"])
         runs = {c: [run_worker(",".join(systems), args.steps, args.warmup, nvme_path, c, args.block)
                     for _ in range(args.rounds)]
                 for c in configs}
@@ -351,65 +392,81 @@ def main() -> None:
             for run in config_runs:
                 if "error" in run:
                     raise SystemExit(f"{systems} failed:\n{run['error']}")
-        # The step's bytes do not depend on the batch: one mix for every config.
-        read_bytes, write_bytes = runs[configs[0]][0]["io_bytes"]["ours-nvme"][0]
-        mixed = measure_mixed(nvme_path, read_bytes, write_bytes)
+        # A step's bytes do not depend on the batch: one mix per system for every config.
+        step_bytes = {n: runs[configs[0]][0]["io_bytes"][n][0] for n in nvme_systems}
+        mixed = {n: measure_mixed(nvme_path, *step_bytes[n]) for n in nvme_systems}
         probe_after = measure_nvme(nvme_path)
     read_bw = statistics.median([probe_before.read_bytes_per_s, probe_after.read_bytes_per_s])
     write_bw = statistics.median([probe_before.write_bytes_per_s, probe_after.write_bytes_per_s])
-    serial_roofline_s = read_bytes / read_bw + write_bytes / write_bw
-    # The mix moved whole 64 MiB requests: scale its time to the step's bytes.
-    mix_scale = (read_bytes + write_bytes) / (mixed["read_bytes"] + mixed["write_bytes"])
-    concurrent_roofline_s = mixed["concurrent_s"] * mix_scale
-    roofline_s = min(serial_roofline_s, concurrent_roofline_s)
+    rooflines = {}
+    for n, (read_bytes, write_bytes) in step_bytes.items():
+        serial_s = read_bytes / read_bw + write_bytes / write_bw
+        # The mix moved whole 64 MiB requests: scale its time to the step's bytes.
+        mix_scale = (read_bytes + write_bytes) / (mixed[n]["read_bytes"] + mixed[n]["write_bytes"])
+        concurrent_s = mixed[n]["concurrent_s"] * mix_scale
+        rooflines[n] = {"read_bytes": read_bytes, "write_bytes": write_bytes, "io_roofline_s": min(serial_s, concurrent_s),
+                        "serial_roofline_s": serial_s, "concurrent_roofline_s": concurrent_s, "mixed_probe": mixed[n]}
     results = {}
     for c in configs:
-        summary, ratios, per_step = summarise(runs[c], systems, roofline_s)
+        summary, ratios, per_step = summarise(runs[c], systems, {n: r["io_roofline_s"] for n, r in rooflines.items()})
         batch, tokens = CONFIGS[c]
         results[c] = {"batch": batch, "tokens": tokens, "summary": summary, "ratios": ratios, "adjacent": per_step,
-                      "io_bytes_per_step": sorted({tuple(b) for r in runs[c] for b in r["io_bytes"]["ours-nvme"]})}
+                      "io_bytes_per_step": {n: sorted({tuple(b) for r in runs[c] for b in r["io_bytes"][n]})
+                                            for n in nvme_systems}}
     doc = {"benchmark": "full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline",
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.1f}",
+           "cpu": _cpu_model(),
            "model": f"{BLOCKS} x (LayerNorm + Linear({HIDDEN},{FFN}) + Linear({FFN},{HIDDEN})), fp32, AdamW",
            "rounds": args.rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup, "block": args.block,
            "probe": {"read_bytes_per_s": read_bw, "write_bytes_per_s": write_bw, "direct": probe_before.direct,
                      "backend": probe_before.backend},
-           "mixed_probe": mixed,
-           "ours_nvme_io_bytes_per_step": {"read": read_bytes, "write": write_bytes},
-           "io_roofline_s": roofline_s, "serial_roofline_s": serial_roofline_s,
-           "concurrent_roofline_s": concurrent_roofline_s,
-           "configs": results, "deepspeed_nvme_error": ds_check.get("error")}
+           "rooflines": rooflines, "configs": results, "deepspeed_nvme_error": ds_check.get("error")}
     print(json.dumps(doc, indent=2))
     if args.write_results:
         write_results(doc)
 
 
+def _cpu_model() -> str:
+    """The CPU's model name and whether it has AVX-512 (this VM kind comes with either; the step's
+    compute, and so its ratio to the roofline, depends on it: docs/nvme.md)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    return f"{name}, {'AVX-512' if ' avx512f' in info else 'no AVX-512'}"
+
+
 def write_results(doc: dict) -> None:
-    probe, mixed = doc["probe"], doc["mixed_probe"]
+    probe = doc["probe"]
     lines = ["## Full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline", "",
-             f"`python benchmarks/bench_nvme_step.py --write-results` on {doc['machine']}, {doc['when']}; "
-             f"model: {doc['model']}; "
+             f"`python benchmarks/bench_nvme_step.py --write-results` on {doc['machine']} ({doc['cpu']}), "
+             f"{doc['when']}; model: {doc['model']}; "
              f"{doc['rounds']} rounds x {doc['steps_per_round']} blocks of {doc['block']} consecutive steps after "
              f"{doc['warmup_steps']} warm-up block per config, systems alternating block by block in one process; "
              "ours' block ends when all its I/O did ([Note: blocks of steps]), and each figure is per step (the "
-             "block's divided by its steps). Ours runs at prefetch depth 3 with six "
-             "72 MiB optimizer buffers (docs/nvme.md, [Note: NVMe step schedule]).", "",
-             f"Our step moves {doc['ours_nvme_io_bytes_per_step']['read'] / 1e9:.3f} GB read + "
-             f"{doc['ours_nvme_io_bytes_per_step']['write'] / 1e9:.3f} GB written (whatever the batch). "
-             "**Adjacent roofline** (the headline, [Note: the I/O roofline] in the script): every measured "
-             "ours-nvme block is paired with a probe of that mix through the same engine run right before or "
-             "right after it (alternating), and divided by it. "
-             f"**Whole-run roofline** (the earlier form): NVMe probe before and after the run (same directory, "
-             f"O_DIRECT={probe['direct']}, backend {probe['backend']}): read {probe['read_bytes_per_s'] / 1e9:.2f} "
-             f"GB/s, write {probe['write_bytes_per_s'] / 1e9:.2f} GB/s; the same mix "
-             f"({mixed['read_bytes'] / 1e9:.2f} GB read, {mixed['write_bytes'] / 1e9:.2f} GB written) "
-             f"took {mixed['concurrent_s']:.3f} s with reads and writes in flight together and "
-             f"{mixed['serial_s']:.3f} s one after the other, so that roofline is "
-             + ("the serial sum read/read_bw + write/write_bw" if doc["io_roofline_s"] == doc["serial_roofline_s"]
-                else "the concurrent mix's time scaled to the step's bytes")
-             + f" (the faster of the two): {doc['io_roofline_s']:.3f} s "
-             f"(serial {doc['serial_roofline_s']:.3f} s, concurrent {doc['concurrent_roofline_s']:.3f} s).", ""]
+             "block's divided by its steps). Ours runs at prefetch depth 3 with six 72 MiB optimizer buffers "
+             "(docs/nvme.md, [Note: NVMe step schedule]): `ours-nvme` steps the optimizer after backward (the "
+             "paper's schedule), `ours-nvme-ib` updates each unit in backward as soon as its gradient is final "
+             "(plan `optimizer_step: in_backward`, [Note: the optimizer step in backward] in "
+             "runtime/streamed_optimizer.py; exact for this loop: one backward per step, no clipping).", "",
+             "**Adjacent roofline** (the headline, [Note: the I/O roofline] in the script): every measured block "
+             "of ours is paired with a probe of its own step's read/write mix through the same engine, run right "
+             "before or right after it (alternating), and divided by it. **Whole-run roofline** (the earlier form): "
+             f"NVMe probe before and after the run (same directory, O_DIRECT={probe['direct']}, backend "
+             f"{probe['backend']}): read {probe['read_bytes_per_s'] / 1e9:.2f} GB/s, write "
+             f"{probe['write_bytes_per_s'] / 1e9:.2f} GB/s, and one probe of each step's mix after the run; the "
+             "roofline is the faster of the serial sum read/read_bw + write/write_bw and the mix's time:", ""]
+    for name, r in doc["rooflines"].items():
+        mixed = r["mixed_probe"]
+        lines.append(f"- `{name}` moves {r['read_bytes'] / 1e9:.3f} GB read + {r['write_bytes'] / 1e9:.3f} GB written "
+                     f"per step (whatever the batch); its mix ({mixed['read_bytes'] / 1e9:.2f} GB read, "
+                     f"{mixed['write_bytes'] / 1e9:.2f} GB written) took {mixed['concurrent_s']:.3f} s in flight "
+                     f"together and {mixed['serial_s']:.3f} s one after the other; roofline "
+                     f"{r['io_roofline_s']:.3f} s (serial {r['serial_roofline_s']:.3f} s, concurrent "
+                     f"{r['concurrent_roofline_s']:.3f} s).")
+    lines.append("")
     for name, r in doc["configs"].items():
         lines += [f"**{name}** (batch {r['batch']} x {r['tokens']} tokens):", "",
                   "| system | median step (s) | min step (s) |", "|---|---|---|"]
@@ -417,28 +474,31 @@ def write_results(doc: dict) -> None:
                   for sys_, v in r["summary"].items()]
         lines += ["", "| ratio | value |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in r["ratios"].items()]
-        adj = r["adjacent"]
-        spread_ = adj["spread"]
-        lines += ["", f"Per-step ratios to the adjacent roofline ({len(adj['step_over_adjacent_roofline'])} steps): "
-                  f"median {spread_['median']:.3f}, min {spread_['min']:.3f}, quartiles {spread_['q1']:.3f} / "
-                  f"{spread_['q3']:.3f}, max {spread_['max']:.3f}; all: "
-                  + ", ".join(f"{v:.2f}" for v in adj["step_over_adjacent_roofline"])
-                  + ". Adjacent probes' read bandwidth " + ", ".join(f"{v:.2f}" for v in adj["adjacent_read_gb_per_s"])
-                  + " GB/s; write " + ", ".join(f"{v:.2f}" for v in adj["adjacent_write_gb_per_s"]) + " GB/s.", "",
-                  "| phase (ours-nvme) | median time (s) | ideal disk time of its bytes (s) | median ratio |",
-                  "|---|---|---|---|"]
-        lines += [f"| {ph} | {v['median_s']:.3f} | {v['ideal_disk_s']:.3f} | {v['median_ratio']:.2f} |"
-                  for ph, v in adj["phases"].items()]
+        for system, adj in r["adjacent"].items():
+            spread_ = adj["spread"]
+            lines += ["", f"`{system}`: per-step ratios to the adjacent roofline "
+                      f"({len(adj['step_over_adjacent_roofline'])} steps): median {spread_['median']:.3f}, min "
+                      f"{spread_['min']:.3f}, quartiles {spread_['q1']:.3f} / {spread_['q3']:.3f}, max "
+                      f"{spread_['max']:.3f}; all: " + ", ".join(f"{v:.2f}" for v in adj["step_over_adjacent_roofline"])
+                      + ". Adjacent probes' read bandwidth " + ", ".join(f"{v:.2f}" for v in adj["adjacent_read_gb_per_s"])
+                      + " GB/s; write " + ", ".join(f"{v:.2f}" for v in adj["adjacent_write_gb_per_s"]) + " GB/s.", "",
+                      f"| phase ({system}) | median time (s) | ideal disk time of its bytes (s) | median ratio |",
+                      "|---|---|---|---|"]
+            lines += [f"| {ph} | {v['median_s']:.3f} | {v['ideal_disk_s']:.3f} | {v['median_ratio']:.2f} |"
+                      for ph, v in adj["phases"].items()]
         lines += [""]
-    lines += ["Phase ideal times: forward reads P, backward reads what the forward did not keep gathered (the "
-              "step's reads less 5P) and writes P, the optimizer reads 4P and writes 3P (P: parameter bytes), at the adjacent probe's read and write bandwidth; backward also "
+    lines += ["Phase ideal times (P: parameter bytes; at the adjacent probe's read and write bandwidth): forward "
+              "reads P. After backward (`ours-nvme`), the backward reads what the forward did not keep gathered "
+              "(K, the step's reads less 5P) and writes P, the optimizer reads 4P and writes 3P; backward also "
               "reads the optimizer's first chunks' states ahead (counted in the optimizer's ideal), so the "
-              "optimizer can beat its own ideal while the step cannot beat the roofline.", "",
-              "Targets (issue 5): ours-nvme / deepspeed-nvme <= 0.75 and ours-nvme step / I/O roofline <= 1.2. "
+              "optimizer can beat its own ideal while the step cannot beat the roofline. In backward "
+              "(`ours-nvme-ib`), the backward reads K + 3P and writes 3P and the optimizer phase is the tail of "
+              "those writes, so the two are one row.", "",
+              "Targets (issue 5): ours / deepspeed-nvme <= 0.75 and ours step / I/O roofline <= 1.2. "
               "The roofline ratio is meaningful on the io-bound config; on the design config the compute of the "
               "step alone (ours-cpu) is longer than the roofline on this 2-core CPU-only machine, which bounds the "
-              "ratio from below (the compute-alone row). `ours-nvme` and `ours-cpu` losses agree bit for bit "
-              "(also pinned by tests/test_nvme_training.py)."]
+              "ratio from below (the compute-alone rows). The losses of `ours-nvme`, `ours-nvme-ib` and `ours-cpu` "
+              "agree bit for bit (also pinned by tests/test_nvme_training.py)."]
     if doc.get("deepspeed_nvme_error"):
         lines += ["", "DeepSpeed's NVMe offload did not run on this machine; its error (last lines):", "", "```",
                   *doc["deepspeed_nvme_error"].strip().splitlines()[-12:], "```"]

@@ -1,5 +1,6 @@
 """The NVMe benchmark's per-phase budget splits a step's measured bytes by the schedule in
-docs/nvme.md: the backward reads only what the forward did not keep gathered."""
+docs/nvme.md: the backward reads only what the forward did not keep gathered; with the optimizer
+step in backward no gradient goes to NVMe and the update's traffic is the backward's."""
 
 import importlib.util
 from pathlib import Path
@@ -18,11 +19,14 @@ def bench(monkeypatch):
     return module
 
 
-def run_of(param_bytes: int, kept_bytes: int) -> dict:
-    reads, writes = 6 * param_bytes - kept_bytes, 4 * param_bytes
-    return {"io_bytes": {"ours-nvme": [[reads, writes]]},
-            "ours_nvme_phase_time_s": [{"forward": 1.0, "backward": 2.0, "optimizer": 8.0}],
-            "adjacent_rooflines": [{"read_bytes_per_s": 100.0, "write_bytes_per_s": 50.0}]}
+def run_of(param_bytes: int, kept_bytes: int, system: str = "ours-nvme") -> dict:
+    if system == "ours-nvme":
+        reads, writes = 6 * param_bytes - kept_bytes, 4 * param_bytes
+    else:  # in backward: forward P, backward P - kept + 3P of states; 3P of states written
+        reads, writes = 5 * param_bytes - kept_bytes, 3 * param_bytes
+    return {"io_bytes": {system: [[reads, writes]]},
+            "phase_time_s": {system: [{"forward": 1.0, "backward": 2.0, "optimizer": 8.0}]},
+            "adjacent_rooflines": {system: [{"read_bytes_per_s": 100.0, "write_bytes_per_s": 50.0}]}}
 
 
 def test_the_backward_is_charged_only_the_reads_the_forward_did_not_keep(bench):
@@ -33,6 +37,15 @@ def test_the_backward_is_charged_only_the_reads_the_forward_did_not_keep(bench):
     assert budget["backward"]["median_ratio"] == pytest.approx(2.0 / 11.0)
 
 
-def test_bytes_off_the_schedule_are_refused(bench):
+def test_in_backward_the_update_traffic_is_the_backwards(bench):
+    budget = bench.phase_budget([run_of(param_bytes=400, kept_bytes=100, system="ours-nvme-ib")], "ours-nvme-ib")
+    assert list(budget) == ["forward", "backward + optimizer"]
+    assert budget["forward"]["ideal_disk_s"] == pytest.approx(400 / 100)
+    assert budget["backward + optimizer"]["ideal_disk_s"] == pytest.approx((300 + 1200) / 100 + 1200 / 50)
+    assert budget["backward + optimizer"]["median_s"] == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("system", ["ours-nvme", "ours-nvme-ib"])
+def test_bytes_off_the_schedule_are_refused(bench, system):
     with pytest.raises(AssertionError):
-        bench.phase_budget([run_of(param_bytes=400, kept_bytes=500)])
+        bench.phase_budget([run_of(param_bytes=400, kept_bytes=500, system=system)], system)
