@@ -57,6 +57,14 @@ class UnitGradient:
         self.parts = parts
         self.numel = numel
 
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0][1].device if self.parts else torch.device("cpu")
+
+    @property
+    def element_size(self) -> int:
+        return self.parts[0][1].element_size() if self.parts else 4
+
     def chunk(self, start: int, numel: int, out: torch.Tensor) -> torch.Tensor:
         """Elements [start, start + numel) as fp32 on `out`'s device: a view of a part when one part
         holds them all in fp32 there (no copy), else copied (and cast) into `out[:numel]`."""

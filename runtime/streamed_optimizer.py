@@ -195,6 +195,9 @@ class StreamedAdamW:
                 p.wait()
             master, exp_avg, exp_avg_sq, grad_region = self._views(buffer, chunk.numel)
             grad = gradient.chunk(chunk.start, chunk.numel, grad_region)
+            if gradient.device.type != "cpu":  # copied off the GPU into the chunk buffer
+                links = self.state.profiler.link_bytes
+                links["d2h"] = links.get("d2h", 0) + chunk.numel * gradient.element_size
             self._adamw(key, master, grad, exp_avg, exp_avg_sq)
             self._writes.append((buffer, self._write(chunk, buffer)))
             self._read_more()

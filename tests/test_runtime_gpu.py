@@ -59,3 +59,17 @@ def test_cuda_profile_records_allocator_peak_and_h2d() -> None:
     sample = runtime.state_of(model).profiler.samples[-1]
     assert sample.cuda_max_allocated_bytes > 0
     assert sample.link_bytes["h2d"] > 0 and sample.link_bytes["d2h"] > 0
+
+
+@pytest.mark.parametrize("placement", [
+    {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
+    {**ALL_CPU, "params": "gpu"},
+], ids=["all-nvme", "params-on-gpu"])
+def test_cuda_optimizer_step_in_backward_is_bitwise_after_backward(placement: dict, tmp_path) -> None:  # noqa: ANN001
+    """[Note: the optimizer step in backward] on CUDA: each unit's gradient goes from the GPU into
+    the update (the chunk buffer's gradient region, counted as d2h, with the states on NVMe); the
+    losses are those of the after-backward step on the same device, bit for bit."""
+    doc = plan_doc(placement=placement, nvme_path=str(tmp_path), prefetch_depth=3,
+                   optimizer_chunk_bytes=16 * 1024, num_optimizer_buffers=3)
+    after = _cuda_losses("gpt", doc)
+    assert _cuda_losses("gpt", {**doc, "optimizer_step": "in_backward"}) == after
