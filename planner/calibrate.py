@@ -93,6 +93,14 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
             out[phase]["memory_s"] = sum(step_elementwise_bytes(s) for s in steps) / hbm
     kinds = {"gpu_compute": "compute_s", "cpu_optimizer": "cpu_adam_s", "nvme_read": "nvme_s", "nvme_write": "nvme_s",
              "nvme": "nvme_s"}
+    # [Note: in-backward phases] With `optimizer_step: in_backward` the updates (labelled `optimizer`)
+    # run inside the backward, and the runtime's profile counts them there: its backward ends when
+    # the last update is computed and its optimizer phase is the write tail. Busy time is then
+    # attributed to the phase it falls in, cut at the simulated phase ends, not by label.
+    by_time = plan.optimizer_step == "in_backward"
+    ends = sim.phase_end_s
+    spans = {"forward": (0.0, ends["forward"]), "backward": (ends["forward"], ends["backward"]),
+             "optimizer": (ends["backward"], math.inf)}
     seen: set[str] = set()
     for link in sim.links():
         if link.name not in kinds or link.name in seen:  # rank 0's links only (one per name)
@@ -100,7 +108,10 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
         seen.add(link.name)
         for start, end, label in link.intervals:
             for phase, labels in PHASE_LABELS.items():
-                if label in labels:
+                if by_time:
+                    lo, hi = spans[phase]
+                    out[phase][kinds[link.name]] += max(0.0, min(end, hi) - max(start, lo))
+                elif label in labels:
                     out[phase][kinds[link.name]] += end - start
     for phase in out:
         out[phase]["compute_s"] = max(0.0, out[phase]["compute_s"] - out[phase]["memory_s"])

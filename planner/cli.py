@@ -31,6 +31,9 @@ SeqOpt = Annotated[int | None, typer.Option("--seq", help="sequence length")]
 VocabOpt = Annotated[int | None, typer.Option("--vocab", help="vocabulary size (0 ignores embeddings)")]
 HardwareOpt = Annotated[str | None, typer.Option("--hardware", help="hardware preset or JSON file (default dgx-h100)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the JSON document instead of tables")]
+OptimizerStepOpt = Annotated[str | None, typer.Option(
+    "--optimizer-step", help="after_backward (default: the paper's step) or in_backward (each unit updated as soon as "
+                             "its gradient is final; no gradient accumulation or clipping)")]
 
 
 def _model(model, layers, hidden, heads, seq, vocab):
@@ -59,6 +62,14 @@ def _model_parallel(text: str) -> int | None:
     return value
 
 
+def _optimizer_step(text: str | None) -> str:
+    """`--optimizer-step`: the paper's `after_backward` unless pinned (the search never picks it)."""
+    from planner.plan import OPTIMIZER_STEPS
+    from planner.specio import string
+
+    return "after_backward" if text is None else string(text, "--optimizer-step", choices=OPTIMIZER_STEPS)
+
+
 def _print_json(doc) -> None:
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
 
@@ -83,6 +94,7 @@ def fit(
     max_alloc_gib: Annotated[float | None, typer.Option("--max-alloc-gib", help="largest contiguous GPU allocation")] = None,
     max_batch_per_gpu: Annotated[int, typer.Option("--max-batch-per-gpu", help="largest batch/GPU the search tries")] = 32,
     precision: Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32")] = "bf16",
+    optimizer_step: OptimizerStepOpt = None,
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
     deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config here")] = None,
@@ -96,6 +108,7 @@ def fit(
     from planner.specio import number, string
 
     string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
+    step = _optimizer_step(optimizer_step)
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)
     number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
     request = SearchRequest(
@@ -112,6 +125,7 @@ def fit(
         precision=precision,
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,
+        optimizer_step=step,
     )
     result = refine(search(request))
     chosen = result.best or (result.rejected[0] if result.rejected else None)
@@ -124,6 +138,9 @@ def fit(
         from planner.specio import write_json_atomic
 
         write_json_atomic(deepspeed_out, deepspeed_config(chosen), "DeepSpeed config")
+        if chosen.optimizer_step == "in_backward":  # stderr: --json keeps stdout a document
+            sys.stderr.write("note: DeepSpeed steps the optimizer after backward; the exported config runs the "
+                             "plan's placement with DeepSpeed's own after-backward step\n")
     if as_json:
         _print_json(chosen.to_dict())
         return
@@ -166,6 +183,7 @@ def memory(
     prefetch_depth: Annotated[int, typer.Option("--prefetch-depth")] = 3,
     model_parallel: Annotated[int, typer.Option("--model-parallel")] = 1,
     precision: Annotated[str, typer.Option("--precision")] = "bf16",
+    optimizer_step: OptimizerStepOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The memory bill: the paper's section-3 quantities and every runtime buffer, per tier."""
@@ -196,6 +214,7 @@ def memory(
             prefetch_depth=prefetch_depth,
             model_parallel_degree=model_parallel,
             precision=precision,
+            optimizer_step=_optimizer_step(optimizer_step),
         )
     )
     quantities = paper_quantities(plan)

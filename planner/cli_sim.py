@@ -13,7 +13,8 @@ from typing import Annotated
 import typer
 
 from planner.errors import PlannerError
-from planner.plan import Placement, Plan, load_plan, parse_placement_pins
+from planner.plan import OPTIMIZER_STEPS, Placement, Plan, load_plan, parse_placement_pins
+from planner.specio import string
 from planner.units import GIB
 
 PlacementOpt = Annotated[str | None, typer.Option("--placement", help="Pin states to tiers: params=nvme,optimizer_states=nvme,...")]
@@ -23,6 +24,9 @@ TilingOpt = Annotated[int | None, typer.Option("--tiling-factor", help="Tiles pe
 PrefetchOpt = Annotated[int | None, typer.Option("--prefetch-depth", help="Operators fetched ahead (0 = no overlap).")]
 ModelParallelOpt = Annotated[int | None, typer.Option("--model-parallel", help="Tensor-parallel degree inside a node.")]
 MaxAllocOpt = Annotated[float | None, typer.Option("--max-alloc-gib", help="Largest contiguous GPU allocation (GiB).")]
+OptimizerStepOpt = Annotated[str | None, typer.Option(
+    "--optimizer-step", help="after_backward (the paper's step) or in_backward (each unit updated as soon as its "
+                             "gradient is final).")]
 
 
 def apply_pins(
@@ -35,6 +39,7 @@ def apply_pins(
     prefetch_depth: int | None = None,
     model_parallel: int | None = None,
     max_alloc_gib: float | None = None,
+    optimizer_step: str | None = None,
 ) -> Plan:
     """The plan with the user's pinned choices; any stale prediction is dropped."""
     changes: dict[str, object] = {"prediction": None}
@@ -48,6 +53,8 @@ def apply_pins(
                        ("model_parallel_degree", model_parallel)):
         if value is not None:
             changes[key] = value
+    if optimizer_step is not None:
+        changes["optimizer_step"] = string(optimizer_step, "--optimizer-step", choices=OPTIMIZER_STEPS)
     if max_alloc_gib is not None:
         changes["node"] = plan.node.with_max_alloc_gib(max_alloc_gib)
     return plan.replace(**changes)
@@ -64,6 +71,7 @@ def simulate_command(
     prefetch_depth: PrefetchOpt = None,
     model_parallel: ModelParallelOpt = None,
     max_alloc_gib: MaxAllocOpt = None,
+    optimizer_step: OptimizerStepOpt = None,
 ) -> None:
     """Simulate one training iteration of a plan (discrete-event, SimPy) and print the prediction."""
     from planner.sim import simulate
@@ -71,7 +79,8 @@ def simulate_command(
     try:
         plan = apply_pins(load_plan(plan_file), placement=placement, batch_per_gpu=batch_per_gpu,
                           checkpoint_interval=checkpoint_interval, tiling_factor=tiling_factor,
-                          prefetch_depth=prefetch_depth, model_parallel=model_parallel, max_alloc_gib=max_alloc_gib)
+                          prefetch_depth=prefetch_depth, model_parallel=model_parallel, max_alloc_gib=max_alloc_gib,
+                          optimizer_step=optimizer_step)
         result = simulate(plan)
         if timeline is not None:
             from planner.sim.timeline import draw
@@ -98,7 +107,9 @@ def print_prediction(plan: Plan) -> None:
     assert p is not None
     console = wide_console()
     verdict = "[green]fits[/]" if p.feasible else f"[red]does not fit[/]: {p.reason}"
-    console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}: {verdict}")
+    step = ", optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
+    console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}{step}: "
+                  f"{verdict}")
     console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "
                   f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{p.bottleneck}[/]")
     console.print("phases: " + ", ".join(f"{k} {v:.4g} s" for k, v in p.phase_time_s.items()))

@@ -5,7 +5,8 @@ Mapping (DeepSpeed's ZeRO-3 names): params -> `offload_param`, optimizer states 
 our NVMe request size -> `aio.block_size`. Buffer counts and sizes are sized from the plan's model
 so that one gathered operator fits in a swap buffer. DeepSpeed has no tiling knob in its config
 (it tiles with `deepspeed.zero.TiledLinear` in the model code), so a tiling factor > 1 is reported in
-`tierwise.tiling_factor` for the user to apply.
+`tierwise.tiling_factor` for the user to apply. Nor has it an optimizer step in backward: an
+`in_backward` plan exports as DeepSpeed's after-backward step, noted in `tierwise.optimizer_step`.
 """
 
 from __future__ import annotations
@@ -92,4 +93,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "samples_per_model_replica": micro,
         "bytes_per_param": BYTES_PER_PARAM[plan.precision],
     }
+    if plan.optimizer_step == "in_backward":
+        # DeepSpeed has no in-backward step: it runs this placement with its own after-backward step.
+        doc["tierwise"]["optimizer_step"] = plan.optimizer_step
     return doc

@@ -34,11 +34,13 @@ def model_line(plan: Plan) -> str:
 
 def plan_line(plan: Plan) -> str:
     p = plan.placement
+    # Said only when pinned away from the paper's schedule, so the default line stays as it was.
+    step = " | optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     return (
         f"strategy {plan.strategy}: params={p.params} gradients={p.gradients} optimizer={p.optimizer_states} "
         f"checkpoints={p.activation_checkpoints} | batch/GPU {plan.micro_batch_per_gpu:g} | checkpoint interval "
         f"{plan.checkpoint_interval} | tiling {plan.tiling_factor} | prefetch depth {plan.prefetch_depth} | "
-        f"model parallel {plan.model_parallel_degree} | {plan.precision}"
+        f"model parallel {plan.model_parallel_degree} | {plan.precision}{step}"
     )
 
 

@@ -45,6 +45,9 @@ class SearchRequest:
     precision: str = "bf16"
     nvme_path: str | None = None
     max_micro_batch_per_gpu: int = DEFAULT_MAX_MICRO_BATCH
+    optimizer_step: str = "after_backward"
+    """Every candidate's `Plan.optimizer_step`. Never searched: stepping in backward changes what the
+    training loop may do (no gradient accumulation, no clipping), so only the user can choose it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -233,6 +236,7 @@ def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placemen
         model_parallel_degree=mp,
         precision=request.precision,
         nvme_path=request.nvme_path if "nvme" in placement.to_dict().values() else None,
+        optimizer_step=request.optimizer_step,
     )
 
 

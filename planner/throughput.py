@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.memory import BYTES_PER_PARAM, checkpoint_bytes
+from planner.memory import BYTES_PER_PARAM, checkpoint_bytes, stores_gradients
 from planner.plan import LINKS, PHASES, Plan
 
 # Share of the iteration's model flops in each pass (eq. 7): forward 2, recompute 2, backward 4.
@@ -114,6 +114,7 @@ def estimate(plan: Plan) -> Estimate:
     # -- parameters: fetched once per pass over the model ----------------------------------
     param_bytes = params_per_gpu * per_param["params"]
     fetch_fwd = fetch_bwd = 0.0
+    nvme_read_bwd = 0.0  # the backward's own NVMe reads (in-backward updates share the drive with them)
     if "params" in plan.partitioned:
         passes_bwd = 2 if recompute else 1
         gather = param_bytes * (dp - 1) / dp
@@ -126,6 +127,7 @@ def estimate(plan: Plan) -> Estimate:
             links["h2d"] += (1 + passes_bwd) * shard
         if place.params == "nvme":
             links["nvme_read"] += (1 + passes_bwd) * shard
+            nvme_read_bwd += _divide(passes_bwd * shard, bw.nvme_read)
 
     # -- gradients: reduce-scatter (or all-reduce) and offload during backward --------------
     grad_bytes = params_per_gpu * per_param["gradients"]
@@ -136,11 +138,14 @@ def estimate(plan: Plan) -> Estimate:
         reduce = 2 * grad_bytes * (dp - 1) / dp
         links["reduce_scatter"] += reduce
     grads_time = _divide(reduce, bw.all_gather)
+    stored = stores_gradients(plan)
     if place.gradients != "gpu":
+        # Not stored (in-backward step, optimizer on NVMe): the shard still crosses to the host,
+        # into the update's chunk buffer, but is never written to NVMe.
         out = grad_bytes / dp
         links["d2h"] += out
         grads_time = max(grads_time, _divide(out, bw.d2h))
-        if place.gradients == "nvme":
+        if place.gradients == "nvme" and stored:
             links["nvme_write"] += out
             grads_time = max(grads_time, _divide(out, bw.nvme_write))
 
@@ -156,6 +161,7 @@ def estimate(plan: Plan) -> Estimate:
             links["nvme_read"] += ckpt
             ckpt_fwd = max(ckpt_fwd, _divide(ckpt, bw.nvme_write))
             ckpt_bwd = max(ckpt_bwd, _divide(ckpt, bw.nvme_read))
+            nvme_read_bwd += _divide(ckpt, bw.nvme_read)
 
     # -- tensor parallelism: Megatron's two all-reduces per block in each pass --------------
     tp_fwd = tp_bwd = 0.0
@@ -166,20 +172,24 @@ def estimate(plan: Plan) -> Estimate:
 
     # -- optimizer step: not overlapped with forward/backward in the paper's design ---------
     gpus = plan.cluster.gpus_per_node
+    on_compute_device = place.optimizer_states == "gpu" or node.host_is_device
+    optimizer_nvme = 0.0  # the step's NVMe time
     if place.optimizer_states == "gpu" and not node.host_is_device:
-        optimizer = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
+        optimizer = update_compute = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
     else:
-        cpu_update = _divide(shard_params * gpus, node.cpu_adam_params_per_s)
+        cpu_update = update_compute = _divide(shard_params * gpus, node.cpu_adam_params_per_s)
         io = 0.0
         if place.optimizer_states == "nvme":
             # eq. 10 reads and writes 16 bytes/param once; the runtime's streamed step reads the
             # fp32 master, momentum, variance (12) and the fp32 gradient (4, from NVMe when the
-            # gradients live there) and writes back only the 12 (runtime/streamed_optimizer.py).
-            read = shard_params * (12 + (4 if place.gradients == "nvme" else 0))
+            # gradients live there and are stored) and writes back only the 12
+            # (runtime/streamed_optimizer.py).
+            read = shard_params * (12 + (4 if place.gradients == "nvme" and stored else 0))
             written = shard_params * 12
             links["nvme_read"] += read
             links["nvme_write"] += written
             io = _divide(read, bw.nvme_read) + _divide(written, bw.nvme_write)
+            optimizer_nvme = io
         # updated parameters go back to where the parameters live
         updated = shard_params * per_param["params"]
         if place.params == "gpu":
@@ -188,12 +198,15 @@ def estimate(plan: Plan) -> Estimate:
         elif place.params == "nvme":
             links["nvme_write"] += updated
             io += _divide(updated, bw.nvme_write)
+            optimizer_nvme += _divide(updated, bw.nvme_write)
         optimizer = max(cpu_update, io)
+    gather_after = 0.0
     if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned:
         # ZeRO-2 / ZeRO-Offload: each rank updated 1/dp of the parameters; all-gather them back
         gather = param_bytes * (dp - 1) / dp
         links["all_gather"] += gather
-        optimizer += _divide(gather, bw.all_gather)
+        gather_after = _divide(gather, bw.all_gather)
+        optimizer += gather_after
 
     components = {
         "compute": compute_fwd + compute_bwd,
@@ -203,12 +216,20 @@ def estimate(plan: Plan) -> Estimate:
         "tensor parallel": tp_fwd + tp_bwd,
         f"optimizer ({place.optimizer_states})": optimizer,
     }
-    if plan.prefetch_depth >= 1:
-        forward = max(compute_fwd, fetch_fwd, ckpt_fwd) + tp_fwd
+    if plan.optimizer_step == "in_backward":
+        backward = _in_backward_backward(
+            plan, optimizer - gather_after, update_compute, on_compute_device=on_compute_device,
+            nvme_s=optimizer_nvme + nvme_read_bwd, compute_bwd=compute_bwd,
+            others=(fetch_bwd, grads_time, ckpt_bwd), tp_bwd=tp_bwd)
+        optimizer = gather_after
+    elif plan.prefetch_depth >= 1:
         backward = max(compute_bwd, fetch_bwd, grads_time, ckpt_bwd) + tp_bwd
     else:
-        forward = compute_fwd + fetch_fwd + ckpt_fwd + tp_fwd
         backward = compute_bwd + fetch_bwd + grads_time + ckpt_bwd + tp_bwd
+    if plan.prefetch_depth >= 1:
+        forward = max(compute_fwd, fetch_fwd, ckpt_fwd) + tp_fwd
+    else:
+        forward = compute_fwd + fetch_fwd + ckpt_fwd + tp_fwd
     iteration = forward + backward + optimizer
     bottleneck = max(components, key=lambda k: components[k])
     ait, state_bw = arithmetic_intensity(plan), state_bandwidths(plan)
@@ -223,6 +244,23 @@ def estimate(plan: Plan) -> Estimate:
         tokens_per_s=plan.tokens_per_iteration / iteration,
         efficiency_no_overlap=eff,
     )
+
+
+def _in_backward_backward(plan: Plan, update_s: float, update_compute_s: float, *, on_compute_device: bool,
+                          nvme_s: float, compute_bwd: float, others: tuple[float, ...], tp_bwd: float) -> float:
+    """The backward with `optimizer_step: in_backward`: each unit is updated while the rest of the
+    backward runs (planner/sim/in_backward.py), so the optimizer's work (`update_s`) overlaps the
+    backward instead of following it. On the compute device (a GPU optimizer, or any optimizer when
+    the host is the device) the updates take turns with compute; a CPU optimizer overlaps GPU
+    compute. One NVMe array serves the backward's reads and the state traffic (`nvme_s`, both
+    together). The optimizer phase keeps only what must follow the backward (the caller's: the
+    ZeRO-2 all-gather; the last unit's write tail is left out). `others` are the backward's other
+    traffic times (parameters, gradients, checkpoints); `update_compute_s` is the update's own
+    arithmetic (the CPU or HBM-bound Adam), the part of `update_s` that is not I/O."""
+    if plan.prefetch_depth == 0:  # nothing overlaps
+        return compute_bwd + sum(others) + tp_bwd + update_s
+    compute = compute_bwd + (update_compute_s if on_compute_device else 0.0)
+    return max(compute, update_s, nvme_s, *others) + tp_bwd
 
 
 EFFICIENCY_STATES: tuple[str, ...] = ("params_and_gradients", "optimizer_states", "activation_checkpoints")

@@ -19,7 +19,8 @@ Mechanisms, each as the runtime does it:
 - activation checkpoints: one block input saved every `checkpoint_interval` blocks (eq. 3), copied
   to the CPU when placed there and fetched back one segment ahead of its recompute;
 - the optimizer step streams chunks through `num_optimizer_buffers` pinned buffers: read k+1,
-  update k, write k-1 at once (§4.3).
+  update k, write k-1 at once (§4.3); with `optimizer_step: in_backward` each unit is updated
+  during the backward instead, as soon as its gradient is final (in_backward.py).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from typing import Any, Literal
 
 import simpy
 
-from planner.memory import resident_state_terms
+from planner.memory import resident_state_terms, stores_gradients
 from planner.plan import Plan
+from planner.sim.in_backward import BackwardUpdates
 from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.resources import NodeResources
@@ -73,6 +75,7 @@ class Simulation:
         self.largest_gpu_allocation_bytes = 0.0
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
         self.optimizer = optimizer
+        """Ignored with `optimizer_step: in_backward` (the updates are part of the backward)."""
         self._optimizer_done: simpy.Event | None = None
         self._place_residents()
 
@@ -196,12 +199,15 @@ class RankProgram:
         depth = plan.prefetch_depth
         self.lookahead = stage_lookaheads(depth)
         self.synchronous_grads = depth == 0
+        self.stores_gradients = stores_gradients(plan)
         self._triggers: dict[tuple[str, int], simpy.Event] = {}
         self._triggered_upto = dict.fromkeys(self.stages, -1)
         self._ready: dict[int, simpy.Event] = {}
         self._rs_done: list[simpy.Event] = []
         self._grad_done: list[simpy.Event] = []
         self._ckpt_ready: dict[int, simpy.Event] = {}
+        self.updates = BackwardUpdates(self) if plan.optimizer_step == "in_backward" else None
+        """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
 
     # -- transfers ---------------------------------------------------------------------------
     def _move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
@@ -296,11 +302,20 @@ class RankProgram:
         slice_factor = self.b / self.mp
         backward_index = 0
         gathered = bool(self.stages)
+        updates = self.updates
+        backward_begun = False
+        # The runtime starts the in-backward update's read-ahead once the forward has started the
+        # fetch of its last operator (runtime/streamed_optimizer.py), else when the backward begins.
+        last_forward = max((s.index for s in steps if s.phase == "forward"), default=-1)
         for step in steps:
             i = step.index
-            if step.phase != "forward":
+            if step.phase != "forward" and not backward_begun:
+                backward_begun = True
                 self._record_phase_end("forward")
             self._advance_triggers(i, len(steps))
+            if updates is not None and not updates.begun and (
+                    backward_begun or (plan.prefetch_depth > 0 and i + plan.prefetch_depth >= last_forward)):
+                updates.begin()
             op, blk = step.op, step.block
             first_of_block = i == 0 or steps[i - 1].block != blk or steps[i - 1].phase != step.phase
             last_of_block = i == len(steps) - 1 or steps[i + 1].block != blk or steps[i + 1].phase != step.phase
@@ -316,6 +331,8 @@ class RankProgram:
                     sim.gpu_add(self.rank, "activations", work.block_activation_bytes)
             if step.index in self._ready:
                 yield self._ready[step.index]
+            if updates is not None and updates.inline:  # gradients final by now: the runtime's hooks ran
+                yield from updates.run_ready_inline()
             if step.phase == "backward":
                 flops = 2 * op.flops_per_gpu  # input and weight gradients, each a forward-sized matmul
                 if op.has_grads and not self.synchronous_grads:
@@ -344,6 +361,8 @@ class RankProgram:
                 grads = self.env.process(self._reduce_gradients(op.num_params * slice_factor, reduced, step.phase))
                 self._rs_done.append(reduced)
                 self._grad_done.append(grads)
+                if updates is not None:
+                    updates.gradient(backward_index, grads)
                 backward_index += 1
                 if self.synchronous_grads:
                     yield grads
@@ -358,11 +377,19 @@ class RankProgram:
                 elif step.phase == "forward" and ci:
                     sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
         yield simpy.AllOf(self.env, self._grad_done)
+        if updates is not None:
+            if updates.inline:
+                yield from updates.run_ready_inline(wait_all=True)
+            yield updates.computed
         self._record_phase_end("backward")
         if self.rank == 0:
             for tracker in (sim.gpu, sim.cpu, sim.nvme):
                 tracker.close_window()
-        yield from self._optimizer_step()
+        if updates is not None:
+            yield updates.written  # `optimizer.step()` waits for the updates' last writes
+            yield from self._gather_updated_params()
+        else:
+            yield from self._optimizer_step()
         self._record_phase_end("optimizer")
 
     def _record_phase_end(self, phase: str) -> None:
@@ -415,8 +442,8 @@ class RankProgram:
         sim.gpu_remove(rank, "gradient buckets", slice_bytes)
         reduced.succeed()
         tier = plan.placement.gradients
-        if tier == "gpu" or (tier == "cpu" and self.host_is_device):
-            return
+        if tier == "gpu" or (tier == "cpu" and self.host_is_device) or not self.stores_gradients:
+            return  # not stored: the in-backward update copies it into its chunk buffer (in_backward.py)
         shard = slice_bytes / self.dp
         if not self.host_is_device:
             sim.gpu_add(rank, "gradient staging", shard)
@@ -438,6 +465,10 @@ class RankProgram:
                 yield self.env.timeout(seconds)
         else:
             yield self.sim.cpu_optimizer_step()
+        yield from self._gather_updated_params()
+
+    def _gather_updated_params(self) -> Proc:
+        plan = self.sim.plan
         if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned and self.dp > 1:
             # ZeRO-2 / ZeRO-Offload: replicated parameters are re-assembled from the updated shards.
             slice_bytes = plan.model.num_params / self.mp * self.b

@@ -56,9 +56,10 @@ def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
     for layers in missing:
         small = plan.replace(model=plan.model.replace(num_layers=layers))
         work = dataclasses.replace(build_workload(small), params_per_rank=params)
-        if optimizer is None and plan.placement.optimizer_states != "gpu":
+        if optimizer is None and plan.placement.optimizer_states != "gpu" and plan.optimizer_step == "after_backward":
             # The step starts on an idle network (optimizer.py): the real one is simulated once,
-            # with the busy intervals periodic.py draws.
+            # with the busy intervals periodic.py draws. An in-backward step updates each unit in
+            # its own backward (in_backward.py): it is part of the backward window that repeats.
             optimizer = chunked_step(plan, work, 1)
         sim = Simulation(small, workload=work, optimizer=optimizer).run()
         samples[layers] = Sample(plan=small, summary=summarize(sim, timelines=False), timelines=timelines_of(sim),

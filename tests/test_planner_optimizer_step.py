@@ -1,0 +1,151 @@
+"""`optimizer_step: in_backward` in the planner: the plan field, the memory bill, the analytic
+estimate, the search pin and the CLI (`--optimizer-step`)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.catalog import resolve_hardware, resolve_model
+from planner.deepspeed_config import deepspeed_config
+from planner.errors import PlannerError
+from planner.memory import memory_bill, stores_gradients
+from planner.plan import Placement, Plan
+from planner.search import SearchRequest, search
+from planner.throughput import estimate
+
+NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
+CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
+
+
+def plan_1t(placement: Placement = NVME, **changes) -> Plan:
+    doc = dict(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16, placement=placement,
+               micro_batch_per_gpu=32, checkpoint_interval=1)
+    doc.update(changes)
+    return Plan(**doc)
+
+
+def planner(*args):
+    proc = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+# -- the plan field ---------------------------------------------------------------------------
+def test_plan_round_trips_the_field_and_defaults_to_the_papers_step():
+    assert plan_1t().optimizer_step == "after_backward"
+    plan = plan_1t(optimizer_step="in_backward")
+    doc = json.loads(json.dumps(plan.to_dict()))
+    assert doc["optimizer_step"] == "in_backward"
+    assert Plan.from_dict(doc) == plan
+    legacy = {k: v for k, v in plan_1t().to_dict().items() if k != "optimizer_step"}  # plans written before the field
+    assert Plan.from_dict(legacy).optimizer_step == "after_backward"
+
+
+def test_fp16_and_unknown_steps_are_refused():
+    with pytest.raises(PlannerError, match="fp16"):
+        plan_1t(optimizer_step="in_backward", precision="fp16")
+    with pytest.raises(PlannerError, match="optimizer_step must be one of after_backward, in_backward"):
+        plan_1t(optimizer_step="during_forward")
+    plan_1t(optimizer_step="after_backward", precision="fp16")  # the paper's step takes any precision
+
+
+# -- the memory bill --------------------------------------------------------------------------
+def test_in_backward_with_optimizer_on_nvme_stores_no_gradient():
+    before, after = plan_1t(), plan_1t(optimizer_step="in_backward")
+    assert stores_gradients(before) and not stores_gradients(after)
+    a, b = memory_bill(before).terms, memory_bill(after).terms
+    # The fp32 gradient shard (4 bytes/param in the gradients' tier, per node), its swap buffers and
+    # its GPU offload staging are gone; nothing else changes.
+    shard_per_node = 4 * before.model.num_params // 16 * 8
+    assert a["nvme"]["optimizer_states"] - b["nvme"]["optimizer_states"] == pytest.approx(shard_per_node, abs=8)
+    assert "gradient_swap_buffers" in a["cpu"] and "gradient_swap_buffers" not in b["cpu"]
+    assert "gradient_offload_staging" in a["gpu"] and "gradient_offload_staging" not in b["gpu"]
+    for tier in ("gpu", "cpu"):
+        dropped = {"gradient_swap_buffers", "gradient_offload_staging", "allocator_slack"}
+        assert {k: v for k, v in a[tier].items() if k not in dropped} == \
+            {k: v for k, v in b[tier].items() if k not in dropped}
+
+
+@pytest.mark.parametrize("placement", [CPU, Placement(), Placement(params="nvme", gradients="cpu",
+                                                                     optimizer_states="cpu")])
+def test_in_backward_with_resident_optimizer_bills_the_same(placement):
+    # The update reads the stored gradient shard where it lies, only earlier.
+    before, after = plan_1t(placement), plan_1t(placement, optimizer_step="in_backward")
+    assert stores_gradients(after)
+    assert memory_bill(before).terms == memory_bill(after).terms
+
+
+# -- the analytic estimate --------------------------------------------------------------------
+def test_estimate_overlaps_the_optimizer_with_backward_and_skips_the_gradient_round_trip():
+    before, after = estimate(plan_1t()), estimate(plan_1t(optimizer_step="in_backward"))
+    shard = plan_1t().model.num_params / 16
+    assert before.link_bytes["nvme_read"] - after.link_bytes["nvme_read"] == pytest.approx(4 * shard, abs=2)
+    assert before.link_bytes["nvme_write"] - after.link_bytes["nvme_write"] == pytest.approx(2 * shard, abs=2)
+    assert after.link_bytes["d2h"] == before.link_bytes["d2h"]  # the shard still reaches the host's buffer
+    assert after.phase_time_s["optimizer"] == 0.0
+    assert after.phase_time_s["forward"] == before.phase_time_s["forward"]
+    # Overlapped: at least each of backward and the optimizer's work, less than their sum.
+    work = after.component_time_s["optimizer (nvme)"]
+    assert max(before.phase_time_s["backward"], work) <= after.phase_time_s["backward"]
+    assert after.iteration_time_s < before.iteration_time_s
+
+
+def test_estimate_on_the_compute_device_adds_the_update_to_compute():
+    # A GPU optimizer runs on the compute stream: the updates take turns with backward compute.
+    before, after = estimate(plan_1t(Placement())), estimate(plan_1t(Placement(), optimizer_step="in_backward"))
+    assert after.iteration_time_s == pytest.approx(before.iteration_time_s)
+    assert after.phase_time_s["optimizer"] == 0.0
+
+
+# -- the search and the CLI -------------------------------------------------------------------
+def test_search_carries_the_pin_and_never_chooses_it_on_its_own():
+    request = dict(model=resolve_model("1.4B"), node=resolve_hardware("dgx-h100"), num_gpus=8,
+                   placement_pins={"optimizer_states": "nvme"})
+    default = search(SearchRequest(**request))
+    assert {p.optimizer_step for p in default.ranked} == {"after_backward"}
+    pinned = search(SearchRequest(**request, optimizer_step="in_backward"))
+    assert {p.optimizer_step for p in pinned.ranked} == {"in_backward"}
+    assert pinned.best.prediction.tokens_per_s > default.best.prediction.tokens_per_s
+
+
+def test_fit_pin_shows_the_step_and_notes_deepspeed(tmp_path):
+    ds = tmp_path / "ds.json"
+    args = ("fit", "1.4B", "--gpus", "8", "--placement", "optimizer=nvme", "--optimizer-step", "in_backward")
+    code, out, err = planner(*args, "--deepspeed-config", str(ds))
+    assert code == 0, err
+    assert "optimizer step in backward" in out
+    note = [line for line in (out + err).splitlines() if "DeepSpeed steps the optimizer after backward" in line]
+    assert len(note) == 1
+    assert json.loads(ds.read_text())["tierwise"]["optimizer_step"] == "in_backward"
+    code, out, err = planner(*args, "--json")
+    assert code == 0, err
+    assert json.loads(out)["optimizer_step"] == "in_backward"
+    code, out, err = planner("fit", "1.4B", "--gpus", "8")
+    assert code == 0 and "optimizer step" not in out  # the paper's step goes unsaid
+
+
+def test_memory_pin_drops_the_gradient_terms():
+    args = ("memory", "1T", "--gpus", "16", "--strategy", "zero-inf-nvme", "--json")
+    code, out, err = planner(*args, "--optimizer-step", "in_backward")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["plan"]["optimizer_step"] == "in_backward"
+    assert "gradient_swap_buffers" not in doc["terms"]["cpu"]
+    code, out, _ = planner(*args)
+    assert "gradient_swap_buffers" in json.loads(out)["terms"]["cpu"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("fit", "1.4B", "--optimizer-step", "sometimes"), "--optimizer-step must be one of after_backward, in_backward"),
+    (("memory", "1.4B", "--optimizer-step", "x"), "--optimizer-step must be one of"),
+    (("fit", "1.4B", "--precision", "fp16", "--optimizer-step", "in_backward"), "cannot run with precision fp16"),
+])
+def test_bad_optimizer_step_is_one_line_exit_1(args, needle):
+    code, out, err = planner(*args)
+    assert code == 1
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_deepspeed_export_of_the_papers_step_is_unchanged():
+    assert "optimizer_step" not in deepspeed_config(plan_1t())["tierwise"]
