@@ -78,6 +78,11 @@ def read_sidebar() -> Inputs:
         "Batch per GPU (global batch / GPUs)", value=None, step=1.0, key="batch", placeholder="largest that fits",
     )
     precision = bar.selectbox("Precision", PRECISIONS, key="precision")
+    in_backward = bar.toggle(
+        "Optimizer step in backward", key="in_backward", value=False,
+        help="Update each unit as soon as its gradient is final, overlapping the optimizer with the backward "
+             "(`--optimizer-step in_backward`): no gradient accumulation or clipping, not with fp16.",
+    )
     mp = bar.selectbox("Model-parallel degree", MODEL_PARALLEL_CHOICES, key="model_parallel")
     refine = bar.toggle(
         "Rank the top plans by simulation", key="refine", value=True,
@@ -103,6 +108,7 @@ def read_sidebar() -> Inputs:
         placement_pins=pins_from(pins),
         model_parallel_degree=None if mp == AUTO else int(mp),
         precision=precision,
+        optimizer_step="in_backward" if in_backward else "after_backward",
         refine=refine,
     )
 

@@ -46,6 +46,8 @@ class Inputs:
     placement_pins: tuple[tuple[str, str], ...] = field(default=())
     model_parallel_degree: int | None = 1
     precision: str = "bf16"
+    optimizer_step: str = "after_backward"
+    """`Plan.optimizer_step`, never searched (it changes what the training loop may do)."""
     refine: bool = False
     """Re-rank the top placements by simulation, as `planner fit` does (slower: see docs/dashboard.md)."""
 
@@ -98,6 +100,7 @@ def search_request(inputs: Inputs) -> SearchRequest:
         micro_batch_per_gpu=inputs.micro_batch_per_gpu,
         model_parallel_degree=inputs.model_parallel_degree,
         precision=inputs.precision,
+        optimizer_step=inputs.optimizer_step,
     )
 
 

@@ -278,6 +278,16 @@ def test_pinned_batch_and_placement(app):
     assert metrics(app)["Iteration time"] == report.fmt_seconds(best.prediction.iteration_time_s)
 
 
+def test_optimizer_step_in_backward_is_a_pin_for_every_candidate(app):
+    app.sidebar.toggle(key="in_backward").set_value(True).run()
+    no_errors(app)
+    best = expected_best(optimizer_step="in_backward")
+    assert app.markdown[0].value == f"**Plan** {report.plan_line(best)}"
+    assert "optimizer step in backward" in app.markdown[0].value
+    assert metrics(app)["Iteration time"] == report.fmt_seconds(best.prediction.iteration_time_s)
+    assert any("DeepSpeed steps the optimizer after backward" in c.value for c in app.caption)
+
+
 @pytest.mark.parametrize(
     "widget, key, value, message",
     [

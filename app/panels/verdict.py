@@ -94,6 +94,9 @@ def render(result: SearchResult) -> Plan | None:
             "Download DeepSpeed config", ds_config, file_name="deepspeed_config.json", mime="application/json",
             key="download_deepspeed",
         )
+        if plan.optimizer_step == "in_backward":
+            downloads[1].caption("DeepSpeed steps the optimizer after backward: the config runs this placement "
+                                 "with DeepSpeed's own step.")
     runners = result.runners_up()
     if runners:
         with st.expander("Runner-up plans (best of other placements)"):
