@@ -122,6 +122,15 @@ class Prefetcher:
             if distance == 1:
                 self.units[i].start_gather(prefetch=True)
 
+    def window_reaches_end(self, phase: Phase) -> bool:
+        """Whether the transfers of every unit left in this phase's recorded order have been started
+        (the window of the unit in use reaches the phase's last one)."""
+        order = self._orders[phase]
+        if order.recorded is None or order.diverged or self.depth == 0 or not order.current:
+            return False
+        position = len(order.current) - 1
+        return len(self._window(order.recorded, position)) == len(order.recorded) - position - 1
+
     def keep_distance(self, index: int) -> int | None:
         """At the end of a forward use of unit `index`: how many operators into the backward's first
         window it is, if it should stay gathered until then ([Note: the forward's tail is the

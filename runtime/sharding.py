@@ -135,6 +135,10 @@ class ShardedModel:
         """Called each time a unit's backward is over (the streamed optimizer reads ahead from it)."""
         self.at_backward_begin: list[Callable[[], None]] = []
         """Called when a backward begins (the in-backward update starts reading states ahead)."""
+        self.at_forward_tail: list[Callable[[], None]] = []
+        """Called once per training forward, when every parameter read of the forward has been
+        submitted (the in-backward update starts reading states ahead from there)."""
+        self._forward_tail_reached = False
         self.unit_gradient_ready: Callable[[ParamUnit, UnitGradient | None], None] | None = None
         """With `optimizer_step: in_backward`, the optimizer's update of one unit, called as soon as
         the unit's gradient is final: with the `UnitGradient` when gradients are not stored, else
@@ -179,11 +183,17 @@ class ShardedModel:
                 if phase is Phase.FORWARD:  # what the forward keeps takes the slot of its backward use
                     for j, ahead in self._kept.items():
                         self.units[j].stage(ahead=ahead)
+            if (phase is Phase.FORWARD and self.at_forward_tail and not self._forward_tail_reached
+                    and torch.is_grad_enabled() and self.prefetcher.window_reaches_end(Phase.FORWARD)):
+                self._forward_tail_reached = True
+                for callback in self.at_forward_tail:
+                    callback()
             self.units[i].unshard()
 
     def root_pre_forward(self, module: nn.Module, args: Any) -> None:  # noqa: ARG002
         if self.phase is StepPhase.IDLE:
             self._kept = {}
+            self._forward_tail_reached = False
             self.phase = StepPhase.FORWARD
             self.profiler.begin("forward")
             if torch.is_grad_enabled() and self._saving is None:

@@ -147,8 +147,8 @@ def test_states_are_read_ahead_in_the_order_of_the_last_step(reference: Any, tmp
         claims: list[bool] = []
         claim = streamed._claim
 
-        def tracked(chunk: Any, _claim: Any = claim) -> Any:
-            claims.append(bool(streamed._read_ahead) and streamed._read_ahead[0][0] == chunk)
+        def tracked(chunk: Any, _claim: Any = claim, _streamed: Any = streamed, _claims: list = claims) -> Any:
+            _claims.append(bool(_streamed._read_ahead) and _streamed._read_ahead[0][0] == chunk)
             return _claim(chunk)
 
         streamed._claim = tracked
@@ -168,6 +168,26 @@ def test_states_are_read_ahead_in_the_order_of_the_last_step(reference: Any, tmp
         assert streamed._diverged == scramble
         assert_bitwise(reference, (losses, st.full_parameters()))
         _close(opt, st)
+
+
+def test_states_are_read_ahead_from_the_forwards_tail(tmp_path: Path) -> None:
+    """Once the forward's order is recorded, the read-ahead starts when the forward has submitted its
+    last parameter read, not when the backward begins; the first step (nothing recorded) starts at
+    backward begin; a forward without gradients (evaluation) starts none."""
+    model, opt, st = _one_step(ALL_NVME, str(tmp_path), prefetch_depth=1, **IN_BACKWARD)
+    streamed = opt._streamed
+    started: list[str] = []
+    start = streamed._start_read_ahead
+    streamed._start_read_ahead = lambda: started.append(st.phase.name) or start()
+    for i, tokens in enumerate(batches(3)):
+        if i:  # (before the first training forward it would record the order: the first step is bare)
+            with torch.no_grad():
+                model(input_ids=tokens[:, :-1], labels=tokens[:, 1:])
+        model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert started == ["BACKWARD", "FORWARD", "FORWARD"]
+    _close(opt, st)
 
 
 def test_memory_bill_has_no_gradient_terms_and_the_ledger_agrees(tmp_path: Path) -> None:
