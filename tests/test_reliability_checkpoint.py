@@ -17,12 +17,15 @@ from runtime_support import ALL_CPU
 from runtime.ckpt import CheckpointError
 from runtime.ckpt.manifest import read_manifest
 
-CASES = [(ALL_CPU, "fp32"), (ALL_CPU, "bf16"), (ALL_NVME, "fp32"), (OPTIMIZER_NVME, "bf16")]
+CASES = [(ALL_CPU, "fp32", "after_backward"), (ALL_CPU, "bf16", "after_backward"), (ALL_NVME, "fp32", "after_backward"),
+         (OPTIMIZER_NVME, "bf16", "after_backward"), (ALL_NVME, "fp32", "in_backward")]
 
 
-@pytest.mark.parametrize(("placement", "precision"), CASES, ids=["cpu-fp32", "cpu-bf16", "nvme-fp32", "optnvme-bf16"])
-def test_resume_is_bitwise_an_uninterrupted_run(tmp_path: Path, placement: dict[str, str], precision: str) -> None:
-    plan = write_plan(tmp_path, placement, precision=precision)
+@pytest.mark.parametrize(("placement", "precision", "optimizer_step"), CASES,
+                         ids=["cpu-fp32", "cpu-bf16", "nvme-fp32", "optnvme-bf16", "nvme-fp32-in-backward"])
+def test_resume_is_bitwise_an_uninterrupted_run(tmp_path: Path, placement: dict[str, str], precision: str,
+                                                optimizer_step: str) -> None:
+    plan = write_plan(tmp_path, placement, precision=precision, optimizer_step=optimizer_step)
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     code, full = launch_in_process(plan, "--steps", "5", "--save-every", "2", "--checkpoint-dir", str(full_dir))
     assert code == 0
