@@ -36,6 +36,9 @@ BYTES_PER_PARAM: dict[str, dict[str, int]] = {
     "fp32": {"params": 4, "gradients": 4, "optimizer_states": 12},
 }
 PAPER_BYTES_PER_PARAM = BYTES_PER_PARAM
+STORED_GRADIENT_BYTES = 4
+"""Bytes per element of a stored gradient shard in every precision: 16-bit gradients are added
+straight into an fp32 shard ([Note: runtime bytes per parameter]), which is what goes to NVMe."""
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of parameters, activations and checkpoints in the plan's compute precision."""
 ACTIVATION_BYTES = 2  # eq. 3 and 5 count fp16 activations (the paper quantities; the bill uses COMPUTE_BYTES)
@@ -149,12 +152,12 @@ def resident_state_terms(plan: Plan) -> list[tuple[str, str, int]]:
     terms = [(place.params, "params", share("params", compute))]
     if plan.precision == "fp32":
         if stores_gradients(plan):
-            terms.append((place.gradients, "gradients", share("gradients", 4)))
+            terms.append((place.gradients, "gradients", share("gradients", STORED_GRADIENT_BYTES)))
         master = 0 if place.params == place.optimizer_states else 4
         terms.append((place.optimizer_states, "optimizer_states", share("optimizer_states", master + 8)))
     else:
         if stores_gradients(plan):
-            terms.append((place.gradients, "optimizer_states", share("gradients", 4)))
+            terms.append((place.gradients, "optimizer_states", share("gradients", STORED_GRADIENT_BYTES)))
         terms.append((place.optimizer_states, "optimizer_states", share("optimizer_states", 12)))
     return terms
 
@@ -293,7 +296,7 @@ def memory_bill(plan: Plan) -> MemoryBill:
         cpu["optimizer_swap_buffers"] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
     if place.gradients == "nvme" and stores_gradients(plan):
         buffers = gradient_write_buffers(depth, params_on_nvme=place.params == "nvme")
-        cpu["gradient_swap_buffers"] = buffers * _aligned(unit_shard * 4)  # fp32 gradient shards
+        cpu["gradient_swap_buffers"] = buffers * _aligned(unit_shard * STORED_GRADIENT_BYTES)
     cpu["runtime_bookkeeping"] = num_operators(plan) * BOOKKEEPING_BYTES_PER_OPERATOR
 
     # Host and NVMe tiers are shared by the node's GPUs: scale per-GPU amounts to per node.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.memory import BYTES_PER_PARAM, checkpoint_bytes, stores_gradients
+from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
 from planner.plan import LINKS, PHASES, Plan
 
 # Share of the iteration's model flops in each pass (eq. 7): forward 2, recompute 2, backward 4.
@@ -145,9 +145,10 @@ def estimate(plan: Plan) -> Estimate:
         out = grad_bytes / dp
         links["d2h"] += out
         grads_time = max(grads_time, _divide(out, bw.d2h))
-        if place.gradients == "nvme" and stored:
-            links["nvme_write"] += out
-            grads_time = max(grads_time, _divide(out, bw.nvme_write))
+        if place.gradients == "nvme" and stored:  # the fp32 shard the step reads back
+            written = params_per_gpu * STORED_GRADIENT_BYTES / dp
+            links["nvme_write"] += written
+            grads_time = max(grads_time, _divide(written, bw.nvme_write))
 
     # -- activation checkpoints: written in forward, read in backward (eq. 11) --------------
     ckpt_fwd = ckpt_bwd = 0.0

@@ -80,8 +80,9 @@ def test_in_backward_with_resident_optimizer_bills_the_same(placement):
 def test_estimate_overlaps_the_optimizer_with_backward_and_skips_the_gradient_round_trip():
     before, after = estimate(plan_1t()), estimate(plan_1t(optimizer_step="in_backward"))
     shard = plan_1t().model.num_params / 16
+    # The fp32 gradient shard (bf16 gradients are added into it): written in backward, read in the step.
     assert before.link_bytes["nvme_read"] - after.link_bytes["nvme_read"] == pytest.approx(4 * shard, abs=2)
-    assert before.link_bytes["nvme_write"] - after.link_bytes["nvme_write"] == pytest.approx(2 * shard, abs=2)
+    assert before.link_bytes["nvme_write"] - after.link_bytes["nvme_write"] == pytest.approx(4 * shard, abs=2)
     assert after.link_bytes["d2h"] == before.link_bytes["d2h"]  # the shard still reaches the host's buffer
     assert after.phase_time_s["optimizer"] == 0.0
     assert after.phase_time_s["forward"] == before.phase_time_s["forward"]

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import simpy
 
-from planner.memory import resident_state_terms, stores_gradients
+from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
 from planner.plan import Plan
 from planner.sim.in_backward import BackwardUpdates
 from planner.sim.network import Link, Network
@@ -449,10 +449,11 @@ class RankProgram:
             sim.gpu_add(rank, "gradient staging", shard)
             yield self._move(shard, self.res.d2h(rank), "d2h", label)
             sim.gpu_remove(rank, "gradient staging", shard)
-        if tier == "nvme":
-            sim.cpu_add("gradient staging", shard)
-            yield self._move(shard, self.res.nvme_write(), "nvme_write", label)
-            sim.cpu_remove("gradient staging", shard)
+        if tier == "nvme":  # staged and written as the fp32 shard the step reads back
+            stored = shard * STORED_GRADIENT_BYTES / self.b
+            sim.cpu_add("gradient staging", stored)
+            yield self._move(stored, self.res.nvme_write(), "nvme_write", label)
+            sim.cpu_remove("gradient staging", stored)
 
     # -- optimizer -----------------------------------------------------------------------------
     def _optimizer_step(self) -> Proc:
