@@ -62,6 +62,7 @@ before `optimizer.step()` (gradient accumulation) raises instead of updating twi
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,7 @@ import torch
 
 from runtime.group import UnitGradient
 from runtime.nvme import AlignedBuffer, BufferPool
+from runtime.nvme.pinning import TorchCudaPinHook
 from runtime.nvme_store import NvmeStore
 from runtime.stores import Pending, ShardStore
 
@@ -104,7 +106,12 @@ class StreamedAdamW:
         self.keys = keys
         plan = state.plan
         self.chunk_numel = chunk_numel_for(plan.optimizer_chunk_bytes)
-        self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel, num_buffers=plan.num_optimizer_buffers)
+        # Pinned on CUDA: the in-backward update copies each gradient chunk off the GPU into its buffer.
+        pin_hook = TorchCudaPinHook() if state.config.device.type == "cuda" else None
+        self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel, num_buffers=plan.num_optimizer_buffers,
+                               pin_hook=pin_hook)
+        # Unpinned before its memory goes, also when the optimizer is dropped without close().
+        weakref.finalize(self, self.pool.close)
         state.ledger.add("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
         store: ShardStore = state.optimizer_store
         self.units = {u.key: u for u in state.units}
