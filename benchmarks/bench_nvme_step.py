@@ -428,14 +428,15 @@ def main() -> None:
 
 
 def _cpu_model() -> str:
-    """The CPU's model name and whether it has AVX-512 (this VM kind comes with either; the step's
-    compute, and so its ratio to the roofline, depends on it: docs/nvme.md)."""
+    """The CPU's model name (as `planner probe` reports it) and whether it has AVX-512 (this VM kind
+    comes with either; the step's compute, and so its ratio to the roofline, depends on it: docs/nvme.md)."""
+    from runtime.probe import cpu_model
+
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        avx512 = " avx512f" in Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    return f"{name}, {'AVX-512' if ' avx512f' in info else 'no AVX-512'}"
+        return cpu_model()
+    return f"{cpu_model()}, {'AVX-512' if avx512 else 'no AVX-512'}"
 
 
 def write_results(doc: dict) -> None:

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from planner.cli_sim import OptimizerStepOpt, optimizer_step_pin
 from planner.errors import PlannerError
 
 app = typer.Typer(
@@ -31,9 +32,6 @@ SeqOpt = Annotated[int | None, typer.Option("--seq", help="sequence length")]
 VocabOpt = Annotated[int | None, typer.Option("--vocab", help="vocabulary size (0 ignores embeddings)")]
 HardwareOpt = Annotated[str | None, typer.Option("--hardware", help="hardware preset or JSON file (default dgx-h100)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the JSON document instead of tables")]
-OptimizerStepOpt = Annotated[str | None, typer.Option(
-    "--optimizer-step", help="after_backward (default: the paper's step) or in_backward (each unit updated as soon as "
-                             "its gradient is final; no gradient accumulation or clipping)")]
 
 
 def _model(model, layers, hidden, heads, seq, vocab):
@@ -60,14 +58,6 @@ def _model_parallel(text: str) -> int | None:
     if value < 1:
         raise PlannerError(f"--model-parallel must be at least 1, got {value}")
     return value
-
-
-def _optimizer_step(text: str | None) -> str:
-    """`--optimizer-step`: the paper's `after_backward` unless pinned (the search never picks it)."""
-    from planner.plan import OPTIMIZER_STEPS
-    from planner.specio import string
-
-    return "after_backward" if text is None else string(text, "--optimizer-step", choices=OPTIMIZER_STEPS)
 
 
 def _print_json(doc) -> None:
@@ -108,7 +98,7 @@ def fit(
     from planner.specio import number, string
 
     string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
-    step = _optimizer_step(optimizer_step)
+    step = optimizer_step_pin(optimizer_step) or "after_backward"
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)
     number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
     request = SearchRequest(
@@ -214,7 +204,7 @@ def memory(
             prefetch_depth=prefetch_depth,
             model_parallel_degree=model_parallel,
             precision=precision,
-            optimizer_step=_optimizer_step(optimizer_step),
+            optimizer_step=optimizer_step_pin(optimizer_step) or "after_backward",
         )
     )
     quantities = paper_quantities(plan)

@@ -25,8 +25,13 @@ PrefetchOpt = Annotated[int | None, typer.Option("--prefetch-depth", help="Opera
 ModelParallelOpt = Annotated[int | None, typer.Option("--model-parallel", help="Tensor-parallel degree inside a node.")]
 MaxAllocOpt = Annotated[float | None, typer.Option("--max-alloc-gib", help="Largest contiguous GPU allocation (GiB).")]
 OptimizerStepOpt = Annotated[str | None, typer.Option(
-    "--optimizer-step", help="after_backward (the paper's step) or in_backward (each unit updated as soon as its "
-                             "gradient is final).")]
+    "--optimizer-step", help="after_backward (default: the paper's step) or in_backward (each unit updated as soon as "
+                             "its gradient is final; no gradient accumulation or clipping)")]
+
+
+def optimizer_step_pin(text: str | None) -> str | None:
+    """`--optimizer-step`, checked (None: not pinned; the search never picks it on its own)."""
+    return None if text is None else string(text, "--optimizer-step", choices=OPTIMIZER_STEPS)
 
 
 def apply_pins(
@@ -54,7 +59,7 @@ def apply_pins(
         if value is not None:
             changes[key] = value
     if optimizer_step is not None:
-        changes["optimizer_step"] = string(optimizer_step, "--optimizer-step", choices=OPTIMIZER_STEPS)
+        changes["optimizer_step"] = optimizer_step_pin(optimizer_step)
     if max_alloc_gib is not None:
         changes["node"] = plan.node.with_max_alloc_gib(max_alloc_gib)
     return plan.replace(**changes)

@@ -51,11 +51,10 @@ class UnitGradient:
     gradient as autograd produced it, with several ranks the reduce-scattered shard. Elements no
     part covers (padding, parameters that got no gradient) are zeros, as `settle_grads` makes them."""
 
-    __slots__ = ("parts", "numel")
+    __slots__ = ("parts",)
 
-    def __init__(self, parts: list[tuple[int, torch.Tensor]], numel: int) -> None:
+    def __init__(self, parts: list[tuple[int, torch.Tensor]]) -> None:
         self.parts = parts
-        self.numel = numel
 
     @property
     def device(self) -> torch.device:
@@ -368,13 +367,12 @@ class ParamUnit:
         nothing arrived)."""
         if self._reduced is not None:
             out, self._reduced = self._reduced, None
-            return UnitGradient([(0, out.reshape(-1))], self.layout.shard_numel)
+            return UnitGradient([(0, out.reshape(-1))])
         if not self._arrived:
             return None
         arrived, self._arrived = self._arrived, {}
         self._grads_pending = self.num_grad_params
-        return UnitGradient([(self.layout.offsets[i], g.reshape(-1)) for i, g in arrived.items()],
-                            self.layout.shard_numel)
+        return UnitGradient([(self.layout.offsets[i], g.reshape(-1)) for i, g in arrived.items()])
 
     def _ensure_grad_shard(self) -> None:
         """Gradient shards are created by the first backward, not at construction: a model is built

@@ -58,6 +58,7 @@ class AdamW:
             return
         # Leaf views of the master shards: torch's optimizer needs Parameters; they share storage.
         self._masters = [nn.Parameter(st.masters[k], requires_grad=True) for k in self._keys]
+        self._master_of = dict(zip(self._keys, self._masters, strict=True))
         device = st.optimizer_store.compute_device if st.optimizer_store.tier == "gpu" else torch.device("cpu")
         if fused is None:
             fused = device.type in ("cpu", "cuda")
@@ -100,10 +101,9 @@ class AdamW:
         optimizer has not allocated yet (torch creates them lazily on the first step)."""
         if self._streamed is not None:
             return self.checkpoint_tensors()
-        masters = dict(zip(self._keys, self._masters, strict=True))
         for name in names:
             parts = name.split("/")
-            master = masters.get(parts[1]) if len(parts) == 3 and parts[0] == "adam" else None
+            master = self._master_of.get(parts[1]) if len(parts) == 3 and parts[0] == "adam" else None
             what = parts[-1]
             if master is None or what not in ("exp_avg", "exp_avg_sq", "step"):
                 continue  # the loader reports names that match nothing
@@ -141,7 +141,7 @@ class AdamW:
             assert gradient is not None
             self._streamed.update_unit(key, gradient)
             return
-        master = self._masters[self._keys.index(key)]
+        master = self._master_of[key]
         master.grad = unit.grad_shard()
         try:
             self._inner.step()  # torch skips the masters whose .grad is None: only this one steps

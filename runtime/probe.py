@@ -285,7 +285,7 @@ def measure_collectives(world_size: int, backend: str, nbytes: int = 256 * MIB) 
 
 
 # -- the spec --------------------------------------------------------------------------------------
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -365,7 +365,7 @@ def probe_node(
             host_to_gpu_gb_per_s=links.host_to_device_bytes_per_s / GB,
             gpu_to_host_gb_per_s=links.device_to_host_bytes_per_s / GB,
         )
-        description = f"{num_gpus} x {properties.name} on {host} ({_cpu_model()}, {cores} cores), measured by planner probe"
+        description = f"{num_gpus} x {properties.name} on {host} ({cpu_model()}, {cores} cores), measured by planner probe"
         notes.append(
             "GPU: pinned 512 MiB host<->device copies (one GPU alone); device memory copy counts bytes read + written."
         )
@@ -402,7 +402,7 @@ def probe_node(
             gpu_to_host_gb_per_s=host_memory / GB,
         )
         description = (
-            f"{host}: {_cpu_model()}, {cores} cores, {memory / GIB:.0f} GiB RAM, no CUDA; the CPU is the compute "
+            f"{host}: {cpu_model()}, {cores} cores, {memory / GIB:.0f} GiB RAM, no CUDA; the CPU is the compute "
             "device (measured by planner probe)"
         )
         notes.append(

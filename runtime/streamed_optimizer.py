@@ -133,7 +133,6 @@ class StreamedAdamW:
         if self._ahead:  # called on every unit's backward: only when there is something to read
             state.after_unit_backward.append(self._prefetch_one)
         # In-backward update ([Note: the optimizer step in backward]).
-        self.in_backward = in_backward
         self._order: list[str] = list(reversed(keys))
         """Units in the order the last step updated them (the guess before any step: reversed)."""
         self._updated: list[str] = []
@@ -145,10 +144,8 @@ class StreamedAdamW:
         self._writes: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
         self._reading_ahead_since: tuple[int, ...] | None = None
         """The stores' write stamp when this step's read-ahead started (None: not started)."""
-        self.read_ahead_in_forward = True
-        """Start the read-ahead at the forward's tail rather than when backward begins (see the Note)."""
         if in_backward:
-            state.at_forward_tail.append(self._forward_tail)
+            state.at_forward_tail.append(self._start_read_ahead)
             state.at_backward_begin.append(self._begin_backward)
 
     def step(self, live_keys: list[str]) -> None:
@@ -233,10 +230,6 @@ class StreamedAdamW:
             self._reading_ahead_since = None
             self.state.param_store.drain()
 
-    def _forward_tail(self) -> None:
-        if self.read_ahead_in_forward:
-            self._start_read_ahead()
-
     def _begin_backward(self) -> None:
         if self._reading_ahead_since != self._write_stamp():  # not started, or the stores were written since
             self._start_read_ahead()
@@ -290,8 +283,8 @@ class StreamedAdamW:
             self.state.after_unit_backward.remove(self._prefetch_one)
         if self._begin_backward in self.state.at_backward_begin:
             self.state.at_backward_begin.remove(self._begin_backward)
-        if self._forward_tail in self.state.at_forward_tail:
-            self.state.at_forward_tail.remove(self._forward_tail)
+        if self._start_read_ahead in self.state.at_forward_tail:
+            self.state.at_forward_tail.remove(self._start_read_ahead)
         self._drop_read_ahead()
         while self._writes:
             self._retire(self._writes.popleft())
