@@ -10,7 +10,7 @@ from planner.catalog import resolve_hardware
 
 
 def planner(*args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
     return proc.returncode, proc.stdout, proc.stderr
 
 

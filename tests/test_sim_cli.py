@@ -1,4 +1,4 @@
-"""`planner simulate` (planner.cli_sim) and the hardware efficiency-curve spec it reads."""
+"""`planner simulate` (tierwise/cli/simulate.py, planner/pins.py) and the hardware efficiency-curve spec it reads."""
 
 import json
 
@@ -7,10 +7,11 @@ import typer
 from typer.testing import CliRunner
 
 from planner.catalog import hardware_presets, resolve_model
-from planner.cli_sim import apply_pins, register
 from planner.errors import PlannerError
 from planner.hardware import EfficiencyCurve, NodeSpec
+from planner.pins import apply_pins
 from planner.plan import Placement, Plan
+from tierwise.cli.simulate import register
 
 app = typer.Typer()
 register(app)
