@@ -141,3 +141,18 @@ def test_runtime_has_no_import_cycle():
     cycles = _cycles(_runtime_graph())
     assert not cycles, "import cycles among runtime/ modules:\n" + "\n".join(
         " <-> ".join(cycle) for cycle in cycles)
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_cli_function_over_80_lines():
+    # The composition root stays a set of thin adapters (STYLE.md: small functions).
+    long = []
+    for path in sorted((ROOT / "tierwise").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "\n".join(long)

@@ -74,6 +74,18 @@ def test_simulate_user_errors_are_one_line_exit_1(plan_file, tmp_path):
     assert result.exit_code == 1 and "model_parallel_degree 3" in result.output
 
 
+def test_simulate_model_parallel_is_a_number_or_auto(plan_file):
+    from planner.plan import load_plan
+    from planner.search import best_model_parallel
+
+    result = runner.invoke(app, ["simulate", str(plan_file), "--json", "--model-parallel", "auto"])
+    assert result.exit_code == 0, result.output
+    expected = best_model_parallel(load_plan(plan_file)).model_parallel_degree
+    assert json.loads(result.output)["model_parallel_degree"] == expected
+    result = runner.invoke(app, ["simulate", str(plan_file), "--model-parallel", "two"])
+    assert result.exit_code == 1 and "--model-parallel must be a whole number or 'auto', got 'two'" in result.output
+
+
 def test_apply_pins_rejects_bad_max_alloc(plan_file):
     from planner.plan import load_plan
 

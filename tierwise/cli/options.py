@@ -37,7 +37,8 @@ MaxAllocOpt = Annotated[float | None, typer.Option("--max-alloc-gib", help="larg
 StrategyOpt = Annotated[str | None, typer.Option(
     "--strategy", help="pin a strategy: dp, zero2, zero-offload, zero3, zero-inf-cpu, zero-inf-nvme")]
 PlacementOpt = Annotated[str | None, typer.Option(
-    "--placement", help="pin tiers, e.g. params=nvme,optimizer_states=nvme")]
+    "--placement", help="pin tiers, e.g. params=nvme,optimizer_states=nvme (activation_checkpoints: where the "
+                        "recompute inputs are kept)")]
 BatchOpt = Annotated[float | None, typer.Option("--batch-per-gpu", help="pin global batch / GPUs")]
 CheckpointIntervalOpt = Annotated[int | None, typer.Option(
     "--checkpoint-interval",
