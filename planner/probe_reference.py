@@ -104,8 +104,8 @@ def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str, precision:
 
 Train = Callable[[ReferenceRun, Path, int], Profile]
 """Trains the plan saved as `work/<run name>.plan.json` for `steps` steps and returns its profile:
-the composition root's `planner run` in its own processes (tierwise/cli/probe.py), which this
-package cannot start because it does not import the runtime."""
+the composition root's `planner run` in its own processes (tierwise/cli/probe.py): the planner
+imports neither the runtime nor the CLI, so it is handed the trainer."""
 
 
 def calibrate_on_reference_runs(

@@ -201,5 +201,5 @@ def register(app: typer.Typer) -> None:
         checkpoints = CheckpointOptions(save_every=save_every, checkpoint_dir=checkpoint_dir, keep=keep_checkpoints,
                                         resume=resume, max_restarts=max_restarts)
         o.exit_on_error(lambda: run_plan(plan, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
-                                        torchrun_args=list(ctx.args), console=Console(stderr=True),
-                                        history_store=store, record_history=history, checkpoints=checkpoints))
+                                         torchrun_args=list(ctx.args), console=Console(stderr=True),
+                                         history_store=store, record_history=history, checkpoints=checkpoints))
