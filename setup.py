@@ -9,7 +9,7 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-packages = find_packages(include=["planner", "planner.*", "runtime", "runtime.*", "app", "app.*"])
+packages = find_packages(include=["planner", "planner.*", "tierwise", "tierwise.*", "runtime", "runtime.*", "app", "app.*"])
 data_packages = ["planner._data"] + [f"planner._data.{p.name}" for p in sorted(Path("data").iterdir()) if p.is_dir()]
 
 ext_modules = []

@@ -42,7 +42,7 @@ MODELS = (
 
 
 def planner(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "planner", *args], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "tierwise", *args], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"planner {args[0]} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
     return done.stdout

@@ -1,6 +1,6 @@
 """Wall time of `planner fit 1T --gpus 16` from process start to exit (issue target: < 1 s).
 
-Runs the installed console script (falls back to `python -m planner`) several times and reports the
+Runs the installed console script (falls back to `python -m tierwise`) several times and reports the
 median and the worst, and whether torch was imported along the way. Prints JSON.
 Usage: python benchmarks/planner_speed.py [--repeats N] [--json]
 """
@@ -33,11 +33,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     exe = shutil.which("planner")
-    base = [exe] if exe else [sys.executable, "-m", "planner"]
+    base = [exe] if exe else [sys.executable, "-m", "tierwise"]
     fit = base + ["fit", "1T", "--gpus", "16"]
     samples = time_command(fit, args.repeats)
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, planner.cli, planner.search; print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys, tierwise.cli, planner.search; print('torch' in sys.modules)"],
         capture_output=True, text=True, check=True,
     )
     result = {

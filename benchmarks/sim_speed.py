@@ -65,7 +65,7 @@ def median_s(fn, repeats: int) -> tuple[float, list[float]]:
 
 def fit_wall_s(repeats: int, extra: list[str]) -> tuple[float, list[float]] | None:
     exe = shutil.which("planner") or None
-    cmd = [exe] if exe else [sys.executable, "-m", "planner"]
+    cmd = [exe] if exe else [sys.executable, "-m", "tierwise"]
     args = cmd + ["fit", "1T", "--gpus", "16", *extra]
     probe = subprocess.run(args, capture_output=True, text=True)
     if probe.returncode != 0:

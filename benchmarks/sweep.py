@@ -125,14 +125,14 @@ def _priority() -> list[str]:
 
 def run_config(plan_path: Path, profile_path: Path, steps: int, store: Path) -> float:
     start = time.perf_counter()
-    cmd = _priority() + [sys.executable, "-m", "planner", "run", str(plan_path), "--steps", str(steps),
+    cmd = _priority() + [sys.executable, "-m", "tierwise", "run", str(plan_path), "--steps", str(steps),
                          "--profile-out", str(profile_path), "--store", str(store)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return time.perf_counter() - start
 
 
 def probe(path: Path, nvme_path: str) -> None:
-    cmd = _priority() + [sys.executable, "-m", "planner", "probe", "--out", str(path), "--nvme-test-gib", "0.25",
+    cmd = _priority() + [sys.executable, "-m", "tierwise", "probe", "--out", str(path), "--nvme-test-gib", "0.25",
                          "--nvme-path", nvme_path]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 

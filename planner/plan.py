@@ -127,6 +127,13 @@ STRATEGY_TABLE: dict[str, Strategy] = {
 }
 
 
+def strategy_named(name: str) -> Strategy:
+    """The strategy called `name` (`--strategy`), or a one-line error listing the names."""
+    if name not in STRATEGY_TABLE:
+        raise PlannerError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGY_TABLE)}")
+    return STRATEGY_TABLE[name]
+
+
 def partitioned_states(strategy: str) -> frozenset[str]:
     """Free placements ("custom") are ZeRO-3: every model state partitioned."""
     return STRATEGY_TABLE[strategy].partitioned if strategy in STRATEGY_TABLE else _ALL

@@ -32,18 +32,15 @@ training of the wide run had not finished in 11 minutes, where the whole probe i
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from planner.calibrate import Calibration, calibrate
-from planner.errors import PlannerError
 from planner.hardware import NodeSpec
 from planner.plan import Plan
-from planner.profile import Profile, load_profile
+from planner.profile import Profile
 
 REFERENCE_VOCAB = 256
 REFERENCE_STEPS = 8
@@ -105,13 +102,19 @@ def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str, precision:
                        tiling_factor=run.tiling_factor, precision=precision, where=f"reference run {run.name}")
 
 
+Train = Callable[[ReferenceRun, Path, int], Profile]
+"""Trains the plan saved as `work/<run name>.plan.json` for `steps` steps and returns its profile:
+the composition root's `planner run` in its own processes (tierwise/cli/probe.py): the planner
+imports neither the runtime nor the CLI, so it is handed the trainer."""
+
+
 def calibrate_on_reference_runs(
-    node: NodeSpec, nvme_path: str, *, precision: str = "bf16", steps: int = REFERENCE_STEPS,
+    node: NodeSpec, nvme_path: str, *, train: Train, precision: str = "bf16", steps: int = REFERENCE_STEPS,
     repeats: int = REFERENCE_REPEATS, log: Callable[[str], None] = lambda m: None,
 ) -> Calibration:
-    """Train every reference run `repeats` times with the bundled runtime (round-robin, so that a slow
-    minute hits different runs) in `precision` ([Note: reference runs in the probed precision]), and
-    fit `node` to each run's median-time profile."""
+    """Train every reference run `repeats` times with `train` (round-robin, so that a slow minute
+    hits different runs) in `precision` ([Note: reference runs in the probed precision]), and fit
+    `node` to each run's median-time profile."""
     measured: dict[str, list[Profile]] = {ref.name: [] for ref in REFERENCE_RUNS}
     plans = {ref.name: reference_plan(ref, node, nvme_path, precision) for ref in REFERENCE_RUNS}
     with tempfile.TemporaryDirectory(prefix="tierwise-probe-") as work:
@@ -122,22 +125,10 @@ def calibrate_on_reference_runs(
                 log(f"reference run {ref.name} ({attempt + 1}/{repeats}): {ref.num_layers} x hd {ref.hidden_size}, "
                     f"seq {ref.seq_len}, batch {ref.micro_batch_per_gpu}, params {ref.params}, optimizer "
                     f"{ref.optimizer_states}, tiling {ref.tiling_factor}, {precision}")
-                measured[ref.name].append(_train(ref, Path(work), steps))
+                measured[ref.name].append(train(ref, Path(work), steps))
     runs = []
     for ref in REFERENCE_RUNS:
         by_time = sorted(measured[ref.name], key=lambda p: p.measured.iteration_time_s)
         runs.append((plans[ref.name], by_time[(len(by_time) - 1) // 2]))
     return calibrate(runs, node)
 
-
-def _train(ref: ReferenceRun, work: Path, steps: int) -> Profile:
-    """`planner run` of the plan saved as `work/<name>.plan.json`, in its own processes."""
-    plan_path, profile_path = work / f"{ref.name}.plan.json", work / f"{ref.name}.profile.json"
-    cmd = [sys.executable, "-m", "planner", "run", str(plan_path), "--steps", str(steps),
-           "--profile-out", str(profile_path), "--no-history"]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "no output")
-        raise PlannerError(f"probe reference run {ref.name} failed ({last.strip()}); "
-                           "run `planner probe --no-calibrate` for the uncalibrated spec")
-    return load_profile(profile_path)

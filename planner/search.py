@@ -17,7 +17,16 @@ from planner.errors import PlannerError
 from planner.hardware import Cluster, NodeSpec
 from planner.memory import memory_bill, min_tiling_factor
 from planner.model import ModelSpec
-from planner.plan import MAX_TILING_FACTOR, STATES, STRATEGIES, STRATEGY_TABLE, Placement, Plan, Prediction
+from planner.plan import (
+    MAX_TILING_FACTOR,
+    STATES,
+    STRATEGIES,
+    STRATEGY_TABLE,
+    Placement,
+    Plan,
+    Prediction,
+    strategy_named,
+)
 from planner.throughput import estimate
 
 CHECKPOINT_INTERVALS = (1, 2, 4, 0)
@@ -80,9 +89,7 @@ class SearchResult:
 def candidate_placements(strategy: str | None, pins: dict[str, str]) -> list[tuple[str, Placement]]:
     """(strategy name, placement) pairs consistent with the pins; free placements are ZeRO-3."""
     if strategy is not None:
-        if strategy not in STRATEGY_TABLE:
-            raise PlannerError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGY_TABLE)}")
-        placement = STRATEGY_TABLE[strategy].placement
+        placement = strategy_named(strategy).placement
         clash = {k: v for k, v in pins.items() if getattr(placement, k) != v}
         if clash:
             raise PlannerError(f"strategy {strategy} places {placement.label()}, which contradicts --placement {clash}")
@@ -256,6 +263,17 @@ def _model_parallel_degrees(request: SearchRequest, cluster: Cluster) -> Iterabl
         degrees.append(mp)
         mp *= 2
     return tuple(degrees)
+
+
+def best_model_parallel(plan: Plan) -> Plan:
+    """`plan`, predicted, at the model-parallel degree the search ranks first with every other choice
+    as the plan has it (`--model-parallel auto` on one plan); at the first degree tried if none fits,
+    as `search` reports its first rejected candidate."""
+    request = SearchRequest(model=plan.model, node=plan.node, num_gpus=plan.num_gpus, model_parallel_degree=None)
+    cluster = Cluster(node=plan.node, num_gpus=plan.num_gpus)
+    tried = [predict(plan.replace(model_parallel_degree=mp)) for mp in _model_parallel_degrees(request, cluster)]
+    feasible = [p for p in tried if p.prediction is not None and p.prediction.feasible]
+    return min(feasible, key=_rank_key) if feasible else tried[0]
 
 
 def _checkpoint_intervals(request: SearchRequest) -> Iterable[int]:

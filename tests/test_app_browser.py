@@ -43,7 +43,7 @@ def dashboard_url(tmp_path):
     env = {**os.environ, "TIERWISE_HISTORY": str(tmp_path / "no-history.sqlite")}
     log = open(tmp_path / "streamlit.log", "wb")  # noqa: SIM115 - closed below, after the server stops
     server = subprocess.Popen(
-        [sys.executable, "-m", "planner", "dashboard", "--headless", "--port", str(port), "--address", "127.0.0.1"],
+        [sys.executable, "-m", "tierwise", "dashboard", "--headless", "--port", str(port), "--address", "127.0.0.1"],
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
     )
     url = f"http://127.0.0.1:{port}"

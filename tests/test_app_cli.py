@@ -7,8 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from planner.cli import app
-from planner.cli_app import dashboard_script, streamlit_command
+from tierwise.cli import app
+from tierwise.cli.dashboard import dashboard_script, streamlit_command
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,8 +28,8 @@ def test_streamlit_command_passes_flags_through():
 
 def test_dashboard_becomes_the_streamlit_server(monkeypatch):
     calls = []
-    monkeypatch.setattr("planner.cli_app.os.execv", lambda path, argv: calls.append((path, argv)))
-    monkeypatch.setattr("planner.cli_app.subprocess.call", lambda argv: 0)
+    monkeypatch.setattr("tierwise.cli.dashboard.os.execv", lambda path, argv: calls.append((path, argv)))
+    monkeypatch.setattr("tierwise.cli.dashboard.subprocess.call", lambda argv: 0)
     result = CliRunner().invoke(app, ["dashboard", "--headless", "--port", "8601", "--", "--server.runOnSave", "true"])
     assert result.exit_code == 0
     path, argv = calls[0]

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.calibrate import _nnls, calibrate
-from planner.cli import app
 from planner.plan import load_plan
 from planner.profile import load_profile
+from tierwise.cli import app
 
 runner = CliRunner()
 MODEL = ["--layers", "2", "--hidden", "128", "--heads", "4", "--seq", "32", "--vocab", "256"]

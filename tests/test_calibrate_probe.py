@@ -15,10 +15,11 @@ from typer.testing import CliRunner
 from planner import probe_reference
 from planner.calibrate import FEATURES, phase_features
 from planner.catalog import hardware_presets
-from planner.cli import app
 from planner.errors import PlannerError
 from planner.hardware import NodeSpec
 from planner.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs, reference_plan
+from tierwise.cli import app
+from tierwise.cli import probe as probe_cli
 
 
 def _cpu_node():
@@ -94,7 +95,7 @@ def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypat
     nvme_only = tuple(r for r in REFERENCE_RUNS if r.params == "nvme")
     monkeypatch.setattr(probe_reference, "REFERENCE_RUNS", nvme_only)
     with pytest.raises(PlannerError) as error:
-        calibrate_on_reference_runs(_cpu_node(), str(tmp_path / "missing"))
+        calibrate_on_reference_runs(_cpu_node(), str(tmp_path / "missing"), train=probe_cli.train_reference_run)
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"probe reference run {nvme_only[0].name} failed (")
@@ -117,9 +118,8 @@ def test_each_reference_run_is_trained_round_robin_and_fitted_on_its_median(
         return Profile(measured=Prediction(feasible=True, iteration_time_s=t, method="measured"), samples=(),
                        warmup_steps=0, details={"t": t})
 
-    monkeypatch.setattr(probe_reference, "_train", fake_train)
     monkeypatch.setattr(probe_reference, "calibrate", lambda runs, node: fitted.extend(runs) or "fit")
-    assert calibrate_on_reference_runs(_cpu_node(), str(tmp_path), repeats=3) == "fit"
+    assert calibrate_on_reference_runs(_cpu_node(), str(tmp_path), train=fake_train, repeats=3) == "fit"
     assert trained == [ref.name for ref in REFERENCE_RUNS] * 3
     assert [plan.model.name for plan, _ in fitted] == [f"probe-{ref.name}" for ref in REFERENCE_RUNS]
     assert [profile.details["t"] for _, profile in fitted] == [2.0] * len(REFERENCE_RUNS)
@@ -134,13 +134,11 @@ def test_no_calibrate_keeps_the_bare_measurements(tmp_path: Path) -> None:
 
 
 def test_probe_warns_when_other_work_competes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from planner import cli_probe
-
-    monkeypatch.setattr(cli_probe.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(cli_probe.os, "getloadavg", lambda: (0.4, 0.4, 0.4))
-    assert cli_probe._busy_warning() == ""
-    monkeypatch.setattr(cli_probe.os, "getloadavg", lambda: (1.8, 1.0, 0.5))
-    assert cli_probe._busy_warning().startswith("load average 1.80 on 2 CPUs: other work is running")
+    monkeypatch.setattr(probe_cli.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(probe_cli.os, "getloadavg", lambda: (0.4, 0.4, 0.4))
+    assert probe_cli._busy_warning() == ""
+    monkeypatch.setattr(probe_cli.os, "getloadavg", lambda: (1.8, 1.0, 0.5))
+    assert probe_cli._busy_warning().startswith("load average 1.80 on 2 CPUs: other work is running")
 
 
 def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path,
@@ -163,7 +161,8 @@ def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path
         return Profile(measured=Prediction(feasible=True, iteration_time_s=1.0, method="measured"), samples=(),
                        warmup_steps=0)
 
-    monkeypatch.setattr(probe_reference, "_train", fake_train)
+    monkeypatch.setattr(probe_cli, "train_reference_run", fake_train)
+
     class Fit:  # what the CLI reads of a fit; the fit itself is tested above
         node, factors, residual = _cpu_node(), {"compute_s": 1.0}, 0.0
 

@@ -30,7 +30,7 @@ MEASURED = {
 
 def planner(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "planner", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+        [sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, cwd=REPO, timeout=300
     )
 
 
@@ -85,7 +85,7 @@ def test_probe_rejects_a_missing_nvme_path_in_one_line(tmp_path):
 
 
 def test_planner_cli_starts_without_torch():
-    code = "import sys, planner.cli, planner.cli_probe; print('torch' in sys.modules)"
+    code = "import sys, tierwise.cli, tierwise.cli.probe; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 

@@ -10,7 +10,7 @@ from planner.catalog import resolve_hardware
 
 
 def planner(*args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -97,6 +97,10 @@ def _hardware_file(tmp_path, **changes):
         (("fit", "1T", "--precision", "fp8"), "--precision must be one of"),
         (("memory", "1T", "--checkpoint-interval", "-1"), "checkpoint_interval must be at least 0"),
         (("max-size", "--strategy", "nope"), "unknown strategy 'nope'"),
+        (("memory", "1T", "--strategy", "nope"), "unknown strategy 'nope'"),
+        (("fit", "1T", "--model-parallel", "two"), "--model-parallel must be a whole number or 'auto', got 'two'"),
+        (("memory", "1T", "--model-parallel", "two"), "--model-parallel must be a whole number or 'auto', got 'two'"),
+        (("memory", "1T", "--model-parallel", "0"), "--model-parallel must be at least 1, got 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(args, needle):
@@ -104,6 +108,21 @@ def test_bad_input_is_one_line_and_exit_1(args, needle):
     assert code == 1
     assert needle in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_memory_model_parallel_auto_bills_the_degree_the_search_ranks_first():
+    # 1T on NVMe at batch 4: every degree fits, so auto is the one with the most tokens/s.
+    args = ("memory", "1T", "--gpus", "16", "--strategy", "zero-inf-nvme", "--batch-per-gpu", "4", "--json")
+    by_degree = {}
+    for degree in ("1", "2", "4", "8"):
+        code, out, err = planner(*args, "--model-parallel", degree)
+        assert code == 0, err
+        by_degree[int(degree)] = json.loads(out)["plan"]["prediction"]["tokens_per_s"]
+    code, out, err = planner(*args, "--model-parallel", "auto")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["plan"]["model_parallel_degree"] == max(by_degree, key=by_degree.get) != 1
+    assert doc["feasible"] is True
 
 
 def test_malformed_model_json(tmp_path):

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.catalog import resolve_hardware, resolve_model
-from planner.cli import app
 from planner.errors import PlannerError
 from planner.hardware import NodeSpec
 from planner.model import ModelSpec
 from planner.plan import STRATEGY_TABLE, Plan, parse_placement_pins
 from planner.search import predict
+from tierwise.cli import app
 
 json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),

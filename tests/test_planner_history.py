@@ -46,7 +46,7 @@ def test_history_command(tmp_path):
     import sys
 
     store = tmp_path / "h.sqlite"
-    cmd = [sys.executable, "-m", "planner", "history", "--store", str(store)]
+    cmd = [sys.executable, "-m", "tierwise", "history", "--store", str(store)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "no runs recorded yet" in out
     RunHistory(store).append(_plan(), {"measured": {"iteration_time_s": 2.0}})

@@ -27,7 +27,7 @@ def plan_1t(placement: Placement = NVME, **changes) -> Plan:
 
 
 def planner(*args):
-    proc = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout, proc.stderr
 
 

@@ -104,7 +104,7 @@ def test_manifest_names_cannot_escape_the_checkpoint(tmp_path: Path) -> None:
 
 
 def test_planner_run_passes_checkpoint_options_and_restarts_to_torchrun(tmp_path: Path) -> None:
-    from planner.cli_run import CheckpointOptions, torchrun_command
+    from tierwise.cli.run import CheckpointOptions, torchrun_command
 
     plan = tmp_path / "plan.json"
     ck = CheckpointOptions(save_every=5, checkpoint_dir=tmp_path / "ck", keep=3, resume=True)
@@ -129,7 +129,7 @@ def test_planner_run_saves_and_resumes_through_the_cli(tmp_path: Path) -> None:
     plan = write_plan(tmp_path, ALL_CPU)
 
     def planner_run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "planner", "run", str(plan), "--no-history", *args], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "tierwise", "run", str(plan), "--no-history", *args], cwd=ROOT,
                               env=worker_env(), capture_output=True, text=True, timeout=300)
 
     ck = str(tmp_path / "ck")

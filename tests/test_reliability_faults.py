@@ -131,7 +131,7 @@ def test_a_file_size_limit_during_a_checkpoint_is_one_line_through_the_cli(tmp_p
     """RLIMIT_FSIZE (EFBIG) in the workers: `planner run` prints one line and exits 1."""
     plan = write_plan(tmp_path, ALL_CPU)
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000)); "
-            "from planner.cli_run import main; sys.argv[0] = 'planner'; main()")
+            "from tierwise.cli import main; sys.argv[0] = 'planner'; main()")
     done = subprocess.run([sys.executable, "-c", code, "run", str(plan), "--steps", "2", "--save-every", "1",
                            "--checkpoint-dir", str(tmp_path / "ck"), "--no-history", "--max-restarts", "0"],
                           cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from test_planner_fuzz import PLAN_DOC, json_values, mutated, option_values
 from typer.testing import CliRunner
 
-from planner.cli import app
 from planner.errors import PlannerError
 from planner.plan import LINKS, PHASES, TIERS, Plan
 from planner.profile import SCHEMA, Profile
@@ -24,6 +23,7 @@ from runtime.ckpt import check_checkpoint_dir
 from runtime.ckpt.manifest import FORMAT, Manifest
 from runtime.ckpt.rank_state import RANK_FORMAT, read_rank_index
 from runtime.nvme import SwapDirectory, SwapPathError
+from tierwise.cli import app
 
 FAST = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]}
 
@@ -85,7 +85,7 @@ def invoke(args: list[str]) -> None:
     """Run a CLI command: exit 0 (answered), 1 with one `error:` line, or 2 (click's usage error)."""
     try:
         result = CliRunner().invoke(app, args, catch_exceptions=False)
-    except PlannerError as exc:  # planner.cli.main prints it as one line and exits 1
+    except PlannerError as exc:  # tierwise.cli.main prints it as one line and exits 1
         one_line(str(exc))
         return
     assert result.exit_code in (0, 1, 2), result.output

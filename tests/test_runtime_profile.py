@@ -65,7 +65,7 @@ def test_compare_reports_relative_error_per_metric() -> None:
 
 
 def _planner(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
 
 

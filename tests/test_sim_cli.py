@@ -1,4 +1,4 @@
-"""`planner simulate` (planner.cli_sim) and the hardware efficiency-curve spec it reads."""
+"""`planner simulate` (tierwise/cli/simulate.py, planner/pins.py) and the hardware efficiency-curve spec it reads."""
 
 import json
 
@@ -7,10 +7,11 @@ import typer
 from typer.testing import CliRunner
 
 from planner.catalog import hardware_presets, resolve_model
-from planner.cli_sim import apply_pins, register
 from planner.errors import PlannerError
 from planner.hardware import EfficiencyCurve, NodeSpec
+from planner.pins import apply_pins
 from planner.plan import Placement, Plan
+from tierwise.cli.simulate import register
 
 app = typer.Typer()
 register(app)
@@ -71,6 +72,18 @@ def test_simulate_user_errors_are_one_line_exit_1(plan_file, tmp_path):
     assert result.exit_code == 1 and "--placement item" in result.output
     result = runner.invoke(app, ["simulate", str(plan_file), "--model-parallel", "3"])
     assert result.exit_code == 1 and "model_parallel_degree 3" in result.output
+
+
+def test_simulate_model_parallel_is_a_number_or_auto(plan_file):
+    from planner.plan import load_plan
+    from planner.search import best_model_parallel
+
+    result = runner.invoke(app, ["simulate", str(plan_file), "--json", "--model-parallel", "auto"])
+    assert result.exit_code == 0, result.output
+    expected = best_model_parallel(load_plan(plan_file)).model_parallel_degree
+    assert json.loads(result.output)["model_parallel_degree"] == expected
+    result = runner.invoke(app, ["simulate", str(plan_file), "--model-parallel", "two"])
+    assert result.exit_code == 1 and "--model-parallel must be a whole number or 'auto', got 'two'" in result.output
 
 
 def test_apply_pins_rejects_bad_max_alloc(plan_file):

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from planner.calibrate import calibrate, phase_features
 from planner.catalog import hardware_presets, resolve_hardware, resolve_model
-from planner.cli_sim import register
 from planner.model import ModelSpec
 from planner.plan import Placement, Plan
 from planner.profile import Profile, compare
@@ -20,6 +19,7 @@ from planner.sim.fast import predict
 from planner.sim.periodic import simulate_periodic
 from planner.sim.workload import optimizer_params_per_rank
 from planner.throughput import estimate
+from tierwise.cli.simulate import register
 
 STATES_ON_NVME = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="gpu")
 ALL_ON_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")

@@ -8,7 +8,6 @@ then shows every metric's error before and after calibration.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +19,7 @@ from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.profile import load_profile
 from planner.specio import write_json_atomic
+from tierwise.cli import options as o
 
 
 def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | None) -> dict:
@@ -45,31 +45,30 @@ def register(app: typer.Typer) -> None:
         profiles: Annotated[list[Path], typer.Argument(help="profile JSON files written by `planner run`")],
         hardware: Annotated[str | None, typer.Option(help="base hardware preset or JSON (default: the first profile's plan's)")] = None,
         out: Annotated[Path | None, typer.Option("--out", help="write the calibrated hardware JSON here")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+        as_json: o.JsonOpt = False,
     ) -> None:
         """Fit the hardware spec's compute, per-operator, CPU Adam and NVMe efficiency to profiles
         (non-negative least squares on per-phase times) and report the residual."""
-        try:
-            doc = calibrate_command(profiles, hardware, out)
-        except PlannerError as exc:
-            sys.stderr.write("error: " + " ".join(str(exc).split()) + "\n")  # one line, never wrapped by rich
-            raise typer.Exit(1) from None
-        if as_json:
-            print(json.dumps(doc, indent=2))
-            return
-        table = Table(title=f"calibration on {len(profiles)} profile(s), {doc['num_rows']} phase rows")
-        table.add_column("factor")
-        table.add_column("theta", justify="right")
-        table.add_column("standard error", justify="right")
-        for name, value in doc["factors"].items():
-            se = doc["standard_errors"].get(name)
-            table.add_row(name, f"{value:.4g}", "" if se is None else f"{se:.2g}")
-        console = Console()
-        console.print(table)
-        console.print(f"residual (relative RMS of the fit): {doc['residual']:.1%}")
-        if doc["loose_factors"]:
-            console.print(f"loosely determined by these profiles: {', '.join(doc['loose_factors'])} (standard error "
-                          "over half the value); add runs that vary them on their own (a tiled plan for operators, "
-                          "a long-sequence one for memory_s)")
-        if out is not None:
-            console.print(f"calibrated hardware written to {out}")
+        o.exit_on_error(lambda: _report(calibrate_command(profiles, hardware, out), len(profiles), out, as_json))
+
+
+def _report(doc: dict, num_profiles: int, out: Path | None, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    table = Table(title=f"calibration on {num_profiles} profile(s), {doc['num_rows']} phase rows")
+    table.add_column("factor")
+    table.add_column("theta", justify="right")
+    table.add_column("standard error", justify="right")
+    for name, value in doc["factors"].items():
+        se = doc["standard_errors"].get(name)
+        table.add_row(name, f"{value:.4g}", "" if se is None else f"{se:.2g}")
+    console = Console()
+    console.print(table)
+    console.print(f"residual (relative RMS of the fit): {doc['residual']:.1%}")
+    if doc["loose_factors"]:
+        console.print(f"loosely determined by these profiles: {', '.join(doc['loose_factors'])} (standard error "
+                      "over half the value); add runs that vary them on their own (a tiled plan for operators, "
+                      "a long-sequence one for memory_s)")
+    if out is not None:
+        console.print(f"calibrated hardware written to {out}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +18,8 @@ import typer
 
 from planner.errors import PlannerError
 from planner.hardware import NodeSpec
+from planner.probe_reference import ReferenceRun
+from planner.profile import Profile, load_profile
 from planner.specio import number
 from planner.units import GIB
 
@@ -63,7 +66,8 @@ def probe(
     if calibrate if calibrate is not None else spec.host_is_device:
         from planner.probe_reference import REFERENCE_REPEATS, REFERENCE_RUNS, calibrate_on_reference_runs
 
-        fit = calibrate_on_reference_runs(spec, str(directory), precision=precision, log=log)
+        fit = calibrate_on_reference_runs(spec, str(directory), train=train_reference_run, precision=precision,
+                                          log=log)
         factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
         spec = fit.node.replace(name=spec.name, notes=(
             f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime in {precision} (the "
@@ -94,6 +98,19 @@ def _busy_warning() -> str:
         return ""
     return (f"load average {load:.2f} on {cpus} CPUs: other work is running, so the measured rates will be those of "
             "a shared machine; probe again when it is idle for a spec of the machine itself")
+
+
+def train_reference_run(ref: ReferenceRun, work: Path, steps: int) -> Profile:
+    """`planner run` of the plan saved as `work/<name>.plan.json`, in its own processes."""
+    plan_path, profile_path = work / f"{ref.name}.plan.json", work / f"{ref.name}.profile.json"
+    cmd = [sys.executable, "-m", "tierwise", "run", str(plan_path), "--steps", str(steps),
+           "--profile-out", str(profile_path), "--no-history"]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "no output")
+        raise PlannerError(f"probe reference run {ref.name} failed ({last.strip()}); "
+                           "run `planner probe --no-calibrate` for the uncalibrated spec")
+    return load_profile(profile_path)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,13 +1,14 @@
-"""`planner run` and `planner compare`: execute a plan with the bundled runtime, then check the plan.
+"""`planner run`: execute a plan with the bundled runtime (`planner compare` then checks the plan).
 
 `run` launches `runtime.launch` through torchrun (multi-node: pass torchrun's own arguments after
 `--`, e.g. `planner run plan.json -- --nnodes 2 --node_rank 0 --rdzv_endpoint host:29400`), shows a
 progress bar with step time and loss, and writes the profile. A plan the runtime cannot execute is
 refused before any process starts (model parallelism, unsupported placement, the wrong process
 count) or by the workers before training (memory that is not there), always as one line.
-`--save-every N --checkpoint-dir DIR` checkpoints the run (runtime/ckpt) and lets torchrun restart
-failed workers (`--max-restarts`, default 3 with checkpoints, 0 without), which resume from the
-newest complete checkpoint; `--resume` continues a run that was stopped.
+`--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt; not the activation
+checkpoints of `--checkpoint-interval`) and lets torchrun restart failed workers (`--max-restarts`,
+default 3 with checkpoints, 0 without), which resume from the newest complete training checkpoint;
+`--resume` continues a run that was stopped.
 This module imports no torch: the workers do.
 """
 
@@ -25,11 +26,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from planner.errors import PlannerError
 from planner.plan import Plan, load_plan
-from planner.profile import compare, load_profile
+from tierwise.cli import options as o
 
 EVENT = "TIERWISE_EVENT"
 ERROR = "TIERWISE_ERROR"
@@ -58,7 +58,7 @@ def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointOptions:
-    """`planner run`'s checkpoint options, passed through to every worker."""
+    """`planner run`'s training-checkpoint options, passed through to every worker."""
 
     save_every: int = 0
     """Checkpoint every N steps and at the last (0: never)."""
@@ -179,48 +179,6 @@ def _launch(cmd: list[str], steps: int, console: Console) -> int:
     return 0
 
 
-def comparison_table(plan_path: Path, profile_path: Path, hardware: str | None = None) -> tuple[list[dict], Table]:
-    """Predicted vs measured per metric; with `hardware` (a calibrated spec) the plan is simulated
-    again on it and every row also shows the prediction and error after calibration."""
-    plan = load_plan(plan_path)
-    if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
-        from planner.search import predict
-
-        plan = predict(plan)
-    profile = load_profile(profile_path)
-    rows = [r.to_dict() for r in compare(plan, profile)]
-    if hardware is not None:
-        from planner.catalog import resolve_hardware
-        from planner.sim import simulate
-
-        calibrated = plan.replace(node=resolve_hardware(hardware), prediction=None)
-        after = {r.metric: r.to_dict() for r in compare(calibrated.replace(prediction=simulate(calibrated).prediction),
-                                                         profile)}
-        for r in rows:
-            a = after.get(r["metric"], {})
-            r["calibrated_predicted"], r["calibrated_relative_error"] = a.get("predicted"), a.get("relative_error")
-    table = Table(title=f"{plan_path.name}: predicted vs measured")
-    cols = ["metric", "predicted", "measured", "relative error"]
-    if hardware is not None:
-        cols += ["calibrated", "error after"]
-    for col in cols:
-        table.add_column(col, justify="left" if col == "metric" else "right")
-    for r in rows:
-        cells = [r["metric"], _fmt(r["predicted"]), _fmt(r["measured"]), _pct(r["relative_error"])]
-        if hardware is not None:
-            cells += [_fmt(r["calibrated_predicted"]), _pct(r["calibrated_relative_error"])]
-        table.add_row(*cells)
-    return rows, table
-
-
-def _pct(err: float | None) -> str:
-    return "-" if err is None else f"{err:+.1%}"
-
-
-def _fmt(value: float | None) -> str:
-    return "unbounded" if value is None else f"{value:.4g}"
-
-
 def register(app: typer.Typer) -> None:
     @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def run_cmd(
@@ -230,57 +188,18 @@ def register(app: typer.Typer) -> None:
         nproc: Annotated[int | None, typer.Option(help="processes (GPUs) per node; default: the plan's")] = None,
         data: Annotated[Path | None, typer.Option(help="text file, tokenised byte-level; default synthetic")] = None,
         profile_out: Annotated[Path | None, typer.Option(help="write the profile JSON here")] = None,
-        store: Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")] = None,
+        store: o.StoreOpt = None,
         history: Annotated[bool, typer.Option(help="record the run in the run history")] = True,
-        save_every: Annotated[int, typer.Option(help="checkpoint every N steps and at the last (0: never)")] = 0,
-        checkpoint_dir: Annotated[Path | None, typer.Option(help="directory of the run's checkpoints (shared by all nodes)")] = None,
-        keep_checkpoints: Annotated[int, typer.Option(help="complete checkpoints to keep")] = 2,
-        resume: Annotated[bool, typer.Option("--resume", help="continue from the newest complete checkpoint")] = False,
+        save_every: Annotated[int, typer.Option(help="save a training checkpoint every N steps and at the last (0: never)")] = 0,
+        checkpoint_dir: Annotated[Path | None, typer.Option(help="directory of the run's training checkpoints (shared by all nodes)")] = None,
+        keep_checkpoints: Annotated[int, typer.Option(help="complete training checkpoints to keep")] = 2,
+        resume: Annotated[bool, typer.Option("--resume", help="continue from the newest complete training checkpoint")] = False,
         max_restarts: Annotated[int | None, typer.Option(help="torchrun restarts of failed workers (default 3 with --save-every, else 0)")] = None,
     ) -> None:
         """Train the plan's reference GPT with the bundled runtime (torchrun) and write a profile.
         Arguments after `--` go to torchrun (multi-node)."""
         checkpoints = CheckpointOptions(save_every=save_every, checkpoint_dir=checkpoint_dir, keep=keep_checkpoints,
                                         resume=resume, max_restarts=max_restarts)
-        _exit_on_error(lambda: run_plan(plan, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
-                                        torchrun_args=list(ctx.args), console=Console(stderr=True),
-                                        history_store=store, record_history=history, checkpoints=checkpoints))
-
-    @app.command("compare")
-    def compare_cmd(
-        plan: Annotated[Path, typer.Argument(help="plan JSON with a prediction block")],
-        profile: Annotated[Path, typer.Argument(help="profile JSON written by `planner run`")],
-        hardware: Annotated[str | None, typer.Option(help="calibrated hardware (`planner calibrate --out`): "
-                                                          "also show predictions and errors after calibration")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
-    ) -> None:
-        """Predicted vs measured, per metric, with the relative error (before and after calibration)."""
-
-        def go() -> int:
-            rows, table = comparison_table(plan, profile, hardware)
-            if as_json:
-                print(json.dumps({"plan": str(plan), "profile": str(profile), "metrics": rows}, indent=2))
-            else:
-                Console().print(table)
-            return 0
-
-        _exit_on_error(go)
-
-
-def _exit_on_error(fn) -> None:  # noqa: ANN001
-    try:
-        code = fn()
-    except PlannerError as exc:
-        sys.stderr.write("error: " + " ".join(str(exc).split()) + "\n")  # one line, never wrapped
-        raise typer.Exit(1) from None
-    raise typer.Exit(code)
-
-
-def main() -> None:
-    app = typer.Typer(add_completion=False, no_args_is_help=True)
-    register(app)
-    app()
-
-
-if __name__ == "__main__":
-    main()
+        o.exit_on_error(lambda: run_plan(plan, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
+                                         torchrun_args=list(ctx.args), console=Console(stderr=True),
+                                         history_store=store, record_history=history, checkpoints=checkpoints))

@@ -20,10 +20,10 @@ from planner.errors import PlannerError
 
 
 def dashboard_script() -> Path:
-    """app/dashboard.py of this installation: the `app` package sits beside `planner` both in a
+    """app/dashboard.py of this installation: the `app` package sits beside `tierwise` both in a
     checkout and in site-packages (setup.py ships both), so look there rather than import `app`,
     a name another distribution could also own."""
-    script = Path(__file__).resolve().parent.parent / "app" / "dashboard.py"
+    script = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"
     if not script.is_file():
         raise PlannerError(f"the dashboard script {script} is missing; reinstall tierwise with its `app` package")
     return script
@@ -41,7 +41,7 @@ def streamlit_command(*, port: int | None, address: str | None, headless: bool, 
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command("dashboard", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def dashboard(
         ctx: typer.Context,
         port: Annotated[int | None, typer.Option("--port", help="port to serve on (default: streamlit's 8501)")] = None,
@@ -65,8 +65,3 @@ def register(app: typer.Typer) -> None:
             code = 130
         raise typer.Exit(code)
 
-
-if __name__ == "__main__":
-    _app = typer.Typer(add_completion=False)
-    register(_app)
-    _app()

@@ -1,0 +1,158 @@
+"""The layering (issue 26): `planner/` is pure (no torch, no runtime, no composition root, no
+dashboard), and `runtime/`'s modules import each other without a cycle. Both read the source with
+`ast`, so an import inside a function counts as much as one at the top of a module (the interpreter
+would only find it when the function runs)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANNER_FORBIDS = ("torch", "runtime", "tierwise", "app")
+"""Top-level packages `planner/` must never import: torch and the runtime are heavy and optional
+(the `runtime` extra), `tierwise` is the composition root above it and `app` the dashboard."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST, *, executed_only: bool) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, at module level or nested in a function, class or branch; with
+    `executed_only`, not those under `if TYPE_CHECKING:` (annotations only: they never run)."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif executed_only and _is_type_checking(node):
+            todo += node.orelse
+        else:
+            todo += ast.iter_child_nodes(node)
+    return sorted(found, key=lambda n: n.lineno)
+
+
+def _imports(path: Path, *, executed_only: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file; `from . import x` is resolved
+    against the file's package, and `from pkg import name` yields `pkg.name` too (it may be a module)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in _import_nodes(tree, executed_only=executed_only):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            anchor = parts[: len(parts) - (node.level - 1)]
+            base = ".".join([*anchor, base] if base else anchor)
+        found.append((node.lineno, base))
+        found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names if alias.name != "*"]
+    return found
+
+
+def test_imports_are_resolved_from_the_source():
+    # The parser the two tests below rely on: nested and relative imports are seen.
+    source = ROOT / "runtime" / "nvme" / "__init__.py"
+    names = {name for _, name in _imports(source)}
+    assert any(name.startswith("runtime.nvme.") for name in names), names
+    tree = ast.parse("import a\nif TYPE_CHECKING:\n    import b\nelse:\n    import c\n"
+                     "def f():\n    from .d import e\n")
+    assert [n.lineno for n in _import_nodes(tree, executed_only=False)] == [1, 3, 5, 7]
+    assert [n.lineno for n in _import_nodes(tree, executed_only=True)] == [1, 5, 7]
+
+
+def test_planner_imports_no_torch_runtime_tierwise_or_app():
+    offences = []
+    for path in sorted((ROOT / "planner").rglob("*.py")):
+        for line, name in _imports(path):
+            if name.split(".")[0] in PLANNER_FORBIDS:
+                offences.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not offences, "planner/ must stay pure:\n" + "\n".join(offences)
+
+
+def _runtime_graph() -> dict[str, set[str]]:
+    """runtime module -> runtime modules it imports. An import inside a function counts: deferring
+    an import is how a cycle is hidden from the interpreter, not how it is removed (the two modules
+    still cannot be understood, tested or moved apart). Only `if TYPE_CHECKING:` imports, which
+    never run, are left out."""
+    modules = {_module_name(p): p for p in (ROOT / "runtime").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        # `from runtime.x import y`: an edge to runtime.x.y only where that is a module.
+        graph[name] = {imported for _, imported in _imports(path, executed_only=True)
+                       if imported in modules and imported != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_cycle_finder_names_every_module_of_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_runtime_has_no_import_cycle():
+    cycles = _cycles(_runtime_graph())
+    assert not cycles, "import cycles among runtime/ modules:\n" + "\n".join(
+        " <-> ".join(cycle) for cycle in cycles)
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_cli_function_over_80_lines():
+    # The composition root stays a set of thin adapters (STYLE.md: small functions).
+    long = []
+    for path in sorted((ROOT / "tierwise").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "\n".join(long)

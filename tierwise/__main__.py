@@ -1,0 +1,3 @@
+from tierwise.cli import main
+
+main()

@@ -1,0 +1,84 @@
+"""`planner compare PLAN PROFILE [--hardware CALIBRATED]`: predicted vs measured, per metric."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner.plan import load_plan
+from planner.profile import compare, load_profile
+from tierwise.cli import options as o
+
+
+def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = None) -> list[dict]:
+    """Predicted vs measured per metric; with `hardware` (a calibrated spec) the plan is simulated
+    again on it and every row also carries the prediction and error after calibration."""
+    plan = load_plan(plan_path)
+    if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
+        from planner.search import predict
+
+        plan = predict(plan)
+    profile = load_profile(profile_path)
+    rows = [r.to_dict() for r in compare(plan, profile)]
+    if hardware is not None:
+        from planner.catalog import resolve_hardware
+        from planner.sim import simulate
+
+        calibrated = plan.replace(node=resolve_hardware(hardware), prediction=None)
+        after = {r.metric: r.to_dict() for r in compare(calibrated.replace(prediction=simulate(calibrated).prediction),
+                                                         profile)}
+        for r in rows:
+            a = after.get(r["metric"], {})
+            r["calibrated_predicted"], r["calibrated_relative_error"] = a.get("predicted"), a.get("relative_error")
+    return rows
+
+
+def comparison_table(plan_path: Path, rows: list[dict], calibrated: bool) -> Table:
+    table = Table(title=f"{plan_path.name}: predicted vs measured")
+    cols = ["metric", "predicted", "measured", "relative error"]
+    if calibrated:
+        cols += ["calibrated", "error after"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for r in rows:
+        cells = [r["metric"], _fmt(r["predicted"]), _fmt(r["measured"]), _pct(r["relative_error"])]
+        if calibrated:
+            cells += [_fmt(r["calibrated_predicted"]), _pct(r["calibrated_relative_error"])]
+        table.add_row(*cells)
+    return table
+
+
+def _pct(err: float | None) -> str:
+    return "-" if err is None else f"{err:+.1%}"
+
+
+def _fmt(value: float | None) -> str:
+    return "unbounded" if value is None else f"{value:.4g}"
+
+
+def compare_command(
+    plan: Annotated[Path, typer.Argument(help="plan JSON with a prediction block")],
+    profile: Annotated[Path, typer.Argument(help="profile JSON written by `planner run`")],
+    hardware: Annotated[str | None, typer.Option(help="calibrated hardware (`planner calibrate --out`): "
+                                                      "also show predictions and errors after calibration")] = None,
+    as_json: o.JsonOpt = False,
+) -> None:
+    """Predicted vs measured, per metric, with the relative error (before and after calibration)."""
+
+    def go() -> None:
+        rows = comparison_rows(plan, profile, hardware)
+        if as_json:
+            print(json.dumps({"plan": str(plan), "profile": str(profile), "metrics": rows}, indent=2))
+        else:
+            Console().print(comparison_table(plan, rows, hardware is not None))
+
+    o.exit_on_error(go)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare_command)

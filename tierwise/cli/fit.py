@@ -1,0 +1,116 @@
+"""`planner fit MODEL --gpus N`: the fastest placement that fits, and why (DESIGN.md "CLI")."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.errors import PlannerError
+from tierwise.cli import options as o
+
+
+def fit(
+    model: o.ModelArg = None,
+    gpus: o.GpusOpt = 1,
+    hardware: o.HardwareOpt = None,
+    layers: o.LayersOpt = None,
+    hidden: o.HiddenOpt = None,
+    heads: o.HeadsOpt = None,
+    seq: o.SeqOpt = None,
+    vocab: o.VocabOpt = None,
+    batch_per_gpu: o.BatchOpt = None,
+    placement: o.PlacementOpt = None,
+    strategy: o.StrategyOpt = None,
+    checkpoint_interval: o.CheckpointIntervalOpt = None,
+    tiling_factor: o.TilingOpt = None,
+    prefetch_depth: o.PrefetchOpt = None,
+    model_parallel: o.ModelParallelOpt = "1",
+    max_alloc_gib: o.MaxAllocOpt = None,
+    max_batch_per_gpu: Annotated[int, typer.Option("--max-batch-per-gpu", help="largest batch/GPU the search tries")] = 32,
+    precision: o.PrecisionOpt = "bf16",
+    optimizer_step: o.OptimizerStepOpt = None,
+    nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
+    deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config here")] = None,
+    as_json: o.JsonOpt = False,
+) -> None:
+    """Find the fastest placement that fits MODEL on the hardware, and say why."""
+    from planner.pins import optimizer_step_pin
+    from planner.plan import parse_placement_pins
+    from planner.search import SearchRequest, search
+    from planner.sim.refine import refine
+    from planner.specio import number, string
+
+    string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
+    step = optimizer_step_pin(optimizer_step) or "after_backward"
+    number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)
+    number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
+    request = SearchRequest(
+        model=o.model(model, layers, hidden, heads, seq, vocab),
+        node=o.node(hardware, max_alloc_gib),
+        num_gpus=gpus,
+        strategy=strategy,
+        placement_pins=parse_placement_pins(placement),
+        micro_batch_per_gpu=batch_per_gpu,
+        checkpoint_interval=checkpoint_interval,
+        tiling_factor=tiling_factor,
+        prefetch_depth=prefetch_depth,
+        model_parallel_degree=o.model_parallel(model_parallel),
+        precision=precision,
+        nvme_path=nvme_path,
+        max_micro_batch_per_gpu=max_batch_per_gpu,
+        optimizer_step=step,
+    )
+    result = refine(search(request))
+    chosen = result.best or (result.rejected[0] if result.rejected else None)
+    if chosen is None:
+        raise PlannerError("no candidate plan could be formed; check the pinned options")
+    _write(chosen, out, deepspeed_out)
+    if as_json:
+        o.print_json(chosen.to_dict())
+        return
+    _print_verdict(result, chosen, gpus, out, deepspeed_out)
+
+
+def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
+    if out is not None:
+        chosen.save(out)
+    if deepspeed_out is not None:
+        from planner.deepspeed_config import deepspeed_config
+        from planner.specio import write_json_atomic
+
+        write_json_atomic(deepspeed_out, deepspeed_config(chosen), "DeepSpeed config")
+        if chosen.optimizer_step == "in_backward":  # stderr: --json keeps stdout a document
+            sys.stderr.write("note: DeepSpeed steps the optimizer after backward; the exported config runs the "
+                             "plan's placement with DeepSpeed's own after-backward step\n")
+
+
+def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
+    from planner import report
+
+    con = report.console()
+    node = result.request.node
+    where = f"{gpus} GPU(s) of {node.name} ({chosen.num_nodes} node(s) of {node.num_gpus_per_node})"
+    con.print(f"[bold]Model[/bold]  {report.model_line(chosen)}")
+    if result.best is None:
+        con.print(f"[bold red]Verdict: does not fit[/bold red] on {where}")
+        con.print(report.rejected_table(result.rejected))
+        return
+    con.print(f"[bold green]Verdict: fits[/bold green] on {where}; {len(result.ranked)} feasible plans of {result.num_evaluated} evaluated")
+    con.print(f"[bold]Plan[/bold]   {report.plan_line(chosen)}")
+    con.print(report.memory_table(chosen))
+    con.print(report.prediction_table(chosen))
+    runners = result.runners_up()
+    if runners:
+        con.print(report.candidates_table(runners, "Runner-up plans (best of other placements)"))
+    if out is not None:
+        con.print(f"plan written to {out}")
+    if deepspeed_out is not None:
+        con.print(f"DeepSpeed config written to {deepspeed_out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fit")(fit)

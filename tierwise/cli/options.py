@@ -1,0 +1,109 @@
+"""Option types and parsers every `planner` verb shares: one definition per option, so a flag means
+the same thing, takes the same values and says the same help on every verb that has it.
+
+"Checkpoint" names two different things here (DESIGN.md "CLI"):
+- activation checkpoints: block inputs kept during forward and recomputed from in backward
+  (`--checkpoint-interval`, the placement's `activation_checkpoints` tier);
+- training checkpoints: the run's saved state on disk (`planner run --save-every`, `--checkpoint-dir`,
+  `--keep-checkpoints`, `--resume`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.errors import PlannerError
+
+# -- the model: every verb that takes one takes all of these --------------------------------------
+ModelArg = Annotated[str | None, typer.Argument(help="size shorthand (1T, 175B, 13b), preset name or model JSON file")]
+LayersOpt = Annotated[int | None, typer.Option("--layers", help="transformer blocks")]
+HiddenOpt = Annotated[int | None, typer.Option("--hidden", help="hidden size")]
+HeadsOpt = Annotated[int | None, typer.Option("--heads", help="attention heads")]
+SeqOpt = Annotated[int | None, typer.Option("--seq", help="sequence length")]
+VocabOpt = Annotated[int | None, typer.Option("--vocab", help="vocabulary size (0 ignores embeddings)")]
+
+# -- the cluster ---------------------------------------------------------------------------------
+GpusOpt = Annotated[int, typer.Option("--gpus", help="number of GPUs")]
+HardwareOpt = Annotated[str | None, typer.Option("--hardware", help="hardware preset or JSON file (default dgx-h100)")]
+MaxAllocOpt = Annotated[float | None, typer.Option("--max-alloc-gib", help="largest contiguous GPU allocation")]
+
+# -- the plan's choices (fit searches the ones not given; memory and simulate take them as given) --
+StrategyOpt = Annotated[str | None, typer.Option(
+    "--strategy", help="pin a strategy: dp, zero2, zero-offload, zero3, zero-inf-cpu, zero-inf-nvme")]
+PlacementOpt = Annotated[str | None, typer.Option(
+    "--placement", help="pin tiers, e.g. params=nvme,optimizer_states=nvme (activation_checkpoints: where the "
+                        "recompute inputs are kept)")]
+BatchOpt = Annotated[float | None, typer.Option("--batch-per-gpu", help="pin global batch / GPUs")]
+CheckpointIntervalOpt = Annotated[int | None, typer.Option(
+    "--checkpoint-interval",
+    help="pin blocks per activation checkpoint, the recompute granularity (0: none; not a training checkpoint)")]
+TilingOpt = Annotated[int | None, typer.Option("--tiling-factor", help="pin the tiling factor")]
+PrefetchOpt = Annotated[int | None, typer.Option("--prefetch-depth", help="pin the prefetch depth")]
+ModelParallelOpt = Annotated[str | None, typer.Option(
+    "--model-parallel", help="tensor-parallel degree within a node, or 'auto' to search it")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32")]
+OptimizerStepOpt = Annotated[str | None, typer.Option(
+    "--optimizer-step", help="after_backward (default: the paper's step) or in_backward (each unit updated as soon as "
+                             "its gradient is final; no gradient accumulation or clipping)")]
+
+# -- output and stores -----------------------------------------------------------------------------
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the JSON document instead of tables")]
+StoreOpt = Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")]
+
+AUTO = "auto"
+
+
+def model_parallel(text: str | None) -> int | None:
+    """`--model-parallel`: a positive whole number, or None for `auto` (search the degree) and for
+    not given (the caller's default)."""
+    if text is None or text.strip().lower() == AUTO:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise PlannerError(f"--model-parallel must be a whole number or 'auto', got {text!r}") from None
+    if value < 1:
+        raise PlannerError(f"--model-parallel must be at least 1, got {value}")
+    return value
+
+
+def is_auto(text: str | None) -> bool:
+    return text is not None and text.strip().lower() == AUTO
+
+
+def model(name, layers, hidden, heads, seq, vocab):  # noqa: ANN001, ANN201
+    from planner.catalog import resolve_model
+
+    return resolve_model(name, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab)
+
+
+def node(hardware: str | None, max_alloc_gib: float | None = None):  # noqa: ANN201
+    from planner.catalog import resolve_hardware
+
+    spec = resolve_hardware(hardware)
+    return spec if max_alloc_gib is None else spec.with_max_alloc_gib(max_alloc_gib)
+
+
+def print_json(doc) -> None:  # noqa: ANN001
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+
+def one_line_error(exc: PlannerError) -> str:
+    """The message as one line, whatever the offending value contained (never wrapped by rich)."""
+    return "error: " + " ".join(str(exc).split()) + "\n"
+
+
+def exit_on_error(fn: Callable[[], int | None]) -> None:
+    """Run a verb's body; a PlannerError becomes one line on stderr and exit code 1."""
+    try:
+        code = fn()
+    except PlannerError as exc:
+        sys.stderr.write(one_line_error(exc))
+        raise typer.Exit(1) from None
+    raise typer.Exit(code or 0)

@@ -1,0 +1,95 @@
+"""`planner simulate PLAN.json [--timeline out.png] [--json]`: the discrete-event simulator's CLI.
+
+A thin adapter: pins override the plan file's choices (planner/pins.py), `planner.sim.simulate` does the work, rich
+prints the prediction (or `--json` the plan document with the simulated `prediction` block).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.plan import Plan, load_plan
+from planner.units import GIB
+from tierwise.cli import options as o
+
+
+def simulate_command(
+    plan_file: Annotated[Path, typer.Argument(help="Plan document (from `planner fit --out`).")],
+    timeline: Annotated[Path | None, typer.Option("--timeline", help="Write a Gantt chart PNG of the iteration.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan document with the simulated prediction.")] = False,
+    placement: o.PlacementOpt = None,
+    batch_per_gpu: o.BatchOpt = None,
+    checkpoint_interval: o.CheckpointIntervalOpt = None,
+    tiling_factor: o.TilingOpt = None,
+    prefetch_depth: o.PrefetchOpt = None,
+    model_parallel: o.ModelParallelOpt = None,
+    max_alloc_gib: o.MaxAllocOpt = None,
+    optimizer_step: o.OptimizerStepOpt = None,
+) -> None:
+    """Simulate one training iteration of a plan (discrete-event, SimPy) and print the prediction."""
+
+    def go() -> None:
+        from planner.pins import apply_pins
+        from planner.search import best_model_parallel
+        from planner.sim import simulate
+
+        plan = apply_pins(load_plan(plan_file), placement=placement, batch_per_gpu=batch_per_gpu,
+                          checkpoint_interval=checkpoint_interval, tiling_factor=tiling_factor,
+                          prefetch_depth=prefetch_depth, model_parallel=o.model_parallel(model_parallel),
+                          max_alloc_gib=max_alloc_gib, optimizer_step=optimizer_step)
+        if o.is_auto(model_parallel):
+            plan = best_model_parallel(plan).replace(prediction=None)
+        result = simulate(plan)
+        if timeline is not None:
+            from planner.sim.timeline import draw
+
+            draw(result, timeline)
+        simulated = plan.replace(prediction=result.prediction)
+        if as_json:
+            typer.echo(json.dumps(simulated.to_dict(), indent=2))
+            return
+        print_prediction(simulated)
+        if timeline is not None:
+            typer.echo(f"timeline written to {timeline}")
+
+    o.exit_on_error(go)
+
+
+def print_prediction(plan: Plan) -> None:
+    from rich.table import Table
+
+    from planner.report import console as wide_console
+
+    p = plan.prediction
+    assert p is not None
+    console = wide_console()
+    verdict = "[green]fits[/]" if p.feasible else f"[red]does not fit[/]: {p.reason}"
+    step = ", optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
+    console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}{step}: "
+                  f"{verdict}")
+    console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "
+                  f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{p.bottleneck}[/]")
+    console.print("phases: " + ", ".join(f"{k} {v:.4g} s" for k, v in p.phase_time_s.items()))
+    resources = Table("resource", "scope", "busy", "moved", title="resources")
+    for name, r in sorted(p.details["resources"].items(), key=lambda kv: -kv[1]["busy_fraction"]):
+        moved = f"{r['amount'] / GIB:,.1f} GiB" if r["unit"] == "bytes" else f"{r['amount']:.4g} {r['unit']}"
+        resources.add_row(name, r["scope"], f"{r['busy_fraction']:.0%}", moved)
+    console.print(resources)
+    memory = Table("tier", "bill", "simulated peak", "capacity", "in use at the simulated peak (GiB)",
+                   title="memory (the bill decides the verdict; the simulation shows what is live when)")
+    simulated, simulated_terms = p.details["simulated_peak_bytes"], p.details["simulated_memory_terms"]
+    for tier, peak in p.peak_bytes.items():
+        terms = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(simulated_terms.get(tier, {}).items(), key=lambda kv: -kv[1]))
+        scope = p.details["memory_scope"][tier]
+        memory.add_row(f"{tier} ({scope})", f"{peak / GIB:,.1f} GiB", f"{simulated[tier] / GIB:,.1f} GiB",
+                       f"{p.capacity_bytes[tier] / GIB:,.1f} GiB", terms)
+    console.print(memory)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate_command)
+
