@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.memory import TERM_DOCS
+from planner.model import format_param_count
 from planner.plan import TIERS, Plan
 from planner.units import GIB, TIB
 
@@ -28,7 +29,7 @@ def model_line(plan: Plan) -> str:
     m = plan.model
     return (
         f"{m.name}: {m.num_layers} layers x hidden {m.hidden_size}, {m.num_heads} heads, seq {m.seq_len}"
-        f" -> {m.num_params / 1e9:,.2f} B params"
+        f" -> {format_param_count(m.num_params)} params"
     )
 
 

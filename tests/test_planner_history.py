@@ -12,7 +12,7 @@ from planner.search import predict
 
 
 def _plan():
-    return predict(Plan(model=resolve_model("1.4B"), node=resolve_hardware("dgx-h100"), num_gpus=8,
+    return predict(Plan(model=resolve_model("paper-1.4b"), node=resolve_hardware("dgx-h100"), num_gpus=8,
                         strategy="zero-inf-cpu", placement=STRATEGY_TABLE["zero-inf-cpu"].placement))
 
 

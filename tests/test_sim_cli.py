@@ -21,7 +21,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def plan_file(tmp_path):
-    model = resolve_model("1.4B")
+    model = resolve_model("paper-1.4b")
     plan = Plan(model=model, node=hardware_presets()["dgx2-v100"], num_gpus=16, strategy="zero-inf-cpu",
                 placement=Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu"))
     path = tmp_path / "plan.json"
