@@ -137,7 +137,7 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
         if vocab is None:
             reasons.append("vocabulary size not stated")
     else:
-        reasons.append(f"shape of {row.model_name!r} not stated and not in the project's presets")
+        reasons.append(f"model shape not stated: {row.model_name!r} has no columns and no preset in data/models")
         return None
     if seq is None:
         reasons.append("sequence length not stated")

@@ -20,12 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.plan import Plan
 from planner.sim.fast import predict
+from planner.throughput import estimate
 from planner.validation.configure import RowPlan, node_for_row, row_plan
 from planner.validation.corpus import GPU_TYPES, CorpusRow, load_corpus
 from planner.validation.flops import accounting_for, flops_per_token, from_tokens_per_s
 
-METHOD = "simulated (planner.sim.fast.predict, the number `planner fit` reports for a pinned plan)"
+METHODS: dict[str, str] = {
+    "simulated": "simulated (planner.sim.fast.predict, the number `planner fit` reports for a pinned plan)",
+    "analytic": "analytic (planner.throughput.estimate, the search's first stage)",
+}
 ROW_KEYS: tuple[str, ...] = ("row_id", "source_id", "gpu_type", "metric", "measured", "predicted", "error", "reason")
 
 
@@ -61,12 +66,13 @@ class RowResult:
 class ValidationReport:
     corpus: str
     results: tuple[RowResult, ...]
+    method: str = "simulated"
     filters: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         calibration = [r for r in self.results if not r.offload]
         return {
-            "method": METHOD,
+            "method": METHODS[self.method],
             "corpus": self.corpus,
             "filters": dict(self.filters),
             "all": group_summary(calibration),
@@ -79,8 +85,11 @@ class ValidationReport:
         return {"rows": [r.to_json() for r in self.results], "summary": self.summary()}
 
 
-def validate(corpus_path: str | Path | None = None, *, source: str | None = None, gpu: str | None = None) -> ValidationReport:
+def validate(corpus_path: str | Path | None = None, *, source: str | None = None, gpu: str | None = None,
+             method: str = "simulated") -> ValidationReport:
     """Predict the corpus's rows (all, or one source / one GPU type) and compare."""
+    if method not in METHODS:
+        raise PlannerError(f"unknown prediction method {method!r}; use one of {', '.join(METHODS)}")
     rows = load_corpus(corpus_path)
     filters: dict[str, str] = {}
     if source is not None:
@@ -95,7 +104,8 @@ def validate(corpus_path: str | Path | None = None, *, source: str | None = None
             raise PlannerError(f"unknown --gpu {gpu!r}; the rows have GPU types {', '.join(present)}")
         rows, filters["gpu"] = tuple(r for r in rows if r.gpu_family == family), family
     name = str(corpus_path) if corpus_path is not None else "bundled data/validation/published_runs.csv"
-    return ValidationReport(corpus=name, results=tuple(predict_row(r) for r in rows), filters=filters)
+    results = tuple(predict_row(r, method=method) for r in rows)
+    return ValidationReport(corpus=name, results=results, method=method, filters=filters)
 
 
 def measured_metric(row: CorpusRow) -> tuple[str, float]:
@@ -106,21 +116,32 @@ def measured_metric(row: CorpusRow) -> tuple[str, float]:
     raise AssertionError(f"{row.row_id}: the loader guarantees a measured value")
 
 
-def predict_row(row: CorpusRow) -> RowResult:
+def predict_row(row: CorpusRow, *, method: str = "simulated") -> RowResult:
     metric, measured = measured_metric(row)
     planned = row_plan(row)
     if planned.plan is None:
         return RowResult(row=row, metric=metric, measured=measured, reason="; ".join(planned.reasons),
                          assumptions=planned.assumptions)
-    prediction = predict(planned.plan)
-    tokens = predicted_tokens_per_s_per_gpu(planned, prediction.phase_time_s)
+    phase_time_s, fits, why, bottleneck = _predicted(planned.plan, method)
+    tokens = predicted_tokens_per_s_per_gpu(planned, phase_time_s)
     per_token, peak = _conversion(row, planned)
     predicted = from_tokens_per_s(tokens, metric, flops_per_token_=per_token, peak_flops_per_s=peak)
     measured_tokens = measured / from_tokens_per_s(1.0, metric, flops_per_token_=per_token, peak_flops_per_s=peak)
-    memory = None if prediction.feasible else f"the memory bill refuses this run that trained: {prediction.reason}"
+    memory = None if fits else f"the memory bill refuses this run that trained: {why}"
     return RowResult(row=row, metric=metric, measured=measured, predicted=predicted, error=predicted / measured - 1,
-                     reason=memory, fits=prediction.feasible, bottleneck=prediction.bottleneck,
+                     reason=memory, fits=fits, bottleneck=bottleneck,
                      assumptions=planned.assumptions, tokens_per_s_per_gpu=(tokens, measured_tokens))
+
+
+def _predicted(plan: Plan, method: str) -> tuple[dict[str, float], bool, str, str]:
+    """(phase times, fits, the bill's reason, bottleneck); timed whether or not the bill fits."""
+    if method == "simulated":
+        p = predict(plan)
+        return p.phase_time_s, p.feasible, p.reason, p.bottleneck
+    from planner.memory import memory_bill
+
+    bill, est = memory_bill(plan), estimate(plan)
+    return est.phase_time_s, bill.fits, bill.reason(), est.bottleneck
 
 
 def predicted_tokens_per_s_per_gpu(planned: RowPlan, phase_time_s: dict[str, float]) -> float:
