@@ -25,13 +25,13 @@ DOCS = ROOT / "docs" / "validation.md"
 SCATTER = ROOT / "docs" / "validation-scatter.png"
 
 
-def corpus_section(scatter_link: str) -> tuple[str, float]:
+def corpus_section(scatter_path: Path, scatter_link: str) -> tuple[str, float]:
     """The generated markdown (and the simulated pass's wall time in seconds)."""
     start = time.perf_counter()
     simulated = validate()
     wall_s = time.perf_counter() - start
     analytic = validate(method="analytic").summary()
-    scatter(simulated, SCATTER)
+    scatter(simulated, scatter_path)
     body = markdown(simulated, scatter=scatter_link)
     head = ["## Published training runs (data/validation/published_runs.csv)", "",
             f"265 measured runs from papers and public benchmark files (README beside the CSV). Every row is predicted "
@@ -44,8 +44,9 @@ def corpus_section(scatter_link: str) -> tuple[str, float]:
     return "\n".join(head) + "\n" + body + "\n".join(compare) + "\n", wall_s
 
 
-def write_docs(docs: Path = DOCS) -> float:
-    section, wall_s = corpus_section(SCATTER.name)
+def write_docs(docs: Path = DOCS, scatter_path: Path = SCATTER) -> float:
+    """Replace the corpus section of `docs` (append it when absent); the scatter goes beside it."""
+    section, wall_s = corpus_section(scatter_path, scatter_path.name)
     text = docs.read_text() if docs.exists() else ""
     block = f"{BEGIN}\n{section}{END}"
     if BEGIN in text and END in text:

@@ -6,9 +6,10 @@
   recompute (forward, recompute, 2 x backward) and 3 without; per token that is
   `k (2 N_blocks + 4 l h s) + 6 h V` for a GPT block (`N_blocks = 12 l h^2`). We use the model's own
   `N_blocks` (GQA, SwiGLU, any FFN width), so Llama shapes are counted as the same formula would.
-- `nemo` (model FLOPs; NeMo and Megatron-Bridge): the same formula with `k = 3` whatever the
-  recompute (checked on the corpus: NeMo's Llama 2 7B and Llama 3 8B rows' TFLOPS / tokens/s
-  reproduce it to 0.5 %).
+- `nemo` (model FLOPs; NeMo 24.07): the same formula with `k = 3` whatever the recompute (checked
+  on the corpus: rows p224-p233's TFLOPS / tokens/s reproduce it to 0.1 %);
+- `bridge` (model FLOPs; Megatron-Bridge): `nemo` with causal attention, `2 l h s` instead of
+  `4 l h s` (rows p246-p259 reproduce it to 0.1 %, except p256 at 2.3 %).
 - `6n` (model FLOPs; llm-foundry and torchtitan): `6 N + 12 l h s` per token with `N` every
   parameter, embeddings included (the corpus's `params_b` where given, as llm-foundry counts it:
   its learned position embeddings are not in the planner's model).
@@ -26,7 +27,7 @@ from __future__ import annotations
 from planner.errors import PlannerError
 from planner.model import ModelSpec
 
-ACCOUNTINGS: tuple[str, ...] = ("megatron", "nemo", "6n")
+ACCOUNTINGS: tuple[str, ...] = ("megatron", "nemo", "bridge", "6n")
 METRICS: tuple[str, ...] = ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
 SOURCE_ACCOUNTING: dict[str, str] = {
     "llmfoundry_bench": "6n",
@@ -35,7 +36,7 @@ SOURCE_ACCOUNTING: dict[str, str] = {
     "torchao_optim": "6n",
     "nemo_2407": "nemo",
     "nemo_longseq_2403": "nemo",
-    "megatron_bridge_archive": "nemo",
+    "megatron_bridge_archive": "bridge",
 }
 """Sources not listed count the Megatron way (see the note)."""
 
@@ -50,10 +51,11 @@ def flops_per_token(model: ModelSpec, accounting: str, *, full_recompute: bool, 
     if accounting == "6n":
         params = model.num_params if num_params is None else num_params
         return 6 * params + 12 * layers * hidden * seq
-    if accounting in ("megatron", "nemo"):
+    if accounting in ("megatron", "nemo", "bridge"):
         passes = 4 if accounting == "megatron" and full_recompute else 3
         blocks = layers * model.num_params_per_block
-        return passes * (2 * blocks + 4 * layers * hidden * seq) + 6 * hidden * model.vocab_size
+        attention = (2 if accounting == "bridge" else 4) * layers * hidden * seq
+        return passes * (2 * blocks + attention) + 6 * hidden * model.vocab_size
     raise PlannerError(f"unknown FLOP accounting {accounting!r}; use one of {', '.join(ACCOUNTINGS)}")
 
 
