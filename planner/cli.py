@@ -374,6 +374,35 @@ def history(
     con.print(table)
 
 
+@app.command()
+def validate(
+    corpus: Annotated[Path | None, typer.Option("--corpus", help="published-runs CSV (default: the bundled corpus)")] = None,
+    source: Annotated[str | None, typer.Option("--source", help="only this source_id")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="only this GPU type (V100, A100, H100, H200)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write a markdown report here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Predict published training runs and compare with what they measured (planner.validation)."""
+    from planner import report as views
+    from planner.validation import validate as run_validation
+    from planner.validation.render import markdown, rich_tables
+
+    result = run_validation(corpus, source=source, gpu=gpu)
+    if out is not None:
+        try:
+            out.write_text(markdown(result))
+        except OSError as exc:
+            raise PlannerError(f"cannot write report {out}: {exc.strerror or exc}") from None
+    if as_json:
+        _print_json(result.to_json())
+        return
+    con = views.console()
+    for table in rich_tables(result):
+        con.print(table)
+    if out is not None:
+        con.print(f"report written to {out}")
+
+
 # -- command modules --
 from planner import cli_app, cli_calibrate, cli_probe, cli_run, cli_sim  # noqa: E402
 

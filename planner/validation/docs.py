@@ -37,7 +37,8 @@ def corpus_section(scatter_path: Path, scatter_link: str) -> tuple[str, float]:
             f"265 measured runs from papers and public benchmark files (README beside the CSV). Every row is predicted "
             f"under exactly the configuration it states (planner/validation/configure.py [Note: what a row states]); "
             f"the whole corpus took {wall_s:.1f} s here (2 shared cores). Presets are the project's unfitted ones "
-            "(issue 24 item 4 fits them).", ""]
+            "(issue 24 item 4 fits them). `planner validate [--corpus FILE] [--source ID] [--gpu TYPE] [--json] "
+            "[--out report.md]` gives the same tables, the JSON rows, or this report for a subset.", ""]
     compare = ["", "### The analytic estimate on the same rows", "",
                "The search's first stage (planner.throughput.estimate), for comparison with the simulator above:", ""]
     compare += _table("GPU", {"all": analytic["all"], **analytic["by_gpu_type"]})
