@@ -30,6 +30,6 @@ if sources:
 setup(
     packages=packages + data_packages,
     package_dir={"planner._data": "data"},
-    package_data={name: ["*.json", "*.yaml"] for name in data_packages},
+    package_data={name: ["*.json", "*.yaml", "*.csv", "*.md"] for name in data_packages},
     ext_modules=ext_modules,
 )

@@ -10,7 +10,7 @@ PUBLISHED = {m["hf_repo"]: m["config"] for m in
 
 
 def planner(*args):
-    proc = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, timeout=300)
     return proc.returncode, proc.stdout, proc.stderr
 
 

@@ -26,6 +26,7 @@ from tierwise.cli import (
     probe,
     run,
     simulate,
+    validate,
 )
 from tierwise.cli.options import one_line_error
 
@@ -36,7 +37,7 @@ app = typer.Typer(
     help="Tierwise: plan, simulate and run heterogeneous-memory ZeRO-3 (ZeRO-Infinity) training.",
 )
 
-VERBS = (fit, memory, max_size, models, hardware, history, dashboard, simulate, probe, run, compare, calibrate)
+VERBS = (fit, memory, max_size, models, hardware, history, dashboard, simulate, probe, run, compare, calibrate, validate)
 """In the order `planner --help` lists them."""
 
 for verb in VERBS:

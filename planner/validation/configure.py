@@ -1,0 +1,229 @@
+"""A corpus row -> the planner's Plan under exactly the configuration the row states, or the reasons
+it cannot be one.
+
+[Note: what a row states] The planner is given what the source states and nothing fitted to the row:
+- shape from the row's columns; GQA, SwiGLU and embedding tying from the model's published config
+  (the project's presets, data/models/) where the row names a Llama or GPT-3; MPT/GPT-style rows are
+  GPT blocks (4h GELU MLP unless `ffn_hidden_size` says otherwise, tied embeddings, multi-head);
+- an unstated value is filled only from what the source itself says elsewhere (SOURCE_DEFAULTS,
+  each with its citation); otherwise the row gets a reason and no prediction;
+- micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
+  unstated micro-batch with a stated global batch means no accumulation (`micro = global / dp`);
+- the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor-parallel degree
+  (planner.plan.Plan: one replica spans `model_parallel_degree` GPUs).
+A reason names the missing planner feature (pipeline parallelism, fp8, selective recompute, a GPU
+with no preset) or the missing statement (batch not stated); such rows count as misses.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from planner.catalog import hardware_presets, model_presets
+from planner.errors import PlannerError
+from planner.hardware import NodeSpec
+from planner.model import ModelSpec
+from planner.plan import STRATEGY_TABLE, Placement, Plan
+from planner.units import GIB
+from planner.validation.corpus import CorpusRow
+
+# GPU family (and stated memory) -> hardware preset. The lower-TDP 94 GB H100 of torchtitan's
+# 405B runs has no preset of its own: it is an H100 SXM with the row's memory (its clocks are lower,
+# so the prediction is optimistic there; docs/validation.md says so).
+HARDWARE_FOR: dict[tuple[str, float | None], str] = {
+    ("V100", None): "dgx2-v100",
+    ("A100", 40): "dgx-a100-40g",
+    ("A100", None): "dgx-a100-80g",
+    ("H100", None): "dgx-h100",
+    ("H200", None): "h200-x1",
+}
+# source_id -> column -> (value, where the source states it). Nothing here is fitted.
+SOURCE_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
+    "llmfoundry_bench": {
+        "tensor_parallel": (1, "every row's note: 'no TP/PP in this benchmark'"),
+        "pipeline_parallel": (1, "every row's note: 'no TP/PP in this benchmark'"),
+    },
+    "narayanan2021_t2": {
+        "seq_len": (2048, "arXiv:2104.04473 Sec. 5: sequence length 2048 for all models"),
+        "vocab_size": (51200, "arXiv:2104.04473 Sec. 5: vocabulary 51,200 for all models"),
+        "activation_recompute": ("full", "Table 2 uses Table 1's FLOP formula, which includes the recompute pass"),
+    },
+}
+_GPT_FAMILY = re.compile(r"^(gpt|mpt|turing|opt)", re.I)
+_LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
+_GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowPlan:
+    """What the planner is asked for one row: a plan and its accumulation, or why there is none."""
+
+    plan: Plan | None
+    grad_accumulation: int = 1
+    """Micro-steps per optimizer step (`global / (micro x data parallel)`)."""
+    reasons: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()
+    """Unstated values filled from the source (SOURCE_DEFAULTS) or the batch rule, for the report."""
+
+
+def row_plan(row: CorpusRow) -> RowPlan:
+    """The plan for `row`, or its reasons (every one found, not just the first)."""
+    reasons: list[str] = []
+    assumptions: list[str] = []
+    value = _stated(row, assumptions)
+    model = _model(row, value, reasons)
+    node = _node(row, reasons)
+    tp, pp = value("tensor_parallel"), value("pipeline_parallel")
+    if tp is None or pp is None:
+        reasons.append("parallel layout not stated (tensor/pipeline degrees)")
+    elif pp > 1:
+        reasons.append(f"pipeline parallelism (PP {pp}): the planner has no pipeline stages")
+    precision = _precision(row.precision, reasons)
+    recompute = value("activation_recompute")
+    if recompute == "selective":
+        reasons.append("selective activation recompute: the planner recomputes whole blocks or nothing")
+    elif not recompute:
+        reasons.append("activation recompute not stated")
+    strategy, placement = _strategy(row, reasons)
+    batch = _batch(row, tp or 1, pp or 1, reasons, assumptions)
+    if reasons or model is None or node is None or batch is None:
+        return RowPlan(plan=None, reasons=tuple(reasons), assumptions=tuple(assumptions))
+    micro, accumulation = batch
+    try:
+        plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
+                    micro_batch_per_gpu=micro / tp, checkpoint_interval=1 if recompute == "full" else 0,
+                    model_parallel_degree=tp, precision=precision)
+    except PlannerError as exc:
+        return RowPlan(plan=None, reasons=(f"the planner refuses the configuration: {exc}",), assumptions=tuple(assumptions))
+    return RowPlan(plan=plan, grad_accumulation=accumulation, assumptions=tuple(assumptions))
+
+
+def _stated(row: CorpusRow, assumptions: list[str]):
+    defaults = SOURCE_DEFAULTS.get(row.source_id, {})
+
+    def value(column: str):
+        stated = getattr(row, column)
+        if stated not in (None, "") or column not in defaults:
+            return stated
+        filled, why = defaults[column]
+        assumptions.append(f"{column} = {filled} ({why})")
+        return filled
+
+    return value
+
+
+def preset_for_name(name: str) -> ModelSpec | None:
+    """The published config a row's `model_name` refers to ("LLAMA3.1_405B" -> llama-3-405b)."""
+    presets = model_presets()
+    for pattern, key in ((_LLAMA, "llama-{}-{}b"), (_GPT3, "gpt3-{}b")):
+        match = pattern.search(name)
+        if match and key.format(*match.groups()).lower() in presets:
+            return presets[key.format(*match.groups()).lower()][0]
+    return None
+
+
+def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
+    preset = preset_for_name(row.model_name)
+    shape = {k: getattr(row, k) for k in ("num_layers", "hidden_size", "num_heads")}
+    seq, vocab = value("seq_len"), value("vocab_size")
+    if preset is not None:
+        fields = {k: v if v is not None else getattr(preset, k) for k, v in shape.items()}
+        fields.update(ffn_hidden_size=row.ffn_hidden_size or preset.ffn_hidden_size, num_kv_heads=preset.num_kv_heads,
+                      gated_mlp=preset.gated_mlp, tied_embeddings=preset.tied_embeddings,
+                      vocab_size=vocab or preset.vocab_size)
+    elif None not in shape.values() and _GPT_FAMILY.match(row.model_name):
+        fields = dict(shape, ffn_hidden_size=row.ffn_hidden_size or 0, vocab_size=vocab or 0, tied_embeddings=True)
+        if vocab is None:
+            reasons.append("vocabulary size not stated")
+    else:
+        reasons.append(f"model shape not stated: {row.model_name!r} has no columns and no preset in data/models")
+        return None
+    if seq is None:
+        reasons.append("sequence length not stated")
+        return None
+    try:
+        return ModelSpec(name=f"{row.model_name} ({row.row_id})", seq_len=seq, **fields)
+    except PlannerError as exc:
+        reasons.append(f"the planner refuses the shape: {exc}")
+        return None
+
+
+def node_for_row(row: CorpusRow) -> NodeSpec | str:
+    """The hardware preset of the row's GPU, or why there is none."""
+    name = HARDWARE_FOR.get((row.gpu_family, row.gpu_memory_gb)) or HARDWARE_FOR.get((row.gpu_family, None))
+    if name is None:
+        return f"no hardware preset for {row.gpu_type}"
+    node = hardware_presets()[name]
+    if row.gpus_per_node is not None and row.num_gpus > node.num_gpus_per_node != row.gpus_per_node:
+        return f"no preset for {row.gpus_per_node}-GPU {row.gpu_family} nodes ({name} has {node.num_gpus_per_node})"
+    if row.gpu_memory_gb is not None and row.gpu_memory_gb * GIB > node.gpu_memory_bytes:
+        node = node.replace(name=f"{name} ({row.gpu_memory_gb:g} GB part)", gpu_memory_bytes=row.gpu_memory_gb * GIB)
+    return node
+
+
+def _node(row: CorpusRow, reasons: list[str]) -> NodeSpec | None:
+    node = node_for_row(row)
+    if isinstance(node, str):
+        reasons.append(node)
+        return None
+    return node
+
+
+def _precision(text: str, reasons: list[str]) -> str:
+    lowered = text.lower()
+    if "fp8" in lowered or "float8" in lowered:
+        reasons.append(f"fp8 compute ({text}): the planner has no fp8 matmul rate")
+    elif "bf16" in lowered:
+        return "bf16"
+    elif "fp16" in lowered or "16-bit" in lowered:
+        return "fp16"
+    elif not lowered:
+        reasons.append("precision not stated")
+    else:
+        reasons.append(f"precision {text!r} not understood")
+    return "bf16"
+
+
+def _strategy(row: CorpusRow, reasons: list[str]) -> tuple[str, Placement]:
+    if row.offload != "none":
+        params_off = row.params_on.startswith(("cpu", "nvme"))
+        tier = row.offload
+        name = {("cpu", True): "zero-inf-cpu", ("nvme", True): "zero-inf-nvme"}.get((tier, params_off), "zero-offload")
+        if name == "zero-offload" and tier == "nvme":
+            reasons.append("optimizer-only NVMe offload with parameters on the GPU: no planner strategy")
+        return name, STRATEGY_TABLE[name].placement
+    name = {"none": "dp", "zero1": "zero2", "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3"}.get(row.sharding)
+    if name is None:  # unstated: only a single replica makes it irrelevant
+        replicas = row.data_parallel or (1 if row.num_gpus == 1 else None)
+        if replicas != 1:
+            reasons.append("data-parallel sharding not stated")
+        name = "dp"
+    return name, STRATEGY_TABLE[name].placement
+
+
+def _batch(row: CorpusRow, tp: int, pp: int, reasons: list[str], assumptions: list[str]) -> tuple[int, int] | None:
+    """(micro-batch per replica, gradient accumulation), from what the row states."""
+    dp = row.data_parallel or row.num_gpus // (tp * pp)
+    if dp * tp * pp != row.num_gpus:
+        rest, left = divmod(row.num_gpus, dp * tp * pp)
+        reasons.append(f"context parallelism (CP {rest}): the planner splits no sequence across GPUs" if not left
+                       else f"GPUs {row.num_gpus} are not TP {tp} x PP {pp} x DP {dp}")
+        return None
+    micro, global_batch = row.micro_batch, row.global_batch
+    if micro is None and global_batch is None:
+        reasons.append("batch not stated")
+        return None
+    if micro is None:
+        if global_batch % dp:
+            reasons.append(f"global batch {global_batch} is not a multiple of data parallel {dp}")
+            return None
+        assumptions.append(f"micro_batch = global {global_batch} / data parallel {dp} (no accumulation stated)")
+        return global_batch // dp, 1
+    if global_batch is None:
+        assumptions.append("no gradient accumulation (global batch not stated)")
+        return micro, 1
+    if global_batch % (micro * dp):
+        reasons.append(f"global batch {global_batch} is not micro {micro} x data parallel {dp} x a whole accumulation")
+        return None
+    return micro, global_batch // (micro * dp)

@@ -1,0 +1,199 @@
+"""`validate`: predict every corpus row with the planner and compare with what it measured.
+
+Each row's plan (configure.row_plan) is predicted by the fast simulator (`planner.sim.fast.predict`),
+the stage whose number `planner fit` reports for a pinned plan. The planner has no gradient
+accumulation, so one optimizer step of `ga` micro-steps is composed from the prediction's phases:
+`ga x (forward + backward) + optimizer` (the backward carries the gradient reduction of every
+micro-step, as FSDP and ZeRO-3 do; plain data parallel reduces once per step, so its reductions are
+counted `ga - 1` times too often where they are not hidden behind compute).
+
+`error = predicted / measured - 1` in the row's own metric (flops.py [Note: FLOP accountings]);
+`error` is null, with a `reason`, for a row the planner cannot express. Offload rows (CPU/NVMe) are
+checks, not calibration: they are summarised apart (`summary.offload_checks`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.plan import Plan
+from planner.sim.fast import predict
+from planner.throughput import estimate
+from planner.validation.configure import RowPlan, node_for_row, row_plan
+from planner.validation.corpus import GPU_TYPES, CorpusRow, load_corpus
+from planner.validation.flops import accounting_for, flops_per_token, from_tokens_per_s
+
+METHODS: dict[str, str] = {
+    "simulated": "simulated (planner.sim.fast.predict, the number `planner fit` reports for a pinned plan)",
+    "analytic": "analytic (planner.throughput.estimate, the search's first stage)",
+}
+PARAMS_AS_STATED = frozenset({"llmfoundry_bench"})
+"""Sources whose `params_b` is their exact 6N count (llm-foundry's includes learned position
+embeddings, which the planner's model lacks); elsewhere it is a rounded size and N is the model's."""
+ROW_KEYS: tuple[str, ...] = ("row_id", "source_id", "gpu_type", "metric", "measured", "predicted", "error", "reason")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowResult:
+    row: CorpusRow
+    metric: str
+    """Which measured column is compared: tokens/s per GPU where the row has it (no FLOP
+    convention needed), else TFLOPS per GPU, else MFU."""
+    measured: float
+    predicted: float | None = None
+    error: float | None = None
+    reason: str | None = None
+    """Why there is no prediction, or (with one) what the memory bill says against the run."""
+    fits: bool | None = None
+    """The memory bill's verdict on a run that trained (None when not predicted)."""
+    bottleneck: str = ""
+    assumptions: tuple[str, ...] = ()
+    tokens_per_s_per_gpu: tuple[float, float] | None = None
+    """(predicted, measured) in tokens/s per GPU: the scatter's common unit."""
+
+    @property
+    def offload(self) -> bool:
+        return self.row.is_offload
+
+    def to_json(self) -> dict[str, Any]:
+        return {"row_id": self.row.row_id, "source_id": self.row.source_id, "gpu_type": self.row.gpu_family,
+                "metric": self.metric, "measured": self.measured, "predicted": self.predicted, "error": self.error,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValidationReport:
+    corpus: str
+    results: tuple[RowResult, ...]
+    method: str = "simulated"
+    filters: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        calibration = [r for r in self.results if not r.offload]
+        return {
+            "method": METHODS[self.method],
+            "corpus": self.corpus,
+            "filters": dict(self.filters),
+            "all": group_summary(calibration),
+            "by_gpu_type": _grouped(calibration, lambda r: r.row.gpu_family),
+            "by_source": _grouped(calibration, lambda r: r.row.source_id),
+            "offload_checks": group_summary([r for r in self.results if r.offload]),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": [r.to_json() for r in self.results], "summary": self.summary()}
+
+
+def validate(corpus_path: str | Path | None = None, *, source: str | None = None, gpu: str | None = None,
+             method: str = "simulated") -> ValidationReport:
+    """Predict the corpus's rows (all, or one source / one GPU type) and compare."""
+    if method not in METHODS:
+        raise PlannerError(f"unknown prediction method {method!r}; use one of {', '.join(METHODS)}")
+    rows = load_corpus(corpus_path)
+    filters: dict[str, str] = {}
+    if source is not None:
+        known = sorted({r.source_id for r in rows})
+        if source not in known:
+            raise PlannerError(f"unknown --source {source!r}; the corpus has {', '.join(known)}")
+        rows, filters["source"] = tuple(r for r in rows if r.source_id == source), source
+    if gpu is not None:
+        family = next((g for g in GPU_TYPES if g.lower() == gpu.strip().lower()), None)
+        present = sorted({r.gpu_family for r in rows})
+        if family is None or family not in present:
+            raise PlannerError(f"unknown --gpu {gpu!r}; the rows have GPU types {', '.join(present)}")
+        rows, filters["gpu"] = tuple(r for r in rows if r.gpu_family == family), family
+    name = str(corpus_path) if corpus_path is not None else "bundled data/validation/published_runs.csv"
+    results = tuple(predict_row(r, method=method) for r in rows)
+    return ValidationReport(corpus=name, results=results, method=method, filters=filters)
+
+
+def measured_metric(row: CorpusRow) -> tuple[str, float]:
+    for metric in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"):
+        value = getattr(row, "measured_mfu" if metric == "mfu" else f"measured_{metric}")
+        if value is not None:
+            return metric, value
+    raise AssertionError(f"{row.row_id}: the loader guarantees a measured value")
+
+
+def predict_row(row: CorpusRow, *, method: str = "simulated") -> RowResult:
+    metric, measured = measured_metric(row)
+    planned = row_plan(row)
+    if planned.plan is None:
+        return RowResult(row=row, metric=metric, measured=measured, reason="; ".join(planned.reasons),
+                         assumptions=planned.assumptions)
+    phase_time_s, fits, why, bottleneck = _predicted(planned.plan, method)
+    tokens = predicted_tokens_per_s_per_gpu(planned, phase_time_s)
+    per_token, peak = _conversion(row, planned)
+    predicted = from_tokens_per_s(tokens, metric, flops_per_token_=per_token, peak_flops_per_s=peak)
+    measured_tokens = measured / from_tokens_per_s(1.0, metric, flops_per_token_=per_token, peak_flops_per_s=peak)
+    memory = None if fits else f"the memory bill refuses this run that trained: {why}"
+    return RowResult(row=row, metric=metric, measured=measured, predicted=predicted, error=predicted / measured - 1,
+                     reason=memory, fits=fits, bottleneck=bottleneck,
+                     assumptions=planned.assumptions, tokens_per_s_per_gpu=(tokens, measured_tokens))
+
+
+def _predicted(plan: Plan, method: str) -> tuple[dict[str, float], bool, str, str]:
+    """(phase times, fits, the bill's reason, bottleneck); timed whether or not the bill fits."""
+    if method == "simulated":
+        p = predict(plan)
+        return p.phase_time_s, p.feasible, p.reason, p.bottleneck
+    from planner.memory import memory_bill
+
+    bill, est = memory_bill(plan), estimate(plan)
+    return est.phase_time_s, bill.fits, bill.reason(), est.bottleneck
+
+
+def predicted_tokens_per_s_per_gpu(planned: RowPlan, phase_time_s: dict[str, float]) -> float:
+    """One optimizer step of `ga` micro-steps: `ga x (forward + backward) + optimizer`."""
+    plan, ga = planned.plan, planned.grad_accumulation
+    assert plan is not None
+    step_s = ga * (phase_time_s["forward"] + phase_time_s["backward"]) + phase_time_s["optimizer"]
+    return ga * plan.tokens_per_iteration / step_s / plan.num_gpus
+
+
+def _conversion(row: CorpusRow, planned: RowPlan) -> tuple[float, float]:
+    """(FLOPs per token, peak FLOP/s) under the row's own accounting and the GPU's datasheet peak."""
+    plan = planned.plan
+    assert plan is not None
+    accounting = accounting_for(row.source_id)
+    params = row.params_b * 1e9 if row.source_id in PARAMS_AS_STATED and row.params_b is not None else None
+    per_token = flops_per_token(plan.model, accounting, full_recompute=plan.checkpoint_interval > 0, num_params=params)
+    node = node_for_row(row)
+    assert not isinstance(node, str)
+    return per_token, node.gpu_nominal_flops_per_s or node.gpu_flops_per_s
+
+
+def group_summary(results: list[RowResult]) -> dict[str, Any]:
+    """Rows, predicted, misses and |error| median / p90 (plus the signed median) of one group."""
+    errors = [r.error for r in results if r.error is not None]
+    absolute = sorted(abs(e) for e in errors)
+    return {
+        "rows": len(results),
+        "predicted": len(errors),
+        "misses": len(results) - len(errors),
+        "refused_by_memory_bill": sum(1 for r in results if r.fits is False),
+        "median_abs_error": statistics.median(absolute) if absolute else None,
+        "p90_abs_error": percentile(absolute, 0.9) if absolute else None,
+        "median_error": statistics.median(errors) if errors else None,
+    }
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on sorted values."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    position = q * (len(sorted_values) - 1)
+    low = int(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (position - low) * (sorted_values[high] - sorted_values[low])
+
+
+def _grouped(results: list[RowResult], key) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[RowResult]] = {}
+    for result in results:
+        groups.setdefault(key(result), []).append(result)
+    return {name: group_summary(members) for name, members in sorted(groups.items())}

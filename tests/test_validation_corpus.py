@@ -1,0 +1,123 @@
+"""The published-runs corpus: bundled, read strictly, no row dropped, bad files refused in one line."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from planner.errors import PlannerError
+from planner.validation.corpus import COLUMNS, MEASURED, default_corpus_path, gpu_family, load_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED = ROOT / "data" / "validation" / "published_runs.csv"
+
+
+def _raw_rows():
+    with BUNDLED.open(encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_bundled_corpus_loads_every_row_in_order():
+    rows = load_corpus()
+    raw = _raw_rows()
+    assert len(rows) == len(raw) == 265
+    assert [r.row_id for r in rows] == [r["row_id"] for r in raw]
+    assert len({r.row_id for r in rows}) == 265
+
+
+def test_every_measured_value_is_read_unchanged():
+    for row, raw in zip(load_corpus(), _raw_rows(), strict=True):
+        for column in MEASURED:
+            expected = float(raw[column]) if raw[column] else None
+            assert getattr(row, column) == expected, (row.row_id, column)
+        assert any(getattr(row, c) is not None for c in MEASURED)
+        assert row.citation == raw["citation"] and row.source_id == raw["source_id"]
+
+
+def test_typed_fields_and_families():
+    rows = {r.row_id: r for r in load_corpus()}
+    p001 = rows["p001"]
+    assert (p001.num_layers, p001.hidden_size, p001.seq_len, p001.num_gpus) == (40, 1536, 1024, 1)
+    assert p001.ffn_hidden_size is None and p001.measured_mfu == 0.3 and p001.gpu_family == "V100"
+    assert rows["p036"].gpu_family == "H100" and rows["p036"].sharding == "fsdp"
+    assert rows["p262"].gpu_family == "RTX 4090" and rows["p262"].is_offload
+    assert sum(r.is_offload for r in rows.values()) == 4
+
+
+def test_the_installed_package_finds_the_corpus():
+    assert Path(str(default_corpus_path())).resolve() == BUNDLED.resolve()
+    setup = (ROOT / "setup.py").read_text()
+    assert '"*.csv"' in setup  # data/validation ships as planner._data.validation
+
+
+def _write(tmp_path, rows, header=None):
+    path = tmp_path / "runs.csv"
+    header = header or list(COLUMNS)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=header, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _refused(path, *fragments):
+    with pytest.raises(PlannerError) as err:
+        load_corpus(path)
+    message = str(err.value)
+    assert "\n" not in message
+    for fragment in (str(path), *fragments):
+        assert fragment in message, message
+    return message
+
+
+def test_missing_column_is_refused(tmp_path):
+    header = [c for c in COLUMNS if c != "micro_batch"]
+    _refused(_write(tmp_path, _raw_rows()[:3], header), "missing column", "micro_batch")
+
+
+def test_bad_number_is_refused(tmp_path):
+    rows = _raw_rows()[:3]
+    rows[1]["measured_tflops_per_gpu"] = "37,05"
+    _refused(_write(tmp_path, rows), "row p002", "measured_tflops_per_gpu", "'37,05'")
+
+
+def test_bad_count_is_refused(tmp_path):
+    rows = _raw_rows()[:3]
+    rows[2]["num_gpus"] = "4.5"
+    _refused(_write(tmp_path, rows), "row p003", "num_gpus", "'4.5'")
+
+
+def test_unknown_gpu_type_is_refused(tmp_path):
+    rows = _raw_rows()[:3]
+    rows[0]["gpu_type"] = "MI300X"
+    _refused(_write(tmp_path, rows), "row p001", "gpu_type", "'MI300X'")
+
+
+def test_unknown_choice_and_missing_measurement_are_refused(tmp_path):
+    rows = _raw_rows()[:2]
+    rows[0]["sharding"] = "zero4"
+    _refused(_write(tmp_path, rows), "row p001", "sharding", "'zero4'")
+    rows = _raw_rows()[:2]
+    for column in MEASURED:
+        rows[1][column] = ""
+    _refused(_write(tmp_path, rows), "row p002", "measured")
+
+
+def test_duplicate_row_and_fraction_over_one_are_refused(tmp_path):
+    rows = _raw_rows()[:2]
+    rows[1]["row_id"] = "p001"
+    _refused(_write(tmp_path, rows), "row p001", "appears twice")
+    rows = _raw_rows()[:2]
+    rows[0]["measured_mfu"] = "30"
+    _refused(_write(tmp_path, rows), "row p001", "measured_mfu", "fraction")
+
+
+def test_unreadable_file_is_refused(tmp_path):
+    _refused(tmp_path / "absent.csv", "cannot read corpus")
+
+
+def test_gpu_family_parsing():
+    assert gpu_family("H100 (SXM, HBM2e ~94-95GB, lower TDP)") == "H100"
+    assert gpu_family("A100") == "A100"
+    with pytest.raises(PlannerError, match="A1000"):
+        gpu_family("A1000")

@@ -1,0 +1,134 @@
+"""`planner.validation.validate`: every row predicted or given a reason, under the configuration it states."""
+
+import pytest
+
+from planner.errors import PlannerError
+from planner.validation.configure import row_plan
+from planner.validation.corpus import load_corpus
+from planner.validation.docs import BEGIN, END, write_docs
+from planner.validation.flops import from_tokens_per_s
+from planner.validation.render import markdown, scatter
+from planner.validation.report import ROW_KEYS, predicted_tokens_per_s_per_gpu, validate
+
+GROUP_KEYS = {"rows", "predicted", "misses", "refused_by_memory_bill", "median_abs_error", "p90_abs_error", "median_error"}
+
+
+@pytest.fixture(scope="module")
+def report():
+    return validate()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r.row_id: r for r in load_corpus()}
+
+
+def test_json_has_exactly_the_contract_keys(report):
+    doc = report.to_json()
+    assert set(doc) == {"rows", "summary"}
+    assert len(doc["rows"]) == 265
+    for row in doc["rows"]:
+        assert tuple(row) == ROW_KEYS
+    summary = doc["summary"]
+    assert {"by_gpu_type", "by_source", "offload_checks", "all"} <= set(summary)
+    for group in [summary["all"], summary["offload_checks"], *summary["by_gpu_type"].values(), *summary["by_source"].values()]:
+        assert set(group) == GROUP_KEYS
+        assert group["rows"] == group["predicted"] + group["misses"]
+
+
+def test_no_row_dropped_and_every_miss_has_a_reason(report, rows):
+    assert [r.row.row_id for r in report.results] == list(rows)
+    for r in report.results:
+        assert (r.error is None) == (r.predicted is None)
+        if r.error is None:
+            assert r.reason, r.row.row_id
+    summary = report.summary()
+    calibration = [r for r in report.results if not r.offload]
+    assert summary["all"]["rows"] == len(calibration) == 261
+    assert summary["offload_checks"]["rows"] == 4
+    assert sum(g["rows"] for g in summary["by_gpu_type"].values()) == 261
+
+
+def test_error_is_predicted_over_measured_minus_one_whatever_the_metric(report):
+    predicted = [r for r in report.results if r.error is not None]
+    assert len(predicted) > 150
+    for r in predicted:
+        assert r.error == pytest.approx(r.predicted / r.measured - 1, rel=1e-12)
+        tokens_predicted, tokens_measured = r.tokens_per_s_per_gpu
+        assert r.error == pytest.approx(tokens_predicted / tokens_measured - 1, rel=1e-9)
+    assert {r.metric for r in predicted} == {"tokens_per_s_per_gpu", "tflops_per_gpu"}
+
+
+def test_predicted_tflops_use_the_rows_own_accounting(report):
+    p001 = next(r for r in report.results if r.row.row_id == "p001")
+    assert p001.metric == "tflops_per_gpu" and p001.measured == 39
+    # Megatron hardware FLOPs (recompute included): 96 l h^2 (1 + s/6h + V/16lh) per token
+    nl, h, s, v = 40, 1536, 1024, 51200
+    per_token = 96 * nl * h**2 * (1 + s / (6 * h) + v / (16 * nl * h))
+    tokens = p001.tokens_per_s_per_gpu[0]
+    assert p001.predicted == pytest.approx(from_tokens_per_s(tokens, "tflops_per_gpu", flops_per_token_=per_token,
+                                                             peak_flops_per_s=1.0))
+
+
+def test_plans_take_exactly_what_the_row_states(rows):
+    p014 = row_plan(rows["p014"])  # GPT 18.4B, TP 8 on 256 A100s, global batch 1024, no micro-batch stated
+    plan = p014.plan
+    assert plan.model_parallel_degree == 8 and plan.data_parallel_degree == 32
+    assert plan.micro_batch_per_gpu == 32 / 8 and p014.grad_accumulation == 1
+    assert plan.checkpoint_interval == 1 and plan.precision == "fp16" and plan.strategy == "dp"
+    assert plan.node.name == "dgx-a100-80g" and any("micro_batch" in a for a in p014.assumptions)
+    p162 = row_plan(rows["p162"])  # MPT-7b on 8 A100-40GB, FSDP, micro 12, global 384
+    assert p162.plan.node.name == "dgx-a100-40g" and p162.plan.strategy == "zero3"
+    assert p162.grad_accumulation == 4 and p162.plan.micro_batch_per_gpu == 12
+    assert p162.plan.model.ffn_hidden_size == 4 * 4096 and p162.plan.model.tied_embeddings
+    p218 = row_plan(rows["p218"]).plan  # Llama 2 70B: GQA and SwiGLU from the published config
+    assert (p218.model.num_kv_heads, p218.model.gated_mlp, p218.model.tied_embeddings) == (8, True, False)
+    assert p218.model.seq_len == 4096 and p218.model.vocab_size == 32000
+
+
+def test_gradient_accumulation_repeats_forward_and_backward_only(rows):
+    planned = row_plan(rows["p162"])
+    phases = {"forward": 1.0, "backward": 2.0, "optimizer": 0.5}
+    plan = planned.plan
+    expected = 4 * plan.tokens_per_iteration / (4 * 3.0 + 0.5) / plan.num_gpus
+    assert predicted_tokens_per_s_per_gpu(planned, phases) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("row_id, fragment", [
+    ("p015", "pipeline parallelism"), ("p222", "fp8"), ("p211", "selective activation recompute"),
+    ("p240", "context parallelism"), ("p262", "no hardware preset for RTX 4090"), ("p209", "H200"),
+    ("p009", "batch not stated"), ("p263", "model shape not stated"),
+])
+def test_rows_the_planner_cannot_express_name_the_missing_feature(report, row_id, fragment):
+    r = next(r for r in report.results if r.row.row_id == row_id)
+    assert r.error is None and r.predicted is None and fragment in r.reason
+
+
+def test_filters_and_unknown_filters(report):
+    a100 = validate(gpu="a100")
+    assert {r.row.gpu_family for r in a100.results} == {"A100"} and a100.summary()["filters"] == {"gpu": "A100"}
+    titan = validate(source="torchtitan_perfmd_2408", method="analytic")
+    assert {r.row.source_id for r in titan.results} == {"torchtitan_perfmd_2408"} and len(titan.results) == 11
+    for kwargs, fragment in (({"source": "mlperf"}, "unknown --source 'mlperf'"), ({"gpu": "MI300X"}, "unknown --gpu 'MI300X'"),
+                             ({"source": "megatron2019", "gpu": "A100"}, "unknown --gpu 'A100'"),
+                             ({"method": "exact"}, "unknown prediction method 'exact'")):
+        with pytest.raises(PlannerError) as err:
+            validate(**kwargs)
+        assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_markdown_scatter_and_docs_section(report, tmp_path):
+    text = markdown(report, scatter="s.png")
+    assert "### Per GPU type" in text and "### Worst 10 predicted rows" in text and "![" in text
+    assert text.count("| p0") + text.count("| p1") + text.count("| p2") >= 265
+    png = scatter(report, tmp_path / "s.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    docs = tmp_path / "validation.md"
+    docs.write_text("# paper part\n\n" + BEGIN + "\nold\n" + END + "\n\n## Diagnosis by hand\n")
+    write_docs(docs, tmp_path / "validation-scatter.png")
+    text = docs.read_text()
+    assert text.startswith("# paper part\n") and text.endswith("## Diagnosis by hand\n") and "\nold\n" not in text
+    assert text.count(BEGIN) == 1 and "## Published training runs" in text
+    docs.write_text("# paper part only, as planner.sim.validation writes it\n")
+    write_docs(docs, tmp_path / "validation-scatter.png")
+    assert docs.read_text().count(END) == 1
