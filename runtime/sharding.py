@@ -64,15 +64,17 @@ from torch import nn
 
 from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
 from planner.plan import Plan
+from planner.units import round_up_4kib
 from runtime.checkpointing import CHECKPOINT_STORES, Segment, apply_checkpointing, find_blocks
 from runtime.collectives import Comm, Reduced, make_comm
 from runtime.flat_param import FlatLayout, flatten_shard
 from runtime.group import ParamUnit, UnitGradient, UnitState
 from runtime.ledger import MemoryLedger
-from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
+from runtime.plan_io import RuntimeConfig, local_world_size, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
-from runtime.stores import CopyEngine, ShardStore, make_store
+from runtime.stores import CopyEngine, ShardStore
+from runtime.tiers import make_store
 from runtime.tiling import apply_tiling
 
 MAX_REDUCES_IN_FLIGHT = 1
@@ -550,7 +552,7 @@ def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
     place = config.placement
     if "nvme" not in (place.params, place.gradients, place.optimizer_states):
         return None
-    from runtime.nvme_store import NvmeSpace, local_world_size, round_up  # also registers NvmeStore
+    from runtime.nvme.store import NvmeSpace
 
     numels, seen = [], set()
     for m in module.modules():
@@ -560,7 +562,7 @@ def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
             numels.append(FlatLayout.of(own, comm.world_size).shard_numel)
 
     def shards(element_bytes: int, copies: int) -> int:
-        return copies * sum(round_up(n * element_bytes) for n in numels)
+        return copies * sum(round_up_4kib(n * element_bytes) for n in numels)
 
     compute_bytes = torch.empty(0, dtype=config.compute_dtype).element_size()
     optimizer_copies = 2 + (0 if master_shared else 1)  # Adam momentum and variance, the fp32 master

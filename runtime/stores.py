@@ -1,7 +1,7 @@
 """Where a shard lives: one interface, one type per memory tier (the Infinity offload engine).
 
-A plan's placement picks a store *type* per state (`DeviceStore` for `gpu`, `HostStore` for `cpu`;
-the NVMe tier adds `NvmeStore` behind the same interface). Callers never check a placement flag:
+A plan's placement picks a store *type* per state (`DeviceStore` for `gpu`, `HostStore` for `cpu`,
+`runtime.nvme.store.NvmeStore` for `nvme`; runtime/tiers.py maps each tier to its type). Callers never check a placement flag:
 they `read` a shard to the compute device, `accumulate` a device tensor into a shard, `write` one
 back, and get a `Pending` they `wait()` on when they need the data.
 
@@ -249,15 +249,3 @@ class _CastPending(Pending):
 
     def wait(self) -> torch.Tensor:
         return self._inner.wait().to(self._dtype)
-
-
-STORE_TYPES: dict[str, type[ShardStore]] = {"gpu": DeviceStore, "cpu": HostStore}
-"""Placement tier -> store type. The NVMe tier registers `NvmeStore` here."""
-
-
-def make_store(tier: str, *, term: str, ledger: MemoryLedger, copier: CopyEngine, name: str = "",
-               swap=None) -> ShardStore:  # noqa: ANN001 - runtime.nvme_store.NvmeSpace, imported lazily
-    """A store of `tier` for model state `name`; `swap` is the rank's NVMe space (nvme tier only)."""
-    if tier not in STORE_TYPES:
-        raise ValueError(f"placement {name or term}={tier} is not supported by this runtime; use gpu, cpu or nvme")
-    return STORE_TYPES[tier](term=term, ledger=ledger, copier=copier, name=name, swap=swap)

@@ -69,25 +69,13 @@ from typing import Any
 
 import torch
 
+from planner.memory import OPTIMIZER_CHUNK_REGIONS as REGIONS
+from planner.memory import optimizer_chunk_numel
 from runtime.group import UnitGradient
 from runtime.nvme import AlignedBuffer, BufferPool
 from runtime.nvme.pinning import TorchCudaPinHook
-from runtime.nvme_store import NvmeStore
+from runtime.nvme.store import NvmeStore
 from runtime.stores import Pending, ShardStore
-
-REGIONS = 4
-"""master, exp_avg, exp_avg_sq, grad."""
-ALIGN_NUMEL = 1024
-"""fp32 elements per 4 KiB: chunk boundaries at multiples of this keep direct I/O aligned."""
-
-
-def chunk_numel_for(chunk_bytes: int) -> int:
-    """Elements per chunk so that the four fp32 regions fit one buffer of `chunk_bytes`."""
-    numel = chunk_bytes // (REGIONS * 4)
-    if numel >= ALIGN_NUMEL:
-        numel -= numel % ALIGN_NUMEL
-    assert numel > 0, chunk_bytes
-    return numel
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +93,7 @@ class StreamedAdamW:
         self.state = state
         self.keys = keys
         plan = state.plan
-        self.chunk_numel = chunk_numel_for(plan.optimizer_chunk_bytes)
+        self.chunk_numel = optimizer_chunk_numel(plan.optimizer_chunk_bytes)
         # Pinned on CUDA: the in-backward update copies each gradient chunk off the GPU into its buffer.
         pin_hook = TorchCudaPinHook() if state.config.device.type == "cuda" else None
         self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel, num_buffers=plan.num_optimizer_buffers,

@@ -78,8 +78,9 @@ def test_one_rank_prefetch_never_waits_for_a_read(tmp_path: Path, monkeypatch: p
     wants to gather it (forced here), operator i's use never waits for operator i+1's read, and
     training is still bitwise that in host memory (checkpointed too, where units are gathered for
     recompute and backward)."""
-    from runtime import group, nvme_store, stores
+    from runtime import group, stores
     from runtime.nvme import engine
+    from runtime.nvme import store as nvme_store
 
     monkeypatch.setattr(stores.Pending, "ready", lambda self: False)
     monkeypatch.setattr(nvme_store._ThenPending, "ready", lambda self: False)

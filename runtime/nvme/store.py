@@ -27,7 +27,6 @@ finished, because a prefetch nobody waited for must not land in freed memory.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections import deque
 from typing import ClassVar
@@ -35,6 +34,7 @@ from typing import ClassVar
 import torch
 
 from planner.memory import WRITE_STAGING_BUFFERS
+from planner.units import round_up_4kib
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.nvme import (
     AlignedBuffer,
@@ -46,17 +46,12 @@ from runtime.nvme import (
     SwapStore,
     find_stale_swap_dirs,
 )
-from runtime.nvme.config import DIRECT_ALIGNMENT_BYTES
 from runtime.nvme.extents import Extent
-from runtime.stores import STORE_TYPES, CopyEngine, Pending, ShardStore
+from runtime.stores import CopyEngine, Pending, ShardStore
 
 STAGING_TERMS = {"params": "param_swap_buffers", "gradients": "gradient_swap_buffers",
                  "optimizer_states": "optimizer_swap_buffers"}
 """Host-tier ledger term of each state's write staging (the memory model's names)."""
-
-
-def round_up(nbytes_: int) -> int:
-    return -(-nbytes_ // DIRECT_ALIGNMENT_BYTES) * DIRECT_ALIGNMENT_BYTES
 
 
 def aligned_empty(numel: int, dtype: torch.dtype, recycler: BufferRecycler | None = None) -> torch.Tensor:
@@ -79,7 +74,7 @@ class NvmeSpace:
     def __init__(self, nvme_path: str, *, rank: int, capacity_bytes: dict[str, int], node_needed_bytes: int,
                  block_size_bytes: int, read_buffers: int = 2,
                  gradient_write_buffers: int = WRITE_STAGING_BUFFERS) -> None:
-        self.capacity_bytes = {name: round_up(b) for name, b in capacity_bytes.items()}
+        self.capacity_bytes = {name: round_up_4kib(b) for name, b in capacity_bytes.items()}
         _remove_stale(nvme_path)
         self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
         self.engine = IOEngine(EngineConfig(block_size_bytes=block_size_bytes))
@@ -97,7 +92,7 @@ class NvmeSpace:
 
     def hold_reads_of(self, shard_bytes: int) -> None:
         """A shard of `shard_bytes` exists: let the recycler keep `read_buffers` of it."""
-        self.recycler.max_held_bytes = max(self.recycler.max_held_bytes, self.read_buffers * round_up(shard_bytes))
+        self.recycler.max_held_bytes = max(self.recycler.max_held_bytes, self.read_buffers * round_up_4kib(shard_bytes))
 
     def swap_file(self, name: str) -> SwapStore:
         if name not in self._files:
@@ -130,10 +125,6 @@ def _remove_stale(nvme_path: str) -> None:
             if not entry.path.exists():
                 warnings.warn(f"removed stale swap directory {entry.path} ({entry.nbytes} bytes) of a crashed run "
                               f"(owner pid {entry.pid} is gone)", StaleSwapWarning, stacklevel=3)
-
-
-def local_world_size() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 class NvmeStore(ShardStore):
@@ -171,7 +162,7 @@ class NvmeStore(ShardStore):
         assert key not in self._extents, f"shard {key} already exists in the nvme store"
         size = numel * torch.empty(0, dtype=dtype).element_size()
         self._extents[key] = (self.file.allocate(size), dtype, numel)
-        self.largest_write_bytes = max(self.largest_write_bytes, round_up(size))
+        self.largest_write_bytes = max(self.largest_write_bytes, round_up_4kib(size))
         self._hold_reads_of(size)
         self.ledger.add(self.tier, self.term, size)
         return None
@@ -301,7 +292,7 @@ class NvmeStore(ShardStore):
             old = self._free_staging.pop()
             self.ledger.sub("cpu", self._staging_term, old.capacity_bytes)
             old.close()
-        buffer = AlignedBuffer(round_up(capacity))
+        buffer = AlignedBuffer(round_up_4kib(capacity))
         self.ledger.add("cpu", self._staging_term, buffer.capacity_bytes)
         return buffer
 
@@ -343,6 +334,3 @@ class _ThenPending(Pending):
         staged = torch.empty(self._host.shape, dtype=self._host.dtype, device=self._device)
         event = self._copier.copy(staged, self._host, "h2d")
         return Pending(staged, event).wait().to(self._dtype)
-
-
-STORE_TYPES["nvme"] = NvmeStore
