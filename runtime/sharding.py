@@ -73,7 +73,7 @@ from runtime.ledger import MemoryLedger
 from runtime.plan_io import RuntimeConfig, local_world_size, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
-from runtime.stores import CopyEngine, ShardStore
+from runtime.stores import CopyEngine, ShardKey, ShardStore, StateKey, UnitKey
 from runtime.tiers import make_store
 from runtime.tiling import apply_tiling
 
@@ -121,9 +121,9 @@ class ShardedModel:
         """None when each unit's gradient goes straight into the in-backward update (`unit_gradient_ready`)."""
         self.optimizer_store = self._store(place.optimizer_states, "optimizer_states", "optimizer_states")
         self.units: list[ParamUnit] = []
-        self.masters: dict[str, torch.Tensor | None] = {}
+        self.masters: dict[UnitKey, torch.Tensor | None] = {}
         """fp32 master shard per unit when it is resident in memory (the param shard itself when it can be)."""
-        self.master_at: dict[str, tuple[ShardStore, str]] = {}
+        self.master_at: dict[UnitKey, tuple[ShardStore, ShardKey]] = {}
         """(store, key) of each unit's fp32 master shard, wherever it lives."""
         self.segments: list[Segment] = []
         self.segment_of_unit: dict[int, Segment] = {}
@@ -510,13 +510,13 @@ def _materialise(module: nn.Module, own: list[tuple[str, nn.Parameter]], referen
 def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> ParamUnit:
     config, comm = state.config, state.comm
     layout = FlatLayout.of(params, comm.world_size)
-    key = f"{len(state.units)}:{name}"
+    key = UnitKey(len(state.units), name)
     shard = state.param_store.create(key, layout.shard_numel, config.compute_dtype)
     with torch.no_grad():
         if state.master_shares_param_shard:
             master_store, master_key, master = state.param_store, key, shard
         else:
-            master_store, master_key = state.optimizer_store, f"master:{key}"
+            master_store, master_key = state.optimizer_store, StateKey("master", key)
             master = master_store.create(master_key, layout.shard_numel, torch.float32)
         # Stores that keep shards in memory return them from `create`; an NVMe store is written to.
         values = master if master is not None else torch.zeros(layout.shard_numel, dtype=torch.float32,
