@@ -65,7 +65,6 @@ from torch import nn
 from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
 from planner.plan import Plan
 from planner.units import round_up_4kib
-from runtime.checkpointing import CHECKPOINT_STORES, Segment, apply_checkpointing, find_blocks
 from runtime.collectives import Comm, Reduced, make_comm
 from runtime.flat_param import FlatLayout, flatten_shard
 from runtime.group import ParamUnit, UnitGradient, UnitState
@@ -73,6 +72,7 @@ from runtime.ledger import MemoryLedger
 from runtime.plan_io import RuntimeConfig, local_world_size, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
+from runtime.recompute import ACTIVATION_CHECKPOINT_STORES, RecomputeSegment, apply_recompute, find_blocks
 from runtime.stores import CopyEngine, ShardKey, ShardStore, StateKey, UnitKey
 from runtime.tiers import make_store
 from runtime.tiling import apply_tiling
@@ -125,8 +125,8 @@ class ShardedModel:
         """fp32 master shard per unit when it is resident in memory (the param shard itself when it can be)."""
         self.master_at: dict[UnitKey, tuple[ShardStore, ShardKey]] = {}
         """(store, key) of each unit's fp32 master shard, wherever it lives."""
-        self.segments: list[Segment] = []
-        self.segment_of_unit: dict[int, Segment] = {}
+        self.segments: list[RecomputeSegment] = []
+        self.segment_of_unit: dict[int, RecomputeSegment] = {}
         """Unit index -> the checkpointed segment whose blocks use it."""
         self.prefetcher: Prefetcher | None = None
         self.phase = StepPhase.IDLE
@@ -450,8 +450,8 @@ def shard(
         hf_config = getattr(model, "config", None)
         if getattr(hf_config, "use_cache", False):
             hf_config.use_cache = False
-        store = CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
-        state.segments = apply_checkpointing(blocks, config.checkpoint_interval, store)
+        store = ACTIVATION_CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
+        state.segments = apply_recompute(blocks, config.checkpoint_interval, store)
         units_of = {id(module): indices for module, indices in module_units}
         state.segment_of_unit = {i: seg for seg in state.segments for block in seg.blocks
                                  for module in block.modules() for i in units_of.get(id(module), ())}
