@@ -28,12 +28,8 @@ from pathlib import Path
 
 import torch
 
+from planner.units import GB, GIB, MIB, TFLOP
 from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, SwapStore
-
-GIB = 1024**3
-MIB = 1024**2
-GB = 1e9
-TFLOP = 1e12
 
 Log = Callable[[str], None]
 
