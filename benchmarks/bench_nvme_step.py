@@ -67,6 +67,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_runtime import BATCH, BLOCKS, FFN, HIDDEN, TOKENS, build_model, deepspeed_step, ours_step  # noqa: E402
 from bench_runtime import plan_doc as cpu_plan_doc  # noqa: E402
 
+from planner.phase_budget import phase_budget  # noqa: E402
+
 CONFIGS = {"io-bound": (1, 16), "design": (BATCH, TOKENS)}
 """name -> (batch, tokens per sample)."""
 OPTIMIZER_CHUNK_BYTES, OPTIMIZER_BUFFERS = 72 * 1024**2, 6
@@ -272,49 +274,6 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(ordered), "min": ordered[0], "q1": quart[0], "q3": quart[2], "max": ordered[-1]}
 
 
-PHASE_BYTES = {
-    "after_backward": {"forward": lambda p, k: (p, 0), "backward": lambda p, k: (k, p),
-                       "optimizer": lambda p, k: (4 * p, 3 * p)},
-    "in_backward": {"forward": lambda p, k: (p, 0), "backward + optimizer": lambda p, k: (k + 3 * p, 3 * p)},
-}
-"""Per optimizer step schedule: phase -> (bytes read, bytes written) from P and K (`phase_budget`)."""
-
-
-def schedule_bytes(optimizer_step: str, read_bytes: int, write_bytes: int) -> tuple[float, float]:
-    """P (parameter bytes on NVMe) and K (parameter bytes the backward reads) from a step's measured
-    bytes. After backward the step writes 4P (gradients, master, Adam's two states) and reads 5P + K
-    (forward P, backward K, the optimizer 4P: the gradient too); in backward it writes 3P and reads
-    4P + K (no gradient goes to NVMe: [Note: the optimizer step in backward])."""
-    writes_per_p, reads_per_p = {"after_backward": (4, 5), "in_backward": (3, 4)}[optimizer_step]
-    p = write_bytes / writes_per_p
-    k = read_bytes - reads_per_p * p
-    assert 0 <= k <= p, (optimizer_step, read_bytes, write_bytes)  # the schedule above
-    return p, k
-
-
-def phase_budget(runs: list[dict], system: str = "ours-nvme") -> dict[str, dict[str, float]]:
-    """Each phase of our step against the ideal disk time of its bytes at the adjacent probe's
-    bandwidths (medians over the measured steps). Per parameter byte P on NVMe the schedule moves:
-    forward reads P; after backward, the backward reads K <= P (the forward's tail stays gathered
-    for the backward's head: runtime/prefetch.py, [Note: the forward's tail is the backward's head])
-    and writes P, and the optimizer reads 4P and writes 3P (docs/nvme.md, [Note: NVMe step
-    schedule]); in backward, the backward reads K + 3P and writes 3P, and the optimizer phase is the
-    tail of those writes, so the two are one row. P and K come from the step's measured bytes."""
-    optimizer_step = NVME_SYSTEMS[system]
-    out: dict[str, dict[str, float]] = {}
-    for phase, moved in PHASE_BYTES[optimizer_step].items():
-        measured, ideal = [], []
-        for run in runs:
-            for (read_bytes, write_bytes), phases, adj in zip(run["io_bytes"][system], run["phase_time_s"][system],
-                                                               run["adjacent_rooflines"][system], strict=True):
-                reads, writes = moved(*schedule_bytes(optimizer_step, read_bytes, write_bytes))
-                measured.append(sum(phases[p] for p in phase.split(" + ")))
-                ideal.append(reads / adj["read_bytes_per_s"] + writes / adj["write_bytes_per_s"])
-        out[phase] = {"median_s": statistics.median(measured), "ideal_disk_s": statistics.median(ideal),
-                      "median_ratio": statistics.median(m / i for m, i in zip(measured, ideal, strict=True))}
-    return out
-
-
 def summarise(runs: list[dict], systems: list[str], roofline_s: dict[str, float]) -> tuple[dict, dict, dict]:
     """Per-system step times, the ratios (per NVMe system of ours: to its adjacent and whole-run
     rooflines, to the compute alone and to DeepSpeed), and each NVMe system's per-step spread and
@@ -348,7 +307,7 @@ def summarise(runs: list[dict], systems: list[str], roofline_s: dict[str, float]
             "adjacent_roofline_s": [a["roofline_s"] for r in runs for a in r["adjacent_rooflines"][name]],
             "adjacent_read_gb_per_s": [a["read_bytes_per_s"] / 1e9 for r in runs for a in r["adjacent_rooflines"][name]],
             "adjacent_write_gb_per_s": [a["write_bytes_per_s"] / 1e9 for r in runs for a in r["adjacent_rooflines"][name]],
-            "phases": phase_budget(runs, name)}
+            "phases": phase_budget(runs, name, NVME_SYSTEMS[name])}
     if "ours-nvme" in summary and "ours-nvme-ib" in summary:
         ratios["ours-nvme-ib / ours-nvme step time (median of paired ratios)"] = statistics.median(
             paired("ours-nvme-ib", "ours-nvme"))

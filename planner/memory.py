@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 from planner.plan import MODEL_STATES, TIERS, Plan
+from planner.units import round_up_4kib
 
 # bytes per parameter of each model state as eq. 2 writes them (2 + 2 + 16 = 20 for mixed precision,
 # where the optimizer's 16 are the fp32 master weights, momentum, variance and the fp32 gradient
@@ -287,7 +288,7 @@ def memory_bill(plan: Plan) -> MemoryBill:
         gpu["logits"] = logit_elems * (ACTIVATION_BYTES + LOGIT_GRAD_BYTES)
     gpu["allocator_slack"] = ALLOCATOR_SLACK_FRACTION * sum(gpu.get(t, 0) for t in _TRANSIENT_GPU_TERMS)
 
-    # NVMe staging of the largest shard per state (runtime/nvme_store.py).
+    # NVMe staging of the largest shard per state (runtime/nvme/store.py).
     unit_shard = largest_unit_params(plan) / dp
     if place.params == "nvme" and "params" in plan.partitioned and depth >= 2:
         # Shards read ahead of operator i+1 (i+2, and i+3 at depth 3) wait here (runtime/group.py).
@@ -344,12 +345,12 @@ def runtime_buffer_peak_bytes(bill: MemoryBill) -> dict[str, int]:
 
 
 WRITE_STAGING_BUFFERS = 2
-"""Write staging buffers an NVMe store keeps by default (runtime/nvme_store.py): a double buffer."""
+"""Write staging buffers an NVMe store keeps by default (runtime/nvme/store.py): a double buffer."""
 
 
 def gradient_write_buffers(prefetch_depth: int, *, params_on_nvme: bool) -> int:
     """How many gradient shards a rank stages on their way to NVMe at once (`gradient_swap_buffers`;
-    runtime/nvme_store.py). [Note: gradient write buffers] A gradient's write queues on the drive
+    runtime/nvme/store.py). [Note: gradient write buffers] A gradient's write queues on the drive
     behind the parameter reads submitted before it, which with parameters on NVMe are those of up
     to min(depth, 3) operators ahead; with fewer buffers than those plus the one being filled,
     backward waits for a buffer while the drive is busy and the drive then idles while backward
@@ -359,18 +360,30 @@ def gradient_write_buffers(prefetch_depth: int, *, params_on_nvme: bool) -> int:
     return max(WRITE_STAGING_BUFFERS, min(prefetch_depth, 3) + 1) if params_on_nvme else WRITE_STAGING_BUFFERS
 
 
+OPTIMIZER_CHUNK_REGIONS = 4
+"""fp32 regions of a streamed optimizer chunk buffer: master, exp_avg, exp_avg_sq, gradient."""
+CHUNK_ALIGN_NUMEL = 1024
+"""fp32 elements per 4 KiB: chunk boundaries at multiples of this keep direct I/O aligned."""
+
+
+def optimizer_chunk_numel(chunk_bytes: int) -> int:
+    """Elements per streamed optimizer chunk: the four fp32 regions fit one buffer of `chunk_bytes`,
+    a multiple of 1024 (4 KiB alignment) where it is at least that."""
+    numel = chunk_bytes // (OPTIMIZER_CHUNK_REGIONS * 4)
+    if numel >= CHUNK_ALIGN_NUMEL:
+        numel -= numel % CHUNK_ALIGN_NUMEL
+    return numel
+
+
 def optimizer_chunk_buffer_bytes(plan: Plan) -> int:
     """One buffer of the streamed optimizer: four fp32 regions (master, momentum, variance,
-    gradient) of `chunk_numel` elements each, `chunk_numel` a multiple of 1024 (4 KiB alignment)."""
-    numel = plan.optimizer_chunk_bytes // 16
-    if numel >= 1024:
-        numel -= numel % 1024
-    return 16 * numel
+    gradient) of `optimizer_chunk_numel` elements each."""
+    return OPTIMIZER_CHUNK_REGIONS * 4 * optimizer_chunk_numel(plan.optimizer_chunk_bytes)
 
 
 def _aligned(nbytes: float) -> int:
     """Direct I/O rounds every staged write up to 4 KiB."""
-    return -(-math.ceil(nbytes) // 4096) * 4096
+    return round_up_4kib(math.ceil(nbytes))
 
 
 def min_tiling_factor(plan: Plan) -> int:

@@ -14,5 +14,15 @@ TB = 10**12
 
 TFLOP = 10**12
 
+PAGE_BYTES = 4 * KIB
+"""Direct I/O's alignment: O_DIRECT needs file offsets, sizes and memory addresses aligned to the
+logical block size, and 4 KiB covers every current NVMe/ext4/xfs setup (512-byte devices accept it
+too). Swap extents, staging buffers and the bill's NVMe staging are whole multiples of it."""
+
+
+def round_up_4kib(nbytes: int) -> int:
+    """`nbytes` rounded up to a whole number of 4 KiB pages (`PAGE_BYTES`)."""
+    return -(-nbytes // PAGE_BYTES) * PAGE_BYTES
+
 # Decimal suffixes of parameter counts in size shorthands ("1T", "175B", "1.4B").
 PARAM_SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}

@@ -101,9 +101,10 @@ class AdamW:
         optimizer has not allocated yet (torch creates them lazily on the first step)."""
         if self._streamed is not None:
             return self.checkpoint_tensors()
+        master_by_name = {str(k): m for k, m in self._master_of.items()}  # names carry str(UnitKey)
         for name in names:
             parts = name.split("/")
-            master = self._master_of.get(parts[1]) if len(parts) == 3 and parts[0] == "adam" else None
+            master = master_by_name.get(parts[1]) if len(parts) == 3 and parts[0] == "adam" else None
             what = parts[-1]
             if master is None or what not in ("exp_avg", "exp_avg_sq", "step"):
                 continue  # the loader reports names that match nothing

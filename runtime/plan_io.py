@@ -51,10 +51,6 @@ class RuntimeConfig:
     def compute_dtype(self) -> torch.dtype:
         return COMPUTE_DTYPES[self.precision]
 
-    @property
-    def offload_checkpoints(self) -> bool:
-        return self.placement.activation_checkpoints != "gpu"
-
 
 def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
     if isinstance(plan, Plan):
@@ -112,6 +108,11 @@ def compute_device() -> torch.device:
     return torch.device("cpu")
 
 
+def local_world_size() -> int:
+    """Ranks on this node (torchrun's `LOCAL_WORLD_SIZE`; 1 when run without it)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def check_memory(plan: Plan) -> None:
     """Refuse a plan whose memory bill does not fit what this machine has free right now: GPU memory,
     and host memory within every limit that would otherwise end the run halfway (see
@@ -120,7 +121,7 @@ def check_memory(plan: Plan) -> None:
         from planner.memory import memory_bill
     except ImportError:  # the memory model is not part of this build
         return
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local_ranks = local_world_size()
     bill = memory_bill(plan)
     peak = bill.peak_bytes
     if torch.cuda.is_available():
@@ -130,8 +131,8 @@ def check_memory(plan: Plan) -> None:
         host_need = peak["cpu"]
     else:
         # Without CUDA the compute device is host memory: every rank's `gpu` tier lives there too.
-        host_need = peak["cpu"] + peak["gpu"] * local_world_size
-    for limit in host_memory_limits(local_world_size):
+        host_need = peak["cpu"] + peak["gpu"] * local_ranks
+    for limit in host_memory_limits(local_ranks):
         if host_need > limit.bytes_:
             raise PlanNotExecutable(
                 f"the plan needs {host_need / GIB:.2f} GiB of host memory on this node but {limit.what} allows "

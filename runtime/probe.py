@@ -28,12 +28,8 @@ from pathlib import Path
 
 import torch
 
+from planner.units import GB, GIB, MIB, TFLOP
 from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, SwapStore
-
-GIB = 1024**3
-MIB = 1024**2
-GB = 1e9
-TFLOP = 1e12
 
 Log = Callable[[str], None]
 
@@ -299,6 +295,15 @@ def _memory_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+@dataclass(slots=True)
+class _Findings:
+    """What `probe_node` measured so far: spec fields, where each came from, and the notes."""
+
+    doc: dict
+    sources: dict[str, str]
+    notes: list[str]
+
+
 def probe_node(
     *,
     nvme_path: str | os.PathLike[str],
@@ -312,9 +317,30 @@ def probe_node(
     host = socket.gethostname()
     cores = os.cpu_count() or 1
     memory = _memory_bytes()
-    sources: dict[str, str] = {}
-    notes: list[str] = []
+    found, host_memory = _probe_host(nvme_path, nvme_test_bytes, engine_config, memory=memory, log=log)
+    if torch.cuda.is_available():
+        compute, description = _probe_cuda_device(found, host=host, cores=cores, log=log)
+    else:
+        compute, description = _probe_cpu_device(found, host=host, cores=cores, memory=memory,
+                                                 host_memory=host_memory, log=log)
+    found.doc["gpu_peak_tflops"] = compute.flops_per_s / TFLOP
+    found.sources["gpu_peak_tflops"] = "measured"
+    found.notes.append(_compute_note(compute))
+    spec = {
+        "name": name or f"probed-{host}",
+        "description": description,
+        **found.doc,
+        "sources": found.sources,
+        "notes": " ".join(found.notes),
+    }
+    return spec, PRECISION_OF_DTYPE[compute.dtype]
 
+
+def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_config: EngineConfig | None, *,
+                memory: int, log: Log) -> tuple[_Findings, float]:
+    """The host's side, whatever the compute device: NVMe, host memory bandwidth and CPU AdamW; also
+    returns the host memory bandwidth (bytes/s)."""
+    notes: list[str] = []
     log(f"NVMe: writing and reading {nvme_test_bytes / GIB:g} GiB with O_DIRECT under {nvme_path}")
     nvme = measure_nvme(nvme_path, test_bytes=nvme_test_bytes, config=engine_config)
     nvme_source = "measured" if nvme.direct else "estimate"
@@ -332,7 +358,6 @@ def probe_node(
         f"Host memory: 256 MiB tensor copy, bytes read + written. CPU AdamW: torch {torch.__version__} "
         f"AdamW(fused=True), 16 Mi fp32 params, {torch.get_num_threads()} threads."
     )
-
     doc: dict = {
         "cpu_memory_gib": memory / GIB,
         "nvme_capacity_gib": nvme.free_bytes / GIB,
@@ -342,7 +367,7 @@ def probe_node(
         "nvme_read_write": nvme.read_write,
         "cpu_adam_gparams_per_s": adam / 1e9,
     }
-    sources.update(
+    sources = dict(
         cpu_memory_gib="measured",
         nvme_capacity_gib="measured",
         host_memory_gb_per_s="measured",
@@ -350,86 +375,95 @@ def probe_node(
         nvme_write_gb_per_s=nvme_source,
         cpu_adam_gparams_per_s="measured",
     )
+    return _Findings(doc, sources, notes), host_memory
 
-    if torch.cuda.is_available():
-        device = torch.device("cuda", 0)
-        properties = torch.cuda.get_device_properties(device)
-        num_gpus = torch.cuda.device_count()
-        log(f"{properties.name}: block matmuls, host links")
-        compute = measure_block_matmul(device, (torch.bfloat16,), hidden=8192, tokens=8192)
-        links = measure_cuda_links(device)
-        doc.update(
-            num_gpus_per_node=num_gpus,
-            gpu_memory_gib=properties.total_memory / GIB,
-            gpu_hbm_gb_per_s=links.device_memory_bytes_per_s / GB,
-            host_to_gpu_gb_per_s=links.host_to_device_bytes_per_s / GB,
-            gpu_to_host_gb_per_s=links.device_to_host_bytes_per_s / GB,
-        )
-        description = f"{num_gpus} x {properties.name} on {host} ({cpu_model()}, {cores} cores), measured by planner probe"
-        notes.append(
-            "GPU: pinned 512 MiB host<->device copies (one GPU alone); device memory copy counts bytes read + written."
-        )
-        if num_gpus > 1:
-            log(f"all-gather / reduce-scatter over {num_gpus} GPUs (NCCL)")
-            collectives = measure_collectives(num_gpus, "nccl")
-            doc["gpu_gpu_intra_node_gb_per_s"] = (
-                min(collectives.all_gather_bytes_per_s, collectives.reduce_scatter_bytes_per_s) / GB
-            )
-            sources["gpu_gpu_intra_node_gb_per_s"] = "measured"
-            notes.append(
-                f"Collectives: NCCL bus bandwidth over {num_gpus} GPUs, all-gather "
-                f"{collectives.all_gather_bytes_per_s / GB:.1f} GB/s, reduce-scatter "
-                f"{collectives.reduce_scatter_bytes_per_s / GB:.1f} GB/s; the spec keeps the lower."
-            )
-        else:
-            notes.append("Collectives: skipped, one GPU (nothing to all-gather across).")
-        sources.update(
-            num_gpus_per_node="measured",
-            gpu_memory_gib="measured",
-            gpu_hbm_gb_per_s="measured",
-            host_to_gpu_gb_per_s="measured",
-            gpu_to_host_gb_per_s="measured",
-        )
-    else:
-        log("CPU as the compute device: block matmuls")
-        compute = measure_block_matmul(torch.device("cpu"), (torch.float32, torch.bfloat16), hidden=1024, tokens=1024)
-        doc.update(
-            num_gpus_per_node=1,
-            host_is_device=True,
-            gpu_memory_gib=memory / GIB,
-            gpu_hbm_gb_per_s=host_memory / GB,
-            host_to_gpu_gb_per_s=host_memory / GB,
-            gpu_to_host_gb_per_s=host_memory / GB,
-        )
-        description = (
-            f"{host}: {cpu_model()}, {cores} cores, {memory / GIB:.0f} GiB RAM, no CUDA; the CPU is the compute "
-            "device (measured by planner probe)"
-        )
-        notes.append(
-            "No CUDA: the CPU is the compute device, so the 'gpu' fields describe the CPU and the same host RAM "
-            "(gpu_memory_gib and cpu_memory_gib are one pool, not two), and host<->device 'transfers' are memory "
-            "copies (host memory bandwidth). Collectives: skipped, one rank."
-        )
-        sources.update(
-            gpu_memory_gib="measured",
-            gpu_hbm_gb_per_s="measured",
-            host_to_gpu_gb_per_s="measured",
-            gpu_to_host_gb_per_s="measured",
-        )
-    doc["gpu_peak_tflops"] = compute.flops_per_s / TFLOP
-    sources["gpu_peak_tflops"] = "measured"
+
+def _probe_cuda_device(found: _Findings, *, host: str, cores: int, log: Log) -> tuple[ComputeThroughput, str]:
+    """GPU 0's compute and links, and the collectives over every GPU of the node; returns the compute
+    throughput and the spec's description."""
+    device = torch.device("cuda", 0)
+    properties = torch.cuda.get_device_properties(device)
+    num_gpus = torch.cuda.device_count()
+    log(f"{properties.name}: block matmuls, host links")
+    compute = measure_block_matmul(device, (torch.bfloat16,), hidden=8192, tokens=8192)
+    links = measure_cuda_links(device)
+    found.doc.update(
+        num_gpus_per_node=num_gpus,
+        gpu_memory_gib=properties.total_memory / GIB,
+        gpu_hbm_gb_per_s=links.device_memory_bytes_per_s / GB,
+        host_to_gpu_gb_per_s=links.host_to_device_bytes_per_s / GB,
+        gpu_to_host_gb_per_s=links.device_to_host_bytes_per_s / GB,
+    )
+    description = f"{num_gpus} x {properties.name} on {host} ({cpu_model()}, {cores} cores), measured by planner probe"
+    found.notes.append(
+        "GPU: pinned 512 MiB host<->device copies (one GPU alone); device memory copy counts bytes read + written."
+    )
+    _probe_nccl(found, num_gpus, log=log)
+    found.sources.update(
+        num_gpus_per_node="measured",
+        gpu_memory_gib="measured",
+        gpu_hbm_gb_per_s="measured",
+        host_to_gpu_gb_per_s="measured",
+        gpu_to_host_gb_per_s="measured",
+    )
+    return compute, description
+
+
+def _probe_nccl(found: _Findings, num_gpus: int, *, log: Log) -> None:
+    """All-gather and reduce-scatter bus bandwidth over the node's GPUs (skipped with one)."""
+    if num_gpus <= 1:
+        found.notes.append("Collectives: skipped, one GPU (nothing to all-gather across).")
+        return
+    log(f"all-gather / reduce-scatter over {num_gpus} GPUs (NCCL)")
+    collectives = measure_collectives(num_gpus, "nccl")
+    found.doc["gpu_gpu_intra_node_gb_per_s"] = (
+        min(collectives.all_gather_bytes_per_s, collectives.reduce_scatter_bytes_per_s) / GB
+    )
+    found.sources["gpu_gpu_intra_node_gb_per_s"] = "measured"
+    found.notes.append(
+        f"Collectives: NCCL bus bandwidth over {num_gpus} GPUs, all-gather "
+        f"{collectives.all_gather_bytes_per_s / GB:.1f} GB/s, reduce-scatter "
+        f"{collectives.reduce_scatter_bytes_per_s / GB:.1f} GB/s; the spec keeps the lower."
+    )
+
+
+def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, host_memory: float,
+                      log: Log) -> tuple[ComputeThroughput, str]:
+    """Without CUDA the CPU is the compute device: its matmuls, and host memory standing in for the
+    device's; returns the compute throughput and the spec's description."""
+    log("CPU as the compute device: block matmuls")
+    compute = measure_block_matmul(torch.device("cpu"), (torch.float32, torch.bfloat16), hidden=1024, tokens=1024)
+    found.doc.update(
+        num_gpus_per_node=1,
+        host_is_device=True,
+        gpu_memory_gib=memory / GIB,
+        gpu_hbm_gb_per_s=host_memory / GB,
+        host_to_gpu_gb_per_s=host_memory / GB,
+        gpu_to_host_gb_per_s=host_memory / GB,
+    )
+    description = (
+        f"{host}: {cpu_model()}, {cores} cores, {memory / GIB:.0f} GiB RAM, no CUDA; the CPU is the compute "
+        "device (measured by planner probe)"
+    )
+    found.notes.append(
+        "No CUDA: the CPU is the compute device, so the 'gpu' fields describe the CPU and the same host RAM "
+        "(gpu_memory_gib and cpu_memory_gib are one pool, not two), and host<->device 'transfers' are memory "
+        "copies (host memory bandwidth). Collectives: skipped, one rank."
+    )
+    found.sources.update(
+        gpu_memory_gib="measured",
+        gpu_hbm_gb_per_s="measured",
+        host_to_gpu_gb_per_s="measured",
+        gpu_to_host_gb_per_s="measured",
+    )
+    return compute, description
+
+
+def _compute_note(compute: ComputeThroughput) -> str:
     by_dtype = ", ".join(f"{dtype} {rate / TFLOP:.4g}" + (f" (one pass at {SCREEN_TOKENS} tokens)"
                                                            if dtype in compute.screened_only else "")
                          for dtype, rate in compute.by_dtype.items())
-    notes.append(
+    return (
         f"Compute: a transformer block's four linears (hd {compute.hidden}, {compute.tokens} tokens) in TFLOPS: "
         f"{by_dtype}; gpu_peak_tflops is the {compute.dtype} figure."
     )
-    spec = {
-        "name": name or f"probed-{host}",
-        "description": description,
-        **doc,
-        "sources": sources,
-        "notes": " ".join(notes),
-    }
-    return spec, PRECISION_OF_DTYPE[compute.dtype]

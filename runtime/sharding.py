@@ -64,15 +64,17 @@ from torch import nn
 
 from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
 from planner.plan import Plan
-from runtime.checkpointing import CHECKPOINT_STORES, Segment, apply_checkpointing, find_blocks
+from planner.units import round_up_4kib
 from runtime.collectives import Comm, Reduced, make_comm
 from runtime.flat_param import FlatLayout, flatten_shard
 from runtime.group import ParamUnit, UnitGradient, UnitState
 from runtime.ledger import MemoryLedger
-from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
+from runtime.plan_io import RuntimeConfig, local_world_size, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
-from runtime.stores import CopyEngine, ShardStore, make_store
+from runtime.recompute import ACTIVATION_CHECKPOINT_STORES, RecomputeSegment, apply_recompute, find_blocks
+from runtime.stores import CopyEngine, ShardKey, ShardStore, StateKey, UnitKey
+from runtime.tiers import make_store
 from runtime.tiling import apply_tiling
 
 MAX_REDUCES_IN_FLIGHT = 1
@@ -119,12 +121,12 @@ class ShardedModel:
         """None when each unit's gradient goes straight into the in-backward update (`unit_gradient_ready`)."""
         self.optimizer_store = self._store(place.optimizer_states, "optimizer_states", "optimizer_states")
         self.units: list[ParamUnit] = []
-        self.masters: dict[str, torch.Tensor | None] = {}
+        self.masters: dict[UnitKey, torch.Tensor | None] = {}
         """fp32 master shard per unit when it is resident in memory (the param shard itself when it can be)."""
-        self.master_at: dict[str, tuple[ShardStore, str]] = {}
+        self.master_at: dict[UnitKey, tuple[ShardStore, ShardKey]] = {}
         """(store, key) of each unit's fp32 master shard, wherever it lives."""
-        self.segments: list[Segment] = []
-        self.segment_of_unit: dict[int, Segment] = {}
+        self.segments: list[RecomputeSegment] = []
+        self.segment_of_unit: dict[int, RecomputeSegment] = {}
         """Unit index -> the checkpointed segment whose blocks use it."""
         self.prefetcher: Prefetcher | None = None
         self.phase = StepPhase.IDLE
@@ -448,8 +450,8 @@ def shard(
         hf_config = getattr(model, "config", None)
         if getattr(hf_config, "use_cache", False):
             hf_config.use_cache = False
-        store = CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
-        state.segments = apply_checkpointing(blocks, config.checkpoint_interval, store)
+        store = ACTIVATION_CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
+        state.segments = apply_recompute(blocks, config.checkpoint_interval, store)
         units_of = {id(module): indices for module, indices in module_units}
         state.segment_of_unit = {i: seg for seg in state.segments for block in seg.blocks
                                  for module in block.modules() for i in units_of.get(id(module), ())}
@@ -508,13 +510,13 @@ def _materialise(module: nn.Module, own: list[tuple[str, nn.Parameter]], referen
 def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> ParamUnit:
     config, comm = state.config, state.comm
     layout = FlatLayout.of(params, comm.world_size)
-    key = f"{len(state.units)}:{name}"
+    key = UnitKey(len(state.units), name)
     shard = state.param_store.create(key, layout.shard_numel, config.compute_dtype)
     with torch.no_grad():
         if state.master_shares_param_shard:
             master_store, master_key, master = state.param_store, key, shard
         else:
-            master_store, master_key = state.optimizer_store, f"master:{key}"
+            master_store, master_key = state.optimizer_store, StateKey("master", key)
             master = master_store.create(master_key, layout.shard_numel, torch.float32)
         # Stores that keep shards in memory return them from `create`; an NVMe store is written to.
         values = master if master is not None else torch.zeros(layout.shard_numel, dtype=torch.float32,
@@ -550,7 +552,7 @@ def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
     place = config.placement
     if "nvme" not in (place.params, place.gradients, place.optimizer_states):
         return None
-    from runtime.nvme_store import NvmeSpace, local_world_size, round_up  # also registers NvmeStore
+    from runtime.nvme.store import NvmeSpace
 
     numels, seen = [], set()
     for m in module.modules():
@@ -560,7 +562,7 @@ def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
             numels.append(FlatLayout.of(own, comm.world_size).shard_numel)
 
     def shards(element_bytes: int, copies: int) -> int:
-        return copies * sum(round_up(n * element_bytes) for n in numels)
+        return copies * sum(round_up_4kib(n * element_bytes) for n in numels)
 
     compute_bytes = torch.empty(0, dtype=config.compute_dtype).element_size()
     optimizer_copies = 2 + (0 if master_shared else 1)  # Adam momentum and variance, the fp32 master

@@ -1,7 +1,7 @@
 """Where a shard lives: one interface, one type per memory tier (the Infinity offload engine).
 
-A plan's placement picks a store *type* per state (`DeviceStore` for `gpu`, `HostStore` for `cpu`;
-the NVMe tier adds `NvmeStore` behind the same interface). Callers never check a placement flag:
+A plan's placement picks a store *type* per state (`DeviceStore` for `gpu`, `HostStore` for `cpu`,
+`runtime.nvme.store.NvmeStore` for `nvme`; runtime/tiers.py maps each tier to its type). Callers never check a placement flag:
 they `read` a shard to the compute device, `accumulate` a device tensor into a shard, `write` one
 back, and get a `Pending` they `wait()` on when they need the data.
 
@@ -16,11 +16,41 @@ a dedicated copy stream, so it overlaps the compute stream; consumers wait on an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from runtime.ledger import MemoryLedger, nbytes
+
+
+class UnitKey(NamedTuple):
+    """The shards of one unit (a module's own parameters) in the param and gradient stores.
+
+    `str()` is the name these shards have always had ("3:blocks.0.attn"): training checkpoints
+    store tensors under it, so checkpoints written before the key was typed still resume."""
+
+    index: int
+    """The unit's position in forward order (construction order)."""
+    module: str
+    """The qualified name of the module that owns the parameters ("" for the root)."""
+
+    def __str__(self) -> str:
+        return f"{self.index}:{self.module}"
+
+
+class StateKey(NamedTuple):
+    """One optimizer state of a unit in the optimizer store: `str()` is "master:3:blocks.0.attn"."""
+
+    state: str
+    """`master` (the fp32 master shard when it is not the parameter shard), `exp_avg` or `exp_avg_sq`."""
+    unit: UnitKey
+
+    def __str__(self) -> str:
+        return f"{self.state}:{self.unit}"
+
+
+ShardKey = UnitKey | StateKey
+"""Where a shard sits in its store. Checkpoints and ordering use `str(key)` (see `UnitKey`)."""
 
 
 class Pending:
@@ -102,14 +132,14 @@ class ShardStore(ABC):
         """The model state this store holds (`params`, `gradients`, `optimizer_states`)."""
         self.ledger = ledger
         self.copier = copier
-        self._shards: dict[str, torch.Tensor] = {}
+        self._shards: dict[ShardKey, torch.Tensor] = {}
 
     @property
     def compute_device(self) -> torch.device:
         return self.copier.device
 
     # -- lifetime ---------------------------------------------------------------------------
-    def create(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+    def create(self, key: ShardKey, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Allocate a zeroed shard; returns it when resident in memory (every in-memory store)."""
         assert key not in self._shards, f"shard {key} already exists in {type(self).__name__}"
         shard = self._allocate(numel, dtype)
@@ -117,33 +147,33 @@ class ShardStore(ABC):
         self.ledger.add(self.tier, self.term, nbytes(shard))
         return shard
 
-    def free(self, key: str) -> None:
+    def free(self, key: ShardKey) -> None:
         shard = self._shards.pop(key)
         self.ledger.sub(self.tier, self.term, nbytes(shard))
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[ShardKey]:
         return list(self._shards)
 
-    def shard_info(self, key: str) -> tuple[int, torch.dtype]:
+    def shard_info(self, key: ShardKey) -> tuple[int, torch.dtype]:
         """(numel, dtype) of a shard, wherever it lives (checkpoints stream shards by this)."""
         shard = self._shards[key]
         return shard.numel(), shard.dtype
 
-    def resident(self, key: str) -> torch.Tensor:
+    def resident(self, key: ShardKey) -> torch.Tensor:
         """The in-memory shard, for in-place updates where it lives (the optimizer step)."""
         return self._shards[key]
 
-    def zero(self, key: str, offset: int, numel: int) -> None:
+    def zero(self, key: ShardKey, offset: int, numel: int) -> None:
         """`shard[offset:offset + numel] = 0` (gradient slices nobody wrote since `zero_grad`)."""
         self._shards[key][offset : offset + numel].zero_()
 
     # -- streamed traffic (the chunked optimizer step) ----------------------------------------
-    def read_into(self, key: str, out: torch.Tensor, offset: int = 0) -> Pending:
+    def read_into(self, key: ShardKey, out: torch.Tensor, offset: int = 0) -> Pending:
         """Fill the host tensor `out` from `shard[offset:offset + out.numel()]`; valid after `wait()`."""
         out.copy_(self._shards[key][offset : offset + out.numel()])
         return Pending(out)
 
-    def write_from(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def write_from(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         """`shard[offset:...] = src` from a host buffer the caller may reuse only after `wait()`."""
         self._shards[key][offset : offset + src.numel()].copy_(src)
         return Pending(src)
@@ -162,15 +192,15 @@ class ShardStore(ABC):
     def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor: ...
 
     @abstractmethod
-    def read(self, key: str, dtype: torch.dtype) -> Pending:
+    def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
         """The shard on the compute device in `dtype` (a view of the shard itself when it already is)."""
 
     @abstractmethod
-    def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         """`shard[offset:offset + src.numel()] += src` for a compute-device tensor (arriving gradients)."""
 
     @abstractmethod
-    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         """`shard[offset:offset + src.numel()] = src` (updated parameters, a step's first gradient)."""
 
 
@@ -182,16 +212,16 @@ class DeviceStore(ShardStore):
     def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=self.compute_device)
 
-    def read(self, key: str, dtype: torch.dtype) -> Pending:
+    def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
         shard = self._shards[key]
         return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
 
-    def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
         shard[offset : offset + src.numel()].add_(src.reshape(-1))
         return Pending(shard)
 
-    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         self._shards[key][offset : offset + src.numel()].copy_(src.reshape(-1))
         return Pending(self._shards[key])
 
@@ -208,7 +238,7 @@ class HostStore(ShardStore):
     def _on_host_device(self) -> bool:
         return self.compute_device.type == "cpu"
 
-    def read(self, key: str, dtype: torch.dtype) -> Pending:
+    def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
         shard = self._shards[key]
         if self._on_host_device():  # see [Note: the CPU machine]
             return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
@@ -219,7 +249,7 @@ class HostStore(ShardStore):
             return Pending(staged, event, fresh=True)
         return _CastPending(Pending(staged, event), dtype)
 
-    def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         target = self._shards[key][offset : offset + src.numel()]
         if self._on_host_device():
             target.add_(src.reshape(-1))
@@ -228,7 +258,7 @@ class HostStore(ShardStore):
         event = self.copier.copy(staging, src.reshape(-1), "d2h")
         return Pending(self._shards[key], event, after=lambda: target.add_(staging))
 
-    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
         target = shard[offset : offset + src.numel()]
         if self._on_host_device():
@@ -249,15 +279,3 @@ class _CastPending(Pending):
 
     def wait(self) -> torch.Tensor:
         return self._inner.wait().to(self._dtype)
-
-
-STORE_TYPES: dict[str, type[ShardStore]] = {"gpu": DeviceStore, "cpu": HostStore}
-"""Placement tier -> store type. The NVMe tier registers `NvmeStore` here."""
-
-
-def make_store(tier: str, *, term: str, ledger: MemoryLedger, copier: CopyEngine, name: str = "",
-               swap=None) -> ShardStore:  # noqa: ANN001 - runtime.nvme_store.NvmeSpace, imported lazily
-    """A store of `tier` for model state `name`; `swap` is the rank's NVMe space (nvme tier only)."""
-    if tier not in STORE_TYPES:
-        raise ValueError(f"placement {name or term}={tier} is not supported by this runtime; use gpu, cpu or nvme")
-    return STORE_TYPES[tier](term=term, ledger=ledger, copier=copier, name=name, swap=swap)

@@ -69,25 +69,13 @@ from typing import Any
 
 import torch
 
+from planner.memory import OPTIMIZER_CHUNK_REGIONS as REGIONS
+from planner.memory import optimizer_chunk_numel
 from runtime.group import UnitGradient
 from runtime.nvme import AlignedBuffer, BufferPool
 from runtime.nvme.pinning import TorchCudaPinHook
-from runtime.nvme_store import NvmeStore
-from runtime.stores import Pending, ShardStore
-
-REGIONS = 4
-"""master, exp_avg, exp_avg_sq, grad."""
-ALIGN_NUMEL = 1024
-"""fp32 elements per 4 KiB: chunk boundaries at multiples of this keep direct I/O aligned."""
-
-
-def chunk_numel_for(chunk_bytes: int) -> int:
-    """Elements per chunk so that the four fp32 regions fit one buffer of `chunk_bytes`."""
-    numel = chunk_bytes // (REGIONS * 4)
-    if numel >= ALIGN_NUMEL:
-        numel -= numel % ALIGN_NUMEL
-    assert numel > 0, chunk_bytes
-    return numel
+from runtime.nvme.store import NvmeStore
+from runtime.stores import Pending, ShardStore, StateKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +93,7 @@ class StreamedAdamW:
         self.state = state
         self.keys = keys
         plan = state.plan
-        self.chunk_numel = chunk_numel_for(plan.optimizer_chunk_bytes)
+        self.chunk_numel = optimizer_chunk_numel(plan.optimizer_chunk_bytes)
         # Pinned on CUDA: the in-backward update copies each gradient chunk off the GPU into its buffer.
         pin_hook = TorchCudaPinHook() if state.config.device.type == "cuda" else None
         self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel, num_buffers=plan.num_optimizer_buffers,
@@ -120,7 +108,7 @@ class StreamedAdamW:
             unit = self.units[k]
             self.numels[k] = unit.layout.shard_numel
             for name in ("exp_avg", "exp_avg_sq"):
-                store.create(f"{name}:{k}", unit.layout.shard_numel, torch.float32)  # zeros, like torch's lazy init
+                store.create(StateKey(name, k), unit.layout.shard_numel, torch.float32)  # zeros, like torch's lazy init
         self.param_groups = [{"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}]
         self.steps = {k: torch.tensor(0.0) for k in keys}
         """Per-unit step count (torch keeps one per parameter; a unit is stepped as one)."""
@@ -342,8 +330,8 @@ class StreamedAdamW:
         master_store, master_key = st.master_at[chunk.key]
         opt = st.optimizer_store
         return [master_store.read_into(master_key, master, chunk.start),
-                opt.read_into(f"exp_avg:{chunk.key}", exp_avg, chunk.start),
-                opt.read_into(f"exp_avg_sq:{chunk.key}", exp_avg_sq, chunk.start)]
+                opt.read_into(StateKey("exp_avg", chunk.key), exp_avg, chunk.start),
+                opt.read_into(StateKey("exp_avg_sq", chunk.key), exp_avg_sq, chunk.start)]
 
     def _read_grad(self, chunk: _Chunk, buffer: AlignedBuffer) -> Pending:
         grad = self._views(buffer, chunk.numel)[3]
@@ -356,8 +344,8 @@ class StreamedAdamW:
         master_store, master_key = st.master_at[chunk.key]
         opt = st.optimizer_store
         out = [master_store.write_from(master_key, master, chunk.start),
-               opt.write_from(f"exp_avg:{chunk.key}", exp_avg, chunk.start),
-               opt.write_from(f"exp_avg_sq:{chunk.key}", exp_avg_sq, chunk.start)]
+               opt.write_from(StateKey("exp_avg", chunk.key), exp_avg, chunk.start),
+               opt.write_from(StateKey("exp_avg_sq", chunk.key), exp_avg_sq, chunk.start)]
         if master_key != chunk.key:  # a separate compute copy of the parameters (mixed precision)
             out.append(st.param_store.write(chunk.key, master.to(st.config.compute_dtype), chunk.start))
         return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,22 @@ def sharded_losses(kind: str, plan: dict[str, Any], steps: int = STEPS, rank: in
 def relative_errors(a: list[float], b: list[float]) -> list[float]:
     assert len(a) == len(b)
     return [abs(x - y) / abs(x) for x, y in zip(a, b, strict=True)]
+
+
+_MEMORY_PROBE = ("import json, sys; from runtime.memory_probe import nvme_step_host_memory; "
+                 "print(json.dumps(nvme_step_host_memory(*json.loads(sys.argv[1]))))")
+
+
+def nvme_step_host_memory(nvme_path: Path, layers: int, hidden: int, steps: int, checkpoint_interval: int = 1,
+                          optimizer_step: str = "after_backward") -> dict[str, int]:
+    """`runtime.memory_probe.nvme_step_host_memory` on this hardware, in its own process (RSS is the
+    process's) with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_), so that large freed buffers
+    go back to the kernel instead of staying in the heap, which RSS would otherwise count."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    args = [HARDWARE, str(nvme_path), layers, hidden, steps, checkpoint_interval, optimizer_step]
+    done = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, json.dumps(args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def free_port() -> int:

@@ -2,21 +2,12 @@
 docs/nvme.md: the backward reads only what the forward did not keep gathered; with the optimizer
 step in backward no gradient goes to NVMe and the update's traffic is the backward's."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_nvme_step.py"
+from planner.phase_budget import phase_budget
 
-
-@pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as when the script runs: its siblings import
-    spec = importlib.util.spec_from_file_location("bench_nvme_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+OPTIMIZER_STEP = {"ours-nvme": "after_backward", "ours-nvme-ib": "in_backward"}
+"""The benchmark's systems -> their plans' `optimizer_step` (benchmarks/bench_nvme_step.py)."""
 
 
 def run_of(param_bytes: int, kept_bytes: int, system: str = "ours-nvme") -> dict:
@@ -29,16 +20,17 @@ def run_of(param_bytes: int, kept_bytes: int, system: str = "ours-nvme") -> dict
             "adjacent_rooflines": {system: [{"read_bytes_per_s": 100.0, "write_bytes_per_s": 50.0}]}}
 
 
-def test_the_backward_is_charged_only_the_reads_the_forward_did_not_keep(bench):
-    budget = bench.phase_budget([run_of(param_bytes=400, kept_bytes=100)])
+def test_the_backward_is_charged_only_the_reads_the_forward_did_not_keep():
+    budget = phase_budget([run_of(param_bytes=400, kept_bytes=100)], "ours-nvme", "after_backward")
     assert budget["forward"]["ideal_disk_s"] == pytest.approx(400 / 100)
     assert budget["backward"]["ideal_disk_s"] == pytest.approx(300 / 100 + 400 / 50)
     assert budget["optimizer"]["ideal_disk_s"] == pytest.approx(1600 / 100 + 1200 / 50)
     assert budget["backward"]["median_ratio"] == pytest.approx(2.0 / 11.0)
 
 
-def test_in_backward_the_update_traffic_is_the_backwards(bench):
-    budget = bench.phase_budget([run_of(param_bytes=400, kept_bytes=100, system="ours-nvme-ib")], "ours-nvme-ib")
+def test_in_backward_the_update_traffic_is_the_backwards():
+    budget = phase_budget([run_of(param_bytes=400, kept_bytes=100, system="ours-nvme-ib")], "ours-nvme-ib",
+                          "in_backward")
     assert list(budget) == ["forward", "backward + optimizer"]
     assert budget["forward"]["ideal_disk_s"] == pytest.approx(400 / 100)
     assert budget["backward + optimizer"]["ideal_disk_s"] == pytest.approx((300 + 1200) / 100 + 1200 / 50)
@@ -46,6 +38,6 @@ def test_in_backward_the_update_traffic_is_the_backwards(bench):
 
 
 @pytest.mark.parametrize("system", ["ours-nvme", "ours-nvme-ib"])
-def test_bytes_off_the_schedule_are_refused(bench, system):
+def test_bytes_off_the_schedule_are_refused(system):
     with pytest.raises(AssertionError):
-        bench.phase_budget([run_of(param_bytes=400, kept_bytes=500, system=system)], system)
+        phase_budget([run_of(param_bytes=400, kept_bytes=500, system=system)], system, OPTIMIZER_STEP[system])

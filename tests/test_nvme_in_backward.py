@@ -10,16 +10,20 @@ to take the gradients instead of training wrongly.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from runtime_support import ALL_CPU, DeferredWrites, batches, build_model, plan_doc, run_distributed
+from runtime_support import (
+    ALL_CPU,
+    DeferredWrites,
+    batches,
+    build_model,
+    nvme_step_host_memory,
+    plan_doc,
+    run_distributed,
+)
 from test_nvme_training import ALL_NVME, OPTIMIZER_NVME, SMALL_CHUNKS, assert_bitwise, train
 
 IN_BACKWARD = {"optimizer_step": "in_backward"}
@@ -217,10 +221,7 @@ def test_host_memory_of_an_in_backward_step_stays_within_the_plans_budget(tmp_pa
     """As tests/test_nvme_training.py's host-memory test, with the update in backward: the states
     that backward reads and writes go through the plan's chunk buffers, so the ledger's host peak and
     the measured anonymous RSS growth stay within the bill, with 9x the budget on disk (no gradients there)."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "nvme_memory_probe.py", str(tmp_path), "16", "256", "3", "1", "in_backward"],
-                          cwd=Path(__file__).parent, env=env, capture_output=True, text=True, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = nvme_step_host_memory(tmp_path, 16, 256, 3, 1, "in_backward")
     budget = result["host_budget_bytes"]
     assert result["nvme_state_bytes"] >= 9 * budget, result
     assert result["ledger_host_peak_bytes"] <= budget, result

@@ -307,7 +307,7 @@ def test_staged_writes_are_sized_in_the_stored_dtype(tmp_path):
     import torch
 
     from runtime.ledger import MemoryLedger
-    from runtime.nvme_store import NvmeSpace, NvmeStore
+    from runtime.nvme.store import NvmeSpace, NvmeStore
     from runtime.stores import CopyEngine
 
     space = NvmeSpace(str(tmp_path), rank=0, capacity_bytes={"gradients": 1 << 20}, node_needed_bytes=1 << 20,
@@ -335,7 +335,7 @@ def _deferred_store(tmp_path, monkeypatch, name: str, **space_kwargs):  # noqa: 
     from runtime_support import DeferredWrites
 
     from runtime.ledger import MemoryLedger
-    from runtime.nvme_store import NvmeSpace, NvmeStore
+    from runtime.nvme.store import NvmeSpace, NvmeStore
     from runtime.stores import CopyEngine
 
     space = NvmeSpace(str(tmp_path), rank=0, capacity_bytes={name: 1 << 20}, node_needed_bytes=1 << 20,

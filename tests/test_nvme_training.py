@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from runtime_support import ALL_CPU, batches, build_model, free_port, plan_doc
+from runtime_support import ALL_CPU, batches, build_model, free_port, nvme_step_host_memory, plan_doc
 
 from planner.errors import PlannerError
 
@@ -78,8 +78,9 @@ def test_one_rank_prefetch_never_waits_for_a_read(tmp_path: Path, monkeypatch: p
     wants to gather it (forced here), operator i's use never waits for operator i+1's read, and
     training is still bitwise that in host memory (checkpointed too, where units are gathered for
     recompute and backward)."""
-    from runtime import group, nvme_store, stores
+    from runtime import group, stores
     from runtime.nvme import engine
+    from runtime.nvme import store as nvme_store
 
     monkeypatch.setattr(stores.Pending, "ready", lambda self: False)
     monkeypatch.setattr(nvme_store._ThenPending, "ready", lambda self: False)
@@ -207,19 +208,9 @@ def test_host_memory_of_an_nvme_step_stays_within_the_plans_budget(layers: int, 
     parameters stayed gathered from its recompute to their backward: at 4 blocks per segment the
     ledger measured 26.8 MB against a budget of 18.9 MB).
 
-    The probe runs in its own process with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_), so
-    that large freed buffers go back to the kernel instead of staying in the heap, which RSS would
-    otherwise count although nothing uses them."""
-    import json
-    import subprocess
-    import sys
-
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    tests = Path(__file__).parent
-    done = subprocess.run([sys.executable, "nvme_memory_probe.py", str(tmp_path), str(layers), "256", "3", str(ci)],
-                          cwd=tests,
-                          env=env, capture_output=True, text=True, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    The probe (runtime/memory_probe.py) runs in its own process with glibc's mmap threshold fixed
+    (runtime_support.nvme_step_host_memory)."""
+    result = nvme_step_host_memory(tmp_path, layers, 256, 3, ci)
     budget = result["host_budget_bytes"]
     assert result["nvme_state_bytes"] >= min_disk_to_budget * budget, result
     assert result["ledger_host_peak_bytes"] <= budget, result

@@ -103,6 +103,26 @@ def test_manifest_names_cannot_escape_the_checkpoint(tmp_path: Path) -> None:
         read_manifest(step)
 
 
+def test_tensor_names_are_the_shard_keys_strings_in_string_order(tmp_path: Path) -> None:
+    """Shard keys are typed (`UnitKey`, `StateKey`) but a rank file names each shard by the key's
+    string, in the string order it always had, so checkpoints written before keys were typed resume."""
+    from runtime.stores import StateKey, UnitKey
+
+    assert str(UnitKey(10, "blocks.1.attn.proj")) == "10:blocks.1.attn.proj"
+    assert str(StateKey("exp_avg_sq", UnitKey(0, "wte"))) == "exp_avg_sq:0:wte"
+    plan = write_plan(tmp_path, OPTIMIZER_NVME, precision="bf16")
+    code, _ = launch_in_process(plan, "--steps", "2", "--save-every", "2", "--checkpoint-dir", str(tmp_path / "ck"))
+    assert code == 0
+    doc = json.loads((tmp_path / "ck" / "step-000000002" / "rank-00000.json").read_text())
+    names = [t["name"] for t in doc["tensors"]]
+    assert names[:3] == ["params/0:wte", "params/10:blocks.1.attn.proj", "params/11:blocks.1.ln_2"]
+    states = [n for n in names if n.startswith("optimizer_states/")]
+    assert states[:2] == ["optimizer_states/exp_avg:0:wte", "optimizer_states/exp_avg:10:blocks.1.attn.proj"]
+    assert states[-1] == "optimizer_states/master:9:blocks.1.attn.qkv"
+    assert states == sorted(states) and len(states) == 3 * 15
+    assert "streamed/14:ln_f/step" in names
+
+
 def test_planner_run_passes_checkpoint_options_and_restarts_to_torchrun(tmp_path: Path) -> None:
     from tierwise.cli.run import CheckpointOptions, torchrun_command
 

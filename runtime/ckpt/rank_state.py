@@ -27,7 +27,7 @@ from runtime.ckpt.files import FileDigest, atomic_file
 from runtime.ckpt.manifest import rank_file
 from runtime.faults import fault_point
 from runtime.nvme import AlignedBuffer
-from runtime.stores import Pending, ShardStore
+from runtime.stores import Pending, ShardKey, ShardStore
 
 RANK_FORMAT = "tierwise.checkpoint-rank/1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "uint8": torch.uint8,
@@ -46,7 +46,7 @@ class _Entry:
     write: Callable[[torch.Tensor, int], Pending]
 
 
-def _store_entry(prefix: str, store: ShardStore, key: str) -> _Entry:
+def _store_entry(prefix: str, store: ShardStore, key: ShardKey) -> _Entry:
     numel, dtype = store.shard_info(key)
     return _Entry(f"{prefix}/{key}", numel, dtype, lambda out, o: store.read_into(key, out, o),
                   lambda src, o: store.write_from(key, src, o))
@@ -70,7 +70,8 @@ def _store_entries(state: Any) -> list[_Entry]:
     entries = []
     for prefix, store in (("params", state.param_store), ("optimizer_states", state.optimizer_store)):
         store.drain()
-        entries += [_store_entry(prefix, store, key) for key in sorted(store.keys())]
+        # By the key's string, the order checkpoints have always had (files stay byte-identical).
+        entries += [_store_entry(prefix, store, key) for key in sorted(store.keys(), key=str)]
     return entries
 
 

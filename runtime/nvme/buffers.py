@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from planner.units import round_up_4kib
 from runtime.nvme.config import DIRECT_ALIGNMENT_BYTES
 
 
@@ -71,7 +72,7 @@ class AlignedBuffer:
     def __init__(self, nbytes: int) -> None:
         if nbytes <= 0:
             raise ValueError(f"buffer size must be positive, got {nbytes}")
-        capacity = -(-nbytes // DIRECT_ALIGNMENT_BYTES) * DIRECT_ALIGNMENT_BYTES
+        capacity = round_up_4kib(nbytes)
         self._map = mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if capacity >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
             with contextlib.suppress(OSError):  # THP disabled ("never"): 4 KiB pages still work
@@ -151,7 +152,7 @@ class BufferRecycler:
 
     def lease(self, nbytes: int) -> np.ndarray:
         """A zero-copy uint8 array of `nbytes` on page-aligned memory, reused when one is free."""
-        capacity = -(-nbytes // DIRECT_ALIGNMENT_BYTES) * DIRECT_ALIGNMENT_BYTES
+        capacity = round_up_4kib(nbytes)
         with self._lock:
             free = self._free.get(capacity)
             buffer = free.pop() if free else None

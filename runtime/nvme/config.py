@@ -5,16 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from planner.units import MIB, PAGE_BYTES
 from runtime.nvme.errors import NvmeConfigError
 
 Backend = Literal["auto", "io_uring", "threads", "python"]
 BACKENDS: tuple[str, ...] = ("auto", "io_uring", "threads", "python")
 
-DIRECT_ALIGNMENT_BYTES = 4096
-"""O_DIRECT needs file offsets, sizes and memory addresses aligned to the logical block size; 4 KiB
-covers every current NVMe/ext4/xfs setup (512-byte devices accept it too)."""
-
-MIB = 1024**2
+DIRECT_ALIGNMENT_BYTES = PAGE_BYTES
+"""O_DIRECT's alignment of file offsets, sizes and memory addresses (planner.units.PAGE_BYTES)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,7 +9,8 @@ from typing import Any
 def nvme_placement_problem(plan: Any) -> str | None:
     """A one-line reason why the runtime cannot run this plan's NVMe placement, or None.
 
-    `plan` is a `planner.plan.Plan` (duck-typed: this package does not import the planner)."""
+    `plan` is a `planner.plan.Plan` (duck-typed: this package imports only the planner's leaf
+    modules, `errors` and `units`)."""
     place = plan.placement
     if place.activation_checkpoints == "nvme":
         return "placement activation_checkpoints=nvme is not supported by the runtime; use gpu or cpu"

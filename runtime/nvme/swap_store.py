@@ -14,8 +14,8 @@ buffers work too (the engine routes unaligned bytes through the page cache, see
 
 from __future__ import annotations
 
+from planner.units import round_up_4kib
 from runtime.nvme.buffers import as_byte_buffer
-from runtime.nvme.config import DIRECT_ALIGNMENT_BYTES
 from runtime.nvme.directory import SwapDirectory
 from runtime.nvme.engine import Handle, IOEngine
 from runtime.nvme.extents import Extent, ExtentAllocator
@@ -28,7 +28,7 @@ class SwapStore:
     def __init__(
         self, directory: SwapDirectory, name: str, *, capacity_bytes: int, engine: IOEngine | None = None
     ) -> None:
-        capacity = -(-capacity_bytes // DIRECT_ALIGNMENT_BYTES) * DIRECT_ALIGNMENT_BYTES
+        capacity = round_up_4kib(capacity_bytes)
         self.name = name
         self.path = directory.create_file(name, capacity)
         self.file: IOFile = open_io_file(self.path)

@@ -1,7 +1,9 @@
-"""Activation checkpointing every `checkpoint_interval` blocks, checkpoints optionally offloaded.
+"""Activation checkpoints and their recompute: a checkpoint every `checkpoint_interval` blocks,
+optionally offloaded, the blocks between recomputed in backward. (Training checkpoints, the files a
+run resumes from, are runtime/ckpt.)
 
 The blocks of the model (the elements of its largest `nn.ModuleList`) are grouped into segments of
-`ci` consecutive blocks. Each block is wrapped, in place in its list, by a `CheckpointedBlock`;
+`ci` consecutive blocks. Each block is wrapped, in place in its list, by a `RecomputedBlock`;
 the model's own loop calls them unchanged. Only the segment's input is kept (the checkpoint, eq. 3);
 everything inside is recomputed in backward (working memory eq. 5).
 
@@ -27,7 +29,7 @@ from runtime.ledger import MemoryLedger, nbytes
 from runtime.stores import CopyEngine
 
 
-class CheckpointStore:
+class ActivationCheckpointStore:
     """Holds segment inputs on the compute device (`gpu` placement)."""
 
     tier = "gpu"
@@ -47,7 +49,7 @@ class CheckpointStore:
         self.ledger.sub(self.tier, "activation_checkpoints", nbytes(held))
 
 
-class HostCheckpointStore(CheckpointStore):
+class HostActivationCheckpointStore(ActivationCheckpointStore):
     """Holds segment inputs in host memory (`cpu` placement), copied on the side stream on CUDA.
     On a CPU-only machine the input already is in host memory and is held as it is."""
 
@@ -73,13 +75,15 @@ class HostCheckpointStore(CheckpointStore):
         return staged
 
 
-CHECKPOINT_STORES: dict[str, type[CheckpointStore]] = {"gpu": CheckpointStore, "cpu": HostCheckpointStore}
+ACTIVATION_CHECKPOINT_STORES: dict[str, type[ActivationCheckpointStore]] = {
+    "gpu": ActivationCheckpointStore, "cpu": HostActivationCheckpointStore}
+"""Placement tier of `activation_checkpoints` -> where segment inputs are held."""
 
 
-class Segment:
+class RecomputeSegment:
     """`ci` consecutive blocks sharing one checkpoint; state of the current forward pass."""
 
-    def __init__(self, blocks: list[nn.Module], store: CheckpointStore) -> None:
+    def __init__(self, blocks: list[nn.Module], store: ActivationCheckpointStore) -> None:
         self.blocks = blocks
         self.store = store
         self.recomputing = False
@@ -140,10 +144,10 @@ class Segment:
         self._calls = []
 
 
-class CheckpointedBlock(nn.Module):
+class RecomputedBlock(nn.Module):
     """A block wrapped in place: opens/closes its segment's checkpoint frame around the call."""
 
-    def __init__(self, block: nn.Module, segment: Segment, position: int) -> None:
+    def __init__(self, block: nn.Module, segment: RecomputeSegment, position: int) -> None:
         super().__init__()
         self.block = block
         self._segment = segment
@@ -180,15 +184,15 @@ def find_blocks(model: nn.Module) -> nn.ModuleList | None:
     return best
 
 
-def apply_checkpointing(
-    blocks: nn.ModuleList, interval: int, store: CheckpointStore
-) -> list[Segment]:
+def apply_recompute(
+    blocks: nn.ModuleList, interval: int, store: ActivationCheckpointStore
+) -> list[RecomputeSegment]:
     """Wrap `blocks` in place into segments of `interval` blocks."""
     segments = []
     for start in range(0, len(blocks), interval):
         members = [blocks[i] for i in range(start, min(start + interval, len(blocks)))]
-        segment = Segment(members, store)
+        segment = RecomputeSegment(members, store)
         for position, index in enumerate(range(start, start + len(members))):
-            blocks[index] = CheckpointedBlock(members[position], segment, position)
+            blocks[index] = RecomputedBlock(members[position], segment, position)
         segments.append(segment)
     return segments

@@ -27,7 +27,6 @@ finished, because a prefetch nobody waited for must not land in freed memory.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections import deque
 from typing import ClassVar
@@ -35,6 +34,7 @@ from typing import ClassVar
 import torch
 
 from planner.memory import WRITE_STAGING_BUFFERS
+from planner.units import round_up_4kib
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.nvme import (
     AlignedBuffer,
@@ -46,17 +46,12 @@ from runtime.nvme import (
     SwapStore,
     find_stale_swap_dirs,
 )
-from runtime.nvme.config import DIRECT_ALIGNMENT_BYTES
 from runtime.nvme.extents import Extent
-from runtime.stores import STORE_TYPES, CopyEngine, Pending, ShardStore
+from runtime.stores import CopyEngine, Pending, ShardKey, ShardStore
 
 STAGING_TERMS = {"params": "param_swap_buffers", "gradients": "gradient_swap_buffers",
                  "optimizer_states": "optimizer_swap_buffers"}
 """Host-tier ledger term of each state's write staging (the memory model's names)."""
-
-
-def round_up(nbytes_: int) -> int:
-    return -(-nbytes_ // DIRECT_ALIGNMENT_BYTES) * DIRECT_ALIGNMENT_BYTES
 
 
 def aligned_empty(numel: int, dtype: torch.dtype, recycler: BufferRecycler | None = None) -> torch.Tensor:
@@ -79,7 +74,7 @@ class NvmeSpace:
     def __init__(self, nvme_path: str, *, rank: int, capacity_bytes: dict[str, int], node_needed_bytes: int,
                  block_size_bytes: int, read_buffers: int = 2,
                  gradient_write_buffers: int = WRITE_STAGING_BUFFERS) -> None:
-        self.capacity_bytes = {name: round_up(b) for name, b in capacity_bytes.items()}
+        self.capacity_bytes = {name: round_up_4kib(b) for name, b in capacity_bytes.items()}
         _remove_stale(nvme_path)
         self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
         self.engine = IOEngine(EngineConfig(block_size_bytes=block_size_bytes))
@@ -97,7 +92,7 @@ class NvmeSpace:
 
     def hold_reads_of(self, shard_bytes: int) -> None:
         """A shard of `shard_bytes` exists: let the recycler keep `read_buffers` of it."""
-        self.recycler.max_held_bytes = max(self.recycler.max_held_bytes, self.read_buffers * round_up(shard_bytes))
+        self.recycler.max_held_bytes = max(self.recycler.max_held_bytes, self.read_buffers * round_up_4kib(shard_bytes))
 
     def swap_file(self, name: str) -> SwapStore:
         if name not in self._files:
@@ -132,10 +127,6 @@ def _remove_stale(nvme_path: str) -> None:
                               f"(owner pid {entry.pid} is gone)", StaleSwapWarning, stacklevel=3)
 
 
-def local_world_size() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
 class NvmeStore(ShardStore):
     """Shards in one swap file on NVMe; read into fresh host buffers ahead of use, written from staging."""
 
@@ -150,8 +141,8 @@ class NvmeStore(ShardStore):
         self.engine = swap.engine
         self.recycler = swap.recycler
         self._hold_reads_of = swap.hold_reads_of
-        self._extents: dict[str, tuple[Extent, torch.dtype, int]] = {}
-        self._writes: dict[str, list[tuple[Handle, int, int]]] = {}
+        self._extents: dict[ShardKey, tuple[Extent, torch.dtype, int]] = {}
+        self._writes: dict[ShardKey, list[tuple[Handle, int, int]]] = {}
         """Writes in flight per shard, with the element range [start, end) each writes."""
         self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
         self._free_staging: list[AlignedBuffer] = []
@@ -166,37 +157,37 @@ class NvmeStore(ShardStore):
         read ahead (the streamed optimizer's next-step prefetch)."""
 
     # -- lifetime ---------------------------------------------------------------------------
-    def create(self, key: str, numel: int, dtype: torch.dtype) -> None:
+    def create(self, key: ShardKey, numel: int, dtype: torch.dtype) -> None:
         """Reserve the shard's extent. Preallocated swap space reads as zeros, so it starts zeroed."""
         assert key not in self._extents, f"shard {key} already exists in the nvme store"
         size = numel * torch.empty(0, dtype=dtype).element_size()
         self._extents[key] = (self.file.allocate(size), dtype, numel)
-        self.largest_write_bytes = max(self.largest_write_bytes, round_up(size))
+        self.largest_write_bytes = max(self.largest_write_bytes, round_up_4kib(size))
         self._hold_reads_of(size)
         self.ledger.add(self.tier, self.term, size)
         return None
 
-    def free(self, key: str) -> None:
+    def free(self, key: ShardKey) -> None:
         self._wait_writes(key)
         extent, dtype, numel = self._extents.pop(key)
         self.file.free(extent)
         self.ledger.sub(self.tier, self.term, numel * torch.empty(0, dtype=dtype).element_size())
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[ShardKey]:
         return list(self._extents)
 
-    def shard_info(self, key: str) -> tuple[int, torch.dtype]:
+    def shard_info(self, key: ShardKey) -> tuple[int, torch.dtype]:
         _, dtype, numel = self._extents[key]
         return numel, dtype
 
-    def resident(self, key: str) -> torch.Tensor:
+    def resident(self, key: ShardKey) -> torch.Tensor:
         raise AssertionError(f"shard {key} lives on NVMe: stream it with read_into/write_from")
 
     def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         raise AssertionError("NvmeStore.create reserves extents; nothing is allocated in memory")
 
     # -- traffic ----------------------------------------------------------------------------
-    def read(self, key: str, dtype: torch.dtype) -> Pending:
+    def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
         _, stored, numel = self._extents[key]
         host = aligned_empty(numel, stored, self.recycler)
         handle = self._submit_read(key, host, 0)
@@ -205,11 +196,11 @@ class NvmeStore(ShardStore):
             return Pending(host, after=handle.wait, done=handle.done, fresh=True)
         return _ThenPending(handle, host, device, dtype, self.copier)
 
-    def read_into(self, key: str, out: torch.Tensor, offset: int = 0) -> Pending:
+    def read_into(self, key: ShardKey, out: torch.Tensor, offset: int = 0) -> Pending:
         handle = self._submit_read(key, out, offset)
         return Pending(out, after=handle.wait, done=handle.done)
 
-    def write(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
         # Sized in the stored dtype: a bf16 gradient is written into its fp32 shard.
         buffer = self._staging_buffer(src.numel() * torch.empty(0, dtype=stored).element_size())
@@ -218,18 +209,18 @@ class NvmeStore(ShardStore):
         self._staged_writes.append((self._submit_write(key, staging, offset), buffer))
         return Pending(src)
 
-    def write_from(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def write_from(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         handle = self._submit_write(key, src, offset)
         return Pending(src, after=handle.wait, done=handle.done)
 
-    def accumulate(self, key: str, src: torch.Tensor, offset: int = 0) -> Pending:
+    def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
         current = aligned_empty(src.numel(), stored, self.recycler)
         self.read_into(key, current, offset).wait()
         current.add_(src.reshape(-1).to(current.device))
         return self.write(key, current, offset)
 
-    def zero(self, key: str, offset: int, numel: int) -> None:
+    def zero(self, key: ShardKey, offset: int, numel: int) -> None:
         _, stored, _ = self._extents[key]
         self.write(key, torch.zeros(numel, dtype=stored), offset)
 
@@ -251,13 +242,13 @@ class NvmeStore(ShardStore):
         self.drain()
 
     # -- internals --------------------------------------------------------------------------
-    def _byte_range(self, key: str, offset: int, tensor: torch.Tensor) -> int:
+    def _byte_range(self, key: ShardKey, offset: int, tensor: torch.Tensor) -> int:
         extent, stored, numel = self._extents[key]
         assert tensor.dtype == stored and tensor.device.type == "cpu", (tensor.dtype, stored, tensor.device)
         assert offset >= 0 and offset + tensor.numel() <= numel, (key, offset, tensor.numel(), numel)
         return extent.offset_bytes + offset * tensor.element_size()
 
-    def _submit_read(self, key: str, out: torch.Tensor, offset: int) -> Handle:
+    def _submit_read(self, key: ShardKey, out: torch.Tensor, offset: int) -> Handle:
         self._wait_writes(key, offset, offset + out.numel())
         self._reads = _reap(self._reads)
         handle = self.engine.read_async(self.file.file, offset=self._byte_range(key, offset, out), buffer=out)
@@ -265,7 +256,7 @@ class NvmeStore(ShardStore):
         self.copier.link_bytes["nvme_read"] = self.copier.link_bytes.get("nvme_read", 0) + nbytes(out)
         return handle
 
-    def _submit_write(self, key: str, src: torch.Tensor, offset: int) -> Handle:
+    def _submit_write(self, key: ShardKey, src: torch.Tensor, offset: int) -> Handle:
         end = offset + src.numel()
         self._wait_writes(key, offset, end)
         handle = self.engine.write_async(self.file.file, offset=self._byte_range(key, offset, src), buffer=src)
@@ -274,7 +265,7 @@ class NvmeStore(ShardStore):
         self.copier.link_bytes["nvme_write"] = self.copier.link_bytes.get("nvme_write", 0) + nbytes(src)
         return handle
 
-    def _wait_writes(self, key: str, start: int = 0, end: int | None = None) -> None:
+    def _wait_writes(self, key: ShardKey, start: int = 0, end: int | None = None) -> None:
         """Wait for the writes of `key` in flight that overlap elements [start, end) (all of them by
         default); finished ones are waited on too, which collects their errors (as `_reap`)."""
         running = []
@@ -301,7 +292,7 @@ class NvmeStore(ShardStore):
             old = self._free_staging.pop()
             self.ledger.sub("cpu", self._staging_term, old.capacity_bytes)
             old.close()
-        buffer = AlignedBuffer(round_up(capacity))
+        buffer = AlignedBuffer(round_up_4kib(capacity))
         self.ledger.add("cpu", self._staging_term, buffer.capacity_bytes)
         return buffer
 
@@ -343,6 +334,3 @@ class _ThenPending(Pending):
         staged = torch.empty(self._host.shape, dtype=self._host.dtype, device=self._device)
         event = self._copier.copy(staged, self._host, "h2d")
         return Pending(staged, event).wait().to(self._dtype)
-
-
-STORE_TYPES["nvme"] = NvmeStore

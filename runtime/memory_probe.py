@@ -1,21 +1,20 @@
-"""Measure host memory during NVMe-placement training steps (run as a script by test_nvme_training.py).
+"""Host memory of NVMe-placement training steps, measured in this process.
 
-Prints one JSON line: the plan's host-memory budget (the memory bill's `cpu` + `gpu` peaks: without
-CUDA the compute device is host memory), the runtime ledger's host peak, the anonymous RSS peak
-above the level before the model was built (sampled every 0.5 ms during the steps), and the bytes
-of model states on NVMe. Usage: nvme_memory_probe.py NVME_PATH NUM_LAYERS HIDDEN STEPS
-[CHECKPOINT_INTERVAL [OPTIMIZER_STEP]]
+`nvme_step_host_memory` trains a GPT with every model state on NVMe and reports the plan's
+host-memory budget (the memory bill's `cpu` + `gpu` peaks: without CUDA the compute device is host
+memory), the runtime ledger's host peak, the anonymous RSS peak above the level before the model
+was built (sampled every 0.5 ms during the steps), and the bytes of model states on NVMe. RSS is
+the process's, so run it in a fresh process (tests/test_nvme_training.py does, with glibc's mmap
+threshold fixed; benchmarks/nvme_memory_probe.py is its command line).
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import time
+from typing import Any
 
 import torch
-from runtime_support import HARDWARE
 
 import runtime
 from planner.memory import memory_bill
@@ -35,11 +34,12 @@ def anon_rss_bytes() -> int:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
-def plan_for(nvme_path: str, layers: int, hidden: int, checkpoint_interval: int = 1,
+def plan_for(hardware: dict[str, Any], nvme_path: str, layers: int, hidden: int, checkpoint_interval: int = 1,
              optimizer_step: str = "after_backward") -> Plan:
     return Plan.from_dict({
         "model": {"num_layers": layers, "hidden_size": hidden, "num_heads": 4, "seq_len": SEQ, "vocab_size": VOCAB},
-        "hardware": HARDWARE, "num_gpus": 1, "micro_batch_per_gpu": BATCH, "precision": "fp32", "checkpoint_interval": checkpoint_interval, "placement": ALL_NVME,
+        "hardware": hardware, "num_gpus": 1, "micro_batch_per_gpu": BATCH, "precision": "fp32",
+        "checkpoint_interval": checkpoint_interval, "placement": ALL_NVME,
         "nvme_path": nvme_path, "optimizer_chunk_bytes": 1 << 20, "num_optimizer_buffers": 3,
         "optimizer_step": optimizer_step,
     })
@@ -76,22 +76,18 @@ def train(plan: Plan, steps: int, tokens: torch.Tensor, sample: bool) -> dict[st
             "anon_rss_peak_bytes": peak[0]}
 
 
-def main() -> None:
-    nvme_path, layers, hidden, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    checkpoint_interval = int(sys.argv[5]) if len(sys.argv) > 5 else 1
-    optimizer_step = sys.argv[6] if len(sys.argv) > 6 else "after_backward"
+def nvme_step_host_memory(hardware: dict[str, Any], nvme_path: str, layers: int, hidden: int, steps: int,
+                          checkpoint_interval: int = 1, optimizer_step: str = "after_backward") -> dict[str, int]:
+    """`steps` training steps of a `layers` x `hidden` GPT with its states on NVMe under `nvme_path`:
+    `ledger_host_peak_bytes`, `nvme_state_bytes`, `anon_rss_peak_delta_bytes`, `host_budget_bytes`."""
     torch.manual_seed(0)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
     # load the code paths before the baseline
-    train(plan_for(nvme_path, 1, 32, optimizer_step=optimizer_step), 2, tokens, sample=False)
+    train(plan_for(hardware, nvme_path, 1, 32, optimizer_step=optimizer_step), 2, tokens, sample=False)
     base = anon_rss_bytes()
-    plan = plan_for(nvme_path, layers, hidden, checkpoint_interval, optimizer_step)
+    plan = plan_for(hardware, nvme_path, layers, hidden, checkpoint_interval, optimizer_step)
     bill = memory_bill(plan).peak_bytes
     out = train(plan, steps, tokens, sample=True)
     out["anon_rss_peak_delta_bytes"] = out.pop("anon_rss_peak_bytes") - base
     out["host_budget_bytes"] = bill["cpu"] + bill["gpu"]
-    print(json.dumps(out))
-
-
-if __name__ == "__main__":
-    main()
+    return out

@@ -1,0 +1,56 @@
+"""A full-NVMe step's phases against the ideal disk time of the bytes each moves.
+
+The schedule of docs/nvme.md ([Note: NVMe step schedule]) says which phase moves which bytes, as
+multiples of P (parameter bytes on NVMe) and K (parameter bytes the backward reads); the measured
+bytes of a step give P and K, and the bandwidths probed next to it the ideal time of each phase.
+The NVMe benchmark reports this budget (benchmarks/bench_nvme_step.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+PHASE_BYTES = {
+    "after_backward": {"forward": lambda p, k: (p, 0), "backward": lambda p, k: (k, p),
+                       "optimizer": lambda p, k: (4 * p, 3 * p)},
+    "in_backward": {"forward": lambda p, k: (p, 0), "backward + optimizer": lambda p, k: (k + 3 * p, 3 * p)},
+}
+"""Per optimizer step schedule: phase -> (bytes read, bytes written) from P and K (`phase_budget`)."""
+
+
+def schedule_bytes(optimizer_step: str, read_bytes: int, write_bytes: int) -> tuple[float, float]:
+    """P (parameter bytes on NVMe) and K (parameter bytes the backward reads) from a step's measured
+    bytes. After backward the step writes 4P (gradients, master, Adam's two states) and reads 5P + K
+    (forward P, backward K, the optimizer 4P: the gradient too); in backward it writes 3P and reads
+    4P + K (no gradient goes to NVMe: [Note: the optimizer step in backward])."""
+    writes_per_p, reads_per_p = {"after_backward": (4, 5), "in_backward": (3, 4)}[optimizer_step]
+    p = write_bytes / writes_per_p
+    k = read_bytes - reads_per_p * p
+    assert 0 <= k <= p, (optimizer_step, read_bytes, write_bytes)  # the schedule above
+    return p, k
+
+
+def phase_budget(runs: list[dict], system: str, optimizer_step: str) -> dict[str, dict[str, float]]:
+    """Each phase of our step against the ideal disk time of its bytes at the adjacent probe's
+    bandwidths (medians over the measured steps). Per parameter byte P on NVMe the schedule moves:
+    forward reads P; after backward, the backward reads K <= P (the forward's tail stays gathered
+    for the backward's head: runtime/prefetch.py, [Note: the forward's tail is the backward's head])
+    and writes P, and the optimizer reads 4P and writes 3P (docs/nvme.md, [Note: NVMe step
+    schedule]); in backward, the backward reads K + 3P and writes 3P, and the optimizer phase is the
+    tail of those writes, so the two are one row. P and K come from the step's measured bytes.
+
+    `runs` are the NVMe benchmark's rounds (benchmarks/bench_nvme_step.py): per system, each measured
+    step's (bytes read, bytes written), its phase times and its adjacent roofline probe; `system`
+    names the one whose plan has `optimizer_step`."""
+    out: dict[str, dict[str, float]] = {}
+    for phase, moved in PHASE_BYTES[optimizer_step].items():
+        measured, ideal = [], []
+        for run in runs:
+            for (read_bytes, write_bytes), phases, adj in zip(run["io_bytes"][system], run["phase_time_s"][system],
+                                                               run["adjacent_rooflines"][system], strict=True):
+                reads, writes = moved(*schedule_bytes(optimizer_step, read_bytes, write_bytes))
+                measured.append(sum(phases[p] for p in phase.split(" + ")))
+                ideal.append(reads / adj["read_bytes_per_s"] + writes / adj["write_bytes_per_s"])
+        out[phase] = {"median_s": statistics.median(measured), "ideal_disk_s": statistics.median(ideal),
+                      "median_ratio": statistics.median(m / i for m, i in zip(measured, ideal, strict=True))}
+    return out
