@@ -34,7 +34,7 @@ class TierTracker:
     _window_terms: dict[MemoryTerm, float] = field(default_factory=dict)
 
     def add(self, now: float, term: MemoryTerm, nbytes: float) -> None:
-        assert self.name in term.tiers, f"{self.name}: {term!r} never lies in this tier"
+        assert isinstance(term, MemoryTerm) and self.name in term.tiers, f"{self.name}: {term!r} is not a term of this tier"
         if nbytes == 0:
             return
         self.used_bytes += nbytes
