@@ -49,11 +49,13 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.hardware import EfficiencyCurve, NodeSpec
+from planner.phases import PHASES, Phase
 from planner.plan import Plan
 from planner.profile import Profile
 
 FEATURES = ("compute_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
-PHASE_LABELS = {"forward": ("forward",), "backward": ("recompute", "backward"), "optimizer": ("optimizer",)}
+PHASE_LABELS = {phase: tuple(label for label in Phase if label.timed is phase) for phase in PHASES}
+"""Timed phase -> the labels of the work it counts (a recompute is part of the backward)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +101,8 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     # attributed to the phase it falls in, cut at the simulated phase ends, not by label.
     by_time = plan.optimizer_step == "in_backward"
     ends = sim.phase_end_s
-    spans = {"forward": (0.0, ends["forward"]), "backward": (ends["forward"], ends["backward"]),
-             "optimizer": (ends["backward"], math.inf)}
+    spans = {Phase.FORWARD: (0.0, ends[Phase.FORWARD]), Phase.BACKWARD: (ends[Phase.FORWARD], ends[Phase.BACKWARD]),
+             Phase.OPTIMIZER: (ends[Phase.BACKWARD], math.inf)}
     seen: set[str] = set()
     for link in sim.links():
         if link.name not in kinds or link.name in seen:  # rank 0's links only (one per name)

@@ -8,8 +8,3 @@ turns it into that line and exit code 1; `assert` stays reserved for invariants 
 class PlannerError(ValueError):
     """Bad user input: an unknown model size, a malformed spec file, an impossible pin."""
 
-
-def require(condition: bool, message: str) -> None:
-    """Raise `PlannerError(message)` unless `condition` holds."""
-    if not condition:
-        raise PlannerError(message)

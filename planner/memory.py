@@ -1,7 +1,8 @@
 """Memory model: bytes per tier for a plan, as a sum of named terms (paper eq. 1-5 plus buffers).
 
 Units: the `gpu` tier is per GPU, `cpu` and `nvme` are per node (what one node must hold), all in
-bytes. Every term is listed with a one-line formula in `TERM_DOCS`; `planner memory` prints them.
+bytes. The terms are `planner.memory_terms.MemoryTerm`, each with a one-line formula that `planner
+memory` prints; [Note: adding a memory buffer] there says how to add one.
 
 [Note: what the runtime holds beyond the paper]
 The paper's quantities (eq. 2-5) are the *states* and the *working memory* of one operator and one
@@ -14,7 +15,7 @@ checkpoint interval. A real ZeRO-3 runtime also holds, at the worst moment of th
   gradient shards on their way to NVMe and for checkpoints on their way to CPU;
 - the loss's logits (vocab-sized) and their gradient, when the model has embeddings;
 - allocator slack: the caching allocator rounds and fragments; we charge a fixed fraction of the
-  transient GPU bytes (`ALLOCATOR_SLACK_FRACTION`).
+  transient GPU bytes (`ALLOCATOR_SLACK_FRACTION`, the terms marked `transient`).
 Tiling divides every per-operator buffer by the tiling factor (each tile is gathered alone).
 """
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from planner.plan import MODEL_STATES, TIERS, Plan
+from planner.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
+from planner.plan import TIERS, Plan
 from planner.units import round_up_4kib
 
 # bytes per parameter of each model state as eq. 2 writes them (2 + 2 + 16 = 20 for mixed precision,
@@ -36,7 +38,6 @@ BYTES_PER_PARAM: dict[str, dict[str, int]] = {
     # it steps (it may be another tier), momentum and variance.
     "fp32": {"params": 4, "gradients": 4, "optimizer_states": 12},
 }
-PAPER_BYTES_PER_PARAM = BYTES_PER_PARAM
 STORED_GRADIENT_BYTES = 4
 """Bytes per element of a stored gradient shard in every precision: 16-bit gradients are added
 straight into an fp32 shard ([Note: runtime bytes per parameter]), which is what goes to NVMe."""
@@ -44,7 +45,6 @@ COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of parameters, activations and checkpoints in the plan's compute precision."""
 ACTIVATION_BYTES = 2  # eq. 3 and 5 count fp16 activations (the paper quantities; the bill uses COMPUTE_BYTES)
 LOGIT_GRAD_BYTES = 4  # the loss upcasts logits to fp32 and backpropagates through that copy
-ALLOCATOR_SLACK_FRACTION = 0.10
 NORMS_PER_LAYER = 2
 """Runtime units per transformer layer besides its linears (the two layer norms)."""
 BOOKKEEPING_BYTES_PER_OPERATOR = 64 * 1024
@@ -54,36 +54,11 @@ project VM (tests/nvme_memory_probe.py, 8 vs 48 layers: 261 KB per layer at h=25
 h=128, so independent of the sizes; unchanged by glibc's mmap threshold (4-64 KiB) and by
 malloc_trim, so live objects, not heap fragmentation), rounded up."""
 
-TERM_DOCS: dict[str, str] = {
-    "params": "parameter shards: P/mp x bytes / dp (replicated: / 1) [eq. 2]",
-    "gradients": "gradient shards: P/mp x bytes / dp (replicated: / 1) [eq. 2]",
-    "optimizer_states": "fp32 master, momentum, variance, fp32 grad: P/mp x 16 / dp [eq. 2]",
-    "activation_checkpoints": "2 x bsz x seq x hd x ceil(nl / ci) [eq. 3]",
-    "awm": "activation working memory: bsz x seq x ci x (16 hd + 2 heads seq) [eq. 5]",
-    "mswm": "model-state working memory: largest operator's params + grads / (mp x tiling) [eq. 4]",
-    "prefetch_gathered_params": "next operator's gathered params, all-gathered ahead (depth >= 1)",
-    "prefetch_shard_staging": "operator i+2's shard staged on the GPU (depth >= 2, params in CPU memory)",
-    "reduce_scatter_buffer": "one operator's full gradients in flight to reduce-scatter",
-    "gradient_offload_staging": "double buffer of gradient shards on their way off the GPU",
-    "checkpoint_offload_staging": "double buffer of one checkpoint on its way to the CPU",
-    "logits": "bsz x seq x vocab logits and their fp32 gradient",
-    "allocator_slack": f"{ALLOCATOR_SLACK_FRACTION:.0%} of the transient GPU terms (caching allocator)",
-    "param_swap_buffers": "pinned NVMe->CPU buffers for parameter shards read ahead (depth >= 2: i+2; 3: i+3)",
-    "optimizer_swap_buffers": "pinned chunk buffers of the streamed NVMe optimizer step",
-    "gradient_swap_buffers": "pinned staging of gradient shards on their way to NVMe (2; min(depth, 3) + 1 with params on NVMe)",
-    "runtime_bookkeeping": "per-operator objects of the model and the runtime: (nl x (2 norms + linears x tiling) + 3) x 64 KiB per rank",
-}
-_TRANSIENT_GPU_TERMS = (
-    "awm", "mswm", "prefetch_gathered_params", "prefetch_shard_staging", "reduce_scatter_buffer",
-    "gradient_offload_staging", "checkpoint_offload_staging", "logits",
-)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryBill:
     """Bytes per tier for one plan; `terms[tier][name]`, in `peak_bytes` units."""
 
-    terms: dict[str, dict[str, int]]
+    terms: dict[str, dict[MemoryTerm, int]]
     capacity_bytes: dict[str, int]
     largest_alloc_bytes: int
     """Largest single GPU allocation (one gathered operator, or the largest activation tensor)."""
@@ -117,18 +92,7 @@ class MemoryBill:
         return "; ".join(problems)
 
 
-def model_state_bytes(plan: Plan) -> dict[str, int]:
-    """Per-GPU bytes of each model state as eq. 2 counts them (split by partitioning)."""
-    per_param = BYTES_PER_PARAM[plan.precision]
-    params_per_gpu = plan.model.num_params / plan.model_parallel_degree
-    dp = plan.data_parallel_degree
-    return {
-        state: math.ceil(params_per_gpu * per_param[state] / (dp if state in plan.partitioned else 1))
-        for state in MODEL_STATES
-    }
-
-
-def resident_state_terms(plan: Plan) -> list[tuple[str, str, int]]:
+def resident_state_terms(plan: Plan) -> list[tuple[str, MemoryTerm, int]]:
     """(tier, term, bytes per GPU) of the model states as the runtime holds them.
 
     [Note: runtime bytes per parameter] Where eq. 2 and the runtime differ, the bill follows the
@@ -150,16 +114,16 @@ def resident_state_terms(plan: Plan) -> list[tuple[str, str, int]]:
         return math.ceil(per_gpu * nbytes / (dp if state in plan.partitioned else 1))
 
     compute = COMPUTE_BYTES[plan.precision]
-    terms = [(place.params, "params", share("params", compute))]
+    terms = [(place.params, MemoryTerm.PARAMS, share("params", compute))]
     if plan.precision == "fp32":
         if stores_gradients(plan):
-            terms.append((place.gradients, "gradients", share("gradients", STORED_GRADIENT_BYTES)))
+            terms.append((place.gradients, MemoryTerm.GRADIENTS, share("gradients", STORED_GRADIENT_BYTES)))
         master = 0 if place.params == place.optimizer_states else 4
-        terms.append((place.optimizer_states, "optimizer_states", share("optimizer_states", master + 8)))
+        terms.append((place.optimizer_states, MemoryTerm.OPTIMIZER_STATES, share("optimizer_states", master + 8)))
     else:
         if stores_gradients(plan):
-            terms.append((place.gradients, "optimizer_states", share("gradients", STORED_GRADIENT_BYTES)))
-        terms.append((place.optimizer_states, "optimizer_states", share("optimizer_states", 12)))
+            terms.append((place.gradients, MemoryTerm.OPTIMIZER_STATES, share("gradients", STORED_GRADIENT_BYTES)))
+        terms.append((place.optimizer_states, MemoryTerm.OPTIMIZER_STATES, share("optimizer_states", 12)))
     return terms
 
 
@@ -171,14 +135,6 @@ def stores_gradients(plan: Plan) -> bool:
     ([Note: the optimizer step in backward] in runtime/streamed_optimizer.py). With the states in
     memory an in-backward step reads the gradient shard where it lies, as after backward."""
     return not (plan.optimizer_step == "in_backward" and plan.placement.optimizer_states == "nvme")
-
-
-def resident_bytes(plan: Plan) -> dict[str, int]:
-    """Per-GPU bytes of the resident model states per tier (what `resident_state_terms` sums to)."""
-    out = dict.fromkeys(("gpu", "cpu", "nvme"), 0)
-    for tier, _, nbytes in resident_state_terms(plan):
-        out[tier] += nbytes
-    return out
 
 
 def params_on_compute_device(plan: Plan) -> bool:
@@ -239,109 +195,125 @@ def _embedding_is_largest(plan: Plan) -> bool:
 
 
 def memory_bill(plan: Plan) -> MemoryBill:
-    m, node, place = plan.model, plan.node, plan.placement
-    dp = plan.data_parallel_degree
-    gpus_per_node = plan.cluster.gpus_per_node
-    compute = COMPUTE_BYTES[plan.precision]
-    unit_param_bytes = largest_unit_params(plan) * compute
-    depth = plan.prefetch_depth
-    gathers = gathers_params(plan)
-    copies = not node.host_is_device  # host <-> device copies need staging (runtime/stores.py)
-
-    gpu: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    nvme: dict[str, float] = {}
-    per_gpu_tiers = {"gpu": gpu, "cpu": cpu, "nvme": nvme}
-
-    # -- resident states (eq. 2 as the runtime holds them, eq. 3) ------------------------------
-    for tier, term, nbytes in resident_state_terms(plan):
-        per_gpu_tiers[tier][term] = per_gpu_tiers[tier].get(term, 0) + nbytes
-    per_gpu_tiers[place.activation_checkpoints]["activation_checkpoints"] = checkpoint_bytes(plan)
-
-    # -- working memory (eq. 4, eq. 5) and the runtime's buffers ------------------------------
-    # [Note: gathered working memory] The runtime gathers a unit (weights + bias) into a buffer of
-    # its own only when it must (`gathers_params`); with 2+ ranks the unit's 16-bit gradients are
-    # collected in a flat buffer too, and the tied embedding stays gathered from its use as the
-    # output head until its gradient is complete. Each term is its own worst case; the runtime's
-    # units of different sizes rarely reach all of them at one instant (docs/calibration.md).
-    gpu["awm"] = activation_working_bytes(plan)
-    if gathers:
-        op_working = unit_param_bytes
-        if dp > 1:
-            op_working += largest_unit_params(plan) * compute  # the flat gradient buffer
-        if m.vocab_size and m.tied_embeddings and not _embedding_is_largest(plan):
-            op_working += m.vocab_size * m.hidden_size / plan.model_parallel_degree * compute
-        gpu["mswm"] = op_working
-        if depth >= 1:
-            gpu["prefetch_gathered_params"] = unit_param_bytes
-        if depth >= 2 and not params_on_compute_device(plan) and place.params != "nvme":
-            # A shard read from NVMe waits in a host swap buffer instead, until its all-gather.
-            gpu["prefetch_shard_staging"] = unit_param_bytes / dp
-    if "gradients" in plan.partitioned and dp > 1:
-        gpu["reduce_scatter_buffer"] = largest_unit_params(plan) * compute
-    if copies and place.gradients != "gpu" and stores_gradients(plan):
-        gpu["gradient_offload_staging"] = 2 * unit_param_bytes / dp
-    if copies and place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
-        gpu["checkpoint_offload_staging"] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
-    if m.vocab_size:
-        logit_elems = plan.micro_batch_per_gpu * m.seq_len * m.vocab_size
-        gpu["logits"] = logit_elems * (ACTIVATION_BYTES + LOGIT_GRAD_BYTES)
-    gpu["allocator_slack"] = ALLOCATOR_SLACK_FRACTION * sum(gpu.get(t, 0) for t in _TRANSIENT_GPU_TERMS)
-
-    # NVMe staging of the largest shard per state (runtime/nvme/store.py).
-    unit_shard = largest_unit_params(plan) / dp
-    if place.params == "nvme" and "params" in plan.partitioned and depth >= 2:
-        # Shards read ahead of operator i+1 (i+2, and i+3 at depth 3) wait here (runtime/group.py).
-        cpu["param_swap_buffers"] = (min(depth, 3) - 1) * _aligned(unit_shard * compute)
-    if place.optimizer_states == "nvme":
-        cpu["optimizer_swap_buffers"] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
-    if place.gradients == "nvme" and stores_gradients(plan):
-        buffers = gradient_write_buffers(depth, params_on_nvme=place.params == "nvme")
-        cpu["gradient_swap_buffers"] = buffers * _aligned(unit_shard * STORED_GRADIENT_BYTES)
-    cpu["runtime_bookkeeping"] = num_operators(plan) * BOOKKEEPING_BYTES_PER_OPERATOR
-
-    # Host and NVMe tiers are shared by the node's GPUs: scale per-GPU amounts to per node.
-    terms = {
-        "gpu": {k: math.ceil(v) for k, v in gpu.items()},
-        "cpu": {k: math.ceil(v) * gpus_per_node for k, v in cpu.items()},
-        "nvme": {k: math.ceil(v) * gpus_per_node for k, v in nvme.items()},
-    }
+    """Bytes per tier and term of `plan` at the iteration's worst moment (module docstring)."""
+    node = plan.node
+    per_node = plan.cluster.gpus_per_node  # host and NVMe tiers are shared by the node's GPUs
+    terms = {tier: {term: math.ceil(v) * (1 if tier == "gpu" else per_node) for term, v in per_gpu.items()}
+             for tier, per_gpu in _per_gpu_terms(plan).items()}
     capacity = {
         "gpu": int(node.gpu_memory_bytes),
         "cpu": int(node.cpu_memory_bytes),
         "nvme": int(node.nvme_capacity_bytes),
     }
     peak = {tier: sum(t.values()) for tier, t in terms.items()}
-    if node.host_is_device:  # one memory: the host store's bytes and the device's add up
+    return MemoryBill(
+        terms=terms,
+        capacity_bytes=capacity,
+        largest_alloc_bytes=largest_alloc_bytes(plan),
+        max_alloc_bytes=int(node.gpu_max_alloc_bytes),
+        over=_over_capacity(peak, capacity, host_is_device=node.host_is_device),
+    )
+
+
+def _per_gpu_terms(plan: Plan) -> dict[str, dict[MemoryTerm, float]]:
+    """tier -> term -> bytes for one GPU (what the bill scales to per node for `cpu` and `nvme`):
+    the resident states where the placement puts them, every buffer in its term's tier."""
+    tiers: dict[str, dict[MemoryTerm, float]] = {tier: {} for tier in TIERS}
+    # -- resident states (eq. 2 as the runtime holds them, eq. 3) ------------------------------
+    for tier, term, nbytes in resident_state_terms(plan):
+        tiers[tier][term] = tiers[tier].get(term, 0) + nbytes
+    tiers[plan.placement.activation_checkpoints][MemoryTerm.ACTIVATION_CHECKPOINTS] = checkpoint_bytes(plan)
+    # -- working memory (eq. 4, eq. 5) and the runtime's buffers ------------------------------
+    for term, nbytes in (*_gpu_buffers(plan).items(), *_host_buffers(plan).items()):
+        (tier,) = term.tiers
+        tiers[tier][term] = nbytes
+    return tiers
+
+
+def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
+    """The transient GPU terms of one GPU, then the allocator's slack on them.
+
+    [Note: gathered working memory] The runtime gathers a unit (weights + bias) into a buffer of
+    its own only when it must (`gathers_params`); with 2+ ranks the unit's 16-bit gradients are
+    collected in a flat buffer too, and the tied embedding stays gathered from its use as the
+    output head until its gradient is complete. Each term is its own worst case; the runtime's
+    units of different sizes rarely reach all of them at one instant (docs/calibration.md)."""
+    m, place = plan.model, plan.placement
+    dp, depth = plan.data_parallel_degree, plan.prefetch_depth
+    compute = COMPUTE_BYTES[plan.precision]
+    unit_param_bytes = largest_unit_params(plan) * compute
+    copies = not plan.node.host_is_device  # host <-> device copies need staging (runtime/stores.py)
+    gpu: dict[MemoryTerm, float] = {MemoryTerm.AWM: activation_working_bytes(plan)}
+    if gathers_params(plan):
+        op_working = unit_param_bytes
+        if dp > 1:
+            op_working += largest_unit_params(plan) * compute  # the flat gradient buffer
+        if m.vocab_size and m.tied_embeddings and not _embedding_is_largest(plan):
+            op_working += m.vocab_size * m.hidden_size / plan.model_parallel_degree * compute
+        gpu[MemoryTerm.MSWM] = op_working
+        if depth >= 1:
+            gpu[MemoryTerm.PREFETCH_GATHERED_PARAMS] = unit_param_bytes
+        if depth >= 2 and not params_on_compute_device(plan) and place.params != "nvme":
+            # A shard read from NVMe waits in a host swap buffer instead, until its all-gather.
+            gpu[MemoryTerm.PREFETCH_SHARD_STAGING] = unit_param_bytes / dp
+    if "gradients" in plan.partitioned and dp > 1:
+        gpu[MemoryTerm.REDUCE_SCATTER_BUFFER] = largest_unit_params(plan) * compute
+    if copies and place.gradients != "gpu" and stores_gradients(plan):
+        gpu[MemoryTerm.GRADIENT_OFFLOAD_STAGING] = 2 * unit_param_bytes / dp
+    if copies and place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
+        gpu[MemoryTerm.CHECKPOINT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
+    if m.vocab_size:
+        logit_elems = plan.micro_batch_per_gpu * m.seq_len * m.vocab_size
+        gpu[MemoryTerm.LOGITS] = logit_elems * (ACTIVATION_BYTES + LOGIT_GRAD_BYTES)
+    gpu[MemoryTerm.ALLOCATOR_SLACK] = ALLOCATOR_SLACK_FRACTION * sum(v for term, v in gpu.items() if term.transient)
+    return gpu
+
+
+def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
+    """One GPU's share of the host buffers: NVMe staging of the largest shard per state
+    (runtime/nvme/store.py) and the runtime's per-operator objects."""
+    place, depth = plan.placement, plan.prefetch_depth
+    unit_shard = largest_unit_params(plan) / plan.data_parallel_degree
+    cpu: dict[MemoryTerm, float] = {}
+    if place.params == "nvme" and "params" in plan.partitioned and depth >= 2:
+        # Shards read ahead of operator i+1 (i+2, and i+3 at depth 3) wait here (runtime/group.py).
+        cpu[MemoryTerm.PARAM_SWAP_BUFFERS] = (min(depth, 3) - 1) * _aligned(unit_shard * COMPUTE_BYTES[plan.precision])
+    if place.optimizer_states == "nvme":
+        cpu[MemoryTerm.OPTIMIZER_SWAP_BUFFERS] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
+    if place.gradients == "nvme" and stores_gradients(plan):
+        buffers = gradient_write_buffers(depth, params_on_nvme=place.params == "nvme")
+        cpu[MemoryTerm.GRADIENT_SWAP_BUFFERS] = buffers * _aligned(unit_shard * STORED_GRADIENT_BYTES)
+    cpu[MemoryTerm.RUNTIME_BOOKKEEPING] = num_operators(plan) * BOOKKEEPING_BYTES_PER_OPERATOR
+    return cpu
+
+
+def _over_capacity(peak: dict[str, int], capacity: dict[str, int], *, host_is_device: bool) -> dict[str, int]:
+    """tier -> bytes over capacity, for the tiers that do not fit."""
+    if host_is_device:  # one memory: the host store's bytes and the device's add up
         joint = peak["gpu"] + peak["cpu"]
         over = {tier: joint - capacity[tier] for tier in ("gpu", "cpu") if joint > capacity[tier]}
     else:
         over = {tier: peak[tier] - capacity[tier] for tier in ("gpu", "cpu") if peak[tier] > capacity[tier]}
     if peak["nvme"] > capacity["nvme"]:
         over["nvme"] = peak["nvme"] - capacity["nvme"]
+    return over
+
+
+def largest_alloc_bytes(plan: Plan) -> int:
+    """Largest single GPU allocation: one gathered operator (a whole one without ZeRO-3), or the
+    largest activation tensor (the MLP's hidden activations)."""
+    m, compute = plan.model, COMPUTE_BYTES[plan.precision]
     largest_activation = plan.micro_batch_per_gpu * m.seq_len * m.ffn_hidden_size * compute / plan.model_parallel_degree
     zero3 = "params" in plan.partitioned
     largest_weight = operator_params_per_gpu(plan) * compute if zero3 else (
         m.largest_operator_params / plan.model_parallel_degree) * compute
-    return MemoryBill(
-        terms=terms,
-        capacity_bytes=capacity,
-        largest_alloc_bytes=math.ceil(max(largest_weight, largest_activation)),
-        max_alloc_bytes=int(node.gpu_max_alloc_bytes),
-        over=over,
-    )
-
-
-RUNTIME_UNTRACKED_TERMS = ("awm", "logits", "allocator_slack")
-"""GPU terms that are autograd's tensors or allocator behaviour, not buffers the runtime owns: its
-ledger (and so a profile's `peak_bytes`) does not see them."""
+    return math.ceil(max(largest_weight, largest_activation))
 
 
 def runtime_buffer_peak_bytes(bill: MemoryBill) -> dict[str, int]:
-    """The bill's peak per tier over the terms the runtime's own ledger tracks (what a profile's
-    `peak_bytes` measures; on CUDA the allocator's peak is recorded beside it)."""
-    return {tier: sum(v for k, v in terms.items() if tier != "gpu" or k not in RUNTIME_UNTRACKED_TERMS)
-            for tier, terms in bill.terms.items()}
+    """The bill's peak per tier over the terms the runtime's own ledger tracks (`MemoryTerm.ledgered`:
+    what a profile's `peak_bytes` measures; on CUDA the allocator's peak is recorded beside it)."""
+    return {tier: sum(v for term, v in terms.items() if MemoryTerm(term).ledgered) for tier, terms in bill.terms.items()}
 
 
 WRITE_STAGING_BUFFERS = 2

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from planner.errors import PlannerError
 from planner.hardware import Cluster, NodeSpec
 from planner.model import ModelSpec
+from planner.phases import PHASES
 from planner.specio import check_keys, load_document, number, string, write_json_atomic
 
 SCHEMA = "tierwise.plan/1"
@@ -26,7 +27,6 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 STRATEGIES: tuple[str, ...] = ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "custom")
 LINKS: tuple[str, ...] = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
-PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 OptimizerStep = Literal["after_backward", "in_backward"]
 OPTIMIZER_STEPS: tuple[str, ...] = ("after_backward", "in_backward")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner.memory import TERM_DOCS
+from planner.memory_terms import describe
 from planner.model import format_param_count
 from planner.plan import TIERS, Plan
 from planner.units import GIB, TIB
@@ -75,7 +75,7 @@ def terms_table(plan: Plan) -> Table:
         table.add_column(col, justify="right" if col == "bytes" else "left")
     for tier in TIERS:
         for name, nbytes in pred.memory_terms.get(tier, {}).items():
-            table.add_row(f"{tier} ({TIER_UNIT[tier]})", name, f"{nbytes:,}", TERM_DOCS.get(name, ""))
+            table.add_row(f"{tier} ({TIER_UNIT[tier]})", name, f"{nbytes:,}", describe(name))
     return table
 
 

@@ -16,9 +16,11 @@ Per-GPU slow bandwidth is the GPU's own link capped by its share of the node's a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
-from planner.plan import LINKS, PHASES, Plan
+from planner.phases import PHASES
+from planner.plan import LINKS, Plan
 
 # Share of the iteration's model flops in each pass (eq. 7): forward 2, recompute 2, backward 4.
 FORWARD_FLOPS_PER_PARAM_TOKEN = 2
@@ -94,143 +96,46 @@ class Estimate:
     """Eq. 6 per state at the bandwidth this plan gives it."""
 
 
+class _Passes(NamedTuple):
+    """Seconds one kind of work needs on its own in the forward and in the backward pass."""
+
+    forward_s: float
+    backward_s: float
+    backward_nvme_read_s: float = 0.0
+    """The backward's own NVMe reads (an in-backward optimizer step shares the drive with them)."""
+
+
+class _OptimizerStep(NamedTuple):
+    total_s: float
+    """The step after the backward, ZeRO-2's all-gather of the updated parameters included."""
+    update_compute_s: float
+    """The update's own arithmetic (the CPU or HBM-bound Adam): the part of the step that is not I/O."""
+    nvme_s: float
+    gather_after_s: float
+    on_compute_device: bool
+
+
 def estimate(plan: Plan) -> Estimate:
-    m, place, node = plan.model, plan.placement, plan.node
+    node = plan.node
     bw = bandwidths(plan)
-    dp, mp = plan.data_parallel_degree, plan.model_parallel_degree
-    per_param = BYTES_PER_PARAM[plan.precision]
-    params_per_gpu = m.num_params / mp  # one model replica's slice on this GPU
-    shard_params = params_per_gpu / dp
-    tokens = plan.micro_batch_per_gpu * m.seq_len
-    recompute = plan.checkpoint_interval > 0
     links = dict.fromkeys(LINKS, 0.0)
-
-    # -- compute ---------------------------------------------------------------------------
-    fwd_flops = FORWARD_FLOPS_PER_PARAM_TOKEN * tokens * m.num_params
-    bwd_flops = (BACKWARD_FLOPS_PER_PARAM_TOKEN + (RECOMPUTE_FLOPS_PER_PARAM_TOKEN if recompute else 0)) * tokens * m.num_params
-    compute_fwd = fwd_flops / node.gpu_flops_per_s
-    compute_bwd = bwd_flops / node.gpu_flops_per_s
-
-    # -- parameters: fetched once per pass over the model ----------------------------------
-    param_bytes = params_per_gpu * per_param["params"]
-    fetch_fwd = fetch_bwd = 0.0
-    nvme_read_bwd = 0.0  # the backward's own NVMe reads (in-backward updates share the drive with them)
-    if "params" in plan.partitioned:
-        passes_bwd = 2 if recompute else 1
-        gather = param_bytes * (dp - 1) / dp
-        slow_bw = {"gpu": float("inf"), "cpu": bw.h2d, "nvme": bw.nvme_read}[place.params]
-        shard = param_bytes / dp if place.params != "gpu" else 0.0
-        per_pass = max(_divide(gather, bw.all_gather), _divide(shard, slow_bw))
-        fetch_fwd, fetch_bwd = per_pass, passes_bwd * per_pass
-        links["all_gather"] += (1 + passes_bwd) * gather
-        if place.params in ("cpu", "nvme"):
-            links["h2d"] += (1 + passes_bwd) * shard
-        if place.params == "nvme":
-            links["nvme_read"] += (1 + passes_bwd) * shard
-            nvme_read_bwd += _divide(passes_bwd * shard, bw.nvme_read)
-
-    # -- gradients: reduce-scatter (or all-reduce) and offload during backward --------------
-    grad_bytes = params_per_gpu * per_param["gradients"]
-    if "gradients" in plan.partitioned:
-        reduce = grad_bytes * (dp - 1) / dp
-        links["reduce_scatter"] += reduce
-    else:  # plain data parallel: ring all-reduce moves twice the reduce-scatter's bytes
-        reduce = 2 * grad_bytes * (dp - 1) / dp
-        links["reduce_scatter"] += reduce
-    grads_time = _divide(reduce, bw.all_gather)
-    stored = stores_gradients(plan)
-    if place.gradients != "gpu":
-        # Not stored (in-backward step, optimizer on NVMe): the shard still crosses to the host,
-        # into the update's chunk buffer, but is never written to NVMe.
-        out = grad_bytes / dp
-        links["d2h"] += out
-        grads_time = max(grads_time, _divide(out, bw.d2h))
-        if place.gradients == "nvme" and stored:  # the fp32 shard the step reads back
-            written = params_per_gpu * STORED_GRADIENT_BYTES / dp
-            links["nvme_write"] += written
-            grads_time = max(grads_time, _divide(written, bw.nvme_write))
-
-    # -- activation checkpoints: written in forward, read in backward (eq. 11) --------------
-    ckpt_fwd = ckpt_bwd = 0.0
-    if place.activation_checkpoints != "gpu" and recompute:
-        ckpt = checkpoint_bytes(plan)
-        links["d2h"] += ckpt
-        links["h2d"] += ckpt
-        ckpt_fwd, ckpt_bwd = _divide(ckpt, bw.d2h), _divide(ckpt, bw.h2d)
-        if place.activation_checkpoints == "nvme":
-            links["nvme_write"] += ckpt
-            links["nvme_read"] += ckpt
-            ckpt_fwd = max(ckpt_fwd, _divide(ckpt, bw.nvme_write))
-            ckpt_bwd = max(ckpt_bwd, _divide(ckpt, bw.nvme_read))
-            nvme_read_bwd += _divide(ckpt, bw.nvme_read)
-
-    # -- tensor parallelism: Megatron's two all-reduces per block in each pass --------------
-    tp_fwd = tp_bwd = 0.0
-    if mp > 1:
-        per_allreduce = 2 * (mp - 1) / mp * ACTIVATION_ALLREDUCE_BYTES * tokens * mp * m.hidden_size
-        tp_fwd = 2 * m.num_layers * per_allreduce / bw.tensor_parallel
-        tp_bwd = (2 + (2 if recompute else 0)) * m.num_layers * per_allreduce / bw.tensor_parallel
-
-    # -- optimizer step: not overlapped with forward/backward in the paper's design ---------
-    gpus = plan.cluster.gpus_per_node
-    on_compute_device = place.optimizer_states == "gpu" or node.host_is_device
-    optimizer_nvme = 0.0  # the step's NVMe time
-    if place.optimizer_states == "gpu" and not node.host_is_device:
-        optimizer = update_compute = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
-    else:
-        cpu_update = update_compute = _divide(shard_params * gpus, node.cpu_adam_params_per_s)
-        io = 0.0
-        if place.optimizer_states == "nvme":
-            # eq. 10 reads and writes 16 bytes/param once; the runtime's streamed step reads the
-            # fp32 master, momentum, variance (12) and the fp32 gradient (4, from NVMe when the
-            # gradients live there and are stored) and writes back only the 12
-            # (runtime/streamed_optimizer.py).
-            read = shard_params * (12 + (4 if place.gradients == "nvme" and stored else 0))
-            written = shard_params * 12
-            links["nvme_read"] += read
-            links["nvme_write"] += written
-            io = _divide(read, bw.nvme_read) + _divide(written, bw.nvme_write)
-            optimizer_nvme = io
-        # updated parameters go back to where the parameters live
-        updated = shard_params * per_param["params"]
-        if place.params == "gpu":
-            links["h2d"] += updated
-            io = max(io, _divide(updated, bw.h2d))
-        elif place.params == "nvme":
-            links["nvme_write"] += updated
-            io += _divide(updated, bw.nvme_write)
-            optimizer_nvme += _divide(updated, bw.nvme_write)
-        optimizer = max(cpu_update, io)
-    gather_after = 0.0
-    if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned:
-        # ZeRO-2 / ZeRO-Offload: each rank updated 1/dp of the parameters; all-gather them back
-        gather = param_bytes * (dp - 1) / dp
-        links["all_gather"] += gather
-        gather_after = _divide(gather, bw.all_gather)
-        optimizer += gather_after
-
+    # Each part adds its bytes to `links`, in this order (a link's sum is rounded as it grows).
+    compute = _compute(plan)
+    params = _param_fetch(plan, bw, links)
+    grads_time = _gradient_traffic_s(plan, bw, links)
+    ckpt = _checkpoint_traffic(plan, bw, links)
+    tp = _tensor_parallel(plan, bw)
+    step = _optimizer_step(plan, bw, links)
+    place = plan.placement
     components = {
-        "compute": compute_fwd + compute_bwd,
-        f"params ({place.params})": fetch_fwd + fetch_bwd,
+        "compute": compute.forward_s + compute.backward_s,
+        f"params ({place.params})": params.forward_s + params.backward_s,
         f"gradients ({place.gradients})": grads_time,
-        f"checkpoints ({place.activation_checkpoints})": ckpt_fwd + ckpt_bwd,
-        "tensor parallel": tp_fwd + tp_bwd,
-        f"optimizer ({place.optimizer_states})": optimizer,
+        f"checkpoints ({place.activation_checkpoints})": ckpt.forward_s + ckpt.backward_s,
+        "tensor parallel": tp.forward_s + tp.backward_s,
+        f"optimizer ({place.optimizer_states})": step.total_s,
     }
-    if plan.optimizer_step == "in_backward":
-        backward = _in_backward_backward(
-            plan, optimizer - gather_after, update_compute, on_compute_device=on_compute_device,
-            nvme_s=optimizer_nvme + nvme_read_bwd, compute_bwd=compute_bwd,
-            others=(fetch_bwd, grads_time, ckpt_bwd), tp_bwd=tp_bwd)
-        optimizer = gather_after
-    elif plan.prefetch_depth >= 1:
-        backward = max(compute_bwd, fetch_bwd, grads_time, ckpt_bwd) + tp_bwd
-    else:
-        backward = compute_bwd + fetch_bwd + grads_time + ckpt_bwd + tp_bwd
-    if plan.prefetch_depth >= 1:
-        forward = max(compute_fwd, fetch_fwd, ckpt_fwd) + tp_fwd
-    else:
-        forward = compute_fwd + fetch_fwd + ckpt_fwd + tp_fwd
+    forward, backward, optimizer = _phase_times(plan, compute, params, grads_time, ckpt, tp, step)
     iteration = forward + backward + optimizer
     bottleneck = max(components, key=lambda k: components[k])
     ait, state_bw = arithmetic_intensity(plan), state_bandwidths(plan)
@@ -245,6 +150,156 @@ def estimate(plan: Plan) -> Estimate:
         tokens_per_s=plan.tokens_per_iteration / iteration,
         efficiency_no_overlap=eff,
     )
+
+
+def _compute(plan: Plan) -> _Passes:
+    """Model flops of each pass at the GPU's peak (eq. 7: forward 2, recompute 2, backward 4)."""
+    m, tokens = plan.model, plan.micro_batch_per_gpu * plan.model.seq_len
+    recompute = RECOMPUTE_FLOPS_PER_PARAM_TOKEN if plan.checkpoint_interval > 0 else 0
+    fwd_flops = FORWARD_FLOPS_PER_PARAM_TOKEN * tokens * m.num_params
+    bwd_flops = (BACKWARD_FLOPS_PER_PARAM_TOKEN + recompute) * tokens * m.num_params
+    return _Passes(fwd_flops / plan.node.gpu_flops_per_s, bwd_flops / plan.node.gpu_flops_per_s)
+
+
+def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:
+    """Parameters fetched once per pass over the model (twice in backward with recompute)."""
+    if "params" not in plan.partitioned:
+        return _Passes(0.0, 0.0)
+    tier, dp = plan.placement.params, plan.data_parallel_degree
+    param_bytes = _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["params"]
+    passes_bwd = 2 if plan.checkpoint_interval > 0 else 1
+    gather = param_bytes * (dp - 1) / dp
+    slow_bw = {"gpu": float("inf"), "cpu": bw.h2d, "nvme": bw.nvme_read}[tier]
+    shard = param_bytes / dp if tier != "gpu" else 0.0
+    per_pass = max(_divide(gather, bw.all_gather), _divide(shard, slow_bw))
+    links["all_gather"] += (1 + passes_bwd) * gather
+    if tier in ("cpu", "nvme"):
+        links["h2d"] += (1 + passes_bwd) * shard
+    nvme_read_bwd = 0.0
+    if tier == "nvme":
+        links["nvme_read"] += (1 + passes_bwd) * shard
+        nvme_read_bwd = _divide(passes_bwd * shard, bw.nvme_read)
+    return _Passes(per_pass, passes_bwd * per_pass, nvme_read_bwd)
+
+
+def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> float:
+    """Backward's gradient traffic: reduce-scatter (or all-reduce) and the offload of the shard."""
+    place, dp = plan.placement, plan.data_parallel_degree
+    grad_bytes = _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["gradients"]
+    rounds = 1 if "gradients" in plan.partitioned else 2  # a ring all-reduce moves twice a reduce-scatter's bytes
+    reduce = rounds * grad_bytes * (dp - 1) / dp
+    links["reduce_scatter"] += reduce
+    grads_time = _divide(reduce, bw.all_gather)
+    if place.gradients != "gpu":
+        # Not stored (in-backward step, optimizer on NVMe): the shard still crosses to the host,
+        # into the update's chunk buffer, but is never written to NVMe.
+        out = grad_bytes / dp
+        links["d2h"] += out
+        grads_time = max(grads_time, _divide(out, bw.d2h))
+        if place.gradients == "nvme" and stores_gradients(plan):  # the fp32 shard the step reads back
+            written = _params_per_gpu(plan) * STORED_GRADIENT_BYTES / dp
+            links["nvme_write"] += written
+            grads_time = max(grads_time, _divide(written, bw.nvme_write))
+    return grads_time
+
+
+def _checkpoint_traffic(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:
+    """Activation checkpoints written in forward and read back in backward (eq. 11)."""
+    tier = plan.placement.activation_checkpoints
+    if tier == "gpu" or plan.checkpoint_interval == 0:
+        return _Passes(0.0, 0.0)
+    ckpt = checkpoint_bytes(plan)
+    links["d2h"] += ckpt
+    links["h2d"] += ckpt
+    ckpt_fwd, ckpt_bwd = _divide(ckpt, bw.d2h), _divide(ckpt, bw.h2d)
+    if tier != "nvme":
+        return _Passes(ckpt_fwd, ckpt_bwd)
+    links["nvme_write"] += ckpt
+    links["nvme_read"] += ckpt
+    return _Passes(max(ckpt_fwd, _divide(ckpt, bw.nvme_write)), max(ckpt_bwd, _divide(ckpt, bw.nvme_read)),
+                   _divide(ckpt, bw.nvme_read))
+
+
+def _tensor_parallel(plan: Plan, bw: Bandwidths) -> _Passes:
+    """Megatron's two all-reduces per block in each pass (and two more in a recompute)."""
+    mp = plan.model_parallel_degree
+    if mp <= 1:
+        return _Passes(0.0, 0.0)
+    m, tokens = plan.model, plan.micro_batch_per_gpu * plan.model.seq_len
+    per_allreduce = 2 * (mp - 1) / mp * ACTIVATION_ALLREDUCE_BYTES * tokens * mp * m.hidden_size
+    recompute = 2 if plan.checkpoint_interval > 0 else 0
+    return _Passes(2 * m.num_layers * per_allreduce / bw.tensor_parallel,
+                   (2 + recompute) * m.num_layers * per_allreduce / bw.tensor_parallel)
+
+
+def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _OptimizerStep:
+    """The optimizer step: not overlapped with forward/backward in the paper's design."""
+    place, node, dp = plan.placement, plan.node, plan.data_parallel_degree
+    shard_params = _params_per_gpu(plan) / dp
+    on_compute_device = place.optimizer_states == "gpu" or node.host_is_device
+    optimizer_nvme = 0.0  # the step's NVMe time
+    if place.optimizer_states == "gpu" and not node.host_is_device:
+        optimizer = update_compute = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
+    else:
+        cpu_update = update_compute = _divide(shard_params * plan.cluster.gpus_per_node, node.cpu_adam_params_per_s)
+        io = 0.0
+        if place.optimizer_states == "nvme":
+            # eq. 10 reads and writes 16 bytes/param once; the runtime's streamed step reads the
+            # fp32 master, momentum, variance (12) and the fp32 gradient (4, from NVMe when the
+            # gradients live there and are stored) and writes back only the 12
+            # (runtime/streamed_optimizer.py).
+            read = shard_params * (12 + (4 if place.gradients == "nvme" and stores_gradients(plan) else 0))
+            written = shard_params * 12
+            links["nvme_read"] += read
+            links["nvme_write"] += written
+            io = _divide(read, bw.nvme_read) + _divide(written, bw.nvme_write)
+            optimizer_nvme = io
+        # updated parameters go back to where the parameters live
+        updated = shard_params * BYTES_PER_PARAM[plan.precision]["params"]
+        if place.params == "gpu":
+            links["h2d"] += updated
+            io = max(io, _divide(updated, bw.h2d))
+        elif place.params == "nvme":
+            links["nvme_write"] += updated
+            io += _divide(updated, bw.nvme_write)
+            optimizer_nvme += _divide(updated, bw.nvme_write)
+        optimizer = max(cpu_update, io)
+    gather_after = 0.0
+    if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned:
+        # ZeRO-2 / ZeRO-Offload: each rank updated 1/dp of the parameters; all-gather them back
+        gather = _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["params"] * (dp - 1) / dp
+        links["all_gather"] += gather
+        gather_after = _divide(gather, bw.all_gather)
+        optimizer += gather_after
+    return _OptimizerStep(optimizer, update_compute, optimizer_nvme, gather_after, on_compute_device)
+
+
+def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: float, ckpt: _Passes, tp: _Passes,
+                 step: _OptimizerStep) -> tuple[float, float, float]:
+    """Forward, backward and optimizer seconds: each pass's work overlapped (prefetch depth >= 1)
+    or serial (depth 0); an in-backward step moves the update into the backward."""
+    optimizer = step.total_s
+    if plan.optimizer_step == "in_backward":
+        backward = _in_backward_backward(
+            plan, step.total_s - step.gather_after_s, step.update_compute_s, on_compute_device=step.on_compute_device,
+            nvme_s=step.nvme_s + (params.backward_nvme_read_s + ckpt.backward_nvme_read_s),
+            compute_bwd=compute.backward_s, others=(params.backward_s, grads_time, ckpt.backward_s),
+            tp_bwd=tp.backward_s)
+        optimizer = step.gather_after_s
+    elif plan.prefetch_depth >= 1:
+        backward = max(compute.backward_s, params.backward_s, grads_time, ckpt.backward_s) + tp.backward_s
+    else:
+        backward = compute.backward_s + params.backward_s + grads_time + ckpt.backward_s + tp.backward_s
+    if plan.prefetch_depth >= 1:
+        forward = max(compute.forward_s, params.forward_s, ckpt.forward_s) + tp.forward_s
+    else:
+        forward = compute.forward_s + params.forward_s + ckpt.forward_s + tp.forward_s
+    return forward, backward, optimizer
+
+
+def _params_per_gpu(plan: Plan) -> float:
+    """One model replica's slice of the parameters on this GPU."""
+    return plan.model.num_params / plan.model_parallel_degree
 
 
 def _in_backward_backward(plan: Plan, update_s: float, update_compute_s: float, *, on_compute_device: bool,

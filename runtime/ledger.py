@@ -1,8 +1,8 @@
 """Own accounting of every buffer the runtime holds, per memory tier and per named term.
 
-Term names are the planner's (`planner/memory.py`: `params`, `gradients`, `optimizer_states`,
-`activation_checkpoints`, `mswm`, `prefetch_gathered_params`, `reduce_scatter_buffer`, ...), so a
-profile's peak can be compared with the plan's memory bill term by term. Tier `gpu` means "the
+Term names are the planner's memory vocabulary (`planner.memory_terms.MemoryTerm`: `params`,
+`optimizer_states`, `mswm`, `prefetch_gathered_params`, ...; a member or its value), so a profile's
+peak can be compared with the plan's memory bill term by term; any other name is a bug. Tier `gpu` means "the
 compute device" (the CPU itself on a machine without CUDA), `cpu` the host store, `nvme` files.
 """
 
@@ -13,7 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-TIERS: tuple[str, ...] = ("gpu", "cpu", "nvme")
+from planner.memory_terms import MemoryTerm
+from planner.plan import TIERS
+
+_TERMS = frozenset(MemoryTerm)
 
 
 @dataclass(slots=True)
@@ -39,6 +42,7 @@ class MemoryLedger:
 
     def add(self, tier: str, term: str, num_bytes: int) -> None:
         assert tier in self._tiers, tier
+        assert term in _TERMS, f"{term!r} is not a memory term (planner.memory_terms.MemoryTerm)"
         with self._lock:
             usage = self._tiers[tier]
             usage.current_bytes += num_bytes

@@ -10,9 +10,9 @@ bytes per parameter]; `planner memory` still reports the paper's quantities as w
 - `mswm` on 2+ ranks: the largest unit's weight *and bias*, its flat gradient buffer, and the tied
   embedding (kept gathered through backward until its gradient is complete).
 Compared exactly (to padding): the resident states and checkpoints per tier, the host tier's whole
-peak, and on two ranks every gathering term. Not compared: `awm`, `logits`, `allocator_slack`
-(autograd's tensors and allocator behaviour, not runtime buffers; on CUDA the profile records the
-allocator's peak next to the ledger) and the host<->device staging terms (a CPU device makes no
+peak, and on two ranks every gathering term. Not compared: the terms not `MemoryTerm.ledgered`
+(`awm`, `logits`, `allocator_slack`: autograd's tensors and allocator behaviour, not runtime buffers;
+on CUDA the profile records the allocator's peak next to the ledger) and the host<->device staging terms (a CPU device makes no
 copies: the bill leaves them out when the hardware says `host_is_device`).
 """
 
@@ -24,6 +24,7 @@ from runtime_support import HARDWARE, run_distributed
 
 import runtime
 from planner.memory import memory_bill, runtime_buffer_peak_bytes
+from planner.memory_terms import MemoryTerm
 from planner.plan import Plan
 from runtime.gpt import GPT, GPTConfig
 
@@ -64,20 +65,21 @@ CASES = {
     # ZeRO-Infinity on CPU, mixed precision, checkpoint every block, offloaded checkpoints.
     "bf16-all-cpu": (_plan("bf16", dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"),
                                                  "cpu"), 1),
-                     {"cpu": ("params", "optimizer_states", "activation_checkpoints")}),
+                     {"cpu": (MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.ACTIVATION_CHECKPOINTS)}),
     # ZeRO-Offload-like fp32: parameters on the device, gradients and optimizer on the host.
     "fp32-params-device": (_plan("fp32", {"params": "gpu", "gradients": "cpu", "optimizer_states": "cpu",
                                           "activation_checkpoints": "gpu"}, 0),
-                           {"gpu": ("params",), "cpu": ("gradients", "optimizer_states")}),
+                           {"gpu": (MemoryTerm.PARAMS,), "cpu": (MemoryTerm.GRADIENTS, MemoryTerm.OPTIMIZER_STATES)}),
     # bf16 with gradients and optimizer states on the device, parameters on the host.
     "bf16-params-host": (_plan("bf16", {"params": "cpu", "gradients": "gpu", "optimizer_states": "gpu",
                                         "activation_checkpoints": "gpu"}, 1),
-                         {"gpu": ("optimizer_states", "activation_checkpoints"), "cpu": ("params",)}),
+                         {"gpu": (MemoryTerm.OPTIMIZER_STATES, MemoryTerm.ACTIVATION_CHECKPOINTS), "cpu": (MemoryTerm.PARAMS,)}),
     # fp32, everything in one tier: the parameter shard is the master (8 B/param of optimizer states);
     # fp32 checkpoints are 4 bytes per element.
     "fp32-all-cpu": (_plan("fp32", dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"),
                                                  "cpu"), 1),
-                     {"cpu": ("params", "gradients", "optimizer_states", "activation_checkpoints")}),
+                     {"cpu": (MemoryTerm.PARAMS, MemoryTerm.GRADIENTS, MemoryTerm.OPTIMIZER_STATES,
+                              MemoryTerm.ACTIVATION_CHECKPOINTS)}),
 }
 # Parameters the bill's model leaves out (biases, LayerNorms, position embeddings): ~1.7% here.
 TOLERANCE = 0.025
@@ -91,8 +93,10 @@ def test_resident_terms_match_the_memory_bill(case: str) -> None:
     for tier, terms in compared.items():
         for term in terms:
             assert measured[tier].get(term, 0) == pytest.approx(bill[tier][term], rel=TOLERANCE), (tier, term, measured, bill)
-        assert "gradients" not in measured[tier] or plan.precision == "fp32"
+        assert MemoryTerm.GRADIENTS not in measured[tier] or plan.precision == "fp32"
         assert set(measured[tier]) <= set(bill[tier]), (tier, measured, bill)
+    # The ledger records bill terms only, and only those the runtime owns.
+    assert all(MemoryTerm(t).ledgered for terms in measured.values() for t in terms), measured
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -127,9 +131,9 @@ def test_gathering_buffers_on_two_ranks_match_the_memory_bill(tmp_path) -> None:
     results = run_distributed("gpu_term_peaks", cases, tmp_path, world_size=2, module="test_runtime_memory")
     for (tiling, _), r in zip(cases, results, strict=True):
         m, b = r["measured"], r["bill"]
-        for term in ("params", "prefetch_gathered_params", "reduce_scatter_buffer"):
+        for term in (MemoryTerm.PARAMS, MemoryTerm.PREFETCH_GATHERED_PARAMS, MemoryTerm.REDUCE_SCATTER_BUFFER):
             assert m[term] == pytest.approx(b[term], rel=0.01), (term, tiling, m, b)
-        assert m["mswm"] == pytest.approx(b["mswm"], rel=0.001), (tiling, m, b)
+        assert m[MemoryTerm.MSWM] == pytest.approx(b[MemoryTerm.MSWM], rel=0.001), (tiling, m, b)
 
 
 @pytest.mark.parametrize("depth", [2, 3])
@@ -148,5 +152,6 @@ def test_recompute_holds_one_operator_with_params_on_nvme(depth: int, tmp_path) 
     state = runtime.state_of(model)
     measured, bill = state.ledger.usage("gpu").term_peaks, memory_bill(plan).terms["gpu"]
     state.close()
-    assert measured["mswm"] == pytest.approx(bill["mswm"], rel=0.01), (measured, bill)
-    assert measured["prefetch_gathered_params"] == pytest.approx(bill["prefetch_gathered_params"], rel=0.01)
+    assert measured[MemoryTerm.MSWM] == pytest.approx(bill[MemoryTerm.MSWM], rel=0.01), (measured, bill)
+    assert measured[MemoryTerm.PREFETCH_GATHERED_PARAMS] == pytest.approx(bill[MemoryTerm.PREFETCH_GATHERED_PARAMS],
+                                                                        rel=0.01)

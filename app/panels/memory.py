@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from planner.memory import TERM_DOCS
+from planner.memory_terms import describe
 from planner.plan import TIERS, Plan
 from planner.report import TIER_UNIT, fmt_bytes
 from planner.units import GIB
@@ -27,7 +27,7 @@ def memory_frame(plan: Plan) -> pd.DataFrame:
             "bytes": nbytes,
             "GiB": nbytes / GIB,
             "capacity GiB": pred.capacity_bytes[tier] / GIB,
-            "formula": TERM_DOCS.get(term, ""),
+            "formula": describe(term),
         }
         for tier in TIERS
         for term, nbytes in pred.memory_terms.get(tier, {}).items()

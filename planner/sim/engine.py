@@ -31,6 +31,8 @@ from typing import Any, Literal
 import simpy
 
 from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
+from planner.memory_terms import MemoryTerm
+from planner.phases import Phase
 from planner.plan import Plan
 from planner.sim.in_backward import BackwardUpdates
 from planner.sim.network import Link, Network
@@ -67,10 +69,10 @@ class Simulation:
         self.nvme = TierTracker("nvme", node.nvme_capacity_bytes, "per node")
         self.link_bytes: dict[str, float] = {}
         """Bytes per GPU per link category (DESIGN.md `prediction.link_bytes`), from rank 0."""
-        self.phase_end_s: dict[str, float] = {}
-        self.unit_start_s: dict[tuple[str, int], float] = {}
+        self.phase_end_s: dict[Phase, float] = {}
+        self.unit_start_s: dict[tuple[Phase, int], float] = {}
         """When rank 0's compute starts on each repeating unit of blocks (a checkpoint segment, or a
-        block without checkpointing), keyed ("forward" | "backward", unit): the marks the periodic
+        block without checkpointing), keyed (FORWARD | BACKWARD, unit): the marks the periodic
         extrapolation of the timelines cuts at ([Note: periodic timelines] in periodic.py)."""
         self.largest_gpu_allocation_bytes = 0.0
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
@@ -88,7 +90,7 @@ class Simulation:
 
     @property
     def iteration_time_s(self) -> float:
-        return self.phase_end_s["optimizer"]
+        return self.phase_end_s[Phase.OPTIMIZER]
 
     def links(self) -> list[Link]:
         return self.res.links()
@@ -103,23 +105,23 @@ class Simulation:
         if rank == 0:
             self.link_bytes[category] = self.link_bytes.get(category, 0.0) + nbytes
 
-    def gpu_add(self, rank: int, name: str, nbytes: float, *, single: bool = False) -> None:
+    def gpu_add(self, rank: int, term: MemoryTerm, nbytes: float, *, single: bool = False) -> None:
         """GPU memory is tracked for rank 0 (every GPU holds the same)."""
         if rank == 0:
-            self.gpu.add(self.env.now, name, nbytes)
+            self.gpu.add(self.env.now, term, nbytes)
             if single:
                 self.largest_gpu_allocation_bytes = max(self.largest_gpu_allocation_bytes, nbytes)
 
-    def gpu_remove(self, rank: int, name: str, nbytes: float) -> None:
+    def gpu_remove(self, rank: int, term: MemoryTerm, nbytes: float) -> None:
         if rank == 0:
-            self.gpu.remove(self.env.now, name, nbytes)
+            self.gpu.remove(self.env.now, term, nbytes)
 
-    def cpu_add(self, name: str, nbytes: float) -> None:
+    def cpu_add(self, term: MemoryTerm, nbytes: float) -> None:
         """`nbytes` for one simulated rank; the node holds it for every GPU the rank stands for."""
-        self.cpu.add(self.env.now, name, nbytes * self.res.ranks_weight)
+        self.cpu.add(self.env.now, term, nbytes * self.res.ranks_weight)
 
-    def cpu_remove(self, name: str, nbytes: float) -> None:
-        self.cpu.remove(self.env.now, name, nbytes * self.res.ranks_weight)
+    def cpu_remove(self, term: MemoryTerm, nbytes: float) -> None:
+        self.cpu.remove(self.env.now, term, nbytes * self.res.ranks_weight)
 
     def cpu_optimizer_step(self) -> simpy.Event:
         """The chunked CPU step of all ranks, simulated once and merged (engine runs it in lockstep)."""
@@ -135,8 +137,8 @@ class Simulation:
                 link.intervals += [(start + a, start + b, label) for a, b, label in intervals]
             for name, nbytes in outcome.link_bytes.items():
                 self.count(0, name, nbytes)
-            for t, name, delta in outcome.cpu_changes:
-                self.cpu.add(start + t, name, delta)
+            for t, term, delta in outcome.cpu_changes:
+                self.cpu.add(start + t, term, delta)
             self._optimizer_done = self.env.timeout(outcome.duration_s)
         return self._optimizer_done
 
@@ -162,7 +164,7 @@ class _Memo(dict):
     __call__ = dict.__getitem__
 
 
-def resident_terms(plan: Plan) -> list[tuple[str, str, float]]:
+def resident_terms(plan: Plan) -> list[tuple[str, MemoryTerm, float]]:
     """(tier, term, bytes per tracker: per GPU, or per node for cpu and nvme) of the resident states."""
     per_node = plan.cluster.gpus_per_node
     return [(tier, term, per_gpu * (1 if tier == "gpu" else per_node)) for tier, term, per_gpu in resident_state_terms(plan)]
@@ -197,6 +199,13 @@ class RankProgram:
             if self.dp > 1:
                 self.stages.append("gather")
         depth = plan.prefetch_depth
+        self.layers = plan.model.num_layers
+        self.unit = plan.checkpoint_interval or 1
+        """Blocks per repeating unit: a checkpoint segment, or a block without checkpointing."""
+        self.unit_opening = Phase.RECOMPUTE if plan.checkpoint_interval else Phase.BACKWARD
+        """A unit's work in the backward pass starts with this."""
+        self.slice_factor = self.b / self.mp
+        """Bytes per parameter of an operator's tensor-parallel slice."""
         self.lookahead = stage_lookaheads(depth)
         self.synchronous_grads = depth == 0
         self.stores_gradients = stores_gradients(plan)
@@ -217,7 +226,7 @@ class RankProgram:
             return self.net.transfer(0, hops, label)
         return self.net.transfer(nbytes / self.transfer_eff(nbytes), hops, label)
 
-    def _compute(self, flops: float, matmul_flops: float, label: str, elementwise_bytes: float = 0.0) -> simpy.Event:
+    def _compute(self, flops: float, matmul_flops: float, label: Phase, elementwise_bytes: float = 0.0) -> simpy.Event:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
         operator's memory-bound work at the device's memory bandwidth ([Note: elementwise work]),
         and the runtime's fixed cost per operator (`NodeSpec.operator_overhead_s`)."""
@@ -268,120 +277,53 @@ class RankProgram:
             del self._triggers[(stage, j)]
             if stage == "nvme":
                 if "h2d" in self.stages:
-                    sim.cpu_add("param staging", shard_bytes)
+                    sim.cpu_add(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
                 elif gathers:
-                    sim.gpu_add(rank, "param staging", shard_bytes)
+                    sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
                 else:  # read straight into memory the compute uses (host is the device)
-                    sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
+                    sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
                 yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
             elif stage == "h2d":
                 # The shard lands in a shard-sized buffer; without a gather (dp = 1) it is the slice.
                 if gathers:
-                    sim.gpu_add(rank, "param staging", shard_bytes)
+                    sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
                 else:
-                    sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
+                    sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
                 yield self._move(shard_bytes, self.res.h2d(rank), "h2d", label)
                 if "nvme" in self.stages:
-                    sim.cpu_remove("param staging", shard_bytes)
+                    sim.cpu_remove(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
             else:
-                sim.gpu_add(rank, "gathered params", slice_bytes, single=True)
+                sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
                 yield self._move(self._collective_bytes(slice_bytes), self.res.collective(rank, spans_nodes=self.spans_nodes),
                                  "all_gather", label)
                 if "h2d" in self.stages or "nvme" in self.stages:
-                    sim.gpu_remove(rank, "param staging", shard_bytes)
+                    sim.gpu_remove(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
         self._ready.pop(j).succeed()
 
     # -- the iteration -------------------------------------------------------------------------
     def iteration(self) -> Proc:
-        sim, plan, work = self.sim, self.sim.plan, self.sim.work
-        steps = work.steps
-        ci = plan.checkpoint_interval
-        unit = ci or 1
-        unit_opening = "recompute" if ci else "backward"  # a unit's work in the backward pass starts so
-        layers = plan.model.num_layers
-        slice_factor = self.b / self.mp
-        backward_index = 0
-        gathered = bool(self.stages)
-        updates = self.updates
-        backward_begun = False
+        sim, steps, updates = self.sim, self.sim.work.steps, self.updates
         # The runtime starts the in-backward update's read-ahead once the forward has started the
         # fetch of its last operator (runtime/streamed_optimizer.py), else when the backward begins.
-        last_forward = max((s.index for s in steps if s.phase == "forward"), default=-1)
+        last_forward = max((s.index for s in steps if s.phase is Phase.FORWARD), default=-1)
+        depth = sim.plan.prefetch_depth
+        backward_begun = False
         for step in steps:
             i = step.index
-            if step.phase != "forward" and not backward_begun:
+            if step.phase is not Phase.FORWARD and not backward_begun:
                 backward_begun = True
-                self._record_phase_end("forward")
+                self._record_phase_end(Phase.FORWARD)
             self._advance_triggers(i, len(steps))
             if updates is not None and not updates.begun and (
-                    backward_begun or (plan.prefetch_depth > 0 and i + plan.prefetch_depth >= last_forward)):
+                    backward_begun or (depth > 0 and i + depth >= last_forward)):
                 updates.begin()
-            op, blk = step.op, step.block
-            first_of_block = i == 0 or steps[i - 1].block != blk or steps[i - 1].phase != step.phase
-            last_of_block = i == len(steps) - 1 or steps[i + 1].block != blk or steps[i + 1].phase != step.phase
-            in_blocks = 0 <= blk < layers
-            if in_blocks and first_of_block:
-                if step.phase == "forward":
-                    if ci and blk % ci == 0:
-                        self._save_checkpoint(step.segment)
-                    sim.gpu_add(self.rank, "activations", work.block_activation_bytes)
-                elif step.phase == "recompute":
-                    if blk % ci == 0:
-                        yield from self._restore_checkpoint(step.segment)
-                    sim.gpu_add(self.rank, "activations", work.block_activation_bytes)
-            if step.index in self._ready:
-                yield self._ready[step.index]
-            if updates is not None and updates.inline:  # gradients final by now: the runtime's hooks ran
-                yield from updates.run_ready_inline()
-            if step.phase == "backward":
-                flops = 2 * op.flops_per_gpu  # input and weight gradients, each a forward-sized matmul
-                if op.has_grads and not self.synchronous_grads:
-                    # At most the previous operator's reduce-scatter and the one before's offload
-                    # may still run while this one computes (§4.3).
-                    if backward_index >= 2:
-                        yield self._rs_done[backward_index - 2]
-                    if backward_index >= 3:
-                        yield self._grad_done[backward_index - 3]
-                if op.has_grads:
-                    sim.gpu_add(self.rank, "gradient buckets", op.num_params * slice_factor, single=True)
-            else:
-                flops = op.flops_per_gpu
-            if (in_blocks and first_of_block and blk % unit == 0 and self.rank == 0
-                    and step.phase in ("forward", unit_opening)):
-                sim.unit_start_s["forward" if step.phase == "forward" else "backward", blk // unit] = self.env.now
-            yield self._compute(flops, op.flops_per_gpu, step.phase, step_elementwise_bytes(step))
-            if op.tp_all_reduce:
-                activation = work.tp_all_reduce_bytes
-                yield self._move(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
-                                 "tensor_parallel", step.phase)
-            if gathered:
-                sim.gpu_remove(self.rank, "gathered params", op.num_params * slice_factor)
-            if step.phase == "backward" and op.has_grads:
-                reduced = self.env.event()
-                grads = self.env.process(self._reduce_gradients(op.num_params * slice_factor, reduced, step.phase))
-                self._rs_done.append(reduced)
-                self._grad_done.append(grads)
-                if updates is not None:
-                    updates.gradient(backward_index, grads)
-                backward_index += 1
-                if self.synchronous_grads:
-                    yield grads
-            if in_blocks and last_of_block:
-                if step.phase == "backward":
-                    sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
-                    if ci and blk % ci == 0:
-                        if self.host_is_device and plan.placement.activation_checkpoints != "gpu":
-                            sim.cpu_remove("checkpoints", work.checkpoint_bytes)
-                        else:
-                            sim.gpu_remove(self.rank, "checkpoints", work.checkpoint_bytes)
-                elif step.phase == "forward" and ci:
-                    sim.gpu_remove(self.rank, "activations", work.block_activation_bytes)
+            yield from self._step(step)
         yield simpy.AllOf(self.env, self._grad_done)
         if updates is not None:
             if updates.inline:
                 yield from updates.run_ready_inline(wait_all=True)
             yield updates.computed
-        self._record_phase_end("backward")
+        self._record_phase_end(Phase.BACKWARD)
         if self.rank == 0:
             for tracker in (sim.gpu, sim.cpu, sim.nvme):
                 tracker.close_window()
@@ -390,9 +332,94 @@ class RankProgram:
             yield from self._gather_updated_params()
         else:
             yield from self._optimizer_step()
-        self._record_phase_end("optimizer")
+        self._record_phase_end(Phase.OPTIMIZER)
 
-    def _record_phase_end(self, phase: str) -> None:
+    def _step(self, step: Step) -> Proc:
+        """One trace step: open its block, wait for its parameters, compute, release them, start
+        its gradients' reduction, close its block."""
+        sim, steps, i = self.sim, self.sim.work.steps, step.index
+        op, blk, phase = step.op, step.block, step.phase
+        first_of_block = i == 0 or steps[i - 1].block != blk or steps[i - 1].phase is not phase
+        last_of_block = i == len(steps) - 1 or steps[i + 1].block != blk or steps[i + 1].phase is not phase
+        in_blocks = 0 <= blk < self.layers
+        if in_blocks and first_of_block:
+            yield from self._open_block(step)
+        if i in self._ready:
+            yield self._ready[i]
+        if self.updates is not None and self.updates.inline:  # gradients final by now: the runtime's hooks ran
+            yield from self.updates.run_ready_inline()
+        flops = op.flops_per_gpu
+        if phase is Phase.BACKWARD:
+            flops = 2 * op.flops_per_gpu  # input and weight gradients, each a forward-sized matmul
+            if op.has_grads:
+                yield from self._open_gradient_bucket(op.num_params * self.slice_factor)
+        if (in_blocks and first_of_block and blk % self.unit == 0 and self.rank == 0
+                and phase in (Phase.FORWARD, self.unit_opening)):
+            sim.unit_start_s[Phase.FORWARD if phase is Phase.FORWARD else Phase.BACKWARD, blk // self.unit] = self.env.now
+        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step))
+        if op.tp_all_reduce:
+            activation = sim.work.tp_all_reduce_bytes
+            yield self._move(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
+                             "tensor_parallel", phase)
+        if self.stages:
+            sim.gpu_remove(self.rank, MemoryTerm.MSWM, op.num_params * self.slice_factor)
+        if phase is Phase.BACKWARD and op.has_grads:
+            yield from self._start_reduction(op.num_params * self.slice_factor, phase)
+        if in_blocks and last_of_block:
+            self._close_block(step)
+
+    def _open_block(self, step: Step) -> Proc:
+        """A block's forward (saving its checkpoint first) or recompute (restoring it first) takes
+        the block's activations."""
+        ci, work = self.sim.plan.checkpoint_interval, self.sim.work
+        if step.phase is Phase.FORWARD:
+            if ci and step.block % ci == 0:
+                self._save_checkpoint(step.segment)
+            self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
+        elif step.phase is Phase.RECOMPUTE:
+            if step.block % ci == 0:
+                yield from self._restore_checkpoint(step.segment)
+            self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
+
+    def _close_block(self, step: Step) -> None:
+        """A block's backward frees its activations and its checkpoint; a checkpointed forward
+        frees the activations (the recompute makes them again)."""
+        sim, plan, work = self.sim, self.sim.plan, self.sim.work
+        ci = plan.checkpoint_interval
+        if step.phase is Phase.BACKWARD:
+            sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
+            if ci and step.block % ci == 0:
+                if self.host_is_device and plan.placement.activation_checkpoints != "gpu":
+                    sim.cpu_remove(MemoryTerm.ACTIVATION_CHECKPOINTS, work.checkpoint_bytes)
+                else:
+                    sim.gpu_remove(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, work.checkpoint_bytes)
+        elif step.phase is Phase.FORWARD and ci:
+            sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
+
+    def _open_gradient_bucket(self, slice_bytes: float) -> Proc:
+        """Take the bucket an operator's gradients are computed into."""
+        k = len(self._rs_done)  # operators with gradients before this one in the backward
+        if not self.synchronous_grads:
+            # At most the previous operator's reduce-scatter and the one before's offload may
+            # still run while this one computes (§4.3).
+            if k >= 2:
+                yield self._rs_done[k - 2]
+            if k >= 3:
+                yield self._grad_done[k - 3]
+        self.sim.gpu_add(self.rank, MemoryTerm.REDUCE_SCATTER_BUFFER, slice_bytes, single=True)
+
+    def _start_reduction(self, slice_bytes: float, label: Phase) -> Proc:
+        """Reduce the operator's gradients in the background (at depth 0: wait for it)."""
+        reduced = self.env.event()
+        grads = self.env.process(self._reduce_gradients(slice_bytes, reduced, label))
+        if self.updates is not None:
+            self.updates.gradient(len(self._rs_done), grads)
+        self._rs_done.append(reduced)
+        self._grad_done.append(grads)
+        if self.synchronous_grads:
+            yield grads
+
+    def _record_phase_end(self, phase: Phase) -> None:
         if self.rank == 0 and phase not in self.sim.phase_end_s:
             self.sim.phase_end_s[phase] = self.env.now
 
@@ -400,16 +427,16 @@ class RankProgram:
     def _save_checkpoint(self, segment: int) -> None:
         sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
         if sim.plan.placement.activation_checkpoints != "gpu" and self.host_is_device:
-            sim.cpu_add("checkpoints", nbytes)  # saved where it lies: no copy
+            sim.cpu_add(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)  # saved where it lies: no copy
             return
-        sim.gpu_add(self.rank, "checkpoints", nbytes)
+        sim.gpu_add(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
         if sim.plan.placement.activation_checkpoints == "gpu":
             return
 
         def offload() -> Proc:
-            yield self._move(nbytes, self.res.d2h(self.rank), "d2h", "forward")
-            sim.gpu_remove(self.rank, "checkpoints", nbytes)
-            sim.cpu_add("checkpoints", nbytes)
+            yield self._move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
+            sim.gpu_remove(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
+            sim.cpu_add(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
 
         self.env.process(offload())
 
@@ -425,12 +452,12 @@ class RankProgram:
 
     def _fetch_checkpoint(self) -> Proc:
         sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
-        sim.gpu_add(self.rank, "checkpoints", nbytes)
-        yield self._move(nbytes, self.res.h2d(self.rank), "h2d", "recompute")
-        sim.cpu_remove("checkpoints", nbytes)
+        sim.gpu_add(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
+        yield self._move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
+        sim.cpu_remove(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
 
     # -- gradients -----------------------------------------------------------------------------
-    def _reduce_gradients(self, slice_bytes: float, reduced: simpy.Event, label: str) -> Proc:
+    def _reduce_gradients(self, slice_bytes: float, reduced: simpy.Event, label: Phase) -> Proc:
         """Reduce-scatter one operator's gradients, then offload this rank's shard (§4.3)."""
         sim, plan, rank = self.sim, self.sim.plan, self.rank
         route = self.res.collective(rank, spans_nodes=self.spans_nodes)
@@ -439,21 +466,21 @@ class RankProgram:
                 yield self._move(self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
             else:  # plain data parallel: all-reduce = reduce-scatter + all-gather
                 yield self._move(2 * self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
-        sim.gpu_remove(rank, "gradient buckets", slice_bytes)
+        sim.gpu_remove(rank, MemoryTerm.REDUCE_SCATTER_BUFFER, slice_bytes)
         reduced.succeed()
         tier = plan.placement.gradients
         if tier == "gpu" or (tier == "cpu" and self.host_is_device) or not self.stores_gradients:
             return  # not stored: the in-backward update copies it into its chunk buffer (in_backward.py)
         shard = slice_bytes / self.dp
         if not self.host_is_device:
-            sim.gpu_add(rank, "gradient staging", shard)
+            sim.gpu_add(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
             yield self._move(shard, self.res.d2h(rank), "d2h", label)
-            sim.gpu_remove(rank, "gradient staging", shard)
+            sim.gpu_remove(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
         if tier == "nvme":  # staged and written as the fp32 shard the step reads back
             stored = shard * STORED_GRADIENT_BYTES / self.b
-            sim.cpu_add("gradient staging", stored)
+            sim.cpu_add(MemoryTerm.GRADIENT_SWAP_BUFFERS, stored)
             yield self._move(stored, self.res.nvme_write(), "nvme_write", label)
-            sim.cpu_remove("gradient staging", stored)
+            sim.cpu_remove(MemoryTerm.GRADIENT_SWAP_BUFFERS, stored)
 
     # -- optimizer -----------------------------------------------------------------------------
     def _optimizer_step(self) -> Proc:
@@ -462,7 +489,7 @@ class RankProgram:
             seconds = gpu_step_seconds(plan, work.params_per_rank)
             if seconds > 0:
                 now = self.env.now
-                self.links.compute.occupy(now, now + seconds, "optimizer", 0.0)
+                self.links.compute.occupy(now, now + seconds, Phase.OPTIMIZER, 0.0)
                 yield self.env.timeout(seconds)
         else:
             yield self.sim.cpu_optimizer_step()
@@ -474,4 +501,4 @@ class RankProgram:
             # ZeRO-2 / ZeRO-Offload: replicated parameters are re-assembled from the updated shards.
             slice_bytes = plan.model.num_params / self.mp * self.b
             route = self.res.collective(self.rank, spans_nodes=self.spans_nodes)
-            yield self._move(self._collective_bytes(slice_bytes), route, "all_gather", "optimizer")
+            yield self._move(self._collective_bytes(slice_bytes), route, "all_gather", Phase.OPTIMIZER)

@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from planner.memory import optimizer_chunk_buffer_bytes
+from planner.memory_terms import MemoryTerm
+from planner.phases import Phase
 from planner.sim.optimizer import gpu_step_seconds
 
 if TYPE_CHECKING:
@@ -51,14 +53,14 @@ if TYPE_CHECKING:
 Proc = Generator[Any, Any, Any]
 STATE_BYTES_PER_PARAM = 12
 """fp32 master, momentum and variance: what each chunk reads and writes in the optimizer's tier."""
-LABEL = "optimizer"
+LABEL = Phase.OPTIMIZER
 
 
 def unit_params(program: RankProgram) -> list[float]:
     """Parameters this rank updates for each operator with gradients, in backward order."""
     plan = program.sim.plan
     share = plan.num_gpus if "optimizer_states" in plan.partitioned else plan.model_parallel_degree
-    return [s.op.num_params / share for s in program.sim.work.steps if s.phase == "backward" and s.op.has_grads]
+    return [s.op.num_params / share for s in program.sim.work.steps if s.phase is Phase.BACKWARD and s.op.has_grads]
 
 
 def chunk_sizes(params: float, chunk_params: float) -> list[float]:
@@ -170,7 +172,7 @@ class BackwardUpdates:
         for sizes in self.units:
             for n in sizes:
                 yield self.buffers.get(1)
-                sim.cpu_add("optimizer chunk buffers", n * 16)
+                sim.cpu_add(MemoryTerm.OPTIMIZER_SWAP_BUFFERS, n * 16)
                 read = program._move(n * STATE_BYTES_PER_PARAM, program.res.nvme_read(), "nvme_read", LABEL)
                 yield self.reads.put(read)
                 yield read
@@ -189,5 +191,5 @@ class BackwardUpdates:
             if writes:
                 yield self.env.all_of(writes)
             if self.streamed:
-                sim.cpu_remove("optimizer chunk buffers", n * 16)
+                sim.cpu_remove(MemoryTerm.OPTIMIZER_SWAP_BUFFERS, n * 16)
                 yield self.buffers.put(1)

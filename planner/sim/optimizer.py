@@ -25,6 +25,8 @@ import simpy
 
 from planner.errors import PlannerError
 from planner.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
+from planner.memory_terms import MemoryTerm
+from planner.phases import Phase
 from planner.plan import Plan
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
@@ -45,8 +47,8 @@ class OptimizerOutcome:
     """Per link, in `NodeResources.links()` order."""
     intervals: list[list[tuple[float, float, str]]]
     link_bytes: dict[str, float]
-    cpu_changes: list[tuple[float, str, float]] = field(default_factory=list)
-    """(time, name, +/- bytes per node) of the CPU chunk buffers."""
+    cpu_changes: list[tuple[float, MemoryTerm, float]] = field(default_factory=list)
+    """(time, term, +/- bytes per node) of the CPU chunk buffers."""
     num_chunks: int = 0
     extrapolated: bool = False
 
@@ -91,7 +93,7 @@ class _Pipeline:
         self.net = Network(self.env)
         self.res = NodeResources(plan, num_ranks)
         self.link_bytes: dict[str, float] = {}
-        self.cpu_changes: list[tuple[float, str, float]] = []
+        self.cpu_changes: list[tuple[float, MemoryTerm, float]] = []
         self.chunk_start_s: list[float] = []
         """When rank 0 started reading each chunk."""
         procs = [self.env.process(self._rank(r)) for r in range(num_ranks)]
@@ -101,10 +103,10 @@ class _Pipeline:
     def _move(self, rank: int, nbytes: float, hops: Any, category: str) -> simpy.Event:
         if rank == 0:
             self.link_bytes[category] = self.link_bytes.get(category, 0.0) + nbytes
-        return self.net.transfer(nbytes / self.plan.node.transfer_efficiency.at(nbytes), hops, "optimizer")
+        return self.net.transfer(nbytes / self.plan.node.transfer_efficiency.at(nbytes), hops, Phase.OPTIMIZER)
 
     def _cpu(self, delta: float) -> None:
-        self.cpu_changes.append((self.env.now, "optimizer chunk buffers", delta * self.res.ranks_weight))
+        self.cpu_changes.append((self.env.now, MemoryTerm.OPTIMIZER_SWAP_BUFFERS, delta * self.res.ranks_weight))
 
     def _rank(self, rank: int) -> Proc:
         env, res, placement = self.env, self.res, self.plan.placement
@@ -137,7 +139,7 @@ class _Pipeline:
         def updater() -> Proc:
             for _ in self.sizes:
                 n = yield to_update.get()
-                yield self.net.transfer(n, res.cpu_adam(), "optimizer")
+                yield self.net.transfer(n, res.cpu_adam(), Phase.OPTIMIZER)
                 yield to_write.put(n)
 
         def writer() -> Proc:

@@ -40,6 +40,8 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from planner.memory_terms import MemoryTerm
+from planner.phases import Phase
 from planner.plan import Plan
 from planner.sim.engine import resident_terms
 from planner.sim.report import (
@@ -170,7 +172,7 @@ def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines | None = N
         wa = a.windows[tier]
         if len(wa) != len(wb):
             raise NotPeriodic(f"{tier} windows")
-        windows[tier] = [(line(pa, pb), {k: line(ta.get(k, 0.0), tb.get(k, 0.0)) for k in sorted(set(ta) | set(tb))})
+        windows[tier] = [(line(pa, pb), {k: line(ta.get(k, 0.0), tb.get(k, 0.0)) for k in sorted(set(ta) | set(tb), key=_by_label)})
                          for (pa, ta), (pb, tb) in zip(wa, wb, strict=True)]
         if timelines is not None:
             peak = timelines.memory[tier].peak_bytes
@@ -185,6 +187,11 @@ def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines | None = N
         largest_gpu_allocation_bytes=b.largest_gpu_allocation_bytes,
         simulated_ranks=b.simulated_ranks,
     )
+
+
+def _by_label(term: MemoryTerm) -> str:
+    """Terms in the order of their labels: the order `simulated_memory_terms` lists them in."""
+    return term.label
 
 
 def _resident_growth(sample: Plan, deeper: Plan) -> dict[str, float]:
@@ -207,8 +214,8 @@ class Windows:
 def windows(sample: Sample, k: int) -> Windows:
     marks = sample.unit_start_s
     try:
-        return Windows(forward=(marks["forward", k], marks["forward", k + 1]),
-                       backward=(marks["backward", k], marks["backward", k - 1]))
+        return Windows(forward=(marks[Phase.FORWARD, k], marks[Phase.FORWARD, k + 1]),
+                       backward=(marks[Phase.BACKWARD, k], marks[Phase.BACKWARD, k - 1]))
     except KeyError:
         raise NotPeriodic from None
 

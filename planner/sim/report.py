@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.memory import memory_bill
+from planner.memory_terms import MemoryTerm
+from planner.phases import Phase
 from planner.plan import LINKS, Plan, Prediction
 from planner.sim.engine import Ranks, Simulation
 from planner.sim.network import Link
@@ -41,7 +43,7 @@ class Timelines:
     """The simulated iteration as data: what the Gantt chart and the memory curves are drawn from
     (planner.sim.timeline), from a whole simulation or extrapolated from a short one (periodic.py)."""
 
-    phase_end_s: dict[str, float]
+    phase_end_s: dict[Phase, float]
     num_segments: int
     intervals: dict[str, list[tuple[float, float, str]]]
     """Busy (start, end, label) of every resource, rank 0's links and the node's, in `rank0_links` order."""
@@ -50,7 +52,7 @@ class Timelines:
 
     @property
     def iteration_time_s(self) -> float:
-        return self.phase_end_s["optimizer"]
+        return self.phase_end_s[Phase.OPTIMIZER]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +94,11 @@ def rank0_links(sim: Simulation) -> list[Link]:
 class Summary:
     """The numbers a prediction is made of, separable from the simulation (see fast.py)."""
 
-    phase_end_s: dict[str, float]
+    phase_end_s: dict[Phase, float]
     resources: dict[str, dict[str, Any]]
     """name -> busy_s, amount, unit, scope (rank 0's per-GPU links and the node's)."""
     link_bytes: dict[str, float]
-    windows: dict[str, list[tuple[float, dict[str, float]]]]
+    windows: dict[str, list[tuple[float, dict[MemoryTerm, float]]]]
     """tier -> (peak, terms at peak) before the optimizer step and during it."""
     capacity_bytes: dict[str, float]
     scope: dict[str, str]
@@ -129,8 +131,8 @@ def build_prediction(sim: Simulation) -> Prediction:
 
 
 def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = None) -> Prediction:
-    total_s = s.phase_end_s["optimizer"]
-    forward_end, backward_end = s.phase_end_s["forward"], s.phase_end_s["backward"]
+    total_s = s.phase_end_s[Phase.OPTIMIZER]
+    forward_end, backward_end = s.phase_end_s[Phase.FORWARD], s.phase_end_s[Phase.BACKWARD]
     recompute = plan.checkpoint_interval > 0
     # Paper accounting (eq. 7): 8 * tokens * params with recompute, 6 * tokens * params without.
     flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
@@ -144,7 +146,7 @@ def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = No
         "resources": resources,
         "tensor_parallel_bytes": round(s.link_bytes.get("tensor_parallel", 0.0)),
         "simulated_peak_bytes": {tier: round(peak) for tier, (peak, _) in peaks.items()},
-        "simulated_memory_terms": {tier: {k: round(v) for k, v in terms.items()} for tier, (_, terms) in peaks.items()},
+        "simulated_memory_terms": {tier: {term.label: round(v) for term, v in terms.items()} for tier, (_, terms) in peaks.items()},
         "simulated_largest_gpu_allocation_bytes": round(s.largest_gpu_allocation_bytes),
         "memory_scope": dict(s.scope),
         "simulated_ranks": s.simulated_ranks,
@@ -162,7 +164,8 @@ def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = No
         bottleneck=bottleneck,
         peak_bytes=bill.peak_bytes,
         capacity_bytes=bill.capacity_bytes,
-        phase_time_s={"forward": forward_end, "backward": backward_end - forward_end, "optimizer": total_s - backward_end},
+        phase_time_s={Phase.FORWARD: forward_end, Phase.BACKWARD: backward_end - forward_end,
+                      Phase.OPTIMIZER: total_s - backward_end},
         link_bytes={name: round(s.link_bytes.get(name, 0.0)) for name in LINKS},
         memory_terms=bill.terms,
         method="simulated",

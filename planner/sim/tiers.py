@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.memory_terms import MemoryTerm
+
 
 @dataclass(eq=False, slots=True)
 class TierTracker:
@@ -11,7 +13,8 @@ class TierTracker:
 
     Static residents (partitioned model states, decided by the placement) are set once at time 0;
     the simulation adds and removes its transient buffers (gathered parameters, gradient buckets,
-    checkpoints, staging and optimizer chunk buffers) by name, so the peak can be explained.
+    checkpoints, staging and optimizer chunk buffers) by memory term, so the peak can be explained
+    in the bill's vocabulary.
     """
 
     name: str
@@ -20,39 +23,40 @@ class TierTracker:
     used_bytes: float = 0.0
     peak_bytes: float = 0.0
     peak_time_s: float = 0.0
-    by_name: dict[str, float] = field(default_factory=dict)
-    peak_by_name: dict[str, float] = field(default_factory=dict)
+    by_term: dict[MemoryTerm, float] = field(default_factory=dict)
+    peak_by_term: dict[MemoryTerm, float] = field(default_factory=dict)
     """The named terms at the moment of the peak."""
     timeline: list[tuple[float, float]] = field(default_factory=list)
     """(time, bytes in use) after every change; last entry per instant wins."""
-    windows: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    windows: list[tuple[float, dict[MemoryTerm, float]]] = field(default_factory=list)
     """(peak, terms at it) of each closed window of time; see `close_window`."""
     _window_peak: float = 0.0
-    _window_terms: dict[str, float] = field(default_factory=dict)
+    _window_terms: dict[MemoryTerm, float] = field(default_factory=dict)
 
-    def add(self, now: float, name: str, nbytes: float) -> None:
+    def add(self, now: float, term: MemoryTerm, nbytes: float) -> None:
+        assert isinstance(term, MemoryTerm) and self.name in term.tiers, f"{self.name}: {term!r} is not a term of this tier"
         if nbytes == 0:
             return
         self.used_bytes += nbytes
-        self.by_name[name] = self.by_name.get(name, 0.0) + nbytes
+        self.by_term[term] = self.by_term.get(term, 0.0) + nbytes
         if self.used_bytes > self._window_peak:
             self._window_peak = self.used_bytes
-            self._window_terms = {k: v for k, v in self.by_name.items() if v > 0.5}
+            self._window_terms = {k: v for k, v in self.by_term.items() if v > 0.5}
             if self.used_bytes > self.peak_bytes:
                 self.peak_bytes, self.peak_time_s = self.used_bytes, now
-                self.peak_by_name = self._window_terms
+                self.peak_by_term = self._window_terms
         timeline = self.timeline
         if timeline and timeline[-1][0] == now:
             timeline[-1] = (now, self.used_bytes)
         else:
             timeline.append((now, self.used_bytes))
 
-    def remove(self, now: float, name: str, nbytes: float) -> None:
-        assert self.by_name.get(name, 0.0) >= nbytes * (1 - 1e-9) - 1e-6, f"{self.name}: freeing more {name} than held"
-        self.add(now, name, -nbytes)
+    def remove(self, now: float, term: MemoryTerm, nbytes: float) -> None:
+        assert self.by_term.get(term, 0.0) >= nbytes * (1 - 1e-9) - 1e-6, f"{self.name}: freeing more {term} than held"
+        self.add(now, term, -nbytes)
 
     def close_window(self) -> None:
         """Record the peak since the last window closed (the fast path extrapolates each phase's peak)."""
         self.windows.append((self._window_peak, self._window_terms))
         self._window_peak = self.used_bytes
-        self._window_terms = {k: v for k, v in self.by_name.items() if v > 0.5}
+        self._window_terms = {k: v for k, v in self.by_term.items() if v > 0.5}

@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import PlannerError
+from planner.phases import Phase
 from planner.sim.report import SimResult
 from planner.units import GIB
 
-PHASE_COLORS = {"forward": "#4C72B0", "recompute": "#DD8452", "backward": "#55A868", "optimizer": "#C44E52"}
+PHASE_COLORS = {Phase.FORWARD: "#4C72B0", Phase.RECOMPUTE: "#DD8452", Phase.BACKWARD: "#55A868", Phase.OPTIMIZER: "#C44E52"}
 ROW_ORDER = ("gpu_compute", "gpu_gpu", "h2d", "d2h", "host_memory", "nvme", "nvme_read", "nvme_write",
              "cpu_optimizer", "inter_node")
 ROW_LABELS = {
@@ -120,7 +121,7 @@ def _title(result: SimResult) -> str:
 def _zoom_window(result: SimResult) -> tuple[float, float]:
     """One checkpoint segment in the middle of the backward pass."""
     tl = result.timelines
-    start, end = tl.phase_end_s["forward"], tl.phase_end_s["backward"]
+    start, end = tl.phase_end_s[Phase.FORWARD], tl.phase_end_s[Phase.BACKWARD]
     segments = max(1, tl.num_segments)
     width = (end - start) / segments
     lo = start + width * (segments // 2)
@@ -208,6 +209,6 @@ def _binned(intervals, edges):
 
 
 def _phase_lines(ax, phase_end_s: dict[str, float]) -> None:
-    for phase in ("forward", "backward"):
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
         if phase in phase_end_s:
             ax.axvline(phase_end_s[phase], color="grey", linewidth=0.8, linestyle=":")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from planner.catalog import hardware_presets, model_presets
 from planner.model import ModelSpec
+from planner.phases import PHASES
 from planner.plan import STRATEGY_TABLE, Placement, Plan, Prediction
 from planner.sim.fast import predict
 from planner.sim.report import simulate
@@ -106,12 +107,12 @@ def render(rows: list[tuple[Experiment, Plan, object, float]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for exp, plan, p, wall in rows:
-        ph = p.phase_time_s
+        phases = " / ".join(f"{p.phase_time_s[phase]:,.1f}" for phase in PHASES)
         placement = " ".join(plan.placement.to_dict().values())
         lines.append(
             f"| {exp.nodes} | {exp.label} ({plan.model.num_params / 1e9:,.0f}B) | {exp.hidden} | {exp.layers} | "
             f"{exp.batch_per_gpu:g} | {exp.mp} | {placement} | {plan.tiling_factor} | {p.iteration_time_s:,.1f} | {p.tflops_per_gpu:.1f} | "
-            f"{p.tokens_per_s:,.0f} | {ph['forward']:,.1f} / {ph['backward']:,.1f} / {ph['optimizer']:,.1f} | {p.bottleneck} | "
+            f"{p.tokens_per_s:,.0f} | {phases} | {p.bottleneck} | "
             f"{p.peak_bytes['gpu'] / GIB:.1f} / {p.capacity_bytes['gpu'] / GIB:.0f} | "
             f"{p.peak_bytes['cpu'] / GIB:,.0f} / {p.capacity_bytes['cpu'] / GIB:,.0f} | "
             f"{p.peak_bytes['nvme'] / GIB:,.0f} / {p.capacity_bytes['nvme'] / GIB:,.0f} | "

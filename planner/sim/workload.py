@@ -24,12 +24,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from planner.memory import ACTIVATION_BYTES, BYTES_PER_PARAM
+from planner.phases import Phase
 from planner.plan import Plan
 
-Phase = Literal["forward", "recompute", "backward"]
 _TP_ALL_REDUCE_AFTER = frozenset({"attn_out", "mlp_down"})
 
 
@@ -68,7 +67,7 @@ class Step:
 def step_elementwise_bytes(step: Step) -> float:
     """Memory-bound bytes a trace step moves: its operator's forward share, twice in backward
     ([Note: elementwise work])."""
-    return step.op.elementwise_bytes * (2 if step.phase == "backward" else 1)
+    return step.op.elementwise_bytes * (2 if step.phase is Phase.BACKWARD else 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,17 +139,17 @@ def build_workload(plan: Plan) -> Workload:
     segment_of = (lambda blk: blk // ci) if ci else (lambda blk: 0)
     num_segments = math.ceil(layers / ci) if ci else 1
 
-    raw: list[tuple[Phase, OpShape, int]] = [("forward", op, -1) for op in embedding]
+    raw: list[tuple[Phase, OpShape, int]] = [(Phase.FORWARD, op, -1) for op in embedding]
     for blk in range(layers):
-        raw += [("forward", op, blk) for op in block_ops]
-    raw += [("forward", op, layers) for op in head]
-    raw += [("backward", op, layers) for op in reversed(head)]
+        raw += [(Phase.FORWARD, op, blk) for op in block_ops]
+    raw += [(Phase.FORWARD, op, layers) for op in head]
+    raw += [(Phase.BACKWARD, op, layers) for op in reversed(head)]
     for seg in reversed(range(num_segments)):
         blocks = [blk for blk in range(layers) if segment_of(blk) == seg]
         if ci:
-            raw += [("recompute", op, blk) for blk in blocks for op in block_ops]
-        raw += [("backward", op, blk) for blk in reversed(blocks) for op in reversed(block_ops)]
-    raw += [("backward", op, -1) for op in embedding]
+            raw += [(Phase.RECOMPUTE, op, blk) for blk in blocks for op in block_ops]
+        raw += [(Phase.BACKWARD, op, blk) for blk in reversed(blocks) for op in reversed(block_ops)]
+    raw += [(Phase.BACKWARD, op, -1) for op in embedding]
     steps = tuple(Step(index=i, phase=phase, op=op, block=blk, segment=segment_of(blk) if 0 <= blk < layers else -1)
                   for i, (phase, op, blk) in enumerate(raw))
 
