@@ -172,6 +172,9 @@ for s in "${stages[@]}"; do
   left=$(( CALL_BUDGET_S - ($(date +%s) - call_start) - 20 ))
   limit=$(( left < STAGE_TIMEOUT_S ? left : STAGE_TIMEOUT_S ))
   if ((limit < 30)); then skipped+=("$s"); continue; fi
+  # A JIT build killed by a stage's time limit leaves its lock, on which every later build would
+  # wait for ever; stages run one at a time, so any lock found here is such a leftover.
+  find "$TORCH_EXTENSIONS_DIR" -maxdepth 2 -name lock -type f -delete 2>/dev/null
   echo "== stage $s: $(date -u +%H:%M:%S), limit ${limit} s" | tee -a "$OUT_DIR/run.log"
   start=$(date +%s)
   # Each stage in its own shell under its time limit; its output goes to the log and the terminal.
