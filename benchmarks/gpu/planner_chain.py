@@ -1,7 +1,7 @@
 """`planner probe` -> `planner fit` -> `planner run` -> `planner compare` on this machine, through the
 `planner` console script (whatever module it points to), for a model and placements of CHAINS.
 
-    python benchmarks/gpu/planner_chain.py --work DIR [--nvme-path DIR] [--steps 5] [--out planner.json]
+    python benchmarks/gpu/planner_chain.py --work DIR [--nvme-path DIR] [--steps N] [--chains a,b] [--out planner.json]
 
 One probe; then per chain a plan fitted to the probed hardware, a short run of it and the comparison
 of the plan's prediction with the run's profile.
@@ -19,8 +19,10 @@ from pathlib import Path
 
 MODEL = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "1024", "--vocab", "0", "--batch-per-gpu", "4"]
 """A 1.2 B-parameter GPT: its full-NVMe step moves about 20 GB, seconds on one drive."""
-CHAINS = {"searched": [], "zero-inf-cpu": ["--strategy", "zero-inf-cpu"], "zero-inf-nvme": ["--strategy", "zero-inf-nvme"]}
-"""Chain -> what `fit` is pinned to (searched: the planner's own choice)."""
+CHAINS = {"searched": ([], 5), "zero-inf-cpu": (["--strategy", "zero-inf-cpu"], 5),
+          "zero-inf-nvme": (["--strategy", "zero-inf-nvme"], 3)}
+"""Chain -> (what `fit` is pinned to, steps run). Searched: the planner's own choice (all on the GPU
+for this model); full NVMe: 3 steps, its plan predicts about 28 s each on the lent machines' spec."""
 
 
 def planner(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
@@ -62,7 +64,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--nvme-path", default="/tmp/gpukit-nvme")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: each chain's)")
     ap.add_argument("--chains", default=",".join(CHAINS))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -76,7 +78,8 @@ def main() -> int:
     else:
         doc["hardware"] = json.loads(hardware.read_text())
         for name in args.chains.split(","):
-            doc["chains"][name] = chain(name, CHAINS[name], hardware, args.work, args.nvme_path, args.steps)
+            pins, steps = CHAINS[name]
+            doc["chains"][name] = chain(name, pins, hardware, args.work, args.nvme_path, args.steps or steps)
         doc["ok"] = all("error" not in c for c in doc["chains"].values())
     text = json.dumps(doc, indent=2)
     print(text)

@@ -145,7 +145,7 @@ stage_nvme() {
     --ds-threads "${GPUKIT_DS_THREADS:-1,8}" --sweep-steps 2 --json-out "$WORK/nvme.json" >/dev/null
 }
 
-stage_planner() { "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --steps 5 --out "$WORK/planner.json" >/dev/null; }
+stage_planner() { "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --out "$WORK/planner.json" >/dev/null; }
 
 stage_report() { "$PY" "$KIT/report.py" merge "$WORK" "$OUT_DIR/gpu-results.json" && "$PY" "$KIT/report.py" md "$OUT_DIR/gpu-results.json"; }
 
