@@ -16,6 +16,8 @@ at the same lr, at a size of SIZES. Systems (all on the one GPU):
 A timing mode builds its systems in one process and alternates their steps (order flipped every
 iteration), `--rounds` fresh processes; ratios are the median over adjacent step pairs. `parity`
 trains ours and plain from the same weights on the same batches (TF32 off) and compares losses.
+`--device cpu` runs any mode without a GPU (a check of the script, not a measurement: every "GPU"
+system then computes on the host, FSDP2's shards unpinned).
 """
 
 from __future__ import annotations
@@ -43,27 +45,29 @@ PARITY_REL_TOL = 1e-5
 """Losses of ours vs plain torch, fp32 without TF32: same math, summation order aside."""
 
 
-def gpu_plan(placement: str, size: str) -> dict:
+def gpu_plan(placement: str, size: str, device: str = "cuda") -> dict:
     hidden, ffn, blocks, batch, tokens = SIZES[size]
-    doc = plan_doc(placement, GPU_HARDWARE)
+    doc = plan_doc(placement, GPU_HARDWARE if device == "cuda" else "cpu-dev-2core")
     doc["model"].update(hidden_size=hidden, ffn_hidden_size=ffn, num_layers=blocks, seq_len=tokens)
     doc["micro_batch_per_gpu"] = batch
     return doc
 
 
 def ensure_process_group() -> None:
+    """World 1: gloo for CPU tensors, NCCL for CUDA ones (gloo alone without CUDA)."""
+    import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("BENCH_PORT", "29641"))
-        dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
 
 
 def plain_step(model, x, y):  # noqa: ANN001, ANN201
     import torch
 
-    model = model.cuda()
+    model = model.to(x.device)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
 
     def step() -> float:
@@ -73,7 +77,7 @@ def plain_step(model, x, y):  # noqa: ANN001, ANN201
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
-    step.optimizer = "torch AdamW fused (GPU)"
+    step.optimizer = f"torch AdamW fused ({x.device.type})"
     return step
 
 
@@ -83,9 +87,10 @@ def fsdp2_step(model, x, y):  # noqa: ANN001, ANN201
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     ensure_process_group()
+    policy = CPUOffloadPolicy(pin_memory=x.is_cuda)  # pinned (its default) wherever there is a GPU
     for block in model.blocks:
-        fully_shard(block, offload_policy=CPUOffloadPolicy())
-    fully_shard(model, offload_policy=CPUOffloadPolicy())
+        fully_shard(block, offload_policy=policy)
+    fully_shard(model, offload_policy=policy)
     state = {"opt": torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True), "kind": "fused"}
 
     def step() -> float:
@@ -111,52 +116,59 @@ def make_step(system: str, size: str, x, y):  # noqa: ANN001, ANN201
     hidden, ffn, blocks, batch, _ = SIZES[size]
     model = build_model(hidden, ffn, blocks)
     if system in ("ours-device", "ours-cpu"):
-        step, _ = ours_step(model, gpu_plan(system.split("-")[1], size), x, y)
+        step, _ = ours_step(model, gpu_plan(system.split("-")[1], size, x.device.type), x, y)
         step.optimizer = "runtime.AdamW"
         return step
     if system == "plain":
         return plain_step(model, x, y)
     if system == "deepspeed-cpu":
+        device = x.device.type
+        if device == "cpu":
+            os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported
         ensure_process_group()
-        offload = {"device": "cpu", "pin_memory": True}
-        return deepspeed_step(model.cuda(), x, y, batch=batch, port="29642", device="cuda",
+        offload = {"device": "cpu", "pin_memory": device == "cuda"}
+        return deepspeed_step(model.to(device), x, y, batch=batch, port="29642", device=device,
                               zero_optimization={"stage": 3, "offload_param": offload, "offload_optimizer": offload})
     if system == "fsdp2-cpu":
         return fsdp2_step(model, x, y)
     raise SystemExit(f"unknown system {system!r}: use one of {sorted({s for v in MODES.values() for s in v})}")
 
 
-def worker(mode: str, size: str, steps: int, warmup: int) -> dict:
+def worker(mode: str, size: str, steps: int, warmup: int, device: str = "cuda") -> dict:
+    """`device` "cpu" exists to exercise the parity and device modes on a machine without a GPU."""
     import torch
 
-    torch.cuda.set_device(0)
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(0)
     if mode == "parity":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     hidden, _, _, batch, tokens = SIZES[size]
     torch.manual_seed(1)
-    x = torch.randn(batch, tokens, hidden, device="cuda")
-    y = torch.randn(batch, tokens, hidden, device="cuda")
+    x = torch.randn(batch, tokens, hidden, device=device)
+    y = torch.randn(batch, tokens, hidden, device=device)
     systems = MODES[mode]
     steppers = {name: make_step(name, size, x, y) for name in systems}
     times: dict[str, list[float]] = {n: [] for n in systems}
     losses: dict[str, list[float]] = {n: [] for n in systems}
     for i in range(warmup + steps):
         for name in systems if i % 2 == 0 else reversed(systems):
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             start = time.perf_counter()
             losses[name].append(steppers[name]())  # .item(): the step's GPU work is done
             if i >= warmup:
                 times[name].append(time.perf_counter() - start)
     return {"systems": systems, "step_time_s": times, "losses": losses,
             "optimizers": {n: getattr(s, "optimizer", None) for n, s in steppers.items()},
-            "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated()}
+            "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else 0}
 
 
-def run_worker(mode: str, size: str, steps: int, warmup: int) -> dict:
+def run_worker(mode: str, size: str, steps: int, warmup: int, device: str = "cuda") -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, __file__, mode, "--worker", "--size", size, "--steps", str(steps),
-                           "--warmup", str(warmup)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+                           "--warmup", str(warmup), "--device", device], capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout)[-4000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -200,13 +212,15 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", type=Path, help="write the JSON document here too")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     size = args.size or ("small" if args.mode == "parity" else "large")
     if args.worker:
-        print(json.dumps(worker(args.mode, size, args.steps, args.warmup)))
+        print(json.dumps(worker(args.mode, size, args.steps, args.warmup, args.device)))
         return 0
     rounds = 1 if args.mode == "parity" else args.rounds
-    runs = [run_worker(args.mode, size, args.steps, 0 if args.mode == "parity" else args.warmup) for _ in range(rounds)]
+    runs = [run_worker(args.mode, size, args.steps, 0 if args.mode == "parity" else args.warmup, args.device)
+            for _ in range(rounds)]
     hidden, ffn, blocks, batch, tokens = SIZES[size]
     doc = {"benchmark": f"gpu {args.mode}", "mode": args.mode, "size": size,
            "model": f"{blocks} x (LayerNorm + Linear({hidden},{ffn}) + Linear({ffn},{hidden})), batch {batch}x{tokens}, fp32, AdamW",

@@ -32,9 +32,10 @@ def planner(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout_s)
 
 
-def chain(name: str, pins: list[str], hardware: Path, work: Path, nvme_path: str, steps: int) -> dict:
+def chain(name: str, pins: list[str], hardware: Path, work: Path, nvme_path: str, steps: int,
+          model: list[str] = MODEL) -> dict:
     plan, profile = work / f"plan-{name}.json", work / f"profile-{name}.json"
-    fit = planner("fit", *MODEL, "--gpus", "1", "--hardware", str(hardware), "--precision", "bf16",
+    fit = planner("fit", *model, "--gpus", "1", "--hardware", str(hardware), "--precision", "bf16",
                   "--nvme-path", nvme_path, *pins, "--out", str(plan), "--json")
     if fit.returncode or not plan.exists():
         return {"error": f"fit: {(fit.stderr or fit.stdout)[-1500:]}"}
@@ -66,20 +67,23 @@ def main() -> int:
     ap.add_argument("--nvme-path", default="/tmp/gpukit-nvme")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: each chain's)")
     ap.add_argument("--chains", default=",".join(CHAINS))
+    ap.add_argument("--hardware", type=Path, help="a hardware spec to use instead of probing this machine")
+    ap.add_argument("--model", default=" ".join(MODEL), help="fit's model options (default: %(default)s)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     Path(args.nvme_path).mkdir(parents=True, exist_ok=True)
-    hardware = args.work / "hw.json"
-    probe = planner("probe", "--out", str(hardware), "--nvme-path", args.nvme_path)
-    doc: dict = {"probe_rc": probe.returncode, "chains": {}}
-    if probe.returncode or not hardware.exists():
+    hardware = args.hardware or args.work / "hw.json"
+    probe = None if args.hardware else planner("probe", "--out", str(hardware), "--nvme-path", args.nvme_path)
+    doc: dict = {"probed": probe is not None, "chains": {}}
+    if probe is not None and (probe.returncode or not hardware.exists()):
         doc |= {"ok": False, "error": f"probe: {(probe.stderr or probe.stdout)[-2500:]}"}
     else:
         doc["hardware"] = json.loads(hardware.read_text())
         for name in args.chains.split(","):
             pins, steps = CHAINS[name]
-            doc["chains"][name] = chain(name, pins, hardware, args.work, args.nvme_path, args.steps or steps)
+            doc["chains"][name] = chain(name, pins, hardware, args.work, args.nvme_path, args.steps or steps,
+                                        args.model.split())
         doc["ok"] = all("error" not in c for c in doc["chains"].values())
     text = json.dumps(doc, indent=2)
     print(text)
