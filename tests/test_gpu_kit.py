@@ -103,3 +103,9 @@ def test_markdown_names_the_gpu_and_restates_the_ratios() -> None:
                                     "torch": "2.11.0+cu130", "cuda": "13.0"}, "device": timing})
     assert "NVIDIA H100 80GB HBM3" in text and "580.159.04" in text and "2.11.0+cu130" in text
     assert "| ours-device/plain step time (median of paired ratios) | 1.100 |" in text
+
+
+def test_ci_runs_the_check_after_the_test_command() -> None:
+    lines = (ROOT / ".ci/run").read_text().splitlines()
+    check = lines.index("bash benchmarks/gpu/run.sh --check >/dev/null")
+    assert check > next(i for i, line in enumerate(lines) if line.endswith("python -m pytest -q"))

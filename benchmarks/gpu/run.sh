@@ -67,8 +67,10 @@ check() {
 gpu_env() {
   export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions  # DeepSpeed's JIT ops, built once per machine
-  local bindir; bindir=$(dirname "$(readlink -f "$(command -v "$PY")")")
-  export PATH=$bindir:$PATH  # where pip puts the `planner` console script
+  # Where pip puts console scripts (`planner`): the environment's own bin, not the interpreter's
+  # resolved path (a venv's python links to the base one, whose bin holds another python).
+  local bindir; bindir=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  export PATH=$bindir:$PATH
   if [ -d "$WORK/libaio/usr/include" ]; then  # carried libaio (install stage): DeepSpeed's async_io op
     local inc=$WORK/libaio/usr/include lib=$WORK/libaio/usr/lib/x86_64-linux-gnu
     export CPATH=$inc${CPATH:+:$CPATH} LIBRARY_PATH=$lib${LIBRARY_PATH:+:$LIBRARY_PATH}
@@ -88,7 +90,8 @@ stage_install() {
     for deb in "$WHEELS"/deb/*.deb; do dpkg -x "$deb" "$WORK/libaio" || return 1; done
   fi
   gpu_env
-  "$PY" - "$libaio" >"$WORK/install.json" <<'EOF' || return 1
+  # JSON to a file, not stdout: DeepSpeed logs to stdout on import.
+  "$PY" - "$libaio" "$WORK/install.json" <<'EOF' || return 1
 import importlib, json, subprocess, sys
 mods = ["simpy", "platformdirs", "typer", "rich", "yaml", "pandas", "matplotlib", "deepspeed", "streamlit", "altair",
         "torch", "transformers", "planner", "runtime"]
@@ -99,8 +102,9 @@ for m in mods:
     except Exception as exc:  # every failure is reported, none stops the others
         failed[m] = f"{type(exc).__name__}: {exc}"
 check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
-print(json.dumps({"ok": not failed, "imports": versions, "import_errors": failed, "libaio": sys.argv[1],
-                  "pip_check": check.stdout.strip().splitlines()[-20:]}, indent=2))
+with open(sys.argv[2], "w") as out:
+    json.dump({"ok": not failed, "imports": versions, "import_errors": failed, "libaio": sys.argv[1],
+               "pip_check": check.stdout.strip().splitlines()[-20:]}, out, indent=2)
 EOF
   cat "$WORK/install.json"
   grep -q '"ok": true' "$WORK/install.json" && touch "$WORK/installed"
@@ -108,8 +112,8 @@ EOF
 
 stage_build() {
   "$PY" setup.py -q build_ext --inplace || return 1
-  "$PY" - >"$WORK/build.json" <<'EOF'
-import json, time
+  "$PY" - "$WORK/build.json" <<'EOF'
+import json, sys, time
 doc = {}
 import runtime._aio_ext  # noqa: F401 - the C++ engine just built
 doc["aio_ext"] = "ok"
@@ -122,15 +126,23 @@ for name, builder in (("cpu_adam", CPUAdamBuilder), ("async_io", AsyncIOBuilder)
     except Exception as exc:  # reported; the stages that need the op say so again
         doc[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
 doc["ok"] = all(v["ok"] for v in doc.values() if isinstance(v, dict))
-print(json.dumps(doc, indent=2))
+with open(sys.argv[1], "w") as out:
+    json.dump(doc, out, indent=2)
 EOF
   cat "$WORK/build.json"
 }
 
 stage_pytest() {
-  "$PY" -m pytest -m gpu -q -p no:cacheprovider --timeout 300 --junitxml="$WORK/pytest.xml" tests
+  local timeout=()
+  "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 300)  # one hung test does not eat the call
+  rm -f "$WORK/pytest.xml"
+  "$PY" -m pytest -m gpu -q -p no:cacheprovider "${timeout[@]}" --junitxml="$WORK/pytest.xml" tests
   local rc=$?
-  "$PY" "$KIT/report.py" junit "$WORK/pytest.xml" "$WORK/pytest.json"
+  if [ -f "$WORK/pytest.xml" ]; then
+    "$PY" "$KIT/report.py" junit "$WORK/pytest.xml" "$WORK/pytest.json"
+  else
+    echo "{\"ok\": false, \"error\": \"pytest exited $rc before writing its report\"}" >"$WORK/pytest.json"
+  fi
   return $rc
 }
 
