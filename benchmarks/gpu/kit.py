@@ -10,9 +10,9 @@ The GPU machine (device README, KINDS.md) runs Python 3.12 from the image 'cuda'
 network: IMAGE_PACKAGES is its package list as KINDS.md records it (read 2026-11-17). Whatever the
 project imports that is not there travels as a wheel in `.whl/` (gather_wheels.sh builds the folder
 here; the run names it in `carry`). Versions are the ones this project's venv runs its tests with,
-so the GPU machine runs the same code paths. Three of them are in the image too but travel anyway,
+so the GPU machine runs the same code paths. Two of them are in the image too but travel anyway,
 because our wheels need newer versions than an image of that date may hold: typing-extensions
-(pydantic 2.14 needs >= 4.16), narwhals (altair 6.3 needs >= 2.4). DeepSpeed has no wheel on PyPI:
+(pydantic 2.14 needs >= 4.16) and narwhals (altair 6.3 needs >= 2.4). DeepSpeed has no wheel on PyPI:
 it is built here from its sdist with no ops (DS_BUILD_OPS=0); its ops (DeepSpeedCPUAdam, async_io)
 are JIT-built there with the image's ninja and nvcc. Its NVMe op needs libaio, which the image may
 lack: libaio1 and libaio-dev travel as .debs, unpacked under /tmp, never into / (device README).

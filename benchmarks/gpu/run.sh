@@ -106,7 +106,7 @@ with open(sys.argv[2], "w") as out:
     json.dump({"ok": not failed, "imports": versions, "import_errors": failed, "libaio": sys.argv[1],
                "pip_check": check.stdout.strip().splitlines()[-20:]}, out, indent=2)
 EOF
-  cat "$WORK/install.json"
+  cat "$WORK/install.json"; echo
   grep -q '"ok": true' "$WORK/install.json" && touch "$WORK/installed"
 }
 
@@ -129,7 +129,7 @@ doc["ok"] = all(v["ok"] for v in doc.values() if isinstance(v, dict))
 with open(sys.argv[1], "w") as out:
     json.dump(doc, out, indent=2)
 EOF
-  cat "$WORK/build.json"
+  cat "$WORK/build.json"; echo
 }
 
 stage_pytest() {
