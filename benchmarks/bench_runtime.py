@@ -33,16 +33,18 @@ HIDDEN, FFN, BLOCKS, BATCH, TOKENS = 1024, 4096, 8, 4, 128
 LR = 1e-3
 
 
-def build_model():  # noqa: ANN201
+def build_model(hidden: int = HIDDEN, ffn: int = FFN, blocks: int = BLOCKS):  # noqa: ANN201
+    """The DESIGN.md model (other sizes for the GPU kit, benchmarks/gpu/), seeded: every call
+    returns the same weights."""
     import torch
     from torch import nn
 
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.ln = nn.LayerNorm(HIDDEN)
-            self.up = nn.Linear(HIDDEN, FFN)
-            self.down = nn.Linear(FFN, HIDDEN)
+            self.ln = nn.LayerNorm(hidden)
+            self.up = nn.Linear(hidden, ffn)
+            self.down = nn.Linear(ffn, hidden)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x + self.down(torch.relu(self.up(self.ln(x))))
@@ -50,7 +52,7 @@ def build_model():  # noqa: ANN201
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+            self.blocks = nn.ModuleList(Block() for _ in range(blocks))
 
         def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             for block in self.blocks:
@@ -61,8 +63,10 @@ def build_model():  # noqa: ANN201
     return Net()
 
 
-def plan_doc(placement: str) -> dict:
-    hardware = json.loads((ROOT / "data" / "hardware" / "cpu-dev-2core.json").read_text())
+def plan_doc(placement: str, hardware: str = "cpu-dev-2core") -> dict:
+    """The plan our runtime executes: `placement` "cpu" (the cpu tier) or "device" (everything on the
+    compute device); `hardware` a preset of data/hardware/ (the GPU kit passes a GPU machine's)."""
+    hardware = json.loads((ROOT / "data" / "hardware" / f"{hardware}.json").read_text())
     tiers = {"cpu": dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"), "cpu"),
              "device": dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"), "gpu")}
     return {"model": {"name": "design-md-mlp", "num_layers": BLOCKS, "hidden_size": HIDDEN, "num_heads": 16,
@@ -88,18 +92,28 @@ def ours_step(model, plan: dict, x, y):  # noqa: ANN001, ANN201 - torch objects;
     return step, model
 
 
-def deepspeed_step(model, x, y, *, batch: int, port: str, zero_optimization: dict, **config):  # noqa: ANN001, ANN201
-    """One training step of DeepSpeed ZeRO in this single process (gloo, CPU accelerator), fp32, its
-    torch AdamW at the benchmarks' lr; `config` adds top-level keys (e.g. `aio`)."""
+DEEPSPEED_OPTIMIZER = {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}}
+"""DeepSpeed at its best: with `offload_optimizer` and no `torch_adam`, ZeRO-3 steps with
+DeepSpeedCPUAdam (its fused AVX C++ Adam, JIT-built with ninja on first use), not torch's Adam
+(about 4.8x slower here, issue 25)."""
+
+
+def deepspeed_step(model, x, y, *, batch: int, port: str, zero_optimization: dict, device: str = "cpu", **config):  # noqa: ANN001, ANN201
+    """One training step of DeepSpeed ZeRO in this single process, fp32, AdamW at the benchmarks' lr
+    (DEEPSPEED_OPTIMIZER); `config` adds top-level keys (e.g. `aio`). On `device="cpu"` it runs on
+    DeepSpeed's CPU accelerator over gloo; on "cuda" on the GPU (the process group, when this process
+    has none yet, is gloo for CPU tensors and NCCL for CUDA ones)."""
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=os.environ.get("BENCH_PORT", port), DS_ACCELERATOR="cpu")
+                      MASTER_PORT=os.environ.get("BENCH_PORT", port))
+    if device == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     config = {
         "train_micro_batch_size_per_gpu": batch,
         "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0, "torch_adam": True}},
+        "optimizer": DEEPSPEED_OPTIMIZER,
         "zero_optimization": zero_optimization,
         "bf16": {"enabled": False}, "fp16": {"enabled": False},
         **config,
@@ -112,6 +126,8 @@ def deepspeed_step(model, x, y, *, batch: int, port: str, zero_optimization: dic
         engine.step()
         return loss.item()
 
+    # What actually steps (recorded in the results: DeepSpeedCPUAdam, not torch's AdamW).
+    step.optimizer = type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__
     return step
 
 
@@ -150,6 +166,7 @@ def worker(systems: list[str], steps: int, warmup: int) -> dict:
     x = torch.randn(BATCH, TOKENS, HIDDEN)
     y = torch.randn(BATCH, TOKENS, HIDDEN)
     steppers = {name: make_step(name, x, y) for name in systems}
+    optimizers = {name: getattr(step, "optimizer", None) for name, step in steppers.items()}
     times: dict[str, list[float]] = {n: [] for n in systems}
     cpu_times: dict[str, list[float]] = {n: [] for n in systems}
     losses: dict[str, list[float]] = {n: [] for n in systems}
@@ -160,7 +177,7 @@ def worker(systems: list[str], steps: int, warmup: int) -> dict:
             if i >= warmup:
                 times[name].append(time.perf_counter() - start)
                 cpu_times[name].append(time.process_time() - cpu_start)
-    return {"systems": systems, "step_time_s": times, "cpu_time_s": cpu_times, "losses": losses,
+    return {"systems": systems, "step_time_s": times, "cpu_time_s": cpu_times, "losses": losses, "optimizers": optimizers,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
@@ -195,7 +212,8 @@ def main() -> None:
             times = [t for r in runs for t in r["step_time_s"][name]]
             summary[name] = {"median_step_time_s": statistics.median(times), "min_step_time_s": min(times),
                              "step_times_s": times, "peak_rss_bytes": alone[name]["peak_rss_bytes"],
-                             "first_losses": runs[0]["losses"][name][:3]}
+                             "first_losses": runs[0]["losses"][name][:3],
+                             "optimizer": runs[0]["optimizers"].get(name)}
         # Adjacent steps of a and b see the same load: the median of their ratios is the robust one.
         paired = [ta / tb for r in runs for ta, tb in zip(r["step_time_s"][a], r["step_time_s"][b], strict=True)]
         key = f"{a}/{b}"
@@ -225,8 +243,16 @@ def write_results(doc: dict) -> None:
 Machine: {doc['machine']} (shared with other jobs while measured).
 Model: {doc['model']}. `ours-cpu`: params, gradients, optimizer states on the `cpu` tier;
 `ours-device`: everything on the compute device; `deepspeed`: DeepSpeed 0.19.8 ZeRO-3 with
-`offload_param` and `offload_optimizer` on CPU (torch Adam, gloo, CPU accelerator); `plain`: the same
+`offload_param` and `offload_optimizer` on CPU, stepping with {s['deepspeed'].get('optimizer') or 'its CPU Adam'}
+(its fused C++ Adam, JIT-built with ninja; `torch_adam` off), gloo, CPU accelerator; `plain`: the same
 model with `torch.optim.AdamW(fused=True)`, no runtime.
+
+**What the CPU-offload ratio measures here.** This machine has no GPU, so the compute device is host
+memory: "offloading" to the CPU moves nothing, for us and for DeepSpeed alike. The ours-cpu /
+deepspeed ratio therefore measures each system's bookkeeping overhead (partitioning, gathers,
+copies into fp32 partitions, hooks) and its optimizer, not the cost of host-device copies. The
+comparison with copies in it runs on a GPU (`bash benchmarks/gpu/run.sh offload`, which also
+measures FSDP2 with `CPUOffloadPolicy`).
 
 The two systems of a comparison are built in one process and their steps alternate (order flipped
 every iteration), so both see the same load from other jobs on the 2 cores; the headline ratio is
