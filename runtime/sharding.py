@@ -66,14 +66,18 @@ from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffer
 from planner.plan import Plan
 from runtime.checkpointing import CHECKPOINT_STORES, Segment, apply_checkpointing, find_blocks
 from runtime.collectives import Comm, Reduced, make_comm
+from runtime.events import UnitListener
 from runtime.flat_param import FlatLayout, flatten_shard
-from runtime.group import ParamUnit, UnitGradient, UnitState
+from runtime.gradients import GradientSink
+from runtime.group import ParamUnit, UnitState
 from runtime.ledger import MemoryLedger
+from runtime.loss_scaling import DynamicLossScaler, output_tensors
 from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
 from runtime.stores import CopyEngine, ShardStore, make_store
 from runtime.tiling import apply_tiling
+from runtime.unit_charges import UnitCharges
 
 MAX_REDUCES_IN_FLIGHT = 1
 """Reduce-scatters in flight while the next operator's backward runs (the memory model's
@@ -116,7 +120,7 @@ class ShardedModel:
         self.grad_store: ShardStore | None = (
             self._store(place.gradients, "optimizer_states" if mixed else "gradients", "gradients")
             if config.stores_gradients else None)
-        """None when each unit's gradient goes straight into the in-backward update (`unit_gradient_ready`)."""
+        """None when each unit's gradient goes straight into the in-backward update (`HandedGradients`)."""
         self.optimizer_store = self._store(place.optimizer_states, "optimizer_states", "optimizer_states")
         self.units: list[ParamUnit] = []
         self.masters: dict[str, torch.Tensor | None] = {}
@@ -131,24 +135,30 @@ class ShardedModel:
         self.loss_scaler: Any = None
         self._reduces: deque[tuple[ParamUnit, Reduced]] = deque()
         self._handles: list[Any] = []
-        self.after_unit_backward: list[Callable[[], None]] = []
-        """Called each time a unit's backward is over (the streamed optimizer reads ahead from it)."""
-        self.at_backward_begin: list[Callable[[], None]] = []
-        """Called when a backward begins (the in-backward update starts reading states ahead)."""
-        self.at_forward_tail: list[Callable[[], None]] = []
-        """Called once per training forward, when every parameter read of the forward has been
-        submitted (the in-backward update starts reading states ahead from there)."""
+        self.listener = UnitListener()
+        """Told about the units' progress: the attached optimizer's schedule ([Note: schedules as
+        types] in runtime/events.py)."""
         self._forward_tail_reached = False
-        self.unit_gradient_ready: Callable[[ParamUnit, UnitGradient | None], None] | None = None
-        """With `optimizer_step: in_backward`, the optimizer's update of one unit, called as soon as
-        the unit's gradient is final: with the `UnitGradient` when gradients are not stored, else
-        None (the gradient is in the store)."""
         self.transient_buffers: dict[int, ParamUnit] = {}
         """Storage address -> unit gathered into it, for transient gathered buffers."""
         self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
         self._kept: dict[int, int] = {}
         """Units this forward keeps gathered for the backward -> their distance into its first
         window ([Note: the forward's tail is the backward's head] in runtime/prefetch.py)."""
+
+    def attach(self, listener: UnitListener) -> None:
+        """Make `listener` the one told about the units (an optimizer's schedule)."""
+        self.check_attachable()
+        self.listener = listener
+
+    def check_attachable(self) -> None:
+        if not self.listener.replaceable:
+            raise ValueError("this model already has an optimizer that steps in backward; create one optimizer "
+                             "per sharded model")
+
+    def detach(self, listener: UnitListener) -> None:
+        if self.listener is listener:
+            self.listener = UnitListener()
 
     def _store(self, tier: str, term: str, name: str) -> ShardStore:
         return make_store(tier, term=term, ledger=self.ledger, copier=self.copier, name=name, swap=self.swap)
@@ -183,11 +193,10 @@ class ShardedModel:
                 if phase is Phase.FORWARD:  # what the forward keeps takes the slot of its backward use
                     for j, ahead in self._kept.items():
                         self.units[j].stage(ahead=ahead)
-            if (phase is Phase.FORWARD and self.at_forward_tail and not self._forward_tail_reached
-                    and torch.is_grad_enabled() and self.prefetcher.window_reaches_end(Phase.FORWARD)):
+            if (phase is Phase.FORWARD and not self._forward_tail_reached and torch.is_grad_enabled()
+                    and self.prefetcher.window_reaches_end(Phase.FORWARD)):
                 self._forward_tail_reached = True
-                for callback in self.at_forward_tail:
-                    callback()
+                self.listener.forward_tail()
             self.units[i].unshard()
 
     def root_pre_forward(self, module: nn.Module, args: Any) -> None:  # noqa: ARG002
@@ -233,7 +242,7 @@ class ShardedModel:
         self.profiler.end("forward")
         assert self.prefetcher is not None
         self.prefetcher.end_phase(Phase.FORWARD)
-        tensors = [t for t in _tensors(output) if t.requires_grad]
+        tensors = [t for t in output_tensors(output) if t.requires_grad]
         if not torch.is_grad_enabled() or not tensors:
             self._reshard_all()  # evaluation: no backward is coming
             self.phase = StepPhase.IDLE
@@ -241,7 +250,7 @@ class ShardedModel:
             return output
         if self.loss_scaler is not None:
             output = self.loss_scaler.scale_outputs(output)
-            tensors = [t for t in _tensors(output) if t.requires_grad]
+            tensors = [t for t in output_tensors(output) if t.requires_grad]
         torch.autograd.graph.register_multi_grad_hook(tensors, self._begin_backward, mode="any")
         return output
 
@@ -263,7 +272,7 @@ class ShardedModel:
                 elif not self._keep_for_backward(i):
                     self.units[i].reshard()
             if torch.is_grad_enabled():
-                for t in _tensors(output):
+                for t in output_tensors(output):
                     if t.requires_grad:
                         t.register_hook(self._pre_backward(indices))
 
@@ -301,18 +310,17 @@ class ShardedModel:
         self._kept = {}  # from here the prefetcher's window charges them ([Note: the forward's tail ...])
         self.profiler.begin("backward")
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
-        for callback in self.at_backward_begin:
-            callback()
+        self.listener.backward_begin()
 
     def grad_hook(self, unit: ParamUnit, index: int) -> Callable[[nn.Parameter], None]:
         def hook(param: nn.Parameter) -> None:
-            if unit.on_grad(index, param):
+            grad, param.grad = param.grad, None
+            assert grad is not None
+            if unit.grads.file(index, grad):
                 self._start_reduce(unit)
                 unit.reshard()
                 if self.comm.world_size == 1:  # with several ranks: once its reduce-scatter is done
                     self._gradient_final(unit)
-                for callback in self.after_unit_backward:
-                    callback()
 
         return hook
 
@@ -320,31 +328,24 @@ class ShardedModel:
         if self.comm.world_size > 1:
             while len(self._reduces) >= MAX_REDUCES_IN_FLIGHT:  # bound the gradient buffers
                 self._finish_reduce(*self._reduces.popleft())
-        reduced = unit.reduce_grads()
+        reduced = unit.grads.reduce()
         if reduced is not None:
             self._reduces.append((unit, reduced))
 
     def _finish_reduce(self, unit: ParamUnit, reduced: Reduced) -> None:
-        unit.finish_reduce(reduced).wait()
+        unit.grads.finish_reduce(reduced).wait()
         self._gradient_final(unit)
 
     def _gradient_final(self, unit: ParamUnit) -> None:
-        """The unit's gradient for this backward is complete: with `optimizer_step: in_backward` the
-        optimizer updates the unit now ([Note: the optimizer step in backward])."""
-        if self.grad_store is None:
-            gradient = unit.take_gradient()
-            if gradient is None:
-                return
-            if self.unit_gradient_ready is None:
-                raise RuntimeError("the plan's optimizer_step is in_backward, so each gradient goes straight into the "
-                                   "optimizer: create runtime.AdamW(model, ...) before the first backward")
-            self.unit_gradient_ready(unit, gradient)
-        elif self.unit_gradient_ready is not None:
-            self.unit_gradient_ready(unit, None)
+        """The unit's gradient for this backward is complete: the listener may update the unit now
+        ([Note: schedules as types] in runtime/events.py)."""
+        gradient = unit.grads.final()
+        if gradient is not None:
+            self.listener.gradient_final(unit, gradient)
 
     def _end_backward(self) -> None:
         for unit in self.units:  # units some of whose parameters got no gradient in this backward
-            partial = unit.grads_partial
+            partial = unit.grads.partial
             self._start_reduce(unit)
             if partial and self.comm.world_size == 1:
                 self._gradient_final(unit)
@@ -454,8 +455,6 @@ def shard(
         state.segment_of_unit = {i: seg for seg in state.segments for block in seg.blocks
                                  for module in block.modules() for i in units_of.get(id(module), ())}
     if config.precision == "fp16":
-        from runtime.optimizer import DynamicLossScaler
-
         state.loss_scaler = DynamicLossScaler()
     _STATES[model] = state
     return model
@@ -532,9 +531,12 @@ def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> Pa
         empty = torch.empty(0, dtype=config.compute_dtype, device=config.device)
         for p in params:
             p.data = empty  # drop the full parameter: only the shard remains
-    unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=state.param_store,
-                     grad_store=state.grad_store, compute_dtype=config.compute_dtype, ledger=state.ledger,
-                     link_bytes=state.profiler.link_bytes, transient_buffers=state.transient_buffers)
+    links = state.profiler.link_bytes
+    grads = GradientSink.factory(state.grad_store)(key=key, layout=layout, num_grad_params=sum(p.requires_grad for p in params),
+                                                   comm=comm, ledger=state.ledger, link_bytes=links)
+    unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=state.param_store, grads=grads,
+                     compute_dtype=config.compute_dtype, charges=UnitCharges(state.ledger), link_bytes=links,
+                     transient_buffers=state.transient_buffers)
     # Not an allocation the runtime makes but what each operator's objects cost (the memory model's
     # constant, measured by tests/nvme_memory_probe.py), so that the host tier compares with the bill.
     state.ledger.add("cpu", "runtime_bookkeeping", BOOKKEEPING_BYTES_PER_OPERATOR)
@@ -596,14 +598,3 @@ def _default_init_fn(model: nn.Module) -> Callable[[nn.Module], None]:
             )
 
     return init
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Tensors in a module output (tensor, tuple/list, dict or Hugging Face ModelOutput)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, tuple | list):
-        return [t for item in obj for t in _tensors(item)]
-    if isinstance(obj, dict):
-        return [t for item in obj.values() for t in _tensors(item)]
-    return []
