@@ -106,7 +106,7 @@ class ParamUnit:
     def full_bytes(self) -> int:
         return self.layout.padded_numel * self._empty.element_size()
 
-    # -- parameters -------------------------------------------------------------------------
+    # -- gather lifecycle ---------------------------------------------------------------------
     def stage(self, *, ahead: int = 2) -> None:
         """Start bringing the shard to the compute device (no-op when it is there). `ahead`: how many
         operators before its use it is, which names the buffer it occupies until it is gathered
@@ -124,7 +124,7 @@ class ParamUnit:
         if self._staged.fresh:
             self.charges.release()
             self.charges.charge(*stage_term(ahead, resident=self.param_store.resident_states),
-                         self.layout.shard_numel * self._empty.element_size())
+                                self.layout.shard_numel * self._empty.element_size())
 
     def start_gather(self, *, prefetch: bool) -> None:
         """SHARDED -> GATHERING: start the all-gather (after the staged shard arrived). A prefetch on
