@@ -2,7 +2,8 @@
 
 Construction-time partitioning: a model built on the meta device (`with torch.device("meta")`) is
 materialised one unit at a time: the unit's parameters are allocated, initialised, cut into this
-rank's shard and dropped, so no more than one operator's full parameters exist at once.
+rank's shard and dropped, so no more than one operator's full parameters exist at once
+(runtime/unit_builder.py).
 
 [Note: when a unit is gathered]
 forward:  module pre-hook -> prefetch ahead, gather; module post-hook -> reshard, and hook the
@@ -62,20 +63,20 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
 from planner.plan import Plan
-from planner.units import round_up_4kib
 from runtime.collectives import Comm, Reduced, make_comm
-from runtime.flat_param import FlatLayout, flatten_shard
-from runtime.group import ParamUnit, UnitGradient, UnitState
+from runtime.events import UnitListener
+from runtime.group import ParamUnit, UnitState
 from runtime.ledger import MemoryLedger
-from runtime.plan_io import RuntimeConfig, local_world_size, resolve_plan, runtime_config
+from runtime.loss_scaling import DynamicLossScaler, output_tensors
+from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
 from runtime.recompute import ACTIVATION_CHECKPOINT_STORES, RecomputeSegment, apply_recompute, find_blocks
-from runtime.stores import CopyEngine, ShardKey, ShardStore, StateKey, UnitKey
+from runtime.stores import CopyEngine, ShardKey, ShardStore, UnitKey
 from runtime.tiers import make_store
 from runtime.tiling import apply_tiling
+from runtime.unit_builder import build_units, default_init_fn, nvme_space
 
 MAX_REDUCES_IN_FLIGHT = 1
 """Reduce-scatters in flight while the next operator's backward runs (the memory model's
@@ -111,14 +112,14 @@ class ShardedModel:
         self.copier = CopyEngine(config.device, self.profiler.link_bytes)
         place = config.placement
         mixed = config.precision != "fp32"
-        self.swap = _nvme_space(module, config, comm, plan, self.master_shares_param_shard)
+        self.swap = nvme_space(module, config, comm, plan, self.master_shares_param_shard)
         self.param_store = self._store(place.params, "params", "params")
         # Mixed precision: gradients arrive in 16 bits and are accumulated straight into the fp32
         # gradient copy that the paper counts among the optimizer states (eq. 2).
         self.grad_store: ShardStore | None = (
             self._store(place.gradients, "optimizer_states" if mixed else "gradients", "gradients")
             if config.stores_gradients else None)
-        """None when each unit's gradient goes straight into the in-backward update (`unit_gradient_ready`)."""
+        """None when each unit's gradient goes straight into the in-backward update (`HandedGradients`)."""
         self.optimizer_store = self._store(place.optimizer_states, "optimizer_states", "optimizer_states")
         self.units: list[ParamUnit] = []
         self.masters: dict[UnitKey, torch.Tensor | None] = {}
@@ -133,24 +134,30 @@ class ShardedModel:
         self.loss_scaler: Any = None
         self._reduces: deque[tuple[ParamUnit, Reduced]] = deque()
         self._handles: list[Any] = []
-        self.after_unit_backward: list[Callable[[], None]] = []
-        """Called each time a unit's backward is over (the streamed optimizer reads ahead from it)."""
-        self.at_backward_begin: list[Callable[[], None]] = []
-        """Called when a backward begins (the in-backward update starts reading states ahead)."""
-        self.at_forward_tail: list[Callable[[], None]] = []
-        """Called once per training forward, when every parameter read of the forward has been
-        submitted (the in-backward update starts reading states ahead from there)."""
+        self.listener = UnitListener()
+        """Told about the units' progress: the attached optimizer's schedule ([Note: schedules as
+        types] in runtime/events.py)."""
         self._forward_tail_reached = False
-        self.unit_gradient_ready: Callable[[ParamUnit, UnitGradient | None], None] | None = None
-        """With `optimizer_step: in_backward`, the optimizer's update of one unit, called as soon as
-        the unit's gradient is final: with the `UnitGradient` when gradients are not stored, else
-        None (the gradient is in the store)."""
         self.transient_buffers: dict[int, ParamUnit] = {}
         """Storage address -> unit gathered into it, for transient gathered buffers."""
         self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
         self._kept: dict[int, int] = {}
         """Units this forward keeps gathered for the backward -> their distance into its first
         window ([Note: the forward's tail is the backward's head] in runtime/prefetch.py)."""
+
+    def attach(self, listener: UnitListener) -> None:
+        """Make `listener` the one told about the units (an optimizer's schedule)."""
+        self.check_attachable()
+        self.listener = listener
+
+    def check_attachable(self) -> None:
+        if not self.listener.replaceable:
+            raise ValueError("this model already has an optimizer that steps in backward; create one optimizer "
+                             "per sharded model")
+
+    def detach(self, listener: UnitListener) -> None:
+        if self.listener is listener:
+            self.listener = UnitListener()
 
     def _store(self, tier: str, term: str, name: str) -> ShardStore:
         return make_store(tier, term=term, ledger=self.ledger, copier=self.copier, name=name, swap=self.swap)
@@ -185,11 +192,10 @@ class ShardedModel:
                 if phase is Phase.FORWARD:  # what the forward keeps takes the slot of its backward use
                     for j, ahead in self._kept.items():
                         self.units[j].stage(ahead=ahead)
-            if (phase is Phase.FORWARD and self.at_forward_tail and not self._forward_tail_reached
-                    and torch.is_grad_enabled() and self.prefetcher.window_reaches_end(Phase.FORWARD)):
+            if (phase is Phase.FORWARD and not self._forward_tail_reached and torch.is_grad_enabled()
+                    and self.prefetcher.window_reaches_end(Phase.FORWARD)):
                 self._forward_tail_reached = True
-                for callback in self.at_forward_tail:
-                    callback()
+                self.listener.forward_tail()
             self.units[i].unshard()
 
     def root_pre_forward(self, module: nn.Module, args: Any) -> None:  # noqa: ARG002
@@ -235,7 +241,7 @@ class ShardedModel:
         self.profiler.end("forward")
         assert self.prefetcher is not None
         self.prefetcher.end_phase(Phase.FORWARD)
-        tensors = [t for t in _tensors(output) if t.requires_grad]
+        tensors = [t for t in output_tensors(output) if t.requires_grad]
         if not torch.is_grad_enabled() or not tensors:
             self._reshard_all()  # evaluation: no backward is coming
             self.phase = StepPhase.IDLE
@@ -243,7 +249,7 @@ class ShardedModel:
             return output
         if self.loss_scaler is not None:
             output = self.loss_scaler.scale_outputs(output)
-            tensors = [t for t in _tensors(output) if t.requires_grad]
+            tensors = [t for t in output_tensors(output) if t.requires_grad]
         torch.autograd.graph.register_multi_grad_hook(tensors, self._begin_backward, mode="any")
         return output
 
@@ -265,7 +271,7 @@ class ShardedModel:
                 elif not self._keep_for_backward(i):
                     self.units[i].reshard()
             if torch.is_grad_enabled():
-                for t in _tensors(output):
+                for t in output_tensors(output):
                     if t.requires_grad:
                         t.register_hook(self._pre_backward(indices))
 
@@ -303,18 +309,17 @@ class ShardedModel:
         self._kept = {}  # from here the prefetcher's window charges them ([Note: the forward's tail ...])
         self.profiler.begin("backward")
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
-        for callback in self.at_backward_begin:
-            callback()
+        self.listener.backward_begin()
 
     def grad_hook(self, unit: ParamUnit, index: int) -> Callable[[nn.Parameter], None]:
         def hook(param: nn.Parameter) -> None:
-            if unit.on_grad(index, param):
+            grad, param.grad = param.grad, None
+            assert grad is not None
+            if unit.grads.file(index, grad):
                 self._start_reduce(unit)
                 unit.reshard()
                 if self.comm.world_size == 1:  # with several ranks: once its reduce-scatter is done
                     self._gradient_final(unit)
-                for callback in self.after_unit_backward:
-                    callback()
 
         return hook
 
@@ -322,31 +327,24 @@ class ShardedModel:
         if self.comm.world_size > 1:
             while len(self._reduces) >= MAX_REDUCES_IN_FLIGHT:  # bound the gradient buffers
                 self._finish_reduce(*self._reduces.popleft())
-        reduced = unit.reduce_grads()
+        reduced = unit.grads.reduce()
         if reduced is not None:
             self._reduces.append((unit, reduced))
 
     def _finish_reduce(self, unit: ParamUnit, reduced: Reduced) -> None:
-        unit.finish_reduce(reduced).wait()
+        unit.grads.finish_reduce(reduced).wait()
         self._gradient_final(unit)
 
     def _gradient_final(self, unit: ParamUnit) -> None:
-        """The unit's gradient for this backward is complete: with `optimizer_step: in_backward` the
-        optimizer updates the unit now ([Note: the optimizer step in backward])."""
-        if self.grad_store is None:
-            gradient = unit.take_gradient()
-            if gradient is None:
-                return
-            if self.unit_gradient_ready is None:
-                raise RuntimeError("the plan's optimizer_step is in_backward, so each gradient goes straight into the "
-                                   "optimizer: create runtime.AdamW(model, ...) before the first backward")
-            self.unit_gradient_ready(unit, gradient)
-        elif self.unit_gradient_ready is not None:
-            self.unit_gradient_ready(unit, None)
+        """The unit's gradient for this backward is complete: the listener may update the unit now
+        ([Note: schedules as types] in runtime/events.py)."""
+        gradient = unit.grads.final()
+        if gradient is not None:
+            self.listener.gradient_final(unit, gradient)
 
     def _end_backward(self) -> None:
         for unit in self.units:  # units some of whose parameters got no gradient in this backward
-            partial = unit.grads_partial
+            partial = unit.grads.partial
             self._start_reduce(unit)
             if partial and self.comm.world_size == 1:
                 self._gradient_final(unit)
@@ -423,8 +421,8 @@ def shard(
     if config.tiling_factor > 1 and blocks is not None:
         apply_tiling(blocks, config.tiling_factor)
     state = ShardedModel(model, config, comm, plan_obj)
-    init_fn = param_init_fn or _default_init_fn(model)
-    module_units = _build_units(model, state, init_fn)
+    init_fn = param_init_fn or default_init_fn(model)
+    module_units = build_units(model, state, init_fn)
     for store in (state.param_store, state.optimizer_store):
         store.drain()  # the shards' first writes: NVMe staging is given back before training
     for buf_owner in model.modules():  # buffers are small and replicated: just move them
@@ -456,156 +454,6 @@ def shard(
         state.segment_of_unit = {i: seg for seg in state.segments for block in seg.blocks
                                  for module in block.modules() for i in units_of.get(id(module), ())}
     if config.precision == "fp16":
-        from runtime.optimizer import DynamicLossScaler
-
         state.loss_scaler = DynamicLossScaler()
     _STATES[model] = state
     return model
-
-
-def _build_units(model: nn.Module, state: ShardedModel, init_fn: Callable[[nn.Module], None]) -> list[tuple[nn.Module, list[int]]]:
-    """One unit per module that owns parameters; returns (module, units it uses) for hooking."""
-    config = state.config
-    owner: dict[int, int] = {}
-    references: dict[int, list[tuple[nn.Module, str]]] = {}
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is not None:
-                references.setdefault(id(p), []).append((module, name))
-    module_units: list[tuple[nn.Module, list[int]]] = []
-    names = {m: n for n, m in model.named_modules()}
-    for module in model.modules():
-        own = [(n, p) for n, p in module._parameters.items() if p is not None and id(p) not in owner]
-        if own:
-            if any(p.device.type == "meta" for _, p in own):
-                own = _materialise(module, own, references, config.device, init_fn)
-            params = [p for _, p in own]
-            unit = _make_unit(names[module] or "<root>", params, state)
-            for p in params:
-                owner[id(p)] = len(state.units)
-            state.units.append(unit)
-        used = sorted({owner[id(p)] for p in module._parameters.values() if p is not None})
-        if used:
-            module_units.append((module, used))
-    return module_units
-
-
-def _materialise(module: nn.Module, own: list[tuple[str, nn.Parameter]], references: dict[int, list[tuple[nn.Module, str]]],
-                 device: torch.device, init_fn: Callable[[nn.Module], None]) -> list[tuple[str, nn.Parameter]]:
-    """Allocate and initialise one module's meta parameters (every module referencing one sees it)."""
-    out = []
-    for name, p in own:
-        if p.device.type == "meta":
-            new = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad)
-            for holder, attr in references[id(p)]:
-                holder._parameters[attr] = new
-            references[id(new)] = references.pop(id(p))
-            p = new
-        out.append((name, p))
-    with torch.no_grad():
-        init_fn(module)
-    return [(name, module._parameters[name]) for name, _ in out]
-
-
-def _make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> ParamUnit:
-    config, comm = state.config, state.comm
-    layout = FlatLayout.of(params, comm.world_size)
-    key = UnitKey(len(state.units), name)
-    shard = state.param_store.create(key, layout.shard_numel, config.compute_dtype)
-    with torch.no_grad():
-        if state.master_shares_param_shard:
-            master_store, master_key, master = state.param_store, key, shard
-        else:
-            master_store, master_key = state.optimizer_store, StateKey("master", key)
-            master = master_store.create(master_key, layout.shard_numel, torch.float32)
-        # Stores that keep shards in memory return them from `create`; an NVMe store is written to.
-        values = master if master is not None else torch.zeros(layout.shard_numel, dtype=torch.float32,
-                                                                device=params[0].device)
-        flatten_shard(params, layout, comm.rank, values)
-        if master is None:
-            master_store.write(master_key, values.cpu()).wait()
-        if master_key != key:
-            if shard is not None:
-                shard.copy_(values)
-            else:
-                state.param_store.write(key, values.to("cpu", config.compute_dtype)).wait()
-        state.masters[key] = master
-        state.master_at[key] = (master_store, master_key)
-        empty = torch.empty(0, dtype=config.compute_dtype, device=config.device)
-        for p in params:
-            p.data = empty  # drop the full parameter: only the shard remains
-    unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=state.param_store,
-                     grad_store=state.grad_store, compute_dtype=config.compute_dtype, ledger=state.ledger,
-                     link_bytes=state.profiler.link_bytes, transient_buffers=state.transient_buffers)
-    # Not an allocation the runtime makes but what each operator's objects cost (the memory model's
-    # constant, measured by tests/nvme_memory_probe.py), so that the host tier compares with the bill.
-    state.ledger.add("cpu", "runtime_bookkeeping", BOOKKEEPING_BYTES_PER_OPERATOR)
-    return unit
-
-
-def _nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan, master_shared: bool) -> Any:
-    """The rank's `NvmeSpace` when any state is on NVMe, sized before any shard exists (None otherwise).
-
-    Swap files are preallocated, so their sizes come from the shards this model will have: one per
-    unit (a module's own parameters), rounded to 4 KiB extents. The preflight checks the node's
-    total (every local rank's files), so a too-small `nvme_path` is refused before training."""
-    place = config.placement
-    if "nvme" not in (place.params, place.gradients, place.optimizer_states):
-        return None
-    from runtime.nvme.store import NvmeSpace
-
-    numels, seen = [], set()
-    for m in module.modules():
-        own = [p for p in m._parameters.values() if p is not None and id(p) not in seen]
-        seen.update(id(p) for p in own)
-        if own:
-            numels.append(FlatLayout.of(own, comm.world_size).shard_numel)
-
-    def shards(element_bytes: int, copies: int) -> int:
-        return copies * sum(round_up_4kib(n * element_bytes) for n in numels)
-
-    compute_bytes = torch.empty(0, dtype=config.compute_dtype).element_size()
-    optimizer_copies = 2 + (0 if master_shared else 1)  # Adam momentum and variance, the fp32 master
-    capacity = {}
-    if place.params == "nvme":
-        capacity["params"] = shards(compute_bytes, 1)
-    if place.gradients == "nvme" and config.stores_gradients:
-        capacity["gradients"] = shards(4, 1)
-    if place.optimizer_states == "nvme":
-        capacity["optimizer_states"] = shards(4, optimizer_copies)
-    assert plan.nvme_path is not None  # refused in plan_io
-    # Reads land in host memory; where that is the compute device they stay there until reshard.
-    read_buffers = config.prefetch_depth + 1 if config.device.type == "cpu" else 2
-    return NvmeSpace(plan.nvme_path, rank=comm.rank, capacity_bytes=capacity,
-                     node_needed_bytes=sum(capacity.values()) * local_world_size(),
-                     block_size_bytes=plan.nvme_block_bytes, read_buffers=max(2, read_buffers),
-                     gradient_write_buffers=gradient_write_buffers(config.prefetch_depth,
-                                                                   params_on_nvme=place.params == "nvme"))
-
-
-def _default_init_fn(model: nn.Module) -> Callable[[nn.Module], None]:
-    hf_init = getattr(model, "_init_weights", None)
-
-    def init(module: nn.Module) -> None:
-        if hf_init is not None:
-            hf_init(module)
-        elif hasattr(module, "reset_parameters"):
-            module.reset_parameters()
-        else:
-            raise ValueError(
-                f"cannot initialise the meta parameters of {type(module).__name__}: it has no reset_parameters(); "
-                "pass param_init_fn to runtime.shard"
-            )
-
-    return init
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Tensors in a module output (tensor, tuple/list, dict or Hugging Face ModelOutput)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, tuple | list):
-        return [t for item in obj for t in _tensors(item)]
-    if isinstance(obj, dict):
-        return [t for item in obj.values() for t in _tensors(item)]
-    return []

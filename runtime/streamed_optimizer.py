@@ -15,7 +15,7 @@ The pool is allocated once, so host memory for the states never exceeds
 
 [Note: reading the next step's states ahead]
 The fp32 master, momentum and variance of the step's first chunks (as many as the pool has buffers
-for, B - 1) are read into the pool during backward, one chunk each time a unit's backward is over,
+for, B - 1) are read into the pool during backward, one chunk each time a unit's gradient is final,
 so that those reads overlap backward instead of starting when `step()` is called; the gradient
 region of those chunks is read at the step, since backward writes it. Backward, not the end of the
 previous step: there the reads competed with the forward's parameter reads, and on the io-bound
@@ -49,7 +49,8 @@ is fp32 host memory, else copied into the buffer's gradient region), submits the
 and reads further ahead into every buffer that is free or whose write has landed, never waiting
 for a write (backward's compute is not held up for a read-ahead). A chunk that is not the one
 expected (a changed order) drops the read-ahead and is read on demand. `optimizer.step()` then
-only waits for the last writes. Starting the read-ahead at the forward's tail instead of at backward
+only waits for the last writes. All three read ahead through one mechanism, `ChunkReadAhead`
+([Note: one read-ahead] in runtime/chunk_read_ahead.py). Starting the read-ahead at the forward's tail instead of at backward
 begin: paired blocks on one model (io-bound NVMe benchmark, 16 blocks of 3 steps, AVX-512 VM) 0.989
 and 0.976 median ratio (forward +33-40 ms, backward -53 ms: the drive was idle there); design config
 1.001 (8 blocks).
@@ -63,250 +64,190 @@ before `optimizer.step()` (gradient accumulation) raises instead of updating twi
 from __future__ import annotations
 
 import weakref
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from planner.memory import OPTIMIZER_CHUNK_REGIONS as REGIONS
-from planner.memory import optimizer_chunk_numel
-from runtime.group import UnitGradient
+from runtime.chunk_read_ahead import REGIONS, Chunk, ChunkReadAhead, chunk_numel_for
+from runtime.gradients import FinalGradient
+from runtime.group import ParamUnit
 from runtime.nvme import AlignedBuffer, BufferPool
 from runtime.nvme.pinning import TorchCudaPinHook
 from runtime.nvme.store import NvmeStore
+from runtime.optimizer_engine import AdamWEngine
 from runtime.stores import Pending, ShardStore, StateKey
 
 
-@dataclass(frozen=True, slots=True)
-class _Chunk:
-    key: str
-    start: int
-    numel: int
-
-
-class StreamedAdamW:
+class StreamedAdamW(AdamWEngine):
     """AdamW over shards that live in stores not resident in memory (the `nvme` optimizer tier)."""
 
-    def __init__(self, state: Any, keys: list[str], *, lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float, in_backward: bool = False) -> None:
-        self.state = state
-        self.keys = keys
-        plan = state.plan
-        self.chunk_numel = optimizer_chunk_numel(plan.optimizer_chunk_bytes)
+    def __init__(self, model: Any, units: list[ParamUnit], *, lr: float, betas: tuple[float, float], eps: float,
+                 weight_decay: float, fused: bool | None = None) -> None:  # noqa: ARG002 - always torch's fused kernel
+        self.model = model
+        self.keys = [u.key for u in units]
+        self.chunk_numel = chunk_numel_for(model.plan.optimizer_chunk_bytes)
         # Pinned on CUDA: the in-backward update copies each gradient chunk off the GPU into its buffer.
-        pin_hook = TorchCudaPinHook() if state.config.device.type == "cuda" else None
-        self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel, num_buffers=plan.num_optimizer_buffers,
-                               pin_hook=pin_hook)
+        pin_hook = TorchCudaPinHook() if model.config.device.type == "cuda" else None
+        self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel,
+                               num_buffers=model.plan.num_optimizer_buffers, pin_hook=pin_hook)
         # Unpinned before its memory goes, also when the optimizer is dropped without close().
         weakref.finalize(self, self.pool.close)
-        state.ledger.add("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
-        store: ShardStore = state.optimizer_store
-        self.units = {u.key: u for u in state.units}
-        self.numels: dict[str, int] = {}
-        for k in keys:
-            unit = self.units[k]
-            self.numels[k] = unit.layout.shard_numel
+        model.ledger.add("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
+        store: ShardStore = model.optimizer_store
+        self.units = {u.key: u for u in units}
+        self.numels = {u.key: u.layout.shard_numel for u in units}
+        for k, numel in self.numels.items():
             for name in ("exp_avg", "exp_avg_sq"):
-                store.create(StateKey(name, k), unit.layout.shard_numel, torch.float32)  # zeros, like torch's lazy init
+                store.create(StateKey(name, k), numel, torch.float32)  # zeros, like torch's lazy init
         self.param_groups = [{"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}]
-        self.steps = {k: torch.tensor(0.0) for k in keys}
+        self.steps = {k: torch.tensor(0.0) for k in self.keys}
         """Per-unit step count (torch keeps one per parameter; a unit is stepped as one)."""
-        self._prefetched: dict[_Chunk, tuple[AlignedBuffer, list[Pending]]] = {}
-        """Chunks of the next step whose master and Adam states are read ahead (see the Note)."""
-        self._prefetch_stamp: tuple[int, ...] = ()
-        # The chunks read ahead during backward, where every state store is one to read ahead from.
+        self.read_ahead = ChunkReadAhead(self.pool, self._write_stamp)
+        # The step's first chunks are read during backward where every state store is one to read ahead from.
         streamed = all(isinstance(s, NvmeStore) for s in self._state_stores())
-        self._ahead = self._chunks(keys)[: self.pool.num_buffers - 1] if streamed and not in_backward else []
-        if self._ahead:  # called on every unit's backward: only when there is something to read
-            state.after_unit_backward.append(self._prefetch_one)
-        # In-backward update ([Note: the optimizer step in backward]).
-        self._order: list[str] = list(reversed(keys))
-        """Units in the order the last step updated them (the guess before any step: reversed)."""
+        self._step_head = self._chunks(self.keys)[: self.pool.num_buffers - 1] if streamed else []
+        """The chunks read during backward for the after-backward step ([Note: reading the next step's
+        states ahead])."""
+        self._order: list[str] = list(reversed(self.keys))
+        """In backward: units in the order the last step updated them (the guess before any step: reversed)."""
         self._updated: list[str] = []
         """Units updated in this backward, in order."""
-        self._expected: list[_Chunk] = []
-        self._next_expected = 0
-        self._diverged = False
-        self._read_ahead: deque[tuple[_Chunk, AlignedBuffer, list[Pending]]] = deque()
-        self._writes: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
-        self._reading_ahead_since: tuple[int, ...] | None = None
-        """The stores' write stamp when this step's read-ahead started (None: not started)."""
-        if in_backward:
-            state.at_forward_tail.append(self._start_read_ahead)
-            state.at_backward_begin.append(self._begin_backward)
 
-    def step(self, live_keys: list[str]) -> None:
-        for k in live_keys:
-            self.units[k].settle_grads()
-        chunks = self._chunks(live_keys)
-        if self._prefetched and (self._write_stamp() != self._prefetch_stamp
-                                 or not set(self._prefetched) <= set(chunks)):
-            self._drop_prefetched()  # the stores were written since (or the unit got no gradient)
+    # -- after backward -----------------------------------------------------------------------
+    def step(self, units: list[ParamUnit]) -> bool:
+        for unit in units:
+            unit.grads.settle()
+        chunks = self._chunks([u.key for u in units])
+        ahead = self.read_ahead
+        # States read during backward get their gradient region now: backward wrote it.
+        for chunk, buffer, pendings in ahead.resume(chunks, self._read):
+            pendings.append(self._read_grad(chunk, buffer))
+        # With B buffers, chunks i+1 .. i+B-2 are read while chunk i is updated and the writes of
+        # earlier chunks drain (a buffer is freed by retiring the oldest write). Three buffers give
+        # read k+1 | update k | write k-1.
+        queued = max(1, self.pool.num_buffers - 2) + 1 if self.pool.num_buffers > 1 else 1
         stepped: set[str] = set()
-        writes: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
-        reads: deque[tuple[AlignedBuffer, list[Pending]]] = deque()
-        next_read = 0
         try:
-            # Read ahead as far as the pool allows: with B buffers, chunks i+1 .. i+B-2 are read while
-            # chunk i is updated and the writes of earlier chunks drain (a buffer is freed by retiring
-            # the oldest write). Three buffers give read k+1 | update k | write k-1.
-            read_ahead = max(1, self.pool.num_buffers - 2) if self.pool.num_buffers > 1 else 0
-            for i, chunk in enumerate(chunks):
-                while next_read < len(chunks) and next_read <= i + read_ahead:
-                    if not self.pool.num_free and writes:
-                        self._retire(writes.popleft())
-                    ahead = chunks[next_read]
-                    if ahead in self._prefetched:
-                        buffer, pendings = self._prefetched.pop(ahead)
-                        reads.append((buffer, [*pendings, self._read_grad(ahead, buffer)]))
-                    else:
-                        buffer = self.pool.acquire()
-                        reads.append((buffer, self._read(ahead, buffer)))
-                    next_read += 1
-                buffer, pendings = reads.popleft()
-                for p in pendings:
-                    p.wait()
+            for chunk in chunks:
+                ahead.fill(limit=queued, wait=True)
+                buffer = self._claim(chunk)
                 if chunk.key not in stepped:
                     self.steps[chunk.key] += 1
                     stepped.add(chunk.key)
-                master, exp_avg, exp_avg_sq, grad = self._views(buffer, chunk.numel)
-                self._adamw(chunk.key, master, grad, exp_avg, exp_avg_sq)
-                writes.append((buffer, self._write(chunk, buffer)))
+                self._update(chunk, buffer, None)
         finally:
-            while writes:
-                self._retire(writes.popleft())
-            while reads:
-                self._retire(reads.popleft())
-            self._drop_prefetched()  # only left over when the step failed
+            ahead.retire_writes()
+            ahead.stop()  # only left with reads when the step failed
             # Let the writes land. The gradients' write staging stays for the next backward (the
             # bill's gradient_swap_buffers); that of the compute copies of the parameters (mixed
             # precision) is given back, since the forward's reads need the room.
-            assert self.state.grad_store is not None
-            self.state.grad_store.drain(keep_staging=True)
-            self.state.param_store.drain()
+            self.model.grad_store.drain(keep_staging=True)
+            self.model.param_store.drain()
+        return True
+
+    def prefetch_for_step(self) -> None:
+        """A unit's gradient is final: read the master and Adam states of the next of the step's first
+        chunks (see [Note: reading the next step's states ahead])."""
+        ahead = self.read_ahead
+        if ahead.since is None:
+            ahead.start(self._step_head, self._read_states)
+        ahead.fill(limit=len(ahead.queue) + 1)
 
     # -- in backward ([Note: the optimizer step in backward]) ----------------------------------
-    def update_unit(self, key: str, gradient: UnitGradient) -> None:
-        """Update unit `key` now, with its final gradient of this backward."""
+    def begin_updates(self) -> None:
+        """Start reading the states of the first updates ahead, in the order of the last step."""
+        self._updated = []
+        self.read_ahead.start(self._chunks(self._order), self._read_states)
+        self.read_ahead.fill()
+
+    def backward_begin(self) -> None:
+        if self.read_ahead.stale:  # not started at the forward's tail, or the stores were written since
+            self.begin_updates()
+
+    def update_unit(self, unit: ParamUnit, gradient: FinalGradient) -> None:
+        """Update `unit` now, with its final gradient of this backward."""
+        key = unit.key
         self.steps[key] += 1
         self._updated.append(key)
         for chunk in self._chunks([key]):
-            buffer, pendings = self._claim(chunk)
-            for p in pendings:
-                p.wait()
-            master, exp_avg, exp_avg_sq, grad_region = self._views(buffer, chunk.numel)
-            grad = gradient.chunk(chunk.start, chunk.numel, grad_region)
-            if gradient.device.type != "cpu":  # copied off the GPU into the chunk buffer
-                links = self.state.profiler.link_bytes
-                links["d2h"] = links.get("d2h", 0) + chunk.numel * gradient.element_size
-            self._adamw(key, master, grad, exp_avg, exp_avg_sq)
-            self._writes.append((buffer, self._write(chunk, buffer)))
-            self._read_more()
+            self._update(chunk, self._claim(chunk), gradient)
+            self.read_ahead.fill()
 
-    def finish_in_backward(self) -> None:
+    def end_updates(self) -> None:
         """At `optimizer.step()`: let the updates' writes land; what was read ahead for units that got
         no gradient is dropped; the order of this step's updates is the next step's guess."""
         try:
-            self._drop_read_ahead()
-            while self._writes:
-                self._retire(self._writes.popleft())
+            self.read_ahead.drop()
+            self.read_ahead.retire_writes()
         finally:
             if self._updated:
                 self._order = self._updated
             self._updated = []
-            self._reading_ahead_since = None
-            self.state.param_store.drain()
+            self.read_ahead.since = None
+            self.model.param_store.drain()
 
-    def _begin_backward(self) -> None:
-        if self._reading_ahead_since != self._write_stamp():  # not started, or the stores were written since
-            self._start_read_ahead()
+    # -- both -----------------------------------------------------------------------------------
+    def _claim(self, chunk: Chunk) -> AlignedBuffer:
+        """`chunk`'s buffer, once its reads landed."""
+        buffer, pendings = self.read_ahead.claim(chunk)
+        for p in pendings:
+            p.wait()
+        return buffer
 
-    def _start_read_ahead(self) -> None:
-        self._drop_read_ahead()  # left over only when the last backward failed
-        self._reading_ahead_since = self._write_stamp()
-        self._updated = []
-        self._expected = self._chunks(self._order)
-        self._next_expected = 0
-        self._diverged = False
-        self._read_more()
+    def _update(self, chunk: Chunk, buffer: AlignedBuffer, gradient: FinalGradient | None) -> None:
+        """Update `chunk` in its buffer with `gradient` (None: the gradient region, read from the
+        gradient store) and submit its writes."""
+        master, exp_avg, exp_avg_sq, grad = self._views(buffer, chunk.numel)
+        if gradient is not None:
+            grad = gradient.chunk(chunk.start, chunk.numel, grad)
+            if gradient.device.type != "cpu":  # copied off the GPU into the chunk buffer
+                links = self.model.profiler.link_bytes
+                links["d2h"] = links.get("d2h", 0) + chunk.numel * gradient.element_size
+        self._adamw(chunk.key, master, grad, exp_avg, exp_avg_sq)
+        self.read_ahead.writes.append((buffer, self._write(chunk, buffer)))
 
-    def _claim(self, chunk: _Chunk) -> tuple[AlignedBuffer, list[Pending]]:
-        """The buffer `chunk`'s states are (being) read into: read ahead, or read now."""
-        if self._read_ahead and self._read_ahead[0][0] == chunk:
-            _, buffer, pendings = self._read_ahead.popleft()
-            return buffer, pendings
-        expected = (not self._diverged and not self._read_ahead and self._next_expected < len(self._expected)
-                    and self._expected[self._next_expected] == chunk)
-        if expected:  # next in order, not read ahead for want of a free buffer
-            self._next_expected += 1
-        else:  # the order changed: read on demand from here on (re-recorded at the step)
-            self._diverged = True
-            self._drop_read_ahead()
-        if not self.pool.num_free and self._writes:
-            self._retire(self._writes.popleft())
-        buffer = self.pool.acquire()
-        return buffer, self._read_states(chunk, buffer)
+    @property
+    def chunk_pool(self) -> BufferPool:
+        return self.pool
 
-    def _read_more(self) -> None:
-        """Read the next expected chunks' states into buffers that are free or whose writes landed,
-        without waiting for any."""
-        while not self._diverged and self._next_expected < len(self._expected):
-            if not self.pool.num_free:
-                if not self._writes or not all(p.ready() for p in self._writes[0][1]):
-                    return
-                self._retire(self._writes.popleft())
-            chunk = self._expected[self._next_expected]
-            self._next_expected += 1
-            buffer = self.pool.acquire()
-            self._read_ahead.append((chunk, buffer, self._read_states(chunk, buffer)))
+    def state_dict(self) -> dict[str, Any]:
+        raise self._refusal("state_dict")
 
-    def _drop_read_ahead(self) -> None:
-        while self._read_ahead:
-            _, buffer, pendings = self._read_ahead.popleft()
-            self._retire((buffer, pendings))
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # noqa: ARG002
+        raise self._refusal("load_state_dict")
+
+    @staticmethod
+    def _refusal(what: str) -> ValueError:
+        return ValueError(f"{what} of optimizer states on NVMe is not supported; place optimizer_states on cpu "
+                          "to save or load them")
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """Per-unit step counts (the states themselves are shards of the optimizer store)."""
+        return {f"streamed/{k}/step": self.steps[k] for k in self.keys}
+
+    def checkpoint_bytes(self) -> int:
+        return 4 * len(self.keys)
+
+    def checkpoint_tensors_for_load(self, names: list[str]) -> dict[str, torch.Tensor]:  # noqa: ARG002
+        return self.checkpoint_tensors()
 
     def close(self) -> None:
-        if self._prefetch_one in self.state.after_unit_backward:
-            self.state.after_unit_backward.remove(self._prefetch_one)
-        if self._begin_backward in self.state.at_backward_begin:
-            self.state.at_backward_begin.remove(self._begin_backward)
-        if self._start_read_ahead in self.state.at_forward_tail:
-            self.state.at_forward_tail.remove(self._start_read_ahead)
-        self._drop_read_ahead()
-        while self._writes:
-            self._retire(self._writes.popleft())
-        self._drop_prefetched()
-        self.state.ledger.sub("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
+        self.read_ahead.drop()
+        self.read_ahead.retire_writes()
+        self.model.ledger.sub("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
         self.pool.close()
 
     # -- internals --------------------------------------------------------------------------
-    def _chunks(self, keys: list[str]) -> list[_Chunk]:
-        return [_Chunk(k, s, min(self.chunk_numel, self.numels[k] - s))
+    def _chunks(self, keys: list[str]) -> list[Chunk]:
+        return [Chunk(k, s, min(self.chunk_numel, self.numels[k] - s))
                 for k in keys for s in range(0, self.numels[k], self.chunk_numel)]
 
     def _state_stores(self) -> list[ShardStore]:
-        stores = {id(s): s for s in [self.state.optimizer_store, *(s for s, _ in self.state.master_at.values())]}
+        stores = {id(s): s for s in [self.model.optimizer_store, *(s for s, _ in self.model.master_at.values())]}
         return list(stores.values())
 
     def _write_stamp(self) -> tuple[int, ...]:
         return tuple(s.num_writes for s in self._state_stores() if isinstance(s, NvmeStore))
-
-    def _prefetch_one(self) -> None:
-        """Read the master and Adam states of the next of the step's first chunks not read yet (see
-        [Note: reading the next step's states ahead])."""
-        if len(self._prefetched) >= len(self._ahead):
-            return
-        if not self._prefetched:
-            self._prefetch_stamp = self._write_stamp()
-        chunk = self._ahead[len(self._prefetched)]
-        buffer = self.pool.acquire()
-        self._prefetched[chunk] = (buffer, self._read_states(chunk, buffer))
-
-    def _drop_prefetched(self) -> None:
-        prefetched, self._prefetched = self._prefetched, {}
-        for entry in prefetched.values():
-            self._retire(entry)
 
     def _adamw(self, key: str, master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                exp_avg_sq: torch.Tensor) -> None:
@@ -320,38 +261,30 @@ class StreamedAdamW:
         n = self.chunk_numel
         return [flat[r * n : r * n + numel] for r in range(REGIONS)]
 
-    def _read(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
+    def _read(self, chunk: Chunk, buffer: AlignedBuffer) -> list[Pending]:
         return [*self._read_states(chunk, buffer), self._read_grad(chunk, buffer)]
 
-    def _read_states(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
+    def _read_states(self, chunk: Chunk, buffer: AlignedBuffer) -> list[Pending]:
         """The fp32 master and the Adam states of `chunk` (everything but its gradient)."""
-        st = self.state
         master, exp_avg, exp_avg_sq, _ = self._views(buffer, chunk.numel)
-        master_store, master_key = st.master_at[chunk.key]
-        opt = st.optimizer_store
+        master_store, master_key = self.model.master_at[chunk.key]
+        opt = self.model.optimizer_store
         return [master_store.read_into(master_key, master, chunk.start),
                 opt.read_into(StateKey("exp_avg", chunk.key), exp_avg, chunk.start),
                 opt.read_into(StateKey("exp_avg_sq", chunk.key), exp_avg_sq, chunk.start)]
 
-    def _read_grad(self, chunk: _Chunk, buffer: AlignedBuffer) -> Pending:
+    def _read_grad(self, chunk: Chunk, buffer: AlignedBuffer) -> Pending:
         grad = self._views(buffer, chunk.numel)[3]
-        assert self.state.grad_store is not None, "gradients are not stored: the update runs in backward"
-        return self.state.grad_store.read_into(chunk.key, grad, chunk.start)
+        return self.model.grad_store.read_into(chunk.key, grad, chunk.start)
 
-    def _write(self, chunk: _Chunk, buffer: AlignedBuffer) -> list[Pending]:
-        st = self.state
+    def _write(self, chunk: Chunk, buffer: AlignedBuffer) -> list[Pending]:
+        model = self.model
         master, exp_avg, exp_avg_sq, _ = self._views(buffer, chunk.numel)
-        master_store, master_key = st.master_at[chunk.key]
-        opt = st.optimizer_store
+        master_store, master_key = model.master_at[chunk.key]
+        opt = model.optimizer_store
         out = [master_store.write_from(master_key, master, chunk.start),
                opt.write_from(StateKey("exp_avg", chunk.key), exp_avg, chunk.start),
                opt.write_from(StateKey("exp_avg_sq", chunk.key), exp_avg_sq, chunk.start)]
         if master_key != chunk.key:  # a separate compute copy of the parameters (mixed precision)
-            out.append(st.param_store.write(chunk.key, master.to(st.config.compute_dtype), chunk.start))
+            out.append(model.param_store.write(chunk.key, master.to(model.config.compute_dtype), chunk.start))
         return out
-
-    def _retire(self, entry: tuple[AlignedBuffer, list[Pending]]) -> None:
-        buffer, pendings = entry
-        for p in pendings:
-            p.wait()
-        self.pool.release(buffer)

@@ -100,10 +100,7 @@ def test_runtime_ledger_terms_are_in_the_vocabulary():
     from runtime.group import STAGE_TERMS
     from runtime.ledger import MemoryLedger
 
-    try:
-        from runtime.nvme_store import STAGING_TERMS
-    except ModuleNotFoundError:  # moved into runtime/nvme/
-        from runtime.nvme.store import STAGING_TERMS
+    from runtime.nvme.store import STAGING_TERMS
 
     for tier, term in STAGE_TERMS.values():
         assert term in set(MemoryTerm) and tier in MemoryTerm(term).tiers, (tier, term)

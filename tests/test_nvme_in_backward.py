@@ -147,15 +147,16 @@ def test_states_are_read_ahead_in_the_order_of_the_last_step(reference: Any, tmp
     on demand, with the same bits."""
     for scramble in (False, True):
         model, opt, st = _one_step(ALL_NVME, str(tmp_path), prefetch_depth=3, num_optimizer_buffers=4, **IN_BACKWARD)
-        streamed = opt._streamed
+        streamed = opt.engine
+        read_ahead = streamed.read_ahead
         claims: list[bool] = []
-        claim = streamed._claim
+        claim = read_ahead.claim
 
-        def tracked(chunk: Any, _claim: Any = claim, _streamed: Any = streamed, _claims: list = claims) -> Any:
-            _claims.append(bool(_streamed._read_ahead) and _streamed._read_ahead[0][0] == chunk)
+        def tracked(chunk: Any, _claim: Any = claim, _ahead: Any = read_ahead, _claims: list = claims) -> Any:
+            _claims.append(bool(_ahead.queue) and _ahead.queue[0][0] == chunk)
             return _claim(chunk)
 
-        streamed._claim = tracked
+        read_ahead.claim = tracked
         losses = []
         for i, tokens in enumerate(batches(4)):
             if scramble and i >= 1:
@@ -169,7 +170,7 @@ def test_states_are_read_ahead_in_the_order_of_the_last_step(reference: Any, tmp
         # In order, the updates find their states read ahead (but where every buffer still waited for
         # a write when the read could have started: then read when needed, never out of order).
         assert any(claims) != scramble and claims[0] != scramble
-        assert streamed._diverged == scramble
+        assert read_ahead.diverged == scramble
         assert_bitwise(reference, (losses, st.full_parameters()))
         _close(opt, st)
 
@@ -179,12 +180,11 @@ def test_states_are_read_ahead_from_the_forwards_tail(tmp_path: Path) -> None:
     last parameter read, not when the backward begins; the first step (nothing recorded) starts at
     backward begin; a forward without gradients (evaluation) starts none."""
     model, opt, st = _one_step(ALL_NVME, str(tmp_path), prefetch_depth=1, **IN_BACKWARD)
-    streamed = opt._streamed
+    streamed = opt.engine
     started: list[str] = []
-    start = streamed._start_read_ahead
-    streamed._start_read_ahead = lambda: started.append(st.phase.name) or start()
-    # The forward's tail calls what the optimizer registered: the same method, tracked.
-    st.at_forward_tail[st.at_forward_tail.index(start)] = streamed._start_read_ahead
+    start = streamed.begin_updates
+    # The forward's tail (through the optimizer's schedule) and the backward's begin call it.
+    streamed.begin_updates = lambda: started.append(st.phase.name) or start()
     for i, tokens in enumerate(batches(3)):
         if i:  # (before the first training forward it would record the order: the first step is bare)
             with torch.no_grad():

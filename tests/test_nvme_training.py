@@ -233,7 +233,7 @@ def test_states_written_between_steps_are_read_afresh(tmp_path: Path) -> None:
             model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
             if i == 2:
                 if placement is ALL_NVME:
-                    assert opt._streamed is not None and opt._streamed._prefetched  # read ahead
+                    assert opt.engine.read_ahead.queue  # read ahead
                 unit = next(u for u in st.units if u.num_grad_params)
                 store, key = st.master_at[unit.key]
                 store.write_from(key, torch.full((unit.layout.shard_numel,), 0.5)).wait()

@@ -75,4 +75,4 @@ def test_cuda_optimizer_step_in_backward_is_bitwise_after_backward(placement: di
     assert _cuda_losses("gpt", {**doc, "optimizer_step": "in_backward"}) == after
     if placement["optimizer_states"] == "nvme":  # the chunk buffers the gradients land in are pinned
         model = runtime.shard(build_model("gpt"), {**doc, "optimizer_step": "in_backward"})
-        assert runtime.AdamW(model)._streamed.pool.pinned
+        assert runtime.AdamW(model).chunk_pool.pinned

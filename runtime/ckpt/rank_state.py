@@ -94,8 +94,7 @@ class ChunkBuffer:
     """The one host buffer checkpoint traffic goes through."""
 
     def __init__(self, optimizer: Any, chunk_bytes: int) -> None:
-        streamed = getattr(optimizer, "_streamed", None)
-        self._pool = streamed.pool if streamed is not None else None
+        self._pool = optimizer.chunk_pool
         self.buffer = self._pool.acquire() if self._pool is not None else AlignedBuffer(chunk_bytes)
         self.nbytes = self.buffer.nbytes
 

@@ -1,0 +1,328 @@
+"""A unit's gradient filing: where each backward's gradients go, one class per destination.
+
+A unit's parameters get their gradients one by one as autograd produces them. The unit's
+`GradientSink` files each (`file`), tells when the unit's last one arrived, reduce-scatters them
+with several ranks (`reduce`, `finish_reduce`), and hands over the unit's final gradient for this
+backward (`final`) as a `FinalGradient`, which the optimizer's schedule updates from or leaves:
+
+- `StoredGradients`: into the gradient store (write, then accumulate; [Note: lazy gradient
+  zeroing]), where `optimizer.step()` or the resident in-backward update reads it;
+- `HandedGradients`: kept as autograd (or the reduce-scatter) produced them until the unit's
+  gradient is final, then handed to the in-backward update: the plan stores no gradient
+  (`planner.memory.stores_gradients`; [Note: the optimizer step in backward] in
+  runtime/streamed_optimizer.py).
+
+See [Note: schedules as types] in runtime/events.py.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from runtime.collectives import Comm, Reduced, reduce_scatter_flat
+from runtime.flat_param import FlatLayout
+from runtime.ledger import MemoryLedger, nbytes
+from runtime.stores import Pending, ShardStore
+
+
+class FinalGradient(ABC):
+    """A unit's gradient shard, complete for this backward, as fp32 elements of its flat shard."""
+
+    @abstractmethod
+    def flat(self) -> torch.Tensor:
+        """The whole shard as one fp32 tensor."""
+
+    @abstractmethod
+    def chunk(self, start: int, numel: int, out: torch.Tensor) -> torch.Tensor:
+        """Elements [start, start + numel) as fp32 on `out`'s device (a view where they already are)."""
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @property
+    @abstractmethod
+    def element_size(self) -> int:
+        """Bytes per element as produced (what a copy off the compute device moves)."""
+
+    def spent(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """The optimizer updated the unit with it."""
+
+    def unclaimed(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """No optimizer took it (none is attached to the model)."""
+
+
+class StoredGradient(FinalGradient):
+    """The gradient in the gradient store (exact once settled)."""
+
+    __slots__ = ("_sink",)
+
+    def __init__(self, sink: StoredGradients) -> None:
+        self._sink = sink
+
+    def flat(self) -> torch.Tensor:
+        return self._sink.shard()
+
+    def chunk(self, start: int, numel: int, out: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
+        return self.flat()[start : start + numel]
+
+    @property
+    def device(self) -> torch.device:
+        return self.flat().device
+
+    @property
+    def element_size(self) -> int:
+        return self.flat().element_size()
+
+    def spent(self) -> None:
+        self._sink.zero_grad()  # the next backward overwrites it, whatever the loop does
+
+
+class UnitGradient(FinalGradient):
+    """A unit's final gradient shard for this backward, handed to the optimizer's in-backward update
+    instead of being stored ([Note: the optimizer step in backward] in runtime/streamed_optimizer.py).
+
+    `parts` are (element offset in the flat shard, flat tensor): on one rank each parameter's
+    gradient as autograd produced it, with several ranks the reduce-scattered shard. Elements no
+    part covers (padding, parameters that got no gradient) are zeros, as `settle` makes them."""
+
+    __slots__ = ("parts", "_numel")
+
+    def __init__(self, parts: list[tuple[int, torch.Tensor]], numel: int) -> None:
+        self.parts = parts
+        self._numel = numel
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0][1].device if self.parts else torch.device("cpu")
+
+    @property
+    def element_size(self) -> int:
+        return self.parts[0][1].element_size() if self.parts else 4
+
+    def flat(self) -> torch.Tensor:
+        return self.chunk(0, self._numel, torch.empty(self._numel, dtype=torch.float32, device=self.device))
+
+    def chunk(self, start: int, numel: int, out: torch.Tensor) -> torch.Tensor:
+        """A view of a part when one part holds them all in fp32 on `out`'s device (no copy), else
+        copied (and cast) into `out[:numel]`."""
+        end = start + numel
+        for offset, flat in self.parts:
+            if offset <= start and end <= offset + flat.numel() and flat.dtype == torch.float32 \
+                    and flat.device == out.device:
+                return flat[start - offset : end - offset]
+        dst = out[:numel]
+        covered = 0
+        for offset, flat in sorted(self.parts, key=lambda p: p[0]):
+            lo, hi = max(start, offset), min(end, offset + flat.numel())
+            if lo >= hi:
+                continue
+            if lo - start > covered:
+                dst[covered : lo - start].zero_()
+            dst[lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
+            covered = hi - start
+        if covered < numel:
+            dst[covered:].zero_()
+        return dst
+
+    def unclaimed(self) -> None:
+        raise RuntimeError("the plan's optimizer_step is in_backward, so each gradient goes straight into the "
+                           "optimizer: create runtime.AdamW(model, ...) before the first backward")
+
+
+class GradientSink(ABC):
+    """One unit's gradients through a backward: filed as they arrive, reduce-scattered with several
+    ranks, handed over once final. Subclasses say where they go."""
+
+    def __init__(self, *, key: str, layout: FlatLayout, num_grad_params: int, comm: Comm, ledger: MemoryLedger,
+                 link_bytes: dict[str, int]) -> None:
+        self.key = key
+        self.layout = layout
+        self.num_grad_params = num_grad_params
+        self.comm = comm
+        self.ledger = ledger
+        self.link_bytes = link_bytes
+        self._pending = num_grad_params
+        self._flat: torch.Tensor | None = None
+        """With several ranks: the unit's full flat gradient, collected for its reduce-scatter."""
+
+    def file(self, index: int, grad: torch.Tensor) -> bool:
+        """File parameter `index`'s gradient, complete for this backward. True when it was the unit's
+        last, i.e. the unit's backward is over: reduce its gradients and reshard it."""
+        self._pending -= 1
+        if self.comm.world_size == 1:
+            self._file_local(index, grad)
+        else:
+            self._before_collect()
+            if self._flat is None:
+                self._flat = torch.zeros(self.layout.padded_numel, dtype=grad.dtype, device=grad.device)
+                self.ledger.add("gpu", "mswm", nbytes(self._flat))
+            self._flat[self.layout.param_slice(index)].copy_(grad.reshape(-1))
+        return self._pending == 0
+
+    def reduce(self) -> Reduced | None:
+        """Start the reduce-scatter of whatever gradients arrived (all of them, normally)."""
+        self._pending = self.num_grad_params
+        flat, self._flat = self._flat, None
+        if flat is None:
+            return None
+        self.ledger.sub("gpu", "mswm", nbytes(flat))
+        self.ledger.add("gpu", "reduce_scatter_buffer", nbytes(flat))
+        return reduce_scatter_flat(self.comm, flat, self.link_bytes)
+
+    def finish_reduce(self, reduced: Reduced) -> Pending:
+        """Average the reduced slice and file it."""
+        out = reduced.wait()
+        out.div_(self.comm.world_size)
+        pending = self._file_reduced(out)
+        self.ledger.sub("gpu", "reduce_scatter_buffer", self.layout.padded_numel * out.element_size())
+        return pending
+
+    @property
+    def partial(self) -> bool:
+        """Some but not all of the unit's gradients arrived in this backward (so far)."""
+        return 0 < self.num_grad_params - self._pending < self.num_grad_params
+
+    @abstractmethod
+    def _file_local(self, index: int, grad: torch.Tensor) -> None:
+        """One rank: file parameter `index`'s gradient (the flat vector is the shard)."""
+
+    def _before_collect(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """Several ranks: before a gradient joins the flat buffer."""
+
+    @abstractmethod
+    def _file_reduced(self, shard: torch.Tensor) -> Pending:
+        """Several ranks: file this rank's averaged slice."""
+
+    @property
+    @abstractmethod
+    def received(self) -> bool:
+        """Whether any gradient arrived since `zero_grad` (torch's optimizers skip a parameter whose
+        `.grad` is None: no decay, no momentum step; the optimizer does the same per unit)."""
+
+    @abstractmethod
+    def final(self) -> FinalGradient | None:
+        """The unit's gradient for this backward, now final (None: nothing to hand over)."""
+
+    @abstractmethod
+    def zero_grad(self) -> None: ...
+
+    def settle(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """Make what was filed exact before an update reads it."""
+
+    @staticmethod
+    def factory(store: ShardStore | None) -> Callable[..., GradientSink]:
+        """The sink of every unit: `StoredGradients` into `store`, or `HandedGradients` where the plan
+        stores no gradient (`store` None)."""
+        return HandedGradients if store is None else partial(StoredGradients, store)
+
+
+class StoredGradients(GradientSink):
+    """Gradients written (then accumulated) into the gradient store."""
+
+    def __init__(self, store: ShardStore, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.store = store
+        self._has_shard = False
+        self._written = [False] * len(self.layout.shapes)
+        """Per parameter: its slice of the gradient shard holds this step's gradient (see
+        [Note: lazy gradient zeroing])."""
+
+    def _file_local(self, index: int, grad: torch.Tensor) -> None:
+        self._ensure_shard()
+        offset = self.layout.offsets[index]
+        if self._written[index]:
+            self.store.accumulate(self.key, grad, offset).wait()
+        else:
+            self.store.write(self.key, grad, offset).wait()
+            self._written[index] = True
+
+    def _before_collect(self) -> None:
+        self._ensure_shard()
+
+    def _file_reduced(self, shard: torch.Tensor) -> Pending:
+        if all(self._written):
+            return self.store.accumulate(self.key, shard)
+        pending = self.store.write(self.key, shard)
+        self._written = [True] * len(self._written)
+        return pending
+
+    def _ensure_shard(self) -> None:
+        """Gradient shards are created by the first backward, not at construction: a model is built
+        holding its parameter shards only (construction-time partitioning, METHOD.md §4.6)."""
+        if not self._has_shard:
+            self.store.create(self.key, self.layout.shard_numel, torch.float32)
+            self._has_shard = True
+
+    @property
+    def received(self) -> bool:
+        return any(self._written)
+
+    def final(self) -> StoredGradient:
+        return StoredGradient(self)
+
+    def shard(self) -> torch.Tensor:
+        """The exact gradient shard where it lives (zeros for parameters that got no gradient)."""
+        self._ensure_shard()
+        self.settle()
+        return self.store.resident(self.key)
+
+    def zero_grad(self) -> None:
+        """[Note: lazy gradient zeroing] Zeroing is a promise, not a memset: the next gradient to
+        arrive overwrites its slice instead of adding to it, which saves two passes over the
+        gradient shards per step. Slices nobody wrote are zeroed by `settle` before use."""
+        self._written = [False] * len(self._written)
+
+    def settle(self) -> None:
+        """Make the gradient shard exact: zero the slices that received nothing since `zero_grad`."""
+        if all(self._written) or not self._has_shard:
+            return
+        if self.comm.world_size == 1:
+            for index, written in enumerate(self._written):
+                if not written:
+                    part = self.layout.param_slice(index)
+                    self.store.zero(self.key, part.start, part.stop - part.start)
+        else:
+            self.store.zero(self.key, 0, self.layout.shard_numel)
+        self._written = [True] * len(self._written)
+
+
+class HandedGradients(GradientSink):
+    """Gradients kept as produced until final, then handed over once (never stored)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._arrived: dict[int, torch.Tensor] = {}
+        """One rank: this backward's gradients by parameter index, until the unit's last one arrives."""
+        self._reduced: torch.Tensor | None = None
+        """Several ranks: the averaged slice `finish_reduce` produced."""
+
+    def _file_local(self, index: int, grad: torch.Tensor) -> None:
+        assert index not in self._arrived, f"unit {self.key}: a second gradient for parameter {index}"
+        self._arrived[index] = grad
+
+    def _file_reduced(self, shard: torch.Tensor) -> Pending:
+        self._reduced = shard
+        return Pending(shard)
+
+    @property
+    def received(self) -> bool:
+        return bool(self._arrived) or self._reduced is not None
+
+    def final(self) -> UnitGradient | None:
+        numel = self.layout.shard_numel
+        if self._reduced is not None:
+            out, self._reduced = self._reduced, None
+            return UnitGradient([(0, out.reshape(-1))], numel)
+        if not self._arrived:
+            return None
+        arrived, self._arrived = self._arrived, {}
+        self._pending = self.num_grad_params
+        return UnitGradient([(self.layout.offsets[i], g.reshape(-1)) for i, g in arrived.items()], numel)
+
+    def zero_grad(self) -> None:
+        """Nothing is kept past its hand-over."""

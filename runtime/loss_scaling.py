@@ -1,0 +1,91 @@
+"""fp16 dynamic loss scaling, applied to a sharded model's outputs (no change to the training loop)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def output_tensors(obj: Any) -> list[torch.Tensor]:
+    """Tensors in a module output (tensor, tuple/list, dict or Hugging Face ModelOutput)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, tuple | list):
+        return [t for item in obj for t in output_tensors(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in output_tensors(item)]
+    return []
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; multiplies the incoming gradient by the loss scale in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scaler: DynamicLossScaler) -> torch.Tensor:
+        ctx.scale = scaler.scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
+class DynamicLossScaler:
+    """fp16 dynamic loss scaling without touching the training loop.
+
+    The sharded model's outputs pass through `_ScaleGrad`, so whatever loss the user backpropagates
+    from them arrives scaled by `scale` (the same as scaling the loss). The optimizer divides the
+    gradient shards by it, skips the step and halves the scale on overflow (checked across ranks),
+    and doubles it after `growth_interval` clean steps.
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
+        self.scale = init_scale
+        self.growth_interval = growth_interval
+        self._clean_steps = 0
+
+    def scale_outputs(self, output: Any) -> Any:
+        if isinstance(output, torch.Tensor):
+            return _ScaleGrad.apply(output, self) if output.requires_grad else output
+        if isinstance(output, tuple):
+            return type(output)(self.scale_outputs(o) for o in output) if not hasattr(output, "_fields") else \
+                type(output)(*(self.scale_outputs(o) for o in output))
+        if isinstance(output, list):
+            return [self.scale_outputs(o) for o in output]
+        if isinstance(output, dict):
+            for key in list(output.keys()):
+                if output_tensors(output[key]):
+                    output[key] = self.scale_outputs(output[key])
+            return output
+        return output
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {"scale": self.scale, "clean_steps": self._clean_steps, "growth_interval": self.growth_interval}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.scale = float(state["scale"])
+        self._clean_steps = int(state["clean_steps"])
+        self.growth_interval = int(state["growth_interval"])
+
+    def unscale_and_check(self, grads: list[torch.Tensor], comm: Any) -> bool:
+        found_inf = torch.zeros(1)
+        for g in grads:
+            g.mul_(1.0 / self.scale)
+            if not torch.isfinite(g).all():
+                found_inf.fill_(1.0)
+        if comm.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=comm.gather_group)
+        if found_inf.item():
+            self.scale = max(self.scale / 2.0, 1.0)
+            self._clean_steps = 0
+            for g in grads:
+                g.zero_()
+            return False
+        self._clean_steps += 1
+        if self._clean_steps % self.growth_interval == 0 and math.isfinite(self.scale * 2):
+            self.scale *= 2.0
+        return True
