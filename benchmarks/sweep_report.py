@@ -109,7 +109,7 @@ def write_results(report: dict, node: NodeSpec) -> None:
 {table(report)}
 """
     results_md.write_section("sweep", body)
-    doc = f"""`{COMMAND}` probes this machine (`planner probe`, which on a CPU-only machine calibrates itself on
+    doc = f"""`python benchmarks/sweep.py --write-results` probes the machine it runs on (`planner probe`, which on a CPU-only machine calibrates itself on
 four reference runs of the runtime that are not sweep configurations: planner/probe_reference.py
 [Note: probe reference runs]), plans every configuration of `benchmarks/sweep.py` with the probed
 spec, trains each with the real runtime (`planner run`), fits the spec's efficiency parameters

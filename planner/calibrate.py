@@ -20,14 +20,11 @@ profile weighs the same relative error). The fitted spec is the base spec with
 
 `operators` is the runtime's fixed cost per operator (one unit gathered, its hooks run, released;
 the framework's dispatch), fitted in seconds per operator as `operator_overhead_ms`. It is what
-tiling costs: tiling `t` runs `t` operators where one ran, with the same flops and bytes. On the
-dev VM of 2026-11-22 tiling 2 and 4 measured like untiled runs and a per-operator cost fitted on
-four untiled-or-barely-tiled calibration runs was noise that overpredicted tiled runs by 37-47%,
-so the feature was dropped; on the VM of 2026-11-23 tiling 4 cost 12-44% of the step (~0.6 ms per
-operator in forward and backward alike, benchmarks/RESULTS.md), which no other feature charges.
-It is back, and the probe's reference runs include a tiled one (planner/probe_reference.py) so that
-the fit can tell the cost from the rates (tests/test_calibrate_probe.py fits a known cost back from
-simulated reference runs); the probes of 2026-11-23 fitted 0.21-0.58 ms per operator.
+tiling costs: tiling `t` runs `t` operators where one ran, with the same flops and bytes, which no
+other feature charges. Fitted on runs that never vary the operator count apart from the bytes it is
+noise, so the probe's reference runs include a tiled one (planner/probe_reference.py) and the fit
+can tell the cost from the rates (tests/test_calibrate_probe.py fits a known cost back from
+simulated reference runs). Measurements: docs/notes/2026-11-23-calibration-operator-cost.md.
 A feature no profile exercises (all zeros) keeps the base value. The model adds busy times, so it
 ignores overlap: a phase whose NVMe traffic hides behind compute pushes `theta_nvme` down; the
 simulator with the fitted spec still overlaps them. `residual` is the fit's relative RMS error over

@@ -49,10 +49,9 @@ NORMS_PER_LAYER = 2
 """Runtime units per transformer layer besides its linears (the two layer norms)."""
 BOOKKEEPING_BYTES_PER_OPERATOR = 64 * 1024
 """Host memory each operator costs whatever its size: its module and parameter objects, hooks,
-autograd nodes, swap extents and the runtime's per-unit state. Measured 43-49 KB per operator on the
-project VM (tests/nvme_memory_probe.py, 8 vs 48 layers: 261 KB per layer at h=256 and 293 KB at
-h=128, so independent of the sizes; unchanged by glibc's mmap threshold (4-64 KiB) and by
-malloc_trim, so live objects, not heap fragmentation), rounded up."""
+autograd nodes, swap extents and the runtime's per-unit state: live objects, independent of the
+operator's size and not heap fragmentation. The measured cost per operator (tests/nvme_memory_probe.py;
+docs/runtime.md, Limits), rounded up."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryBill:
@@ -326,9 +325,8 @@ def gradient_write_buffers(prefetch_depth: int, *, params_on_nvme: bool) -> int:
     behind the parameter reads submitted before it, which with parameters on NVMe are those of up
     to min(depth, 3) operators ahead; with fewer buffers than those plus the one being filled,
     backward waits for a buffer while the drive is busy and the drive then idles while backward
-    computes. Measured on the io-bound NVMe benchmark (project VM, 2026-11-24, paired blocks at
-    depth 3): backward 0.449 / 0.439 / 0.412 s with 2 buffers vs 0.381 / 0.334 / 0.305 s with 4 in
-    three runs; 8 buffers gave 0.291 vs 0.299 s for 4, not worth twice the memory."""
+    computes. More buffers than that buy nothing for their memory
+    (docs/notes/2026-11-23-nvme-queue-depth.md, "Kept: four gradient write buffers")."""
     return max(WRITE_STAGING_BUFFERS, min(prefetch_depth, 3) + 1) if params_on_nvme else WRITE_STAGING_BUFFERS
 
 

@@ -2,10 +2,10 @@
 
 [Note: probe reference runs]
 A spec made only of bare-kernel rates (a block's matmuls, a tensor copy, fused AdamW, 64 MiB O_DIRECT
-requests) predicted the runtime ~2x too fast on the CPU-only dev VM (benchmarks/sweep.py, 2026-11-22
-04:21 UTC: median error 47%, worst 59% over ten configurations). Most of the gap is the memory-bound work of a block: torch's layer norm,
-GELU, softmax and bf16 casts run 20-50x below copy bandwidth on a CPU, and timing those kernels one
-by one was not stable (0.7 and 6 GB/s in two probes), because their cost depends on the shapes and
+requests) predicts the runtime far too fast where the CPU is the compute device
+(docs/notes/2026-11-22-planner-source-measurements.md). Most of the gap is the memory-bound work of
+a block: torch's layer norm, GELU, softmax and bf16 casts run far below copy bandwidth on a CPU, and
+timing those kernels one by one is not stable, because their cost depends on the shapes and
 kernels around them. What is stable is the runtime's own step. So, where the CPU is the compute
 device, the probe trains `REFERENCE_RUNS` (four small GPTs with the runtime, `planner run`,
 `runtime.launch.WARMUP_STEPS` warm-up steps, the rest measured; each `REFERENCE_REPEATS` times) and
@@ -16,8 +16,7 @@ The four runs cover the five fitted terms: an all-on-device run with long sequen
 heavy), a wide one with parameters and optimizer states in host memory (matmul heavy, CPU Adam),
 one with parameters and optimizer states on NVMe (the swap engine), and a tiled one (tiling 4: four
 times the operators for the same flops and bytes, which is what tells the per-operator cost from
-the rates; without it the fit charged tiling nothing, and on the 2026-11-23 VM, where tiling 4 cost
-12-44% of a step, it predicted a tiled plan 24-27% fast). Their shapes are not those
+the rates; without it the fit charges tiling nothing and predicts tiled plans too fast). Their shapes are not those
 of benchmarks/sweep.py, which checks the result on configurations the probe never ran. On a CUDA
 machine bare-kernel rates are what the kernels reach, and these small models would measure launch
 overhead rather than the GPU, so the probe does not run them unless asked (`--calibrate`).
@@ -25,9 +24,9 @@ overhead rather than the GPU, so the probe does not run them unless asked (`--ca
 [Note: reference runs in the probed precision]
 The runs train in the precision whose matmul rate the probe measured as the spec's compute rate (on
 a CPU the faster of fp32 and bf16, runtime/probe.py), so the fit scales the rate the spec holds, and
-the runs take what the spec says they take. A CPU without bf16 instructions emulates bf16 matmuls:
-on the 2026-11-25 VM (AVX2, no AVX-512) they ran at 0.7 GFLOP/s against 65 in fp32, and one bf16
-training of the wide run had not finished in 11 minutes, where the whole probe is meant to take ~2.
+the runs take what the spec says they take. A CPU without bf16 instructions emulates bf16 matmuls
+orders of magnitude slower than fp32, so a bf16 reference run there would outlast the whole probe
+many times over (docs/notes/2026-11-25-calibration-bf16-emulation.md).
 """
 
 from __future__ import annotations
@@ -44,17 +43,16 @@ from planner.profile import Profile
 
 REFERENCE_VOCAB = 256
 REFERENCE_STEPS = 8
-"""Steps per reference run: two warm-up (runtime/launch.py, WARMUP_STEPS) and six measured. With
-three measured steps one slow step (this 2-core VM stalls a step by 20-50% every few steps) moved a
-run's mean by 10-15% and the fitted factors with it; six halve that, for ~9 s more probing."""
+"""Steps per reference run: two warm-up (runtime/launch.py, WARMUP_STEPS) and six measured. A small
+shared machine stalls a step now and then; with three measured steps one slow step moves a run's
+mean and the fitted factors with it, and six halve that for a few seconds more probing
+(docs/notes/2026-11-22-planner-source-measurements.md)."""
 REFERENCE_REPEATS = 3
 """Each reference run is trained this many times, round-robin, and the fit takes the run of median
-step time. A whole run can land in a slow minute: on the project VM the same reference plan measured
-0.325-0.440 s in six runs minutes apart, and a probe that took one such run moved its predictions of
-other plans by up to 36% (docs/calibration.md, "How much of the error is this VM"). Replaying the
-fit on saved runs, the median of three narrowed the spread of its predictions by about half
-(device plan 0.554-0.656 s from single runs, 0.584-0.625 s from medians of three), for ~70 s more
-probing; `--no-calibrate` skips the reference runs altogether."""
+step time. A whole run can land in a slow minute, and a probe that took one such run would move
+its predictions of other plans with it; the median of three narrows that spread by about half, for
+about a minute more probing (docs/notes/2026-11-23-calibration-machine-spread.md);
+`--no-calibrate` skips the reference runs altogether."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,8 @@ three correct implementations, selectable with `shard(..., reduce_scatter_method
   other rank (n-1 isend + n-1 irecv, all in flight at once), then sums. Each rank moves (n-1)/n of
   the buffer, like a ring reduce-scatter, without the ring's n-1 dependent steps.
 - `native`: `reduce_scatter_tensor` (NCCL's, and gloo's when present).
-`benchmarks/bench_collectives.py` measured, 2 gloo ranks on the 2-core dev box, median of 11:
-1 MiB native 2.07 ms, pairwise 0.58, allreduce 2.87; 16 MiB 22.1 / 7.3 / 14.3; 64 MiB 99.1 / 48.7 /
-48.7. So gloo defaults to `pairwise`, NCCL to `native`.
+`pairwise` was the fastest on gloo at every buffer size `benchmarks/bench_collectives.py` measured
+(benchmarks/RESULTS.md, "gloo reduce-scatter"), so gloo defaults to `pairwise`, NCCL to `native`.
 """
 
 from __future__ import annotations

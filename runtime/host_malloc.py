@@ -6,15 +6,11 @@ and gives it back with munmap when freed, so the next allocation of that size pa
 page in again. Its dynamic threshold rises to the size of each mmapped chunk freed, and the trim
 threshold to twice that, one size at a time: a rank whose steps allocate and free buffers of many
 sizes (gathered parameters, activations, gradient shards, optimizer chunks) keeps paying those page
-faults for several steps. Measured 2026-11-22 on the project VM (2 cores), the host-wide reference
-plan of `planner probe` ran steps 1.07 s before settling at 0.81 s from its sixth step on, its
-backward 0.83-0.92 s before 0.60 s; with the thresholds fixed from the start (32 MiB, glibc's
-largest, and a 256 MiB trim threshold) its second step already ran 0.95 s and the third 0.81 s, at
-the same peak RSS (1357 vs 1364 MB). Again 2026-11-23 (project VM, all three reference plans, with
-and without, interleaved, two runs each): the median second and third steps went from 0.47/0.43 s
-to 0.36/0.34 s (device-long-seq, steady 0.36) and from 1.17/0.91 s to 0.92/0.87 s (nvme, steady
-0.95), peak RSS within 2%. A profile that leaves out two warm-up steps then measures the steady
-state that the simulator predicts instead of the allocator's warm-up.
+faults for several steps. With the thresholds fixed from the start (32 MiB, glibc's largest, and
+a 256 MiB trim threshold) the steps reach their steady time by the second or third step at the
+same peak RSS (docs/notes/2026-11-22-runtime-source-measurements.md), so a profile that leaves out
+two warm-up steps measures the steady state that the simulator predicts instead of the
+allocator's warm-up.
 
 Fixing the thresholds also turns off their dynamic adjustment (mallopt(3)). Buffers larger than
 32 MiB still get their own mapping; their page faults are the same every step, so the simulator's
@@ -36,7 +32,7 @@ MMAP_THRESHOLD_BYTES = 32 * MIB
 
 TRIM_THRESHOLD_BYTES = 256 * MIB
 """Free memory at the top of the heap kept mapped, rather than returned with each free: above a
-step's largest transient working set on the project VM, so the next step reuses it without
+step's largest transient working set in the reference runs, so the next step reuses it without
 faulting it in."""
 
 ENV_MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"

@@ -48,11 +48,9 @@ EXIT_TRAINING_FAILED = 4
 
 WARMUP_STEPS = 2
 """Steps left out of the profile's measured figures. The first records the operator order and runs
-without prefetching; the second is still slower than the rest in plain PyTorch too (2026-11-22,
-project VM: a 6-layer GPT, hidden 448, trained with plain torch for 10 steps ran its second step's
-forward in 0.134 s and its later ones in 0.095-0.111 s; with the runtime the second of 8 steps was
-10-40% slower than the median of steps 4-8 in each of 8 runs). The simulator predicts the steady
-state, so a profile compares with it from the third step on."""
+without prefetching; the second is still slower than the rest, in plain PyTorch too (allocator and
+kernel warm-up; docs/notes/2026-11-22-runtime-source-measurements.md). The simulator predicts the
+steady state, so a profile compares with it from the third step on."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,16 +23,15 @@ operator i's compute waits with it. With several ranks it must: collectives are 
 order on every rank, and whether a read has landed differs from rank to rank. With one rank the
 "gather" is the shard itself, so a prefetch whose shard is still on its way leaves it staged and
 the unit's use waits for it, as the simulator's schedule has it (planner/sim/engine.py: operator i
-waits for its own fetch only). Before this, on the io-bound NVMe benchmark (2 vCPUs), each
-linear's compute (3-15 ms: it streams its 16 MiB weight) began only once the next one's read had
-landed, and the drive idled in forward while it ran.
+waits for its own fetch only). Waiting ahead on one rank would start each linear's compute only
+once the next one's read had landed, and the drive would idle in forward while it ran.
 
 [Note: small units ride along]
 The depth counts operators as the planner does: its trace (planner/sim/workload.py) has a model's
 linears and embeddings, not its norms, whose parameters are ~1/hidden of a linear's. A unit smaller
 than 1/`RIDER_FRACTION` of the largest one does not take a place in the window: it is fetched with the
-operator before it. Counted as operators (before 2026-11-22), a GPT's two LayerNorms per block made
-depth 3 hold two linears at times, and the drive ran dry while a linear computed. The riders cost at
+operator before it. Counted as operators, a GPT's two LayerNorms per block would make depth 3 hold
+two linears at times, and the drive would run dry while a linear computed. The riders cost at
 most 1/`RIDER_FRACTION` of a largest shard each, and at most `MAX_RIDERS` of them are in a window.
 
 [Note: the forward's tail is the backward's head]

@@ -168,9 +168,9 @@ def measure_block_matmul(
     [Note: screening the compute dtypes]
     With several dtypes each is first timed once at `SCREEN_TOKENS` rows, and only those within
     `SCREEN_DROP_BELOW` of the best are measured in full; the others keep their screened rate. A CPU
-    without bf16 instructions emulates bf16 matmuls: on the 2026-11-25 VM (AVX2) they ran at 0.7
-    GFLOP/s against 65 in fp32, so the full bf16 measurement alone took ~150 s of a probe meant to
-    take seconds, for a rate the spec does not use."""
+    without bf16 instructions emulates bf16 matmuls orders of magnitude slower than fp32, and their
+    full measurement alone would take minutes of a probe meant to take seconds, for a rate the spec
+    does not use (docs/notes/2026-11-25-calibration-bf16-emulation.md)."""
     def rate(dtype: torch.dtype, rows: int, repeats: int, warmup: int) -> float:
         # Made on the device itself: at GPU shapes the operands are GiBs, too slow to build on the host.
         pairs = [

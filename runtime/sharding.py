@@ -45,9 +45,8 @@ begun (the segment's last, whose output gradient triggered the recompute) is not
 
 The gradient of a segment's output reaches the hook on its last operator's output before that
 operator's backward asks for its saved tensors, i.e. before the recompute. Gathering the operator
-there (as for any other unit) held it through the whole recompute, one operator beyond the bill:
-on a 6-layer, hidden-768 GPT with params on NVMe, 11.0 MB of device memory measured against 9.8
-billed (benchmarks/sweep.py, 2026-11-22 11:16 UTC, M-nvme-nvme). So a unit whose segment still
+there (as for any other unit) held it through the whole recompute, one operator beyond the bill's
+`mswm` (docs/notes/2026-11-22-runtime-source-measurements.md). So a unit whose segment still
 awaits its recompute only marks its backward begun there; the recompute gathers it.
 """
 

@@ -18,13 +18,12 @@ The fp32 master, momentum and variance of the step's first chunks (as many as th
 for, B - 1) are read into the pool during backward, one chunk each time a unit's gradient is final,
 so that those reads overlap backward instead of starting when `step()` is called; the gradient
 region of those chunks is read at the step, since backward writes it. Backward, not the end of the
-previous step: there the reads competed with the forward's parameter reads, and on the io-bound
-benchmark (benchmarks/bench_nvme_step.py, 2 vCPUs, virtio disk) forward went from 0.159 to 0.116 s
-and backward from 0.203 to 0.240 s, the step from 0.831 to 0.813 s median (8 paired blocks of 3
-steps, 0.964 median of paired ratios). The states only change in a step, so the copies stay
-exact unless something else writes the stores in between (loading a checkpoint): the stores count
-their writes, and a step whose stores were written since the prefetch drops it and reads afresh.
-Chunks prefetched for units that got no gradient this step are dropped too.
+previous step: there the reads compete with the forward's parameter reads, which a computation is
+waiting for (docs/notes/2026-11-22-runtime-source-measurements.md). The states only change in a
+step, so the copies stay exact unless something else writes the stores in between (loading a
+training checkpoint): the stores count their writes, and a step whose stores were written since
+the prefetch drops it and reads afresh. Chunks prefetched for units that got no gradient this
+step are dropped too.
 
 The arithmetic is the same kernel `torch.optim.AdamW(fused=True)` runs over the whole shard
 (elementwise, so chunking does not change a bit; `tests/test_nvme_training.py` checks it).
@@ -37,8 +36,9 @@ and its CPU work then overlap the rest of the backward, and the gradient goes fr
 the reduce-scatter) straight into the update, never to the gradient store: 2 bytes of NVMe traffic
 per fp32 parameter byte fewer (the gradient's write and its read back) and no gradient swap file.
 Later systems do this to hide the CPU optimizer (METHOD.md §6; PyTorch's "optimizer in backward"
-recipe, ZenFlow, SuperOffload). On the io-bound NVMe benchmark on a 2.7x slower CPU the step was
-~1.5x its I/O roofline with the whole state traffic after a compute-bound backward (docs/nvme.md).
+recipe, ZenFlow, SuperOffload). After backward, a step whose backward is compute-bound pays for
+compute plus the whole state traffic instead of the larger of the two
+(docs/notes/2026-11-25-nvme-slower-cpu.md).
 
 The schedule: once the forward has submitted its last parameter read (or, before the forward's
 order is recorded, when the backward begins), the states of the first chunks in the order the
@@ -50,10 +50,9 @@ and reads further ahead into every buffer that is free or whose write has landed
 for a write (backward's compute is not held up for a read-ahead). A chunk that is not the one
 expected (a changed order) drops the read-ahead and is read on demand. `optimizer.step()` then
 only waits for the last writes. All three read ahead through one mechanism, `ChunkReadAhead`
-([Note: one read-ahead] in runtime/chunk_read_ahead.py). Starting the read-ahead at the forward's tail instead of at backward
-begin: paired blocks on one model (io-bound NVMe benchmark, 16 blocks of 3 steps, AVX-512 VM) 0.989
-and 0.976 median ratio (forward +33-40 ms, backward -53 ms: the drive was idle there); design config
-1.001 (8 blocks).
+([Note: one read-ahead] in runtime/chunk_read_ahead.py). The read-ahead starts at the forward's tail, not at backward begin,
+because the drive is idle while the forward's last operators compute
+(docs/notes/2026-11-22-runtime-source-measurements.md).
 
 It is exact (bitwise the after-backward step: same gradients, same kernel, same order per element)
 for the loop it is meant for: one backward per step, no gradient clipping (which needs the global

@@ -57,10 +57,9 @@ HUGE_PAGE_BYTES = 2 * 1024**2
 # A direct I/O is built from the physical pages of its buffer, and the block device caps the
 # number of segments per request (virtio-blk: max_segments 254). A 1 MiB block on scattered
 # 4 KiB pages needs 256 segments, so the kernel splits it and merges nothing; on 2 MiB pages it
-# is one segment, and adjacent blocks merge up to max_sectors_kb. On the project VM, reading
-# 1 GiB into a 256 MiB buffer took ~1000-1400 device requests at 1.0-1.3 GB/s with 4 KiB pages
-# and 256 requests at 2.4-2.8 GB/s after MADV_HUGEPAGE (measured from /sys/block/vda/stat).
-# Transparent huge pages are commonly in `madvise` mode, so buffers ask for them explicitly.
+# is one segment, and adjacent blocks merge up to max_sectors_kb: fewer, larger device requests
+# (docs/notes/2026-11-22-nvme-engine-buffers.md). Transparent huge pages are commonly in
+# `madvise` mode, so buffers ask for them explicitly.
 
 
 class AlignedBuffer:
@@ -112,9 +111,9 @@ class BufferRecycler:
 
     [Note: recycled read buffers]
     A shard read from NVMe into fresh memory costs the kernel a page fault, a zeroed (and on a
-    fragmented host, compacted) huge page per 2 MiB inside the direct I/O's page pinning: on the
-    project VM 16 MiB reads into fresh buffers ran at 0.3-1.3 GB/s where the same reads into
-    reused buffers ran at 1.9-2.3 GB/s. Parameter shards are read ahead into fresh host tensors
+    fragmented host, compacted) huge page per 2 MiB inside the direct I/O's page pinning, which
+    slows the read several-fold against a reused buffer (docs/notes/2026-11-22-nvme-engine-buffers.md).
+    Parameter shards are read ahead into fresh host tensors
     that the compute then holds for as long as it needs (autograd may keep views of them), so the
     store cannot say when a buffer is free; the buffer's lifetime can: `lease` returns a numpy
     array (torch.from_numpy keeps it alive as long as any tensor storage uses it) whose lease gives
@@ -124,10 +123,9 @@ class BufferRecycler:
     one would and the recycler never holds more than the memory bill sets aside for these reads.
     A lease that needs a fresh buffer first unmaps kept ones of other sizes beyond the bound, and
     a read's contents copied into memory of its own (a recompute's copy, runtime/group.py
-    `own_buffer`) count against the bound while they live (`hold_outside`). Kept buffers used to sit
-    beside both: a 16-layer model at 4 blocks per checkpoint segment (tests/test_nvme_training.py,
-    17.71 MB budget) measured 18.05-18.26 MB of anonymous RSS with neither rule, 17.56-17.77 MB
-    with the first, 17.20-17.31 MB with both.
+    `own_buffer`) count against the bound while they live (`hold_outside`); without both rules kept
+    buffers sat beside them and host memory went over the bill
+    (docs/notes/2026-11-22-nvme-engine-buffers.md).
     """
 
     def __init__(self, max_held_bytes: int) -> None:

@@ -17,21 +17,17 @@ DIRECT_ALIGNMENT_BYTES = PAGE_BYTES
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineConfig:
-    """How the engine moves bytes. The defaults are the fastest settings measured on the project
-    machine (`benchmarks/aio_vs_fio.py --sweep`, benchmarks/RESULTS.md); the engine matches or beats
-    fio at them."""
+    """How the engine moves bytes. The defaults are the fastest settings `benchmarks/aio_vs_fio.py
+    --sweep` measured (benchmarks/RESULTS.md); the engine matches or beats fio at them."""
 
     block_size_bytes: int = 1 * MIB
     """Large requests are cut into blocks of this size, each one I/O to the kernel."""
     queue_depth: int = 128
     """Blocks kept in flight at once by the io_uring backend. Deep, because a drive (a virtual one
-    above all) moves bytes at (bytes in flight) / latency until it saturates: on the project VM
-    (virtio disk) 1 MiB blocks read 1612 MB at 2.2 GB/s with 16 in flight, 2.5 with 64, 2.8 with
-    128 and no more with 256, and wrote 1075 MB at 4.2, 4.8, 6.0 and 6.5 GB/s (2026-11-24, medians
-    of 5 alternating runs of benchmarks/bench_nvme_step.py's MixProbe). Costs no memory: requests
-    fill their callers' buffers. The price is order: requests submitted together are served
-    together, so the first of several lands later than at depth 16 (a forward's first shard ~25 vs
-    ~8 ms on that VM; docs/nvme.md)."""
+    above all) moves bytes at (bytes in flight) / latency until it saturates; 128 is where a virtio
+    disk stopped getting faster (docs/notes/2026-11-22-nvme-engine-buffers.md). Costs no memory:
+    requests fill their callers' buffers. The price is order: requests submitted together are served
+    together, so the first of several lands later than at a shallow depth (docs/nvme.md)."""
     num_threads: int = 4
     """Workers of the thread-pool backends (the C++ one and the pure-Python reference)."""
     backend: Backend = "auto"

@@ -91,8 +91,8 @@ BUSY_LOAD_PER_CPU = 0.5
 
 
 def _busy_warning() -> str:
-    """Why the probe's numbers may be low, or "" (a probe measures the machine as it is now; on a
-    2-core VM a concurrent test run made the probe's reference runs 5x slower than the same runs idle)."""
+    """Why the probe's numbers may be low, or "" (a probe measures the machine as it is now, other work
+    included, and its reference runs slow down several-fold on a busy small machine)."""
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if load <= BUSY_LOAD_PER_CPU * cpus:
         return ""
