@@ -4,7 +4,7 @@ Documents use human units in their keys (`gpu_memory_gib`, `nvme_read_gb_per_s`,
 and are converted to base units (bytes, bytes/s, flop/s) exactly once, here (Calculon's rule).
 Binary for capacities (GiB = 2^30, as the paper's tables), decimal for rates (GB/s = 1e9 B/s).
 
-Every number carries its provenance in `sources`: `nominal` (datasheet), `paper` (METHOD.md §5),
+Every number carries its provenance in `sources`: `nominal` (datasheet), `paper` (docs/method.md §5),
 `measured` (by `planner probe` or a benchmark), or `estimate` (our reasoned guess, documented in the
 preset's `notes`). Anything not listed is `nominal`.
 

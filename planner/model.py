@@ -1,6 +1,6 @@
 """The Transformer being planned: its shape, parameter counts and operators.
 
-Counts follow METHOD.md §2: eq. 1 counts the four block linears only (`12 * nl * hd^2` for a GPT
+Counts follow docs/method.md §2: eq. 1 counts the four block linears only (`12 * nl * hd^2` for a GPT
 block: hd x 3hd, hd x hd, hd x 4hd, 4hd x hd); `num_params` adds the embeddings (and grouped-query
 attention and gated MLPs, for Llama-like models). The paper's configurations ship with
 `vocab_size = 0` because the paper ignores embeddings; their `num_params` is then exactly eq. 1.

@@ -32,7 +32,7 @@ OPTIMIZER_STEPS: tuple[str, ...] = ("after_backward", "in_backward")
 
 # Runtime defaults a plan carries explicitly so that the simulator and the runtime share them.
 DEFAULT_OPTIMIZER_CHUNK_BYTES = 256 * 1024**2
-DEFAULT_NUM_OPTIMIZER_BUFFERS = 3  # read k+1, update k, write k-1 (METHOD.md §4.3)
+DEFAULT_NUM_OPTIMIZER_BUFFERS = 3  # read k+1, update k, write k-1 (docs/method.md §4.3)
 DEFAULT_NVME_BLOCK_BYTES = 1024**2
 MAX_TILING_FACTOR = 4096
 

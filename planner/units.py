@@ -1,6 +1,6 @@
 """Unit constants: the one place where gigabytes and friends are defined.
 
-The paper's tables use binary units (K = 1024, GB = 2^30, TB = 2^40, METHOD.md §2); bandwidths are
+The paper's tables use binary units (K = 1024, GB = 2^30, TB = 2^40, docs/method.md §2); bandwidths are
 decimal (GB/s = 1e9 bytes/s), as vendors and fio report them. Names say which one is meant.
 """
 

@@ -253,7 +253,7 @@ class StoredGradients(GradientSink):
 
     def _ensure_shard(self) -> None:
         """Gradient shards are created by the first backward, not at construction: a model is built
-        holding its parameter shards only (construction-time partitioning, METHOD.md §4.6)."""
+        holding its parameter shards only (construction-time partitioning, docs/method.md §4.6)."""
         if not self._has_shard:
             self.store.create(self.key, self.layout.shard_numel, torch.float32)
             self._has_shard = True

@@ -1,7 +1,7 @@
 """One unit of gathering: a module's own parameters, sharded, and their gather lifecycle.
 
 A unit is one operator (a Linear, a LayerNorm, an Embedding, or one tile of a tiled Linear): the
-granularity at which ZeRO-3 gathers (METHOD.md §4.6 "hooks on every submodule") and at which the
+granularity at which ZeRO-3 gathers (docs/method.md §4.6 "hooks on every submodule") and at which the
 planner counts working memory (eq. 4) and the prefetch set. The module keeps its `nn.Parameter`
 objects (so `model.parameters()`, `.dtype` and tied weights still work); only their `.data` points
 at a view of the gathered flat buffer while the unit is gathered, and at an empty tensor otherwise.

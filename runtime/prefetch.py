@@ -1,4 +1,4 @@
-"""Operator-order prefetching (METHOD.md §4.3, overlap-centric design).
+"""Operator-order prefetching (docs/method.md §4.3, overlap-centric design).
 
 The first iteration records the order in which units are used, separately for forward and
 backward. Later iterations follow the recorded order: on using operator i the prefetcher starts the

@@ -6,9 +6,9 @@ Every number here is measured on the spot, side by side, with warm-up and the me
   private swap directory under `nvme_path`; the file is written once before timing so that reads
   hit real blocks (reads of never-written, fallocated extents return zeros without touching the drive).
 - host memory bandwidth: a large tensor copy, counted as bytes read + written (STREAM "copy").
-- CPU AdamW: torch's fused AdamW (METHOD.md §6: measure it before hand-writing SIMD).
+- CPU AdamW: torch's fused AdamW (docs/method.md §6: measure it before hand-writing SIMD).
 - compute: the four linears of a transformer block (hd -> 3hd, hd -> hd, hd -> 4hd, 4hd -> hd,
-  METHOD.md eq. 1) at `tokens` rows; the best of fp32 and bf16 on a CPU, bf16 on a GPU.
+  docs/method.md eq. 1) at `tokens` rows; the best of fp32 and bf16 on a CPU, bf16 on a GPU.
 - with CUDA: pinned host <-> device copies and device memory bandwidth; with more than one GPU,
   all-gather and reduce-scatter bus bandwidth over all of them (NCCL, one process per GPU).
 
@@ -149,7 +149,7 @@ class ComputeThroughput:
 
 
 def block_matmul_shapes(hidden: int) -> list[tuple[int, int]]:
-    """(in, out) of a transformer block's four linears (METHOD.md eq. 1: 12 hd^2 params)."""
+    """(in, out) of a transformer block's four linears (docs/method.md eq. 1: 12 hd^2 params)."""
     return [(hidden, 3 * hidden), (hidden, hidden), (hidden, 4 * hidden), (4 * hidden, hidden)]
 
 

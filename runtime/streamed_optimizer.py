@@ -1,4 +1,4 @@
-"""The optimizer step with the optimizer states on NVMe: chunked and pipelined (METHOD.md §4.3).
+"""The optimizer step with the optimizer states on NVMe: chunked and pipelined (docs/method.md §4.3).
 
 Every unit's fp32 master, Adam momentum and variance, and its gradient shard are cut into chunks of
 `chunk_numel` elements (a unit's chunks start at multiples of it, so reads and writes stay 4 KiB
@@ -35,7 +35,7 @@ of at `optimizer.step()`: the update's state traffic (read 3 fp32 states, write 
 and its CPU work then overlap the rest of the backward, and the gradient goes from autograd (or
 the reduce-scatter) straight into the update, never to the gradient store: 2 bytes of NVMe traffic
 per fp32 parameter byte fewer (the gradient's write and its read back) and no gradient swap file.
-Later systems do this to hide the CPU optimizer (METHOD.md §6; PyTorch's "optimizer in backward"
+Later systems do this to hide the CPU optimizer (docs/method.md §6; PyTorch's "optimizer in backward"
 recipe, ZenFlow, SuperOffload). After backward, a step whose backward is compute-bound pays for
 compute plus the whole state traffic instead of the larger of the two
 (docs/notes/2026-11-25-nvme-slower-cpu.md).

@@ -1,4 +1,4 @@
-"""Memory-centric tiling (METHOD.md §4.4): a large Linear becomes `t` Linears over slices of its
+"""Memory-centric tiling (docs/method.md §4.4): a large Linear becomes `t` Linears over slices of its
 output features, each gathered and released on its own, so the working memory of the operator
 (eq. 4) and its largest single allocation shrink by `t`.
 

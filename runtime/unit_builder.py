@@ -1,4 +1,4 @@
-"""Building a sharded model's units: construction-time partitioning (METHOD.md §4.6).
+"""Building a sharded model's units: construction-time partitioning (docs/method.md §4.6).
 
 A model built on the meta device (`with torch.device("meta")`) is materialised one unit at a time:
 the unit's parameters are allocated, initialised, cut into this rank's shard and dropped, so no

@@ -14,7 +14,7 @@ def plan_for(model="1T", hardware="dgx2-v100", gpus=16, strategy="zero3", **kw):
                 placement=STRATEGY_TABLE[strategy].placement if strategy != "custom" else kw.pop("placement"), **kw)
 
 
-# Hand-computed from METHOD.md §2 with nl=128, hd=25600, heads=256, seq=1024, bsz=1, ci=1:
+# Hand-computed from docs/method.md §2 with nl=128, hd=25600, heads=256, seq=1024, bsz=1, ci=1:
 #   eq. 2: 240 * 128 * 25600^2                      = 20_132_659_200_000  (18.31 TiB, the paper's Table 1)
 #   eq. 3: 2 * 1 * 1024 * 25600 * 128 / 1            = 6_710_886_400
 #   eq. 4: 16 * 25600^2                              = 10_485_760_000

@@ -17,7 +17,7 @@ from planner.model import ModelSpec, format_param_count
 
 K = 1024
 
-# METHOD.md §5: memory-requirement configs and the strategy/experiment configs (layers, hd, heads).
+# docs/method.md §5: memory-requirement configs and the strategy/experiment configs (layers, hd, heads).
 PAPER_SHAPES = {
     "0.1T": (80, 10 * K, 128),
     "0.5T": (100, 20 * K, 160),

@@ -63,7 +63,7 @@ def test_one_layer_known_bandwidths_give_known_iteration_time():
 
 
 def test_two_gpus_sharing_the_host_fabric_take_twice_as_long_per_transfer():
-    # Two GPUs, each with a 2 B/s lane; the node's host fabric carries 2 B/s in all (METHOD.md §5: the
+    # Two GPUs, each with a 2 B/s lane; the node's host fabric carries 2 B/s in all (docs/method.md §5: the
     # per-GPU rate when every GPU reads at once is the aggregate over the GPU count).
     def first_h2d(host_memory, ranks):
         node = tiny_node(num_gpus_per_node=2, host_memory_bytes_per_s=host_memory)

@@ -1,4 +1,4 @@
-"""The paper's efficiency-vs-bandwidth curves (METHOD.md §3, eq. 6 with eq. 9-11), for the chosen
+"""The paper's efficiency-vs-bandwidth curves (docs/method.md §3, eq. 6 with eq. 9-11), for the chosen
 plan's batch, sequence and width, with this hardware's per-GPU bandwidths marked."""
 
 from __future__ import annotations

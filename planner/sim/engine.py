@@ -1,4 +1,4 @@
-"""The schedule of one training iteration as SimPy processes (METHOD.md §4).
+"""The schedule of one training iteration as SimPy processes (docs/method.md §4).
 
 [Note: representative rank] Data-parallel ranks run the same program on equal shares, so in
 lockstep: every GPU of a node issues the same transfer at the same instant, and every node does what

@@ -1,6 +1,6 @@
 """What one rank does in one iteration: the operator trace and the per-rank size of every transfer.
 
-The trace is the order the runtime's prefetcher records on its first iteration (METHOD.md §4.3):
+The trace is the order the runtime's prefetcher records on its first iteration (docs/method.md §4.3):
 the embedding (when the model has one), every block's linears in execution order
 (`ModelSpec.block_operators()`), the output head; then, per checkpoint segment from the last to the
 first, the segment's recompute (forward again) and its backward in reverse. Every step gathers its

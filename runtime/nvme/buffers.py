@@ -214,7 +214,7 @@ class BufferRecycler:
 class BufferPool:
     """`num_buffers` aligned buffers of `buffer_bytes`, handed out and returned; pinned once via
     `pin_hook` if given. `acquire` blocks while every buffer is in use, which is what bounds the
-    pinned memory of a streaming pipeline (METHOD.md §4.1: a small reused pool moves far larger
+    pinned memory of a streaming pipeline (docs/method.md §4.1: a small reused pool moves far larger
     states)."""
 
     def __init__(self, *, buffer_bytes: int, num_buffers: int, pin_hook: PinHook | None = None) -> None:

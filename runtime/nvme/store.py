@@ -8,7 +8,7 @@ into 4 KiB-aligned extents, one per shard (docs/nvme.md).
 
 [Note: ordering of NVMe transfers]
 Writes are fire-and-forget for the caller: `write` copies the data into a staging buffer, submits it
-and returns, so gradient shards stream out while backward goes on (METHOD.md §4.3 overlap). The
+and returns, so gradient shards stream out while backward goes on (docs/method.md §4.3 overlap). The
 store orders its own traffic: a read (or read-modify-write) of a range of a shard first waits for
 the writes in flight that overlap it, and so does a write (two writes of one range in flight at
 once would land in either order; writes of disjoint chunks of a shard, as the optimizer's, do not

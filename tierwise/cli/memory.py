@@ -99,7 +99,7 @@ def _print_bill(plan, quantities: dict) -> None:  # noqa: ANN001
 
     con = report.console()
     con.print(f"[bold]Model[/bold]  {report.model_line(plan)}")
-    table = Table(title="Paper quantities (METHOD.md §2)", title_justify="left")
+    table = Table(title="Paper quantities (docs/method.md §2)", title_justify="left")
     for col in ("quantity", "bytes", "", "equation"):
         table.add_column(col, justify="right" if col in ("bytes", "") else "left")
     for key, eq in PAPER_EQUATIONS.items():
