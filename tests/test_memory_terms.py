@@ -99,7 +99,6 @@ def test_runtime_ledger_terms_are_in_the_vocabulary():
     pytest.importorskip("torch")
     from runtime.group import STAGE_TERMS
     from runtime.ledger import MemoryLedger
-
     from runtime.nvme.store import STAGING_TERMS
 
     for tier, term in STAGE_TERMS.values():
