@@ -23,6 +23,7 @@ from functools import partial
 
 import torch
 
+from planner.memory_terms import MemoryTerm
 from runtime.collectives import Comm, Reduced, reduce_scatter_flat
 from runtime.flat_param import FlatLayout
 from runtime.ledger import MemoryLedger, nbytes
@@ -160,7 +161,7 @@ class GradientSink(ABC):
             self._before_collect()
             if self._flat is None:
                 self._flat = torch.zeros(self.layout.padded_numel, dtype=grad.dtype, device=grad.device)
-                self.ledger.add("gpu", "mswm", nbytes(self._flat))
+                self.ledger.add("gpu", MemoryTerm.MSWM, nbytes(self._flat))
             self._flat[self.layout.param_slice(index)].copy_(grad.reshape(-1))
         return self._pending == 0
 
@@ -170,8 +171,8 @@ class GradientSink(ABC):
         flat, self._flat = self._flat, None
         if flat is None:
             return None
-        self.ledger.sub("gpu", "mswm", nbytes(flat))
-        self.ledger.add("gpu", "reduce_scatter_buffer", nbytes(flat))
+        self.ledger.sub("gpu", MemoryTerm.MSWM, nbytes(flat))
+        self.ledger.add("gpu", MemoryTerm.REDUCE_SCATTER_BUFFER, nbytes(flat))
         return reduce_scatter_flat(self.comm, flat, self.link_bytes)
 
     def finish_reduce(self, reduced: Reduced) -> Pending:
@@ -179,7 +180,7 @@ class GradientSink(ABC):
         out = reduced.wait()
         out.div_(self.comm.world_size)
         pending = self._file_reduced(out)
-        self.ledger.sub("gpu", "reduce_scatter_buffer", self.layout.padded_numel * out.element_size())
+        self.ledger.sub("gpu", MemoryTerm.REDUCE_SCATTER_BUFFER, self.layout.padded_numel * out.element_size())
         return pending
 
     @property

@@ -19,6 +19,7 @@ import enum
 import torch
 from torch import nn
 
+from planner.memory_terms import MemoryTerm
 from runtime.collectives import Comm, Gathered, all_gather_flat
 from runtime.flat_param import FlatLayout
 from runtime.gradients import GradientSink
@@ -37,14 +38,14 @@ class UnitState(enum.Enum):
     """The full flat buffer is valid and every parameter is a view of it."""
 
 
-STAGE_TERMS = {0: ("gpu", "mswm"), 1: ("gpu", "prefetch_gathered_params"), 2: ("gpu", "prefetch_shard_staging"),
-               3: ("cpu", "param_swap_buffers")}
+STAGE_TERMS = {0: ("gpu", MemoryTerm.MSWM), 1: ("gpu", MemoryTerm.PREFETCH_GATHERED_PARAMS),
+               2: ("gpu", MemoryTerm.PREFETCH_SHARD_STAGING), 3: ("cpu", MemoryTerm.PARAM_SWAP_BUFFERS)}
 """Operators ahead of use -> (tier, memory-bill term) of a shard staged that far ahead. A shard read
 from NVMe (a store whose states are not resident) lands in a host buffer and stays there until its
 all-gather, so from 2 ahead it is one of the host `param_swap_buffers` (`stage_term`)."""
 
 
-def stage_term(ahead: int, *, resident: bool) -> tuple[str, str]:
+def stage_term(ahead: int, *, resident: bool) -> tuple[str, MemoryTerm]:
     return STAGE_TERMS[ahead if resident or ahead < 2 else 3]
 
 
@@ -141,7 +142,8 @@ class ParamUnit:
         self._full_is_transient = self._gathering.output is not shard or self._staged.fresh
         if self._full_is_transient:
             self.charges.release()
-            self.charges.charge("gpu", "prefetch_gathered_params" if prefetch else "mswm", self.full_bytes)
+            term = MemoryTerm.PREFETCH_GATHERED_PARAMS if prefetch else MemoryTerm.MSWM
+            self.charges.charge("gpu", term, self.full_bytes)
         self._staged = None
         self.state = UnitState.GATHERING
 
@@ -155,9 +157,9 @@ class ParamUnit:
         """The unit's use begins: a buffer gathered ahead (or kept from the forward) now counts as
         working memory (eq. 4)."""
         if self.state is UnitState.GATHERED:
-            self.charges.retag_all("gpu", "mswm")
+            self.charges.retag_all("gpu", MemoryTerm.MSWM)
         else:
-            self.charges.retag("prefetch_gathered_params", "mswm")
+            self.charges.retag(MemoryTerm.PREFETCH_GATHERED_PARAMS, MemoryTerm.MSWM)
 
     def keep(self, *, ahead: int) -> bool:
         """After a forward use: stay gathered for a use `ahead` operators into the backward; from

@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from planner.phases import PHASES
 from runtime.ledger import TIERS, MemoryLedger
 
 MAX_SAMPLES = 10_000
 """Step samples a profiler keeps by default (the most recent)."""
 
-PHASES = ("forward", "backward", "optimizer")
 LINKS = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
 
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop_context_fn
 
+from planner.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.stores import CopyEngine
 
@@ -39,14 +40,14 @@ class ActivationCheckpointStore:
         self.copier = copier
 
     def save(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        self.ledger.add(self.tier, "activation_checkpoints", nbytes(x))
+        self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(x))
         return x.detach(), None
 
     def load(self, held: torch.Tensor, event: Any) -> torch.Tensor:  # noqa: ARG002
         return held
 
     def drop(self, held: torch.Tensor) -> None:
-        self.ledger.sub(self.tier, "activation_checkpoints", nbytes(held))
+        self.ledger.sub(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(held))
 
 
 class HostActivationCheckpointStore(ActivationCheckpointStore):
@@ -60,7 +61,7 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
             return super().save(x)
         host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
         event = self.copier.copy(host, x.detach(), "d2h")
-        self.ledger.add(self.tier, "activation_checkpoints", nbytes(host))
+        self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(host))
         return host, event
 
     def load(self, held: torch.Tensor, event: Any) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.memory_terms import MemoryTerm
 from runtime.gradients import FinalGradient
 from runtime.group import ParamUnit
 from runtime.ledger import nbytes
@@ -80,7 +81,7 @@ class ResidentAdamW(AdamWEngine):
         for master in self._masters:
             for value in self._inner.state[master].values():
                 if isinstance(value, torch.Tensor) and value.numel() > 1:
-                    self.model.ledger.add(tier, "optimizer_states", nbytes(value))
+                    self.model.ledger.add(tier, MemoryTerm.OPTIMIZER_STATES, nbytes(value))
         self._states_charged = True
 
     def state_dict(self) -> dict[str, Any]:

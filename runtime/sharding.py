@@ -62,6 +62,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from planner.memory_terms import MemoryTerm
 from planner.plan import Plan
 from runtime.collectives import Comm, Reduced, make_comm
 from runtime.events import UnitListener
@@ -112,14 +113,14 @@ class ShardedModel:
         place = config.placement
         mixed = config.precision != "fp32"
         self.swap = nvme_space(module, config, comm, plan, self.master_shares_param_shard)
-        self.param_store = self._store(place.params, "params", "params")
+        self.param_store = self._store(place.params, MemoryTerm.PARAMS, "params")
         # Mixed precision: gradients arrive in 16 bits and are accumulated straight into the fp32
         # gradient copy that the paper counts among the optimizer states (eq. 2).
         self.grad_store: ShardStore | None = (
-            self._store(place.gradients, "optimizer_states" if mixed else "gradients", "gradients")
+            self._store(place.gradients, MemoryTerm.OPTIMIZER_STATES if mixed else MemoryTerm.GRADIENTS, "gradients")
             if config.stores_gradients else None)
         """None when each unit's gradient goes straight into the in-backward update (`HandedGradients`)."""
-        self.optimizer_store = self._store(place.optimizer_states, "optimizer_states", "optimizer_states")
+        self.optimizer_store = self._store(place.optimizer_states, MemoryTerm.OPTIMIZER_STATES, "optimizer_states")
         self.units: list[ParamUnit] = []
         self.masters: dict[UnitKey, torch.Tensor | None] = {}
         """fp32 master shard per unit when it is resident in memory (the param shard itself when it can be)."""
@@ -158,7 +159,7 @@ class ShardedModel:
         if self.listener is listener:
             self.listener = UnitListener()
 
-    def _store(self, tier: str, term: str, name: str) -> ShardStore:
+    def _store(self, tier: str, term: MemoryTerm, name: str) -> ShardStore:
         return make_store(tier, term=term, ledger=self.ledger, copier=self.copier, name=name, swap=self.swap)
 
     def close(self) -> None:

@@ -67,6 +67,7 @@ from typing import Any
 
 import torch
 
+from planner.memory_terms import MemoryTerm
 from runtime.chunk_read_ahead import REGIONS, Chunk, ChunkReadAhead, chunk_numel_for
 from runtime.gradients import FinalGradient
 from runtime.group import ParamUnit
@@ -91,7 +92,7 @@ class StreamedAdamW(AdamWEngine):
                                num_buffers=model.plan.num_optimizer_buffers, pin_hook=pin_hook)
         # Unpinned before its memory goes, also when the optimizer is dropped without close().
         weakref.finalize(self, self.pool.close)
-        model.ledger.add("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
+        model.ledger.add("cpu", MemoryTerm.OPTIMIZER_SWAP_BUFFERS, self.pool.total_bytes)
         store: ShardStore = model.optimizer_store
         self.units = {u.key: u for u in units}
         self.numels = {u.key: u.layout.shard_numel for u in units}
@@ -233,7 +234,7 @@ class StreamedAdamW(AdamWEngine):
     def close(self) -> None:
         self.read_ahead.drop()
         self.read_ahead.retire_writes()
-        self.model.ledger.sub("cpu", "optimizer_swap_buffers", self.pool.total_bytes)
+        self.model.ledger.sub("cpu", MemoryTerm.OPTIMIZER_SWAP_BUFFERS, self.pool.total_bytes)
         self.pool.close()
 
     # -- internals --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
+from planner.memory_terms import MemoryTerm
 from planner.plan import Plan
 from planner.units import round_up_4kib
 from runtime.collectives import Comm
@@ -108,7 +109,7 @@ def make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> Par
                      transient_buffers=state.transient_buffers)
     # Not an allocation the runtime makes but what each operator's objects cost (the memory model's
     # constant, measured by runtime/memory_probe.py), so that the host tier compares with the bill.
-    state.ledger.add("cpu", "runtime_bookkeeping", BOOKKEEPING_BYTES_PER_OPERATOR)
+    state.ledger.add("cpu", MemoryTerm.RUNTIME_BOOKKEEPING, BOOKKEEPING_BYTES_PER_OPERATOR)
     return unit
 
 

@@ -34,6 +34,7 @@ from typing import ClassVar
 import torch
 
 from planner.memory import WRITE_STAGING_BUFFERS
+from planner.memory_terms import MemoryTerm
 from planner.units import round_up_4kib
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.nvme import (
@@ -49,8 +50,8 @@ from runtime.nvme import (
 from runtime.nvme.extents import Extent
 from runtime.stores import CopyEngine, Pending, ShardKey, ShardStore
 
-STAGING_TERMS = {"params": "param_swap_buffers", "gradients": "gradient_swap_buffers",
-                 "optimizer_states": "optimizer_swap_buffers"}
+STAGING_TERMS = {"params": MemoryTerm.PARAM_SWAP_BUFFERS, "gradients": MemoryTerm.GRADIENT_SWAP_BUFFERS,
+                 "optimizer_states": MemoryTerm.OPTIMIZER_SWAP_BUFFERS}
 """Host-tier ledger term of each state's write staging (the memory model's names)."""
 
 
@@ -147,7 +148,7 @@ class NvmeStore(ShardStore):
         self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
         self._free_staging: list[AlignedBuffer] = []
         self._reads: list[Handle] = []
-        self._staging_term = STAGING_TERMS.get(self.name, "nvme_staging")
+        self._staging_term = STAGING_TERMS[self.name]
         self.num_write_buffers = swap.write_buffers.get(self.name, WRITE_STAGING_BUFFERS)
         self.largest_write_bytes = 0
         """Write staging: `num_write_buffers` buffers of the largest shard (see [Note: ordering of
