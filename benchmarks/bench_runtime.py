@@ -131,21 +131,31 @@ def deepspeed_step(model, x, y, *, batch: int, port: str, zero_optimization: dic
     return step
 
 
-def make_step(system: str, x, y):  # noqa: ANN001, ANN201 - torch tensors; returns a step callable
+def plain_step(model, x, y):  # noqa: ANN001, ANN201 - torch module and tensors; returns a step callable
+    """The same model with torch's fused AdamW and no runtime, on the inputs' device."""
     import torch
+
+    model = model.to(x.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
+
+    def step() -> float:
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.optimizer = f"torch AdamW fused ({x.device.type})"
+    return step
+
+
+def make_step(system: str, x, y):  # noqa: ANN001, ANN201 - torch tensors; returns a step callable
 
     model = build_model()
     if system in ("ours-cpu", "ours-device"):
         step, _ = ours_step(model, plan_doc(system.split("-")[1]), x, y)
     elif system == "plain":
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
-
-        def step() -> float:
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.item()
+        step = plain_step(model, x, y)
     elif system == "deepspeed":
         step = deepspeed_step(model, x, y, batch=BATCH, port="29611",
                               zero_optimization={"stage": 3, "offload_param": {"device": "cpu"},

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -27,7 +28,7 @@ from planner.memory_terms import MemoryTerm
 from runtime.collectives import Comm, Reduced, reduce_scatter_flat
 from runtime.flat_param import FlatLayout
 from runtime.ledger import MemoryLedger, nbytes
-from runtime.stores import Pending, ShardStore
+from runtime.stores import Pending, ShardStore, UnitKey
 
 
 class FinalGradient(ABC):
@@ -135,21 +136,24 @@ class UnitGradient(FinalGradient):
                            "optimizer: create runtime.AdamW(model, ...) before the first backward")
 
 
+@dataclass(eq=False, kw_only=True)
 class GradientSink(ABC):
     """One unit's gradients through a backward: filed as they arrive, reduce-scattered with several
     ranks, handed over once final. Subclasses say where they go."""
 
-    def __init__(self, *, key: str, layout: FlatLayout, num_grad_params: int, comm: Comm, ledger: MemoryLedger,
-                 link_bytes: dict[str, int]) -> None:
-        self.key = key
-        self.layout = layout
-        self.num_grad_params = num_grad_params
-        self.comm = comm
-        self.ledger = ledger
-        self.link_bytes = link_bytes
-        self._pending = num_grad_params
-        self._flat: torch.Tensor | None = None
-        """With several ranks: the unit's full flat gradient, collected for its reduce-scatter."""
+    key: UnitKey
+    layout: FlatLayout
+    num_grad_params: int
+    comm: Comm
+    ledger: MemoryLedger
+    link_bytes: dict[str, int]
+    _pending: int = field(init=False)
+    """Gradients still to arrive in this backward."""
+    _flat: torch.Tensor | None = field(init=False, default=None)
+    """With several ranks: the unit's full flat gradient, collected for its reduce-scatter."""
+
+    def __post_init__(self) -> None:
+        self._pending = self.num_grad_params
 
     def file(self, index: int, grad: torch.Tensor) -> bool:
         """File parameter `index`'s gradient, complete for this backward. True when it was the unit's

@@ -75,22 +75,15 @@ def test_missing_column_is_refused(tmp_path):
     _refused(_write(tmp_path, _raw_rows()[:3], header), "missing column", "micro_batch")
 
 
-def test_bad_number_is_refused(tmp_path):
+@pytest.mark.parametrize("row, column, value", [
+    (1, "measured_tflops_per_gpu", "37,05"),  # a number
+    (2, "num_gpus", "4.5"),  # a count
+    (0, "gpu_type", "MI300X"),  # a GPU type
+])
+def test_bad_value_is_refused(tmp_path, row, column, value):
     rows = _raw_rows()[:3]
-    rows[1]["measured_tflops_per_gpu"] = "37,05"
-    _refused(_write(tmp_path, rows), "row p002", "measured_tflops_per_gpu", "'37,05'")
-
-
-def test_bad_count_is_refused(tmp_path):
-    rows = _raw_rows()[:3]
-    rows[2]["num_gpus"] = "4.5"
-    _refused(_write(tmp_path, rows), "row p003", "num_gpus", "'4.5'")
-
-
-def test_unknown_gpu_type_is_refused(tmp_path):
-    rows = _raw_rows()[:3]
-    rows[0]["gpu_type"] = "MI300X"
-    _refused(_write(tmp_path, rows), "row p001", "gpu_type", "'MI300X'")
+    rows[row][column] = value
+    _refused(_write(tmp_path, rows), f"row p00{row + 1}", column, repr(value))
 
 
 def test_unknown_choice_and_missing_measurement_are_refused(tmp_path):

@@ -34,7 +34,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 from bench_nvme_step import GPU_HARDWARE  # noqa: E402
-from bench_runtime import DEEPSPEED_OPTIMIZER, LR, build_model, deepspeed_step, ours_step, plan_doc  # noqa: E402
+from bench_runtime import (  # noqa: E402
+    DEEPSPEED_OPTIMIZER,
+    LR,
+    build_model,
+    deepspeed_step,
+    ours_step,
+    plain_step,
+    plan_doc,
+)
+from kit import emit  # noqa: E402
 
 SIZES = {"small": (1024, 4096, 8, 4, 128), "large": (2048, 8192, 8, 8, 512)}
 """name -> (hidden, ffn, blocks, batch, tokens): small is DESIGN.md's (67 M params), large 268 M."""
@@ -62,23 +71,6 @@ def ensure_process_group() -> None:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("BENCH_PORT", "29641"))
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
-
-
-def plain_step(model, x, y):  # noqa: ANN001, ANN201
-    import torch
-
-    model = model.to(x.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
-
-    def step() -> float:
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
-
-    step.optimizer = f"torch AdamW fused ({x.device.type})"
-    return step
 
 
 def fsdp2_step(model, x, y):  # noqa: ANN001, ANN201
@@ -233,11 +225,7 @@ def main() -> int:
         doc |= parity_doc(runs[0])
     else:
         doc |= {"ok": True} | timing_doc(runs, MODES[args.mode])
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0 if doc["ok"] else 1
+    return emit(doc, args.out)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,15 @@ STAGES = {
 """Stage -> what it does, in run order (`run.sh` with no stage runs them all)."""
 
 
+def emit(doc: dict, out: Path | None) -> int:
+    """Print a stage's JSON document (and write it to `out`); the exit status says whether it is ok."""
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if out:
+        out.write_text(text)
+    return 0 if doc["ok"] else 1
+
+
 def distribution(import_name: str) -> str:
     return IMPORT_NAMES.get(import_name, import_name.replace("_", "-")).lower()
 

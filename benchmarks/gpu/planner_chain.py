@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from kit import emit
+
 MODEL = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "1024", "--vocab", "0", "--batch-per-gpu", "4"]
 """A 1.2 B-parameter GPT: its full-NVMe step moves about 20 GB, seconds on one drive."""
 CHAINS = {"searched": ([], 5), "zero-inf-cpu": (["--strategy", "zero-inf-cpu"], 5),
@@ -85,11 +87,7 @@ def main() -> int:
             doc["chains"][name] = chain(name, pins, hardware, args.work, args.nvme_path, args.steps or steps,
                                         args.model.split())
         doc["ok"] = all("error" not in c for c in doc["chains"].values())
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0 if doc["ok"] else 1
+    return emit(doc, args.out)
 
 
 if __name__ == "__main__":

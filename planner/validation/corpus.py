@@ -151,24 +151,23 @@ def gpu_family(text: str, where: str = "gpu type") -> str:
 
 
 def _integer(text: str, where: str) -> int | None:
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise PlannerError(f"{where}: {text!r} is not a whole number") from None
-    if not 1 <= value <= _MAX_COUNT:
-        raise PlannerError(f"{where}: {text!r} must be between 1 and {_MAX_COUNT:,}")
-    return value
+    return _number(text, where, integer=True)
 
 
 def _positive(text: str, where: str) -> float | None:
+    return _number(text, where, integer=False)
+
+
+def _number(text: str, where: str, *, integer: bool) -> float | None:
+    """An empty cell is None; a count is a whole number from 1 to _MAX_COUNT, a measurement finite and > 0."""
     if not text:
         return None
     try:
-        value = float(text)
+        value = int(text) if integer else float(text)
     except ValueError:
-        raise PlannerError(f"{where}: {text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
+        raise PlannerError(f"{where}: {text!r} is not a {'whole number' if integer else 'number'}") from None
+    if integer and not 1 <= value <= _MAX_COUNT:
+        raise PlannerError(f"{where}: {text!r} must be between 1 and {_MAX_COUNT:,}")
+    if not integer and (not math.isfinite(value) or value <= 0):
         raise PlannerError(f"{where}: {text!r} must be a finite number greater than 0")
     return value
