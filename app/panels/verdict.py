@@ -46,7 +46,7 @@ def candidates_frame(plans: list[Plan]) -> pd.DataFrame:
             "model parallel": plan.model_parallel_degree,
             "TFLOPS/GPU": pred.tflops_per_gpu if pred.feasible else None,
             "iteration (s)": pred.iteration_time_s if pred.feasible else None,
-            "bottleneck": pred.bottleneck,
+            "bottleneck": report.bottleneck_label(pred.bottleneck),
             "why not": pred.reason if not pred.feasible else "",
         })
     return pd.DataFrame(rows)
@@ -78,7 +78,7 @@ def render(result: SearchResult) -> Plan | None:
     cols[0].metric("Iteration time", report.fmt_seconds(pred.iteration_time_s))
     cols[1].metric("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}", help=f"paper accounting, eq. 7: {flops_rule}")
     cols[2].metric("Tokens per second", f"{pred.tokens_per_s:,.0f}")
-    cols[3].metric("Bottleneck", pred.bottleneck)
+    cols[3].metric("Bottleneck", report.bottleneck_label(pred.bottleneck))
     st.caption(METHOD_CAPTIONS[pred.method])
     downloads = st.columns(2)
     downloads[0].download_button(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from planner.errors import PlannerError
 from planner.phases import Phase
+from planner.report import bottleneck_label
 from planner.sim.report import SimResult
 from planner.units import GIB
 
@@ -115,7 +116,7 @@ def _title(result: SimResult) -> str:
     return (f"{plan.model.name} on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}, "
             f"batch/GPU {plan.micro_batch_per_gpu:g}, ci {plan.checkpoint_interval}, tiling {plan.tiling_factor}, "
             f"prefetch {plan.prefetch_depth}, mp {plan.model_parallel_degree}\nsimulated {p.iteration_time_s:.4g} s/iteration, "
-            f"{p.tflops_per_gpu:.3g} TFLOPS/GPU, bottleneck {p.bottleneck}   (bar height and row label: busy fraction)")
+            f"{p.tflops_per_gpu:.3g} TFLOPS/GPU, bottleneck {bottleneck_label(p.bottleneck)}   (bar height and row label: busy fraction)")
 
 
 def _zoom_window(result: SimResult) -> tuple[float, float]:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.plan import load_plan
-from planner.profile import compare, load_profile
+from planner.profile import ERROR_DEFINITION, compare, load_profile
 from tierwise.cli import options as o
 
 
@@ -39,8 +39,8 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
 
 
 def comparison_table(plan_path: Path, rows: list[dict], calibrated: bool) -> Table:
-    table = Table(title=f"{plan_path.name}: predicted vs measured")
-    cols = ["metric", "predicted", "measured", "relative error"]
+    table = Table(title=f"{plan_path.name}: predicted vs measured", caption=ERROR_DEFINITION, caption_justify="left")
+    cols = ["metric", "predicted", "measured", "error"]
     if calibrated:
         cols += ["calibrated", "error after"]
     for col in cols:

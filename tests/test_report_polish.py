@@ -1,0 +1,56 @@
+"""Terminal-width tables and the one bottleneck vocabulary (issue 27 item 7)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from planner.report import RESOURCE_LABELS, WORK_LABELS, bottleneck_label
+from planner.sim.timeline import ROW_ORDER
+
+
+def fit_output(columns: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns is not None:
+        env["COLUMNS"] = columns
+    proc = subprocess.run([sys.executable, "-m", "tierwise", "fit", "1T", "--gpus", "16"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("columns", ["80", "100"])
+def test_tables_fit_the_width_columns_asks_for(columns):
+    out = fit_output(columns)
+    assert max(len(line) for line in out.splitlines()) <= int(columns)
+    assert "Runner-up plans" in out and "not shown at this width" in out
+
+
+def test_piped_output_is_80_columns_without_columns_set():
+    out = fit_output(None)
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_wide_terminal_shows_every_runner_up_column():
+    out = fit_output("200")
+    assert "predicted by" in out and "ci/tiling/prefetch" in out and "not shown" not in out
+    assert max(len(line) for line in out.splitlines()) > 160  # not cut at 160 either
+
+
+def test_one_bottleneck_vocabulary_for_analytic_and_simulated_names():
+    assert bottleneck_label("compute") == bottleneck_label("gpu_compute") == "GPU compute"
+    assert bottleneck_label("optimizer (nvme)").startswith(bottleneck_label("nvme"))
+    assert bottleneck_label("optimizer (cpu)") == bottleneck_label("cpu_optimizer")
+    assert set(ROW_ORDER) <= set(RESOURCE_LABELS)
+    resources = set(RESOURCE_LABELS.values()) | {"PCIe"}
+    for label in WORK_LABELS.values():
+        assert label.split(" (")[0] in resources, label
+    assert bottleneck_label("something new") == "something new"
+
+
+def test_fit_tables_show_display_labels_not_json_values():
+    out = fit_output("200")
+    for raw in ("gpu_compute", "optimizer (nvme)", "│ compute "):
+        assert raw not in out
+    assert "NVMe" in out
