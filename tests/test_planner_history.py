@@ -80,9 +80,11 @@ def test_compare_history_and_dashboard_share_one_error_definition(tmp_path):
                                  check=True).stdout
     for out in (compare_out, history_out):
         assert "-75.0%" in out and "(predicted - measured) / measured" in out
+    assert "predicted for hardware dgx-h100" in compare_out  # which spec the prediction used
     compare_doc = json.loads(subprocess.run(
         env_cmd + ["compare", str(tmp_path / "plan.json"), str(tmp_path / "profile.json"), "--json"],
         capture_output=True, text=True, check=True).stdout)
+    assert compare_doc["hardware"] == {"predicted": "dgx-h100"}
     row = {r["metric"]: r for r in compare_doc["metrics"]}["iteration_time_s"]
     assert row["relative_error"] == pytest.approx(-0.75)
     runs = read_history(store).runs.set_index("metric")

@@ -38,8 +38,20 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
     return rows
 
 
-def comparison_table(plan_path: Path, rows: list[dict], calibrated: bool) -> Table:
-    table = Table(title=f"{plan_path.name}: predicted vs measured", caption=ERROR_DEFINITION, caption_justify="left")
+def hardware_used(plan_path: Path, hardware: str | None = None) -> dict[str, str]:
+    """The hardware spec each prediction was made for: the plan's, and the calibrated one if given."""
+    from planner.catalog import resolve_hardware
+
+    out = {"predicted": load_plan(plan_path).node.name}
+    if hardware is not None:
+        out["calibrated"] = resolve_hardware(hardware).name
+    return out
+
+
+def comparison_table(plan_path: Path, rows: list[dict], calibrated: bool, used: dict[str, str] | None = None) -> Table:
+    said = ", ".join(f"{which} for hardware {name}" for which, name in (used or {}).items())
+    caption = f"{said}\n{ERROR_DEFINITION}" if said else ERROR_DEFINITION
+    table = Table(title=f"{plan_path.name}: predicted vs measured", caption=caption, caption_justify="left")
     cols = ["metric", "predicted", "measured", "error"]
     if calibrated:
         cols += ["calibrated", "error after"]
@@ -72,10 +84,11 @@ def compare_command(
 
     def go() -> None:
         rows = comparison_rows(plan, profile, hardware)
+        used = hardware_used(plan, hardware)
         if as_json:
-            print(json.dumps({"plan": str(plan), "profile": str(profile), "metrics": rows}, indent=2))
+            print(json.dumps({"plan": str(plan), "profile": str(profile), "hardware": used, "metrics": rows}, indent=2))
         else:
-            Console().print(comparison_table(plan, rows, hardware is not None))
+            Console().print(comparison_table(plan, rows, hardware is not None, used))
 
     o.exit_on_error(go)
 
