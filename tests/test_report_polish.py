@@ -54,3 +54,30 @@ def test_fit_tables_show_display_labels_not_json_values():
     for raw in ("gpu_compute", "optimizer (nvme)", "│ compute "):
         assert raw not in out
     assert "NVMe" in out
+
+
+@pytest.mark.parametrize(("model", "hardware", "gpus"), [("1.4B", "h200-x1", 1), ("1T", "dgx-h100", 16)])
+def test_timeline_titles_and_legends_cover_no_ticks_or_bars(monkeypatch, tmp_path, model, hardware, gpus):
+    import matplotlib.pyplot as plt
+
+    from planner.catalog import resolve_hardware, resolve_model
+    from planner.search import SearchRequest, search
+    from planner.sim import simulate
+    from planner.sim.timeline import draw
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to measure it
+    plan = search(SearchRequest(model=resolve_model(model), node=resolve_hardware(hardware), num_gpus=gpus)).best
+    draw(simulate(plan), tmp_path / "t.png")
+    fig = figures[0]
+    renderer = fig.canvas.get_renderer()
+    full, zoom, gpu_ax, cpu_ax = fig.axes
+    plots = [ax.get_window_extent(renderer) for ax in fig.axes]
+    assert not zoom.title.get_window_extent(renderer).overlaps(full.xaxis.get_tightbbox(renderer))
+    for ax in (zoom, gpu_ax, cpu_ax):
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert not any(legend.overlaps(plot) for plot in plots)
+        assert not legend.overlaps(zoom.title.get_window_extent(renderer))
+    for upper, lower in zip(fig.axes, fig.axes[1:], strict=False):  # each chart's tick labels clear the next one's legend
+        assert not upper.xaxis.get_tightbbox(renderer).overlaps(lower.get_legend().get_window_extent(renderer))
+    plt.close(fig)
