@@ -119,20 +119,41 @@ def prediction_table(plan: Plan) -> Table:
     return table
 
 
-def candidates_table(plans: list[Plan], title: str, width: int | None = None) -> Table:
+def bound_note(plans: list[Plan], winner: Plan) -> str:
+    """What the bounds of `candidates_table` mean, and whether the winner beats them all."""
+    bounds = [p for p in plans if is_bound(p, winner)]
+    beaten = all(_pred(p).tokens_per_s <= _pred(winner).tokens_per_s for p in bounds)
+    return ("<= / >=: analytic bounds (perfect overlap, peak efficiency), which simulation only lowers; "
+            + ("the simulated winner's tokens/s is above every bound" if beaten else
+               "a bound above the winner's simulated tokens/s may still be slower: planner simulate it to compare"))
+
+
+def is_bound(plan: Plan, winner: Plan | None) -> bool:
+    """[Note: runner-up bounds] Runner-ups keep their analytic prediction (simulating them would
+    double `planner fit`'s time) while a refined winner is simulated. The analytic rate bounds the
+    simulated one from above ([Note: analytic bound] in planner/sim/refine.py), so beside a
+    simulated winner an analytic runner-up is shown as a bound, never ranked against it as equal."""
+    return winner is not None and _pred(winner).method == "simulated" and _pred(plan).method == "analytic"
+
+
+def candidates_table(plans: list[Plan], title: str, width: int | None = None, *, winner: Plan | None = None) -> Table:
     """One row per plan; on a terminal narrower than the table the least useful columns go first
-    (named in the caption), and what is left wraps."""
+    (named in the caption), and what is left wraps. Beside a simulated `winner`, analytic rows are
+    bounds (see `is_bound`)."""
+    at_most = ["<= " if is_bound(p, winner) else "" for p in plans]
+    at_least = [">= " if m else "" for m in at_most]
     columns: list[tuple[str, list[str]]] = [
         ("strategy", [p.strategy for p in plans]),
         ("placement P/G/O/A", [_placement_cell(p) for p in plans]),
-        ("TFLOPS/GPU", [f"{_pred(p).tflops_per_gpu:,.1f}" for p in plans]),
-        ("iteration", [fmt_seconds(_pred(p).iteration_time_s) for p in plans]),
+        ("TFLOPS/GPU", [f"{m}{_pred(p).tflops_per_gpu:,.1f}" for m, p in zip(at_most, plans, strict=True)]),
+        ("tokens/s", [f"{m}{_pred(p).tokens_per_s:,.0f}" for m, p in zip(at_most, plans, strict=True)]),
+        ("iteration", [f"{m}{fmt_seconds(_pred(p).iteration_time_s)}" for m, p in zip(at_least, plans, strict=True)]),
         ("bottleneck", [bottleneck_label(_pred(p).bottleneck) for p in plans]),
         ("batch/GPU", [f"{p.micro_batch_per_gpu:g}" for p in plans]),
         ("ci/tiling/prefetch", [f"{p.checkpoint_interval}/{p.tiling_factor}/{p.prefetch_depth}" for p in plans]),
         ("predicted by", [_pred(p).method for p in plans]),
     ]
-    return fitted_table(title, columns, width)
+    return fitted_table(title, columns, width, note=bound_note(plans, winner) if winner and any(at_most) else None)
 
 
 def fitted_table(title: str, columns: list[tuple[str, list[str]]], width: int | None, *,

@@ -81,3 +81,28 @@ def test_timeline_titles_and_legends_cover_no_ticks_or_bars(monkeypatch, tmp_pat
     for upper, lower in zip(fig.axes, fig.axes[1:], strict=False):  # each chart's tick labels clear the next one's legend
         assert not upper.xaxis.get_tightbbox(renderer).overlaps(lower.get_legend().get_window_extent(renderer))
     plt.close(fig)
+
+
+def test_analytic_runner_ups_are_bounds_beside_a_simulated_winner():
+    from planner.catalog import resolve_hardware, resolve_model
+    from planner.report import bound_note, candidates_table, is_bound
+    from planner.search import SearchRequest, search
+    from planner.sim.refine import refine
+
+    result = refine(search(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16)))
+    winner, runners = result.best, result.runners_up()
+    assert winner.prediction.method == "simulated"
+    assert [is_bound(p, winner) for p in runners] == [p.prediction.method == "analytic" for p in runners]
+    assert any(is_bound(p, winner) for p in runners)
+    assert bound_note(runners, winner).endswith("the simulated winner's tokens/s is above every bound")
+    faster = runners[0].replace(prediction=runners[0].prediction.__class__.from_dict(
+        {**runners[0].prediction.to_dict(), "tokens_per_s": winner.prediction.tokens_per_s * 2}, "test"))
+    assert "may still be slower: planner simulate it to compare" in bound_note([faster], winner)
+    analytic_winner = winner.replace(prediction=runners[0].prediction)  # nothing simulated: nothing is a bound
+    assert not any(is_bound(p, analytic_winner) for p in runners)
+    assert candidates_table(runners, "t", 200, winner=analytic_winner).caption is None
+
+
+def test_fit_marks_runner_up_bounds_and_keeps_its_winner():
+    out = fit_output("200")
+    assert "<= 309.5" in out and ">= 852.52 s" in out and "Predicted (simulated)" in out and "824.43 s" in out
