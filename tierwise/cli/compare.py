@@ -38,19 +38,33 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
     return rows
 
 
-def hardware_used(plan_path: Path, hardware: str | None = None) -> dict[str, str]:
-    """The hardware spec each prediction was made for: the plan's, and the calibrated one if given."""
+def hardware_used(plan_path: Path, profile_path: Path, hardware: str | None = None) -> dict[str, str]:
+    """The hardware spec each prediction was made for (the plan's, and the calibrated one if given)
+    and the device the run measured on, when the profile says."""
     from planner.catalog import resolve_hardware
 
     out = {"predicted": load_plan(plan_path).node.name}
     if hardware is not None:
         out["calibrated"] = resolve_hardware(hardware).name
+    device = load_profile(profile_path).details.get("device")
+    if isinstance(device, str):
+        out["measured_device"] = device
     return out
 
 
+def hardware_caption(plan_path: Path, used: dict[str, str]) -> str:
+    said = [f"{which} for hardware {name}" for which, name in used.items() if which != "measured_device"]
+    if "measured_device" in used:
+        said.append(f"measured on device {used['measured_device']}")
+    lines = [", ".join(said)]
+    if used.get("measured_device", "").startswith("cpu") and not load_plan(plan_path).node.host_is_device:
+        lines.append(f"the run used the CPU but the prediction is for {used['predicted']}'s GPUs: "
+                     "the errors compare different machines")
+    return "\n".join([*lines, ERROR_DEFINITION])
+
+
 def comparison_table(plan_path: Path, rows: list[dict], calibrated: bool, used: dict[str, str] | None = None) -> Table:
-    said = ", ".join(f"{which} for hardware {name}" for which, name in (used or {}).items())
-    caption = f"{said}\n{ERROR_DEFINITION}" if said else ERROR_DEFINITION
+    caption = hardware_caption(plan_path, used) if used else ERROR_DEFINITION
     table = Table(title=f"{plan_path.name}: predicted vs measured", caption=caption, caption_justify="left")
     cols = ["metric", "predicted", "measured", "error"]
     if calibrated:
@@ -84,7 +98,7 @@ def compare_command(
 
     def go() -> None:
         rows = comparison_rows(plan, profile, hardware)
-        used = hardware_used(plan, hardware)
+        used = hardware_used(plan, profile, hardware)
         if as_json:
             print(json.dumps({"plan": str(plan), "profile": str(profile), "hardware": used, "metrics": rows}, indent=2))
         else:
