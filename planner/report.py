@@ -74,7 +74,7 @@ def memory_table(plan: Plan, title: str = "Memory per tier") -> Table:
     assert pred is not None
     table = Table(title=title, title_justify="left")
     for col in ("tier", "needs", "capacity", "use", "largest terms"):
-        table.add_column(col, justify="right" if col in ("needs", "capacity", "use") else "left")
+        table.add_column(col, justify="right" if col in ("needs", "capacity", "use") else "left", overflow="fold")
     for tier in TIERS:
         need, cap = pred.peak_bytes[tier], pred.capacity_bytes[tier]
         terms = sorted(pred.memory_terms.get(tier, {}).items(), key=lambda kv: -kv[1])[:4]
@@ -96,7 +96,7 @@ def terms_table(plan: Plan) -> Table:
     assert pred is not None
     table = Table(title="Memory bill (every term)", title_justify="left")
     for col in ("tier", "term", "bytes", "formula"):
-        table.add_column(col, justify="right" if col == "bytes" else "left")
+        table.add_column(col, justify="right" if col == "bytes" else "left", overflow="fold")
     for tier in TIERS:
         for name, nbytes in pred.memory_terms.get(tier, {}).items():
             table.add_row(f"{tier} ({TIER_UNIT[tier]})", name, f"{nbytes:,}", describe(name))
@@ -108,8 +108,8 @@ def prediction_table(plan: Plan) -> Table:
     assert pred is not None and pred.feasible
     flops_rule = "8 x tokens x params" if plan.checkpoint_interval else "6 x tokens x params"
     table = Table(title=f"Predicted ({pred.method})", title_justify="left", show_header=False)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("metric", overflow="fold")
+    table.add_column("value", justify="right", overflow="fold")
     table.add_row("iteration time", fmt_seconds(pred.iteration_time_s))
     table.add_row("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}  (paper accounting, eq. 7: {flops_rule})")
     table.add_row("tokens per second", f"{pred.tokens_per_s:,.0f}")
@@ -192,7 +192,7 @@ def _placement_cell(plan: Plan) -> str:
 def rejected_table(plans: list[Plan], title: str = "Why nothing fits (best try per placement)") -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("strategy", "placement", "reason"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for plan in plans:
         assert plan.prediction is not None
         table.add_row(plan.strategy, plan.placement.label(), plan.prediction.reason)

@@ -106,3 +106,19 @@ def test_analytic_runner_ups_are_bounds_beside_a_simulated_winner():
 def test_fit_marks_runner_up_bounds_and_keeps_its_winner():
     out = fit_output("200")
     assert "<= 309.5" in out and ">= 852.52 s" in out and "Predicted (simulated)" in out and "824.43 s" in out
+
+
+@pytest.mark.parametrize("args", [["fit", "1T", "--gpus", "16"], ["memory", "1T"], ["models"], ["hardware", "dgx-h100"],
+                                  ["simulate", "PLAN"]])
+def test_no_table_cuts_a_word_at_80_columns(tmp_path, args):
+    if args[-1] == "PLAN":
+        plan = tmp_path / "plan.json"
+        subprocess.run([sys.executable, "-m", "tierwise", "fit", "1.4B", "--gpus", "1", "--hardware", "h200-x1", "--out",
+                        str(plan)], check=True, capture_output=True, timeout=120)
+        args = [*args[:-1], str(plan)]
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout and max(len(line) for line in proc.stdout.splitlines()) <= 80
+    if args[0] == "simulate":
+        assert "GPU compute" in proc.stdout and "gpu_compute" not in proc.stdout  # the one vocabulary

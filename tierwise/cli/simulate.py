@@ -75,12 +75,16 @@ def print_prediction(plan: Plan) -> None:
                   f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{report.bottleneck_label(p.bottleneck)}[/]")
     console.print("phases: " + ", ".join(f"{k} {v:.4g} s" for k, v in p.phase_time_s.items()))
     resources = Table("resource", "scope", "busy", "moved", title="resources")
+    for column in resources.columns:
+        column.overflow = "fold"
     for name, r in sorted(p.details["resources"].items(), key=lambda kv: -kv[1]["busy_fraction"]):
         moved = f"{r['amount'] / GIB:,.1f} GiB" if r["unit"] == "bytes" else f"{r['amount']:.4g} {r['unit']}"
-        resources.add_row(name, r["scope"], f"{r['busy_fraction']:.0%}", moved)
+        resources.add_row(report.bottleneck_label(name), r["scope"], f"{r['busy_fraction']:.0%}", moved)
     console.print(resources)
     memory = Table("tier", "bill", "simulated peak", "capacity", "in use at the simulated peak (GiB)",
                    title="memory (the bill decides the verdict; the simulation shows what is live when)")
+    for column in memory.columns:
+        column.overflow = "fold"
     simulated, simulated_terms = p.details["simulated_peak_bytes"], p.details["simulated_memory_terms"]
     for tier, peak in p.peak_bytes.items():
         terms = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(simulated_terms.get(tier, {}).items(), key=lambda kv: -kv[1]))
