@@ -8,8 +8,11 @@ count) or by the workers before training (memory that is not there), always as o
 `--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt; not the activation
 checkpoints of `--checkpoint-interval`) and lets torchrun restart failed workers (`--max-restarts`,
 default 3 with checkpoints, 0 without), which resume from the newest complete training checkpoint;
-`--resume` continues a run that was stopped.
-This module imports no torch: the workers do.
+`--resume` continues a run that was stopped. `--nvme-path DIR` overrides the plan's swap directory
+(created when its parent exists). Before launching, `machine` names a missing runtime extra in one
+line and compares the plan's hardware with this machine (a one-line warning, or the real cause of
+a refusal). This module imports no torch at import time; `machine.this_machine` does, once the run
+is about to need it anyway.
 """
 
 from __future__ import annotations
