@@ -99,3 +99,20 @@ def test_run_cli_refuses_an_8_gpu_plan_here_before_any_worker(tmp_path):
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "error: this machine has no CUDA device" in out.stderr and "offload less" not in out.stderr
     assert json.loads(path.read_text())["hardware"]["name"] == "dgx-h100"
+
+
+@pytest.mark.slow
+def test_run_with_nvme_path_trains_with_the_created_directory(tmp_path):
+    from runtime_support import ALL_CPU, plan_doc
+
+    doc = plan_doc(placement={**ALL_CPU, "params": "nvme", "optimizer_states": "nvme"})  # no nvme_path
+    doc["model"]["vocab_size"] = 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    swap, profile = tmp_path / "swap", tmp_path / "profile.json"
+    out = _planner("run", str(plan), "--steps", "2", "--nvme-path", str(swap), "--no-history",
+                   "--profile-out", str(profile))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert swap.is_dir()
+    assert json.loads(profile.read_text())["plan"]["nvme_path"] == str(swap)  # the workers ran the plan as given
+    assert "nvme_path" not in json.loads(plan.read_text())  # the user's plan file is left as it was
