@@ -40,6 +40,6 @@ def analytic(plan: Plan) -> Plan:
 @st.cache_data(max_entries=16 * CACHE_ENTRIES, show_spinner=False)  # one int per curve point
 def max_params(strategy: str, hardware_key: str, num_gpus: int, seq_len: int) -> int:
     """Largest trainable parameter count (0: not even the smallest model fits)."""
-    hardware, overrides = json.loads(hardware_key)
-    node = node_spec(hardware, tuple((k, v) for k, v in overrides))
+    hardware, overrides, document = json.loads(hardware_key)
+    node = node_spec(hardware, tuple((k, v) for k, v in overrides), document)
     return max_size(strategy, node, num_gpus, seq_len=seq_len, with_plan=False).max_params

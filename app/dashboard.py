@@ -25,7 +25,7 @@ def main() -> None:
     st.title("Tierwise: what fits, where, and how fast")
     inputs = read_sidebar()
     try:
-        model, node = model_spec(inputs), node_spec(inputs.hardware, inputs.overrides)
+        model, node = model_spec(inputs), node_spec(inputs.hardware, inputs.overrides, inputs.hardware_document)
         result = compute.search_result(inputs.to_json())
     except PlannerError as exc:
         st.error(str(exc))  # one line naming the value, as the CLI prints it; never a traceback

@@ -17,6 +17,7 @@ import pandas as pd
 
 from planner.history import COLUMN_NAMES, default_store_path
 from planner.plan import TIERS
+from planner.profile import relative_error
 
 HISTORY_ENV = "TIERWISE_HISTORY"
 """Overrides the default store (the user's cache directory), like `planner history --store`."""
@@ -26,7 +27,7 @@ METRICS: dict[str, tuple[str, str]] = {
     **{f"peak_bytes.{t}": (f"predicted_peak_{t}_bytes", f"measured_peak_{t}_bytes") for t in TIERS},
 }
 COLUMNS = ["run", "recorded_at", "model", "hardware", "num_gpus", "strategy", "placement", "method", "metric",
-           "predicted", "measured"]
+           "predicted", "measured", "error"]
 
 
 def default_history_path() -> Path:
@@ -67,7 +68,8 @@ def read_history(path: Path) -> History:
         for metric, (predicted, measured) in METRICS.items():
             p, m = getattr(run, predicted), getattr(run, measured)
             if pd.notna(p) and pd.notna(m):
-                rows.append({**common, "metric": metric, "predicted": float(p), "measured": float(m)})
+                rows.append({**common, "metric": metric, "predicted": float(p), "measured": float(m),
+                             "error": relative_error(float(p), float(m))})
     if not rows:
         return History(empty, f"The {len(frame)} run(s) in {path} have no measured numbers to compare.")
     return History(pd.DataFrame(rows, columns=COLUMNS), "")

@@ -39,11 +39,15 @@ def read_sidebar() -> Inputs:
     bar = st.sidebar
     bar.header("Model")
     mode = bar.radio("Model given as", MODEL_MODES, key="model_mode", horizontal=True)
+    local = served_locally()
+    model_document = None
     if mode == MODEL_MODES[0]:
         model = bar.text_input(
-            "Size, preset or JSON file", value=DEFAULT_MODEL, key="model",
-            help=f"A size like 1T, 175B or 1.4B, or a preset: {known_model_names()}",
+            "Size, preset or JSON file" if local else "Size or preset", value=DEFAULT_MODEL, key="model",
+            help=f"A size like 1T, 175B or 1.4B, or a preset: {known_model_names()}"
+                 + ("" if local else ". Served beyond localhost, the page reads no server files: upload one below."),
         ).strip()
+        model_document = _upload(bar, "...or upload a model JSON or Hugging Face config.json", "model_upload")
         layers = hidden = heads = None
     else:
         model = ""
@@ -55,22 +59,9 @@ def read_sidebar() -> Inputs:
     bar.header("Hardware")
     presets = list(hardware_presets())
     hardware = bar.selectbox("Node preset", presets, index=presets.index(DEFAULT_HARDWARE), key="hardware")
-    overrides: list[tuple[str, float | str]] = []
-    with bar.expander("Overrides: every capacity and bandwidth"):
-        doc = preset_document(hardware)
-        for key in overridable_keys(hardware):
-            # Keyed by preset, so switching presets starts from that preset's own numbers.
-            if key in CHOICE_KEYS:
-                choices = CHOICE_KEYS[key]
-                value = st.selectbox(override_label(key), choices, index=choices.index(doc[key]), key=f"hw:{hardware}:{key}")
-            else:
-                integer = isinstance(doc[key], int)
-                value = st.number_input(
-                    override_label(key), value=doc[key] if integer else float(doc[key]),
-                    step=1 if integer else None, format=None if integer else "%g", key=f"hw:{hardware}:{key}",
-                )
-            if value != doc[key]:
-                overrides.append((key, value))
+    hardware_document = _upload(bar, "...or upload a hardware JSON (`planner probe --out`)", "hardware_upload")
+    # An uploaded spec is edited in its file; the overrides start from a preset's own numbers.
+    overrides = _hardware_overrides(bar, hardware) if hardware_document is None else []
     gpus = bar.number_input("Number of GPUs", value=DEFAULT_GPUS, step=1, key="gpus")
 
     bar.header("Training")
@@ -85,7 +76,7 @@ def read_sidebar() -> Inputs:
     )
     mp = bar.selectbox("Model-parallel degree", MODEL_PARALLEL_CHOICES, key="model_parallel")
     refine = bar.toggle(
-        "Rank the top plans by simulation", key="refine", value=True,
+        "Rank the top plans by simulation", key="refine", value=True,  # on, as docs/dashboard.md says
         help="As `planner fit` does (so the page and the CLI agree): the best plan of each of the 8 best placements "
              "is simulated (discrete-event) and re-ranked. Off, the faster analytic estimate ranks.",
     )
@@ -110,7 +101,44 @@ def read_sidebar() -> Inputs:
         precision=precision,
         optimizer_step="in_backward" if in_backward else "after_backward",
         refine=refine,
+        model_document=model_document if mode == MODEL_MODES[0] else None,
+        hardware_document=hardware_document,
+        server_files=local,
     )
+
+
+LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+
+
+def served_locally() -> bool:
+    """True when the server listens on the loopback interface only (`planner dashboard` without
+    `--address`); a bare `streamlit run` binds every interface, so it counts as served beyond."""
+    return (st.get_option("server.address") or "") in LOCAL_ADDRESSES
+
+
+def _upload(bar, label: str, key: str) -> str | None:  # noqa: ANN001
+    upload = bar.file_uploader(label, type=["json"], key=key)
+    return None if upload is None else upload.getvalue().decode("utf-8", errors="replace")
+
+
+def _hardware_overrides(bar, hardware: str) -> list[tuple[str, float | str]]:  # noqa: ANN001
+    overrides: list[tuple[str, float | str]] = []
+    with bar.expander("Overrides: every capacity and bandwidth"):
+        doc = preset_document(hardware)
+        for key in overridable_keys(hardware):
+            # Keyed by preset, so switching presets starts from that preset's own numbers.
+            if key in CHOICE_KEYS:
+                choices = CHOICE_KEYS[key]
+                value = st.selectbox(override_label(key), choices, index=choices.index(doc[key]), key=f"hw:{hardware}:{key}")
+            else:
+                integer = isinstance(doc[key], int)
+                value = st.number_input(
+                    override_label(key), value=doc[key] if integer else float(doc[key]),
+                    step=1 if integer else None, format=None if integer else "%g", key=f"hw:{hardware}:{key}",
+                )
+            if value != doc[key]:
+                overrides.append((key, value))
+    return overrides
 
 
 def _whole(value: float | int | None) -> int | float | None:

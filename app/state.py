@@ -12,10 +12,14 @@ one-line message.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from planner import hf_config
 from planner.catalog import DEFAULT_HARDWARE, hardware_presets, resolve_model
+from planner.errors import PlannerError
 from planner.hardware import NVME_READ_WRITE, NodeSpec
 from planner.model import ModelSpec
 from planner.plan import STATES
@@ -49,7 +53,15 @@ class Inputs:
     optimizer_step: str = "after_backward"
     """`Plan.optimizer_step`, never searched (it changes what the training loop may do)."""
     refine: bool = False
-    """Re-rank the top placements by simulation, as `planner fit` does (slower: see docs/dashboard.md)."""
+    """Re-rank the top placements by simulation, as `planner fit` does (the sidebar sets it on; see
+    docs/dashboard.md)."""
+    model_document: str | None = None
+    """An uploaded model JSON or Hugging Face config.json (its text): the model, instead of `model`."""
+    hardware_document: str | None = None
+    """An uploaded hardware JSON (its text): the node, instead of the `hardware` preset."""
+    server_files: bool = False
+    """Whether the model field may name a file on the server: only when the dashboard is served on
+    localhost (a file's values come back in error messages, so nobody else may choose the file)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -66,22 +78,55 @@ class Inputs:
         return replace(self, strategy=None, placement_pins=())
 
     def hardware_key(self) -> str:
-        return json.dumps([self.hardware, list(self.overrides)])
+        return json.dumps([self.hardware, list(self.overrides), self.hardware_document])
 
 
 def model_spec(inputs: Inputs) -> ModelSpec:
+    if inputs.model_document is not None:
+        spec = model_from_upload(inputs.model_document)
+        return spec.replace(seq_len=inputs.seq_len) if inputs.seq_len is not None else spec
+    if inputs.model is not None and not inputs.server_files and names_a_file(inputs.model):
+        raise PlannerError("the model field takes a size or a preset name when the dashboard is served beyond "
+                           "localhost (it reads no files on the server); upload the model JSON or config.json instead")
     return resolve_model(
         inputs.model, layers=inputs.num_layers, hidden=inputs.hidden_size, heads=inputs.num_heads, seq=inputs.seq_len
     )
+
+
+def names_a_file(text: str) -> bool:
+    """What `planner.catalog` would read as a file: a document suffix, a path, or an existing file."""
+    text = text.strip()
+    return text.lower().endswith((".json", ".yaml", ".yml")) or "/" in text or os.sep in text or Path(text).exists()
+
+
+def uploaded_document(text: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlannerError(f"the uploaded {what} file is not JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(doc, dict):
+        raise PlannerError(f"the uploaded {what} file must hold a JSON object")
+    return doc
+
+
+def model_from_upload(text: str) -> ModelSpec:
+    doc, where = uploaded_document(text, "model"), "uploaded model file"
+    if hf_config.is_hf_config(doc):
+        return hf_config.spec_from_hf_config(doc, name=hf_config.describe("uploaded config.json", doc, where), where=where)
+    return ModelSpec.from_dict(doc, where)
 
 
 def preset_document(hardware: str) -> dict[str, Any]:
     return hardware_presets()[hardware.lower()].to_dict()
 
 
-def node_spec(hardware: str, overrides: tuple[tuple[str, float | str], ...]) -> NodeSpec:
-    """The preset with the overridden document keys; the library validates and converts units."""
-    preset = hardware_presets()[hardware.lower()]
+def node_spec(hardware: str, overrides: tuple[tuple[str, float | str], ...], document: str | None = None) -> NodeSpec:
+    """The preset (or the uploaded hardware document) with the overridden document keys; the library
+    validates and converts units."""
+    if document is not None:
+        preset = NodeSpec.from_dict(uploaded_document(document, "hardware"), "uploaded hardware file")
+    else:
+        preset = hardware_presets()[hardware.lower()]
     if not overrides:
         return preset
     doc = preset.to_dict()
@@ -93,7 +138,7 @@ def node_spec(hardware: str, overrides: tuple[tuple[str, float | str], ...]) -> 
 def search_request(inputs: Inputs) -> SearchRequest:
     return SearchRequest(
         model=model_spec(inputs),
-        node=node_spec(inputs.hardware, inputs.overrides),
+        node=node_spec(inputs.hardware, inputs.overrides, inputs.hardware_document),
         num_gpus=inputs.num_gpus,
         strategy=inputs.strategy,
         placement_pins=dict(inputs.placement_pins),

@@ -131,6 +131,18 @@ def _table(doc: Any, names: tuple[str, ...], where: str, *, integer: bool) -> di
 
 
 # -- compare ---------------------------------------------------------------------------------
+ERROR_DEFINITION = "error = (predicted - measured) / measured"
+"""The one definition of a prediction's error (compare, history, the dashboard): positive when the
+planner over-predicts, in units of what was measured."""
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured; None when either is missing or infinite, or nothing was measured."""
+    if predicted is None or measured is None or not math.isfinite(predicted) or not math.isfinite(measured):
+        return None
+    return None if measured == 0 else (predicted - measured) / measured
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MetricComparison:
     metric: str
@@ -140,10 +152,8 @@ class MetricComparison:
 
     @property
     def relative_error(self) -> float | None:
-        """(measured - predicted) / predicted; None when nothing was predicted (0)."""
-        if self.predicted == 0 or not math.isfinite(self.predicted) or not math.isfinite(self.measured):
-            return None
-        return (self.measured - self.predicted) / self.predicted
+        """See `ERROR_DEFINITION`."""
+        return relative_error(self.predicted, self.measured)
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "predicted": _finite(self.predicted), "measured": _finite(self.measured),

@@ -34,7 +34,8 @@ def test_dashboard_becomes_the_streamlit_server(monkeypatch):
     assert result.exit_code == 0
     path, argv = calls[0]
     assert path == sys.executable and argv[0] == sys.executable
-    assert argv[-6:] == ["--client.toolbarMode", "viewer", "--server.port", "8601", "--server.runOnSave", "true"]
+    assert argv[-8:] == ["--client.toolbarMode", "viewer", "--server.port", "8601", "--server.address", "127.0.0.1",
+                         "--server.runOnSave", "true"]  # this machine only, unless --address says otherwise
 
 
 def test_bad_port_is_a_user_error():

@@ -74,7 +74,7 @@ def test_default_view_is_the_library_answer_for_1t_on_16_gpus(app):
         "Iteration time": report.fmt_seconds(pred.iteration_time_s),
         "TFLOPS per GPU": f"{pred.tflops_per_gpu:,.1f}",
         "Tokens per second": f"{pred.tokens_per_s:,.0f}",
-        "Bottleneck": pred.bottleneck,
+        "Bottleneck": report.bottleneck_label(pred.bottleneck),  # the one display vocabulary
     }
     assert app.markdown[0].value == f"**Plan** {report.plan_line(best)}"
     assert [t.label for t in app.tabs] == list(TABS)
@@ -131,7 +131,7 @@ def test_timeline_panel_shows_the_simulation(app):
     analytic = predict(best.replace(prediction=None)).prediction
     assert comparison.loc["iteration time", "analytic"] == report.fmt_seconds(analytic.iteration_time_s)
     assert comparison.loc["iteration time", "simulated"] == report.fmt_seconds(sim.iteration_time_s)
-    assert comparison.loc["bottleneck", "simulated"] == sim.bottleneck
+    assert comparison.loc["bottleneck", "simulated"] == report.bottleneck_label(sim.bottleneck)
     utilisation, gantt, memory_over_time = (json.loads(c.proto.spec) for c in panel.get("vega_lite_chart"))
     assert utilisation["encoding"]["x"]["field"] == "busy"
     assert memory_over_time["facet"]["row"]["field"] == "tier"
@@ -234,7 +234,7 @@ def test_ranking_by_simulation_reports_what_planner_fit_reports(app):
         "Iteration time": report.fmt_seconds(best.prediction.iteration_time_s),
         "TFLOPS per GPU": f"{best.prediction.tflops_per_gpu:,.1f}",
         "Tokens per second": f"{best.prediction.tokens_per_s:,.0f}",
-        "Bottleneck": best.prediction.bottleneck,
+        "Bottleneck": report.bottleneck_label(best.prediction.bottleneck),
     }
     assert "discrete-event simulator" in app.caption[1].value
     comparison = tab(app, "Timeline").dataframe[0].value.set_index("")

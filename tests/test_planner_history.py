@@ -54,3 +54,40 @@ def test_history_command(tmp_path):
     assert "paper-1.4b" in out and "dgx-h100" in out
     rows = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True).stdout)
     assert rows[0]["measured_iteration_time_s"] == 2.0
+
+
+def test_compare_history_and_dashboard_share_one_error_definition(tmp_path):
+    """One run, three views, one number: (predicted - measured) / measured, said in the output."""
+    import subprocess
+    import sys
+
+    from app.history import read_history
+    from planner.plan import Prediction
+    from planner.profile import Profile
+
+    plan = _plan()
+    measured = plan.prediction.iteration_time_s * 4  # the planner predicted a quarter: -75.0%
+    profile = Profile(measured=Prediction(feasible=True, iteration_time_s=measured, tflops_per_gpu=1.0,
+                                          tokens_per_s=1.0, method="measured"), samples=(), warmup_steps=0,
+                      details={"device": "cpu"})
+    plan.save(tmp_path / "plan.json")
+    profile.save(tmp_path / "profile.json")
+    store = tmp_path / "h.sqlite"
+    RunHistory(store).append(plan, profile.to_dict())
+    env_cmd = [sys.executable, "-m", "tierwise"]
+    compare_out = subprocess.run(env_cmd + ["compare", str(tmp_path / "plan.json"), str(tmp_path / "profile.json")],
+                                 capture_output=True, text=True, check=True).stdout
+    history_out = subprocess.run(env_cmd + ["history", "--store", str(store)], capture_output=True, text=True,
+                                 check=True).stdout
+    for out in (compare_out, history_out):
+        assert "-75.0%" in out and "(predicted - measured) / measured" in out
+    assert "predicted for hardware dgx-h100, measured on device cpu" in compare_out  # which spec, which device
+    assert "the run used the CPU but the prediction is for dgx-h100's GPUs" in " ".join(compare_out.split())
+    compare_doc = json.loads(subprocess.run(
+        env_cmd + ["compare", str(tmp_path / "plan.json"), str(tmp_path / "profile.json"), "--json"],
+        capture_output=True, text=True, check=True).stdout)
+    assert compare_doc["hardware"] == {"predicted": "dgx-h100", "measured_device": "cpu"}
+    row = {r["metric"]: r for r in compare_doc["metrics"]}["iteration_time_s"]
+    assert row["relative_error"] == pytest.approx(-0.75)
+    runs = read_history(store).runs.set_index("metric")
+    assert runs.loc["iteration_time_s", "error"] == pytest.approx(-0.75)

@@ -60,8 +60,9 @@ def test_compare_reports_relative_error_per_metric() -> None:
     rows = {r.metric: r for r in compare(plan, _profile())}
     row = rows["iteration_time_s"]
     assert row.measured == 0.5
-    assert row.relative_error == pytest.approx((0.5 - plan.prediction.iteration_time_s) / plan.prediction.iteration_time_s)
-    assert rows["peak_bytes.nvme"].relative_error is None  # nothing predicted
+    # One definition everywhere (compare, history, dashboard): (predicted - measured) / measured.
+    assert row.relative_error == pytest.approx((plan.prediction.iteration_time_s - 0.5) / 0.5)
+    assert rows["peak_bytes.nvme"].relative_error is None  # nothing measured
 
 
 def _planner(*args: str) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app.history import History, default_history_path, read_history
+from planner.profile import ERROR_DEFINITION
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -29,7 +30,8 @@ def chart(runs: pd.DataFrame, metric: str) -> alt.LayerChart:
     dots = alt.Chart(data).mark_point(size=80, filled=True).encode(
         x=alt.X("predicted:Q", title=f"predicted {metric}"), y=alt.Y("measured:Q", title=f"measured {metric}"),
         color="strategy:N",
-        tooltip=["run", "recorded_at", "model", "hardware", "num_gpus", "placement", "method", "predicted", "measured"],
+        tooltip=["run", "recorded_at", "model", "hardware", "num_gpus", "placement", "method", "predicted", "measured",
+                 alt.Tooltip("error:Q", format="+.1%")],
     )
     return alt.layer(diagonal, dots).properties(height=360)
 
@@ -43,5 +45,6 @@ def render() -> None:
     metrics = list(dict.fromkeys(history.runs["metric"]))
     metric = st.selectbox("Metric", metrics, key="history_metric")
     st.altair_chart(chart(history.runs, metric), key="history_chart")
-    st.caption("Dashed: measured = predicted.")
-    st.dataframe(history.runs, hide_index=True, key="history_table")
+    st.caption(f"Dashed: measured = predicted. Table: {ERROR_DEFINITION}.")
+    st.dataframe(history.runs, hide_index=True, key="history_table",
+                 column_config={"error": st.column_config.NumberColumn("error", format="percent")})

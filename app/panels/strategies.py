@@ -6,6 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from planner import report
 from planner.plan import STRATEGY_TABLE
 from planner.search import SearchResult, best_by_strategy
 
@@ -32,7 +33,7 @@ def strategies_frame(result: SearchResult) -> pd.DataFrame:
             "TFLOPS/GPU": pred.tflops_per_gpu if pred.feasible else 0.0,
             "tokens/s": pred.tokens_per_s if pred.feasible else 0.0,
             "iteration (s)": pred.iteration_time_s if pred.feasible else None,
-            "bottleneck": pred.bottleneck if pred.feasible else DOES_NOT_FIT,
+            "bottleneck": report.bottleneck_label(pred.bottleneck) if pred.feasible else DOES_NOT_FIT,
             "predicted by": pred.method,
             "why not": "" if pred.feasible else pred.reason,
         })

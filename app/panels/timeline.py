@@ -44,7 +44,8 @@ def comparison_frame(analytic: Prediction, sim: Prediction) -> pd.DataFrame:
     rows += [(f"  {phase}", analytic.phase_time_s[phase], sim.phase_time_s[phase], report.fmt_seconds)
              for phase in analytic.phase_time_s]
     table = [{"": name, "analytic": fmt(a), "simulated": fmt(s)} for name, a, s, fmt in rows]
-    table.append({"": "bottleneck", "analytic": analytic.bottleneck, "simulated": sim.bottleneck})
+    table.append({"": "bottleneck", "analytic": report.bottleneck_label(analytic.bottleneck),
+                  "simulated": report.bottleneck_label(sim.bottleneck)})
     return pd.DataFrame(table)
 
 

@@ -23,6 +23,7 @@ NUMBER_FORMATS = {
     "TFLOPS/GPU": st.column_config.NumberColumn(format="%.1f"),
     "iteration (s)": st.column_config.NumberColumn(format="%.3g"),
     "batch/GPU": st.column_config.NumberColumn(format="%g"),
+    "tokens/s": st.column_config.NumberColumn(format="%.0f"),
 }
 
 
@@ -31,11 +32,12 @@ def chosen_plan(result: SearchResult) -> Plan | None:
     return result.best or (result.rejected[0] if result.rejected else None)
 
 
-def candidates_frame(plans: list[Plan]) -> pd.DataFrame:
+def candidates_frame(plans: list[Plan], winner: Plan | None = None) -> pd.DataFrame:
     rows = []
     for plan in plans:
         pred = plan.prediction
         assert pred is not None
+        bound = report.is_bound(plan, winner)  # [Note: runner-up bounds] in planner/report.py
         rows.append({
             "strategy": plan.strategy,
             "placement": plan.placement.label(),
@@ -46,7 +48,9 @@ def candidates_frame(plans: list[Plan]) -> pd.DataFrame:
             "model parallel": plan.model_parallel_degree,
             "TFLOPS/GPU": pred.tflops_per_gpu if pred.feasible else None,
             "iteration (s)": pred.iteration_time_s if pred.feasible else None,
-            "bottleneck": pred.bottleneck,
+            "tokens/s": pred.tokens_per_s if pred.feasible else None,
+            "bound": "analytic: at most this fast" if bound else "",
+            "bottleneck": report.bottleneck_label(pred.bottleneck),
             "why not": pred.reason if not pred.feasible else "",
         })
     return pd.DataFrame(rows)
@@ -78,7 +82,7 @@ def render(result: SearchResult) -> Plan | None:
     cols[0].metric("Iteration time", report.fmt_seconds(pred.iteration_time_s))
     cols[1].metric("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}", help=f"paper accounting, eq. 7: {flops_rule}")
     cols[2].metric("Tokens per second", f"{pred.tokens_per_s:,.0f}")
-    cols[3].metric("Bottleneck", pred.bottleneck)
+    cols[3].metric("Bottleneck", report.bottleneck_label(pred.bottleneck))
     st.caption(METHOD_CAPTIONS[pred.method])
     downloads = st.columns(2)
     downloads[0].download_button(
@@ -100,5 +104,8 @@ def render(result: SearchResult) -> Plan | None:
     runners = result.runners_up()
     if runners:
         with st.expander("Runner-up plans (best of other placements)"):
-            st.dataframe(candidates_frame(runners), hide_index=True, key="runners_table", column_config=NUMBER_FORMATS)
+            frame = candidates_frame(runners, plan)
+            st.dataframe(frame, hide_index=True, key="runners_table", column_config=NUMBER_FORMATS)
+            if frame["bound"].any():
+                st.caption(report.bound_note(runners, plan).replace("<= / >=: a", "Rows marked *bound*: a"))
     return plan

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from planner.errors import PlannerError
 from planner.phases import Phase
+from planner.report import bottleneck_label
 from planner.sim.report import SimResult
 from planner.units import GIB
 
@@ -41,15 +42,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     tl, prediction = result.timelines, result.prediction
     total = tl.iteration_time_s
     rows = gantt_rows(result)
-    height_in = 3.2 + 0.9 * len(rows)
-    fig = plt.figure(figsize=(16, height_in))
-    # Fixed margins rather than constrained layout: the layout pass costs a whole extra draw (about
-    # 40% of this function), and the rows' labels have a known width.
-    grid = fig.add_gridspec(4, 1, height_ratios=[len(rows), len(rows), 2.4, 2.4], left=0.19, right=0.99,
-                            top=1 - 0.6 / height_in, bottom=0.45 / height_in, hspace=0.42)
-    full, zoom = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
-    gpu_ax = fig.add_subplot(grid[2], sharex=full)
-    cpu_ax = fig.add_subplot(grid[3], sharex=full)
+    fig, (full, zoom, gpu_ax, cpu_ax) = _figure(plt, len(rows))
 
     window, spans = zoom_spans(result)
     edges = np.linspace(0.0, total, BINS + 1)
@@ -76,8 +69,9 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     zoom.set_title(f"zoom: {window[0]:.4g}-{window[1]:.4g} s (one checkpoint segment of the backward pass: recompute, "
                    "then backward)", fontsize=10, loc="left")
     zoom.set_xlabel("seconds")
-    full.add_artist(full.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()],
-                                loc="upper right", fontsize=8, ncols=4))
+    # Above the zoom, right of its title: between the charts, over no bar.
+    zoom.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()], loc="lower right",
+                bbox_to_anchor=(1.0, 1.0), fontsize=8, ncols=4, frameon=False, borderaxespad=0.2)
 
     for ax, tracker in ((gpu_ax, tl.memory["gpu"]), (cpu_ax, tl.memory["cpu"])):
         times = [t for t, _ in tracker.points] + [total]
@@ -90,10 +84,11 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
         ax.set_ylabel(f"{tracker.name.upper()} GiB\n({tracker.scope})")
         top = max(tracker.capacity_bytes, tracker.peak_bytes, prediction.peak_bytes[tracker.name])
         ax.set_ylim(0, top / GIB * 1.08)
+        low = tracker.peak_bytes < 0.5 * top  # the label goes above a low peak, so it stays inside the axes
         ax.annotate(f"simulated peak {tracker.peak_bytes / GIB:.1f} GiB", (tracker.peak_time_s, tracker.peak_bytes / GIB),
-                    xytext=(5, -12), textcoords="offset points", fontsize=8)
+                    xytext=(5, 4 if low else -12), textcoords="offset points", fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncols=3, frameon=False, borderaxespad=0.2)
         _phase_lines(ax, tl.phase_end_s)
     nvme = tl.memory["nvme"]
     cpu_ax.set_xlabel(f"seconds   (NVMe holds {nvme.peak_bytes / GIB:,.0f} of {nvme.capacity_bytes / GIB:,.0f} GiB per node "
@@ -110,12 +105,33 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     return path
 
 
+def _figure(plt, num_rows: int):  # noqa: ANN001, ANN202
+    """The figure and its four axes, laid out in inches: the gaps hold tick labels, a title or legend
+    row, whatever the number of rows (fractions of the height overlapped them on short charts).
+    Fixed rectangles rather than constrained layout: that pass costs a whole extra draw (about 40%
+    of `draw`), and the rows' labels have a known width."""
+    width_in, left, right = 16.0, 0.19, 0.99
+    gantt_in = 0.3 + 0.4 * num_rows
+    # top margin (two-line title), full, gap (ticks + zoom title and legend), zoom, gap (ticks, x label,
+    # legend), GPU memory, gap (ticks, legend), CPU memory, bottom margin (ticks, x label)
+    heights = (0.75, gantt_in, 0.8, gantt_in, 0.85, 1.1, 0.6, 1.1, 0.6)
+    height_in = sum(heights)
+    fig = plt.figure(figsize=(width_in, height_in))
+    axes, y = [], height_in
+    for i, h in enumerate(heights[:-1]):
+        y -= h
+        if i % 2:  # odd entries are axes, even ones gaps
+            share = {"sharex": axes[0]} if len(axes) >= 2 else {}
+            axes.append(fig.add_axes((left, y / height_in, right - left, h / height_in), **share))
+    return fig, axes
+
+
 def _title(result: SimResult) -> str:
     plan, p = result.plan, result.prediction
     return (f"{plan.model.name} on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}, "
             f"batch/GPU {plan.micro_batch_per_gpu:g}, ci {plan.checkpoint_interval}, tiling {plan.tiling_factor}, "
             f"prefetch {plan.prefetch_depth}, mp {plan.model_parallel_degree}\nsimulated {p.iteration_time_s:.4g} s/iteration, "
-            f"{p.tflops_per_gpu:.3g} TFLOPS/GPU, bottleneck {p.bottleneck}   (bar height and row label: busy fraction)")
+            f"{p.tflops_per_gpu:.3g} TFLOPS/GPU, bottleneck {bottleneck_label(p.bottleneck)}   (bar height and row label: busy fraction)")
 
 
 def _zoom_window(result: SimResult) -> tuple[float, float]:

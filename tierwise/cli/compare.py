@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.plan import load_plan
-from planner.profile import compare, load_profile
+from planner.profile import ERROR_DEFINITION, compare, load_profile
 from tierwise.cli import options as o
 
 
@@ -38,9 +38,35 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
     return rows
 
 
-def comparison_table(plan_path: Path, rows: list[dict], calibrated: bool) -> Table:
-    table = Table(title=f"{plan_path.name}: predicted vs measured")
-    cols = ["metric", "predicted", "measured", "relative error"]
+def hardware_used(plan_path: Path, profile_path: Path, hardware: str | None = None) -> dict[str, str]:
+    """The hardware spec each prediction was made for (the plan's, and the calibrated one if given)
+    and the device the run measured on, when the profile says."""
+    from planner.catalog import resolve_hardware
+
+    out = {"predicted": load_plan(plan_path).node.name}
+    if hardware is not None:
+        out["calibrated"] = resolve_hardware(hardware).name
+    device = load_profile(profile_path).details.get("device")
+    if isinstance(device, str):
+        out["measured_device"] = device
+    return out
+
+
+def hardware_caption(plan_path: Path, used: dict[str, str]) -> str:
+    said = [f"{which} for hardware {name}" for which, name in used.items() if which != "measured_device"]
+    if "measured_device" in used:
+        said.append(f"measured on device {used['measured_device']}")
+    lines = [", ".join(said)]
+    if used.get("measured_device", "").startswith("cpu") and not load_plan(plan_path).node.host_is_device:
+        lines.append(f"the run used the CPU but the prediction is for {used['predicted']}'s GPUs: "
+                     "the errors compare different machines")
+    return "\n".join([*lines, ERROR_DEFINITION])
+
+
+def comparison_table(plan_path: Path, rows: list[dict], calibrated: bool, used: dict[str, str] | None = None) -> Table:
+    caption = hardware_caption(plan_path, used) if used else ERROR_DEFINITION
+    table = Table(title=f"{plan_path.name}: predicted vs measured", caption=caption, caption_justify="left")
+    cols = ["metric", "predicted", "measured", "error"]
     if calibrated:
         cols += ["calibrated", "error after"]
     for col in cols:
@@ -72,10 +98,11 @@ def compare_command(
 
     def go() -> None:
         rows = comparison_rows(plan, profile, hardware)
+        used = hardware_used(plan, profile, hardware)
         if as_json:
-            print(json.dumps({"plan": str(plan), "profile": str(profile), "metrics": rows}, indent=2))
+            print(json.dumps({"plan": str(plan), "profile": str(profile), "hardware": used, "metrics": rows}, indent=2))
         else:
-            Console().print(comparison_table(plan, rows, hardware is not None))
+            Console().print(comparison_table(plan, rows, hardware is not None, used))
 
     o.exit_on_error(go)
 

@@ -29,14 +29,18 @@ def dashboard_script() -> Path:
     return script
 
 
+LOCALHOST = "127.0.0.1"
+"""The default bind address: the page is a what-if tool for the person at this machine. Served
+beyond it (`--address 0.0.0.0`), it reads model and hardware files by upload only (app/sidebar.py)."""
+
+
 def streamlit_command(*, port: int | None, address: str | None, headless: bool, extra: list[str]) -> list[str]:
     command = [sys.executable, "-m", "streamlit", "run", str(dashboard_script()),
                "--server.headless", "true" if headless else "false", "--browser.gatherUsageStats", "false",
                "--client.toolbarMode", "viewer"]
     if port is not None:
         command += ["--server.port", str(port)]
-    if address is not None:
-        command += ["--server.address", address]
+    command += ["--server.address", address or LOCALHOST]
     return command + list(extra)
 
 
@@ -45,7 +49,8 @@ def register(app: typer.Typer) -> None:
     def dashboard(
         ctx: typer.Context,
         port: Annotated[int | None, typer.Option("--port", help="port to serve on (default: streamlit's 8501)")] = None,
-        address: Annotated[str | None, typer.Option("--address", help="address to bind (default: all interfaces)")] = None,
+        address: Annotated[str | None, typer.Option("--address", help="address to bind (default 127.0.0.1: this machine only; "
+                                                                         "0.0.0.0 serves every interface)")] = None,
         headless: Annotated[bool, typer.Option("--headless/--open-browser", help="do not open a browser")] = False,
     ) -> None:
         """Start the what-if dashboard (Streamlit); extra options go to `streamlit run`."""

@@ -105,7 +105,8 @@ def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: P
     con.print(report.prediction_table(chosen))
     runners = result.runners_up()
     if runners:
-        con.print(report.candidates_table(runners, "Runner-up plans (best of other placements)"))
+        con.print(report.candidates_table(runners, "Runner-up plans (best of other placements)", con.width,
+                                          winner=chosen))
     if out is not None:
         con.print(f"plan written to {out}")
     if deepspeed_out is not None:

@@ -22,7 +22,7 @@ def hardware_command(
     if name is None:
         table = Table(title="Hardware presets", title_justify="left")
         for col in ("name", "GPUs/node", "GPU GiB", "TFLOPS", "description"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col == "name", overflow="fold")
         for spec in hardware_presets().values():
             doc = spec.to_dict()
             table.add_row(spec.name, str(spec.num_gpus_per_node), f"{doc['gpu_memory_gib']:g}", f"{doc['gpu_peak_tflops']:g}", spec.description)
@@ -35,7 +35,7 @@ def hardware_command(
         return
     table = Table(title=f"{spec.name}: {spec.description}", title_justify="left")
     for col in ("key", "value", "provenance"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "key", overflow="fold")
     for key, value in doc.items():
         if key in ("name", "description", "sources", "notes"):
             continue

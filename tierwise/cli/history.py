@@ -16,10 +16,9 @@ def history(
     as_json: o.JsonOpt = False,
 ) -> None:
     """Runs recorded by `planner run`: predicted vs measured, newest last."""
-    from rich.table import Table
-
     from planner import report
     from planner.history import RunHistory
+    from planner.profile import ERROR_DEFINITION, relative_error
 
     runs = RunHistory(store)
     frame = runs.to_frame().tail(max(0, last))
@@ -30,18 +29,25 @@ def history(
     if frame.empty:
         con.print(f"no runs recorded yet in {runs.path}")
         return
-    table = Table(title=f"Run history ({runs.path})", title_justify="left")
-    for col in ("id", "when", "model", "hardware", "GPUs", "placement P/G/O/A", "batch", "predicted", "measured", "error"):
-        table.add_column(col)
-    for row in frame.itertuples():
-        pred, meas = row.predicted_iteration_time_s, row.measured_iteration_time_s
-        error = f"{(pred - meas) / meas:+.1%}" if pred and meas else "-"
-        table.add_row(
-            str(row.id), row.recorded_at, row.model_name, row.hardware_name, str(row.num_gpus),
-            "/".join((row.params_tier, row.gradients_tier, row.optimizer_states_tier, row.activation_checkpoints_tier)),
-            f"{row.micro_batch_per_gpu:g}", report.fmt_seconds(pred) if pred else "-",
-            report.fmt_seconds(meas) if meas else "-", error,
-        )
+    rows = list(frame.itertuples())
+    pred = [row.predicted_iteration_time_s for row in rows]
+    meas = [row.measured_iteration_time_s for row in rows]
+    errors = [relative_error(p, m) if p and m else None for p, m in zip(pred, meas, strict=True)]
+    columns = [
+        ("id", [str(row.id) for row in rows]),
+        ("model", [row.model_name for row in rows]),
+        ("predicted", [report.fmt_seconds(p) if p else "-" for p in pred]),
+        ("measured", [report.fmt_seconds(m) if m else "-" for m in meas]),
+        ("error", ["-" if e is None else f"{e:+.1%}" for e in errors]),
+        ("hardware", [row.hardware_name for row in rows]),
+        ("GPUs", [str(row.num_gpus) for row in rows]),
+        ("placement P/G/O/A", ["/".join((row.params_tier, row.gradients_tier, row.optimizer_states_tier,
+                                         row.activation_checkpoints_tier)) for row in rows]),
+        ("batch", [f"{row.micro_batch_per_gpu:g}" for row in rows]),
+        ("when", [row.recorded_at for row in rows]),
+    ]
+    table = report.fitted_table(f"Run history ({runs.path})", columns, con.width, wrap=("model",),
+                                note=f"iteration time; {ERROR_DEFINITION}")
     con.print(table)
 
 

@@ -101,7 +101,7 @@ def _print_bill(plan, quantities: dict) -> None:  # noqa: ANN001
     con.print(f"[bold]Model[/bold]  {report.model_line(plan)}")
     table = Table(title="Paper quantities (docs/method.md §2)", title_justify="left")
     for col in ("quantity", "bytes", "", "equation"):
-        table.add_column(col, justify="right" if col in ("bytes", "") else "left")
+        table.add_column(col, justify="right" if col in ("bytes", "") else "left", overflow="fold")
     for key, eq in PAPER_EQUATIONS.items():
         table.add_row(key, f"{quantities[key]:,}", report.fmt_bytes(quantities[key]), eq)
     con.print(table)

@@ -7,19 +7,23 @@ import typer
 
 def models() -> None:
     """List the model presets and their aliases."""
-    from rich.table import Table
-
     from planner import report
     from planner.catalog import model_presets
     from planner.model import format_param_count
 
-    table = Table(title="Model presets", title_justify="left")
-    for col in ("name", "aliases", "layers", "hidden", "heads", "seq", "vocab", "params", "source"):
-        table.add_column(col)
-    for name, (spec, aliases) in model_presets().items():
-        table.add_row(name, ", ".join(aliases), str(spec.num_layers), str(spec.hidden_size), str(spec.num_heads),
-                      str(spec.seq_len), str(spec.vocab_size), format_param_count(spec.num_params), spec.source)
-    report.console().print(table)
+    presets = list(model_presets().items())
+    columns = [
+        ("name", [name for name, _ in presets]),
+        ("params", [format_param_count(spec.num_params) for _, (spec, _) in presets]),
+        ("aliases", [", ".join(aliases) for _, (_, aliases) in presets]),
+        *((col, [str(getattr(spec, attr)) for _, (spec, _) in presets]) for col, attr in (
+            ("layers", "num_layers"), ("hidden", "hidden_size"), ("heads", "num_heads"), ("seq", "seq_len"),
+            ("vocab", "vocab_size"))),
+        ("source", [spec.source for _, (spec, _) in presets]),
+    ]
+    con = report.console()
+    table = report.fitted_table("Model presets", columns, con.width, wrap=("aliases", "source"))
+    con.print(table)
 
 
 def register(app: typer.Typer) -> None:

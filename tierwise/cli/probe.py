@@ -22,6 +22,7 @@ from planner.probe_reference import ReferenceRun
 from planner.profile import Profile, load_profile
 from planner.specio import number
 from planner.units import GIB
+from tierwise.cli.machine import INSTALL_RUNTIME, require_runtime
 
 
 def probe(
@@ -39,6 +40,7 @@ def probe(
 ) -> None:
     """Measure NVMe, memory, CPU Adam and compute bandwidths here; write a hardware spec."""
     number(nvme_test_gib, "--nvme-test-gib", exclusive_minimum=0, maximum=1024)
+    require_runtime("probe")
     try:
         from runtime.nvme.directory import check_swap_path
 
@@ -46,7 +48,7 @@ def probe(
         from runtime.probe import probe_node
     except ModuleNotFoundError as error:
         raise PlannerError(
-            f"planner probe needs the runtime extra ({error.name} is missing): pip install 'tierwise[runtime]'"
+            f"planner probe needs the runtime extra ({error.name} is missing): {INSTALL_RUNTIME}"
         ) from None
     def log(message: str) -> None:
         sys.stderr.write(f"probe: {message}\n")

@@ -8,8 +8,11 @@ count) or by the workers before training (memory that is not there), always as o
 `--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt; not the activation
 checkpoints of `--checkpoint-interval`) and lets torchrun restart failed workers (`--max-restarts`,
 default 3 with checkpoints, 0 without), which resume from the newest complete training checkpoint;
-`--resume` continues a run that was stopped.
-This module imports no torch: the workers do.
+`--resume` continues a run that was stopped. `--nvme-path DIR` overrides the plan's swap directory
+(created when its parent exists). Before launching, `machine` names a missing runtime extra in one
+line and compares the plan's hardware with this machine (a one-line warning, or the real cause of
+a refusal). This module imports no torch at import time; `machine.this_machine` does, once the run
+is about to need it anyway.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from planner.errors import PlannerError
 from planner.plan import Plan, load_plan
+from tierwise.cli import machine
 from tierwise.cli import options as o
 
 EVENT = "TIERWISE_EVENT"
@@ -40,6 +44,10 @@ def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     if plan.model_parallel_degree != 1:
         raise PlannerError(f"model_parallel_degree {plan.model_parallel_degree} is not supported by the runtime "
                            "(data parallel ZeRO-3 only); set it to 1")
+    on_nvme = "nvme" in (plan.placement.params, plan.placement.gradients, plan.placement.optimizer_states)
+    if on_nvme and not plan.nvme_path:
+        raise PlannerError("the plan places states on nvme but sets no nvme_path; pass --nvme-path DIR (a directory "
+                           "on an NVMe drive)")
     from runtime.nvme.placement import nvme_placement_problem  # torch-free
 
     nvme_problem = nvme_placement_problem(plan)
@@ -120,12 +128,36 @@ def _nnodes(torchrun_args: list[str]) -> int:
     return 1
 
 
+def swap_directory(nvme_path: str) -> str:
+    """`nvme_path` as an existing directory: created when only its last part is missing."""
+    path = Path(nvme_path).expanduser()
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise PlannerError(f"nvme_path {path}: its parent {path.parent} is not an existing directory; "
+                               "create it or choose another directory")
+        try:
+            path.mkdir()
+        except OSError as exc:
+            raise PlannerError(f"cannot create nvme_path {path}: {exc.strerror or exc}") from None
+    return str(path)
+
+
+def with_swap_directory(plan: Plan, nvme_path: Path | None) -> Plan:
+    """The plan with `--nvme-path` (when given) as its swap directory, created if it is missing."""
+    if nvme_path is not None:
+        plan = plan.replace(nvme_path=str(nvme_path))
+    on_nvme = "nvme" in (plan.placement.params, plan.placement.gradients, plan.placement.optimizer_states)
+    return plan.replace(nvme_path=swap_directory(plan.nvme_path)) if on_nvme and plan.nvme_path else plan
+
+
 def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
              torchrun_args: list[str], console: Console, history_store: Path | None = None,
-             record_history: bool = True, checkpoints: CheckpointOptions | None = None) -> int:
+             record_history: bool = True, checkpoints: CheckpointOptions | None = None,
+             nvme_path: Path | None = None) -> int:
     checkpoints = checkpoints or CheckpointOptions()
     checkpoints.check()
-    plan = load_plan(plan_path)
+    loaded = load_plan(plan_path)
+    plan = with_swap_directory(loaded, nvme_path)
     nnodes = _nnodes(torchrun_args)
     nproc = nproc or plan.num_gpus // nnodes
     precheck(plan, nproc, nnodes)
@@ -133,7 +165,14 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
         raise PlannerError(f"--steps must be at least 1, got {steps}")
     if data is not None and not data.is_file():
         raise PlannerError(f"--data {data} is not a readable file")
+    machine.require_runtime("run")
+    warning = machine.check(plan, machine.this_machine(), nproc)
+    if warning:
+        console.print(warning, markup=False, highlight=False, soft_wrap=True)
     with tempfile.TemporaryDirectory(prefix="tierwise-run-") as tmp:
+        if plan != loaded:  # the workers read the plan as run, --nvme-path included
+            plan_path = Path(tmp, "plan.json")
+            plan.save(plan_path)
         written = profile_out or Path(tmp, "profile.json")
         code = _launch(torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=written,
                                         torchrun_args=torchrun_args, checkpoints=checkpoints), steps, console)
@@ -195,6 +234,9 @@ def register(app: typer.Typer) -> None:
         keep_checkpoints: Annotated[int, typer.Option(help="complete training checkpoints to keep")] = 2,
         resume: Annotated[bool, typer.Option("--resume", help="continue from the newest complete training checkpoint")] = False,
         max_restarts: Annotated[int | None, typer.Option(help="torchrun restarts of failed workers (default 3 with --save-every, else 0)")] = None,
+        nvme_path: Annotated[Path | None, typer.Option(
+            "--nvme-path", help="swap directory for the plan's NVMe states (overrides the plan's; created if its "
+                                "parent exists)")] = None,
     ) -> None:
         """Train the plan's reference GPT with the bundled runtime (torchrun) and write a profile.
         Arguments after `--` go to torchrun (multi-node)."""
@@ -202,4 +244,5 @@ def register(app: typer.Typer) -> None:
                                         resume=resume, max_restarts=max_restarts)
         o.exit_on_error(lambda: run_plan(plan, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
                                          torchrun_args=list(ctx.args), console=Console(stderr=True),
-                                         history_store=store, record_history=history, checkpoints=checkpoints))
+                                         history_store=store, record_history=history, checkpoints=checkpoints,
+                                         nvme_path=nvme_path))

@@ -62,25 +62,29 @@ def simulate_command(
 def print_prediction(plan: Plan) -> None:
     from rich.table import Table
 
-    from planner.report import console as wide_console
+    from planner import report
 
     p = plan.prediction
     assert p is not None
-    console = wide_console()
+    console = report.console()
     verdict = "[green]fits[/]" if p.feasible else f"[red]does not fit[/]: {p.reason}"
     step = ", optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}{step}: "
                   f"{verdict}")
     console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "
-                  f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{p.bottleneck}[/]")
+                  f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{report.bottleneck_label(p.bottleneck)}[/]")
     console.print("phases: " + ", ".join(f"{k} {v:.4g} s" for k, v in p.phase_time_s.items()))
     resources = Table("resource", "scope", "busy", "moved", title="resources")
+    for column in resources.columns:
+        column.overflow = "fold"
     for name, r in sorted(p.details["resources"].items(), key=lambda kv: -kv[1]["busy_fraction"]):
         moved = f"{r['amount'] / GIB:,.1f} GiB" if r["unit"] == "bytes" else f"{r['amount']:.4g} {r['unit']}"
-        resources.add_row(name, r["scope"], f"{r['busy_fraction']:.0%}", moved)
+        resources.add_row(report.bottleneck_label(name), r["scope"], f"{r['busy_fraction']:.0%}", moved)
     console.print(resources)
     memory = Table("tier", "bill", "simulated peak", "capacity", "in use at the simulated peak (GiB)",
                    title="memory (the bill decides the verdict; the simulation shows what is live when)")
+    for column in memory.columns:
+        column.overflow = "fold"
     simulated, simulated_terms = p.details["simulated_peak_bytes"], p.details["simulated_memory_terms"]
     for tier, peak in p.peak_bytes.items():
         terms = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(simulated_terms.get(tier, {}).items(), key=lambda kv: -kv[1]))
