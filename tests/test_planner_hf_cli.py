@@ -1,6 +1,7 @@
 """A Hugging Face config.json through the `planner` commands a user runs (fit, memory, simulate)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,9 @@ PUBLISHED = {m["hf_repo"]: m["config"] for m in
 
 
 def planner(*args):
-    proc = subprocess.run([sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, timeout=300)
+    # A wide terminal, so the long temporary paths in the model's name are not folded across lines.
+    env = {**os.environ, "COLUMNS": "400"}
+    proc = subprocess.run([sys.executable, "-m", "tierwise", *args], capture_output=True, text=True, timeout=300, env=env)
     return proc.returncode, proc.stdout, proc.stderr
 
 

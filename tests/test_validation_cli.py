@@ -1,6 +1,7 @@
 """`planner validate` as a user runs it: a thin adapter over planner.validation."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,7 +11,9 @@ from planner.validation.report import ROW_KEYS
 
 
 def planner(*args):
-    proc = subprocess.run([sys.executable, "-m", "tierwise", "validate", *args], capture_output=True, text=True, timeout=180)
+    env = {**os.environ, "COLUMNS": "200"}  # wide enough that group titles are not folded
+    proc = subprocess.run([sys.executable, "-m", "tierwise", "validate", *args], capture_output=True, text=True,
+                          timeout=180, env=env)
     return proc.returncode, proc.stdout, proc.stderr
 
 
