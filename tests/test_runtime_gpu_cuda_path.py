@@ -1,0 +1,95 @@
+"""The runtime's CUDA path, correct by construction (issue 25 item 1). Tests marked `gpu` state the
+property they check and skip without CUDA (tests/conftest.py); the unmarked ones check, on the CPU,
+the part of each fix that does not need a device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from runtime import launch
+from runtime.collectives import Comm
+from runtime.loss_scaling import DynamicLossScaler
+
+gpu = pytest.mark.gpu
+
+
+# -- 1. one device per rank ([Note: one device per rank] in runtime/launch.py) ------------------------
+
+
+def test_bind_device_runs_before_the_process_group(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`main` binds the device before `init_process_group`: NCCL's first collective otherwise lands on cuda:0."""
+    order: list[str] = []
+    monkeypatch.setattr(launch, "bind_device", lambda: order.append("bind_device"))
+    monkeypatch.setattr(launch, "init_process_group", lambda **_: order.append("init_process_group"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert launch.main([str(tmp_path / "missing-plan.json"), "--steps", "1"]) == launch.EXIT_NOT_EXECUTABLE
+    assert order == ["bind_device", "init_process_group"]
+
+
+def test_bind_device_without_cuda_is_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert launch.bind_device() == torch.device("cpu")
+
+
+@gpu
+def test_bind_device_makes_local_rank_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: after `bind_device`, the current CUDA device (where object collectives stage, what
+    `mem_get_info` reports) is cuda:LOCAL_RANK; a LOCAL_RANK past the node's GPUs is one line."""
+    last = torch.cuda.device_count() - 1
+    monkeypatch.setenv("LOCAL_RANK", str(last))
+    try:
+        assert launch.bind_device() == torch.device("cuda", last)
+        assert torch.cuda.current_device() == last
+        assert torch.empty(1, device="cuda").device.index == last
+    finally:
+        torch.cuda.set_device(0)
+    monkeypatch.setenv("LOCAL_RANK", str(last + 1))
+    with pytest.raises(launch.PlannerError, match=f"LOCAL_RANK {last + 1} names no GPU"):
+        launch.bind_device()
+
+
+# -- 2. collectives on device tensors ------------------------------------------------------------------
+
+
+def test_overflow_check_on_one_rank_is_unchanged_on_cpu() -> None:
+    scaler = DynamicLossScaler(init_scale=4.0, growth_interval=2)
+    grads = [torch.full((3,), 8.0), torch.full((2,), 4.0)]
+    assert scaler.unscale_and_check(grads, Comm.local())
+    assert grads[0].tolist() == [2.0] * 3 and grads[1].tolist() == [1.0] * 2
+    grads = [torch.ones(2), torch.tensor([1.0, float("inf")])]
+    assert not scaler.unscale_and_check(grads, Comm.local())
+    assert scaler.scale == 2.0 and all(g.abs().sum() == 0 for g in grads)
+
+
+@pytest.fixture
+def nccl_world1(tmp_path: Path):  # noqa: ANN201
+    """A one-rank NCCL process group: enough for NCCL to refuse a CPU tensor, as it does at any size."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1,
+                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+@gpu
+@pytest.mark.parametrize("grad_device", ["cpu", "cuda"], ids=["cpu-tier-grads", "gpu-tier-grads"])
+def test_overflow_check_all_reduces_on_the_device_under_nccl(nccl_world1, grad_device: str) -> None:  # noqa: ANN001
+    """Property: the fp16 overflow flag is all-reduced through NCCL (which takes device tensors
+    only) whether the gradients live on the GPU or in host memory, and the verdict is the one the
+    CPU gives: a clean step unscales, an inf skips it and halves the scale."""
+    comm = Comm(nccl_world1, nccl_world1, 1, 0, "native", torch.device("cuda", torch.cuda.current_device()))
+    scaler = DynamicLossScaler(init_scale=4.0)
+    clean = [torch.full((5,), 8.0, device=grad_device)]
+    assert scaler.unscale_and_check(clean, comm)
+    assert clean[0].cpu().tolist() == [2.0] * 5
+    bad = [torch.ones(4, device=grad_device), torch.tensor([float("nan")], device=grad_device)]
+    assert not scaler.unscale_and_check(bad, comm)
+    assert scaler.scale == 2.0
