@@ -93,3 +93,42 @@ def test_overflow_check_all_reduces_on_the_device_under_nccl(nccl_world1, grad_d
     bad = [torch.ones(4, device=grad_device), torch.tensor([float("nan")], device=grad_device)]
     assert not scaler.unscale_and_check(bad, comm)
     assert scaler.scale == 2.0
+
+
+# -- 3. no host synchronisation at phase boundaries ([Note: phase times on CUDA]) ----------------------
+
+
+@gpu
+def test_profiler_phase_boundaries_do_not_synchronise_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: on an all-GPU step no phase boundary (several run inside autograd hooks)
+    synchronises the host: no `torch.cuda.synchronize`, and one event wait per step, in `end_step`;
+    the phases resolved from the CUDA events are positive and lie inside the step."""
+    from runtime_support import ALL_DEVICE, batches, build_model, plan_doc
+
+    import runtime
+    from runtime import profiler as profiler_module
+
+    model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_DEVICE))
+    opt = runtime.AdamW(model, lr=1e-3)
+    device_syncs: list[str] = []
+    event_waits: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: device_syncs.append("synchronize"))
+    real_wait = torch.cuda.Event.synchronize
+
+    def wait(event: torch.cuda.Event) -> None:
+        import inspect
+
+        event_waits.append(inspect.stack()[2].function)
+        real_wait(event)
+
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", wait)
+    for tokens in batches(2):
+        tokens = tokens.cuda()
+        model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert device_syncs == []
+    assert event_waits == ["end_step", "end_step"]
+    sample = runtime.state_of(model).profiler.samples[-1]
+    assert all(sample.phase_time_s[p] > 0 for p in profiler_module.PHASES)
+    assert sum(sample.phase_time_s.values()) <= sample.step_time_s
