@@ -97,6 +97,11 @@ class CopyEngine:
         self.link_bytes = link_bytes
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
+    @property
+    def stream(self) -> torch.cuda.Stream | None:
+        """The copy stream (None on the CPU: copies are done when `copy` returns)."""
+        return self._stream
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor, link: str) -> torch.cuda.Event | None:
         """Start `dst.copy_(src)`; returns the event marking its end on CUDA (None when done)."""
         if dst.device != src.device:

@@ -132,3 +132,55 @@ def test_profiler_phase_boundaries_do_not_synchronise_the_host(monkeypatch: pyte
     sample = runtime.state_of(model).profiler.samples[-1]
     assert all(sample.phase_time_s[p] > 0 for p in profiler_module.PHASES)
     assert sum(sample.phase_time_s.values()) <= sample.step_time_s
+
+
+# -- 4. a prefetch does not make the compute stream wait ([Note: a prefetch waits on the copy stream]) --
+
+SLOW_COPY_CYCLES = 200_000_000
+"""`torch.cuda._sleep` cycles put ahead of a copy on the copy stream: ~0.1 s at H100 clocks, far
+longer than the compute queued after it, so an ordering measured with events is unambiguous."""
+
+
+def _biggest_unit(model: torch.nn.Module):  # noqa: ANN202
+    import runtime
+
+    return max(runtime.state_of(model).units, key=lambda u: u.layout.shard_numel)
+
+
+@gpu
+def test_prefetch_leaves_the_compute_stream_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property (overlap, measured with CUDA events): kernels queued on the compute stream after a
+    prefetch of the next unit was issued finish before that unit's host-to-device copy does, on a
+    two-rank unit (the one-rank shortcut of [Note: one rank does not wait ahead] does not apply);
+    the compute stream waits for it only at the unit's use, and then sees the shard's bytes."""
+    from runtime_support import ALL_CPU, build_model, plan_doc
+
+    import runtime
+    from runtime import group as group_module
+    from runtime.collectives import Gathered
+
+    model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_CPU))
+    unit = _biggest_unit(model)
+    # A second rank's all-gather stands in as identity: the stream ordering is start_gather's own.
+    monkeypatch.setattr(unit, "comm", unit.comm._replace(world_size=2))
+    monkeypatch.setattr(group_module, "all_gather_flat", lambda comm, shard, link_bytes: Gathered(shard, None))
+    compute, side = torch.cuda.current_stream(), unit.param_store.copier.stream
+    x = torch.randn(1024, 1024, device="cuda")
+    torch.cuda.synchronize()
+    events = {name: torch.cuda.Event(enable_timing=True) for name in ("issued", "compute_done", "copy_done")}
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLOW_COPY_CYCLES)
+    unit.start_gather(prefetch=True)
+    events["copy_done"].record(side)
+    events["issued"].record(compute)
+    y = x @ x
+    events["compute_done"].record(compute)
+    unit.unshard()
+    gathered = unit.full.clone()
+    torch.cuda.synchronize()
+    issued = events["issued"]
+    assert issued.elapsed_time(events["compute_done"]) < issued.elapsed_time(events["copy_done"])
+    host_shard = unit.param_store.resident(unit.key)
+    assert torch.equal(gathered.cpu(), host_shard.to(gathered.dtype)[: gathered.numel()])
+    assert torch.isfinite(y).all()
+    unit.reshard()
