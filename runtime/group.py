@@ -159,13 +159,16 @@ class ParamUnit:
         A prefetch is issued before the unit in use queues its kernels. Were the compute stream to
         wait for the next unit's copy here (`Pending.wait` orders the *current* stream after it), the
         current unit's kernels would queue behind that copy and copy and compute would serialise. So
-        the copy stream does the waiting: it first orders itself after the compute work queued so far
-        (an optimizer update of the shard), then after the shard's copy; the cast and the all-gather
+        the copy stream does the waiting: for a device shard (last written by the compute stream, an
+        optimizer update) it first orders itself after the compute work queued so far; a host or
+        NVMe shard's copy was allocated and issued on the copy stream itself
+        (`CopyEngine.to_device`), which it then follows; the cast and the all-gather
         (NCCL orders its stream after the current one) follow on it, and an event marks the end. The
         compute stream waits on that event in `unshard`, when the unit is used, and the gathered
         buffer, allocated on the copy stream, is recorded on the compute stream there."""
         assert self._staged is not None
-        side.wait_stream(torch.cuda.current_stream(side.device))
+        if not self._staged.on_copy_stream:  # a device shard, last written by the compute stream
+            side.wait_stream(torch.cuda.current_stream(side.device))
         with torch.cuda.stream(side):
             shard = self._staged.wait()
             self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
