@@ -76,6 +76,12 @@ class Pending:
             return False
         return self._done is None or self._after is None or bool(self._done())
 
+    def synchronize(self) -> None:
+        """Block the host until the transfer ended, without consuming it (`wait` still runs `after`):
+        transfers queued in order on one stream are all over once the last one is."""
+        if self._event is not None:
+            self._event.synchronize()
+
     @property
     def on_copy_stream(self) -> bool:
         """The tensor comes from the copy stream (the host-to-device copy of a host or NVMe shard):
@@ -88,7 +94,7 @@ class Pending:
                 consumer = torch.cuda.current_stream(self._tensor.device)
                 consumer.wait_event(self._event)
                 self._tensor.record_stream(consumer)  # it may have been allocated on the copy stream
-            else:
+            elif not self._event.query():
                 self._event.synchronize()  # the host needs the bytes now
             self._event = None
         if self._after is not None:

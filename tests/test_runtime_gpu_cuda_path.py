@@ -256,3 +256,45 @@ def test_nvme_read_copies_to_the_device_on_the_copy_stream_once_landed(tmp_path:
     assert torch.equal(got, expected)
     store.drain()
     assert store._copies == []
+
+
+# -- 6. one host wait per unit for host-tier gradients ([Note: one wait per unit]) ---------------------
+
+
+@gpu
+def test_host_tier_gradients_wait_once_per_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: on one rank with gradients in host memory, backward's host synchronisations for
+    the gradient copies are at most one per unit (the copies are queued in order on the copy
+    stream), not one per parameter; the gradients that arrive are those of the same model stepped
+    with the gradients waited for one by one (bitwise: same kernels, same device)."""
+    from runtime_support import ALL_CPU, batches, build_model, plan_doc
+
+    import runtime
+    from runtime.gradients import StoredGradients
+
+    def grads_after_backward(one_by_one: bool) -> tuple[list[torch.Tensor], int]:
+        torch.manual_seed(0)
+        model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_CPU))
+        if one_by_one:
+            real = StoredGradients._file_local
+
+            def file_and_wait(self: StoredGradients, index: int, grad: torch.Tensor) -> None:
+                real(self, index, grad)
+                self._wait_copies()
+
+            monkeypatch.setattr(StoredGradients, "_file_local", file_and_wait)
+        waits = []
+        real_wait = torch.cuda.Event.synchronize
+        monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda e: (waits.append(1), real_wait(e)))
+        tokens = batches(1)[0].cuda()
+        model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
+        monkeypatch.undo()
+        units = runtime.state_of(model).units
+        shards = [u.grads.shard().clone() for u in units]
+        return shards, len(waits)
+
+    batched, batched_waits = grads_after_backward(one_by_one=False)
+    reference, reference_waits = grads_after_backward(one_by_one=True)
+    assert all(torch.equal(a, b) for a, b in zip(batched, reference, strict=True))
+    num_units = len(batched)
+    assert batched_waits <= num_units < reference_waits
