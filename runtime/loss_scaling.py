@@ -72,13 +72,15 @@ class DynamicLossScaler:
     def unscale_and_check(self, grads: list[torch.Tensor], comm: Any) -> bool:
         """Unscale `grads` in place; False (and the scale halved) when any rank saw inf or NaN.
 
-        The flag is a tensor on `comm.device`: NCCL all-reduces device tensors only, and the one
-        host synchronisation of the check is the `.item()` after the all-reduce."""
+        The flag is a tensor on `comm.device` with several ranks (NCCL all-reduces device tensors
+        only), where the gradients are on one; the one host synchronisation of the check is the
+        `.item()` at the end."""
+        device = comm.device if comm.gather_group is not None or not grads else grads[0].device
         flags = []
         for g in grads:
             g.mul_(1.0 / self.scale)
-            flags.append(torch.isfinite(g).all().logical_not().to(comm.device))
-        found_inf = torch.zeros(1, device=comm.device)
+            flags.append(torch.isfinite(g).all().logical_not().to(device))
+        found_inf = torch.zeros(1, device=device)
         if flags:
             found_inf = torch.stack(flags).any().float().reshape(1)
         if comm.gather_group is not None:  # None for one rank alone (Comm.local)
