@@ -258,6 +258,34 @@ def test_nvme_read_copies_to_the_device_on_the_copy_stream_once_landed(tmp_path:
     assert store._copies == []
 
 
+@gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_host_shard_read_does_not_queue_behind_compute(precision: str) -> None:
+    """Property (overlap, measured with CUDA events): a host-tier shard's host-to-device copy,
+    issued while a long kernel runs on the compute stream, ends before that kernel (the copy is
+    allocated and runs on the copy stream: `CopyEngine.to_device`); the compute stream sees the
+    shard's bytes (cast on the device where the compute dtype differs)."""
+    from runtime_support import ALL_CPU, build_model, plan_doc
+
+    import runtime
+
+    model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_CPU, precision=precision))
+    unit = _biggest_unit(model)
+    store = unit.param_store
+    torch.cuda.synchronize()
+    compute, side = torch.cuda.current_stream(), store.copier.stream
+    issued, compute_done, copy_done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    issued.record(compute)
+    torch.cuda._sleep(SLOW_COPY_CYCLES)
+    compute_done.record(compute)
+    pending = store.read(unit.key, unit.compute_dtype)
+    copy_done.record(side)
+    got = pending.wait()
+    torch.cuda.synchronize()
+    assert issued.elapsed_time(copy_done) < issued.elapsed_time(compute_done)
+    assert torch.equal(got.cpu(), store.resident(unit.key).to(unit.compute_dtype))
+
+
 # -- 6. one host wait per unit for host-tier gradients ([Note: one wait per unit]) ---------------------
 
 
