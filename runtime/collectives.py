@@ -32,6 +32,9 @@ class Comm(NamedTuple):
     world_size: int
     rank: int
     reduce_scatter_method: str  # "native" | "pairwise" | "allreduce"
+    device: torch.device = torch.device("cpu")
+    """Where this group's collectives take their tensors: NCCL reduces device tensors only, so on
+    NCCL the rank's current CUDA device (bound by runtime.launch.bind_device), else the CPU."""
 
     @staticmethod
     def local() -> Comm:
@@ -46,7 +49,8 @@ def make_comm(reduce_scatter_method: str | None = None) -> Comm:
     method = reduce_scatter_method or ("pairwise" if backend == "gloo" else "native")
     if method not in ("native", "pairwise", "allreduce"):
         raise ValueError(f"reduce_scatter_method {method!r} must be native, pairwise or allreduce")
-    return Comm(dist.group.WORLD, reduce_group, dist.get_world_size(), dist.get_rank(), method)
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    return Comm(dist.group.WORLD, reduce_group, dist.get_world_size(), dist.get_rank(), method, device)
 
 
 class Gathered(NamedTuple):

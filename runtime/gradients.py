@@ -236,15 +236,33 @@ class StoredGradients(GradientSink):
         self._written = [False] * len(self.layout.shapes)
         """Per parameter: its slice of the gradient shard holds this step's gradient (see
         [Note: lazy gradient zeroing])."""
+        self._copies: list[Pending] = []
+        """One rank: this unit's gradient transfers not waited for yet ([Note: one wait per unit])."""
 
     def _file_local(self, index: int, grad: torch.Tensor) -> None:
+        """[Note: one wait per unit]
+        On CUDA a host-tier gradient is copied off the device on the copy stream; the host waits
+        for those copies (and adds the accumulated ones into the shard) once per unit, when its
+        last gradient arrived or before anyone reads the shard (`settle`), not once per parameter.
+        Waiting for copies queued in order on one stream costs one host synchronisation. Every other
+        store completes the transfer in the call (the CPU machine: the same operations in the same
+        order as waiting for each at once)."""
         self._ensure_shard()
         offset = self.layout.offsets[index]
         if self._written[index]:
-            self.store.accumulate(self.key, grad, offset).wait()
+            self._copies.append(self.store.accumulate(self.key, grad, offset))
         else:
-            self.store.write(self.key, grad, offset).wait()
+            self._copies.append(self.store.write(self.key, grad, offset))
             self._written[index] = True
+        if self._pending == 0:
+            self._wait_copies()
+
+    def _wait_copies(self) -> None:
+        copies, self._copies = self._copies, []
+        if copies:
+            copies[-1].synchronize()  # one host wait: the copies run in order on the copy stream
+        for pending in copies:
+            pending.wait()
 
     def _before_collect(self) -> None:
         self._ensure_shard()
@@ -280,10 +298,12 @@ class StoredGradients(GradientSink):
         """[Note: lazy gradient zeroing] Zeroing is a promise, not a memset: the next gradient to
         arrive overwrites its slice instead of adding to it, which saves two passes over the
         gradient shards per step. Slices nobody wrote are zeroed by `settle` before use."""
+        self._wait_copies()
         self._written = [False] * len(self._written)
 
     def settle(self) -> None:
         """Make the gradient shard exact: zero the slices that received nothing since `zero_grad`."""
+        self._wait_copies()
         if all(self._written) or not self._has_shard:
             return
         if self.comm.world_size == 1:

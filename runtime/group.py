@@ -80,6 +80,9 @@ class ParamUnit:
         self._empty = torch.empty(0, dtype=compute_dtype, device=param_store.compute_device)
         self._staged: Pending | None = None
         self._gathering: Gathered | None = None
+        self._gathered_on: torch.cuda.Event | None = None
+        """A prefetch issued on the copy stream: the event the compute stream waits on at the unit's
+        use ([Note: a prefetch waits on the copy stream])."""
         self._full: torch.Tensor | None = None
         self._full_is_transient = False
         """The gathered buffer is one of its own (a read, a gather or a cast), freed by `reshard`,
@@ -137,8 +140,12 @@ class ParamUnit:
         assert self._staged is not None
         if prefetch and self.comm.world_size == 1 and not self._staged.ready():
             return
-        shard = self._staged.wait()
-        self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
+        side = self.param_store.copier.stream if prefetch else None
+        if side is None:
+            shard = self._staged.wait()
+            self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
+        else:
+            shard = self._prefetch_on(side)
         self._full_is_transient = self._gathering.output is not shard or self._staged.fresh
         if self._full_is_transient:
             self.charges.release()
@@ -146,6 +153,30 @@ class ParamUnit:
             self.charges.charge("gpu", term, self.full_bytes)
         self._staged = None
         self.state = UnitState.GATHERING
+
+    def _prefetch_on(self, side: torch.cuda.Stream) -> torch.Tensor:
+        """Wait for the staged shard, cast it and issue its all-gather on the copy stream `side`.
+
+        [Note: a prefetch waits on the copy stream]
+        A prefetch is issued before the unit in use queues its kernels. Were the compute stream to
+        wait for the next unit's copy here (`Pending.wait` orders the *current* stream after it), the
+        current unit's kernels would queue behind that copy and copy and compute would serialise. So
+        the copy stream does the waiting: for a device shard (last written by the compute stream, an
+        optimizer update) it first orders itself after the compute work queued so far; a host or
+        NVMe shard's copy was allocated and issued on the copy stream itself
+        (`CopyEngine.to_device`), which it then follows; the cast and the all-gather
+        (NCCL orders its stream after the current one) follow on it, and an event marks the end. The
+        compute stream waits on that event in `unshard`, when the unit is used, and the gathered
+        buffer, allocated on the copy stream, is recorded on the compute stream there."""
+        assert self._staged is not None
+        if not self._staged.on_copy_stream:  # a device shard, last written by the compute stream
+            side.wait_stream(torch.cuda.current_stream(side.device))
+        with torch.cuda.stream(side):
+            shard = self._staged.wait()
+            self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
+            self._gathered_on = torch.cuda.Event()
+            self._gathered_on.record(side)
+        return shard
 
     @property
     def full(self) -> torch.Tensor:
@@ -180,6 +211,11 @@ class ParamUnit:
         assert self._gathering is not None
         full = self._gathering.wait()
         self._gathering = None
+        if self._gathered_on is not None:  # [Note: a prefetch waits on the copy stream]
+            compute = torch.cuda.current_stream(full.device)
+            compute.wait_event(self._gathered_on)
+            full.record_stream(compute)
+            self._gathered_on = None
         if self._hollow is not None:  # refill, in place, the buffer a recompute's saved tensors view
             hollow, self._hollow = self._hollow, None
             hollow.untyped_storage().resize_(full.numel() * full.element_size())
@@ -226,6 +262,7 @@ class ParamUnit:
         if self._gathering is not None:  # a prefetch nobody used: let it land before dropping it
             self._gathering.wait()
             self._gathering = None
+        self._gathered_on = None
         self._staged = None
         if self.state is not UnitState.SHARDED:
             self._set_full(None)

@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     args.restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    try:
+        bind_device()  # before any collective or allocation ([Note: one device per rank])
+    except PlannerError as exc:
+        print(f"{ERROR} rank {rank}: {exc}", flush=True)
+        return EXIT_NOT_EXECUTABLE
     if world_size > 1:
         init_process_group(rank=rank, world_size=world_size)
     try:
@@ -102,6 +107,24 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()  # no rank tears down gloo/NCCL pairs while a peer still uses them
         dist.destroy_process_group()
     return 0
+
+
+def bind_device() -> torch.device:
+    """Make `cuda:LOCAL_RANK` this process's current device (the CPU without CUDA) and return it.
+
+    [Note: one device per rank]
+    NCCL's object collectives (`all_gather_object` here and in runtime/ckpt) stage their bytes on
+    the current device, `torch.cuda.mem_get_info()` reports it, and pinned host memory is attached
+    to its context: without `set_device` every rank of a node would use cuda:0. It must run before
+    the process group exists and before the first CUDA allocation."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not 0 <= local_rank < torch.cuda.device_count():
+        raise PlannerError(f"LOCAL_RANK {local_rank} names no GPU: this node has {torch.cuda.device_count()}; "
+                           "start at most that many processes per node")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
 
 
 def init_process_group(*, rank: int, world_size: int) -> None:

@@ -70,12 +70,20 @@ class DynamicLossScaler:
         self.growth_interval = int(state["growth_interval"])
 
     def unscale_and_check(self, grads: list[torch.Tensor], comm: Any) -> bool:
-        found_inf = torch.zeros(1)
+        """Unscale `grads` in place; False (and the scale halved) when any rank saw inf or NaN.
+
+        The flag is a tensor on `comm.device` with several ranks (NCCL all-reduces device tensors
+        only), where the gradients are on one; the one host synchronisation of the check is the
+        `.item()` at the end."""
+        device = comm.device if comm.gather_group is not None or not grads else grads[0].device
+        flags = []
         for g in grads:
             g.mul_(1.0 / self.scale)
-            if not torch.isfinite(g).all():
-                found_inf.fill_(1.0)
-        if comm.world_size > 1:
+            flags.append(torch.isfinite(g).all().logical_not().to(device))
+        found_inf = torch.zeros(1, device=device)
+        if flags:
+            found_inf = torch.stack(flags).any().float().reshape(1)
+        if comm.gather_group is not None:  # None for one rank alone (Comm.local)
             import torch.distributed as dist
 
             dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=comm.gather_group)

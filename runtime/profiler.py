@@ -1,8 +1,14 @@
 """Per-step measurements in the planner's vocabulary: phase times, bytes per link, peak bytes per tier.
 
 Phase boundaries come from the sharded model's own hooks (forward: root pre-hook to root post-hook;
-backward: first gradient to the end-of-backward callback; optimizer: `AdamW.step`). On CUDA each
-boundary synchronises the device so that a phase's time is the device's, not the launch queue's.
+backward: first gradient to the end-of-backward callback; optimizer: `AdamW.step`).
+
+[Note: phase times on CUDA]
+A phase's time is the device's, not the launch queue's. On CUDA a boundary records a timing event on
+the current stream and returns at once: boundaries run inside autograd hooks, where a host
+synchronisation would stall the queue that backward's kernels are issued into. `end_step` waits for
+the step's last event, once, and resolves every phase from the events. On the CPU a boundary reads
+the clock (the work before it has run).
 """
 
 from __future__ import annotations
@@ -50,19 +56,39 @@ class Profiler:
     """The last `MAX_SAMPLES` steps (a sample is ~2 KB: a run of millions of steps must not keep them
     all; `keep_samples` raises the bound where every step is wanted, as `planner run`'s profile)."""
     num_steps: int = 0
-    _phase_start_s: dict[str, float] = field(default_factory=dict)
+    _phase_start_s: dict[str, float | torch.cuda.Event] = field(default_factory=dict)
     _phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    _step_start_s: float | None = None
+    _step_start_s: float | torch.cuda.Event | None = None
+    _pending_phases: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+    """CUDA phases ended this step, resolved in `end_step` ([Note: phase times on CUDA])."""
     _links_at_start: dict[str, int] = field(default_factory=dict)
 
     def keep_samples(self, num_samples: int) -> None:
         """Keep the last `num_samples` step samples from now on."""
         self.samples = deque(self.samples, maxlen=max(1, num_samples))
 
-    def _now(self) -> float:
+    def _now(self) -> float | torch.cuda.Event:
+        """The CPU clock, or a timing event recorded on the device's current stream."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
         return time.perf_counter()
+
+    def _resolve(self, end: float | torch.cuda.Event) -> None:
+        """Add this step's CUDA phases into `_phase_s` (after `end`, the step's last event, completed)."""
+        if self.device.type != "cuda":
+            return
+        end.synchronize()
+        for phase, start, stop in self._pending_phases:
+            self._phase_s[phase] += start.elapsed_time(stop) / 1e3
+        self._pending_phases.clear()
+
+    @staticmethod
+    def _elapsed_s(start: float | torch.cuda.Event, end: float | torch.cuda.Event) -> float:
+        if isinstance(start, float):
+            return end - start
+        return start.elapsed_time(end) / 1e3
 
     def begin(self, phase: str) -> None:
         now = self._now()
@@ -76,20 +102,28 @@ class Profiler:
 
     def end(self, phase: str) -> None:
         start = self._phase_start_s.pop(phase, None)
-        if start is not None:
-            self._phase_s[phase] += self._now() - start
+        if start is None:
+            return
+        now = self._now()
+        if isinstance(now, float):
+            self._phase_s[phase] += now - start
+        else:
+            self._pending_phases.append((phase, start, now))
 
     def cancel_step(self) -> None:
         """A forward without backward (evaluation) is not a training step: drop its timings."""
         self._step_start_s = None
         self._phase_start_s.clear()
+        self._pending_phases.clear()
         self._phase_s = dict.fromkeys(PHASES, 0.0)
 
     def end_step(self) -> StepSample | None:
         """Close the step after the optimizer ran; returns its sample."""
         if self._step_start_s is None:
             return None
-        step_time = self._now() - self._step_start_s
+        end = self._now()
+        self._resolve(end)
+        step_time = self._elapsed_s(self._step_start_s, end)
         sample = StepSample(
             step=self.num_steps + 1,
             step_time_s=step_time,

@@ -43,6 +43,10 @@ class ActivationCheckpointStore:
         self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(x))
         return x.detach(), None
 
+    def prefetch(self, held: torch.Tensor, event: Any) -> Any:  # noqa: ARG002
+        """Start bringing a held input back to the compute device (nothing to do here)."""
+        return event
+
     def load(self, held: torch.Tensor, event: Any) -> torch.Tensor:  # noqa: ARG002
         return held
 
@@ -52,7 +56,14 @@ class ActivationCheckpointStore:
 
 class HostActivationCheckpointStore(ActivationCheckpointStore):
     """Holds segment inputs in host memory (`cpu` placement), copied on the side stream on CUDA.
-    On a CPU-only machine the input already is in host memory and is held as it is."""
+    On a CPU-only machine the input already is in host memory and is held as it is.
+
+    [Note: asynchronous checkpoint offload]
+    On CUDA both directions run on the copy stream and the host never waits for either: `save`
+    queues the input's device-to-host copy into pinned memory; `prefetch` (one segment ahead of the
+    recompute, see `RecomputeSegment._replay`) queues the host-to-device copy, which the copy stream
+    runs after the save's (one stream, in order), into a tensor allocated on the copy stream; `load`
+    makes the compute stream wait on that copy's event."""
 
     tier = "cpu"
 
@@ -64,15 +75,19 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
         self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(host))
         return host, event
 
+    def prefetch(self, held: torch.Tensor, event: Any) -> Any:  # noqa: ARG002 - ordered on the copy stream
+        """Start bringing a held input back to the device; `load` takes what this returns."""
+        if held.device == self.copier.device or isinstance(event, tuple):  # here, or on its way
+            return event
+        return self.copier.to_device(held)
+
     def load(self, held: torch.Tensor, event: Any) -> torch.Tensor:
-        if event is not None:
-            event.synchronize()
         if held.device == self.copier.device:
             return held
-        staged = torch.empty(held.shape, dtype=held.dtype, device=self.copier.device)
-        copy_done = self.copier.copy(staged, held, "h2d")
-        if copy_done is not None:
-            torch.cuda.current_stream(self.copier.device).wait_event(copy_done)
+        staged, copy_done = event if isinstance(event, tuple) else self.prefetch(held, event)
+        compute = torch.cuda.current_stream(self.copier.device)
+        compute.wait_event(copy_done)
+        staged.record_stream(compute)  # allocated on the copy stream
         return staged
 
 
@@ -93,6 +108,15 @@ class RecomputeSegment:
         self._input_requires_grad = False
         self._calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         """Each block's arguments other than the hidden state, for the replay."""
+        self.recomputed_next: RecomputeSegment | None = None
+        """The segment whose recompute follows this one's in backward (the one before it in the
+        forward): its input is prefetched when this recompute starts."""
+
+    def prefetch_input(self) -> None:
+        """Start bringing the checkpoint back for the recompute ([Note: asynchronous checkpoint offload])."""
+        if self._input is not None:
+            held, event = self._input
+            self._input = (held, self.store.prefetch(held, event))
 
     def begin(self, x: torch.Tensor) -> None:
         self.release()
@@ -127,6 +151,8 @@ class RecomputeSegment:
         # Same requires_grad as in forward: kernels (e.g. SDPA's backend) may choose by it, and the
         # recompute must save exactly what the forward saved.
         x = self.store.load(*self._input).detach().requires_grad_(self._input_requires_grad)
+        if self.recomputed_next is not None:  # one segment of prefetch
+            self.recomputed_next.prefetch_input()
         calls = self._calls
         self.recomputing = True
         try:
@@ -193,6 +219,8 @@ def apply_recompute(
     for start in range(0, len(blocks), interval):
         members = [blocks[i] for i in range(start, min(start + interval, len(blocks)))]
         segment = RecomputeSegment(members, store)
+        if segments:
+            segment.recomputed_next = segments[-1]
         for position, index in enumerate(range(start, start + len(members))):
             blocks[index] = RecomputedBlock(members[position], segment, position)
         segments.append(segment)

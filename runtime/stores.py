@@ -76,11 +76,25 @@ class Pending:
             return False
         return self._done is None or self._after is None or bool(self._done())
 
+    def synchronize(self) -> None:
+        """Block the host until the transfer ended, without consuming it (`wait` still runs `after`):
+        transfers queued in order on one stream are all over once the last one is."""
+        if self._event is not None:
+            self._event.synchronize()
+
+    @property
+    def on_copy_stream(self) -> bool:
+        """The tensor comes from the copy stream (the host-to-device copy of a host or NVMe shard):
+        a consumer on another stream orders itself after the copy's event, not after the compute."""
+        return self._event is not None and self._tensor.device.type == "cuda"
+
     def wait(self) -> torch.Tensor:
         if self._event is not None:
             if self._tensor.device.type == "cuda":
-                torch.cuda.current_stream(self._tensor.device).wait_event(self._event)
-            else:
+                consumer = torch.cuda.current_stream(self._tensor.device)
+                consumer.wait_event(self._event)
+                self._tensor.record_stream(consumer)  # it may have been allocated on the copy stream
+            elif not self._event.query():
                 self._event.synchronize()  # the host needs the bytes now
             self._event = None
         if self._after is not None:
@@ -96,6 +110,27 @@ class CopyEngine:
         self.device = device
         self.link_bytes = link_bytes
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @property
+    def stream(self) -> torch.cuda.Stream | None:
+        """The copy stream (None on the CPU: copies are done when `copy` returns)."""
+        return self._stream
+
+    def to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event]:
+        """Start copying the host tensor `src` into a new device tensor (CUDA only).
+
+        The new tensor is allocated on the copy stream, so the allocator cannot hand it memory that
+        kernels queued on the compute stream still use, and the copy need not wait for the compute
+        stream (which does not write host shards): it starts as soon as the copy stream is free. The
+        consumer waits on the event (`Pending.wait`, which records the tensor on its stream)."""
+        assert self._stream is not None and src.device.type == "cpu"
+        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        with torch.cuda.stream(self._stream):
+            dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return dst, event
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, link: str) -> torch.cuda.Event | None:
         """Start `dst.copy_(src)`; returns the event marking its end on CUDA (None when done)."""
@@ -243,8 +278,7 @@ class HostStore(ShardStore):
         if self._on_host_device():  # see [Note: the CPU machine]
             return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
         # Cast on the device after the copy: the link carries the stored width.
-        staged = torch.empty(shard.shape, dtype=shard.dtype, device=self.compute_device)
-        event = self.copier.copy(staged, shard, "h2d")
+        staged, event = self.copier.to_device(shard)
         if dtype == shard.dtype:
             return Pending(staged, event, fresh=True)
         return _CastPending(Pending(staged, event), dtype)
@@ -276,6 +310,10 @@ class _CastPending(Pending):
         super().__init__(torch.empty(0), fresh=True)
         self._inner = inner
         self._dtype = dtype
+
+    @property
+    def on_copy_stream(self) -> bool:
+        return self._inner.on_copy_stream
 
     def wait(self) -> torch.Tensor:
         return self._inner.wait().to(self._dtype)

@@ -128,8 +128,13 @@ class BufferRecycler:
     (docs/notes/2026-11-22-nvme-engine-buffers.md).
     """
 
-    def __init__(self, max_held_bytes: int) -> None:
+    def __init__(self, max_held_bytes: int, pin_hook: PinHook | None = None) -> None:
         self.max_held_bytes = max_held_bytes
+        self.pin_hook = pin_hook
+        """Page-locks every fresh buffer (and unlocks it before unmapping) when set: on CUDA a read
+        then copies to the device asynchronously; reuse pays the pinning once per buffer."""
+        self._pinned: dict[int, int] = {}
+        """Address -> capacity of every pinned buffer alive (leased or kept)."""
         self._free: dict[int, list[AlignedBuffer]] = {}
         self._free_bytes = 0
         self._leased_bytes = 0
@@ -160,9 +165,13 @@ class BufferRecycler:
             self._leased_bytes += capacity
             evicted = self._evict_over_cap() if buffer is None else []
         for old in evicted:  # a fresh buffer is coming: free ones of other sizes go first
-            old.close()
+            self._unmap(old)
         if buffer is None:
             buffer = AlignedBuffer(capacity)
+            if self.pin_hook is not None:
+                self.pin_hook.pin(buffer.address, buffer.capacity_bytes)
+                with self._lock:
+                    self._pinned[buffer.address] = buffer.capacity_bytes
         return np.asarray(_Lease(buffer, self, nbytes))
 
     def hold_outside(self, nbytes: int) -> None:
@@ -173,7 +182,7 @@ class BufferRecycler:
             self._outside_bytes += nbytes
             evicted = self._evict_over_cap()
         for old in evicted:
-            old.close()
+            self._unmap(old)
 
     def release_outside(self, nbytes: int) -> None:
         with self._lock:
@@ -199,7 +208,20 @@ class BufferRecycler:
                 self._free.setdefault(buffer.capacity_bytes, []).append(buffer)
                 self._free_bytes += buffer.capacity_bytes
         if not keep:
-            buffer.close()
+            self._unmap(buffer)
+
+    def _unmap(self, buffer: AlignedBuffer) -> None:
+        with self._lock:
+            pinned = self._pinned.pop(buffer.address, None) is not None
+        if pinned:
+            self.pin_hook.unpin(buffer.address)
+        buffer.close()
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the buffers page-locked now (leased or kept)."""
+        with self._lock:
+            return sum(self._pinned.values())
 
     def close(self) -> None:
         """Unmap the free buffers; buffers still leased are unmapped when their arrays are freed."""
@@ -208,7 +230,7 @@ class BufferRecycler:
             free, self._free, self._free_bytes = self._free, {}, 0
         for buffers in free.values():
             for buffer in buffers:
-                buffer.close()
+                self._unmap(buffer)
 
 
 class BufferPool:

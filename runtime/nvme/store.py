@@ -22,6 +22,15 @@ buffers from step to step: the bill holds them throughout, and fresh ones cost p
 step, see [Note: recycled read buffers]).
 Reads return a `Pending` that waits for the I/O; the store also keeps every read handle until it
 finished, because a prefetch nobody waited for must not land in freed memory.
+
+[Note: NVMe reads to the device]
+On CUDA a shard read for the compute lands in a pinned host buffer (the rank's `BufferRecycler`
+page-locks its buffers once), and its host-to-device copy is issued on the copy stream as soon as
+the store sees the read landed: any later `read` of the store, the prefetcher's `ready()` poll, or
+at the latest the consumer's `wait()`. The consumer's stream waits on the copy's event, never the
+host (which only ever waits for the read itself). A pinned buffer under an asynchronous copy must
+not be reused before the copy ends: the store keeps each host buffer until its copy's event has
+completed (`_copies`), and `drain` waits for them.
 """
 
 from __future__ import annotations
@@ -148,6 +157,14 @@ class NvmeStore(ShardStore):
         self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
         self._free_staging: list[AlignedBuffer] = []
         self._reads: list[Handle] = []
+        self._landing: list[_ThenPending] = []
+        """Reads for the device whose host-to-device copy is not issued yet ([Note: NVMe reads to the device])."""
+        self._copies: list[tuple[torch.cuda.Event, torch.Tensor]] = []
+        """Host-to-device copies in flight with the pinned host buffer each reads from."""
+        if copier.device.type == "cuda" and self.recycler.pin_hook is None:
+            from runtime.nvme.pinning import TorchCudaPinHook
+
+            self.recycler.pin_hook = TorchCudaPinHook()
         self._staging_term = STAGING_TERMS[self.name]
         self.num_write_buffers = swap.write_buffers.get(self.name, WRITE_STAGING_BUFFERS)
         self.largest_write_bytes = 0
@@ -195,7 +212,12 @@ class NvmeStore(ShardStore):
         device = self.compute_device
         if device.type == "cpu" and dtype == stored:
             return Pending(host, after=handle.wait, done=handle.done, fresh=True)
-        return _ThenPending(handle, host, device, dtype, self.copier)
+        pending = _ThenPending(handle, host, device, dtype, self.copier, self._copies)
+        if device.type == "cuda":
+            self._landing = [p for p in self._landing if not p.issue_if_landed()]
+            self._copies[:] = [(e, h) for e, h in self._copies if not e.query()]
+            self._landing.append(pending)
+        return pending
 
     def read_into(self, key: ShardKey, out: torch.Tensor, offset: int = 0) -> Pending:
         handle = self._submit_read(key, out, offset)
@@ -238,6 +260,10 @@ class NvmeStore(ShardStore):
         reads, self._reads = self._reads, []
         for handle in reads:
             handle.wait()
+        self._landing.clear()  # every read landed; a copy nobody asked for is not issued
+        copies, self._copies[:] = list(self._copies), []
+        for event, _host in copies:
+            event.synchronize()
 
     def close(self) -> None:
         self.drain()
@@ -316,22 +342,43 @@ def _reap(handles: list[Handle]) -> list[Handle]:
 
 
 class _ThenPending(Pending):
-    """An NVMe read into host memory, then a cast and/or copy to the compute device."""
+    """An NVMe read into host memory, then a cast and/or copy to the compute device ([Note: NVMe
+    reads to the device] on CUDA)."""
 
-    __slots__ = ("_handle", "_host", "_device", "_dtype", "_copier")
+    __slots__ = ("_handle", "_host", "_device", "_dtype", "_copier", "_copies", "_staged", "_copied")
 
     def __init__(self, handle: Handle, host: torch.Tensor, device: torch.device, dtype: torch.dtype,
-                 copier: CopyEngine) -> None:
+                 copier: CopyEngine, copies: list) -> None:  # noqa: ANN001
         super().__init__(torch.empty(0), fresh=True)
         self._handle, self._host, self._device, self._dtype, self._copier = handle, host, device, dtype, copier
+        self._copies = copies
+        self._staged: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+
+    def issue_if_landed(self) -> bool:
+        """Issue the host-to-device copy if the read has landed (never blocks); True once issued."""
+        if self._staged is None and self._handle.done():
+            self._issue()
+        return self._staged is not None
+
+    def _issue(self) -> None:
+        self._handle.wait()
+        self._staged, self._copied = self._copier.to_device(self._host)
+        self._copies.append((self._copied, self._host))  # the pinned buffer lives until the copy ends
+
+    @property
+    def on_copy_stream(self) -> bool:
+        return self._device.type == "cuda"
 
     def ready(self) -> bool:
-        return self._handle.done()
+        if self._device.type == "cpu":
+            return self._handle.done()
+        return self.issue_if_landed() and self._copied.query()
 
     def wait(self) -> torch.Tensor:
-        self._handle.wait()
         if self._device.type == "cpu":
+            self._handle.wait()
             return self._host.to(self._dtype)
-        staged = torch.empty(self._host.shape, dtype=self._host.dtype, device=self._device)
-        event = self._copier.copy(staged, self._host, "h2d")
-        return Pending(staged, event).wait().to(self._dtype)
+        if self._staged is None:
+            self._issue()  # the host waits for the read only: the bytes are not in memory before
+        return Pending(self._staged, self._copied).wait().to(self._dtype)
