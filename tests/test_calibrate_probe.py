@@ -95,7 +95,10 @@ def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypat
     nvme_only = tuple(r for r in REFERENCE_RUNS if r.params == "nvme")
     monkeypatch.setattr(probe_reference, "REFERENCE_RUNS", nvme_only)
     with pytest.raises(PlannerError) as error:
-        calibrate_on_reference_runs(_cpu_node(), str(tmp_path / "missing"), train=probe_cli.train_reference_run)
+        # A swap directory whose parent is missing: `planner run` creates a missing swap directory only
+        # inside an existing parent, so this run fails before training.
+        calibrate_on_reference_runs(_cpu_node(), str(tmp_path / "no-such-parent" / "swap"),
+                                    train=probe_cli.train_reference_run)
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"probe reference run {nvme_only[0].name} failed (")
