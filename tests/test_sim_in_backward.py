@@ -183,7 +183,7 @@ def test_simulate_pin_and_bad_value(tmp_path):
     app.command("noop")(lambda: None)
     path = tmp_path / "plan.json"
     one_layer(nvme_node(), STATES_ON_NVME, "after_backward").save(path)
-    runner = CliRunner()
+    runner = CliRunner(env={"COLUMNS": "200"})  # one line per message: tables follow the terminal width
     result = runner.invoke(app, ["simulate", str(path), "--optimizer-step", "in_backward", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
