@@ -225,6 +225,18 @@ def test_recycler_pins_each_fresh_buffer_once_and_unpins_before_unmapping() -> N
 NVME_PARAMS = {"params": "nvme", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"}
 
 
+def _slow_kernel_and_events(store):  # noqa: ANN001, ANN202
+    """A long kernel on the compute stream, bracketed by timing events (`issued`, `compute_done`),
+    and an event the test records on the store's copy stream once its copy is issued."""
+    torch.cuda.synchronize()
+    compute, side = torch.cuda.current_stream(), store.copier.stream
+    issued, compute_done, copy_done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    issued.record(compute)
+    torch.cuda._sleep(SLOW_COPY_CYCLES)
+    compute_done.record(compute)
+    return side, issued, compute_done, copy_done
+
+
 @gpu
 def test_nvme_read_copies_to_the_device_on_the_copy_stream_once_landed(tmp_path: Path) -> None:
     """Property (overlap, measured with CUDA events): an NVMe parameter read lands in a pinned
@@ -239,12 +251,7 @@ def test_nvme_read_copies_to_the_device_on_the_copy_stream_once_landed(tmp_path:
     unit = _biggest_unit(model)
     store = unit.param_store
     expected = store.read(unit.key, unit.compute_dtype).wait().clone()
-    torch.cuda.synchronize()
-    compute, side = torch.cuda.current_stream(), store.copier.stream
-    issued, compute_done, copy_done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-    issued.record(compute)
-    torch.cuda._sleep(SLOW_COPY_CYCLES)
-    compute_done.record(compute)
+    side, issued, compute_done, copy_done = _slow_kernel_and_events(store)
     pending = store.read(unit.key, unit.compute_dtype)
     while not pending.issue_if_landed():  # the store issues the copy itself once the read lands
         pass
@@ -272,12 +279,7 @@ def test_host_shard_read_does_not_queue_behind_compute(precision: str) -> None:
     model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_CPU, precision=precision))
     unit = _biggest_unit(model)
     store = unit.param_store
-    torch.cuda.synchronize()
-    compute, side = torch.cuda.current_stream(), store.copier.stream
-    issued, compute_done, copy_done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-    issued.record(compute)
-    torch.cuda._sleep(SLOW_COPY_CYCLES)
-    compute_done.record(compute)
+    side, issued, compute_done, copy_done = _slow_kernel_and_events(store)
     pending = store.read(unit.key, unit.compute_dtype)
     copy_done.record(side)
     got = pending.wait()
