@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +154,15 @@ def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any
         # Both ranks are done with every collective before either tears its groups down: a rank
         # that destroys gloo's pairs while its peer is still using them can abort the peer.
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        # Print the cause before anything tears down: destroying the groups while the peer is still
+        # in a collective can abort this process (SIGABRT, "terminate called without an active
+        # exception") before torch's spawn records the exception, which would hide it. The groups
+        # are left to the interpreter's exit, after spawn has written the error file.
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise
+    dist.destroy_process_group()
 
 
 def run_distributed(fn_name: str, cases: list[tuple[Any, ...]], out_dir: Path, world_size: int = 2,
