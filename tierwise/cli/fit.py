@@ -95,6 +95,8 @@ def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: P
     node = result.request.node
     where = f"{gpus} GPU(s) of {node.name} ({chosen.num_nodes} node(s) of {node.num_gpus_per_node})"
     con.print(f"[bold]Model[/bold]  {report.model_line(chosen)}")
+    if chosen.node.share_line():  # part of a node: say what it bills (planner/hardware.py [Note: part of a node])
+        con.print(chosen.node.share_line(), soft_wrap=True)
     if result.best is None:
         con.print(f"[bold red]Verdict: does not fit[/bold red] on {where}")
         con.print(report.rejected_table(result.rejected))
