@@ -38,31 +38,34 @@ FSDP2_DOCS = "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.
 _MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
+_DEEPSPEED_WAY_OUT = "use --deepspeed-config (DeepSpeed runs every placement)"
+
+
 def fsdp2_refusal(plan: Plan) -> str:
-    """Why FSDP2 cannot run this plan ([Note: what FSDP2 can express]); empty when it can."""
+    """Why FSDP2 cannot run this plan and the way out ([Note: what FSDP2 can express]); empty when it can."""
     placement = plan.placement.to_dict()
     on_nvme = [state for state, tier in placement.items() if tier == "nvme"]
+    cpu_pin = "or pin --placement params=cpu,gradients=cpu,optimizer_states=cpu"
     if on_nvme:
-        return f"NVMe placement ({', '.join(f'{s}=nvme' for s in on_nvme)}): FSDP2 offloads to CPU memory only"
+        return (f"NVMe placement ({', '.join(f'{s}=nvme' for s in on_nvme)}): FSDP2 offloads to CPU memory only; "
+                f"{_DEEPSPEED_WAY_OUT} {cpu_pin}")
     states = {state: placement[state] for state in ("params", "gradients", "optimizer_states")}
     if len(set(states.values())) > 1:
         where = ", ".join(f"{s}={t}" for s, t in states.items())
         return (f"{where}: FSDP2 keeps parameters, gradients and optimizer states on one tier "
-                "(CPUOffloadPolicy moves all three), so it cannot split them")
+                f"(CPUOffloadPolicy moves all three), so it cannot split them; {_DEEPSPEED_WAY_OUT} {cpu_pin}")
     if plan.tiling_factor > 1:
-        return f"tiling (tiling_factor {plan.tiling_factor}): FSDP2 gathers each wrapped block whole"
+        return (f"tiling (tiling_factor {plan.tiling_factor}): FSDP2 gathers each wrapped block whole; "
+                "pin --tiling-factor 1")
     if plan.model_parallel_degree > 1:
         return (f"tensor parallelism (model_parallel_degree {plan.model_parallel_degree}): needs a model-specific "
-                "tensor-parallel plan beside fully_shard")
+                "tensor-parallel plan beside fully_shard; pin --model-parallel 1")
     return ""
 
 
-_DEEPSPEED_WAY_OUT = "use --deepspeed-config (DeepSpeed runs every placement) or pin a placement FSDP2 can run"
-
-
-def _refuse(what: str, reason: str, way_out: str = _DEEPSPEED_WAY_OUT) -> None:
+def _refuse(what: str, reason: str) -> None:
     if reason:
-        raise PlannerError(f"the {what} cannot express this plan: {reason}; {way_out}")
+        raise PlannerError(f"the {what} cannot express this plan: {reason}")
 
 
 def _header(plan: Plan, what: str, docs: str) -> list[str]:
@@ -133,10 +136,10 @@ def fsdp2_snippet(plan: Plan) -> str:
     what = "FSDP2 snippet"
     _refuse(what, fsdp2_refusal(plan))
     if plan.strategy == "dp":
-        _refuse(what, "plain data parallel replicates every state, which is DistributedDataParallel, not fully_shard",
-                "use --accelerate-config (it exports the plan as MULTI_GPU)")
+        _refuse(what, "plain data parallel replicates every state, which is DistributedDataParallel, not "
+                      "fully_shard; use --accelerate-config (it exports the plan as MULTI_GPU)")
     if plan.precision == "fp16":
-        _refuse(what, "fp16 needs a loss scaler this snippet does not set up", "use --accelerate-config or bf16")
+        _refuse(what, "fp16 needs a loss scaler this snippet does not set up; use --accelerate-config or bf16")
     header = _header(plan, what, FSDP2_DOCS)
     header.append("Run under torchrun, one process per GPU, after init_process_group")
     wrappers = ["checkpoint_wrapper"] + (["offload_wrapper"] if plan.placement.activation_checkpoints == "cpu" else [])

@@ -56,24 +56,25 @@ def test_accelerate_maps_each_expressible_strategy():
 
 
 @pytest.mark.parametrize(
-    ("changes", "named"),
+    ("changes", "named", "way_out"),
     [
         (dict(strategy="zero-inf-nvme", placement=strategy_named("zero-inf-nvme").placement, nvme_path="/nvme"),
-         "NVMe placement (params=nvme, gradients=nvme, optimizer_states=nvme)"),
+         "NVMe placement (params=nvme, gradients=nvme, optimizer_states=nvme)", "use --deepspeed-config"),
         (dict(strategy="zero-offload", placement=strategy_named("zero-offload").placement),
-         "params=gpu, gradients=cpu, optimizer_states=cpu"),
-        (dict(tiling_factor=4), "tiling (tiling_factor 4)"),
-        (dict(model_parallel_degree=4, micro_batch_per_gpu=1), "tensor parallelism (model_parallel_degree 4)"),
+         "params=gpu, gradients=cpu, optimizer_states=cpu", "use --deepspeed-config"),
+        (dict(tiling_factor=4), "tiling (tiling_factor 4)", "pin --tiling-factor 1"),
+        (dict(model_parallel_degree=4, micro_batch_per_gpu=1), "tensor parallelism (model_parallel_degree 4)",
+         "pin --model-parallel 1"),
     ],
 )
-def test_plans_fsdp2_cannot_express_are_refused_in_one_line(changes, named):
+def test_plans_fsdp2_cannot_express_are_refused_in_one_line(changes, named, way_out):
     refused = plan(**changes)
     assert named in fsdp2_refusal(refused)
     for export in (accelerate_config, fsdp2_snippet):
         with pytest.raises(PlannerError) as info:
             export(refused)
         message = str(info.value)
-        assert "\n" not in message and named in message and "--deepspeed-config" in message
+        assert "\n" not in message and named in message and way_out in message
 
 
 def test_snippet_refuses_what_only_accelerate_expresses():
@@ -159,7 +160,8 @@ def _fit(*args, cwd):
 
 def test_fit_writes_the_exports(tmp_path):
     result = _fit("1.4B", "--gpus", "8", "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu",
-                  "--accelerate-config", "acc.yaml", "--fsdp2-snippet", "shard.py", "--json", cwd=tmp_path)
+                  "--tiling-factor", "1", "--accelerate-config", "acc.yaml", "--fsdp2-snippet", "shard.py", "--json",
+                  cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan_doc = json.loads(result.stdout)
     doc = yaml.safe_load((tmp_path / "acc.yaml").read_text())
