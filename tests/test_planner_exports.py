@@ -140,11 +140,11 @@ RUN_SNIPPET = textwrap.dedent("""
 
 @pytest.mark.parametrize("strategy", ["zero-inf-cpu", "zero3"])
 def test_snippet_trains_a_tiny_model_on_one_gloo_rank(strategy, tmp_path):
+    from runtime_support import free_port  # imports torch: only where the snippet runs
     source = fsdp2_snippet(plan(strategy, num_gpus=8, precision="fp32"))
     (tmp_path / "snippet.py").write_text(source)
     (tmp_path / "run.py").write_text(RUN_SNIPPET)
-    port = str(29500 + os.getpid() % 1000 + (strategy == "zero3"))
-    result = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "snippet.py"), port],
+    result = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "snippet.py"), str(free_port())],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
