@@ -55,7 +55,16 @@ _CURVES: dict[str, tuple[str, float, str]] = {
     "transfer": ("size_mib", MIB, "bytes"),
     "matmul": ("gflop", 1e9, "flop"),
 }
-_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device"}
+_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations"}
+# The node's resources its GPUs share: part of a node gets its GPUs' share of each ([Note: part of a node]).
+SHARED_BY_GPUS: tuple[str, ...] = (
+    "cpu_memory_bytes",
+    "nvme_capacity_bytes",
+    "nvme_read_bytes_per_s",
+    "nvme_write_bytes_per_s",
+    "host_memory_bytes_per_s",
+    "cpu_adam_params_per_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +183,14 @@ class NodeSpec:
     """Fraction of a link's rate one transfer of a given size reaches (PCIe, NVMe, collectives)."""
     matmul_efficiency: EfficiencyCurve = EfficiencyCurve()
     """Fraction of `gpu_flops_per_s` one matmul of a given flop count reaches."""
+    whole_node_gpus: int = 0
+    """Nonzero when this spec is the share of a bigger node that `num_gpus_per_node` of its
+    `whole_node_gpus` GPUs get ([Note: part of a node]); 0 for a whole node."""
     sources: dict[str, Provenance] = field(default_factory=dict, compare=False)
     """Provenance per document key; unlisted keys are nominal."""
+    citations: dict[str, str] = field(default_factory=dict, compare=False)
+    """Public source per document key (datasheet or instance page URL; for a derived number, the rule
+    and its source). Presets for machines people own cite every number (tests/test_planner_presets.py)."""
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +216,10 @@ class NodeSpec:
             raise PlannerError(f"{where} has {self.num_gpus_per_node} GPUs per node but no gpu_gpu_intra_node_gb_per_s")
         for key, provenance in self.sources.items():
             string(provenance, f"{where} sources.{key}", choices=PROVENANCES)
+        number(self.whole_node_gpus, f"{where} whole_node_gpus", minimum=0, integer=True)
+        if self.whole_node_gpus and self.whole_node_gpus <= self.num_gpus_per_node:
+            raise PlannerError(f"{where} whole_node_gpus ({self.whole_node_gpus}) must exceed num_gpus_per_node "
+                               f"({self.num_gpus_per_node}), or be 0 for a whole node")
 
     # -- documents ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -216,7 +235,11 @@ class NodeSpec:
         curves = {"transfer": self.transfer_efficiency, "matmul": self.matmul_efficiency}
         if any(curve.points for curve in curves.values()):
             doc["efficiency"] = {kind: _curve_to_doc(curve, kind) for kind, curve in curves.items() if curve.points}
+        if self.whole_node_gpus:
+            doc["whole_node_gpus"] = self.whole_node_gpus
         doc["sources"] = dict(self.sources)
+        if self.citations:
+            doc["citations"] = dict(self.citations)
         if self.notes:
             doc["notes"] = self.notes
         return doc
@@ -248,6 +271,11 @@ class NodeSpec:
         sources = doc.get("sources", {})
         check_keys(sources, keys | _EXTRA_KEYS, f"{where} sources")
         kwargs["sources"] = {k: string(v, f"{where} sources.{k}", choices=PROVENANCES) for k, v in sources.items()}
+        citations = doc.get("citations", {})
+        check_keys(citations, keys | _EXTRA_KEYS | {"description"}, f"{where} citations")
+        kwargs["citations"] = {k: string(v, f"{where} citations.{k}", max_len=2_000) for k, v in citations.items()}
+        if "whole_node_gpus" in doc:
+            kwargs["whole_node_gpus"] = number(doc["whole_node_gpus"], f"{where} whole_node_gpus", minimum=0, integer=True)
         for text_key in ("description", "notes"):
             if text_key in doc:
                 kwargs[text_key] = string(doc[text_key], f"{where} {text_key}", max_len=20_000)
@@ -258,6 +286,31 @@ class NodeSpec:
         number(gib, "--max-alloc-gib", exclusive_minimum=0)
         return self.replace(gpu_max_alloc_bytes=gib * GIB)
 
+    def for_gpus(self, num_gpus: int) -> NodeSpec:
+        """What `num_gpus` GPUs get of this node: the whole node from its size up, else their share
+        ([Note: part of a node]). Idempotent: a share asked for its own GPU count is itself."""
+        whole = self.whole_node_gpus or self.num_gpus_per_node
+        used = min(num_gpus, whole)
+        if used == self.num_gpus_per_node:
+            return self
+        scale = used / self.num_gpus_per_node
+        shared = {attr: getattr(self, attr) * scale for attr in SHARED_BY_GPUS}
+        return self.replace(num_gpus_per_node=used, whole_node_gpus=0 if used == whole else whole, **shared)
+
+    def share_line(self) -> str:
+        """One line saying what part of a node this spec bills; empty for a whole node."""
+        if not self.whole_node_gpus:
+            return ""
+        used, whole = self.num_gpus_per_node, self.whole_node_gpus
+        nvme = ""
+        if self.nvme_capacity_bytes:
+            nvme = (f", NVMe ({self.nvme_capacity_bytes / GIB:,.0f} GiB, {self.nvme_read_bytes_per_s / GB:.3g}/"
+                    f"{self.nvme_write_bytes_per_s / GB:.3g} GB/s read/write)")
+        return (f"{whole}-GPU node, using {used} GPU{'s' if used > 1 else ''}: {used}/{whole} of its DRAM "
+                f"({self.cpu_memory_bytes / GIB:,.0f} GiB){nvme}, host memory bandwidth "
+                f"({self.host_memory_bytes_per_s / GB:.3g} GB/s) and CPU optimizer "
+                f"({self.cpu_adam_params_per_s / 1e9:.3g} G params/s)")
+
     def provenance(self, key: str) -> str:
         return self.sources.get(key, "nominal")
 
@@ -265,6 +318,20 @@ class NodeSpec:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc.update(changes)
         return NodeSpec(**doc)
+
+
+# [Note: part of a node]
+# A node's numbers are for all its GPUs busy (NodeSpec's docstring). Planning fewer GPUs than a node
+# has bills what those GPUs get when the rest of the node is someone else's: a share of the host DRAM,
+# NVMe capacity and rates, host memory bandwidth and CPU optimizer throughput (the cores) in
+# proportion to the GPUs used (SHARED_BY_GPUS); per-GPU numbers (GPU memory, FLOPS, HBM, the GPU's
+# own host link, NVLink) are unchanged. Proportional because that is how clouds cut a node: Azure's
+# NC A100 v4 sizes give 1, 2 and 4 A100s 220, 440 and 880 GiB and 1, 2 and 4 NVMe disks
+# (https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/nca100v4-series), and
+# batch schedulers allot CPUs and memory per GPU. It keeps the per-GPU share of every shared link
+# what it is on the full node. A machine you own with idle GPUs gets more: describe it with a
+# hardware file whose num_gpus_per_node is the GPUs you use. Applied once, where a plan meets its
+# GPU count (Plan.__post_init__); a plan's document then carries the share and `whole_node_gpus`.
 
 
 def _is_required(attr: str) -> bool:

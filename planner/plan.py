@@ -239,6 +239,8 @@ class Plan:
 
     def __post_init__(self) -> None:
         number(self.num_gpus, "num_gpus", minimum=1, maximum=1_000_000, integer=True)
+        # Part of a node bills its GPUs' share of the node (planner/hardware.py [Note: part of a node]).
+        object.__setattr__(self, "node", self.node.for_gpus(self.num_gpus))
         string(self.strategy, "strategy", choices=STRATEGIES)
         string(self.precision, "precision", choices=PRECISIONS)
         string(self.optimizer_step, "optimizer_step", choices=OPTIMIZER_STEPS)

@@ -45,13 +45,18 @@ def load_document(path: str | Path, what: str) -> dict[str, Any]:
 
 
 def write_json_atomic(path: str | Path, doc: Any, what: str) -> None:
-    """Write `doc` as JSON to a temporary file beside `path`, fsync it, then rename it into place:
+    """Write `doc` as JSON, atomically (write_text_atomic)."""
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n", what)
+
+
+def write_text_atomic(path: str | Path, text: str, what: str) -> None:
+    """Write `text` to a temporary file beside `path`, fsync it, then rename it into place:
     a crash mid-write never leaves a half-written document where a good one was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(doc, indent=2) + "\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         tmp.replace(path)

@@ -118,7 +118,8 @@ def test_efficiency_curve_interpolates_in_log_size_and_clamps():
 @pytest.mark.parametrize("name", sorted(hardware_presets()))
 def test_presets_round_trip_with_curves(name):
     node = hardware_presets()[name]
-    assert node.transfer_efficiency.points and node.matmul_efficiency.points
+    # Presets that cite every number (docs/hardware.md) have no curves: no public per-size curve exists for them.
+    assert bool(node.transfer_efficiency.points and node.matmul_efficiency.points) == (not node.citations)
     again = NodeSpec.from_dict(json.loads(json.dumps(node.to_dict())))
     assert again == node and again.transfer_efficiency == node.transfer_efficiency
 

@@ -35,6 +35,10 @@ def fit(
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
     deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config here")] = None,
+    accelerate_out: Annotated[Path | None, typer.Option(
+        "--accelerate-config", help="write an accelerate (FSDP2) config here, for `accelerate launch --config_file`")] = None,
+    fsdp2_out: Annotated[Path | None, typer.Option(
+        "--fsdp2-snippet", help="write a Python snippet applying the plan with FSDP2 fully_shard here")] = None,
     as_json: o.JsonOpt = False,
 ) -> None:
     """Find the fastest placement that fits MODEL on the hardware, and say why."""
@@ -42,7 +46,7 @@ def fit(
     from planner.plan import parse_placement_pins
     from planner.search import SearchRequest, search
     from planner.sim.refine import refine
-    from planner.specio import number, string
+    from planner.specio import number, string, write_text_atomic
 
     string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
     step = optimizer_step_pin(optimizer_step) or "after_backward"
@@ -68,11 +72,28 @@ def fit(
     chosen = result.best or (result.rejected[0] if result.rejected else None)
     if chosen is None:
         raise PlannerError("no candidate plan could be formed; check the pinned options")
+    exports = _exports(chosen, accelerate_out, fsdp2_out)  # refused before anything is written
     _write(chosen, out, deepspeed_out)
+    for path, (text, what) in exports.items():
+        write_text_atomic(path, text, what)
     if as_json:
         o.print_json(chosen.to_dict())
         return
     _print_verdict(result, chosen, gpus, out, deepspeed_out)
+    for path, (_, what) in exports.items():
+        typer.echo(f"{what} written to {path}")
+
+
+def _exports(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001
+    """Path -> (text, what) for the FSDP2 exports asked for; a plan they cannot express is refused here."""
+    from planner.exports import accelerate_yaml, fsdp2_snippet
+
+    exports = {}
+    if accelerate_out is not None:
+        exports[accelerate_out] = (accelerate_yaml(chosen), "accelerate config")
+    if fsdp2_out is not None:
+        exports[fsdp2_out] = (fsdp2_snippet(chosen), "FSDP2 snippet")
+    return exports
 
 
 def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
@@ -95,6 +116,8 @@ def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: P
     node = result.request.node
     where = f"{gpus} GPU(s) of {node.name} ({chosen.num_nodes} node(s) of {node.num_gpus_per_node})"
     con.print(f"[bold]Model[/bold]  {report.model_line(chosen)}")
+    if chosen.node.share_line():  # part of a node: say what it bills (planner/hardware.py [Note: part of a node])
+        con.print(chosen.node.share_line())
     if result.best is None:
         con.print(f"[bold red]Verdict: does not fit[/bold red] on {where}")
         con.print(report.rejected_table(result.rejected))

@@ -34,12 +34,16 @@ def hardware_command(
         o.print_json(doc)
         return
     table = Table(title=f"{spec.name}: {spec.description}", title_justify="left")
-    for col in ("key", "value", "provenance"):
+    columns = ("key", "value", "provenance", "source") if spec.citations else ("key", "value", "provenance")
+    for col in columns:
         table.add_column(col, no_wrap=col == "key", overflow="fold")
     for key, value in doc.items():
-        if key in ("name", "description", "sources", "notes"):
+        if key in ("name", "description", "sources", "citations", "notes"):
             continue
-        table.add_row(key, f"{value:g}" if isinstance(value, float) else str(value), spec.provenance(key))
+        row = [key, f"{value:g}" if isinstance(value, float) else str(value), spec.provenance(key)]
+        if spec.citations:
+            row.append(spec.citations.get(key, ""))
+        table.add_row(*row)
     report.console().print(table)
     if spec.notes:
         report.console().print(spec.notes)

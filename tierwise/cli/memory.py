@@ -99,6 +99,8 @@ def _print_bill(plan, quantities: dict) -> None:  # noqa: ANN001
 
     con = report.console()
     con.print(f"[bold]Model[/bold]  {report.model_line(plan)}")
+    if plan.node.share_line():  # part of a node: say what it bills (planner/hardware.py [Note: part of a node])
+        con.print(plan.node.share_line())
     table = Table(title="Paper quantities (docs/method.md §2)", title_justify="left")
     for col in ("quantity", "bytes", "", "equation"):
         table.add_column(col, justify="right" if col in ("bytes", "") else "left", overflow="fold")

@@ -71,6 +71,8 @@ def print_prediction(plan: Plan) -> None:
     step = ", optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}{step}: "
                   f"{verdict}")
+    if plan.node.share_line():  # part of a node: say what it bills (planner/hardware.py [Note: part of a node])
+        console.print(plan.node.share_line())
     console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "
                   f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{report.bottleneck_label(p.bottleneck)}[/]")
     console.print("phases: " + ", ".join(f"{k} {v:.4g} s" for k, v in p.phase_time_s.items()))
