@@ -154,6 +154,12 @@ def verify(directory: Path, *, world_size: int, fingerprint_: str) -> Manifest:
     directory = Path(directory)
     manifest = read_manifest(directory)
     check_same_run(manifest, directory, world_size=world_size, fingerprint_=fingerprint_)
+    check_files(directory, manifest)
+    return manifest
+
+
+def check_files(directory: Path, manifest: Manifest) -> None:
+    """Every file of the manifest has its recorded size and SHA-256; a one-line CheckpointError otherwise."""
     for expected in manifest.files:
         path = directory / expected.name
         try:
@@ -164,7 +170,6 @@ def verify(directory: Path, *, world_size: int, fingerprint_: str) -> Manifest:
             raise CheckpointError(f"{path} has {actual.size_bytes} bytes, the manifest says {expected.size_bytes}")
         if actual.sha256 != expected.sha256:
             raise CheckpointError(f"{path} does not match its SHA-256 in the manifest (corrupt)")
-    return manifest
 
 
 def checkpoint_steps(root: Path) -> list[int]:
