@@ -193,3 +193,15 @@ def test_planner_export_on_the_command_line(tmp_path: Path) -> None:
     again = CliRunner().invoke(app, ["export", str(tmp_path / "ck"), "--out", str(tmp_path / "out")])
     assert again.exit_code != 0
     assert "already exists and is not an empty directory; choose a new folder" in str(again.exception or again.output)
+
+
+def test_tiled_and_recomputed_blocks_export_under_their_own_names(tmp_path: Path) -> None:
+    """Tiling splits each Linear into row blocks (`.tiles.i`) and recomputation wraps each block
+    (`.block`): the export concatenates the tiles and drops the wrappers' names."""
+    logits = train_and_checkpoint(plan(ALL_CPU, world_size=1, tiling_factor=2, checkpoint_interval=1),
+                                  str(tmp_path / "ck"))
+    doc = json.loads((tmp_path / "ck" / "step-000000002" / "rank-00000.json").read_text())["model"]
+    (k_proj,) = [t for t in doc["tensors"] if t["name"] == "model.layers.1.self_attn.k_proj.weight"]
+    assert k_proj["shape"] == [32, 64] and [s[1:] for s in k_proj["segments"]] == [[0, 1024], [0, 1024]]
+    assert len(doc["units"]) > len(doc["tensors"])  # a unit per tile
+    check_export(tmp_path / "ck", tmp_path / "out", logits)
