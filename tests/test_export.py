@@ -11,12 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 from export_support import fixed_batch, plan, train_and_checkpoint
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reliability_support import ALL_NVME
 from runtime_support import ALL_CPU, run_distributed
+from test_planner_fuzz import json_values
 from typer.testing import CliRunner
 
+from planner.errors import PlannerError
 from runtime.ckpt import CheckpointError
 from runtime.ckpt.export import export, parse_size
+from runtime.ckpt.files import file_digest
+from runtime.ckpt.model_layout import LAYOUT_FORMAT, parse_layout
 from runtime.ckpt.safetensors_io import read_header_of
 
 transformers = pytest.importorskip("transformers")
@@ -205,3 +211,51 @@ def test_tiled_and_recomputed_blocks_export_under_their_own_names(tmp_path: Path
     assert k_proj["shape"] == [32, 64] and [s[1:] for s in k_proj["segments"]] == [[0, 1024], [0, 1024]]
     assert len(doc["units"]) > len(doc["tensors"])  # a unit per tile
     check_export(tmp_path / "ck", tmp_path / "out", logits)
+
+
+LAYOUT_DOC = {"format": LAYOUT_FORMAT, "hf_config": {"model_type": "llama"}, "architecture": "LlamaForCausalLM",
+              "world_size": 2, "units": [{"shard_numel": 44, "master": "optimizer_states/master:0:a", "params": "params/0:a"}],
+              "tensors": [{"name": "a.weight", "shape": [8, 10], "segments": [[0, 0, 80]]},
+                          {"name": "a.bias", "shape": [8], "segments": [[0, 80, 8]]}], "persistent_buffers": []}
+
+
+def test_the_valid_layout_parses() -> None:
+    layout = parse_layout(LAYOUT_DOC, "layout")
+    assert [(t.name, t.shape, t.numel) for t in layout.tensors] == [("a.weight", (8, 10), 80), ("a.bias", (8,), 8)]
+    outside = {**LAYOUT_DOC, "tensors": [{"name": "a.bias", "shape": [8], "segments": [[0, 81, 8]]}]}
+    with pytest.raises(CheckpointError, match=r"layout.tensors\[0\].segments must be \[unit, offset, numel\] ranges"):
+        parse_layout(outside, "layout")  # past the 2 x 44 padded elements of unit 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_damaged_layouts_are_one_line_errors(data: st.DataObject) -> None:
+    doc = json.loads(json.dumps(LAYOUT_DOC))
+    where = data.draw(st.sampled_from(["top", "units", "tensors"]))
+    target = doc if where == "top" else doc[where][0]
+    key = data.draw(st.sampled_from([*target, "extra"]))
+    if data.draw(st.booleans()) and key in target:
+        del target[key]
+    else:
+        target[key] = data.draw(json_values)
+    try:
+        parse_layout(doc, "layout")
+    except PlannerError as exc:  # CheckpointError is one
+        assert "\n" not in str(exc)
+
+
+def test_a_model_with_persistent_buffers_is_refused(tmp_path: Path) -> None:
+    """Checkpoints hold parameters; a state dict with buffers besides them cannot be exported whole."""
+    train_and_checkpoint(plan(ALL_CPU, world_size=1), str(tmp_path / "ck"))
+    step = tmp_path / "ck" / "step-000000002"
+    doc = json.loads((step / "rank-00000.json").read_text())
+    doc["model"]["persistent_buffers"] = ["model.norm.running_mean"]
+    (step / "rank-00000.json").write_text(json.dumps(doc))
+    manifest = json.loads((step / "MANIFEST.json").read_text())
+    digest = file_digest(step / "rank-00000.json")
+    manifest["files"] = [f if f["name"] != digest.name else {**f, "size_bytes": digest.size_bytes, "sha256": digest.sha256}
+                         for f in manifest["files"]]
+    (step / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"the model has persistent buffers \(model.norm.running_mean\) that "
+                                              "training checkpoints do not hold"):
+        export(tmp_path / "ck", tmp_path / "out")

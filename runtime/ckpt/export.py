@@ -148,6 +148,10 @@ def _read_layout(directory: Path, manifest: Manifest) -> Layout:
         raise CheckpointError(f"{directory}: this checkpoint is of the built-in GPT model ({layout.architecture}), "
                               "not of a Hugging Face architecture; export needs a run of a Hugging Face architecture: "
                               "planner run --model CONFIG")
+    if layout.persistent_buffers:
+        raise CheckpointError(f"{directory}: the model has persistent buffers ({', '.join(layout.persistent_buffers[:3])}) "
+                              "that training checkpoints do not hold; export supports models whose state dict is their "
+                              "parameters (Llama, Mistral, Qwen2, Gemma, GPT-NeoX, ...)")
     if layout.world_size != manifest.world_size:
         raise CheckpointError(f"{path}.model is for {layout.world_size} rank(s), the manifest for {manifest.world_size}")
     return layout

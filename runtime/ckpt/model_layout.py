@@ -8,7 +8,8 @@ Rank 0's `rank-00000.json` carries it under `"model"`:
      "units":   [{"shard_numel": 2080, "master": "optimizer_states/master:0:model.embed_tokens",
                   "params": "params/0:model.embed_tokens"}, ...],
      "tensors": [{"name": "model.embed_tokens.weight", "shape": [128, 64],
-                  "segments": [[0, 0, 8192]]}, ...]}
+                  "segments": [[0, 0, 8192]]}, ...],
+     "persistent_buffers": []}           buffers in the state dict (checkpoints hold none: export refuses them)
 
 [Note: a parameter's place in the rank files]
 A unit's parameters lie end to end in one flat vector padded to a multiple of the world size, rank r
@@ -69,13 +70,13 @@ def describe(state: Any) -> dict[str, Any]:
                 shape = tuple(layout.shapes[j])
         tensors.append({"name": name, "shape": list(shape), "segments": segments})
     return {"format": LAYOUT_FORMAT, "hf_config": hf_config_dict(model), "architecture": type(model).__name__,
-            "world_size": state.comm.world_size, "units": units, "tensors": tensors}
+            "world_size": state.comm.world_size, "units": units, "tensors": tensors,
+            "persistent_buffers": persistent_buffers(model)}
 
 
 def _export_params(module: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, list[Any], tuple[int, ...] | None]]:
     """(state-dict name, the parameters whose concatenation it is, its shape when not the one
     parameter's), in `named_parameters()` order."""
-    from runtime.recompute import RecomputedBlock
     from runtime.tiling import TiledLinear
 
     if isinstance(module, TiledLinear):
@@ -89,10 +90,25 @@ def _export_params(module: Any, prefix: str, seen: set[int]) -> Iterator[tuple[s
             seen.add(id(p))
             yield f"{prefix}{name}", [p], None
     for name, child in module._modules.items():
-        if child is None:
-            continue
-        inner = prefix if isinstance(module, RecomputedBlock) and name == "block" else f"{prefix}{name}."
-        yield from _export_params(child, inner, seen)
+        if child is not None:
+            yield from _export_params(child, _child_prefix(module, name, prefix), seen)
+
+
+def _child_prefix(module: Any, name: str, prefix: str) -> str:
+    from runtime.recompute import RecomputedBlock
+
+    return prefix if isinstance(module, RecomputedBlock) and name == "block" else f"{prefix}{name}."
+
+
+def persistent_buffers(module: Any, prefix: str = "") -> list[str]:
+    """State-dict names of the model's persistent buffers: checkpoints hold parameters only, so an
+    export of a model with any is refused (the dense decoders' rotary tables are not persistent)."""
+    out = [f"{prefix}{name}" for name, b in module._buffers.items()
+           if b is not None and name not in module._non_persistent_buffers_set]
+    for name, child in module._modules.items():
+        if child is not None:
+            out += persistent_buffers(child, _child_prefix(module, name, prefix))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +129,12 @@ class Layout:
     world_size: int
     units: tuple[dict[str, Any], ...]
     tensors: tuple[ExportTensor, ...]
+    persistent_buffers: tuple[str, ...]
 
 
 def parse_layout(doc: Any, where: str) -> Layout:
     """The layout document, strictly checked: every segment inside its unit's padded flat vector."""
-    check_keys(doc, {"format", "hf_config", "architecture", "world_size", "units", "tensors"}, where)
+    check_keys(doc, {"format", "hf_config", "architecture", "world_size", "units", "tensors", "persistent_buffers"}, where)
     if doc.get("format") != LAYOUT_FORMAT:
         raise CheckpointError(f"{where}.format must be {LAYOUT_FORMAT!r}, got {doc.get('format')!r}")
     world = int(number(doc.get("world_size"), f"{where}.world_size", minimum=1, maximum=1 << 20, integer=True))
@@ -134,7 +151,9 @@ def parse_layout(doc: Any, where: str) -> Layout:
                       "master": string(u.get("master"), f"{at}.master", max_len=MAX_NAME_CHARS),
                       "params": string(u.get("params"), f"{at}.params", max_len=MAX_NAME_CHARS)})
     tensors = [_parse_tensor(t, f"{where}.tensors[{i}]", units, world) for i, t in enumerate(_list(doc, "tensors", where))]
-    return Layout(config, architecture, world, tuple(units), tuple(tensors))
+    buffers = tuple(string(b, f"{where}.persistent_buffers[{i}]", max_len=MAX_NAME_CHARS)
+                    for i, b in enumerate(_list(doc, "persistent_buffers", where)))
+    return Layout(config, architecture, world, tuple(units), tuple(tensors), buffers)
 
 
 def _list(doc: dict[str, Any], key: str, where: str) -> list[Any]:
