@@ -49,6 +49,8 @@ def test_rank_files_load_with_safetensors(tmp_path: Path) -> None:
     assert doc["format"] == RANK_FORMAT and "tensors" not in doc
     assert doc["model"]["units"][0]["master"] == "optimizer_states/master:0:model.embed_tokens"
     assert doc["model"]["hf_config"]["num_key_value_heads"] == 2
+    assert doc["model"]["tensors"][0] == {"name": "model.embed_tokens.weight", "shape": [128, 64], "dtype": "bfloat16",
+                                          "segments": [[0, 0, 128 * 64]]}
 
 
 def to_first_format(step_dir: Path) -> None:

@@ -215,14 +215,14 @@ def test_tiled_and_recomputed_blocks_export_under_their_own_names(tmp_path: Path
 
 LAYOUT_DOC = {"format": LAYOUT_FORMAT, "hf_config": {"model_type": "llama"}, "architecture": "LlamaForCausalLM",
               "world_size": 2, "units": [{"shard_numel": 44, "master": "optimizer_states/master:0:a", "params": "params/0:a"}],
-              "tensors": [{"name": "a.weight", "shape": [8, 10], "segments": [[0, 0, 80]]},
-                          {"name": "a.bias", "shape": [8], "segments": [[0, 80, 8]]}], "persistent_buffers": []}
+              "tensors": [{"name": "a.weight", "shape": [8, 10], "dtype": "bfloat16", "segments": [[0, 0, 80]]},
+                          {"name": "a.bias", "shape": [8], "dtype": "bfloat16", "segments": [[0, 80, 8]]}], "persistent_buffers": []}
 
 
 def test_the_valid_layout_parses() -> None:
     layout = parse_layout(LAYOUT_DOC, "layout")
     assert [(t.name, t.shape, t.numel) for t in layout.tensors] == [("a.weight", (8, 10), 80), ("a.bias", (8,), 8)]
-    outside = {**LAYOUT_DOC, "tensors": [{"name": "a.bias", "shape": [8], "segments": [[0, 81, 8]]}]}
+    outside = {**LAYOUT_DOC, "tensors": [{"name": "a.bias", "shape": [8], "dtype": "bfloat16", "segments": [[0, 81, 8]]}]}
     with pytest.raises(CheckpointError, match=r"layout.tensors\[0\].segments must be \[unit, offset, numel\] ranges"):
         parse_layout(outside, "layout")  # past the 2 x 44 padded elements of unit 0
 

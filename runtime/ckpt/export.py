@@ -145,9 +145,10 @@ def _read_layout(directory: Path, manifest: Manifest) -> Layout:
                               "then export that checkpoint")
     layout = parse_layout(doc["model"], f"{path}.model")
     if layout.hf_config is None:
-        raise CheckpointError(f"{directory}: this checkpoint is of the built-in GPT model ({layout.architecture}), "
-                              "not of a Hugging Face architecture; export needs a run of a Hugging Face architecture: "
-                              "planner run --model CONFIG")
+        model = ("the built-in GPT model (GPT)" if layout.architecture == "GPT" else
+                 f"{layout.architecture}, a model without a Hugging Face config")
+        raise CheckpointError(f"{directory}: this checkpoint is of {model}, not of a Hugging Face architecture; "
+                              "export needs a run of a Hugging Face architecture: planner run --model CONFIG")
     if layout.persistent_buffers:
         raise CheckpointError(f"{directory}: the model has persistent buffers ({', '.join(layout.persistent_buffers[:3])}) "
                               "that training checkpoints do not hold; export supports models whose state dict is their "

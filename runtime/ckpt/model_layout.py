@@ -7,7 +7,7 @@ Rank 0's `rank-00000.json` carries it under `"model"`:
      "architecture": "LlamaForCausalLM", "world_size": 2,
      "units":   [{"shard_numel": 2080, "master": "optimizer_states/master:0:model.embed_tokens",
                   "params": "params/0:model.embed_tokens"}, ...],
-     "tensors": [{"name": "model.embed_tokens.weight", "shape": [128, 64],
+     "tensors": [{"name": "model.embed_tokens.weight", "shape": [128, 64], "dtype": "bfloat16",
                   "segments": [[0, 0, 8192]]}, ...],
      "persistent_buffers": []}           buffers in the state dict (checkpoints hold none: export refuses them)
 
@@ -20,7 +20,7 @@ tile, its tiles being consecutive row blocks. Names are `model.named_parameters(
 Face state-dict keys) with the runtime's wrappers taken out (a recomputed block's `.block`, a tiled
 Linear's `.tiles.i`), tied parameters under their first name only, as `named_parameters()` gives them.
 `master` names the fp32 master shard in the rank files (`params/...` when the fp32 parameter shard is
-the master), `params` the shard in the compute dtype.
+the master), `params` the shard in the compute dtype; a tensor's `dtype` is the one it trains in.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 
 from planner.specio import check_keys, number, string
 from runtime.ckpt.errors import CheckpointError
+from runtime.ckpt.safetensors_io import DTYPE_CODES
 
 LAYOUT_FORMAT = "tierwise.model-layout/1"
 MAX_NAME_CHARS = 1000
@@ -68,7 +69,8 @@ def describe(state: Any) -> dict[str, Any]:
             segments.append([unit, layout.offsets[j], layout.shapes[j].numel()])
             if shape is None:  # the parameter itself is empty between uses: its shape is the layout's
                 shape = tuple(layout.shapes[j])
-        tensors.append({"name": name, "shape": list(shape), "segments": segments})
+        tensors.append({"name": name, "shape": list(shape), "dtype": str(params[0].dtype).removeprefix("torch."),
+                        "segments": segments})
     return {"format": LAYOUT_FORMAT, "hf_config": hf_config_dict(model), "architecture": type(model).__name__,
             "world_size": state.comm.world_size, "units": units, "tensors": tensors,
             "persistent_buffers": persistent_buffers(model)}
@@ -115,6 +117,8 @@ def persistent_buffers(module: Any, prefix: str = "") -> list[str]:
 class ExportTensor:
     name: str
     shape: tuple[int, ...]
+    dtype: str
+    """The dtype the parameter trains in (the compute dtype); the rank files' master copy is fp32."""
     segments: tuple[tuple[int, int, int], ...]
 
     @property
@@ -163,8 +167,9 @@ def _list(doc: dict[str, Any], key: str, where: str) -> list[Any]:
 
 
 def _parse_tensor(t: Any, at: str, units: list[dict[str, Any]], world: int) -> ExportTensor:
-    check_keys(t, {"name", "shape", "segments"}, at)
+    check_keys(t, {"name", "shape", "dtype", "segments"}, at)
     name = string(t.get("name"), f"{at}.name", max_len=MAX_NAME_CHARS)
+    dtype = string(t.get("dtype"), f"{at}.dtype", choices=tuple(DTYPE_CODES))
     shape = t.get("shape")
     if not (isinstance(shape, list) and all(type(n) is int and 0 <= n < 1 << 50 for n in shape)):
         raise CheckpointError(f"{at}.shape must be a list of non-negative integers")
@@ -174,7 +179,7 @@ def _parse_tensor(t: Any, at: str, units: list[dict[str, Any]], world: int) -> E
                 and seg[0] < len(units) and seg[1] + seg[2] <= units[seg[0]]["shard_numel"] * world):
             raise CheckpointError(f"{at}.segments must be [unit, offset, numel] ranges inside the units")
         segments.append((seg[0], seg[1], seg[2]))
-    out = ExportTensor(name, tuple(shape), tuple(segments))
+    out = ExportTensor(name, tuple(shape), dtype, tuple(segments))
     expected = 1
     for n in shape:
         expected *= n
