@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from export_support import fixed_batch, plan, train_and_checkpoint
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_support import ALL_NVME
 from runtime_support import ALL_CPU, run_distributed
 from test_planner_fuzz import json_values
+from test_reliability_fuzz import invoke
 from typer.testing import CliRunner
 
 from planner.errors import PlannerError
@@ -80,6 +81,7 @@ def test_tied_embeddings_are_stored_once_as_transformers_expects(tmp_path: Path)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+@pytest.mark.slow
 def test_two_ranks_on_cpu_and_on_nvme_export_the_gathered_model(tmp_path: Path) -> None:
     """Units split across both ranks' shards (attention biases: a weight across both, the bias in
     rank 1's), with the master weights in the host store and in NVMe swap files."""
@@ -259,3 +261,24 @@ def test_a_model_with_persistent_buffers_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"the model has persistent buffers \(model.norm.running_mean\) that "
                                               "training checkpoints do not hold"):
         export(tmp_path / "ck", tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("export")
+    train_and_checkpoint(plan(ALL_CPU, world_size=1), str(root / "ck"))
+    return root / "ck"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.one_of(st.text(max_size=12), st.sampled_from(["1", "0", "0.5KB", "3 GiB", "1e9", "-5GB", "5gb", "10XB"])),
+       dtype=st.one_of(st.none(), st.text(max_size=6), st.sampled_from(["fp32", "bf16", "fp16", "FP32"])),
+       step=st.one_of(st.none(), st.integers(-3, 4)))
+def test_planner_export_options_are_answered_or_refused_in_one_line(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                                   size: str, dtype: str | None, step: int | None) -> None:
+    out = tmp_path_factory.mktemp("out") / "model"
+    args = ["export", str(checkpoint), "--out", str(out), "--max-shard-size", size]
+    args += ["--dtype", dtype] if dtype is not None else []
+    args += ["--step", str(step)] if step is not None else []
+    invoke(args)
+    assert not out.with_name("model.partial").exists()
