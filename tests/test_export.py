@@ -212,7 +212,9 @@ def test_tiled_and_recomputed_blocks_export_under_their_own_names(tmp_path: Path
     (k_proj,) = [t for t in doc["tensors"] if t["name"] == "model.layers.1.self_attn.k_proj.weight"]
     assert k_proj["shape"] == [32, 64] and [s[1:] for s in k_proj["segments"]] == [[0, 1024], [0, 1024]]
     assert len(doc["units"]) > len(doc["tensors"])  # a unit per tile
+    assert doc["hf_config"]["use_cache"] is False  # turned off for the recompute, on again in the export
     check_export(tmp_path / "ck", tmp_path / "out", logits)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["use_cache"] is True
 
 
 LAYOUT_DOC = {"format": LAYOUT_FORMAT, "hf_config": {"model_type": "llama"}, "architecture": "LlamaForCausalLM",

@@ -168,6 +168,8 @@ def _exported_config(config: dict[str, Any] | None, chosen: str) -> dict[str, An
     out = dict(config or {})
     name = str(DTYPES[chosen]).removeprefix("torch.")
     out["dtype"] = name  # transformers 5's key; earlier versions read torch_dtype
+    if "use_cache" in out:  # runtime.shard turns the KV cache off for recompute; inference wants it
+        out["use_cache"] = True
     if "torch_dtype" in out:
         out["torch_dtype"] = name
     return out
