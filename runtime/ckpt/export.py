@@ -84,7 +84,7 @@ def export(checkpoint_dir: str | os.PathLike[str], out: str | os.PathLike[str], 
         raise CheckpointError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     directory, manifest = _pick_checkpoint(root, step, warn)
     layout = _read_layout(directory, manifest)
-    readers = RankFiles(directory, manifest.world_size, chunk_bytes)
+    readers = RankFiles(directory, manifest.world_size, max(chunk_bytes, 8))  # at least one element of any dtype
     chosen = dtype or CONFIG_DTYPES.get(_config_dtype(layout.hf_config), "fp32")
     try:
         sources = readers.sources(layout)
