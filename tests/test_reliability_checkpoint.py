@@ -48,7 +48,7 @@ def test_a_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, ca
     ref_dir, ck = tmp_path / "ref", tmp_path / "ck"
     _, full = launch_in_process(plan, "--steps", "4", "--save-every", "2", "--checkpoint-dir", str(ref_dir))
     launch_in_process(plan, "--steps", "3", "--save-every", "2", "--checkpoint-dir", str(ck))
-    data = ck / "step-000000003" / "rank-00000.bin"
+    data = ck / "step-000000003" / "rank-00000.safetensors"
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0x01  # one flipped bit
     data.write_bytes(bytes(raw))
@@ -106,6 +106,7 @@ def test_manifest_names_cannot_escape_the_checkpoint(tmp_path: Path) -> None:
 def test_tensor_names_are_the_shard_keys_strings_in_string_order(tmp_path: Path) -> None:
     """Shard keys are typed (`UnitKey`, `StateKey`) but a rank file names each shard by the key's
     string, in the string order it always had, so checkpoints written before keys were typed resume."""
+    from runtime.ckpt.safetensors_io import read_header_of
     from runtime.stores import StateKey, UnitKey
 
     assert str(UnitKey(10, "blocks.1.attn.proj")) == "10:blocks.1.attn.proj"
@@ -113,8 +114,7 @@ def test_tensor_names_are_the_shard_keys_strings_in_string_order(tmp_path: Path)
     plan = write_plan(tmp_path, OPTIMIZER_NVME, precision="bf16")
     code, _ = launch_in_process(plan, "--steps", "2", "--save-every", "2", "--checkpoint-dir", str(tmp_path / "ck"))
     assert code == 0
-    doc = json.loads((tmp_path / "ck" / "step-000000002" / "rank-00000.json").read_text())
-    names = [t["name"] for t in doc["tensors"]]
+    names = list(read_header_of(tmp_path / "ck" / "step-000000002" / "rank-00000.safetensors").tensors)
     assert names[:3] == ["params/0:wte", "params/10:blocks.1.attn.proj", "params/11:blocks.1.ln_2"]
     states = [n for n in names if n.startswith("optimizer_states/")]
     assert states[:2] == ["optimizer_states/exp_avg:0:wte", "optimizer_states/exp_avg:10:blocks.1.attn.proj"]

@@ -123,7 +123,7 @@ def test_the_nvme_path_filling_up_stops_with_one_line_and_keeps_the_last_checkpo
     assert [e["loss"] for e in events] == profile_losses(tmp_path / "ref.json")  # all 4 steps, on a full disk
     (error,) = [line for line in lines if line.startswith("TIERWISE_ERROR")]
     assert error == (f"TIERWISE_ERROR rank 0: cannot write checkpoint file {mount / 'ck' / '.step-000000004.partial'}"
-                     "/rank-00000.bin: No space left on device; free space or choose another --checkpoint-dir "
+                     "/rank-00000.safetensors: No space left on device; free space or choose another --checkpoint-dir "
                      "(earlier checkpoints are intact)")
 
 
@@ -138,7 +138,7 @@ def test_a_file_size_limit_during_a_checkpoint_is_one_line_through_the_cli(tmp_p
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the run stopped: rank 0: cannot write checkpoint file ")
-    assert last.endswith("rank-00000.bin: File too large; free space or choose another --checkpoint-dir "
+    assert last.endswith("rank-00000.safetensors: File too large; free space or choose another --checkpoint-dir "
                          "(earlier checkpoints are intact)")
     assert list((tmp_path / "ck").iterdir()) == []
 

@@ -21,7 +21,7 @@ from planner.plan import LINKS, PHASES, TIERS, Plan
 from planner.profile import SCHEMA, Profile
 from runtime.ckpt import check_checkpoint_dir
 from runtime.ckpt.manifest import FORMAT, Manifest
-from runtime.ckpt.rank_state import RANK_FORMAT, read_rank_index
+from runtime.ckpt.rank_state import RANK_FORMAT_V1, read_rank_index
 from runtime.nvme import SwapDirectory, SwapPathError
 from tierwise.cli import app
 
@@ -34,7 +34,7 @@ PROFILE_DOC = {"schema": SCHEMA, "measured": PLAN_DOC["prediction"], "losses": [
 MANIFEST_DOC = {"format": FORMAT, "step": 4, "world_size": 1, "fingerprint": "ab" * 32,
                 "files": [{"name": "rank-00000.bin", "size_bytes": 4096, "sha256": "0" * 64},
                           {"name": "rank-00000.json", "size_bytes": 100, "sha256": "f" * 64}]}
-INDEX_DOC = {"format": RANK_FORMAT, "rank": 0, "step": 4, "python_rng": [3, [1, 2], None],
+INDEX_DOC = {"format": RANK_FORMAT_V1, "rank": 0, "step": 4, "python_rng": [3, [1, 2], None],
              "tensors": [{"name": "params/0:wte", "dtype": "float32", "numel": 8, "offset_bytes": 0},
                          {"name": "rng/torch_cpu", "dtype": "uint8", "numel": 16, "offset_bytes": 32}]}
 

@@ -8,7 +8,9 @@
     ckpt.save(step, state, optimizer, scalars={...})  # collective; every rank writes its own files
 
 Layout and completeness: runtime/ckpt/manifest.py ([Note: checkpoint completeness]); durability:
-runtime/ckpt/files.py ([Note: atomic checkpoint files]); what a rank saves: runtime/ckpt/rank_state.py.
+runtime/ckpt/files.py ([Note: atomic checkpoint files]); what a rank saves: runtime/ckpt/rank_state.py
+(safetensors files: runtime/ckpt/safetensors_io.py); a checkpoint as a Hugging Face folder
+(`planner export`): runtime/ckpt/export.py, from the layout runtime/ckpt/model_layout.py records.
 The checkpoint directory must be one shared directory for all ranks of a multi-node run.
 """
 

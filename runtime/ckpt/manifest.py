@@ -2,8 +2,8 @@
 
     CHECKPOINT_DIR/
       step-000000006/            a complete checkpoint: MANIFEST.json + its files, checksums match
-        rank-00000.bin           this rank's tensors, raw bytes back to back (no pickle)
-        rank-00000.json          their index (name, dtype, numel, offset) and the scalars (step, RNG, ...)
+        rank-00000.safetensors   this rank's tensors, a safetensors file (no pickle)
+        rank-00000.json          its scalars (step, RNG, ...); rank 0's also the model's layout and HF config
         MANIFEST.json            written last: every file's size and SHA-256, step, world size, fingerprint
       .step-000000008.partial/   a checkpoint being written (or abandoned by a crash): never read
 
@@ -35,7 +35,9 @@ from runtime.ckpt.files import FileDigest, atomic_file, file_digest, fsync_dir
 FORMAT = "tierwise.checkpoint/1"
 MANIFEST = "MANIFEST.json"
 STEP_DIR = re.compile(r"step-(\d{9})")
-RANK_FILE = re.compile(r"rank-\d{5}\.(bin|json)")
+RANK_FILE = re.compile(r"rank-\d{5}\.(safetensors|bin|json)")
+TENSOR_SUFFIXES = ("safetensors", "bin")
+"""The rank tensor file of the current format, and of the first one (raw bytes + JSON index), still read."""
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_STEP = 10**9 - 1
 
@@ -97,14 +99,15 @@ class Manifest:
                 raise CheckpointError(f"{at} needs name, size_bytes and sha256")
             name = string(entry["name"], f"{at}.name", max_len=64)
             if not RANK_FILE.fullmatch(name):  # names are joined to the directory: no paths, no traversal
-                raise CheckpointError(f"{at}.name {name!r} is not a rank file name (rank-NNNNN.bin or .json)")
+                raise CheckpointError(f"{at}.name {name!r} is not a rank file name (rank-NNNNN.safetensors, .bin or .json)")
             size = int(number(entry["size_bytes"], f"{at}.size_bytes", minimum=0, maximum=1 << 60, integer=True))
             digest = string(entry["sha256"], f"{at}.sha256", max_len=64)
             if not re.fullmatch(r"[0-9a-f]{64}", digest):
                 raise CheckpointError(f"{at}.sha256 must be 64 lowercase hex digits")
             files.append(FileDigest(name, size, digest))
-        expected = sorted(rank_file(r, s) for r in range(world_size) for s in ("bin", "json"))
-        if sorted(f.name for f in files) != expected:
+        names = sorted(f.name for f in files)
+        if all(names != sorted(rank_file(r, s) for r in range(world_size) for s in (tensors, "json"))
+               for tensors in TENSOR_SUFFIXES):
             raise CheckpointError(f"{where}.files must be exactly the rank files of {world_size} rank(s)")
         return cls(step=step, world_size=world_size, fingerprint=fp, files=tuple(files), run_id=run_id)
 
@@ -151,6 +154,12 @@ def verify(directory: Path, *, world_size: int, fingerprint_: str) -> Manifest:
     directory = Path(directory)
     manifest = read_manifest(directory)
     check_same_run(manifest, directory, world_size=world_size, fingerprint_=fingerprint_)
+    check_files(directory, manifest)
+    return manifest
+
+
+def check_files(directory: Path, manifest: Manifest) -> None:
+    """Every file of the manifest has its recorded size and SHA-256; a one-line CheckpointError otherwise."""
     for expected in manifest.files:
         path = directory / expected.name
         try:
@@ -161,7 +170,6 @@ def verify(directory: Path, *, world_size: int, fingerprint_: str) -> Manifest:
             raise CheckpointError(f"{path} has {actual.size_bytes} bytes, the manifest says {expected.size_bytes}")
         if actual.sha256 != expected.sha256:
             raise CheckpointError(f"{path} does not match its SHA-256 in the manifest (corrupt)")
-    return manifest
 
 
 def checkpoint_steps(root: Path) -> list[int]:

@@ -1,13 +1,16 @@
 """One rank's share of a training checkpoint: its shards, optimizer tensors, RNG states and scalars.
 
-`rank-NNNNN.bin` holds raw tensor bytes back to back; `rank-NNNNN.json` indexes them (name, dtype,
-numel, byte offset) and carries the scalars (step, Python RNG state, loss scaler). Nothing is
-pickled, so loading a checkpoint can never run code.
+`rank-NNNNN.safetensors` holds the tensors (a safetensors file: runtime/ckpt/safetensors_io.py);
+`rank-NNNNN.json` carries the scalars (step, Python RNG state, loss scaler) and, on rank 0, the
+model's layout and Hugging Face config for `planner export` (runtime/ckpt/model_layout.py). Nothing
+is pickled, so loading a checkpoint can never run code. Checkpoints of the first format
+(`rank-NNNNN.bin`: raw bytes back to back, indexed by the JSON's `tensors`) still resume.
 
 Shards are streamed through one chunk buffer of the plan's `optimizer_chunk_bytes` (borrowed from
 the streamed optimizer's pool when the states are on NVMe), whatever the store: a state on NVMe is
 read chunk by chunk from its swap file into the checkpoint file and back, so host memory stays
-within the plan's budget however large the model.
+within the plan's budget however large the model. The safetensors header depends only on the
+tensors' names, dtypes and sizes, so it is written first and the data streamed after it.
 """
 
 from __future__ import annotations
@@ -25,11 +28,16 @@ from planner.specio import check_keys, number, string
 from runtime.ckpt.errors import CheckpointError
 from runtime.ckpt.files import FileDigest, atomic_file
 from runtime.ckpt.manifest import rank_file
+from runtime.ckpt.model_layout import describe
+from runtime.ckpt.safetensors_io import DTYPE_CODES, DTYPE_NAMES, encode_header, read_header
 from runtime.faults import fault_point
 from runtime.nvme import AlignedBuffer
 from runtime.stores import Pending, ShardKey, ShardStore
 
-RANK_FORMAT = "tierwise.checkpoint-rank/1"
+RANK_FORMAT = "tierwise.checkpoint-rank/2"
+"""The rank JSON of a checkpoint whose tensors are in `rank-NNNNN.safetensors`."""
+RANK_FORMAT_V1 = "tierwise.checkpoint-rank/1"
+"""The first format: tensors in `rank-NNNNN.bin`, indexed by the JSON's `tensors` (read, not written)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "uint8": torch.uint8,
           "float64": torch.float64, "int64": torch.int64}
 MAX_INDEX_BYTES = 64 << 20
@@ -117,33 +125,43 @@ def save_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: A
     entries = _store_entries(state)
     entries += [_tensor_entry(n, t) for n, t in sorted(optimizer.checkpoint_tensors().items())]
     entries += [_tensor_entry(n, t) for n, t in _rng_tensors().items()]
-    index = []
+    header, _ = encode_header([(e.name, DTYPE_CODES[_dtype_name(e.dtype)], (e.numel,)) for e in entries],
+                              {"format": "pt", "tierwise": RANK_FORMAT})
     buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes)
     try:
-        with atomic_file(directory / rank_file(rank, "bin")) as out:
+        with atomic_file(directory / rank_file(rank, "safetensors")) as out:
+            out.write(header)
             for i, entry in enumerate(entries):
-                index.append({"name": entry.name, "dtype": str(entry.dtype).removeprefix("torch."),
-                              "numel": entry.numel, "offset_bytes": out.size_bytes})
                 for start, numel in buffer.chunks(entry):
                     view = buffer.view(entry.dtype, numel)
                     entry.read(view, start).wait()
                     out.write(buffer.buffer.view[: numel * entry.dtype.itemsize])
                 if i == 0:
                     fault_point("checkpoint.rank_file", step=step, rank=rank)
-            bin_digest = out.digest()
+            tensors_digest = out.digest()
     finally:
         buffer.release()
-    doc = {"format": RANK_FORMAT, "rank": rank, "step": step, "tensors": index,
-           "python_rng": _python_rng_to_json(random.getstate()), **scalars}
+    doc = {"format": RANK_FORMAT, "rank": rank, "step": step, "python_rng": _python_rng_to_json(random.getstate()),
+           **scalars}
+    if rank == 0:
+        doc["model"] = describe(state)
     with atomic_file(directory / rank_file(rank, "json")) as out:
         out.write(json.dumps(doc).encode())
         json_digest = out.digest()
-    return [bin_digest, json_digest]
+    return [tensors_digest, json_digest]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def load_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: Any) -> dict[str, Any]:
-    """Load this rank's files from a verified checkpoint; returns the scalars (RNG states restored)."""
+    """Load this rank's files from a verified checkpoint (either format); returns the scalars (RNG
+    states restored)."""
     doc, index = read_rank_index(directory / rank_file(rank, "json"), rank=rank, step=step)
+    path = directory / rank_file(rank, "bin" if doc["format"] == RANK_FORMAT_V1 else "safetensors")
+    if doc["format"] != RANK_FORMAT_V1:
+        index = _safetensors_index(path)
     names = [e["name"] for e in index]
     targets = {e.name: e for e in _store_entries(state)}
     targets.update({n: _tensor_entry(n, t) for n, t in optimizer.checkpoint_tensors_for_load(names).items()})
@@ -154,7 +172,6 @@ def load_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: A
         extra = sorted(set(names) - expected)[:3]
         raise CheckpointError(f"checkpoint {directory} does not match this model (missing {missing}, unknown {extra}); "
                               "resume with the plan it was written for")
-    path = directory / rank_file(rank, "bin")
     buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes)
     try:
         with open(path, "rb") as f:
@@ -169,7 +186,7 @@ def load_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: A
                 target = targets[e["name"]]
                 if (target.numel, target.dtype) != (e["numel"], dtype):
                     raise CheckpointError(f"checkpoint tensor {e['name']} is {e['numel']} x {e['dtype']}, the model "
-                                          f"has {target.numel} x {str(target.dtype).removeprefix('torch.')}")
+                                          f"has {target.numel} x {_dtype_name(target.dtype)}")
                 f.seek(e["offset_bytes"])
                 for start, numel in buffer.chunks(target):
                     nbytes = numel * dtype.itemsize
@@ -189,8 +206,22 @@ def load_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: A
     return doc
 
 
+def _safetensors_index(path: Path) -> list[dict[str, Any]]:
+    """A rank file's tensors as the first format's index (name, dtype, numel, absolute byte offset)."""
+    try:
+        with open(path, "rb") as f:
+            header = read_header(f, path, path.stat().st_size)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint file {path}: {exc.strerror or exc}") from None
+    if header.metadata.get("tierwise") != RANK_FORMAT:
+        raise CheckpointError(f"{path} is a safetensors file but not a {RANK_FORMAT} rank file")
+    return [{"name": t.name, "dtype": DTYPE_NAMES[t.dtype], "numel": t.numel, "offset_bytes": header.data_start_bytes + t.begin_bytes}
+            for t in header.tensors.values()]
+
+
 def read_rank_index(path: Path, *, rank: int, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The rank file's JSON, strictly checked (it is input like any other file)."""
+    """The rank file's JSON, strictly checked (it is input like any other file), and, for the first
+    format, its tensor index (the current format's is the safetensors header: `_safetensors_index`)."""
     try:
         if path.stat().st_size > MAX_INDEX_BYTES:
             raise CheckpointError(f"{path} is larger than {MAX_INDEX_BYTES} bytes; not a checkpoint index")
@@ -200,10 +231,14 @@ def read_rank_index(path: Path, *, rank: int, step: int) -> tuple[dict[str, Any]
     except ValueError as exc:
         raise CheckpointError(f"checkpoint index {path} is not valid JSON ({str(exc).splitlines()[0]})") from None
     where = str(path)
-    if not isinstance(doc, dict) or doc.get("format") != RANK_FORMAT:
-        raise CheckpointError(f"{where} is not a {RANK_FORMAT} document")
+    if not isinstance(doc, dict) or doc.get("format") not in (RANK_FORMAT, RANK_FORMAT_V1):
+        raise CheckpointError(f"{where} is not a {RANK_FORMAT} (or {RANK_FORMAT_V1}) document")
     if doc.get("rank") != rank or doc.get("step") != step:
         raise CheckpointError(f"{where} is for rank {doc.get('rank')!r} step {doc.get('step')!r}, expected {rank} {step}")
+    if doc["format"] == RANK_FORMAT:
+        if "tensors" in doc:
+            raise CheckpointError(f"{where}: a {RANK_FORMAT} document indexes no tensors (they are in the safetensors file)")
+        return doc, []
     if not isinstance(doc.get("tensors"), list):
         raise CheckpointError(f"{where}.tensors must be a list")
     index, offset = [], 0

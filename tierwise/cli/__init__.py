@@ -17,6 +17,7 @@ from tierwise.cli import (
     calibrate,
     compare,
     dashboard,
+    export,
     fit,
     hardware,
     history,
@@ -37,7 +38,8 @@ app = typer.Typer(
     help="Tierwise: plan, simulate and run heterogeneous-memory ZeRO-3 (ZeRO-Infinity) training.",
 )
 
-VERBS = (fit, memory, max_size, models, hardware, history, dashboard, simulate, probe, run, compare, calibrate, validate)
+VERBS = (fit, memory, max_size, models, hardware, history, dashboard, simulate, probe, run, export, compare, calibrate,
+         validate)
 """In the order `planner --help` lists them."""
 
 for verb in VERBS:
