@@ -155,6 +155,47 @@ def test_published_preset_on_the_meta_device_is_its_plans_model() -> None:
     check_model(model, model_presets()["llama-3.1-8b"][0])
 
 
+COUNTED = {  # transformers configs -> what the runtime counts of their models under two styles of plan
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128, "n_positions": 32},
+    "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "intermediate_size": 128, "vocab_size": 128},
+    "qwen2-tied": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 128, "tie_word_embeddings": True},
+    "llama": TINY_LLAMA,
+}
+
+
+@pytest.mark.parametrize("name", list(COUNTED))
+def test_the_cli_and_runtime_count_a_model_as_its_plan_does(name: str) -> None:
+    """[Note: what a spec counts]: a model from a config equals the spec made from that config; the CLI's
+    count from the spec (`ModelShape.of_model_spec`) is the runtime's count of the model under a plan
+    of the config's spec and under paper-style plans (no vectors; no embeddings with vocab 0)."""
+    from planner.hf_config import spec_from_hf_config
+    from runtime.model_check import ModelShape, shape_of
+
+    config = COUNTED[name]
+    spec = spec_from_hf_config(config, name=name, where=name)
+    model = hf_model.build_model(config)
+    paper = spec.replace(norm="none", qkv_bias=False, attn_out_bias=False, mlp_bias=False, position_embeddings=0)
+    assert shape_of(model, spec).num_params == spec.num_params == sum(p.numel() for p in model.parameters())
+    for plan_spec in (spec, paper, paper.replace(vocab_size=0)):
+        assert ModelShape.of_model_spec(spec, plan_spec).num_params == shape_of(model, plan_spec).num_params
+    check_model(model, spec)
+
+
+def test_the_reference_gpt_is_its_plans_model_with_and_without_embeddings() -> None:
+    from planner.model import ModelSpec
+    from runtime.gpt import GPT, GPTConfig
+
+    for vocab in (64, 0):  # vocab 0: the paper's accounting (the GPT then has 256 byte tokens, uncounted)
+        spec = ModelSpec(num_layers=2, hidden_size=32, num_heads=4, seq_len=16, vocab_size=vocab)
+        with torch.device("meta"):
+            model = GPT(GPTConfig.from_model_spec(spec))
+        check_model(model, spec)
+        with pytest.raises(ModelMismatch, match=r"plan is for 3 layers x hidden 32 .*; model has 2 layers x hidden 32"):
+            check_model(model, spec.replace(num_layers=3))
+
+
 # -- --init-from -------------------------------------------------------------------------------
 
 FOLDERS = {"one-file": ({}, None), "sharded-index": ({}, "100KB"), "tied": ({"tie_word_embeddings": True}, None)}
@@ -188,8 +229,9 @@ def test_init_from_gives_the_transformers_models_logits(plan: Path, tmp_path: Pa
     model = runtime.shard(model, load_plan(plan).replace(model=spec),
                           param_init_fn=hf_model.from_safetensors(model, folder))
     tokens = _batch()
+    device = runtime.state_of(model).config.device
     with torch.no_grad():
-        got = model(input_ids=tokens[:, :-1], use_cache=False).logits
+        got = model(input_ids=tokens[:, :-1].to(device), use_cache=False).logits.cpu()
         want = reference(input_ids=tokens[:, :-1], use_cache=False).logits
     assert torch.allclose(got, want, rtol=0, atol=1e-5), (got - want).abs().max()
     with torch.no_grad():
