@@ -226,3 +226,15 @@ def resolve_hardware(arg: str | None) -> NodeSpec:
             raise PlannerError(f"hardware file {arg} does not exist")
         return NodeSpec.from_dict(load_document(path, "hardware"), f"hardware file {arg}")
     raise PlannerError(f"unknown hardware {arg!r}: use one of {', '.join(sorted(presets))} or a hardware JSON file")
+
+
+def published_hf_config(name: str) -> dict[str, Any] | None:
+    """The Hugging Face config.json of a published preset (by name or alias), as its publisher wrote it;
+    None for a preset in the planner's own form or an unknown name (`planner run --model PRESET`)."""
+    key = name.strip().lower()
+    key = _aliases().get(key, key)
+    for path in _data_files("models"):
+        for doc in json.loads(path.read_text())["models"]:
+            if doc["name"].lower() == key and "hf_config" in doc:
+                return dict(doc["hf_config"])
+    return None

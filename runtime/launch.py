@@ -2,9 +2,11 @@
 
     torchrun --nproc_per_node P -m runtime.launch PLAN.json --steps N [--data FILE] [--profile-out F]
              [--save-every K --checkpoint-dir DIR [--keep-checkpoints 2] [--resume]]
+             [--model CONFIG.json] [--init-from HF_DIR]
 
-Builds the plan's reference GPT on the meta device and materialises it shard by shard
-(construction-time partitioning), trains N steps on synthetic tokens or a byte-level tokenised text
+Builds the plan's reference GPT on the meta device (or, with `--model`, the Hugging Face architecture
+of that config.json; with `--init-from`, of the folder's config.json, its weights loaded unit by
+unit: runtime/hf_model.py) and materialises it shard by shard (construction-time partitioning), trains N steps on synthetic tokens or a byte-level tokenised text
 file, and writes the profile (rank 0). Rank 0 reports progress as `TIERWISE_EVENT {json}` lines on
 stdout, and a plan it cannot run as one `TIERWISE_ERROR message` line (exit code 3), which the CLI
 turns into its progress bar and its one-line errors. An error during training (a full disk, an I/O
@@ -27,7 +29,9 @@ import platform
 import random
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--keep-checkpoints", type=int, default=2)
     ap.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    ap.add_argument("--model", default=None, help="a Hugging Face config.json: train that architecture")
+    ap.add_argument("--init-from", default=None, help="a Hugging Face folder (config.json, safetensors) to start from")
     args = ap.parse_args(argv)
     keep_freed_memory_mapped()  # before the model's first buffers ([Note: glibc's mmap threshold])
     # A worker restarted by torchrun (--max-restarts) resumes: that is what the checkpoints are for.
@@ -89,12 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             raise PlanNotExecutable(f"micro_batch_per_gpu {plan.micro_batch_per_gpu} must be a whole number of samples")
         tokens = load_tokens(args.data, plan) if args.data else None
         checkpointer = make_checkpointer(args, plan, rank=rank, world_size=world_size)
+        built = build_model(plan, args)
     except PlannerError as exc:
         if rank == 0:
             print(f"{ERROR} {exc}", flush=True)
         return EXIT_NOT_EXECUTABLE
     try:
-        profile = train(plan, args, tokens, rank=rank, world_size=world_size, checkpointer=checkpointer)
+        profile = train(plan, args, tokens, built, rank=rank, world_size=world_size, checkpointer=checkpointer)
     except PlannerError as exc:
         print(f"{ERROR} rank {rank}: {exc}", flush=True)
         return EXIT_TRAINING_FAILED
@@ -176,16 +183,19 @@ def describe_io_error(exc: OSError) -> str:
 
 
 def load_tokens(path: str, plan: Plan) -> torch.Tensor:
-    """Byte-level tokens of a text file (vocabulary 256)."""
+    """Byte-level tokens of a text file (vocabulary 256; a smaller one holds text whose bytes it covers)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise PlannerError(f"cannot read --data {path}: {exc.strerror or exc}") from None
     if len(raw) < plan.model.seq_len + 1:
         raise PlannerError(f"--data {path} has {len(raw)} bytes; it needs at least seq_len + 1 = {plan.model.seq_len + 1}")
-    if 0 < plan.model.vocab_size < 256:
-        raise PlannerError(f"byte-level --data needs vocab_size >= 256 (or 0), the plan has {plan.model.vocab_size}")
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+    tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+    top = int(tokens.max())
+    if 0 < plan.model.vocab_size <= top:  # ASCII text fits a vocabulary of 128
+        raise PlannerError(f"--data {path} has byte values up to {top}, beyond the plan's vocab_size "
+                           f"{plan.model.vocab_size}: byte-level tokens need vocab_size above the largest byte (or 0)")
+    return tokens
 
 
 def batch_for(step: int, rank: int, plan: Plan, vocab: int, tokens: torch.Tensor | None, seed: int) -> torch.Tensor:
@@ -198,22 +208,53 @@ def batch_for(step: int, rank: int, plan: Plan, vocab: int, tokens: torch.Tensor
     return torch.stack([tokens[s : s + seq + 1] for s in starts.tolist()])
 
 
-def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, rank: int, world_size: int,
-          checkpointer=None) -> Profile | None:  # noqa: ANN001 - runtime.ckpt.Checkpointer
-    import runtime
-    from runtime.gpt import GPT, GPTConfig, init_weights
+class Built(NamedTuple):
+    """The model to train, on the meta device, and how to initialise it and score a batch."""
 
-    cfg = GPTConfig.from_model_spec(plan.model)
+    model: torch.nn.Module
+    init_fn: Callable[[torch.nn.Module], None] | None
+    loss_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+    """(model, (B, T + 1) tokens) -> mean next-token loss over the B x T predictions."""
+    vocab_size: int
+
+
+def gpt_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss
+
+
+def build_model(plan: Plan, args: argparse.Namespace) -> Built:
+    """The plan's reference GPT, or the `--model` / `--init-from` Hugging Face architecture, checked
+    against the plan ([Note: model vs plan] in runtime/model_check.py) before anything is allocated."""
+    from runtime.model_check import check_model
+
     torch.manual_seed(args.seed)
     random.seed(args.seed)  # ours does not draw from it, but a user's data pipeline may: runs are reproducible
-    with torch.device("meta"):
-        model = GPT(cfg)
-    model = runtime.shard(model, plan, param_init_fn=init_weights)
+    if args.model is None and args.init_from is None:
+        from runtime.gpt import GPT, GPTConfig, init_weights
+
+        cfg = GPTConfig.from_model_spec(plan.model)
+        with torch.device("meta"):
+            model = GPT(cfg)
+        return Built(model, init_weights, gpt_loss, cfg.vocab_size)
+    from runtime import hf_model
+
+    config = hf_model.read_config(args.model or Path(args.init_from, "config.json"))
+    model = hf_model.build_model(config)
+    check_model(model, plan.model)
+    init_fn = hf_model.from_safetensors(model, args.init_from) if args.init_from else None
+    return Built(model, init_fn, hf_model.causal_lm_loss, model.config.vocab_size)
+
+
+def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, built: Built, *, rank: int,
+          world_size: int, checkpointer=None) -> Profile | None:  # noqa: ANN001 - runtime.ckpt.Checkpointer
+    import runtime
+
+    model = runtime.shard(built.model, plan, param_init_fn=built.init_fn)
     state = runtime.state_of(model)
     state.profiler.keep_samples(args.steps)  # the profile has one sample per step
     optimizer = runtime.AdamW(model, lr=args.lr, weight_decay=0.1)
     try:
-        profile = _train_loop(plan, args, tokens, model, optimizer, rank=rank, world_size=world_size,
+        profile = _train_loop(plan, args, tokens, model, optimizer, built, rank=rank, world_size=world_size,
                               checkpointer=checkpointer)
     except BaseException:
         # Swap files of an NVMe placement go now, not at interpreter exit; the error that stopped
@@ -229,12 +270,11 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, *, 
 
 
 def _train_loop(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, model: torch.nn.Module,
-                optimizer, *, rank: int, world_size: int, checkpointer) -> Profile | None:  # noqa: ANN001
+                optimizer, built: Built, *, rank: int, world_size: int, checkpointer) -> Profile | None:  # noqa: ANN001
     import runtime
     from runtime.faults import fault_point
 
     state = runtime.state_of(model)
-    vocab_size = model.wte.num_embeddings
     device = state.config.device
     losses: list[float] = []
     first_step = 1
@@ -259,8 +299,8 @@ def _train_loop(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | Non
         return None
     for step in range(first_step, args.steps + 1):
         # The data position is the step itself: batch_for draws from a generator seeded by it.
-        batch = batch_for(step, rank, plan, vocab_size, tokens, args.seed).to(device)
-        loss = model(input_ids=batch[:, :-1], labels=batch[:, 1:]).loss
+        batch = batch_for(step, rank, plan, built.vocab_size, tokens, args.seed).to(device)
+        loss = built.loss_fn(model, batch)
         loss.backward()
         fault_point("train.step", step=step, rank=rank)
         optimizer.step()

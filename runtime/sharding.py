@@ -69,6 +69,7 @@ from runtime.events import UnitListener
 from runtime.group import ParamUnit, UnitState
 from runtime.ledger import MemoryLedger
 from runtime.loss_scaling import DynamicLossScaler, output_tensors
+from runtime.model_check import check_model
 from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
@@ -411,12 +412,14 @@ def shard(
 
     `param_init_fn(module)` initialises one module's parameters when the model was built on the meta
     device (default: the module's `reset_parameters()`, or a Hugging Face model's `_init_weights`).
+    A model that is not the plan's (runtime/model_check.py, [Note: model vs plan]) is refused.
     """
-    plan_obj = resolve_plan(plan)
-    comm = make_comm(reduce_scatter_method)
-    config = runtime_config(plan_obj, world_size=comm.world_size)
     if model in _STATES:
         raise ValueError("this model is already sharded")
+    plan_obj = resolve_plan(plan)
+    check_model(model, plan_obj.model)
+    comm = make_comm(reduce_scatter_method)
+    config = runtime_config(plan_obj, world_size=comm.world_size)
     blocks = find_blocks(model)
     if config.tiling_factor > 1 and blocks is not None:
         apply_tiling(blocks, config.tiling_factor)

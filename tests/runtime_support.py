@@ -22,6 +22,18 @@ SEQ = 16
 VOCAB = 64
 ALL_CPU = {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"}
 ALL_DEVICE = {"params": "gpu", "gradients": "gpu", "optimizer_states": "gpu", "activation_checkpoints": "gpu"}
+LLAMA_MODEL = {"num_layers": 2, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 64,
+               "gated_mlp": True, "tied_embeddings": False, "norm": "rmsnorm", "seq_len": SEQ, "vocab_size": VOCAB}
+"""The shape of `build_model("llama")` (GQA, SwiGLU 64 wide, untied): plans for it say so (runtime.shard
+refuses a model that is not its plan's)."""
+
+
+def mlp_model(blocks: int, hidden: int, ffn: int) -> dict[str, Any]:
+    """A plan's model for `blocks` x (Linear(hidden, ffn), Linear(ffn, hidden)): the operators of a
+    block whose attention is one head 1 wide (a model spec has no MLP-only block), so the bills
+    gather the MLP's own linears and count its weights within 1% (runtime.shard checks the count)."""
+    return {"num_layers": blocks, "hidden_size": hidden, "num_heads": 1, "head_dim": 1, "ffn_hidden_size": ffn,
+            "seq_len": SEQ, "vocab_size": 0}
 
 
 def plan_doc(*, world_size: int = 1, placement: dict[str, str] | None = None, **knobs: Any) -> dict[str, Any]:

@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 import torch
-from runtime_support import ALL_CPU, batches, build_model, free_port, nvme_step_host_memory, plan_doc
+from runtime_support import (
+    ALL_CPU,
+    batches,
+    build_model,
+    free_port,
+    mlp_model,
+    nvme_step_host_memory,
+    plan_doc,
+)
 
 from planner.errors import PlannerError
 
@@ -22,6 +30,7 @@ OPTIMIZER_NVME = {**ALL_CPU, "gradients": "cpu", "optimizer_states": "nvme"}
 STEPS = 4
 SMALL_CHUNKS = {"optimizer_chunk_bytes": 16 * 1024, "num_optimizer_buffers": 3}
 """1024-element chunks: the test model's larger units span several, so the pipeline really runs."""
+
 
 
 def train(placement: dict[str, str], nvme_path: str | None, *, rank: int = 0, world_size: int = 1,
@@ -131,9 +140,9 @@ def test_too_small_nvme_path_is_refused_before_training(tmp_path: Path) -> None:
     # Two 4096 x 4096 Linears need ~0.5 GB of swap (params, gradients, Adam states); the directory's
     # filesystem reports 64 MiB free (statvfs faked for this path only), so the preflight must refuse.
     big = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, device="meta") for _ in range(2)])
+    plan = plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path), model=mlp_model(1, 4096, 4096))
     with pytest.raises(PlannerError, match=r"nvme_path .* free but the swap files need"):
-        _with_free_bytes(tmp_path, 64 * 1024**2,
-                         lambda: runtime.shard(big, plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path))))
+        _with_free_bytes(tmp_path, 64 * 1024**2, lambda: runtime.shard(big, plan))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -312,7 +321,7 @@ def test_the_backward_reads_no_shard_the_forward_kept(tmp_path: Path) -> None:
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2))
     results = []
     for placement, path in ((ALL_CPU, None), (ALL_NVME, str(tmp_path))):
-        doc = plan_doc(placement=placement, nvme_path=path, prefetch_depth=3, **SMALL_CHUNKS)
+        doc = plan_doc(placement=placement, nvme_path=path, prefetch_depth=3, model=mlp_model(4, 256, 512), **SMALL_CHUNKS)
         model = runtime.shard(mlp(), doc)
         opt = runtime.AdamW(model, lr=1e-3)
         st = state_of(model)

@@ -10,6 +10,7 @@ import pytest
 from runtime_support import (
     ALL_CPU,
     ALL_DEVICE,
+    LLAMA_MODEL,
     plan_doc,
     reference_losses,
     relative_errors,
@@ -28,7 +29,7 @@ WORLD1_CASES = {
     "tiling": ("gpt", dict(placement=ALL_CPU, tiling_factor=3)),
     "checkpoint-offload": ("gpt", dict(placement=OFFLOAD_CHECKPOINTS, checkpoint_interval=1)),
     "checkpoint-2-blocks": ("gpt", dict(placement=ALL_CPU, checkpoint_interval=2)),
-    "llama": ("llama", dict(placement=ALL_CPU, checkpoint_interval=1, tiling_factor=2)),
+    "llama": ("llama", dict(placement=ALL_CPU, checkpoint_interval=1, tiling_factor=2, model=LLAMA_MODEL)),
     "gpt2": ("gpt2", dict(placement=ALL_DEVICE, checkpoint_interval=2)),
 }
 
@@ -52,7 +53,7 @@ WORLD2_CASES = {
     "tiling+checkpoint-offload": ("gpt", plan_doc(world_size=2, placement=OFFLOAD_CHECKPOINTS, tiling_factor=2,
                                                    checkpoint_interval=1)),
     "prefetch-depth-0": ("gpt", plan_doc(world_size=2, placement=ALL_CPU, prefetch_depth=0)),
-    "llama": ("llama", plan_doc(world_size=2, placement=ALL_CPU, checkpoint_interval=1)),
+    "llama": ("llama", plan_doc(world_size=2, placement=ALL_CPU, checkpoint_interval=1, model=LLAMA_MODEL)),
     "gpt2": ("gpt2", plan_doc(world_size=2, placement=ALL_DEVICE, tiling_factor=2)),
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_support import ALL_CPU, plan_doc
+from runtime_support import ALL_CPU, mlp_model, plan_doc
 from torch import nn
 
 import runtime
@@ -127,7 +127,8 @@ def test_model_with_changing_order_trains_like_plain_pytorch() -> None:
     torch.manual_seed(0)
     ref = Branchy()
     torch.manual_seed(0)
-    model = runtime.shard(Branchy(), plan_doc(placement=ALL_CPU, prefetch_depth=2))
+    # A plan for its four 8 x 8 linears' 256 weights (runtime.shard checks the count).
+    model = runtime.shard(Branchy(), plan_doc(placement=ALL_CPU, prefetch_depth=2, model=mlp_model(4, 8, 2)))
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     opt = runtime.AdamW(model, lr=1e-2)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))

@@ -13,10 +13,17 @@ default 3 with checkpoints, 0 without), which resume from the newest complete tr
 line and compares the plan's hardware with this machine (a one-line warning, or the real cause of
 a refusal). This module imports no torch at import time; `machine.this_machine` does, once the run
 is about to need it anyway.
+
+`--model CONFIG.json|PRESET` trains that Hugging Face architecture instead of the reference GPT, and
+`--init-from DIR` starts from a Hugging Face folder's weights (its config.json is the model unless
+`--model` says otherwise): runtime/hf_model.py. Both are checked here before any process starts
+(the hf extra installed, a supported config, the model the plan was made for, the folder's files);
+the workers load the weights unit by unit and check every key.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -30,8 +37,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from planner import catalog, hf_config
 from planner.errors import PlannerError
 from planner.plan import Plan, load_plan
+from planner.specio import load_document
 from tierwise.cli import machine
 from tierwise.cli import options as o
 
@@ -100,8 +109,68 @@ class CheckpointOptions:
         return 3 if self.save_every else 0
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HfModel:
+    """A Hugging Face architecture to train (`--model`), and the folder to start from (`--init-from`)."""
+
+    config: dict
+    """Its config.json, as transformers reads it."""
+    label: str
+    """Where the config came from (a file, a preset, DIR/config.json), for messages."""
+    init_from: Path | None = None
+
+
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+INSTALL_HF = "pip install 'tierwise[hf]'"
+
+
+def hf_model_of(model: str | None, init_from: Path | None) -> HfModel | None:
+    """`--model` / `--init-from` resolved and checked (torch-free); None without either."""
+    if model is None and init_from is None:
+        return None
+    if init_from is not None:
+        init_from = init_from.resolve()
+        if not init_from.is_dir():
+            raise PlannerError(f"--init-from {init_from} is not a directory (a Hugging Face model folder)")
+        if not any((init_from / name).is_file() for name in HF_WEIGHTS):
+            raise PlannerError(f"--init-from {init_from} has neither {' nor '.join(HF_WEIGHTS)}: save the model "
+                               "with save_pretrained(DIR) (safetensors, the default)")
+    if model is None:
+        assert init_from is not None
+        path = init_from / "config.json"
+        if not path.is_file():
+            raise PlannerError(f"--init-from {init_from} has no config.json; pass --model CONFIG.json")
+        config, label = load_document(path, "model"), str(path)
+    elif Path(model).is_file():
+        config, label = load_document(Path(model), "model"), model
+    else:
+        config, label = catalog.published_hf_config(model), model
+        if config is None:
+            raise PlannerError(f"--model {model}: neither a config.json file nor a preset with a Hugging Face config "
+                               "(see `planner models`)")
+    if not hf_config.is_hf_config(config):
+        raise PlannerError(f"--model {label} is not a Hugging Face config.json (no model_type, num_hidden_layers, ...)")
+    return HfModel(config=config, label=label, init_from=init_from)
+
+
+def check_hf_model(hf: HfModel, plan: Plan) -> None:
+    """A supported config of the model the plan was made for, and the hf extra to build it."""
+    from runtime.model_check import ModelShape, mismatch  # torch-free
+
+    spec = hf_config.spec_from_hf_config(hf.config, name=hf.label, where=f"--model {hf.label}")
+    problem = mismatch(plan.model, ModelShape.of_model_spec(spec, plan.model),
+                       hint=f"make a plan for it with `planner fit {hf.label}`")
+    if problem is not None:
+        raise PlannerError(problem)
+    missing = [name for name in ("transformers", "safetensors") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise PlannerError(f"planner run --model/--init-from needs the hf extra ({', '.join(missing)} not installed): "
+                           f"{INSTALL_HF}")
+
+
 def torchrun_command(plan_path: Path, *, steps: int, nproc: int, data: Path | None, profile_out: Path | None,
-                     torchrun_args: list[str], checkpoints: CheckpointOptions | None = None) -> list[str]:
+                     torchrun_args: list[str], checkpoints: CheckpointOptions | None = None,
+                     model_args: list[str] | None = None) -> list[str]:
     checkpoints = checkpoints or CheckpointOptions()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     cmd += torchrun_args or ["--standalone", "--nnodes", "1"]
@@ -113,7 +182,7 @@ def torchrun_command(plan_path: Path, *, steps: int, nproc: int, data: Path | No
         cmd += ["--data", str(data)]
     if profile_out is not None:
         cmd += ["--profile-out", str(profile_out)]
-    return cmd + checkpoints.launch_args()
+    return cmd + checkpoints.launch_args() + (model_args or [])
 
 
 def _nnodes(torchrun_args: list[str]) -> int:
@@ -153,9 +222,10 @@ def with_swap_directory(plan: Plan, nvme_path: Path | None) -> Plan:
 def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
              torchrun_args: list[str], console: Console, history_store: Path | None = None,
              record_history: bool = True, checkpoints: CheckpointOptions | None = None,
-             nvme_path: Path | None = None) -> int:
+             nvme_path: Path | None = None, model: str | None = None, init_from: Path | None = None) -> int:
     checkpoints = checkpoints or CheckpointOptions()
     checkpoints.check()
+    hf = hf_model_of(model, init_from)
     loaded = load_plan(plan_path)
     plan = with_swap_directory(loaded, nvme_path)
     nnodes = _nnodes(torchrun_args)
@@ -166,6 +236,8 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     if data is not None and not data.is_file():
         raise PlannerError(f"--data {data} is not a readable file")
     machine.require_runtime("run")
+    if hf is not None:
+        check_hf_model(hf, plan)
     warning = machine.check(plan, machine.this_machine(), nproc)
     if warning:
         console.print(warning, markup=False, highlight=False, soft_wrap=True)
@@ -174,8 +246,14 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
             plan_path = Path(tmp, "plan.json")
             plan.save(plan_path)
         written = profile_out or Path(tmp, "profile.json")
+        model_args = []
+        if hf is not None:  # the workers read the config from a file, a preset's too
+            Path(tmp, "model-config.json").write_text(json.dumps(hf.config))
+            model_args = ["--model", str(Path(tmp, "model-config.json"))]
+            model_args += ["--init-from", str(hf.init_from)] if hf.init_from is not None else []
         code = _launch(torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=written,
-                                        torchrun_args=torchrun_args, checkpoints=checkpoints), steps, console)
+                                        torchrun_args=torchrun_args, checkpoints=checkpoints, model_args=model_args),
+                       steps, console)
         if profile_out is not None:
             console.print(f"profile written to {profile_out}")
         if record_history and written.exists():
@@ -237,12 +315,17 @@ def register(app: typer.Typer) -> None:
         nvme_path: Annotated[Path | None, typer.Option(
             "--nvme-path", help="swap directory for the plan's NVMe states (overrides the plan's; created if its "
                                 "parent exists)")] = None,
+        model: Annotated[str | None, typer.Option(
+            "--model", help="train this Hugging Face architecture (a config.json or a preset with one, see "
+                            "`planner models`) instead of the reference GPT")] = None,
+        init_from: Annotated[Path | None, typer.Option(
+            "--init-from", help="start from a Hugging Face folder's weights (config.json + safetensors)")] = None,
     ) -> None:
-        """Train the plan's reference GPT with the bundled runtime (torchrun) and write a profile.
-        Arguments after `--` go to torchrun (multi-node)."""
+        """Train the plan's reference GPT (or `--model`, `--init-from`: a Hugging Face model) with the
+        bundled runtime (torchrun) and write a profile. Arguments after `--` go to torchrun (multi-node)."""
         checkpoints = CheckpointOptions(save_every=save_every, checkpoint_dir=checkpoint_dir, keep=keep_checkpoints,
                                         resume=resume, max_restarts=max_restarts)
         o.exit_on_error(lambda: run_plan(plan, steps=steps, nproc=nproc, data=data, profile_out=profile_out,
                                          torchrun_args=list(ctx.args), console=Console(stderr=True),
                                          history_store=store, record_history=history, checkpoints=checkpoints,
-                                         nvme_path=nvme_path))
+                                         nvme_path=nvme_path, model=model, init_from=init_from))
