@@ -284,3 +284,43 @@ def test_run_init_from_a_sharded_folder_on_two_ranks_starts_from_its_weights(tmp
     assert done.returncode == 0, done.stderr[-3000:]
     losses = json.loads(profile.read_text())["losses"]
     assert losses[0] == pytest.approx(_first_loss(folder, plan, 2), rel=1e-5, abs=0)
+
+
+def test_config_in_weights_out_through_the_cli(plan: Path, tmp_path: Path) -> None:
+    """Issue 27's path end to end: a config.json -> `fit` -> `run --model` (checkpointed) -> `export`
+    -> `from_pretrained` loads it with empty loading info and gives the runtime's logits (the run's
+    model restored from the same checkpoint) to 1e-5 in fp32; then `run --init-from` the exported
+    folder starts from exactly those weights."""
+    from runtime.ckpt import Checkpointer
+
+    config = _write_config(tmp_path / "cfg")
+    ckpt, out = tmp_path / "ckpt", tmp_path / "hf"
+    done = _planner("run", str(plan), "--model", str(config), "--steps", "3", "--save-every", "3",
+                    "--checkpoint-dir", str(ckpt), "--no-history")
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = _planner("export", str(ckpt), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    exported, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}  # no missing, unexpected or mismatched key, no error
+
+    model = runtime.shard(hf_model.build_model(json.loads(config.read_text())), load_plan(plan))
+    optimizer = runtime.AdamW(model, lr=3e-4, weight_decay=0.1)
+    restored = Checkpointer(ckpt, plan=load_plan(plan), seed=0, rank=0, world_size=1,
+                            resume=True).restore(runtime.state_of(model), optimizer)
+    assert restored is not None and restored["step"] == 3
+    batch = torch.randint(0, 128, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours = model(input_ids=batch).logits
+        theirs = exported.eval()(input_ids=batch).logits
+    optimizer.close()
+    runtime.state_of(model).close()
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+    fresh = _transformers_model(TINY_LLAMA)  # trained weights, not a fresh initialisation
+    assert not torch.allclose(fresh(input_ids=batch).logits, theirs, atol=1e-3)
+
+    # Weights in again: a run started from the export sees the same model at step 0.
+    start = hf_model.build_model(json.loads((out / "config.json").read_text()))
+    start = runtime.shard(start, load_plan(plan), param_init_fn=hf_model.from_safetensors(start, out))
+    with torch.no_grad():
+        torch.testing.assert_close(start(input_ids=batch).logits, theirs, rtol=0, atol=1e-5)
+    runtime.state_of(start).close()
