@@ -354,6 +354,16 @@ class Cluster:
                 f"({per_node} GPUs each); use at most {per_node} or a multiple of it"
             )
 
+    def check_network(self) -> None:
+        """A plan across nodes needs the network between them: without it every collective would take
+        forever (an infinite prediction, and a plan file JSON cannot hold)."""
+        if self.num_nodes > 1 and not self.node.inter_node_bytes_per_s:
+            raise PlannerError(
+                f"--gpus {self.num_gpus} spans {self.num_nodes} {self.node.name} nodes, but the hardware states no "
+                f"network between nodes (inter_node_gb_per_s is 0): use at most {self.node.num_gpus_per_node} "
+                "GPU(s), or a hardware file with inter_node_gb_per_s"
+            )
+
     @property
     def num_nodes(self) -> int:
         return max(1, self.num_gpus // self.node.num_gpus_per_node)

@@ -160,6 +160,7 @@ def _largest_batch(base: Plan, cap: int) -> Plan | None:
 
 def search(request: SearchRequest) -> SearchResult:
     cluster = Cluster(node=request.node, num_gpus=request.num_gpus)  # validates --gpus early
+    cluster.check_network()
     placements = candidate_placements(request.strategy, request.placement_pins)
     ranked: list[Plan] = []
     rejected: list[Plan] = []
@@ -207,6 +208,7 @@ def any_fits(request: SearchRequest) -> bool:
     equivalence with `search`.
     """
     cluster = Cluster(node=request.node, num_gpus=request.num_gpus)
+    cluster.check_network()
     placements = candidate_placements(request.strategy, request.placement_pins)
     shallowest = min(_prefetch_depths(request))
     for (strategy, placement), mp in itertools.product(placements, _model_parallel_degrees(request, cluster)):

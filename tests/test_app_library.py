@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.catalog import resolve_hardware, resolve_model, shape_for_params
+from planner.errors import PlannerError
 from planner.max_size import MAX_PARAMS, MIN_PARAMS, RELATIVE_PRECISION, max_size
 from planner.plan import STRATEGY_TABLE, Plan
 from planner.search import SearchRequest, any_fits, best_by_strategy, search
@@ -53,6 +54,11 @@ def test_any_fits_agrees_with_search_on_random_cases(log_params, strategy, hardw
     model = shape_for_params(round(math.exp(log_params)))
     req = SearchRequest(model=model, node=node, num_gpus=nodes * node.num_gpus_per_node, strategy=strategy,
                         micro_batch_per_gpu=1)
+    if nodes > 1 and not node.inter_node_bytes_per_s:  # no network between nodes: both refuse alike
+        for check in (any_fits, search):
+            with pytest.raises(PlannerError, match="states no network between nodes"):
+                check(req)
+        return
     assert any_fits(req) == (search(req).best is not None)
 
 

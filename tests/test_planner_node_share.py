@@ -92,3 +92,17 @@ def test_fit_memory_and_simulate_say_what_part_of_the_node_they_bill(tmp_path):
     assert doc["hardware"]["whole_node_gpus"] == 8 and doc["hardware"]["cpu_memory_gib"] == 256
     whole = _cli("fit", "1T", "--gpus", "16")
     assert whole.returncode == 0 and "GPU node, using" not in whole.stdout
+
+
+def test_gpus_across_nodes_without_a_network_are_refused_in_one_line() -> None:
+    """A preset that states no network between nodes (one-GPU machines) cannot plan two nodes: the
+    prediction would be infinite and the plan file would hold `Infinity`, which is not JSON."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tierwise", "fit", "0.01T", "--gpus", "2", "--hardware",
+                           "rtx4090-workstation", "--out", "/dev/null"], capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: --gpus 2 spans 2 rtx4090-workstation nodes, but the hardware states no network between nodes "
+        "(inter_node_gb_per_s is 0): use at most 1 GPU(s), or a hardware file with inter_node_gb_per_s"]
