@@ -91,10 +91,11 @@ def rank_bytes(state: Any, optimizer: Any) -> int:
 
 
 class ChunkBuffer:
-    """The one host buffer checkpoint traffic goes through."""
+    """The one host buffer checkpoint traffic goes through: leased from the optimizer's chunk pool or
+    the rank's pinned staging pool (runtime/pinned_pool.py) where there is one, else allocated."""
 
-    def __init__(self, optimizer: Any, chunk_bytes: int) -> None:
-        self._pool = optimizer.chunk_pool
+    def __init__(self, optimizer: Any, chunk_bytes: int, staging: Any = None) -> None:
+        self._pool = optimizer.chunk_pool if optimizer.chunk_pool is not None else staging
         self.buffer = self._pool.acquire() if self._pool is not None else AlignedBuffer(chunk_bytes)
         self.nbytes = self.buffer.nbytes
 
@@ -118,7 +119,7 @@ def save_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: A
     entries += [_tensor_entry(n, t) for n, t in sorted(optimizer.checkpoint_tensors().items())]
     entries += [_tensor_entry(n, t) for n, t in _rng_tensors().items()]
     index = []
-    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes)
+    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes, state.copier.pool)
     try:
         with atomic_file(directory / rank_file(rank, "bin")) as out:
             for i, entry in enumerate(entries):
@@ -155,7 +156,7 @@ def load_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: A
         raise CheckpointError(f"checkpoint {directory} does not match this model (missing {missing}, unknown {extra}); "
                               "resume with the plan it was written for")
     path = directory / rank_file(rank, "bin")
-    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes)
+    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes, state.copier.pool)
     try:
         with open(path, "rb") as f:
             for e in index:
