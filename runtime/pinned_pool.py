@@ -36,11 +36,13 @@ class _StagedCopy:
     """One piece in flight through a leased buffer: done once `event` completed and `then` (the
     host side of a device-to-host copy) ran; `finish` does both, once, and returns the buffer."""
 
-    __slots__ = ("pool", "buffer", "event", "then", "_finished", "_lock")
+    __slots__ = ("pool", "buffer", "event", "then", "staged", "_finished", "_lock")
 
     def __init__(self, pool: StagingPool, buffer: AlignedBuffer, event: torch.cuda.Event | None,
-                 then: Callable[[], None] | None) -> None:
+                 then: Callable[[], None] | None, staged: torch.Tensor | None = None) -> None:
         self.pool, self.buffer, self.event, self.then = pool, buffer, event, then
+        self.staged = staged
+        """The piece in the buffer (a device-to-host copy's), for `reissue`."""
         self._finished = False
         self._lock = threading.Lock()
 
@@ -52,13 +54,45 @@ class _StagedCopy:
         with self._lock:
             if self._finished:
                 return
-            if self.event is not None:
+            if not self.copied():
                 self.event.synchronize()
             if self.then is not None:
                 self.then()
             self._finished = True
-            self.then = None  # its closure views the buffer: nothing may outlive the return
+            self.then = self.staged = None  # they view the buffer: nothing may outlive the return
         self.pool.release(self.buffer)
+
+    def reissue(self, dst: torch.Tensor, stream: torch.cuda.Stream) -> bool:
+        """Queue `dst = piece` from the buffer, after its device-to-host copy on the same stream, if
+        the piece has not been finished (landed and returned) yet; the buffer then comes back after
+        this copy too. False when it was: the bytes are in host memory only."""
+        with self._lock:
+            if self._finished or self.staged is None:
+                return False
+            with torch.cuda.stream(stream):
+                dst.copy_(self.staged, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            self.event = event
+            return True
+
+
+class HostTransfer:
+    """A device-to-host copy through the pool, piece by piece (`StagingPool.to_host`)."""
+
+    __slots__ = ("pieces", "event")
+
+    def __init__(self, pieces: list[tuple[_StagedCopy | None, int, int]], event: torch.cuda.Event | None) -> None:
+        self.pieces = pieces
+        """(copy in flight or None once done, offset, numel) per piece."""
+        self.event = event
+        """The last piece's copy (the whole transfer: one stream runs them in order); None when done."""
+
+    def finish(self) -> None:
+        """Wait for every piece and land it on the host (the buffers come back)."""
+        for copy, _, _ in self.pieces:
+            if copy is not None:
+                copy.finish()
 
 
 class StagingPool:
@@ -161,12 +195,12 @@ class StagingPool:
         return event
 
     def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None],
-                stream: torch.cuda.Stream | None) -> tuple[torch.cuda.Event | None, Callable[[], None]]:
+                stream: torch.cuda.Stream | None) -> HostTransfer:
         """Queue copying the flat device tensor `src` off the device on `stream` (None: now), piece
         by piece; `land(staged, offset)` puts each piece where it belongs on the host (a copy or an
-        add), after its copy finished. Returns the last piece's event and a callable finishing
-        every piece (the host has them all once it returns)."""
-        copies: list[_StagedCopy] = []
+        add), after its copy finished."""
+        pieces: list[tuple[_StagedCopy | None, int, int]] = []
+        event = None
         step = max(1, self.buffer_bytes // src.element_size())
         for start in self._pieces(src.numel(), src.dtype):
             numel = min(step, src.numel() - start)
@@ -180,18 +214,30 @@ class StagingPool:
                     staged.copy_(src[start : start + numel], non_blocking=True)
                     event = torch.cuda.Event()
                     event.record(stream)
-            copy = _StagedCopy(self, buffer, event, lambda staged=staged, start=start: land(staged, start))
+            copy = _StagedCopy(self, buffer, event, lambda staged=staged, start=start: land(staged, start), staged)
             if stream is None:
                 copy.finish()
             else:
                 self._track(copy)
-                copies.append(copy)
+            pieces.append((None if stream is None else copy, start, numel))
+        return HostTransfer(pieces, event)
 
-        def finish_all() -> None:
-            for copy in copies:
-                copy.finish()
-
-        return (copies[-1].event if copies else None), finish_all
+    def back_to_device(self, transfer: HostTransfer, dst: torch.Tensor, host: torch.Tensor,
+                       stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+        """Queue `dst = host` (flat) where `host` is the destination of `transfer`: a piece still in
+        its buffer goes from there, after its device-to-host copy on the same stream, so the host
+        never waits for it to land; a landed piece is staged again from `host`. Returns the event
+        of the last piece (the whole copy)."""
+        event = None
+        for copy, start, numel in transfer.pieces:
+            piece = dst[start : start + numel]
+            if stream is not None and copy is not None and copy.reissue(piece, stream):
+                event = copy.event
+            else:  # landed (finishing it does not wait)
+                if copy is not None:
+                    copy.finish()
+                event = self.to_device(piece, host[start : start + numel], stream) or event
+        return event
 
     def close(self) -> None:
         self.drain()

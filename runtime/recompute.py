@@ -64,8 +64,9 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
     copies] in runtime/pinned_pool.py): `save` queues the input's device-to-host copy and returns;
     each piece lands in the held host tensor once its copy is done (at a later lease of the pool at
     the latest). `prefetch` (one segment ahead of the recompute, see `RecomputeSegment._replay`)
-    finishes what is left of the save, long done by then, and queues the host-to-device copy into a
-    tensor allocated on the copy stream; `load` makes the compute stream wait on that copy's event."""
+    queues the host-to-device copy into a tensor allocated on the copy stream: a piece that has
+    not landed yet goes from its pinned buffer, after its device-to-host copy on the same stream,
+    so the host waits for neither; `load` makes the compute stream wait on that copy's event."""
 
     tier = "cpu"
 
@@ -74,17 +75,16 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
             return super().save(x)
         host = torch.empty(x.shape, dtype=x.dtype)
         flat = host.view(-1)
-        _, landed = self.copier.to_host(x.detach().reshape(-1),
-                                        lambda piece, at: flat[at : at + piece.numel()].copy_(piece))
+        transfer = self.copier.to_host(x.detach().reshape(-1),
+                                       lambda piece, at: flat[at : at + piece.numel()].copy_(piece))
         self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(host))
-        return host, landed
+        return host, transfer
 
     def prefetch(self, held: torch.Tensor, event: Any) -> Any:
         """Start bringing a held input back to the device; `load` takes what this returns."""
         if not self.copier.separate_memory or isinstance(event, tuple):  # here, or on its way
             return event
-        event()  # the save's pieces are all in `held`
-        return self.copier.to_device(held)
+        return self.copier.back_to_device(held, event)
 
     def load(self, held: torch.Tensor, event: Any) -> torch.Tensor:
         if not self.copier.separate_memory:

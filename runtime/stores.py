@@ -24,7 +24,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from runtime.ledger import MemoryLedger, nbytes
-from runtime.pinned_pool import StagingPool
+from runtime.pinned_pool import HostTransfer, StagingPool
 
 
 class UnitKey(NamedTuple):
@@ -136,14 +136,27 @@ class CopyEngine:
                                "build the CopyEngine with one (planner.memory.pinned_staging_pool)")
         return self.pool
 
-    def to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """Start copying the pageable host tensor `src` into a new device tensor, through the pool.
+    def to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event]:
+        """Start copying the host tensor `src`, already pinned (an NVMe read buffer), into a new
+        device tensor (CUDA only).
 
         The new tensor is allocated on the copy stream, so the allocator cannot hand it memory that
         kernels queued on the compute stream still use, and the copy need not wait for the compute
         stream (which does not write host shards): it starts as soon as the copy stream is free. The
-        consumer waits on the event (`Pending.wait`, which records the tensor on its stream). On a
-        CPU (`separate_memory_on_cpu`) the copy is done on return and the event is None."""
+        consumer waits on the event (`Pending.wait`, which records the tensor on its stream)."""
+        assert self._stream is not None and src.device.type == "cpu"
+        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        with torch.cuda.stream(self._stream):
+            dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return dst, event
+
+    def stage_to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """`to_device` for pageable host memory (host-tier state): through the pool's pinned buffers
+        ([Note: staged host copies]). On a CPU (`separate_memory_on_cpu`) the copy is done on return
+        and the event is None."""
         assert self.separate_memory and src.device.type == "cpu"
         self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
         if self._stream is None:
@@ -153,11 +166,10 @@ class CopyEngine:
                 dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
         return dst, self.staging().to_device(dst.view(-1), src.reshape(-1), self._stream)
 
-    def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None],
-                link: str = "d2h") -> tuple[torch.cuda.Event | None, Callable[[], None]]:
+    def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None], link: str = "d2h") -> HostTransfer:
         """Start copying the flat device tensor `src` off the device through the pool; `land(piece,
-        offset)` puts each staged piece in pageable host memory once it arrived. Returns the last
-        piece's event and the callable that finishes every piece (waiting for their copies)."""
+        offset)` puts each staged piece in pageable host memory once it arrived (`finish()`, or a
+        later lease of the pool, does it)."""
         assert self.separate_memory
         self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
         if self._stream is None:
@@ -166,6 +178,18 @@ class CopyEngine:
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         src.record_stream(self._stream)
         return self.staging().to_host(src, land, self._stream)
+
+    def back_to_device(self, host: torch.Tensor, transfer: HostTransfer,
+                       link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """`stage_to_device(host)` where `host` is the destination of the device-to-host `transfer`:
+        the pieces not landed yet go from their pinned buffers, without a host wait."""
+        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(host)
+        if self._stream is None:
+            dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        else:
+            with torch.cuda.stream(self._stream):
+                dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        return dst, self.staging().back_to_device(transfer, dst.view(-1), host.reshape(-1), self._stream)
 
     def into_device(self, dst: torch.Tensor, src: torch.Tensor, link: str = "h2d") -> torch.cuda.Event | None:
         """Start `dst = src` for a flat device tensor `dst` and a pageable host tensor `src`, through
@@ -329,7 +353,7 @@ class HostStore(ShardStore):
         if self._on_host_device():  # see [Note: the CPU machine]
             return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
         # Cast on the device after the copy: the link carries the stored width.
-        staged, event = self.copier.to_device(shard)
+        staged, event = self.copier.stage_to_device(shard)
         if dtype == shard.dtype:
             return Pending(staged, event, fresh=True)
         return _CastPending(Pending(staged, event), dtype)
@@ -339,8 +363,8 @@ class HostStore(ShardStore):
         if self._in_host_memory(src):
             target.add_(src.reshape(-1))
             return Pending(self._shards[key])
-        event, finish = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].add_(piece))
-        return Pending(self._shards[key], event, after=finish)
+        transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].add_(piece))
+        return Pending(self._shards[key], transfer.event, after=transfer.finish)
 
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
@@ -348,8 +372,8 @@ class HostStore(ShardStore):
         if self._in_host_memory(src):
             target.copy_(src.reshape(-1))
             return Pending(shard)
-        event, finish = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].copy_(piece))
-        return Pending(shard, event, after=finish)
+        transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].copy_(piece))
+        return Pending(shard, transfer.event, after=transfer.finish)
 
 
 class _CastPending(Pending):
