@@ -10,10 +10,12 @@ completed the piece is copied (or added) into its pageable destination and the b
 Transfers larger than a buffer go through it in pieces, one lease each.
 
 The pool has `num_buffers` buffers of `buffer_bytes` (planner.memory.pinned_staging_pool: what the
-bill charges) and never grows: a lease finds every buffer out waits for the oldest copy in flight
-and finishes it (its event, then its host side), in the order the copies were queued on the one
-copy stream. Finished copies are also reaped at every lease, so a buffer returns as soon as its
-copy is done without anybody waiting for it.
+bill charges) and never grows: a lease that finds every buffer out waits for the oldest copy in
+flight and finishes it (its event, then its host side), in the order the copies were queued on the
+one copy stream. Finished copies are also reaped at every lease, so a buffer returns as soon as its
+copy is done without anybody waiting for it. A device-to-host copy brought back to the device
+before it landed (an offloaded checkpoint reloaded early, `back_to_device`) goes from its buffer,
+which then returns after that copy too: the host waits for neither direction.
 
 On a machine without CUDA the buffers are ordinary memory, copies complete in the call and every
 buffer returns at once; the lease/return path and its bounds are the same.
