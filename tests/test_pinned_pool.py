@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runtime_support import ALL_CPU, ALL_DEVICE, HARDWARE, batches, build_model, plan_doc
+from runtime_support import ALL_CPU, ALL_DEVICE, HARDWARE, batches, build_model, plan_doc, run_distributed
 
 import runtime
 from planner.catalog import resolve_hardware, resolve_model
@@ -184,6 +184,27 @@ def test_a_training_step_stays_within_the_pool_and_is_bitwise_the_cpu_run(
     assert not any(shard.is_pinned() for shard in _host_shards(state))
     billed = memory_bill(state.plan).terms["cpu"][MemoryTerm.PINNED_STAGING_POOL] // state.plan.cluster.gpus_per_node
     assert state.ledger.usage("cpu").terms[MemoryTerm.PINNED_STAGING_POOL] == billed == pool.total_bytes
+
+
+def two_rank_worker(emulate: bool, *, rank: int, world_size: int) -> dict:  # noqa: ARG001
+    """One gloo rank's run of the all-CPU plan, staged through the pool or not (run_distributed)."""
+    CopyEngine.separate_memory_on_cpu = emulate
+    try:
+        doc = plan_doc(world_size=world_size, placement=ALL_CPU, precision="bf16", checkpoint_interval=1,
+                       prefetch_depth=2, hardware=SEPARATE)
+        losses, model, _ = _train(doc)
+    finally:
+        CopyEngine.separate_memory_on_cpu = False
+    pool = runtime.state_of(model).copier.pool
+    return {"losses": losses, "pool": None if pool is None else [pool.num_leases, pool.peak_leased, pool.num_buffers]}
+
+
+def test_two_ranks_through_the_pool_are_bitwise_the_cpu_run(tmp_path: Path) -> None:
+    """Reduce-scattered gradient shards are written and accumulated into host shards through the pool."""
+    direct, staged = run_distributed("two_rank_worker", [(False,), (True,)], tmp_path, module="test_pinned_pool")
+    assert staged["losses"] == direct["losses"] and direct["pool"] is None
+    leases, peak, buffers = staged["pool"]
+    assert leases > 0 and 1 <= peak <= buffers
 
 
 def test_a_checkpoint_save_leases_from_the_pool_and_writes_the_same_bytes(
