@@ -283,6 +283,9 @@ def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
         buffers = gradient_write_buffers(depth, params_on_nvme=place.params == "nvme")
         cpu[MemoryTerm.GRADIENT_SWAP_BUFFERS] = buffers * _aligned(unit_shard * STORED_GRADIENT_BYTES)
     cpu[MemoryTerm.RUNTIME_BOOKKEEPING] = num_operators(plan) * BOOKKEEPING_BYTES_PER_OPERATOR
+    if not plan.node.host_is_device and host_state_crosses_link(plan):
+        pool = pinned_staging_pool(plan)
+        cpu[MemoryTerm.PINNED_STAGING_POOL] = pool.num_buffers * pool.buffer_bytes
     return cpu
 
 
@@ -313,6 +316,37 @@ def runtime_buffer_peak_bytes(bill: MemoryBill) -> dict[str, int]:
     """The bill's peak per tier over the terms the runtime's own ledger tracks (`MemoryTerm.ledgered`:
     what a profile's `peak_bytes` measures; on CUDA the allocator's peak is recorded beside it)."""
     return {tier: sum(v for term, v in terms.items() if MemoryTerm(term).ledgered) for tier, terms in bill.terms.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedPoolShape:
+    """The rank's pinned staging pool (runtime/pinned_pool.py): `num_buffers` of `buffer_bytes`."""
+
+    buffer_bytes: int
+    num_buffers: int
+
+
+def host_state_crosses_link(plan: Plan) -> bool:
+    """Whether some state placed on `cpu` is copied between host and device memory in a step (on
+    hardware whose host is not the device): parameters read for the compute, gradients written off
+    the device, checkpoints offloaded, or master weights written back to device parameters."""
+    place = plan.placement
+    return (place.params == "cpu" or place.optimizer_states == "cpu"
+            or (place.gradients == "cpu" and stores_gradients(plan))
+            or (place.activation_checkpoints == "cpu" and plan.checkpoint_interval > 0))
+
+
+def pinned_staging_pool(plan: Plan) -> PinnedPoolShape:
+    """[Note: the pinned staging pool] Every host<->device copy of CPU-tier state goes through a few
+    reused pinned buffers instead of pinning the state itself (pinned memory the size of the model
+    is what runs the host out of memory). A buffer holds the largest unit's shard at the widest
+    element a step moves (fp32 gradients and masters), so a unit's transfer is one lease; larger
+    transfers (checkpoints) go through it in pieces. Buffers: one per parameter read in flight ahead
+    (the prefetch depth, at least 1) plus a double buffer for the device-to-host direction. The
+    runtime sizes its pool with this function, and the bill charges `num_buffers x buffer_bytes`."""
+    unit_shard = largest_unit_params(plan) / plan.data_parallel_degree
+    return PinnedPoolShape(buffer_bytes=_aligned(unit_shard * STORED_GRADIENT_BYTES),
+                           num_buffers=max(plan.prefetch_depth, 1) + WRITE_STAGING_BUFFERS)
 
 
 WRITE_STAGING_BUFFERS = 2

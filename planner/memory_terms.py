@@ -86,7 +86,7 @@ class MemoryTerm(str, Enum):
     LOGITS = ("logits", _GPU, "logits", "bsz x seq x vocab logits and their fp32 gradient", *_AUTOGRAD)
     ALLOCATOR_SLACK = ("allocator_slack", _GPU, "allocator slack",
                        f"{ALLOCATOR_SLACK_FRACTION:.0%} of the transient GPU terms (caching allocator)", *_ALLOCATOR)
-    # -- pinned host buffers of the NVMe stores and the runtime's per-operator objects ---------
+    # -- pinned host buffers of the NVMe stores and the host<->device copies, per-operator objects
     PARAM_SWAP_BUFFERS = ("param_swap_buffers", _HOST, "param staging",
                           "pinned NVMe->CPU buffers for parameter shards read ahead (depth >= 2: i+2; 3: i+3)")
     OPTIMIZER_SWAP_BUFFERS = ("optimizer_swap_buffers", _HOST, "optimizer chunk buffers",
@@ -97,6 +97,9 @@ class MemoryTerm(str, Enum):
     RUNTIME_BOOKKEEPING = ("runtime_bookkeeping", _HOST, "runtime bookkeeping",
                            "per-operator objects of the model and the runtime: "
                            "(nl x (2 norms + linears x tiling) + 3) x 64 KiB per rank")
+    PINNED_STAGING_POOL = ("pinned_staging_pool", _HOST, "pinned staging",
+                           "pinned host<->device staging of CPU-tier state: (max(depth, 1) + 2) buffers "
+                           "x the largest unit's shard in fp32 (host not the device)")
 
 
 def describe(name: str) -> str:

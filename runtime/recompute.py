@@ -55,39 +55,45 @@ class ActivationCheckpointStore:
 
 
 class HostActivationCheckpointStore(ActivationCheckpointStore):
-    """Holds segment inputs in host memory (`cpu` placement), copied on the side stream on CUDA.
-    On a CPU-only machine the input already is in host memory and is held as it is.
+    """Holds segment inputs in pageable host memory (`cpu` placement), copied through the rank's
+    pinned staging pool on the side stream on CUDA. On a CPU-only machine the input already is in
+    host memory and is held as it is.
 
     [Note: asynchronous checkpoint offload]
-    On CUDA both directions run on the copy stream and the host never waits for either: `save`
-    queues the input's device-to-host copy into pinned memory; `prefetch` (one segment ahead of the
-    recompute, see `RecomputeSegment._replay`) queues the host-to-device copy, which the copy stream
-    runs after the save's (one stream, in order), into a tensor allocated on the copy stream; `load`
-    makes the compute stream wait on that copy's event."""
+    On CUDA both directions run on the copy stream through the staging pool ([Note: staged host
+    copies] in runtime/pinned_pool.py): `save` queues the input's device-to-host copy and returns;
+    each piece lands in the held host tensor once its copy is done (at a later lease of the pool at
+    the latest). `prefetch` (one segment ahead of the recompute, see `RecomputeSegment._replay`)
+    queues the host-to-device copy into a tensor allocated on the copy stream: a piece that has
+    not landed yet goes from its pinned buffer, after its device-to-host copy on the same stream,
+    so the host waits for neither; `load` makes the compute stream wait on that copy's event."""
 
     tier = "cpu"
 
     def save(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        if x.device.type == "cpu":
+        if not self.copier.separate_memory:
             return super().save(x)
-        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-        event = self.copier.copy(host, x.detach(), "d2h")
+        host = torch.empty(x.shape, dtype=x.dtype)
+        flat = host.view(-1)
+        transfer = self.copier.to_host(x.detach().reshape(-1),
+                                       lambda piece, at: flat[at : at + piece.numel()].copy_(piece))
         self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(host))
-        return host, event
+        return host, transfer
 
-    def prefetch(self, held: torch.Tensor, event: Any) -> Any:  # noqa: ARG002 - ordered on the copy stream
+    def prefetch(self, held: torch.Tensor, event: Any) -> Any:
         """Start bringing a held input back to the device; `load` takes what this returns."""
-        if held.device == self.copier.device or isinstance(event, tuple):  # here, or on its way
+        if not self.copier.separate_memory or isinstance(event, tuple):  # here, or on its way
             return event
-        return self.copier.to_device(held)
+        return self.copier.back_to_device(held, event)
 
     def load(self, held: torch.Tensor, event: Any) -> torch.Tensor:
-        if held.device == self.copier.device:
+        if not self.copier.separate_memory:
             return held
         staged, copy_done = event if isinstance(event, tuple) else self.prefetch(held, event)
-        compute = torch.cuda.current_stream(self.copier.device)
-        compute.wait_event(copy_done)
-        staged.record_stream(compute)  # allocated on the copy stream
+        if copy_done is not None:  # CUDA: the copy runs on the copy stream
+            compute = torch.cuda.current_stream(self.copier.device)
+            compute.wait_event(copy_done)
+            staged.record_stream(compute)  # allocated on the copy stream
         return staged
 
 

@@ -70,6 +70,7 @@ from runtime.group import ParamUnit, UnitState
 from runtime.ledger import MemoryLedger
 from runtime.loss_scaling import DynamicLossScaler, output_tensors
 from runtime.model_check import check_model
+from runtime.pinned_pool import staging_pool_for
 from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
 from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
@@ -111,6 +112,7 @@ class ShardedModel:
         self.ledger = MemoryLedger()
         self.profiler = Profiler(self.ledger, config.device)
         self.copier = CopyEngine(config.device, self.profiler.link_bytes)
+        self.copier.pool = staging_pool_for(plan, self.copier, self.ledger)
         place = config.placement
         mixed = config.precision != "fp32"
         self.swap = nvme_space(module, config, comm, plan, self.master_shares_param_shard)
@@ -168,6 +170,8 @@ class ShardedModel:
         try:
             for store in self.stores:
                 store.close()
+            if self.copier.pool is not None:
+                self.copier.pool.drain()
         finally:  # after an I/O error too: the swap files must not outlive the run
             if self.swap is not None:
                 self.swap.close()

@@ -9,18 +9,22 @@ back, and get a `Pending` they `wait()` on when they need the data.
 Without CUDA the compute device *is* host memory: `gpu` means "tensors the compute uses directly"
 and `cpu` means "the host store". Reading a host shard to a CPU device is then the shard itself (no
 copy is made and no link bytes are counted), which is exactly what would happen on real hardware
-whose host memory is the device memory. On CUDA the host store is pinned and every transfer runs on
-a dedicated copy stream, so it overlaps the compute stream; consumers wait on an event.
+whose host memory is the device memory. On CUDA the host store is ordinary pageable memory and
+every transfer goes through the rank's pinned staging pool ([Note: staged host copies] in
+runtime/pinned_pool.py) on a dedicated copy stream, so it overlaps the compute stream; consumers
+wait on an event.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from runtime.ledger import MemoryLedger, nbytes
+from runtime.pinned_pool import HostTransfer, StagingPool
 
 
 class UnitKey(NamedTuple):
@@ -104,20 +108,37 @@ class Pending:
 
 
 class CopyEngine:
-    """Host<->device copies on a side stream on CUDA; plain copies on CPU. Counts link bytes."""
+    """Host<->device copies on a side stream on CUDA; plain copies on CPU. Counts link bytes.
+    Copies between pageable host memory and the device go through `pool` ([Note: staged host copies])."""
 
-    def __init__(self, device: torch.device, link_bytes: dict[str, int]) -> None:
+    separate_memory_on_cpu: ClassVar[bool] = False
+    """Run, on a CPU, the data path of a device with memory of its own: host-tier shards are staged
+    through the pool into fresh tensors as on CUDA (copies complete in the call). Tests set it to
+    exercise the staged path and its bounds without a GPU; False keeps [Note: the CPU machine]."""
+
+    def __init__(self, device: torch.device, link_bytes: dict[str, int], pool: StagingPool | None = None) -> None:
         self.device = device
         self.link_bytes = link_bytes
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.separate_memory = device.type == "cuda" or self.separate_memory_on_cpu
+        """Host and compute memory are two memories: host-tier state crosses a link to be used."""
+        self.pool = pool
+        """The rank's staging pool (None where the plan moves no host-tier state)."""
 
     @property
     def stream(self) -> torch.cuda.Stream | None:
         """The copy stream (None on the CPU: copies are done when `copy` returns)."""
         return self._stream
 
+    def staging(self) -> StagingPool:
+        if self.pool is None:
+            raise RuntimeError("a host<->device copy of host-tier state needs the rank's staging pool; "
+                               "build the CopyEngine with one (planner.memory.pinned_staging_pool)")
+        return self.pool
+
     def to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event]:
-        """Start copying the host tensor `src` into a new device tensor (CUDA only).
+        """Start copying the host tensor `src`, already pinned (an NVMe read buffer), into a new
+        device tensor (CUDA only).
 
         The new tensor is allocated on the copy stream, so the allocator cannot hand it memory that
         kernels queued on the compute stream still use, and the copy need not wait for the compute
@@ -131,6 +152,52 @@ class CopyEngine:
             event = torch.cuda.Event()
             event.record(self._stream)
         return dst, event
+
+    def stage_to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """`to_device` for pageable host memory (host-tier state): through the pool's pinned buffers
+        ([Note: staged host copies]). On a CPU (`separate_memory_on_cpu`) the copy is done on return
+        and the event is None."""
+        assert self.separate_memory and src.device.type == "cpu"
+        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        if self._stream is None:
+            dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        else:
+            with torch.cuda.stream(self._stream):
+                dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        return dst, self.staging().to_device(dst.view(-1), src.reshape(-1), self._stream)
+
+    def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None], link: str = "d2h") -> HostTransfer:
+        """Start copying the flat device tensor `src` off the device through the pool; `land(piece,
+        offset)` puts each staged piece in pageable host memory once it arrived (`finish()`, or a
+        later lease of the pool, does it)."""
+        assert self.separate_memory
+        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        if self._stream is None:
+            return self.staging().to_host(src, land, None)
+        # The copy must not start before the compute stream produced `src`.
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        src.record_stream(self._stream)
+        return self.staging().to_host(src, land, self._stream)
+
+    def back_to_device(self, host: torch.Tensor, transfer: HostTransfer,
+                       link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """`stage_to_device(host)` where `host` is the destination of the device-to-host `transfer`:
+        the pieces not landed yet go from their pinned buffers, without a host wait."""
+        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(host)
+        if self._stream is None:
+            dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        else:
+            with torch.cuda.stream(self._stream):
+                dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        return dst, self.staging().back_to_device(transfer, dst.view(-1), host.reshape(-1), self._stream)
+
+    def into_device(self, dst: torch.Tensor, src: torch.Tensor, link: str = "h2d") -> torch.cuda.Event | None:
+        """Start `dst = src` for a flat device tensor `dst` and a pageable host tensor `src`, through
+        the pool, after the compute stream's work queued so far (it may still read `dst`)."""
+        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        return self.staging().to_device(dst, src, self._stream)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, link: str) -> torch.cuda.Event | None:
         """Start `dst.copy_(src)`; returns the event marking its end on CUDA (None when done)."""
@@ -257,48 +324,56 @@ class DeviceStore(ShardStore):
         return Pending(shard)
 
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
-        self._shards[key][offset : offset + src.numel()].copy_(src.reshape(-1))
+        target = self._shards[key][offset : offset + src.numel()]
+        if src.device != target.device and self.copier.pool is not None:  # host-tier masters written back
+            return Pending(self._shards[key], self.copier.into_device(target, src.reshape(-1)))
+        target.copy_(src.reshape(-1))
         return Pending(self._shards[key])
 
 
 class HostStore(ShardStore):
-    """Shards in host memory (`cpu` placement); pinned on CUDA so copies run asynchronously."""
+    """Shards in pageable host memory (`cpu` placement); copies to and from the device go through the
+    rank's pinned staging pool, so they run asynchronously without pinning the shards themselves."""
 
     tier = "cpu"
 
     def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        pin = self.compute_device.type == "cuda"
-        return torch.zeros(numel, dtype=dtype, pin_memory=pin)
+        return torch.zeros(numel, dtype=dtype)
 
     def _on_host_device(self) -> bool:
-        return self.compute_device.type == "cpu"
+        return not self.copier.separate_memory
+
+    def _in_host_memory(self, src: torch.Tensor) -> bool:
+        """`src` needs no link to reach the shard: the CPU machine, or a host tensor on CUDA (master
+        weights the CPU-tier optimizer updated)."""
+        return self._on_host_device() or (src.device.type == "cpu" and self.compute_device.type != "cpu")
 
     def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
         shard = self._shards[key]
         if self._on_host_device():  # see [Note: the CPU machine]
             return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
         # Cast on the device after the copy: the link carries the stored width.
-        staged, event = self.copier.to_device(shard)
+        staged, event = self.copier.stage_to_device(shard)
         if dtype == shard.dtype:
             return Pending(staged, event, fresh=True)
         return _CastPending(Pending(staged, event), dtype)
 
     def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         target = self._shards[key][offset : offset + src.numel()]
-        if self._on_host_device():
+        if self._in_host_memory(src):
             target.add_(src.reshape(-1))
             return Pending(self._shards[key])
-        staging = torch.empty(src.numel(), dtype=src.dtype, pin_memory=True)
-        event = self.copier.copy(staging, src.reshape(-1), "d2h")
-        return Pending(self._shards[key], event, after=lambda: target.add_(staging))
+        transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].add_(piece))
+        return Pending(self._shards[key], transfer.event, after=transfer.finish)
 
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
         target = shard[offset : offset + src.numel()]
-        if self._on_host_device():
+        if self._in_host_memory(src):
             target.copy_(src.reshape(-1))
             return Pending(shard)
-        return Pending(shard, self.copier.copy(target, src.reshape(-1), "d2h"))
+        transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].copy_(piece))
+        return Pending(shard, transfer.event, after=transfer.finish)
 
 
 class _CastPending(Pending):

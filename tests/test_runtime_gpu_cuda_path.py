@@ -352,11 +352,11 @@ def test_checkpoint_offload_is_asynchronous_with_one_segment_of_prefetch(monkeyp
         opt = runtime.AdamW(model, lr=1e-3)
         segments = runtime.state_of(model).segments
         if log is not None:
-            real_replay, real_to_device = recompute.RecomputeSegment._replay, CopyEngine.to_device
+            real_replay, real_back = recompute.RecomputeSegment._replay, CopyEngine.back_to_device
             monkeypatch.setattr(recompute.RecomputeSegment, "_replay",
                                 lambda seg, m: (log.append(f"replay {segments.index(seg)}"), real_replay(seg, m))[1])
-            monkeypatch.setattr(CopyEngine, "to_device", lambda eng, src, link="h2d": (
-                log.append("h2d"), real_to_device(eng, src, link))[1])
+            monkeypatch.setattr(CopyEngine, "back_to_device", lambda eng, host, saved, link="h2d": (
+                log.append("h2d"), real_back(eng, host, saved, link))[1])
             real_wait = torch.cuda.Event.synchronize
             monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda e: (log.append("host wait"), real_wait(e)))
         out = []

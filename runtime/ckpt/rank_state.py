@@ -99,10 +99,11 @@ def rank_bytes(state: Any, optimizer: Any) -> int:
 
 
 class ChunkBuffer:
-    """The one host buffer checkpoint traffic goes through."""
+    """The one host buffer checkpoint traffic goes through: leased from the optimizer's chunk pool or
+    the rank's pinned staging pool (runtime/pinned_pool.py) where there is one, else allocated."""
 
-    def __init__(self, optimizer: Any, chunk_bytes: int) -> None:
-        self._pool = optimizer.chunk_pool
+    def __init__(self, optimizer: Any, chunk_bytes: int, staging: Any = None) -> None:
+        self._pool = optimizer.chunk_pool if optimizer.chunk_pool is not None else staging
         self.buffer = self._pool.acquire() if self._pool is not None else AlignedBuffer(chunk_bytes)
         self.nbytes = self.buffer.nbytes
 
@@ -127,7 +128,7 @@ def save_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: A
     entries += [_tensor_entry(n, t) for n, t in _rng_tensors().items()]
     header, _ = encode_header([(e.name, DTYPE_CODES[_dtype_name(e.dtype)], (e.numel,)) for e in entries],
                               {"format": "pt", "tierwise": RANK_FORMAT})
-    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes)
+    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes, state.copier.pool)
     try:
         with atomic_file(directory / rank_file(rank, "safetensors")) as out:
             out.write(header)
@@ -172,7 +173,7 @@ def load_rank(directory: Path, *, rank: int, step: int, state: Any, optimizer: A
         extra = sorted(set(names) - expected)[:3]
         raise CheckpointError(f"checkpoint {directory} does not match this model (missing {missing}, unknown {extra}); "
                               "resume with the plan it was written for")
-    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes)
+    buffer = ChunkBuffer(optimizer, state.plan.optimizer_chunk_bytes, state.copier.pool)
     try:
         with open(path, "rb") as f:
             for e in index:

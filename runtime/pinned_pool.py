@@ -1,0 +1,265 @@
+"""The rank's pinned staging pool: every host<->device copy of CPU-tier state goes through it.
+
+[Note: staged host copies]
+CPU-tier shards, offloaded checkpoints and host gradient shards are ordinary pageable memory. A
+copy to the device takes a buffer from this pool, copies the piece into it on the host (a memcpy),
+queues the asynchronous host-to-device copy on the copy stream and records an event; the buffer
+goes back to the pool when that event has completed. A copy off the device is the reverse: the
+device-to-host copy into a leased buffer is queued on the copy stream, and once its event
+completed the piece is copied (or added) into its pageable destination and the buffer returned.
+Transfers larger than a buffer go through it in pieces, one lease each.
+
+The pool has `num_buffers` buffers of `buffer_bytes` (planner.memory.pinned_staging_pool: what the
+bill charges) and never grows: a lease that finds every buffer out waits for the oldest copy in
+flight and finishes it (its event, then its host side), in the order the copies were queued on the
+one copy stream. Finished copies are also reaped at every lease, so a buffer returns as soon as its
+copy is done without anybody waiting for it. A device-to-host copy brought back to the device
+before it landed (an offloaded checkpoint reloaded early, `back_to_device`) goes from its buffer,
+which then returns after that copy too: the host waits for neither direction.
+
+On a machine without CUDA the buffers are ordinary memory, copies complete in the call and every
+buffer returns at once; the lease/return path and its bounds are the same.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from planner.memory import PinnedPoolShape
+from runtime.nvme.buffers import AlignedBuffer, BufferPool
+
+
+class _StagedCopy:
+    """One piece in flight through a leased buffer: done once `event` completed and `then` (the
+    host side of a device-to-host copy) ran; `finish` does both, once, and returns the buffer."""
+
+    __slots__ = ("pool", "buffer", "event", "then", "staged", "_finished", "_lock")
+
+    def __init__(self, pool: StagingPool, buffer: AlignedBuffer, event: torch.cuda.Event | None,
+                 then: Callable[[], None] | None, staged: torch.Tensor | None = None) -> None:
+        self.pool, self.buffer, self.event, self.then = pool, buffer, event, then
+        self.staged = staged
+        """The piece in the buffer (a device-to-host copy's), for `reissue`."""
+        self._finished = False
+        self._lock = threading.Lock()
+
+    def copied(self) -> bool:
+        """The device copy has finished (never blocks)."""
+        return self.event is None or self.event.query()
+
+    def finish(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            if not self.copied():
+                self.event.synchronize()
+            if self.then is not None:
+                self.then()
+            self._finished = True
+            self.then = self.staged = None  # they view the buffer: nothing may outlive the return
+        self.pool.release(self.buffer)
+
+    def reissue(self, dst: torch.Tensor, stream: torch.cuda.Stream) -> bool:
+        """Queue `dst = piece` from the buffer, after its device-to-host copy on the same stream, if
+        the piece has not been finished (landed and returned) yet; the buffer then comes back after
+        this copy too. False when it was: the bytes are in host memory only."""
+        with self._lock:
+            if self._finished or self.staged is None:
+                return False
+            with torch.cuda.stream(stream):
+                dst.copy_(self.staged, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            self.event = event
+            return True
+
+
+class HostTransfer:
+    """A device-to-host copy through the pool, piece by piece (`StagingPool.to_host`)."""
+
+    __slots__ = ("pieces", "event")
+
+    def __init__(self, pieces: list[tuple[_StagedCopy | None, int, int]], event: torch.cuda.Event | None) -> None:
+        self.pieces = pieces
+        """(copy in flight or None once done, offset, numel) per piece."""
+        self.event = event
+        """The last piece's copy (the whole transfer: one stream runs them in order); None when done."""
+
+    def finish(self) -> None:
+        """Wait for every piece and land it on the host (the buffers come back)."""
+        for copy, _, _ in self.pieces:
+            if copy is not None:
+                copy.finish()
+
+
+class StagingPool:
+    """`num_buffers` reused buffers of `buffer_bytes`, pinned with `pin_hook` (cudaHostRegister) on
+    CUDA ([Note: staged host copies]). `acquire`/`release` lend a whole buffer (checkpoint saves);
+    `to_device`/`to_host` stage a copy through them."""
+
+    def __init__(self, shape: PinnedPoolShape, pin_hook=None) -> None:  # noqa: ANN001 - runtime.nvme.PinHook
+        self.buffer_bytes = shape.buffer_bytes
+        self._pool = BufferPool(buffer_bytes=shape.buffer_bytes, num_buffers=shape.num_buffers, pin_hook=pin_hook)
+        self._lock = threading.Lock()
+        self._in_flight: deque[_StagedCopy] = deque()
+        self.num_leases = 0
+        """Buffers handed out so far (each lease of a staged piece or a whole buffer counts once)."""
+        self.peak_leased = 0
+        """Most buffers out at once: never above `num_buffers`."""
+        # Unpin before the memory goes back to the kernel, however the pool ends: a later pool's
+        # buffer at the same address could not be registered again.
+        self._finalizer = weakref.finalize(self, self._pool.close)
+
+    @property
+    def num_buffers(self) -> int:
+        return self._pool.num_buffers
+
+    @property
+    def total_bytes(self) -> int:
+        """Memory the pool holds (and pins on CUDA): what the ledger charges."""
+        return self._pool.total_bytes
+
+    @property
+    def pinned(self) -> bool:
+        return self._pool.pinned
+
+    @property
+    def num_leased(self) -> int:
+        return self.num_buffers - self._pool.num_free
+
+    def acquire(self) -> AlignedBuffer:
+        """A free buffer; with none free, finish the oldest copy in flight (or wait for a return)."""
+        while True:
+            with self._lock:
+                self._reap()
+                if self._pool.num_free:
+                    buffer = self._pool.acquire(timeout_s=0)
+                    self.num_leases += 1
+                    self.peak_leased = max(self.peak_leased, self.num_leased)
+                    return buffer
+                oldest = self._in_flight.popleft() if self._in_flight else None
+            if oldest is not None:
+                oldest.finish()
+            else:  # every buffer is lent whole (another thread's checkpoint chunk): wait for it
+                self._pool.release(self._pool.acquire())
+
+    def release(self, buffer: AlignedBuffer) -> None:
+        self._pool.release(buffer)
+
+    def _reap(self) -> None:
+        """Return the buffers of the copies that finished, oldest first (lock held)."""
+        while self._in_flight and self._in_flight[0].copied():
+            self._in_flight.popleft().finish()
+
+    def _track(self, copy: _StagedCopy) -> None:
+        with self._lock:
+            self._in_flight.append(copy)
+
+    def drain(self) -> None:
+        """Finish every copy in flight (their buffers come back)."""
+        while True:
+            with self._lock:
+                oldest = self._in_flight.popleft() if self._in_flight else None
+            if oldest is None:
+                return
+            oldest.finish()
+
+    def _pieces(self, numel: int, dtype: torch.dtype) -> range:
+        return range(0, numel, max(1, self.buffer_bytes // dtype.itemsize))
+
+    def _staged(self, buffer: AlignedBuffer, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        return torch.frombuffer(buffer.view, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
+
+    def to_device(self, dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+        """Queue `dst = src` (flat, same numel) from pageable host memory on `stream` (None: copy
+        now); returns the event of the last piece (the whole copy: one stream runs them in order)."""
+        event = None
+        step = max(1, self.buffer_bytes // src.element_size())
+        for start in self._pieces(src.numel(), src.dtype):
+            piece = src[start : start + step]
+            buffer = self.acquire()
+            staged = self._staged(buffer, src.dtype, piece.numel())
+            staged.copy_(piece)
+            if stream is None:
+                dst[start : start + piece.numel()].copy_(staged)
+                self.release(buffer)
+                continue
+            with torch.cuda.stream(stream):
+                dst[start : start + piece.numel()].copy_(staged, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            self._track(_StagedCopy(self, buffer, event, None))
+        return event
+
+    def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None],
+                stream: torch.cuda.Stream | None) -> HostTransfer:
+        """Queue copying the flat device tensor `src` off the device on `stream` (None: now), piece
+        by piece; `land(staged, offset)` puts each piece where it belongs on the host (a copy or an
+        add), after its copy finished."""
+        pieces: list[tuple[_StagedCopy | None, int, int]] = []
+        event = None
+        step = max(1, self.buffer_bytes // src.element_size())
+        for start in self._pieces(src.numel(), src.dtype):
+            numel = min(step, src.numel() - start)
+            buffer = self.acquire()
+            staged = self._staged(buffer, src.dtype, numel)
+            event = None
+            if stream is None:
+                staged.copy_(src[start : start + numel])
+            else:
+                with torch.cuda.stream(stream):
+                    staged.copy_(src[start : start + numel], non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+            copy = _StagedCopy(self, buffer, event, lambda staged=staged, start=start: land(staged, start), staged)
+            if stream is None:
+                copy.finish()
+            else:
+                self._track(copy)
+            pieces.append((None if stream is None else copy, start, numel))
+        return HostTransfer(pieces, event)
+
+    def back_to_device(self, transfer: HostTransfer, dst: torch.Tensor, host: torch.Tensor,
+                       stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+        """Queue `dst = host` (flat) where `host` is the destination of `transfer`: a piece still in
+        its buffer goes from there, after its device-to-host copy on the same stream, so the host
+        never waits for it to land; a landed piece is staged again from `host`. Returns the event
+        of the last piece (the whole copy)."""
+        event = None
+        for copy, start, numel in transfer.pieces:
+            piece = dst[start : start + numel]
+            if stream is not None and copy is not None and copy.reissue(piece, stream):
+                event = copy.event
+            else:  # landed (finishing it does not wait)
+                if copy is not None:
+                    copy.finish()
+                event = self.to_device(piece, host[start : start + numel], stream) or event
+        return event
+
+    def close(self) -> None:
+        self.drain()
+        self._finalizer()
+
+
+def staging_pool_for(plan, copier, ledger) -> StagingPool | None:  # noqa: ANN001 - Plan, CopyEngine, MemoryLedger
+    """The rank's pool, sized by the plan (the bill's `pinned_staging_pool`, one source of truth),
+    charged to `ledger`; None where no host-tier state crosses to the device (the CPU machine, or
+    every state on the device or NVMe)."""
+    from planner.memory import host_state_crosses_link, pinned_staging_pool
+    from planner.memory_terms import MemoryTerm
+
+    if not copier.separate_memory or not host_state_crosses_link(plan):
+        return None
+    pin_hook = None
+    if copier.device.type == "cuda":
+        from runtime.nvme.pinning import TorchCudaPinHook
+
+        pin_hook = TorchCudaPinHook()
+    pool = StagingPool(pinned_staging_pool(plan), pin_hook)
+    ledger.add("cpu", MemoryTerm.PINNED_STAGING_POOL, pool.total_bytes)
+    return pool
