@@ -27,7 +27,8 @@ def llama_config(*, tie: bool = False, bias: bool = False) -> Any:
 
 def plan(placement: dict[str, str], *, world_size: int, nvme_path: str | None = None, **knobs: Any) -> dict[str, Any]:
     """A plan of the tiny Llama's shape for this machine (16 KiB optimizer chunks: units span several)."""
-    return {"model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_len": SEQ, "vocab_size": VOCAB},
+    return {"model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_len": SEQ, "vocab_size": VOCAB,
+                      "num_kv_heads": 2, "ffn_hidden_size": 128, "gated_mlp": True},
             "hardware": HARDWARE, "num_gpus": world_size, "precision": "fp32", "checkpoint_interval": 0,
             "placement": placement, "micro_batch_per_gpu": BATCH // world_size, "nvme_path": nvme_path,
             "optimizer_chunk_bytes": 16 * 1024, "num_optimizer_buffers": 3, **knobs}
@@ -48,6 +49,8 @@ def train_and_checkpoint(plan_doc: dict[str, Any], checkpoint_dir: str, tie: boo
     from runtime.ckpt import Checkpointer
     from runtime.plan_io import resolve_plan
 
+    # The plan states the model it was made for (runtime.shard checks it): tied embeddings count once.
+    plan_doc = {**plan_doc, "model": {**plan_doc["model"], "tied_embeddings": tie}}
     torch.manual_seed(0)
     config = llama_config(tie=tie, bias=bias)
     with torch.device("meta"):

@@ -221,7 +221,7 @@ def test_a_checkpoint_save_leases_from_the_pool_and_writes_the_same_bytes(
         save_rank(out, rank=0, step=2, state=state, optimizer=opt, scalars={})
         if emulate:
             assert state.copier.pool.num_leases == leases + 1 and state.copier.pool.num_leased == 0
-        files[emulate] = (out / "rank-00000.bin").read_bytes()
+        files[emulate] = (out / "rank-00000.safetensors").read_bytes()
     assert files[True] == files[False]
 
 
