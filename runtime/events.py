@@ -55,3 +55,6 @@ class UnitListener:
     def gradient_final(self, unit: ParamUnit, gradient: FinalGradient) -> None:  # noqa: ARG002
         """`unit`'s gradient for this backward is complete."""
         gradient.unclaimed()
+
+    def close(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """The optimizer is closed: stop what the listener runs (the in-backward worker thread)."""
