@@ -34,9 +34,13 @@ while the worker waits for the copy's event (never the autograd thread) and upda
 - Bounded: at most `MAX_QUEUED_UPDATES` updates wait (the hook blocks beyond), so gradients held
   for the worker, and the pinned staging on CUDA, stay bounded whatever the speed of the CPU.
 - Failure: an exception in a job is kept, the jobs after it are skipped (their staging released),
-  and the next `submit` or `drain` raises it on the main thread: the backward or `optimizer.step()`
-  fails with the worker's own error, once per call, never a hang. The optimizer stays failed (its
-  states are partly updated): every later call raises the same error.
+  and the next `drain` raises it on the main thread: the one at the end of the backward, which
+  runs after the model's own end-of-backward work, so `loss.backward()` fails with the worker's
+  own error and leaves the model between steps, as a normal backward does (raising from a later
+  hand-over instead would abort the backward mid-way, and `optimizer.step()` would then refuse to
+  run "inside backward" instead of reporting the error). `optimizer.step()` raises it again, never
+  a hang. The optimizer stays failed (its states are partly updated): every later drain (the next
+  forward's tail or backward) raises the same error.
 - Lifetime: the thread is started by the first job, is not a daemon, and is joined by `close`
   (`optimizer.close()`, or when the schedule is collected); one never closed leaves at interpreter
   exit, when it finds the main thread gone, before the interpreter tears down what a job would use.
@@ -79,8 +83,8 @@ class OptimizerWorker:
         self._closed = False
 
     def submit(self, run: Callable[[], None], release: Callable[[], None] | None = None) -> None:
-        """Queue `run` after every job submitted before it (blocks while the queue is full)."""
-        self._raise_error()
+        """Queue `run` after every job submitted before it (blocks while the queue is full). After a
+        job failed it is skipped, not refused: the drain at the end of the backward reports the error."""
         if self._closed:
             if release is not None:
                 release()
@@ -132,6 +136,7 @@ class OptimizerWorker:
             if job is None:
                 return
             self._run(*job)
+            del job  # the job refers to its schedule, which must be collectable while the thread idles
 
     def _run(self, run: Callable[[], None], release: Callable[[], None] | None) -> None:
         try:
