@@ -49,19 +49,22 @@ class InBackward(UnitListener):
         self._updated: set[str] = set()
         """Units updated in this step's backward."""
         self.worker = OptimizerWorker()
+        self._device: torch.device = engine.model.config.device
+        self._updates_done: torch.cuda.Event | None = None
+        """CUDA: marks the end of the kernels the last update queued (on the worker's stream)."""
         self._staging = GradientStaging(engine.model.ledger)
         # Joined when the optimizer is dropped without close() too (not at interpreter exit: see the note).
         weakref.finalize(self, self.worker.close)
 
     def forward_tail(self) -> None:
-        self.worker.drain()  # the engine is the main thread's between backwards
+        self._drain()  # the engine is the main thread's between backwards
         self.engine.begin_updates()
 
     def backward_begin(self) -> None:
-        self.worker.drain()
+        self._drain()
         self.engine.backward_begin()
         # Runs after the model's own end of backward, which may still make gradients final.
-        torch.autograd.Variable._execution_engine.queue_callback(self.worker.drain)
+        torch.autograd.Variable._execution_engine.queue_callback(self._drain)
 
     @torch.no_grad()
     def gradient_final(self, unit: ParamUnit, gradient: FinalGradient) -> None:
@@ -72,7 +75,7 @@ class InBackward(UnitListener):
                 "which updates each unit once per backward and cannot accumulate gradients over several; call "
                 "optimizer.step() after every backward, or set optimizer_step to after_backward")
         self._updated.add(key)
-        release = None
+        release = produced = None
         if gradient.device.type == "cuda" and self.engine.chunk_pool is not None:  # the update runs on the host
             assert isinstance(gradient, UnitGradient), type(gradient)
             nbytes = gradient.numel * gradient.element_size
@@ -80,18 +83,39 @@ class InBackward(UnitListener):
             host = buffer[:nbytes].view(gradient.parts[0][1].dtype)
             gradient = gradient.staged(host, self.engine.model.copier)
             release = partial(self._staging.release, buffer)
-        self.worker.submit(partial(self._update, unit, gradient), release)
+        elif self._device.type == "cuda":  # the worker's kernels follow those that produced the gradient
+            produced = torch.cuda.Event()
+            produced.record(torch.cuda.current_stream(self._device))
+        self.worker.submit(partial(self._update, unit, gradient, produced), release)
 
     @torch.no_grad()
-    def _update(self, unit: ParamUnit, gradient: FinalGradient) -> None:
+    def _update(self, unit: ParamUnit, gradient: FinalGradient, produced: torch.cuda.Event | None) -> None:
         """On the worker."""
-        gradient.wait()
-        self.engine.update_unit(unit, gradient)
+        if self._device.type != "cuda":
+            gradient.wait()
+            self.engine.update_unit(unit, gradient)
+            return
+        with torch.cuda.device(self._device):  # the worker thread's current device is not the rank's
+            stream = torch.cuda.current_stream()
+            if produced is not None:
+                stream.wait_event(produced)
+            gradient.wait()
+            self.engine.update_unit(unit, gradient)
+            done = torch.cuda.Event()
+            done.record(stream)
+            self._updates_done = done
+
+    def _drain(self) -> None:
+        """Wait for the worker; on CUDA the compute stream then follows the kernels the updates queued
+        (device stores written by an update), before any later gather reads their shards."""
+        self.worker.drain()
+        if self._updates_done is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._updates_done)
 
     def step(self) -> bool:
         """Every unit with a gradient was updated in backward: what is left are writes."""
         try:
-            self.worker.drain()
+            self._drain()
         except BaseException:
             self._updated.clear()
             with contextlib.suppress(Exception):  # the worker's error is the one to report

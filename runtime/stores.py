@@ -295,7 +295,9 @@ class HostStore(ShardStore):
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
         target = shard[offset : offset + src.numel()]
-        if self._on_host_device():
+        # A host source (an update's result, on the optimizer worker) needs no copy stream, which
+        # would make the worker wait for the compute queued on the device and the next gathers' copies queue behind it.
+        if self._on_host_device() or src.device.type == "cpu":
             target.copy_(src.reshape(-1))
             return Pending(shard)
         return Pending(shard, self.copier.copy(target, src.reshape(-1), "d2h"))
