@@ -18,6 +18,10 @@ when they start a pass and how far they fill it (runtime/streamed_optimizer.py):
 - the in-backward update: the states of the chunks in the order of the last step, from the
   forward's tail, as far as buffers are free, never waiting for a write ([Note: the optimizer
   step in backward]).
+
+It is not thread-safe and need not be: in backward only the optimizer worker uses it, between
+backwards only the main thread, and the worker is drained at each hand-over ([Note: the
+optimizer worker] in runtime/optimizer_worker.py).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ created, and no code outside these types asks which one it has:
   of chunk buffers. Both update every unit at once (`step`) or one unit (`update_unit`);
 - when is the schedule, a `UnitListener` (runtime/step_schedule.py): `AfterBackward` steps at
   `optimizer.step()` and meanwhile lets the engine read the step's first states during backward;
-  `InBackward` updates each unit from its `gradient_final` event and lets the engine read states
-  ahead from the forward's tail.
+  `InBackward` hands each unit's update, at its `gradient_final` event, to its optimizer worker
+  thread (runtime/optimizer_worker.py) and lets the engine read states ahead from the forward's tail.
 
 The sharded model knows one listener (a plain `UnitListener`, which does nothing, until an
 optimizer attaches its schedule) and tells it three things: the forward has submitted its last
@@ -55,3 +55,6 @@ class UnitListener:
     def gradient_final(self, unit: ParamUnit, gradient: FinalGradient) -> None:  # noqa: ARG002
         """`unit`'s gradient for this backward is complete."""
         gradient.unclaimed()
+
+    def close(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """The optimizer is closed: stop what the listener runs (the in-backward worker thread)."""

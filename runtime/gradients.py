@@ -28,7 +28,7 @@ from planner.memory_terms import MemoryTerm
 from runtime.collectives import Comm, Reduced, reduce_scatter_flat
 from runtime.flat_param import FlatLayout
 from runtime.ledger import MemoryLedger, nbytes
-from runtime.stores import Pending, ShardStore, UnitKey
+from runtime.stores import CopyEngine, Pending, ShardStore, UnitKey
 
 
 class FinalGradient(ABC):
@@ -50,6 +50,11 @@ class FinalGradient(ABC):
     @abstractmethod
     def element_size(self) -> int:
         """Bytes per element as produced (what a copy off the compute device moves)."""
+
+    def wait(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """Block until `flat` and `chunk` can read it (a staged copy off the device has landed): the
+        optimizer worker calls it, never the autograd thread ([Note: the optimizer worker] in
+        runtime/optimizer_worker.py)."""
 
     def spent(self) -> None:  # noqa: B027 - a no-op unless overridden
         """The optimizer updated the unit with it."""
@@ -131,9 +136,58 @@ class UnitGradient(FinalGradient):
             dst[covered:].zero_()
         return dst
 
+    @property
+    def numel(self) -> int:
+        return self._numel
+
+    def staged(self, host: torch.Tensor, copier: CopyEngine) -> StagedGradient:
+        """Start copying the device parts into `host` (pinned, at least `numel` elements of their
+        dtype) on the copy stream; the copy follows the work queued on the current stream, which
+        produced the parts, and the host does not wait for it here."""
+        event = None
+        parts = []
+        for offset, flat in self.parts:
+            dst = host[offset : offset + flat.numel()]
+            event = copier.copy(dst, flat, "d2h")
+            parts.append((offset, dst))
+        return StagedGradient(UnitGradient(parts, self._numel), event)
+
     def unclaimed(self) -> None:
         raise RuntimeError("the plan's optimizer_step is in_backward, so each gradient goes straight into the "
                            "optimizer: create runtime.AdamW(model, ...) before the first backward")
+
+
+class StagedGradient(FinalGradient):
+    """A device `UnitGradient` on its way into pinned host memory on the copy stream (CUDA): the
+    in-backward hook issues the copy, the optimizer worker `wait`s for its event and updates from
+    the host copy ([Note: the optimizer worker] in runtime/optimizer_worker.py)."""
+
+    __slots__ = ("_host", "_event")
+
+    def __init__(self, host: UnitGradient, event: torch.cuda.Event | None) -> None:
+        self._host = host
+        self._event = event
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+
+    def flat(self) -> torch.Tensor:
+        self.wait()
+        return self._host.flat()
+
+    def chunk(self, start: int, numel: int, out: torch.Tensor) -> torch.Tensor:
+        self.wait()
+        return self._host.chunk(start, numel, out)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def element_size(self) -> int:
+        return self._host.element_size
 
 
 @dataclass(eq=False, kw_only=True)

@@ -90,6 +90,7 @@ class AdamW:
     def close(self) -> None:
         """Free the streamed step's chunk buffers (no-op for in-memory states)."""
         self.sharded_model.detach(self.schedule)
+        self.schedule.close()  # joins the in-backward worker before the engine's buffers go
         self.engine.close()
 
     @torch.no_grad()

@@ -25,6 +25,8 @@ class AdamWEngine(ABC):
     """AdamW over the shards of a sharded model's units (`torch.optim.AdamW` semantics per unit)."""
 
     param_groups: list[dict[str, Any]]
+    model: Any
+    """The sharded model (`runtime.sharding.ShardedModel`) whose units it updates."""
 
     @abstractmethod
     def step(self, units: list[ParamUnit]) -> bool:

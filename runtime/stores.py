@@ -369,6 +369,8 @@ class HostStore(ShardStore):
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
         target = shard[offset : offset + src.numel()]
+        # A host source (an update's result, also on the optimizer worker) needs no copy stream: one
+        # would make the worker wait for the compute queued on the device.
         if self._in_host_memory(src):
             target.copy_(src.reshape(-1))
             return Pending(shard)

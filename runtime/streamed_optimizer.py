@@ -8,7 +8,8 @@ grad. With three buffers the step runs
 
     read chunk k+1   |   update chunk k (torch's fused AdamW)   |   write chunk k-1
 
-concurrently: reads and writes are asynchronous engine requests, the update runs on this thread.
+concurrently: reads and writes are asynchronous engine requests, the update runs on the calling thread
+(the optimizer worker, in backward).
 With B > 3 buffers the reads run B-2 chunks ahead (k+1 .. k+B-2).
 The pool is allocated once, so host memory for the states never exceeds
 `num_optimizer_buffers * optimizer_chunk_bytes` however large the model on disk.
@@ -40,12 +41,18 @@ recipe, ZenFlow, SuperOffload). After backward, a step whose backward is compute
 compute plus the whole state traffic instead of the larger of the two
 (docs/notes/2026-11-25-nvme-slower-cpu.md).
 
+The update itself runs on the optimizer worker thread, so the backward of the units before goes
+on while a unit is updated: its gradient reaches the worker as autograd (or the reduce-scatter)
+produced it, or, on CUDA, copied off the device on the copy stream into pinned staging by the
+hook, and the worker waits for that copy ([Note: the optimizer worker] in
+runtime/optimizer_worker.py, which also says which thread owns the read-ahead when).
+
 The schedule: once the forward has submitted its last parameter read (or, before the forward's
 order is recorded, when the backward begins), the states of the first chunks in the order the
 previous step updated them (reversed unit order before any step) are read into the pool, filling
 the drive while the forward's last operators compute; each update takes
 its chunk's buffer, waits for its reads, updates with the gradient (a view of it where it already
-is fp32 host memory, else copied into the buffer's gradient region), submits the chunk's writes,
+is fp32 host memory, else cast into the buffer's gradient region), submits the chunk's writes,
 and reads further ahead into every buffer that is free or whose write has landed, never waiting
 for a write (backward's compute is not held up for a read-ahead). A chunk that is not the one
 expected (a changed order) drops the read-ahead and is read on demand. `optimizer.step()` then
@@ -165,7 +172,7 @@ class StreamedAdamW(AdamWEngine):
             self.begin_updates()
 
     def update_unit(self, unit: ParamUnit, gradient: FinalGradient) -> None:
-        """Update `unit` now, with its final gradient of this backward."""
+        """Update `unit` now, with its final gradient of this backward (on the optimizer worker)."""
         key = unit.key
         self.steps[key] += 1
         self._updated.append(key)
@@ -198,11 +205,9 @@ class StreamedAdamW(AdamWEngine):
         """Update `chunk` in its buffer with `gradient` (None: the gradient region, read from the
         gradient store) and submit its writes."""
         master, exp_avg, exp_avg_sq, grad = self._views(buffer, chunk.numel)
-        if gradient is not None:
+        if gradient is not None:  # on the host: the in-backward hook staged a device gradient
+            assert gradient.device.type == "cpu", gradient.device
             grad = gradient.chunk(chunk.start, chunk.numel, grad)
-            if gradient.device.type != "cpu":  # copied off the GPU into the chunk buffer
-                links = self.model.profiler.link_bytes
-                links["d2h"] = links.get("d2h", 0) + chunk.numel * gradient.element_size
         self._adamw(chunk.key, master, grad, exp_avg, exp_avg_sq)
         self.read_ahead.writes.append((buffer, self._write(chunk, buffer)))
 

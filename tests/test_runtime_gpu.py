@@ -67,8 +67,9 @@ def test_cuda_profile_records_allocator_peak_and_h2d() -> None:
 ], ids=["all-nvme", "params-on-gpu"])
 def test_cuda_optimizer_step_in_backward_is_bitwise_after_backward(placement: dict, tmp_path) -> None:  # noqa: ANN001
     """[Note: the optimizer step in backward] on CUDA: each unit's gradient goes from the GPU into
-    the update (the chunk buffer's gradient region, counted as d2h, with the states on NVMe); the
-    losses are those of the after-backward step on the same device, bit for bit."""
+    the update (staged into pinned host memory on the copy stream, counted as d2h, with the states
+    on NVMe; [Note: the optimizer worker]); the losses are those of the after-backward step on the
+    same device, bit for bit."""
     doc = plan_doc(placement=placement, nvme_path=str(tmp_path), prefetch_depth=3,
                    optimizer_chunk_bytes=16 * 1024, num_optimizer_buffers=3)
     after = _cuda_losses("gpt", doc)

@@ -23,6 +23,20 @@ step, see [Note: recycled read buffers]).
 Reads return a `Pending` that waits for the I/O; the store also keeps every read handle until it
 finished, because a prefetch nobody waited for must not land in freed memory.
 
+[Note: one lock per swap space]
+With the optimizer step in backward two threads use the stores at once: the autograd thread reads
+parameter shards for the backward's gathers while the optimizer worker reads and writes the states
+and writes the updated parameter shards ([Note: the optimizer worker] in
+runtime/optimizer_worker.py). A store's requests in flight (`_writes`, `_staged_writes`,
+`_free_staging`, `_reads`, `_landing`, `_copies`), its write count and the model's link-byte
+counters are read-modify-write Python structures, and the parameter store is used by both threads;
+the counters are shared by every store of the space, so a lock per store would not cover them.
+So every store of a swap space takes the space's one (re-entrant) lock around each call and
+around issuing a landed read's device copy. The engine, the read recycler and the ledger lock
+themselves. Each call only submits requests and waits, at most, for a write of the same range or
+for the oldest staging buffer's write, so the other thread waits for a submission, never for a
+whole update. Waiting for a `Pending` happens outside the lock: a handle has one consumer.
+
 [Note: NVMe reads to the device]
 On CUDA a shard read for the compute lands in a pinned host buffer (the rank's `BufferRecycler`
 page-locks its buffers once), and its host-to-device copy is issued on the copy stream as soon as
@@ -36,9 +50,12 @@ completed (`_copies`), and `drain` waits for them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
+import threading
 from collections import deque
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -96,6 +113,8 @@ class NvmeSpace:
         self.write_buffers = {"gradients": gradient_write_buffers}
         """Write staging buffers per state (WRITE_STAGING_BUFFERS where not named; [Note: ordering of
         NVMe transfers])."""
+        self.lock = threading.RLock()
+        """Taken by every store of the space around each call ([Note: one lock per swap space])."""
         self.recycler = BufferRecycler(max_held_bytes=0)
         """Host buffers that shard reads land in, reused once freed ([Note: recycled read buffers]),
         up to `read_buffers` of the largest shard (`hold_reads_of`)."""
@@ -137,6 +156,20 @@ def _remove_stale(nvme_path: str) -> None:
                               f"(owner pid {entry.pid} is gone)", StaleSwapWarning, stacklevel=3)
 
 
+Method = TypeVar("Method", bound=Callable)
+
+
+def _locked(method: Method) -> Method:
+    """Run the store method under its swap space's lock ([Note: one lock per swap space])."""
+
+    @functools.wraps(method)
+    def locked(self: NvmeStore, *args: object, **kwargs: object) -> object:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
 class NvmeStore(ShardStore):
     """Shards in one swap file on NVMe; read into fresh host buffers ahead of use, written from staging."""
 
@@ -148,6 +181,7 @@ class NvmeStore(ShardStore):
         super().__init__(term=term, ledger=ledger, copier=copier, name=name)
         assert swap is not None, "the nvme tier needs the rank's NvmeSpace"
         self.file = swap.swap_file(self.name)
+        self._lock = swap.lock
         self.engine = swap.engine
         self.recycler = swap.recycler
         self._hold_reads_of = swap.hold_reads_of
@@ -175,6 +209,7 @@ class NvmeStore(ShardStore):
         read ahead (the streamed optimizer's next-step prefetch)."""
 
     # -- lifetime ---------------------------------------------------------------------------
+    @_locked
     def create(self, key: ShardKey, numel: int, dtype: torch.dtype) -> None:
         """Reserve the shard's extent. Preallocated swap space reads as zeros, so it starts zeroed."""
         assert key not in self._extents, f"shard {key} already exists in the nvme store"
@@ -185,15 +220,18 @@ class NvmeStore(ShardStore):
         self.ledger.add(self.tier, self.term, size)
         return None
 
+    @_locked
     def free(self, key: ShardKey) -> None:
         self._wait_writes(key)
         extent, dtype, numel = self._extents.pop(key)
         self.file.free(extent)
         self.ledger.sub(self.tier, self.term, numel * torch.empty(0, dtype=dtype).element_size())
 
+    @_locked
     def keys(self) -> list[ShardKey]:
         return list(self._extents)
 
+    @_locked
     def shard_info(self, key: ShardKey) -> tuple[int, torch.dtype]:
         _, dtype, numel = self._extents[key]
         return numel, dtype
@@ -205,6 +243,7 @@ class NvmeStore(ShardStore):
         raise AssertionError("NvmeStore.create reserves extents; nothing is allocated in memory")
 
     # -- traffic ----------------------------------------------------------------------------
+    @_locked
     def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
         _, stored, numel = self._extents[key]
         host = aligned_empty(numel, stored, self.recycler)
@@ -212,17 +251,19 @@ class NvmeStore(ShardStore):
         device = self.compute_device
         if device.type == "cpu" and dtype == stored:
             return Pending(host, after=handle.wait, done=handle.done, fresh=True)
-        pending = _ThenPending(handle, host, device, dtype, self.copier, self._copies)
+        pending = _ThenPending(handle, host, device, dtype, self.copier, self._copies, self._lock)
         if device.type == "cuda":
             self._landing = [p for p in self._landing if not p.issue_if_landed()]
             self._copies[:] = [(e, h) for e, h in self._copies if not e.query()]
             self._landing.append(pending)
         return pending
 
+    @_locked
     def read_into(self, key: ShardKey, out: torch.Tensor, offset: int = 0) -> Pending:
         handle = self._submit_read(key, out, offset)
         return Pending(out, after=handle.wait, done=handle.done)
 
+    @_locked
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
         # Sized in the stored dtype: a bf16 gradient is written into its fp32 shard.
@@ -232,10 +273,12 @@ class NvmeStore(ShardStore):
         self._staged_writes.append((self._submit_write(key, staging, offset), buffer))
         return Pending(src)
 
+    @_locked
     def write_from(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         handle = self._submit_write(key, src, offset)
         return Pending(src, after=handle.wait, done=handle.done)
 
+    @_locked
     def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
         current = aligned_empty(src.numel(), stored, self.recycler)
@@ -243,10 +286,12 @@ class NvmeStore(ShardStore):
         current.add_(src.reshape(-1).to(current.device))
         return self.write(key, current, offset)
 
+    @_locked
     def zero(self, key: ShardKey, offset: int, numel: int) -> None:
         _, stored, _ = self._extents[key]
         self.write(key, torch.zeros(numel, dtype=stored), offset)
 
+    @_locked
     def drain(self, *, keep_staging: bool = False) -> None:
         while self._staged_writes:
             self._retire_oldest_staged()
@@ -345,13 +390,14 @@ class _ThenPending(Pending):
     """An NVMe read into host memory, then a cast and/or copy to the compute device ([Note: NVMe
     reads to the device] on CUDA)."""
 
-    __slots__ = ("_handle", "_host", "_device", "_dtype", "_copier", "_copies", "_staged", "_copied")
+    __slots__ = ("_handle", "_host", "_device", "_dtype", "_copier", "_copies", "_lock", "_staged", "_copied")
 
     def __init__(self, handle: Handle, host: torch.Tensor, device: torch.device, dtype: torch.dtype,
-                 copier: CopyEngine, copies: list) -> None:  # noqa: ANN001
+                 copier: CopyEngine, copies: list, lock: threading.RLock) -> None:  # noqa: ANN001
         super().__init__(torch.empty(0), fresh=True)
         self._handle, self._host, self._device, self._dtype, self._copier = handle, host, device, dtype, copier
         self._copies = copies
+        self._lock = lock
         self._staged: torch.Tensor | None = None
         self._copied: torch.cuda.Event | None = None
 
@@ -363,8 +409,9 @@ class _ThenPending(Pending):
 
     def _issue(self) -> None:
         self._handle.wait()
-        self._staged, self._copied = self._copier.to_device(self._host)
-        self._copies.append((self._copied, self._host))  # the pinned buffer lives until the copy ends
+        with self._lock:  # the store's `_copies` and the link counters ([Note: one lock per swap space])
+            self._staged, self._copied = self._copier.to_device(self._host)
+            self._copies.append((self._copied, self._host))  # the pinned buffer lives until the copy ends
 
     @property
     def on_copy_stream(self) -> bool:
