@@ -462,7 +462,7 @@ class RankProgram:
         sim, plan, rank = self.sim, self.sim.plan, self.rank
         route = self.res.collective(rank, spans_nodes=self.spans_nodes)
         if self.dp > 1:
-            if "gradients" in plan.partitioned:
+            if plan.partitioned & {"gradients", "optimizer_states"}:  # ZeRO-1 needs only its shard reduced
                 yield self._move(self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
             else:  # plain data parallel: all-reduce = reduce-scatter + all-gather
                 yield self._move(2 * self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
