@@ -233,6 +233,9 @@ class Plan:
     """Micro-batches each model replica runs per optimizer step (gradient accumulation, and the
     pipeline's `m`): one iteration is one optimizer step of this many micro-batches."""
     precision: Precision = "bf16"
+    fp8_matmuls: bool = False
+    """Linear layers' matmuls in fp8 at the GPU's fp8 rate; all else in `precision` ([Note: fp8
+    matmuls] in planner/fp8.py)."""
     nvme_path: str | None = None
     """Directory for swap files when any state is on NVMe."""
     optimizer_chunk_bytes: int = DEFAULT_OPTIMIZER_CHUNK_BYTES
@@ -281,6 +284,12 @@ class Plan:
         number(self.nvme_block_bytes, "nvme_block_bytes", minimum=4096, maximum=2**30, integer=True)
         if self.nvme_path is not None:
             string(self.nvme_path, "nvme_path", max_len=1024)
+        if not isinstance(self.fp8_matmuls, bool):
+            raise PlannerError(f"fp8_matmuls must be true or false, not {self.fp8_matmuls!r}")
+        if self.fp8_matmuls:
+            from planner.fp8 import fp8_speedup
+
+            fp8_speedup(self.node)  # refuses hardware without an fp8 rate
         mp = self.model_parallel_degree
         if self.num_gpus % mp:
             raise PlannerError(f"model_parallel_degree {mp} does not divide num_gpus {self.num_gpus}")
@@ -347,6 +356,7 @@ class Plan:
             "pipeline_virtual_stages": self.pipeline_virtual_stages,
             "micro_batches_per_step": self.micro_batches_per_step,
             "precision": self.precision,
+            "fp8_matmuls": self.fp8_matmuls,
             "nvme_path": self.nvme_path,
             "optimizer_chunk_bytes": self.optimizer_chunk_bytes,
             "num_optimizer_buffers": self.num_optimizer_buffers,
@@ -362,7 +372,7 @@ class Plan:
         scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "checkpoint_interval", "tiling_factor",
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
-                  "pipeline_virtual_stages", "micro_batches_per_step"}
+                  "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")

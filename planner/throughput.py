@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import planner.pipeline as pipeline
+from planner.fp8 import linear_speedup
 from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
 from planner.phases import PHASES
 from planner.plan import LINKS, Plan
@@ -123,7 +124,7 @@ def estimate(plan: Plan) -> Estimate:
     bw = bandwidths(plan)
     links = dict.fromkeys(LINKS, 0.0)
     # Each part adds its bytes to `links`, in this order (a link's sum is rounded as it grows).
-    compute = _compute(plan)
+    compute = _fp8_scaled(plan, _compute(plan))
     params = _param_fetch(plan, bw, links)
     grads_time = _gradient_traffic_s(plan, bw, links)
     ckpt = _checkpoint_traffic(plan, bw, links)
@@ -162,6 +163,15 @@ def _compute(plan: Plan) -> _Passes:
     fwd_flops = FORWARD_FLOPS_PER_PARAM_TOKEN * tokens * m.num_params
     bwd_flops = (BACKWARD_FLOPS_PER_PARAM_TOKEN + recompute) * tokens * m.num_params
     return _Passes(fwd_flops / plan.node.gpu_flops_per_s, bwd_flops / plan.node.gpu_flops_per_s)
+
+
+def _fp8_scaled(plan: Plan, compute: _Passes) -> _Passes:
+    """Eq. 7's flops are the linears' (2 per parameter and token per pass), so with fp8 matmuls all
+    of them run at the fp8 rate ([Note: fp8 matmuls] in planner/fp8.py)."""
+    speedup = linear_speedup(plan.fp8_matmuls, plan.node)
+    if speedup == 1.0:
+        return compute
+    return compute._replace(forward_s=compute.forward_s / speedup, backward_s=compute.backward_s / speedup)
 
 
 def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:
