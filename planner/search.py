@@ -178,7 +178,7 @@ def search(request: SearchRequest) -> SearchResult:
         first_failure: Plan | None = None
         for ci in _checkpoint_intervals(request):
             base = _base_plan(request, cluster, strategy, placement, mp, ci, pp)
-            for depth in _prefetch_depths(request):
+            for depth in _prefetch_depths(request, strategy):
                 found = False
                 for tiling in _tilings(request, base):
                     plan = base.replace(prefetch_depth=depth, tiling_factor=tiling)
@@ -318,8 +318,12 @@ def _checkpoint_intervals(request: SearchRequest) -> Iterable[int]:
     return tuple(ci for ci in CHECKPOINT_INTERVALS if ci <= nl)
 
 
-def _prefetch_depths(request: SearchRequest) -> Iterable[int]:
-    return (request.prefetch_depth,) if request.prefetch_depth is not None else PREFETCH_DEPTHS
+def _prefetch_depths(request: SearchRequest, strategy: str | None = None) -> Iterable[int]:
+    """Pinned, or every depth; one for strategies that pipeline (`3d` gathers no parameters, so the
+    depth changes neither its memory nor its time)."""
+    if request.prefetch_depth is not None:
+        return (request.prefetch_depth,)
+    return PREFETCH_DEPTHS[:1] if strategy in PIPELINED_STRATEGIES else PREFETCH_DEPTHS
 
 
 def _tilings(request: SearchRequest, base: Plan) -> Iterable[int]:
