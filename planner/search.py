@@ -283,8 +283,8 @@ def _pipeline_degrees(request: SearchRequest, cluster: Cluster, strategy: str, m
     one block per stage; pinned, or 1 for strategies that do not pipeline."""
     if request.pipeline_parallel_degree is not None:
         return (request.pipeline_parallel_degree,)
-    if strategy not in PIPELINED_STRATEGIES:
-        return (1,)
+    if strategy not in PIPELINED_STRATEGIES or request.optimizer_step == "in_backward":
+        return (1,)  # a pipeline accumulates micro-batches, which an in-backward step cannot
     replicas, per_node = cluster.num_gpus // mp, cluster.gpus_per_node
     return tuple(pp for pp in range(1, min(replicas, request.model.num_layers) + 1)
                  if replicas % pp == 0 and (cluster.num_gpus // pp <= per_node or (cluster.num_gpus // pp) % per_node == 0))
