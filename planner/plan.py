@@ -7,6 +7,7 @@ same `prediction`-shaped block under `measured`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -199,6 +200,10 @@ class Prediction:
         if "details" in doc:
             if not isinstance(doc["details"], dict):
                 raise PlannerError(f"{where}.details must be an object")
+            try:
+                json.dumps(doc["details"], allow_nan=False)
+            except ValueError:
+                raise PlannerError(f"{where}.details must hold finite numbers (no NaN or infinity)") from None
             kwargs["details"] = doc["details"]
         return cls(**kwargs)
 
