@@ -215,7 +215,8 @@ def _strategy(row: CorpusRow, reasons: list[str]) -> tuple[str, Placement]:
         if name == "zero-offload" and tier == "nvme":
             reasons.append("optimizer-only NVMe offload with parameters on the GPU: no planner strategy")
         return name, STRATEGY_TABLE[name].placement
-    name = {"none": "dp", "zero1": "zero2", "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3"}.get(row.sharding)
+    # zero1 is the distributed optimizer: partitioned optimizer states, gradients reduced once per step (`3d`).
+    name = {"none": "dp", "zero1": "3d", "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3"}.get(row.sharding)
     if name is None:  # unstated: only a single replica makes it irrelevant
         replicas = row.data_parallel or (1 if row.num_gpus == 1 else None)
         if replicas != 1:
