@@ -370,15 +370,18 @@ def optimizer_link_bytes(plan: Plan) -> dict[str, float]:
     return links
 
 
-def composed_link_bytes(plan: Plan, full: dict[str, float], quiet: dict[str, float] | None, quiet_count: int,
-                        optimizer: dict[str, float]) -> dict[str, int]:
-    """Bytes per GPU per step: the optimizer's once, the stage micro-batch's (`full`, or `quiet` for
-    the micro-batches without data-parallel traffic) once per micro-batch."""
+def composed_link_bytes(plan: Plan, stage: Plan, full: dict[str, float], quiet: dict[str, float] | None) -> dict[str, int]:
+    """Bytes per GPU per step: the optimizer's once, the stage micro-batch's once per micro-batch
+    (`full`, or `quiet` for the micro-batches without data-parallel traffic: the stage on one
+    tensor-parallel group, whose own optimizer bytes are taken out of it)."""
+    quiet_count = pipeline.quiet_micro_batches(plan) if quiet is not None else 0
     full_count = plan.micro_batches_per_step - quiet_count
+    step = optimizer_link_bytes(stage)
+    quiet_step = optimizer_link_bytes(pipeline.quiet_plan(stage)) if quiet is not None else None
     out = {}
     for link in LINKS:
-        per_quiet = (quiet[link] - optimizer[link]) if quiet is not None else 0.0
-        out[link] = int(optimizer[link] + full_count * (full[link] - optimizer[link]) + quiet_count * per_quiet)
+        per_quiet = quiet[link] - quiet_step[link] if quiet is not None and quiet_step is not None else 0.0
+        out[link] = round(step[link] + full_count * (full[link] - step[link]) + quiet_count * per_quiet)
     return out
 
 
@@ -395,8 +398,7 @@ def _composed_estimate(plan: Plan) -> Estimate:
     micro_s = full.phase_time_s["forward"] + full.phase_time_s["backward"]
     components["pipeline bubble"] = (step.slots - plan.micro_batches_per_step) * micro_s
     components["pipeline sends"] = step.slots * step.p2p_s
-    links = composed_link_bytes(plan, full.link_bytes, None if quiet is None else quiet.link_bytes,
-                                pipeline.quiet_micro_batches(plan), optimizer_link_bytes(stage))
+    links = composed_link_bytes(plan, stage, full.link_bytes, None if quiet is None else quiet.link_bytes)
     return Estimate(
         iteration_time_s=iteration,
         phase_time_s=dict(zip(PHASES, (step.forward_s, step.backward_s, step.optimizer_s), strict=True)),

@@ -9,14 +9,13 @@ from collections.abc import Callable
 from planner.memory import memory_bill
 from planner.pipeline import (
     compose_step,
-    quiet_micro_batches,
     quiet_plan,
     reduces_once,
     stage_plan,
     step_details,
 )
 from planner.plan import Plan, Prediction
-from planner.throughput import composed_link_bytes, optimizer_link_bytes
+from planner.throughput import composed_link_bytes
 
 
 def composed_prediction(plan: Plan, predict_stage: Callable[[Plan], Prediction]) -> Prediction:
@@ -30,9 +29,8 @@ def composed_prediction(plan: Plan, predict_stage: Callable[[Plan], Prediction])
     total_s = step.forward_s + step.backward_s + step.optimizer_s
     recompute = plan.checkpoint_interval > 0
     flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
-    links = composed_link_bytes(plan, {k: float(v) for k, v in full.link_bytes.items()},
-                                None if quiet is None else {k: float(v) for k, v in quiet.link_bytes.items()},
-                                quiet_micro_batches(plan), optimizer_link_bytes(stage))
+    links = composed_link_bytes(plan, stage, {k: float(v) for k, v in full.link_bytes.items()},
+                                None if quiet is None else {k: float(v) for k, v in quiet.link_bytes.items()})
     bill = memory_bill(plan)
     details = dict(full.details, pipeline=step_details(plan, step), stage_iteration_time_s=full.iteration_time_s)
     return Prediction(
