@@ -24,8 +24,13 @@ DEFAULT_NVME_PATH = "/local_nvme"
 
 
 def deepspeed_config(plan: Plan) -> dict[str, Any]:
+    if plan.pipeline_parallel_degree > 1:
+        raise PlannerError("a pipelined plan has no DeepSpeed config here: DeepSpeed pipelines need the model as a "
+                           "PipelineModule; export pipeline_parallel_degree 1, or run it with Megatron-LM")
     if plan.strategy == "dp":
         stage = 0
+    elif plan.strategy == "3d":
+        stage = 1  # optimizer states partitioned (ZeRO-1)
     elif plan.strategy in ("zero2", "zero-offload"):
         stage = 2
     else:
@@ -59,7 +64,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
     micro = plan.micro_batch_per_gpu * plan.model_parallel_degree
     doc: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": max(1, round(plan.micro_batch_per_gpu)),
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": plan.micro_batches_per_step,
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}},
         "gradient_clipping": 1.0,

@@ -9,7 +9,7 @@ from planner.catalog import shape_for_params
 from planner.hardware import NodeSpec
 from planner.model import ModelSpec
 from planner.plan import Plan
-from planner.search import SearchRequest, any_fits, search
+from planner.search import PIPELINED_STRATEGIES, SearchRequest, any_fits, search
 
 MIN_PARAMS = 10**7
 MAX_PARAMS = 10**17
@@ -22,7 +22,7 @@ class MaxSize:
     max_params: int
     model: ModelSpec | None
     plan: Plan | None
-    """The best plan for that model (batch 1 per GPU); None when even the smallest does not fit, or
+    """The best plan for that model (batch 1 per GPU; `3d`: from one sample per replica); None when even the smallest does not fit, or
     when it was not asked for (`with_plan=False`)."""
 
 
@@ -32,6 +32,10 @@ def _size_label(num_params: int) -> str:
 
 def _request(num_params: int, strategy: str, node: NodeSpec, num_gpus: int, seq_len: int) -> SearchRequest:
     model = shape_for_params(num_params, seq_len=seq_len, label=_size_label(num_params))
+    if strategy in PIPELINED_STRATEGIES:
+        # 3D parallelism splits the model by tensor and pipeline degrees (both searched); its
+        # smallest batch is one sample per model replica, not one per GPU.
+        return SearchRequest(model=model, node=node, num_gpus=num_gpus, strategy=strategy, model_parallel_degree=None)
     return SearchRequest(model=model, node=node, num_gpus=num_gpus, strategy=strategy, micro_batch_per_gpu=1)
 
 

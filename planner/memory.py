@@ -195,6 +195,8 @@ def _embedding_is_largest(plan: Plan) -> bool:
 
 def memory_bill(plan: Plan) -> MemoryBill:
     """Bytes per tier and term of `plan` at the iteration's worst moment (module docstring)."""
+    if plan.pipeline_parallel_degree > 1:
+        return _pipeline_stage_bill(plan)
     node = plan.node
     per_node = plan.cluster.gpus_per_node  # host and NVMe tiers are shared by the node's GPUs
     terms = {tier: {term: math.ceil(v) * (1 if tier == "gpu" else per_node) for term, v in per_gpu.items()}
@@ -212,6 +214,25 @@ def memory_bill(plan: Plan) -> MemoryBill:
         max_alloc_bytes=int(node.gpu_max_alloc_bytes),
         over=_over_capacity(peak, capacity, host_is_device=node.host_is_device),
     )
+
+
+def _pipeline_stage_bill(plan: Plan) -> MemoryBill:
+    """A pipelined plan's bill: its heaviest stage's (planner/pipeline.py stage_plan: `L / p` of the
+    weights), with the first stage's 1F1B activations of `min(p, m)` micro-batches in flight: their
+    checkpoints with recompute, their whole activations without ([Note: the 1F1B step])."""
+    from planner.pipeline import in_flight_micro_batches, stage_plan
+
+    bill = memory_bill(stage_plan(plan))
+    extra = in_flight_micro_batches(plan) - 1
+    held = MemoryTerm.ACTIVATION_CHECKPOINTS if plan.checkpoint_interval else MemoryTerm.AWM
+    gpu = dict(bill.terms["gpu"])
+    if extra and held in gpu:
+        gpu[held] += extra * gpu[held]
+    terms = dict(bill.terms, gpu=gpu)
+    peak = {tier: sum(t.values()) for tier, t in terms.items()}
+    return MemoryBill(terms=terms, capacity_bytes=bill.capacity_bytes, largest_alloc_bytes=bill.largest_alloc_bytes,
+                      max_alloc_bytes=bill.max_alloc_bytes,
+                      over=_over_capacity(peak, bill.capacity_bytes, host_is_device=plan.node.host_is_device))
 
 
 def _per_gpu_terms(plan: Plan) -> dict[str, dict[MemoryTerm, float]]:

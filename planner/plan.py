@@ -7,6 +7,7 @@ same `prediction`-shaped block under `measured`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states", "activatio
 MODEL_STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states")
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
-STRATEGIES: tuple[str, ...] = ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "custom")
+STRATEGIES: tuple[str, ...] = ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d", "custom")
 LINKS: tuple[str, ...] = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
 OptimizerStep = Literal["after_backward", "in_backward"]
 OPTIMIZER_STEPS: tuple[str, ...] = ("after_backward", "in_backward")
@@ -123,6 +124,11 @@ STRATEGY_TABLE: dict[str, Strategy] = {
         Strategy(name="zero-inf-nvme", placement=Placement(params="nvme", gradients="nvme", optimizer_states="nvme",
                                                            activation_checkpoints="cpu"), partitioned=_ALL,
                  description="ZeRO-Infinity: parameters and optimizer states partitioned on NVMe"),
+        # The paper's baseline (Megatron-LM, Narayanan et al. 2021): tensor x pipeline x data parallel,
+        # everything on the GPUs, the optimizer states partitioned over data parallel (ZeRO-1, Megatron's
+        # distributed optimizer); gradients are reduced once per step (planner/pipeline.py).
+        Strategy(name="3d", placement=Placement(), partitioned=frozenset({"optimizer_states"}),
+                 description="3D parallelism: tensor x pipeline x data parallel, optimizer states partitioned (ZeRO-1)"),
     )
 }
 
@@ -194,6 +200,10 @@ class Prediction:
         if "details" in doc:
             if not isinstance(doc["details"], dict):
                 raise PlannerError(f"{where}.details must be an object")
+            try:
+                json.dumps(doc["details"], allow_nan=False)
+            except ValueError:
+                raise PlannerError(f"{where}.details must hold finite numbers (no NaN or infinity)") from None
             kwargs["details"] = doc["details"]
         return cls(**kwargs)
 
@@ -217,7 +227,20 @@ class Plan:
     prefetch_depth: int = 3
     """Operators fetched ahead: 1 all-gathers i+1, 2 also copies i+2 to the GPU, 3 also reads i+3 from NVMe."""
     model_parallel_degree: int = 1
+    """Tensor-parallel degree (Megatron), inside one node."""
+    pipeline_parallel_degree: int = 1
+    """Pipeline stages (1F1B schedule, planner/pipeline.py): each holds `num_layers / p` blocks; stages
+    are the outermost dimension (Megatron's order: tensor, then data, then pipeline)."""
+    pipeline_virtual_stages: int = 1
+    """Model chunks per GPU in Megatron's interleaved 1F1B (`virtual_pipeline_model_parallel_size`):
+    the bubble shrinks by this factor and every micro-batch crosses this many times more boundaries."""
+    micro_batches_per_step: int = 1
+    """Micro-batches each model replica runs per optimizer step (gradient accumulation, and the
+    pipeline's `m`): one iteration is one optimizer step of this many micro-batches."""
     precision: Precision = "bf16"
+    fp8_matmuls: bool = False
+    """Linear layers' matmuls in fp8 at the GPU's fp8 rate; all else in `precision` ([Note: fp8
+    matmuls] in planner/fp8.py)."""
     nvme_path: str | None = None
     """Directory for swap files when any state is on NVMe."""
     optimizer_chunk_bytes: int = DEFAULT_OPTIMIZER_CHUNK_BYTES
@@ -252,11 +275,28 @@ class Plan:
         number(self.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
         number(self.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
         number(self.model_parallel_degree, "model_parallel_degree", minimum=1, maximum=1024, integer=True)
+        number(self.pipeline_parallel_degree, "pipeline_parallel_degree", minimum=1, maximum=self.model.num_layers,
+               integer=True)
+        number(self.pipeline_virtual_stages, "pipeline_virtual_stages", minimum=1,
+               maximum=max(1, self.model.num_layers // self.pipeline_parallel_degree), integer=True)
+        if self.pipeline_virtual_stages > 1 and self.pipeline_parallel_degree == 1:
+            raise PlannerError(f"pipeline_virtual_stages {self.pipeline_virtual_stages} needs pipeline_parallel_degree > 1")
+        number(self.micro_batches_per_step, "micro_batches_per_step", minimum=1, maximum=1_000_000, integer=True)
+        if self.optimizer_step == "in_backward" and self.micro_batches_per_step > 1:
+            raise PlannerError(f"optimizer_step in_backward cannot accumulate {self.micro_batches_per_step} micro-batches "
+                               "per step: it updates each unit as soon as one backward has its gradient; use "
+                               "micro_batches_per_step 1 or optimizer_step after_backward")
         number(self.optimizer_chunk_bytes, "optimizer_chunk_bytes", minimum=4096, maximum=2**40, integer=True)
         number(self.num_optimizer_buffers, "num_optimizer_buffers", minimum=1, maximum=64, integer=True)
         number(self.nvme_block_bytes, "nvme_block_bytes", minimum=4096, maximum=2**30, integer=True)
         if self.nvme_path is not None:
             string(self.nvme_path, "nvme_path", max_len=1024)
+        if not isinstance(self.fp8_matmuls, bool):
+            raise PlannerError(f"fp8_matmuls must be true or false, not {self.fp8_matmuls!r}")
+        if self.fp8_matmuls:
+            from planner.fp8 import fp8_speedup
+
+            fp8_speedup(self.node)  # refuses hardware without an fp8 rate
         mp = self.model_parallel_degree
         if self.num_gpus % mp:
             raise PlannerError(f"model_parallel_degree {mp} does not divide num_gpus {self.num_gpus}")
@@ -264,10 +304,14 @@ class Plan:
             raise PlannerError(f"model_parallel_degree {mp} exceeds the {self.node.num_gpus_per_node} GPUs of one node")
         if self.model.num_heads % mp:
             raise PlannerError(f"model_parallel_degree {mp} does not divide num_heads {self.model.num_heads}")
-        per_replica_batch = self.micro_batch_per_gpu * mp
+        pp = self.pipeline_parallel_degree
+        if pp > 1:
+            _check_pipeline(self)
+        per_replica_batch = self.micro_batch_per_gpu * mp * pp
         if abs(per_replica_batch - round(per_replica_batch)) > 1e-9:
+            across = f"model_parallel_degree {mp}" + (f" x pipeline_parallel_degree {pp}" if pp > 1 else "")
             raise PlannerError(
-                f"micro_batch_per_gpu {self.micro_batch_per_gpu} x model_parallel_degree {mp} must be a whole number of "
+                f"micro_batch_per_gpu {self.micro_batch_per_gpu} x {across} must be a whole number of "
                 "samples per model replica"
             )
         if self.strategy in STRATEGY_TABLE and self.placement != STRATEGY_TABLE[self.strategy].placement:
@@ -286,7 +330,7 @@ class Plan:
 
     @property
     def data_parallel_degree(self) -> int:
-        return self.num_gpus // self.model_parallel_degree
+        return self.num_gpus // (self.model_parallel_degree * self.pipeline_parallel_degree)
 
     @property
     def partitioned(self) -> frozenset[str]:
@@ -298,7 +342,7 @@ class Plan:
 
     @property
     def tokens_per_iteration(self) -> float:
-        return self.micro_batch_per_gpu * self.num_gpus * self.model.seq_len
+        return self.micro_batch_per_gpu * self.num_gpus * self.model.seq_len * self.micro_batches_per_step
 
     # -- documents -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -315,7 +359,11 @@ class Plan:
             "tiling_factor": self.tiling_factor,
             "prefetch_depth": self.prefetch_depth,
             "model_parallel_degree": self.model_parallel_degree,
+            "pipeline_parallel_degree": self.pipeline_parallel_degree,
+            "pipeline_virtual_stages": self.pipeline_virtual_stages,
+            "micro_batches_per_step": self.micro_batches_per_step,
             "precision": self.precision,
+            "fp8_matmuls": self.fp8_matmuls,
             "nvme_path": self.nvme_path,
             "optimizer_chunk_bytes": self.optimizer_chunk_bytes,
             "num_optimizer_buffers": self.num_optimizer_buffers,
@@ -330,7 +378,8 @@ class Plan:
     def from_dict(cls, doc: dict[str, Any], where: str = "plan") -> Plan:
         scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "checkpoint_interval", "tiling_factor",
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
-                  "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step"}
+                  "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
+                  "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
@@ -340,7 +389,8 @@ class Plan:
         # Only nvme_path may be null; any other null reaches its validator and is refused there.
         kwargs: dict[str, Any] = {k: doc[k] for k in scalar if k in doc}
         for key in ("num_gpus", "checkpoint_interval", "tiling_factor", "prefetch_depth", "model_parallel_degree",
-                    "optimizer_chunk_bytes", "num_optimizer_buffers", "nvme_block_bytes"):
+                    "optimizer_chunk_bytes", "num_optimizer_buffers", "nvme_block_bytes", "pipeline_parallel_degree",
+                    "pipeline_virtual_stages", "micro_batches_per_step"):
             if key in kwargs:
                 kwargs[key] = number(kwargs[key], f"{where}.{key}", minimum=0, integer=True)
         kwargs["model"] = ModelSpec.from_dict(doc["model"], f"{where}.model")
@@ -362,6 +412,20 @@ class Plan:
     def save(self, path: str | Path) -> None:
         """Write atomically: a crash mid-write never leaves a half plan behind."""
         write_json_atomic(path, self.to_dict(), "plan")
+
+
+def _check_pipeline(plan: Plan) -> None:
+    """A pipelined plan: whole stages of whole nodes (or within one), every state on the GPUs."""
+    mp, pp, gpus = plan.model_parallel_degree, plan.pipeline_parallel_degree, plan.num_gpus
+    if gpus % (mp * pp):
+        raise PlannerError(f"model_parallel_degree {mp} x pipeline_parallel_degree {pp} does not divide num_gpus {gpus}")
+    stage_gpus, per_node = gpus // pp, plan.node.num_gpus_per_node
+    if stage_gpus > per_node and stage_gpus % per_node:
+        raise PlannerError(f"pipeline stages of {stage_gpus} GPUs (num_gpus {gpus} / pipeline_parallel_degree {pp}) "
+                           f"are not whole {per_node}-GPU nodes; choose a degree that gives whole nodes per stage")
+    if plan.placement != Placement():
+        raise PlannerError(f"pipeline_parallel_degree {pp} keeps every state on the GPUs (the planner pipelines no "
+                           f"offload), not {plan.placement.label()}; use pipeline_parallel_degree 1 to offload")
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -57,6 +57,14 @@ def model_line(plan: Plan) -> str:
     )
 
 
+def _pipeline_label(plan: Plan) -> str:
+    """Pipeline stages and micro-batches per step, where the plan has them."""
+    label = f" | pipeline {plan.pipeline_parallel_degree}" if plan.pipeline_parallel_degree > 1 else ""
+    if plan.pipeline_virtual_stages > 1:
+        label += f" (interleaved x{plan.pipeline_virtual_stages})"
+    return label + (f" | {plan.micro_batches_per_step} micro-batches/step" if plan.micro_batches_per_step > 1 else "")
+
+
 def plan_line(plan: Plan) -> str:
     p = plan.placement
     # Said only when pinned away from the paper's schedule, so the default line stays as it was.
@@ -65,7 +73,8 @@ def plan_line(plan: Plan) -> str:
         f"strategy {plan.strategy}: params={p.params} gradients={p.gradients} optimizer={p.optimizer_states} "
         f"checkpoints={p.activation_checkpoints} | batch/GPU {plan.micro_batch_per_gpu:g} | checkpoint interval "
         f"{plan.checkpoint_interval} | tiling {plan.tiling_factor} | prefetch depth {plan.prefetch_depth} | "
-        f"model parallel {plan.model_parallel_degree} | {plan.precision}{step}"
+        f"model parallel {plan.model_parallel_degree}{_pipeline_label(plan)} | {plan.precision}"
+        f"{' + fp8 matmuls' if plan.fp8_matmuls else ''}{step}"
     )
 
 

@@ -33,6 +33,9 @@ CHECKPOINT_INTERVALS = (1, 2, 4, 0)
 PREFETCH_DEPTHS = (3, 2, 1, 0)
 MAX_TILING_DOUBLINGS = 6
 DEFAULT_MAX_MICRO_BATCH = 32
+PIPELINED_STRATEGIES = frozenset({"3d"})
+DEFAULT_MICRO_BATCHES_PER_STAGE = 4
+"""m = 4 p micro-batches per step keeps the 1F1B bubble (p - 1) / m under 25 % (planner/pipeline.py)."""
 # Valid (optimizer_states, gradients) pairs: gradients land where the optimizer steps (plan.Placement).
 _OPTIMIZER_GRADIENTS = (("gpu", "gpu"), ("cpu", "cpu"), ("nvme", "cpu"), ("nvme", "nvme"))
 
@@ -51,6 +54,12 @@ class SearchRequest:
     prefetch_depth: int | None = None
     model_parallel_degree: int | None = 1
     """Tensor-parallel degree; None searches the powers of two that divide the heads, within a node."""
+    pipeline_parallel_degree: int | None = None
+    """Pipeline stages; None searches them for the `3d` strategy (PIPELINED_STRATEGIES) and means 1
+    for the others."""
+    micro_batches_per_step: int | None = None
+    """Micro-batches per optimizer step; None: DEFAULT_MICRO_BATCHES_PER_STAGE per stage when
+    pipelined, else 1."""
     precision: str = "bf16"
     nvme_path: str | None = None
     max_micro_batch_per_gpu: int = DEFAULT_MAX_MICRO_BATCH
@@ -96,7 +105,7 @@ def candidate_placements(strategy: str | None, pins: dict[str, str]) -> list[tup
         return [(strategy, placement)]
     by_placement = {s.placement: name for name, s in STRATEGY_TABLE.items() if s.partitioned == frozenset(("params", "gradients", "optimizer_states"))}
     out: list[tuple[str, Placement]] = [
-        (name, s.placement) for name, s in STRATEGY_TABLE.items() if name in ("dp", "zero2", "zero-offload")
+        (name, s.placement) for name, s in STRATEGY_TABLE.items() if name in ("dp", "zero2", "zero-offload", "3d")
     ]
     checkpoint_tiers = ("gpu", "cpu", "nvme") if pins.get("activation_checkpoints") == "nvme" else ("gpu", "cpu")
     for params, (opt, grads), ckpt in itertools.product(("gpu", "cpu", "nvme"), _OPTIMIZER_GRADIENTS, checkpoint_tiers):
@@ -137,7 +146,7 @@ def predict(plan: Plan) -> Plan:
 
 def _largest_batch(base: Plan, cap: int) -> Plan | None:
     """Largest micro-batch in [unit, cap] that fits, using the bill's linearity in the batch."""
-    unit = 1 / base.model_parallel_degree  # one sample per model replica
+    unit = 1 / (base.model_parallel_degree * base.pipeline_parallel_degree)  # one sample per model replica
     lo = base.replace(micro_batch_per_gpu=unit)
     if not memory_bill(lo).fits:
         return None
@@ -165,12 +174,12 @@ def search(request: SearchRequest) -> SearchResult:
     ranked: list[Plan] = []
     rejected: list[Plan] = []
     evaluated = 0
-    for (strategy, placement), mp in itertools.product(placements, _model_parallel_degrees(request, cluster)):
+    for (strategy, placement), (mp, pp) in _layouts(request, cluster, placements):
         best_for_placement: list[Plan] = []
         first_failure: Plan | None = None
         for ci in _checkpoint_intervals(request):
-            base = _base_plan(request, cluster, strategy, placement, mp, ci)
-            for depth in _prefetch_depths(request):
+            base = _base_plan(request, cluster, strategy, placement, mp, ci, pp)
+            for depth in _prefetch_depths(request, strategy):
                 found = False
                 for tiling in _tilings(request, base):
                     plan = base.replace(prefetch_depth=depth, tiling_factor=tiling)
@@ -211,9 +220,9 @@ def any_fits(request: SearchRequest) -> bool:
     cluster.check_network()
     placements = candidate_placements(request.strategy, request.placement_pins)
     shallowest = min(_prefetch_depths(request))
-    for (strategy, placement), mp in itertools.product(placements, _model_parallel_degrees(request, cluster)):
+    for (strategy, placement), (mp, pp) in _layouts(request, cluster, placements):
         for ci in _checkpoint_intervals(request):
-            base = _base_plan(request, cluster, strategy, placement, mp, ci).replace(prefetch_depth=shallowest)
+            base = _base_plan(request, cluster, strategy, placement, mp, ci, pp).replace(prefetch_depth=shallowest)
             if memory_bill(base.replace(tiling_factor=max(_tilings(request, base)))).fits:
                 return True
     return False
@@ -232,17 +241,21 @@ def best_by_strategy(result: SearchResult) -> dict[str, Plan]:
     return {name: best[name] for name in STRATEGIES if name in best}
 
 
-def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placement: Placement, mp: int, ci: int) -> Plan:
+def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placement: Placement, mp: int, ci: int,
+               pp: int = 1) -> Plan:
     """The candidate before batch, tiling and prefetch depth are chosen (one sample per replica)."""
+    default_m = DEFAULT_MICRO_BATCHES_PER_STAGE * pp if pp > 1 else 1
     return Plan(
         model=request.model,
         node=cluster.node,
         num_gpus=request.num_gpus,
         strategy=strategy,
         placement=placement,
-        micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / mp,
+        micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / (mp * pp),
         checkpoint_interval=ci,
         model_parallel_degree=mp,
+        pipeline_parallel_degree=pp,
+        micro_batches_per_step=request.micro_batches_per_step or default_m,
         precision=request.precision,
         nvme_path=request.nvme_path if "nvme" in placement.to_dict().values() else None,
         optimizer_step=request.optimizer_step,
@@ -255,6 +268,28 @@ def _rank_key(plan: Plan) -> tuple[float, ...]:
     off_gpu = sum(getattr(plan.placement, s) != "gpu" for s in STATES)
     # Highest throughput first; on ties prefer fewer slow tiers, less tiling, deeper prefetch.
     return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)
+
+
+def _layouts(request: SearchRequest, cluster: Cluster,
+             placements: list[tuple[str, Placement]]) -> list[tuple[tuple[str, Placement], tuple[int, int]]]:
+    """((strategy, placement), (tensor, pipeline degree)) candidates: pipelines only for PIPELINED_STRATEGIES
+    unless pinned."""
+    out = []
+    for named, mp in itertools.product(placements, _model_parallel_degrees(request, cluster)):
+        out += [(named, (mp, pp)) for pp in _pipeline_degrees(request, cluster, named[0], mp)]
+    return out
+
+
+def _pipeline_degrees(request: SearchRequest, cluster: Cluster, strategy: str, mp: int) -> tuple[int, ...]:
+    """Stage counts that divide the GPUs into whole-node stages (or stages within one node), at most
+    one block per stage; pinned, or 1 for strategies that do not pipeline."""
+    if request.pipeline_parallel_degree is not None:
+        return (request.pipeline_parallel_degree,)
+    if strategy not in PIPELINED_STRATEGIES or request.optimizer_step == "in_backward":
+        return (1,)  # a pipeline accumulates micro-batches, which an in-backward step cannot
+    replicas, per_node = cluster.num_gpus // mp, cluster.gpus_per_node
+    return tuple(pp for pp in range(1, min(replicas, request.model.num_layers) + 1)
+                 if replicas % pp == 0 and (cluster.num_gpus // pp <= per_node or (cluster.num_gpus // pp) % per_node == 0))
 
 
 def _model_parallel_degrees(request: SearchRequest, cluster: Cluster) -> Iterable[int]:
@@ -285,8 +320,12 @@ def _checkpoint_intervals(request: SearchRequest) -> Iterable[int]:
     return tuple(ci for ci in CHECKPOINT_INTERVALS if ci <= nl)
 
 
-def _prefetch_depths(request: SearchRequest) -> Iterable[int]:
-    return (request.prefetch_depth,) if request.prefetch_depth is not None else PREFETCH_DEPTHS
+def _prefetch_depths(request: SearchRequest, strategy: str | None = None) -> Iterable[int]:
+    """Pinned, or every depth; one for strategies that pipeline (`3d` gathers no parameters, so the
+    depth changes neither its memory nor its time)."""
+    if request.prefetch_depth is not None:
+        return (request.prefetch_depth,)
+    return PREFETCH_DEPTHS[:1] if strategy in PIPELINED_STRATEGIES else PREFETCH_DEPTHS
 
 
 def _tilings(request: SearchRequest, base: Plan) -> Iterable[int]:

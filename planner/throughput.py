@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import planner.pipeline as pipeline
+from planner.fp8 import linear_speedup
 from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
 from planner.phases import PHASES
 from planner.plan import LINKS, Plan
@@ -72,7 +74,7 @@ def _divide(nbytes: float, rate: float) -> float:
 def paper_flops_per_gpu(plan: Plan) -> float:
     """Eq. 7/8: 8 x tokens x params with recompute, 6 x tokens x params without; per GPU."""
     factor = 8 if plan.checkpoint_interval else 6
-    return factor * plan.micro_batch_per_gpu * plan.model.seq_len * plan.model.num_params
+    return factor * plan.micro_batch_per_gpu * plan.model.seq_len * plan.model.num_params * plan.micro_batches_per_step
 
 
 def efficiency(ait: float, bandwidth_bytes_per_s: float, peak_flops_per_s: float) -> float:
@@ -116,11 +118,13 @@ class _OptimizerStep(NamedTuple):
 
 
 def estimate(plan: Plan) -> Estimate:
+    if pipeline.is_composed(plan):
+        return _composed_estimate(plan)
     node = plan.node
     bw = bandwidths(plan)
     links = dict.fromkeys(LINKS, 0.0)
     # Each part adds its bytes to `links`, in this order (a link's sum is rounded as it grows).
-    compute = _compute(plan)
+    compute = _fp8_scaled(plan, _compute(plan))
     params = _param_fetch(plan, bw, links)
     grads_time = _gradient_traffic_s(plan, bw, links)
     ckpt = _checkpoint_traffic(plan, bw, links)
@@ -161,6 +165,15 @@ def _compute(plan: Plan) -> _Passes:
     return _Passes(fwd_flops / plan.node.gpu_flops_per_s, bwd_flops / plan.node.gpu_flops_per_s)
 
 
+def _fp8_scaled(plan: Plan, compute: _Passes) -> _Passes:
+    """Eq. 7's flops are the linears' (2 per parameter and token per pass), so with fp8 matmuls all
+    of them run at the fp8 rate ([Note: fp8 matmuls] in planner/fp8.py)."""
+    speedup = linear_speedup(plan.fp8_matmuls, plan.node)
+    if speedup == 1.0:
+        return compute
+    return compute._replace(forward_s=compute.forward_s / speedup, backward_s=compute.backward_s / speedup)
+
+
 def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:
     """Parameters fetched once per pass over the model (twice in backward with recompute)."""
     if "params" not in plan.partitioned:
@@ -186,7 +199,10 @@ def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> 
     """Backward's gradient traffic: reduce-scatter (or all-reduce) and the offload of the shard."""
     place, dp = plan.placement, plan.data_parallel_degree
     grad_bytes = _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["gradients"]
-    rounds = 1 if "gradients" in plan.partitioned else 2  # a ring all-reduce moves twice a reduce-scatter's bytes
+    # A ring all-reduce moves twice a reduce-scatter's bytes; with partitioned optimizer states
+    # (ZeRO-1, `3d`) each rank needs only its shard reduced, and gets the updated parameters back
+    # by the all-gather after the step.
+    rounds = 1 if plan.partitioned & {"gradients", "optimizer_states"} else 2
     reduce = rounds * grad_bytes * (dp - 1) / dp
     links["reduce_scatter"] += reduce
     grads_time = _divide(reduce, bw.all_gather)
@@ -344,3 +360,52 @@ def state_bandwidths(plan: Plan) -> dict[str, float]:
 def _state_bandwidth(tier: str, bw: Bandwidths) -> float:
     """Per-GPU bandwidth a state on `tier` is served at (GPU: HBM, effectively unbounded here)."""
     return {"gpu": float("inf"), "cpu": min(bw.h2d, bw.d2h), "nvme": min(bw.nvme_read, bw.nvme_write)}[tier]
+
+
+def optimizer_link_bytes(plan: Plan) -> dict[str, float]:
+    """Bytes per GPU the optimizer step alone moves on each link (once per step, however many
+    micro-batches the step has)."""
+    links = dict.fromkeys(LINKS, 0.0)
+    _optimizer_step(plan, bandwidths(plan), links)
+    return links
+
+
+def composed_link_bytes(plan: Plan, stage: Plan, full: dict[str, float], quiet: dict[str, float] | None) -> dict[str, int]:
+    """Bytes per GPU per step: the optimizer's once, the stage micro-batch's once per micro-batch
+    (`full`, or `quiet` for the micro-batches without data-parallel traffic: the stage on one
+    tensor-parallel group, whose own optimizer bytes are taken out of it)."""
+    quiet_count = pipeline.quiet_micro_batches(plan) if quiet is not None else 0
+    full_count = plan.micro_batches_per_step - quiet_count
+    step = optimizer_link_bytes(stage)
+    quiet_step = optimizer_link_bytes(pipeline.quiet_plan(stage)) if quiet is not None else None
+    out = {}
+    for link in LINKS:
+        per_quiet = quiet[link] - quiet_step[link] if quiet is not None and quiet_step is not None else 0.0
+        out[link] = round(step[link] + full_count * (full[link] - step[link]) + quiet_count * per_quiet)
+    return out
+
+
+def _composed_estimate(plan: Plan) -> Estimate:
+    """A pipelined or accumulating plan's step from one stage micro-batch ([Note: the 1F1B step] in
+    planner/pipeline.py)."""
+    stage = pipeline.stage_plan(plan)
+    full = estimate(stage)
+    quiet = estimate(pipeline.quiet_plan(stage)) if pipeline.reduces_once(plan) else None
+    step = pipeline.compose_step(plan, (full.phase_time_s["forward"], full.phase_time_s["backward"], full.phase_time_s["optimizer"]),
+                        None if quiet is None else (quiet.phase_time_s["forward"], quiet.phase_time_s["backward"]))
+    iteration = step.forward_s + step.backward_s + step.optimizer_s
+    components = {k: v * plan.micro_batches_per_step for k, v in full.component_time_s.items()}
+    micro_s = full.phase_time_s["forward"] + full.phase_time_s["backward"]
+    components["pipeline bubble"] = (step.slots - plan.micro_batches_per_step) * micro_s
+    components["pipeline sends"] = step.slots * step.p2p_s
+    links = composed_link_bytes(plan, stage, full.link_bytes, None if quiet is None else quiet.link_bytes)
+    return Estimate(
+        iteration_time_s=iteration,
+        phase_time_s=dict(zip(PHASES, (step.forward_s, step.backward_s, step.optimizer_s), strict=True)),
+        component_time_s=components,
+        link_bytes=links,
+        bottleneck=max(components, key=lambda k: components[k]),
+        tflops_per_gpu=paper_flops_per_gpu(plan) / iteration / 1e12,
+        tokens_per_s=plan.tokens_per_iteration / iteration,
+        efficiency_no_overlap=full.efficiency_no_overlap,
+    )

@@ -69,6 +69,9 @@ def check_executable(plan: Plan, *, world_size: int) -> None:
             f"model_parallel_degree {plan.model_parallel_degree} is not supported: this runtime is data parallel "
             "(ZeRO-3) only; set model_parallel_degree to 1"
         )
+    if plan.pipeline_parallel_degree != 1 or plan.micro_batches_per_step != 1 or plan.fp8_matmuls:
+        raise PlanNotExecutable("pipeline stages, several micro-batches per step and fp8 matmuls are planned, not "
+                                "run: set pipeline_parallel_degree 1, micro_batches_per_step 1, fp8_matmuls false")
     nvme_problem = nvme_placement_problem(plan)
     if nvme_problem is not None:
         raise PlanNotExecutable(nvme_problem)

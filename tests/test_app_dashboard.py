@@ -114,7 +114,7 @@ def test_strategies_panel_shows_every_strategy(app):
     from planner.sim.refine import refine
 
     expected = strategies_frame(refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16))))
-    assert list(table["strategy"]) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "custom"]
+    assert list(table["strategy"]) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d", "custom"]
     assert list(table["fits"]) == list(expected["fits"])
     assert list(table["TFLOPS/GPU"]) == list(expected["TFLOPS/GPU"])
     assert not table.loc[table["strategy"] == "dp", "fits"].item()
@@ -185,7 +185,7 @@ def test_largest_model_panel_has_every_strategy_per_gpu_count(app):
     panel = tab(app, "Largest model")
     assert len(panel.get("vega_lite_chart")) == 1
     table = panel.dataframe[0].value
-    assert list(table.columns) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme"]
+    assert list(table.columns) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d"]
     assert list(table.index) == [1, 2, 4, 8, 16, 32, 64, 128]
     node = resolve_hardware("dgx-h100")
     assert table.loc[16, "zero3"] == round(max_size("zero3", node, 16).max_params / 1e9, 1)

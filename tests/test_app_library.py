@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from planner.catalog import resolve_hardware, resolve_model, shape_for_params
 from planner.errors import PlannerError
-from planner.max_size import MAX_PARAMS, MIN_PARAMS, RELATIVE_PRECISION, max_size
+from planner.max_size import MAX_PARAMS, MIN_PARAMS, RELATIVE_PRECISION, _request, max_size
 from planner.plan import STRATEGY_TABLE, Plan
 from planner.search import SearchRequest, any_fits, best_by_strategy, search
 from planner.throughput import arithmetic_intensity, efficiency, estimate, state_bandwidths
@@ -64,9 +64,8 @@ def test_any_fits_agrees_with_search_on_random_cases(log_params, strategy, hardw
 
 def _reference_max_params(strategy, node, gpus):
     """The bisection as first written: a full search at every step."""
-    def best(count):
-        return search(SearchRequest(model=shape_for_params(count), node=node, num_gpus=gpus, strategy=strategy,
-                                    micro_batch_per_gpu=1)).best
+    def best(count):  # max_size's own request: batch 1 per GPU, or one sample per replica for `3d`
+        return search(_request(count, strategy, node, gpus, 1024)).best
 
     found = best(MIN_PARAMS)
     if found is None:
@@ -105,9 +104,9 @@ def test_max_size_without_plan_has_the_model_only():
 def test_best_by_strategy_groups_the_ranked_and_rejected_plans():
     result = search(request())
     best = best_by_strategy(result)
-    assert list(best) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "custom"]
+    assert list(best) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d", "custom"]
     # 1T on one DGX-2: only NVMe holds the 18 TiB of optimizer states (test_planner_search.py)
-    for name in ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu"):
+    for name in ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "3d"):
         assert not best[name].prediction.feasible and best[name].prediction.reason
     assert best["zero-inf-nvme"].prediction.feasible
     first = {}

@@ -153,3 +153,37 @@ def test_lists():
     assert code == 0 and "paper-1t" in out and "llama-3-70b" in out
     code, out, _ = planner("hardware", "dgx2-v100")
     assert code == 0 and "paper" in out and "estimate" in out
+
+
+def test_fit_json_of_the_papers_configuration_gains_only_the_pipeline_and_fp8_fields():
+    code, out, err = planner("fit", "1T", "--gpus", "16", "--hardware", "dgx2-v100", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["pipeline_parallel_degree"], doc["pipeline_virtual_stages"], doc["micro_batches_per_step"],
+            doc["fp8_matmuls"]) == (1, 1, 1, False)
+    assert doc["strategy"] != "3d" and "pipeline" not in doc["prediction"]["details"]
+
+
+def test_fit_strategy_3d_searches_tensor_and_pipeline_degrees():
+    code, out, err = planner("fit", "llama-3-70b", "--gpus", "64", "--strategy", "3d", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["strategy"] == "3d" and doc["prediction"]["feasible"] is True
+    assert set(doc["placement"].values()) == {"gpu"}
+    tp, pp, m = doc["model_parallel_degree"], doc["pipeline_parallel_degree"], doc["micro_batches_per_step"]
+    assert 64 % (tp * pp) == 0 and pp > 1 and m == 4 * pp
+    pipeline = doc["prediction"]["details"]["pipeline"]
+    assert pipeline["stages"] == pp and pipeline["bubble_fraction"] == pytest.approx((pp - 1) / m)
+    code, out, err = planner("fit", "llama-3-70b", "--gpus", "64", "--strategy", "3d", "--model-parallel", "8",
+                             "--pipeline-parallel", "4", "--micro-batches", "32")
+    assert code == 0, err
+    assert "model parallel 8 | pipeline 4 | 32 micro-batches/step" in " ".join(out.split())
+    code, out, err = planner("fit", "llama-3-70b", "--gpus", "64", "--strategy", "3d", "--pipeline-parallel", "two")
+    assert code == 1 and "--pipeline-parallel must be a whole number or 'auto', got 'two'" in err
+
+
+def test_max_size_3d():
+    code, out, err = planner("max-size", "--strategy", "3d", "--gpus", "16", "--hardware", "dgx2-v100", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["max_params"] > 10**10 and doc["plan"]["strategy"] == "3d"

@@ -209,25 +209,29 @@ def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement
     assert rep.details["simulated_peak_bytes"] == pytest.approx(every.details["simulated_peak_bytes"], rel=1e-9)
 
 
-@pytest.mark.parametrize(("hidden", "layers", "ci", "placement", "mp", "tiling", "periodic"), [
+@pytest.mark.parametrize(("hidden", "layers", "ci", "placement", "mp", "tiling", "gpus", "periodic"), [
+    # 4 nodes (here and for mp 4 below): on 2, their network-bound all-gathers (each GPU at its share
+    # of the node's network, [Note: collective routes]) take longer than the sampled units to settle.
     (2048, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu"), 1, 1,
+     32, True),
+    (512, 23, 3, Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="cpu"), 2, 2, 16,
      True),
-    (512, 23, 3, Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="cpu"), 2, 2, True),
-    (512, 17, 0, Placement(), 1, 1, True),
-    (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu"), 4, 1, True),
+    (512, 17, 0, Placement(), 1, 1, 16, True),
+    (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu"), 4, 1, 32,
+     True),
     # Tiny transfers: checkpoint offloads drift against the fetches, per-block times do not repeat,
     # so the fast path falls back to simulating every block.
     (512, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu"), 1, 1,
-     False),
+     16, False),
 ])
-def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci, placement, mp, tiling, periodic):
+def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci, placement, mp, tiling, gpus, periodic):
     # [Note: periodic layers]: the fast path samples 2 shallower models and extrapolates exactly.
     from planner.catalog import hardware_presets
     from planner.sim.fast import predict
     from planner.sim.periodic import sample_units
 
     model = ModelSpec(name="deep", num_layers=layers, hidden_size=hidden, num_heads=8, seq_len=128, vocab_size=1000)
-    plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=16, placement=placement,
+    plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=gpus, placement=placement,
                 micro_batch_per_gpu=2, checkpoint_interval=ci, model_parallel_degree=mp, tiling_factor=tiling,
                 optimizer_chunk_bytes=2**20)
     assert sample_units(plan) is not None
@@ -249,7 +253,7 @@ def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci
 def test_all_gather_across_nodes_is_capped_by_the_network_port():
     # Two nodes of one GPU, dp = 2, params on the GPUs: each forward step all-gathers its operator;
     # each rank receives half of it. qkv's 6 B -> 3 B per rank. GPU port 1024 B/s, network 1 B/s
-    # per node ([Note: collective routes]: one ring crossing per node, mp = 1): 3 s, not 3/1024.
+    # per node, one GPU per node ([Note: collective routes]: each GPU at its share of the network): 3 s, not 3/1024.
     node = tiny_node(inter_node_bytes_per_s=1.0, gpu_gpu_intra_node_bytes_per_s=1024.0)
     placement = Placement(params="gpu", gradients="gpu", optimizer_states="gpu", activation_checkpoints="gpu")
     plan = Plan(model=ONE_LAYER, node=node, num_gpus=2, placement=placement, checkpoint_interval=0, prefetch_depth=0)

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import simpy
 
+from planner.fp8 import linear_speedup
 from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
@@ -187,6 +188,8 @@ class RankProgram:
         self.matmul_eff = _Memo(node.matmul_efficiency.at)
         self.hbm_bytes_per_s = node.gpu_hbm_bytes_per_s
         self.operator_overhead_s = node.operator_overhead_s
+        self.fp8_speedup = linear_speedup(plan.fp8_matmuls, node)
+        """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/fp8.py); 1 without."""
         placement = plan.placement
         self.host_is_device = node.host_is_device
         """[Note: the CPU machine] in runtime/stores.py: host memory is the device's, nothing is copied."""
@@ -226,10 +229,14 @@ class RankProgram:
             return self.net.transfer(0, hops, label)
         return self.net.transfer(nbytes / self.transfer_eff(nbytes), hops, label)
 
-    def _compute(self, flops: float, matmul_flops: float, label: Phase, elementwise_bytes: float = 0.0) -> simpy.Event:
+    def _compute(self, flops: float, matmul_flops: float, label: Phase, elementwise_bytes: float = 0.0,
+                 op_params: float = 0.0) -> simpy.Event:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
         operator's memory-bound work at the device's memory bandwidth ([Note: elementwise work]),
         and the runtime's fixed cost per operator (`NodeSpec.operator_overhead_s`)."""
+        if self.fp8_speedup != 1.0 and flops > 0:  # the linears' share at the fp8 rate, the attention core not
+            linear = min(flops, (flops / matmul_flops) * 2 * self.sim.work.tokens_per_gpu * op_params)
+            flops = flops - linear + linear / self.fp8_speedup
         seconds = flops / (self.links.compute.capacity * self.matmul_eff(matmul_flops)) if flops > 0 else 0.0
         if elementwise_bytes > 0 and self.hbm_bytes_per_s > 0:
             seconds += elementwise_bytes / self.hbm_bytes_per_s
@@ -356,7 +363,7 @@ class RankProgram:
         if (in_blocks and first_of_block and blk % self.unit == 0 and self.rank == 0
                 and phase in (Phase.FORWARD, self.unit_opening)):
             sim.unit_start_s[Phase.FORWARD if phase is Phase.FORWARD else Phase.BACKWARD, blk // self.unit] = self.env.now
-        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step))
+        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params)
         if op.tp_all_reduce:
             activation = sim.work.tp_all_reduce_bytes
             yield self._move(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
@@ -462,7 +469,7 @@ class RankProgram:
         sim, plan, rank = self.sim, self.sim.plan, self.rank
         route = self.res.collective(rank, spans_nodes=self.spans_nodes)
         if self.dp > 1:
-            if "gradients" in plan.partitioned:
+            if plan.partitioned & {"gradients", "optimizer_states"}:  # ZeRO-1 needs only its shard reduced
                 yield self._move(self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
             else:  # plain data parallel: all-reduce = reduce-scatter + all-gather
                 yield self._move(2 * self._collective_bytes(slice_bytes), route, "reduce_scatter", label)

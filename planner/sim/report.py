@@ -66,7 +66,16 @@ class SimResult:
 
 
 def simulate(plan: Plan, *, ranks: Ranks = "representative") -> SimResult:
-    """Simulate one training iteration of `plan` and predict its cost."""
+    """Simulate one training iteration of `plan` and predict its cost. A pipelined or accumulating
+    plan simulates its stage's micro-batch (the timelines) and composes the step from it."""
+    from planner.pipeline import is_composed, stage_plan
+
+    if is_composed(plan):
+        from planner.sim.pipeline import composed_prediction
+
+        stage = simulate(stage_plan(plan), ranks=ranks)
+        prediction = composed_prediction(plan, lambda p: stage.prediction if p == stage.plan else simulate(p).prediction)
+        return SimResult(plan=plan, prediction=prediction, timelines=stage.timelines, simulation=stage.simulation)
     sim = Simulation(plan, ranks=ranks).run()
     return SimResult(plan=plan, prediction=build_prediction(sim), timelines=timelines_of(sim), simulation=sim)
 

@@ -9,10 +9,16 @@ it cannot be one.
   each with its citation); otherwise the row gets a reason and no prediction;
 - micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
   unstated micro-batch with a stated global batch means no accumulation (`micro = global / dp`);
-- the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor-parallel degree
-  (planner.plan.Plan: one replica spans `model_parallel_degree` GPUs).
-A reason names the missing planner feature (pipeline parallelism, fp8, selective recompute, a GPU
-with no preset) or the missing statement (batch not stated); such rows count as misses.
+- the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor and pipeline
+  degrees (planner.plan.Plan: one replica spans `model_parallel_degree x pipeline_parallel_degree`
+  GPUs), and its `micro_batches_per_step` is the accumulation, so the planner times the whole
+  optimizer step (pipeline bubble, one gradient reduction per step: planner/pipeline.py);
+- interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge); a pipelined row without a
+  stated micro-batch has no bubble to price and gets a reason.
+- fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/fp8.py); on a
+  GPU without an fp8 rate the planner refuses them, naming the hardware.
+A reason names the missing planner feature (selective recompute, a GPU with no preset) or the
+missing statement (batch not stated); such rows count as misses.
 """
 
 from __future__ import annotations
@@ -77,8 +83,6 @@ def row_plan(row: CorpusRow) -> RowPlan:
     tp, pp = value("tensor_parallel"), value("pipeline_parallel")
     if tp is None or pp is None:
         reasons.append("parallel layout not stated (tensor/pipeline degrees)")
-    elif pp > 1:
-        reasons.append(f"pipeline parallelism (PP {pp}): the planner has no pipeline stages")
     precision = _precision(row.precision, reasons)
     recompute = value("activation_recompute")
     if recompute == "selective":
@@ -92,11 +96,22 @@ def row_plan(row: CorpusRow) -> RowPlan:
     micro, accumulation = batch
     try:
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
-                    micro_batch_per_gpu=micro / tp, checkpoint_interval=1 if recompute == "full" else 0,
-                    model_parallel_degree=tp, precision=precision)
+                    micro_batch_per_gpu=micro / (tp * pp), checkpoint_interval=1 if recompute == "full" else 0,
+                    model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=_virtual_stages(row),
+                    micro_batches_per_step=accumulation, precision=precision, fp8_matmuls=uses_fp8(row.precision))
     except PlannerError as exc:
         return RowPlan(plan=None, reasons=(f"the planner refuses the configuration: {exc}",), assumptions=tuple(assumptions))
     return RowPlan(plan=plan, grad_accumulation=accumulation, assumptions=tuple(assumptions))
+
+
+_VIRTUAL_STAGES = re.compile(r"\bVP\s*=\s*(\d+)")
+
+
+def _virtual_stages(row: CorpusRow) -> int:
+    """Interleaved model chunks per GPU where the row's note states them (`VP=6`, NeMo's
+    virtual pipeline size); 1 otherwise (plain 1F1B)."""
+    match = _VIRTUAL_STAGES.search(row.notes or "")
+    return max(1, int(match.group(1))) if match and (row.pipeline_parallel or 1) > 1 else 1
 
 
 def _stated(row: CorpusRow, assumptions: list[str]):
@@ -170,11 +185,18 @@ def _node(row: CorpusRow, reasons: list[str]) -> NodeSpec | None:
     return node
 
 
+def uses_fp8(text: str) -> bool:
+    """Whether the row's precision trains its linears in fp8 (Transformer Engine FP8 / FP8-CS,
+    llm-foundry amp_fp8, torchao Float8 linears); weights and the rest stay 16-bit."""
+    lowered = text.lower()
+    return "fp8" in lowered or "float8" in lowered
+
+
 def _precision(text: str, reasons: list[str]) -> str:
     lowered = text.lower()
-    if "fp8" in lowered or "float8" in lowered:
-        reasons.append(f"fp8 compute ({text}): the planner has no fp8 matmul rate")
-    elif "bf16" in lowered:
+    if uses_fp8(text):
+        return "bf16"  # the 16-bit format of everything but the linears' matmuls (planner/fp8.py)
+    if "bf16" in lowered:
         return "bf16"
     elif "fp16" in lowered or "16-bit" in lowered:
         return "fp16"
@@ -193,7 +215,8 @@ def _strategy(row: CorpusRow, reasons: list[str]) -> tuple[str, Placement]:
         if name == "zero-offload" and tier == "nvme":
             reasons.append("optimizer-only NVMe offload with parameters on the GPU: no planner strategy")
         return name, STRATEGY_TABLE[name].placement
-    name = {"none": "dp", "zero1": "zero2", "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3"}.get(row.sharding)
+    # zero1 is the distributed optimizer: partitioned optimizer states, gradients reduced once per step (`3d`).
+    name = {"none": "dp", "zero1": "3d", "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3"}.get(row.sharding)
     if name is None:  # unstated: only a single replica makes it irrelevant
         replicas = row.data_parallel or (1 if row.num_gpus == 1 else None)
         if replicas != 1:
@@ -213,6 +236,9 @@ def _batch(row: CorpusRow, tp: int, pp: int, reasons: list[str], assumptions: li
     micro, global_batch = row.micro_batch, row.global_batch
     if micro is None and global_batch is None:
         reasons.append("batch not stated")
+        return None
+    if micro is None and pp > 1:
+        reasons.append(f"micro-batch not stated: the bubble of a {pp}-stage pipeline, (p-1)/m, depends on it")
         return None
     if micro is None:
         if global_batch % dp:

@@ -1,11 +1,10 @@
 """`validate`: predict every corpus row with the planner and compare with what it measured.
 
 Each row's plan (configure.row_plan) is predicted by the fast simulator (`planner.sim.fast.predict`),
-the stage whose number `planner fit` reports for a pinned plan. The planner has no gradient
-accumulation, so one optimizer step of `ga` micro-steps is composed from the prediction's phases:
-`ga x (forward + backward) + optimizer` (the backward carries the gradient reduction of every
-micro-step, as FSDP and ZeRO-3 do; plain data parallel reduces once per step, so its reductions are
-counted `ga - 1` times too often where they are not hidden behind compute).
+the stage whose number `planner fit` reports for a pinned plan. The plan carries the row's gradient
+accumulation (`micro_batches_per_step`), so its prediction is one optimizer step: the pipeline bubble,
+and one gradient reduction per step for plain data parallel, every micro-step for FSDP / ZeRO
+(planner/pipeline.py [Note: the 1F1B step]).
 
 `error = predicted / measured - 1` in the row's own metric (flops.py [Note: FLOP accountings]);
 `error` is null, with a `reason`, for a row the planner cannot express. Offload rows (CPU/NVMe) are
@@ -148,11 +147,11 @@ def _predicted(plan: Plan, method: str) -> tuple[dict[str, float], bool, str, st
 
 
 def predicted_tokens_per_s_per_gpu(planned: RowPlan, phase_time_s: dict[str, float]) -> float:
-    """One optimizer step of `ga` micro-steps: `ga x (forward + backward) + optimizer`."""
-    plan, ga = planned.plan, planned.grad_accumulation
-    assert plan is not None
-    step_s = ga * (phase_time_s["forward"] + phase_time_s["backward"]) + phase_time_s["optimizer"]
-    return ga * plan.tokens_per_iteration / step_s / plan.num_gpus
+    """One optimizer step: the plan carries its `ga` micro-batches (`micro_batches_per_step`)."""
+    plan = planned.plan
+    assert plan is not None and plan.micro_batches_per_step == planned.grad_accumulation
+    step_s = phase_time_s["forward"] + phase_time_s["backward"] + phase_time_s["optimizer"]
+    return plan.tokens_per_iteration / step_s / plan.num_gpus
 
 
 def _conversion(row: CorpusRow, planned: RowPlan) -> tuple[float, float]:

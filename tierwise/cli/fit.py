@@ -27,7 +27,9 @@ def fit(
     checkpoint_interval: o.CheckpointIntervalOpt = None,
     tiling_factor: o.TilingOpt = None,
     prefetch_depth: o.PrefetchOpt = None,
-    model_parallel: o.ModelParallelOpt = "1",
+    model_parallel: o.ModelParallelOpt = None,
+    pipeline_parallel: o.PipelineParallelOpt = None,
+    micro_batches: o.MicroBatchesOpt = None,
     max_alloc_gib: o.MaxAllocOpt = None,
     max_batch_per_gpu: Annotated[int, typer.Option("--max-batch-per-gpu", help="largest batch/GPU the search tries")] = 32,
     precision: o.PrecisionOpt = "bf16",
@@ -52,6 +54,8 @@ def fit(
     step = optimizer_step_pin(optimizer_step) or "after_backward"
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)
     number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
+    if micro_batches is not None:
+        number(micro_batches, "--micro-batches", minimum=1, maximum=1_000_000, integer=True)
     request = SearchRequest(
         model=o.model(model, layers, hidden, heads, seq, vocab),
         node=o.node(hardware, max_alloc_gib),
@@ -62,7 +66,10 @@ def fit(
         checkpoint_interval=checkpoint_interval,
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
-        model_parallel_degree=o.model_parallel(model_parallel),
+        # Not given: 1, except for `3d`, whose point is to search tensor and pipeline degrees.
+        model_parallel_degree=o.model_parallel(model_parallel) if model_parallel is not None or strategy == "3d" else 1,
+        pipeline_parallel_degree=o.pipeline_parallel(pipeline_parallel, strategy),
+        micro_batches_per_step=micro_batches,
         precision=precision,
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,

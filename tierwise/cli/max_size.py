@@ -10,7 +10,7 @@ from tierwise.cli import options as o
 
 
 def max_size_command(
-    strategy: Annotated[str, typer.Option("--strategy", help="dp, zero2, zero-offload, zero3, zero-inf-cpu, zero-inf-nvme")],
+    strategy: Annotated[str, typer.Option("--strategy", help="dp, zero2, zero-offload, zero3, zero-inf-cpu, zero-inf-nvme, 3d")],
     gpus: o.GpusOpt = 1,
     hardware: o.HardwareOpt = None,
     seq: Annotated[int, typer.Option("--seq", help="sequence length")] = 1024,

@@ -35,7 +35,8 @@ MaxAllocOpt = Annotated[float | None, typer.Option("--max-alloc-gib", help="larg
 
 # -- the plan's choices (fit searches the ones not given; memory and simulate take them as given) --
 StrategyOpt = Annotated[str | None, typer.Option(
-    "--strategy", help="pin a strategy: dp, zero2, zero-offload, zero3, zero-inf-cpu, zero-inf-nvme")]
+    "--strategy", help="pin a strategy: dp, zero2, zero-offload, zero3, zero-inf-cpu, zero-inf-nvme, 3d (tensor x "
+                       "pipeline x data parallel, ZeRO-1)")]
 PlacementOpt = Annotated[str | None, typer.Option(
     "--placement", help="pin tiers, e.g. params=nvme,optimizer_states=nvme (activation_checkpoints: where the "
                         "recompute inputs are kept)")]
@@ -47,6 +48,12 @@ TilingOpt = Annotated[int | None, typer.Option("--tiling-factor", help="pin the 
 PrefetchOpt = Annotated[int | None, typer.Option("--prefetch-depth", help="pin the prefetch depth")]
 ModelParallelOpt = Annotated[str | None, typer.Option(
     "--model-parallel", help="tensor-parallel degree within a node, or 'auto' to search it")]
+PipelineParallelOpt = Annotated[str | None, typer.Option(
+    "--pipeline-parallel", help="pipeline stages (1F1B), or 'auto' to search them (default: auto for --strategy 3d, "
+                                "else 1)")]
+MicroBatchesOpt = Annotated[int | None, typer.Option(
+    "--micro-batches", help="micro-batches per optimizer step (gradient accumulation; a pipeline's m; default 4 per "
+                            "stage when pipelined, else 1)")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32")]
 OptimizerStepOpt = Annotated[str | None, typer.Option(
     "--optimizer-step", help="after_backward (default: the paper's step) or in_backward (each unit updated as soon as "
@@ -70,6 +77,22 @@ def model_parallel(text: str | None) -> int | None:
         raise PlannerError(f"--model-parallel must be a whole number or 'auto', got {text!r}") from None
     if value < 1:
         raise PlannerError(f"--model-parallel must be at least 1, got {value}")
+    return value
+
+
+def pipeline_parallel(text: str | None, strategy: str | None) -> int | None:
+    """`--pipeline-parallel`: a whole number of stages, or None (searched) for `auto` and, with the
+    `3d` strategy, for not given; 1 otherwise."""
+    if text is None:
+        return None if strategy == "3d" else 1
+    if text.strip().lower() == AUTO:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise PlannerError(f"--pipeline-parallel must be a whole number or 'auto', got {text!r}") from None
+    if value < 1:
+        raise PlannerError(f"--pipeline-parallel must be at least 1, got {value}")
     return value
 
 
