@@ -16,9 +16,10 @@ MIN_LARGEST_COUNT = 128
 
 
 def gpu_counts(node: NodeSpec, num_gpus: int) -> list[int]:
-    """Powers of two within a node, whole nodes beyond it, plus the count being planned."""
-    largest = max(MIN_LARGEST_COUNT, 4 * num_gpus)
+    """Powers of two within a node, whole nodes beyond it (when the hardware states a network between
+    nodes: without one a plan cannot span two), plus the count being planned."""
     per_node = node.num_gpus_per_node
+    largest = max(MIN_LARGEST_COUNT, 4 * num_gpus) if node.inter_node_bytes_per_s else per_node
     counts = {n for n in (2**k for k in range(32)) if n < per_node}
     n = per_node
     while n <= largest:
