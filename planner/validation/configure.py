@@ -3,16 +3,19 @@ it cannot be one.
 
 [Note: what a row states] The planner is given what the source states and nothing fitted to the row:
 - shape from the row's columns; GQA, SwiGLU and embedding tying from the model's published config
-  (the project's presets, data/models/) where the row names a Llama or GPT-3; MPT/GPT-style rows are
+  (the project's presets, data/models/) where the row names a Llama or GPT-3, and rotary position
+  embeddings for Llama (Touvron et al. 2023, arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are
   GPT blocks (4h GELU MLP unless `ffn_hidden_size` says otherwise, tied embeddings, multi-head);
+- recompute as stated: `full` (every block from its checkpoint), `selective` (the attention core's
+  seq^2 part only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200)
+  unless the source predates fused attention (SOURCE_ATTENTION: eager);
 - an unstated value is filled only from what the source itself says elsewhere (SOURCE_DEFAULTS,
   each with its citation); otherwise the row gets a reason and no prediction;
 - micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
   unstated micro-batch with a stated global batch means no accumulation (`micro = global / dp`);
 - the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor-parallel degree
   (planner.plan.Plan: one replica spans `model_parallel_degree` GPUs).
-A reason names the missing planner feature (pipeline parallelism, fp8, selective recompute, a GPU
-with no preset) or the missing statement (batch not stated); such rows count as misses.
+A reason names the missing planner feature (pipeline parallelism, fp8, a GPU with no preset) or the missing statement (batch not stated); such rows count as misses.
 """
 
 from __future__ import annotations
@@ -50,6 +53,14 @@ SOURCE_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
         "activation_recompute": ("full", "Table 2 uses Table 1's FLOP formula, which includes the recompute pass"),
     },
 }
+SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
+    source: ("eager", f"{cite}: Megatron-LM's fused scale-mask-softmax stores the scores; FlashAttention came in "
+                      "2022 (Dao et al., arXiv:2205.14135)")
+    for source, cite in (("megatron2019", "arXiv:1909.08053 (2019)"), ("narayanan2021_t1", "arXiv:2104.04473 (2021)"),
+                         ("narayanan2021_t2", "arXiv:2104.04473 (2021)"))
+}
+"""source_id -> (attention kernel, why): sources that predate fused attention kernels. Every other row
+gets the plan's default, flash where the GPU has it (planner/kernels.py [Note: attention kernels])."""
 _GPT_FAMILY = re.compile(r"^(gpt|mpt|turing|opt)", re.I)
 _LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
 _GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
@@ -81,9 +92,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
         reasons.append(f"pipeline parallelism (PP {pp}): the planner has no pipeline stages")
     precision = _precision(row.precision, reasons)
     recompute = value("activation_recompute")
-    if recompute == "selective":
-        reasons.append("selective activation recompute: the planner recomputes whole blocks or nothing")
-    elif not recompute:
+    if not recompute:
         reasons.append("activation recompute not stated")
     strategy, placement = _strategy(row, reasons)
     batch = _batch(row, tp or 1, pp or 1, reasons, assumptions)
@@ -93,10 +102,20 @@ def row_plan(row: CorpusRow) -> RowPlan:
     try:
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
                     micro_batch_per_gpu=micro / tp, checkpoint_interval=1 if recompute == "full" else 0,
+                    recompute=recompute, attention=_attention(row, node, assumptions),
                     model_parallel_degree=tp, precision=precision)
     except PlannerError as exc:
         return RowPlan(plan=None, reasons=(f"the planner refuses the configuration: {exc}",), assumptions=tuple(assumptions))
     return RowPlan(plan=plan, grad_accumulation=accumulation, assumptions=tuple(assumptions))
+
+
+def _attention(row: CorpusRow, node: NodeSpec, assumptions: list[str]) -> str:
+    """The row's attention kernel: its source's (SOURCE_ATTENTION), else the GPU's default ('')."""
+    if row.source_id not in SOURCE_ATTENTION:
+        return ""
+    kernel, why = SOURCE_ATTENTION[row.source_id]
+    assumptions.append(f"attention = {kernel} ({why})")
+    return kernel
 
 
 def _stated(row: CorpusRow, assumptions: list[str]):
@@ -131,7 +150,7 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
         fields = {k: v if v is not None else getattr(preset, k) for k, v in shape.items()}
         fields.update(ffn_hidden_size=row.ffn_hidden_size or preset.ffn_hidden_size, num_kv_heads=preset.num_kv_heads,
                       gated_mlp=preset.gated_mlp, tied_embeddings=preset.tied_embeddings,
-                      vocab_size=vocab or preset.vocab_size)
+                      vocab_size=vocab or preset.vocab_size, rotary=preset.rotary or bool(_LLAMA.search(row.model_name)))
     elif None not in shape.values() and _GPT_FAMILY.match(row.model_name):
         fields = dict(shape, ffn_hidden_size=row.ffn_hidden_size or 0, vocab_size=vocab or 0, tied_embeddings=True)
         if vocab is None:
