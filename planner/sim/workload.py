@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.kernels import block_cost, loss_bytes, recomputed_score_bytes
@@ -133,29 +134,7 @@ def build_workload(plan: Plan) -> Workload:
                         has_grads=has_grads)
                 for t in range(n)]
 
-    # The attention core (QK^T, softmax(.)V) has no weights and runs between qkv and attn_out: its
-    # flops are folded into attn_out's first tile. The block's memory-bound kernels are spread
-    # evenly over its operators (planner/kernels.py, [Note: elementwise work] below).
-    cost = block_cost(plan)
-    block_ops: list[OpShape] = []
-    for op in model.block_operators():
-        shapes = linear(op.name, op.num_params)
-        if op.name == "attn_out":
-            matmul_fwd = cost.matmul_forward_flops - cost.linear_flops
-            matmul_bwd = cost.matmul_backward_flops - 2 * cost.linear_flops
-            shapes[0] = dataclasses.replace(
-                shapes[0], flops_per_gpu=shapes[0].flops_per_gpu + matmul_fwd, extra_backward_flops=matmul_bwd - 2 * matmul_fwd,
-                fused_flops=cost.fused_forward_flops, fused_backward_flops=cost.fused_backward_flops)
-        block_ops += shapes
-    # [Note: elementwise work] Besides its matmuls a block runs memory-bound kernels (norms, the
-    # activation function, residual adds, rotary, dropout, the eager softmax): planner/kernels.py
-    # [Note: memory-bound kernels] counts their bytes per kernel and pass. On a GPU they are a few
-    # percent of a large model's block time and a third of a small one's; on a CPU they run 20-50x
-    # below copy bandwidth, and calibration finds their rate (planner/calibrate.py; `planner probe`
-    # does on reference runs, planner/probe_reference.py).
-    n = len(block_ops)
-    block_ops = [dataclasses.replace(op, elementwise_bytes=cost.forward_bytes / n,
-                                     backward_elementwise_bytes=cost.backward_bytes / n) for op in block_ops]
+    block_ops = _block_ops(plan, linear)
 
     embedding = head = ()
     if model.vocab_size > 0:
@@ -199,6 +178,34 @@ def build_workload(plan: Plan) -> Workload:
         tp_all_reduce_bytes=b * bsz * mp * seq * hd,
         params_per_rank=optimizer_params_per_rank(plan),
     )
+
+
+def _block_ops(plan: Plan, linear: Callable[[str, int], list[OpShape]]) -> list[OpShape]:
+    """One block's operators (each linear's tiles) with the block's other work attached."""
+    # The attention core (QK^T, softmax(.)V) has no weights and runs between qkv and attn_out: its
+    # flops are folded into attn_out's first tile. The block's memory-bound kernels are spread
+    # evenly over its operators (planner/kernels.py, [Note: elementwise work] below).
+    cost = block_cost(plan)
+    block_ops: list[OpShape] = []
+    for op in plan.model.block_operators():
+        shapes = linear(op.name, op.num_params)
+        if op.name == "attn_out":
+            matmul_fwd = cost.matmul_forward_flops - cost.linear_flops
+            matmul_bwd = cost.matmul_backward_flops - 2 * cost.linear_flops
+            shapes[0] = dataclasses.replace(
+                shapes[0], flops_per_gpu=shapes[0].flops_per_gpu + matmul_fwd, extra_backward_flops=matmul_bwd - 2 * matmul_fwd,
+                fused_flops=cost.fused_forward_flops, fused_backward_flops=cost.fused_backward_flops)
+        block_ops += shapes
+    # [Note: elementwise work] Besides its matmuls a block runs memory-bound kernels (norms, the
+    # activation function, residual adds, rotary, dropout, the eager softmax): planner/kernels.py
+    # [Note: memory-bound kernels] counts their bytes per kernel and pass. On a GPU they are a few
+    # percent of a large model's block time and a fifth of a small one's; on a CPU they run 20-50x
+    # below copy bandwidth, and calibration finds their rate (planner/calibrate.py; `planner probe`
+    # does on reference runs, planner/probe_reference.py).
+    n = len(block_ops)
+    block_ops = [dataclasses.replace(op, elementwise_bytes=cost.forward_bytes / n,
+                                     backward_elementwise_bytes=cost.backward_bytes / n) for op in block_ops]
+    return block_ops
 
 
 def optimizer_params_per_rank(plan: Plan) -> float:
