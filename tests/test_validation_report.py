@@ -93,7 +93,7 @@ def test_rows_state_their_recompute_and_attention_kernel(rows):
     assert p211.model.rotary  # a Llama: rotary position embeddings
     # Narayanan et al. 2021 on A100 predates fused attention: eager, said in the assumptions.
     p011 = row_plan(rows["p011"])
-    assert (p011.plan.attention, p011.plan.recompute) == ("eager", "full")
+    assert (p011.plan.attention, p011.plan.recompute, p011.plan.model.dropout) == ("eager", "full", True)
     assert any(a.startswith("attention = eager") for a in p011.assumptions)
     assert row_plan(rows["p162"]).plan.attention == "flash"  # llm-foundry on A100: the GPU's default
 

@@ -8,7 +8,8 @@ it cannot be one.
   GPT blocks (4h GELU MLP unless `ffn_hidden_size` says otherwise, tied embeddings, multi-head);
 - recompute as stated: `full` (every block from its checkpoint), `selective` (the attention core's
   seq^2 part only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200)
-  unless the source predates fused attention (SOURCE_ATTENTION: eager);
+  unless the source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train
+  with its default dropout (SOURCE_DROPOUT);
 - an unstated value is filled only from what the source itself says elsewhere (SOURCE_DEFAULTS,
   each with its citation); otherwise the row gets a reason and no prediction;
 - micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
@@ -61,6 +62,12 @@ SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
 }
 """source_id -> (attention kernel, why): sources that predate fused attention kernels. Every other row
 gets the plan's default, flash where the GPU has it (planner/kernels.py [Note: attention kernels])."""
+SOURCE_DROPOUT: dict[str, str] = {
+    source: "Megatron-LM's defaults --hidden-dropout 0.1 --attention-dropout 0.1 (megatron/arguments.py), the code "
+            "these benchmarks ran"
+    for source in ("megatron2019", "narayanan2021_t1", "narayanan2021_t2")
+}
+"""source_id -> why its blocks train with dropout (planner/kernels.py: the dropout kernels and masks)."""
 _GPT_FAMILY = re.compile(r"^(gpt|mpt|turing|opt)", re.I)
 _LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
 _GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
@@ -161,6 +168,8 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
     if seq is None:
         reasons.append("sequence length not stated")
         return None
+    if row.source_id in SOURCE_DROPOUT:
+        fields["dropout"] = True
     try:
         return ModelSpec(name=f"{row.model_name} ({row.row_id})", seq_len=seq, **fields)
     except PlannerError as exc:
