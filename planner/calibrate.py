@@ -78,13 +78,14 @@ class Calibration:
 
 def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     """Per phase, what the simulated iteration asks of each resource under `node` (no matmul curve)."""
+    from planner.kernels import achievable_hbm_bytes_per_s
     from planner.sim.engine import Simulation
     from planner.sim.workload import step_elementwise_bytes
 
     bare = node.replace(matmul_efficiency=EfficiencyCurve(), operator_overhead_s=0.0)
     sim = Simulation(plan.replace(node=bare, prediction=None)).run()
     out = {phase: dict.fromkeys(FEATURES, 0.0) for phase in PHASE_LABELS}
-    hbm = bare.gpu_hbm_bytes_per_s
+    hbm = achievable_hbm_bytes_per_s(bare)
     for phase, labels in PHASE_LABELS.items():
         steps = [s for s in sim.work.steps if s.phase in labels]
         out[phase]["operators"] = float(len(steps))

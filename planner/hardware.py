@@ -55,7 +55,7 @@ _CURVES: dict[str, tuple[str, float, str]] = {
     "transfer": ("size_mib", MIB, "bytes"),
     "matmul": ("gflop", 1e9, "flop"),
 }
-_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations"}
+_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations", "flash_attention_tflops"}
 # The node's resources its GPUs share: part of a node gets its GPUs' share of each ([Note: part of a node]).
 SHARED_BY_GPUS: tuple[str, ...] = (
     "cpu_memory_bytes",
@@ -179,6 +179,12 @@ class NodeSpec:
     """The compute device *is* the host (a CPU-only machine, as `planner probe` finds without CUDA):
     the `gpu` and `cpu` tiers are the same memory, so a state placed on `cpu` is used where it lies,
     with no host<->device copy and no staging buffer (runtime/stores.py [Note: the CPU machine])."""
+    flash_attention_flops_per_s: float = 0.0
+    """Rate of the GPU's fused attention kernel (FlashAttention-2: the seq^2 scores stay on chip;
+    Ampere, sm80, or newer), timing the attention core of `attention: flash` plans; 0 when the GPU
+    has none (V100), and plans default to `attention: eager` there. A published kernel measurement,
+    not the matmul rate: FlashAttention-2 runs Ampere's instructions on Hopper too
+    (planner/kernels.py [Note: attention kernels])."""
     transfer_efficiency: EfficiencyCurve = EfficiencyCurve()
     """Fraction of a link's rate one transfer of a given size reaches (PCIe, NVMe, collectives)."""
     matmul_efficiency: EfficiencyCurve = EfficiencyCurve()
@@ -207,6 +213,7 @@ class NodeSpec:
                 f"({self.gpu_memory_bytes / GIB:g})"
             )
         string(self.nvme_read_write, f"{where} nvme_read_write", choices=NVME_READ_WRITE)
+        number(self.flash_attention_flops_per_s, f"{where} flash_attention_tflops", minimum=0)
         if not isinstance(self.host_is_device, bool):
             raise PlannerError(f"{where} host_is_device must be true or false, got {self.host_is_device!r}")
         for curve in (self.transfer_efficiency, self.matmul_efficiency):
@@ -232,6 +239,8 @@ class NodeSpec:
         doc["nvme_read_write"] = self.nvme_read_write
         if self.host_is_device:
             doc["host_is_device"] = True
+        if self.flash_attention_flops_per_s:  # only where set: documents of other nodes stay as they were
+            doc["flash_attention_tflops"] = self.flash_attention_flops_per_s / TFLOP
         curves = {"transfer": self.transfer_efficiency, "matmul": self.matmul_efficiency}
         if any(curve.points for curve in curves.values()):
             doc["efficiency"] = {kind: _curve_to_doc(curve, kind) for kind, curve in curves.items() if curve.points}
@@ -264,6 +273,9 @@ class NodeSpec:
             if not isinstance(doc["host_is_device"], bool):
                 raise PlannerError(f"{where} host_is_device must be true or false, got {doc['host_is_device']!r}")
             kwargs["host_is_device"] = doc["host_is_device"]
+        if "flash_attention_tflops" in doc:
+            tflops = number(doc["flash_attention_tflops"], f"{where} flash_attention_tflops", minimum=0)
+            kwargs["flash_attention_flops_per_s"] = tflops * TFLOP
         if "efficiency" in doc:
             check_keys(doc["efficiency"], set(_CURVES), f"{where} efficiency")
             for kind, curve_doc in doc["efficiency"].items():

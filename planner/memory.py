@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from planner.kernels import recomputed_score_bytes, stored_score_bytes_per_token
 from planner.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
 from planner.plan import TIERS, Plan
 from planner.units import round_up_4kib
@@ -173,10 +174,35 @@ def checkpoint_bytes(plan: Plan, element_bytes: int | None = None) -> int:
 
 
 def activation_working_bytes(plan: Plan) -> int:
-    """Eq. 5: memory to recompute (or, without checkpointing, to keep) `ci` blocks' activations."""
+    """Eq. 5: memory to recompute (or, without checkpointing, to keep) `ci` blocks' activations.
+
+    Eq. 5 bills the eager attention scores (`2 heads seq` bytes per token and block); with
+    `attention: flash` they are never stored (flash keeps `4 heads` bytes of softmax statistics
+    instead), and with selective recompute only the block in backward holds them again
+    (planner/kernels.py [Note: attention kernels], [Note: recompute]). Eager and no selective
+    recompute is eq. 5 to the byte."""
+    m = plan.model
+    blocks = plan.checkpoint_interval or m.num_layers
+    return math.ceil(plan.micro_batch_per_gpu * m.seq_len * blocks * _activation_bytes_per_token(plan)
+                     + recomputed_score_bytes(plan))
+
+
+def eq5_activation_bytes(plan: Plan) -> int:
+    """Eq. 5 as the paper writes it (eager scores stored), whatever the plan's attention kernel:
+    the paper quantity `planner memory` reports."""
     m = plan.model
     blocks = plan.checkpoint_interval or m.num_layers
     return math.ceil(plan.micro_batch_per_gpu * m.seq_len * blocks * (16 * m.hidden_size + 2 * m.num_heads * m.seq_len))
+
+
+def block_activation_bytes(plan: Plan) -> float:
+    """One block's stored activations on one GPU (eq. 5 with ci = 1, the attention core as the plan
+    keeps it)."""
+    return plan.micro_batch_per_gpu * plan.model.seq_len * _activation_bytes_per_token(plan)
+
+
+def _activation_bytes_per_token(plan: Plan) -> int:
+    return 16 * plan.model.hidden_size + stored_score_bytes_per_token(plan)
 
 
 def largest_unit_params(plan: Plan) -> float:
@@ -431,7 +457,7 @@ def paper_quantities(plan: Plan) -> dict[str, int]:
         "num_params_eq1": m.num_params_eq1,
         "model_states": m.num_params * sum(per_param.values()),
         "activation_checkpoints_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES),
-        "activations_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES) + activation_working_bytes(plan),
+        "activations_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES) + eq5_activation_bytes(plan),
         "mswm_per_gpu": math.ceil(m.largest_operator_params * (per_param["params"] + per_param["gradients"])),
-        "awm_per_gpu": activation_working_bytes(plan),
+        "awm_per_gpu": eq5_activation_bytes(plan),
     }

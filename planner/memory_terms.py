@@ -70,7 +70,8 @@ class MemoryTerm(str, Enum):
     ACTIVATION_CHECKPOINTS = ("activation_checkpoints", TIERS, "checkpoints",
                               "2 x bsz x seq x hd x ceil(nl / ci) [eq. 3]")
     # -- GPU working memory (eq. 4, eq. 5) and the runtime's GPU buffers ------------------------
-    AWM = ("awm", _GPU, "activations", "activation working memory: bsz x seq x ci x (16 hd + 2 heads seq) [eq. 5]", *_AUTOGRAD)
+    AWM = ("awm", _GPU, "activations", "activation working memory: bsz x seq x ci x (16 hd + 2 heads seq) [eq. 5]; "
+           "flash: 16 hd + 4 heads", *_AUTOGRAD)
     MSWM = ("mswm", _GPU, "gathered params",
             "model-state working memory: largest operator's params + grads / (mp x tiling) [eq. 4]", *_TRANSIENT)
     PREFETCH_GATHERED_PARAMS = ("prefetch_gathered_params", _GPU, "prefetched params",

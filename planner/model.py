@@ -81,6 +81,17 @@ class ModelSpec:
     """RMSNorm over the whole query and key projections (OLMo 2)."""
     position_embeddings: int = 0
     """Rows of a learned position embedding (GPT-2's `n_positions`); 0 for rotary or none."""
+    rotary: bool = False
+    """Rotary position embeddings rotate queries and keys in every block (Llama): a memory-bound
+    kernel (planner/kernels.py), no weights."""
+    dropout: bool = False
+    """The blocks train with dropout (hidden and attention, p > 0, as GPT-2 and Megatron-LM's
+    defaults): memory-bound kernels and their masks (planner/kernels.py); LLM pre-training
+    recipes (Llama, MPT) set it to 0."""
+    attention: str = ""
+    """The attention kernel the model's source trained with, pinning the plan's (`eager` for the
+    paper's configurations, whose eq. 5 bills the stored scores); empty leaves the plan's default,
+    flash where the GPU has it (planner/plan.py `Plan.attention`)."""
     source: str = field(default="", compare=False)
     """Citation for presets (where the shape comes from)."""
 
@@ -97,13 +108,15 @@ class ModelSpec:
         number(self.norms_per_block, f"{where} norms_per_block", minimum=0, maximum=16, integer=True)
         number(self.position_embeddings, f"{where} position_embeddings", minimum=0, maximum=MAX_SEQ, integer=True)
         string(self.norm, f"{where} norm", choices=NORMS)
+        string(self.attention, f"{where} attention", choices=("", "flash", "eager"))
         if not self.head_dim and self.hidden_size % self.num_heads:
             raise PlannerError(
                 f"{where}: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
             )
         if self.num_kv_heads and self.num_heads % self.num_kv_heads:
             raise PlannerError(f"{where}: num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}")
-        for flag in ("gated_mlp", "tied_embeddings", "qkv_bias", "attn_out_bias", "mlp_bias", "qk_norm"):
+        for flag in ("gated_mlp", "tied_embeddings", "qkv_bias", "attn_out_bias", "mlp_bias", "qk_norm", "rotary",
+                     "dropout"):
             if not isinstance(getattr(self, flag), bool):
                 raise PlannerError(f"{where} {flag} must be true or false, got {getattr(self, flag)!r}")
         # Normalise the "0 means default" fields once so every consumer sees real numbers.
@@ -219,7 +232,7 @@ class ModelSpec:
 
 
 _EXTRA_FIELDS = ("head_dim", "qkv_bias", "attn_out_bias", "mlp_bias", "norm", "norms_per_block", "qk_norm",
-                 "position_embeddings")
+                 "position_embeddings", "rotary", "dropout", "attention")
 
 
 def _derived_defaults(spec: ModelSpec) -> dict[str, int]:

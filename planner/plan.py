@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from planner.errors import PlannerError
 from planner.hardware import Cluster, NodeSpec
+from planner.kernels import ATTENTION_KERNELS, RECOMPUTES
 from planner.model import ModelSpec
 from planner.phases import PHASES
 from planner.specio import check_keys, load_document, number, string, write_json_atomic
@@ -258,6 +259,17 @@ class Plan:
     clipping; it refuses gradient accumulation at run time and fp16 (whose overflow check needs
     every gradient before any update) here. [Note: the optimizer step in backward] in
     runtime/streamed_optimizer.py."""
+    attention: str = ""
+    """`flash` (a fused kernel: the seq^2 scores are never stored, the backward recomputes them) or
+    `eager` (the paper's equations: scores stored, eq. 5); empty means the model's own
+    (`ModelSpec.attention`: the paper's presets pin eager), else flash where the GPU has it
+    (`NodeSpec.flash_attention_flops_per_s`: A100, H100, H200), eager elsewhere (V100, the paper's DGX-2).
+    planner/kernels.py [Note: attention kernels]."""
+    recompute: str = ""
+    """`none`, `full` (every block's forward again from its checkpoint; `checkpoint_interval` >= 1)
+    or `selective` (only the attention core's seq^2 part, all else stored; `checkpoint_interval` 0).
+    Empty means what `checkpoint_interval` says: `full` with checkpoints, `none` without.
+    planner/kernels.py [Note: recompute]."""
     prediction: Prediction | None = None
 
     def __post_init__(self) -> None:
@@ -314,10 +326,28 @@ class Plan:
                 f"micro_batch_per_gpu {self.micro_batch_per_gpu} x {across} must be a whole number of "
                 "samples per model replica"
             )
+        self._resolve_kernels()
         if self.strategy in STRATEGY_TABLE and self.placement != STRATEGY_TABLE[self.strategy].placement:
             expected = STRATEGY_TABLE[self.strategy].placement.label()
             raise PlannerError(f"strategy {self.strategy} places states as {expected}, not {self.placement.label()}")
         Cluster(node=self.node, num_gpus=self.num_gpus)  # validates whole nodes
+
+    def _resolve_kernels(self) -> None:
+        """Fill `attention` and `recompute` when left empty, and refuse combinations no runtime has."""
+        if not self.attention:
+            default = "flash" if self.node.flash_attention_flops_per_s else "eager"
+            object.__setattr__(self, "attention", self.model.attention or default)
+        string(self.attention, "attention", choices=ATTENTION_KERNELS)
+        if self.attention == "flash" and not self.node.flash_attention_flops_per_s:
+            raise PlannerError(f"attention flash needs a GPU with a fused attention kernel (Ampere or newer); hardware "
+                               f"{self.node.name!r} has none (no flash_attention_tflops): use attention eager")
+        if not self.recompute:
+            object.__setattr__(self, "recompute", "full" if self.checkpoint_interval else "none")
+        string(self.recompute, "recompute", choices=RECOMPUTES)
+        if (self.recompute == "full") != (self.checkpoint_interval > 0):
+            raise PlannerError(f"recompute {self.recompute} needs checkpoint_interval "
+                               f"{'>= 1' if self.recompute == 'full' else '0'}, got {self.checkpoint_interval}: "
+                               "full recompute runs from block checkpoints, none and selective store the blocks")
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -369,6 +399,8 @@ class Plan:
             "num_optimizer_buffers": self.num_optimizer_buffers,
             "nvme_block_bytes": self.nvme_block_bytes,
             "optimizer_step": self.optimizer_step,
+            "attention": self.attention,
+            "recompute": self.recompute,
         }
         if self.prediction is not None:
             doc["prediction"] = self.prediction.to_dict()
@@ -379,7 +411,7 @@ class Plan:
         scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "checkpoint_interval", "tiling_factor",
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
-                  "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls"}
+                  "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
@@ -405,7 +437,16 @@ class Plan:
         return plan
 
     def replace(self, **changes: Any) -> Plan:
+        """A copy with `changes`; `recompute` is derived again from a new `checkpoint_interval`
+        unless it was selective or is changed too, and `attention` from a new node's kernel unless
+        it is changed too or the new node has the same."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        if "checkpoint_interval" in changes and "recompute" not in changes and not (
+                self.recompute == "selective" and changes["checkpoint_interval"] == 0):
+            doc["recompute"] = ""
+        if "node" in changes and "attention" not in changes and bool(changes["node"].flash_attention_flops_per_s) != bool(
+                self.node.flash_attention_flops_per_s):
+            doc["attention"] = ""
         doc.update(changes)
         return Plan(**doc)
 

@@ -20,14 +20,11 @@ from typing import NamedTuple
 
 import planner.pipeline as pipeline
 from planner.fp8 import linear_speedup
+from planner.kernels import achievable_hbm_bytes_per_s, block_cost, loss_bytes
 from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
 from planner.phases import PHASES
 from planner.plan import LINKS, Plan
 
-# Share of the iteration's model flops in each pass (eq. 7): forward 2, recompute 2, backward 4.
-FORWARD_FLOPS_PER_PARAM_TOKEN = 2
-BACKWARD_FLOPS_PER_PARAM_TOKEN = 4
-RECOMPUTE_FLOPS_PER_PARAM_TOKEN = 2
 # A GPU Adam step streams params, grads and 12 bytes of optimizer state in and out: ~36 bytes/param.
 GPU_ADAM_BYTES_PER_PARAM = 36
 ACTIVATION_ALLREDUCE_BYTES = 2  # tensor-parallel all-reduces move fp16 activations
@@ -124,7 +121,7 @@ def estimate(plan: Plan) -> Estimate:
     bw = bandwidths(plan)
     links = dict.fromkeys(LINKS, 0.0)
     # Each part adds its bytes to `links`, in this order (a link's sum is rounded as it grows).
-    compute = _fp8_scaled(plan, _compute(plan))
+    compute = _compute(plan)
     params = _param_fetch(plan, bw, links)
     grads_time = _gradient_traffic_s(plan, bw, links)
     ckpt = _checkpoint_traffic(plan, bw, links)
@@ -157,21 +154,54 @@ def estimate(plan: Plan) -> Estimate:
 
 
 def _compute(plan: Plan) -> _Passes:
-    """Model flops of each pass at the GPU's peak (eq. 7: forward 2, recompute 2, backward 4)."""
-    m, tokens = plan.model, plan.micro_batch_per_gpu * plan.model.seq_len
-    recompute = RECOMPUTE_FLOPS_PER_PARAM_TOKEN if plan.checkpoint_interval > 0 else 0
-    fwd_flops = FORWARD_FLOPS_PER_PARAM_TOKEN * tokens * m.num_params
-    bwd_flops = (BACKWARD_FLOPS_PER_PARAM_TOKEN + recompute) * tokens * m.num_params
-    return _Passes(fwd_flops / plan.node.gpu_flops_per_s, bwd_flops / plan.node.gpu_flops_per_s)
+    """Each pass's matmul flops at the GPU's peak, its fused attention at that kernel's rate and its
+    memory-bound kernels at the achievable HBM bandwidth: the terms the simulator times operator by
+    operator (model_compute)."""
+    work = model_compute(plan)
+    node = plan.node
+    hbm, fused_rate = achievable_hbm_bytes_per_s(node), node.flash_attention_flops_per_s
+    # fp8 runs the matmuls at the fp8 rate ([Note: fp8 matmuls] in planner/fp8.py); the fused
+    # attention and the memory-bound kernels stay in bf16.
+    matmul_rate = node.gpu_flops_per_s * linear_speedup(plan.fp8_matmuls, node)
+
+    def seconds(matmul_flops: float, fused_flops: float, nbytes: float) -> float:
+        return (matmul_flops / matmul_rate + (fused_flops / fused_rate if fused_flops else 0.0)
+                + (nbytes / hbm if hbm > 0 else 0.0))
+
+    return _Passes(seconds(work.forward_flops, work.forward_fused_flops, work.forward_bytes),
+                   seconds(work.backward_flops, work.backward_fused_flops, work.backward_bytes))
 
 
-def _fp8_scaled(plan: Plan, compute: _Passes) -> _Passes:
-    """Eq. 7's flops are the linears' (2 per parameter and token per pass), so with fp8 matmuls all
-    of them run at the fp8 rate ([Note: fp8 matmuls] in planner/fp8.py)."""
-    speedup = linear_speedup(plan.fp8_matmuls, plan.node)
-    if speedup == 1.0:
-        return compute
-    return compute._replace(forward_s=compute.forward_s / speedup, backward_s=compute.backward_s / speedup)
+class ModelCompute(NamedTuple):
+    """One micro-batch's work on one GPU per pass: matmul flops, fused attention flops and
+    memory-bound kernel bytes; the backward's include a full recompute's forward."""
+
+    forward_flops: float
+    backward_flops: float
+    forward_fused_flops: float
+    backward_fused_flops: float
+    forward_bytes: float
+    backward_bytes: float
+
+
+def model_compute(plan: Plan) -> ModelCompute:
+    """Blocks (planner/kernels.py: linears, attention core, memory-bound kernels), the output head's
+    matmul and the loss; the embedding lookup moves rows and multiplies nothing. With `recompute:
+    full` every block's forward runs again in backward."""
+    m = plan.model
+    block = block_cost(plan)
+    head = 2 * plan.micro_batch_per_gpu * m.seq_len * m.vocab_size * m.hidden_size
+    loss_fwd, loss_bwd = loss_bytes(plan)
+    again = 1 if plan.recompute == "full" else 0
+    layers = m.num_layers
+    return ModelCompute(
+        forward_flops=layers * block.matmul_forward_flops + head,
+        backward_flops=layers * (block.matmul_backward_flops + again * block.matmul_forward_flops) + 2 * head,
+        forward_fused_flops=layers * block.fused_forward_flops,
+        backward_fused_flops=layers * (block.fused_backward_flops + again * block.fused_forward_flops),
+        forward_bytes=layers * block.forward_bytes + loss_fwd,
+        backward_bytes=layers * (block.backward_bytes + again * block.forward_bytes) + loss_bwd,
+    )
 
 
 def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:

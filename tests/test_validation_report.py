@@ -86,6 +86,18 @@ def test_plans_take_exactly_what_the_row_states(rows):
     assert p218.model.seq_len == 4096 and p218.model.vocab_size == 32000
 
 
+def test_rows_state_their_recompute_and_attention_kernel(rows):
+    # torchtitan p211 states selective recompute; it is planned as such (no block checkpoints).
+    p211 = row_plan(rows["p211"]).plan
+    assert (p211.recompute, p211.checkpoint_interval, p211.attention) == ("selective", 0, "flash")
+    assert p211.model.rotary  # a Llama: rotary position embeddings
+    # Narayanan et al. 2021 on A100 predates fused attention: eager, said in the assumptions.
+    p011 = row_plan(rows["p011"])
+    assert (p011.plan.attention, p011.plan.recompute, p011.plan.model.dropout) == ("eager", "full", True)
+    assert any(a.startswith("attention = eager") for a in p011.assumptions)
+    assert row_plan(rows["p162"]).plan.attention == "flash"  # llm-foundry on A100: the GPU's default
+
+
 def test_gradient_accumulation_is_the_plans_step(rows):
     # The plan carries the row's 4 micro-batches; its phases are the whole optimizer step.
     planned = row_plan(rows["p162"])
@@ -98,7 +110,7 @@ def test_gradient_accumulation_is_the_plans_step(rows):
 
 
 @pytest.mark.parametrize("row_id, fragment", [
-    ("p015", "micro-batch not stated: the bubble of a 2-stage pipeline"), ("p211", "selective activation recompute"),
+    ("p015", "micro-batch not stated: the bubble of a 2-stage pipeline"),
     ("p240", "context parallelism"), ("p262", "no hardware preset for RTX 4090"), ("p209", "H200"),
     ("p009", "batch not stated"), ("p263", "model shape not stated"),
 ])

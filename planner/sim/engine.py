@@ -31,6 +31,7 @@ from typing import Any, Literal
 import simpy
 
 from planner.fp8 import linear_speedup
+from planner.kernels import achievable_hbm_bytes_per_s
 from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
@@ -40,7 +41,14 @@ from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
-from planner.sim.workload import Step, Workload, build_workload, step_elementwise_bytes
+from planner.sim.workload import (
+    Step,
+    Workload,
+    build_workload,
+    step_elementwise_bytes,
+    step_flops,
+    step_fused_flops,
+)
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
@@ -186,7 +194,8 @@ class RankProgram:
         node = plan.node
         self.transfer_eff = _Memo(node.transfer_efficiency.at)
         self.matmul_eff = _Memo(node.matmul_efficiency.at)
-        self.hbm_bytes_per_s = node.gpu_hbm_bytes_per_s
+        self.hbm_bytes_per_s = achievable_hbm_bytes_per_s(node)
+        self.fused_flops_per_s = node.flash_attention_flops_per_s
         self.operator_overhead_s = node.operator_overhead_s
         self.fp8_speedup = linear_speedup(plan.fp8_matmuls, node)
         """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/fp8.py); 1 without."""
@@ -230,16 +239,21 @@ class RankProgram:
         return self.net.transfer(nbytes / self.transfer_eff(nbytes), hops, label)
 
     def _compute(self, flops: float, matmul_flops: float, label: Phase, elementwise_bytes: float = 0.0,
-                 op_params: float = 0.0) -> simpy.Event:
+                 op_params: float = 0.0, fused_flops: float = 0.0) -> simpy.Event:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
-        operator's memory-bound work at the device's memory bandwidth ([Note: elementwise work]),
-        and the runtime's fixed cost per operator (`NodeSpec.operator_overhead_s`)."""
-        if self.fp8_speedup != 1.0 and flops > 0:  # the linears' share at the fp8 rate, the attention core not
+        operator's memory-bound work at the achievable memory bandwidth ([Note: elementwise work])
+        and its fused attention at that kernel's rate (planner/kernels.py), and the runtime's fixed
+        cost per operator (`NodeSpec.operator_overhead_s`). In fp8 the linears' share of `flops`
+        (`op_params` weights) runs at the fp8 rate; the attention core does not."""
+        if self.fp8_speedup != 1.0 and flops > 0:
             linear = min(flops, (flops / matmul_flops) * 2 * self.sim.work.tokens_per_gpu * op_params)
             flops = flops - linear + linear / self.fp8_speedup
         seconds = flops / (self.links.compute.capacity * self.matmul_eff(matmul_flops)) if flops > 0 else 0.0
         if elementwise_bytes > 0 and self.hbm_bytes_per_s > 0:
             seconds += elementwise_bytes / self.hbm_bytes_per_s
+        if fused_flops > 0:
+            seconds += fused_flops / self.fused_flops_per_s
+            flops += fused_flops
         seconds += self.operator_overhead_s
         now = self.env.now
         if seconds > 0:
@@ -355,15 +369,14 @@ class RankProgram:
             yield self._ready[i]
         if self.updates is not None and self.updates.inline:  # gradients final by now: the runtime's hooks ran
             yield from self.updates.run_ready_inline()
-        flops = op.flops_per_gpu
-        if phase is Phase.BACKWARD:
-            flops = 2 * op.flops_per_gpu  # input and weight gradients, each a forward-sized matmul
-            if op.has_grads:
-                yield from self._open_gradient_bucket(op.num_params * self.slice_factor)
+        flops = step_flops(step)
+        if phase is Phase.BACKWARD and op.has_grads:
+            yield from self._open_gradient_bucket(op.num_params * self.slice_factor)
         if (in_blocks and first_of_block and blk % self.unit == 0 and self.rank == 0
                 and phase in (Phase.FORWARD, self.unit_opening)):
             sim.unit_start_s[Phase.FORWARD if phase is Phase.FORWARD else Phase.BACKWARD, blk // self.unit] = self.env.now
-        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params)
+        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params,
+                            step_fused_flops(step))
         if op.tp_all_reduce:
             activation = sim.work.tp_all_reduce_bytes
             yield self._move(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
@@ -387,6 +400,8 @@ class RankProgram:
             if step.block % ci == 0:
                 yield from self._restore_checkpoint(step.segment)
             self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
+        elif step.phase is Phase.BACKWARD and work.recomputed_score_bytes:  # selective recompute's scores
+            self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.recomputed_score_bytes)
 
     def _close_block(self, step: Step) -> None:
         """A block's backward frees its activations and its checkpoint; a checkpointed forward
@@ -394,7 +409,7 @@ class RankProgram:
         sim, plan, work = self.sim, self.sim.plan, self.sim.work
         ci = plan.checkpoint_interval
         if step.phase is Phase.BACKWARD:
-            sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
+            sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes + work.recomputed_score_bytes)
             if ci and step.block % ci == 0:
                 if self.host_is_device and plan.placement.activation_checkpoints != "gpu":
                     sim.cpu_remove(MemoryTerm.ACTIVATION_CHECKPOINTS, work.checkpoint_bytes)

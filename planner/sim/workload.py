@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.memory import ACTIVATION_BYTES, BYTES_PER_PARAM
+from planner.kernels import block_cost, loss_bytes, recomputed_score_bytes
+from planner.memory import ACTIVATION_BYTES, BYTES_PER_PARAM, block_activation_bytes
 from planner.phases import Phase
 from planner.plan import Plan
 
@@ -46,9 +48,18 @@ class OpShape:
     has_grads: bool = True
     """False for a tied output head: its gradient lands in the embedding's and is reduced there."""
     elementwise_bytes: float = 0.0
-    """Bytes its share of the block's non-matmul work (norms, activation function, softmax, residual
-    adds, casts) reads and writes in the forward pass, per GPU: memory-bound, timed at the device's
-    memory bandwidth ([Note: elementwise work])."""
+    """Bytes its share of the block's memory-bound kernels (norms, activation function, residual
+    adds, rotary, dropout, the eager softmax; the loss for the head) reads and writes in the forward
+    pass (and a recompute), per GPU: timed at the achievable HBM bandwidth ([Note: elementwise work])."""
+    backward_elementwise_bytes: float = 0.0
+    """The same kernels' bytes in the backward pass."""
+    extra_backward_flops: float = 0.0
+    """Backward matmul flops beyond twice the forward's (selective recompute redoes eager's QK^T),
+    on attn_out's first tile."""
+    fused_flops: float = 0.0
+    """Flops of the fused (flash) attention kernel, timed at its own rate, on attn_out's first tile."""
+    fused_backward_flops: float = 0.0
+    """The fused attention kernel's backward (2.5 x its forward: it recomputes the scores)."""
 
 
 @dataclass(slots=True)
@@ -65,9 +76,22 @@ class Step:
 
 
 def step_elementwise_bytes(step: Step) -> float:
-    """Memory-bound bytes a trace step moves: its operator's forward share, twice in backward
-    ([Note: elementwise work])."""
-    return step.op.elementwise_bytes * (2 if step.phase is Phase.BACKWARD else 1)
+    """Memory-bound bytes a trace step moves: its operator's share of the forward's kernels, or of
+    the backward's ([Note: elementwise work])."""
+    return step.op.backward_elementwise_bytes if step.phase is Phase.BACKWARD else step.op.elementwise_bytes
+
+
+def step_fused_flops(step: Step) -> float:
+    """Fused attention flops a trace step executes (planner/kernels.py [Note: attention kernels])."""
+    return step.op.fused_backward_flops if step.phase is Phase.BACKWARD else step.op.fused_flops
+
+
+def step_flops(step: Step) -> float:
+    """Matmul flops a trace step executes: the forward's (again in a recompute), or in backward the
+    input and weight gradients, each a forward-sized matmul, plus the attention core's extra."""
+    if step.phase is Phase.BACKWARD:
+        return 2 * step.op.flops_per_gpu + step.op.extra_backward_flops
+    return step.op.flops_per_gpu
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +107,11 @@ class Workload:
     checkpoint_bytes: float
     """One checkpoint (one block input), per GPU (eq. 3 per checkpoint)."""
     block_activation_bytes: float
-    """Activations of one block while it runs with gradients (eq. 5 with ci = 1), per GPU."""
+    """Activations of one block while it runs with gradients (eq. 5 with ci = 1, the attention core
+    as the plan keeps it: memory.block_activation_bytes), per GPU."""
+    recomputed_score_bytes: float
+    """Selective recompute under eager: the scores a block makes again for its backward and frees
+    after it (kernels.recomputed_score_bytes), per GPU."""
     tp_all_reduce_bytes: float
     """Activation tensor of one Megatron all-reduce (whole replica batch)."""
     params_per_rank: float
@@ -106,33 +134,17 @@ def build_workload(plan: Plan) -> Workload:
                         has_grads=has_grads)
                 for t in range(n)]
 
-    # Attention scores and context (QK^T, softmax(.)V): 2 * 2 * seq^2 * hd flops per sample; they
-    # have no weights and run between qkv and attn_out, so they are folded into attn_out's compute.
-    attention_flops = 4 * bsz * seq * seq * hd
-    block_ops: list[OpShape] = []
-    for op in model.block_operators():
-        shapes = linear(op.name, op.num_params)
-        if op.name == "attn_out":
-            first = shapes[0]
-            shapes[0] = OpShape(name=first.name, num_params=first.num_params,
-                                flops_per_gpu=first.flops_per_gpu + attention_flops, tp_all_reduce=first.tp_all_reduce)
-        block_ops += shapes
-    # [Note: elementwise work] Besides its matmuls a block runs memory-bound operators (layer norms,
-    # the activation function, the attention softmax, residual adds, dtype casts). Their traffic is
-    # taken as the block's activations (eq. 5's per-block term: every activation is written once by
-    # the operator that makes it and read by the next), spread evenly over the block's operators;
-    # backward touches each twice. On a GPU this is ~1% of a large model's block time; on a CPU it
-    # is not negligible (these kernels run 20-50x below copy bandwidth there), and calibration finds
-    # its rate (planner/calibrate.py; `planner probe` does on reference runs, planner/probe_reference.py).
-    block_elementwise = bsz * seq * (16 * hd + 2 * model.num_heads * seq) / len(block_ops)
-    block_ops = [dataclasses.replace(op, elementwise_bytes=block_elementwise) for op in block_ops]
+    block_ops = _block_ops(plan, linear)
 
     embedding = head = ()
     if model.vocab_size > 0:
         rows = model.vocab_size * hd
         # An embedding lookup moves rows, it does not multiply: no matmul flops.
         embedding = (OpShape(name="embedding", num_params=rows, flops_per_gpu=0.0, tp_all_reduce=False),)
-        head = tuple(linear("lm_head", rows, has_grads=not model.tied_embeddings))
+        loss_fwd, loss_bwd = loss_bytes(plan)
+        head_tiles = linear("lm_head", rows, has_grads=not model.tied_embeddings)
+        head = tuple(dataclasses.replace(op, elementwise_bytes=loss_fwd / len(head_tiles),
+                                         backward_elementwise_bytes=loss_bwd / len(head_tiles)) for op in head_tiles)
 
     ci = plan.checkpoint_interval
     layers = model.num_layers
@@ -161,10 +173,39 @@ def build_workload(plan: Plan) -> Workload:
         optimizer_state_bytes=BYTES_PER_PARAM[plan.precision]["optimizer_states"],
         tokens_per_gpu=tokens,
         checkpoint_bytes=ACTIVATION_BYTES * bsz * seq * hd,
-        block_activation_bytes=bsz * seq * (16 * hd + 2 * model.num_heads * seq),
+        block_activation_bytes=block_activation_bytes(plan),
+        recomputed_score_bytes=recomputed_score_bytes(plan),
         tp_all_reduce_bytes=b * bsz * mp * seq * hd,
         params_per_rank=optimizer_params_per_rank(plan),
     )
+
+
+def _block_ops(plan: Plan, linear: Callable[[str, int], list[OpShape]]) -> list[OpShape]:
+    """One block's operators (each linear's tiles) with the block's other work attached."""
+    # The attention core (QK^T, softmax(.)V) has no weights and runs between qkv and attn_out: its
+    # flops are folded into attn_out's first tile. The block's memory-bound kernels are spread
+    # evenly over its operators (planner/kernels.py, [Note: elementwise work] below).
+    cost = block_cost(plan)
+    block_ops: list[OpShape] = []
+    for op in plan.model.block_operators():
+        shapes = linear(op.name, op.num_params)
+        if op.name == "attn_out":
+            matmul_fwd = cost.matmul_forward_flops - cost.linear_flops
+            matmul_bwd = cost.matmul_backward_flops - 2 * cost.linear_flops
+            shapes[0] = dataclasses.replace(
+                shapes[0], flops_per_gpu=shapes[0].flops_per_gpu + matmul_fwd, extra_backward_flops=matmul_bwd - 2 * matmul_fwd,
+                fused_flops=cost.fused_forward_flops, fused_backward_flops=cost.fused_backward_flops)
+        block_ops += shapes
+    # [Note: elementwise work] Besides its matmuls a block runs memory-bound kernels (norms, the
+    # activation function, residual adds, rotary, dropout, the eager softmax): planner/kernels.py
+    # [Note: memory-bound kernels] counts their bytes per kernel and pass. On a GPU they are a few
+    # percent of a large model's block time and a fifth of a small one's; on a CPU they run 20-50x
+    # below copy bandwidth, and calibration finds their rate (planner/calibrate.py; `planner probe`
+    # does on reference runs, planner/probe_reference.py).
+    n = len(block_ops)
+    block_ops = [dataclasses.replace(op, elementwise_bytes=cost.forward_bytes / n,
+                                     backward_elementwise_bytes=cost.backward_bytes / n) for op in block_ops]
+    return block_ops
 
 
 def optimizer_params_per_rank(plan: Plan) -> float:

@@ -3,8 +3,13 @@ it cannot be one.
 
 [Note: what a row states] The planner is given what the source states and nothing fitted to the row:
 - shape from the row's columns; GQA, SwiGLU and embedding tying from the model's published config
-  (the project's presets, data/models/) where the row names a Llama or GPT-3; MPT/GPT-style rows are
+  (the project's presets, data/models/) where the row names a Llama or GPT-3, and rotary position
+  embeddings for Llama (Touvron et al. 2023, arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are
   GPT blocks (4h GELU MLP unless `ffn_hidden_size` says otherwise, tied embeddings, multi-head);
+- recompute as stated: `full` (every block from its checkpoint), `selective` (the attention core's
+  seq^2 part only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200)
+  unless the source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train
+  with its default dropout (SOURCE_DROPOUT);
 - an unstated value is filled only from what the source itself says elsewhere (SOURCE_DEFAULTS,
   each with its citation); otherwise the row gets a reason and no prediction;
 - micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
@@ -17,7 +22,7 @@ it cannot be one.
   stated micro-batch has no bubble to price and gets a reason.
 - fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/fp8.py); on a
   GPU without an fp8 rate the planner refuses them, naming the hardware.
-A reason names the missing planner feature (selective recompute, a GPU with no preset) or the
+A reason names the missing planner feature (a GPU with no preset, context parallelism) or the
 missing statement (batch not stated); such rows count as misses.
 """
 
@@ -56,6 +61,20 @@ SOURCE_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
         "activation_recompute": ("full", "Table 2 uses Table 1's FLOP formula, which includes the recompute pass"),
     },
 }
+SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
+    source: ("eager", f"{cite}: Megatron-LM's fused scale-mask-softmax stores the scores; FlashAttention came in "
+                      "2022 (Dao et al., arXiv:2205.14135)")
+    for source, cite in (("megatron2019", "arXiv:1909.08053 (2019)"), ("narayanan2021_t1", "arXiv:2104.04473 (2021)"),
+                         ("narayanan2021_t2", "arXiv:2104.04473 (2021)"))
+}
+"""source_id -> (attention kernel, why): sources that predate fused attention kernels. Every other row
+gets the plan's default, flash where the GPU has it (planner/kernels.py [Note: attention kernels])."""
+SOURCE_DROPOUT: dict[str, str] = {
+    source: "Megatron-LM's defaults --hidden-dropout 0.1 --attention-dropout 0.1 (megatron/arguments.py), the code "
+            "these benchmarks ran"
+    for source in ("megatron2019", "narayanan2021_t1", "narayanan2021_t2")
+}
+"""source_id -> why its blocks train with dropout (planner/kernels.py: the dropout kernels and masks)."""
 _GPT_FAMILY = re.compile(r"^(gpt|mpt|turing|opt)", re.I)
 _LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
 _GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
@@ -85,9 +104,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
         reasons.append("parallel layout not stated (tensor/pipeline degrees)")
     precision = _precision(row.precision, reasons)
     recompute = value("activation_recompute")
-    if recompute == "selective":
-        reasons.append("selective activation recompute: the planner recomputes whole blocks or nothing")
-    elif not recompute:
+    if not recompute:
         reasons.append("activation recompute not stated")
     strategy, placement = _strategy(row, reasons)
     batch = _batch(row, tp or 1, pp or 1, reasons, assumptions)
@@ -97,6 +114,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
     try:
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
                     micro_batch_per_gpu=micro / (tp * pp), checkpoint_interval=1 if recompute == "full" else 0,
+                    recompute=recompute, attention=_attention(row, node, assumptions),
                     model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=_virtual_stages(row),
                     micro_batches_per_step=accumulation, precision=precision, fp8_matmuls=uses_fp8(row.precision))
     except PlannerError as exc:
@@ -112,6 +130,15 @@ def _virtual_stages(row: CorpusRow) -> int:
     virtual pipeline size); 1 otherwise (plain 1F1B)."""
     match = _VIRTUAL_STAGES.search(row.notes or "")
     return max(1, int(match.group(1))) if match and (row.pipeline_parallel or 1) > 1 else 1
+
+
+def _attention(row: CorpusRow, node: NodeSpec, assumptions: list[str]) -> str:
+    """The row's attention kernel: its source's (SOURCE_ATTENTION), else the GPU's default ('')."""
+    if row.source_id not in SOURCE_ATTENTION:
+        return ""
+    kernel, why = SOURCE_ATTENTION[row.source_id]
+    assumptions.append(f"attention = {kernel} ({why})")
+    return kernel
 
 
 def _stated(row: CorpusRow, assumptions: list[str]):
@@ -146,7 +173,7 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
         fields = {k: v if v is not None else getattr(preset, k) for k, v in shape.items()}
         fields.update(ffn_hidden_size=row.ffn_hidden_size or preset.ffn_hidden_size, num_kv_heads=preset.num_kv_heads,
                       gated_mlp=preset.gated_mlp, tied_embeddings=preset.tied_embeddings,
-                      vocab_size=vocab or preset.vocab_size)
+                      vocab_size=vocab or preset.vocab_size, rotary=preset.rotary or bool(_LLAMA.search(row.model_name)))
     elif None not in shape.values() and _GPT_FAMILY.match(row.model_name):
         fields = dict(shape, ffn_hidden_size=row.ffn_hidden_size or 0, vocab_size=vocab or 0, tied_embeddings=True)
         if vocab is None:
@@ -157,6 +184,8 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
     if seq is None:
         reasons.append("sequence length not stated")
         return None
+    if row.source_id in SOURCE_DROPOUT:
+        fields["dropout"] = True
     try:
         return ModelSpec(name=f"{row.model_name} ({row.row_id})", seq_len=seq, **fields)
     except PlannerError as exc:

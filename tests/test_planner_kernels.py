@@ -1,0 +1,149 @@
+"""Per-block compute and memory terms (planner/kernels.py): hand-computed bytes and flops, the plan
+fields that choose them, the memory bill under each attention kernel, and the analytic estimate and
+the simulator timing them alike."""
+
+import pytest
+
+from planner.catalog import hardware_presets, resolve_model
+from planner.errors import PlannerError
+from planner.hardware import NodeSpec
+from planner.kernels import HBM_ACHIEVABLE_FRACTION, attention_flops, block_cost, kernel_bytes, loss_bytes
+from planner.memory import activation_working_bytes, memory_bill, paper_quantities
+from planner.model import ModelSpec
+from planner.plan import Plan
+from planner.sim.report import simulate
+from planner.throughput import estimate
+from planner.units import GB, GIB, TFLOP
+
+# hd 1024, 8 heads, seq 2048, ffn 4096: round numbers for every formula below.
+GPT = ModelSpec(name="gpt", num_layers=2, hidden_size=1024, num_heads=8, seq_len=2048)
+LLAMA = ModelSpec(name="llama", num_layers=2, hidden_size=1024, num_heads=8, num_kv_heads=2, seq_len=2048,
+                  ffn_hidden_size=2816, gated_mlp=True, rotary=True, tied_embeddings=False, vocab_size=32000)
+
+
+def node(**overrides) -> NodeSpec:
+    """A one-GPU node without efficiency curves: every rate is its peak, so both methods agree exactly."""
+    base = dict(name="flat", num_gpus_per_node=1, gpu_memory_bytes=80 * GIB, gpu_flops_per_s=100 * TFLOP,
+                gpu_hbm_bytes_per_s=1000 * GB, cpu_memory_bytes=512 * GIB, host_to_gpu_bytes_per_s=20 * GB,
+                gpu_to_host_bytes_per_s=20 * GB, host_memory_bytes_per_s=40 * GB, cpu_adam_params_per_s=1e9,
+                flash_attention_flops_per_s=50 * TFLOP)
+    base.update(overrides)
+    return NodeSpec(**base)
+
+
+def plan(model=GPT, **kw) -> Plan:
+    kw.setdefault("node", node())
+    return Plan(model=model, num_gpus=kw.pop("num_gpus", 1), strategy="dp", **kw)
+
+
+def test_gpt_block_kernel_bytes_eager_and_flash():
+    tokens, hd, e = 2048, 1024, 2
+    fwd, bwd = kernel_bytes(plan(attention="eager"))
+    assert fwd == {"norms": 2 * 2 * e * tokens * hd, "residual": 2 * 3 * e * tokens * hd,
+                   "activation": 2 * e * tokens * 4 * hd, "softmax": 2 * e * tokens * 8 * 2048}
+    assert bwd == {"norms": 2 * 3 * e * tokens * hd, "residual": 2 * 3 * e * tokens * hd,
+                   "activation": 3 * e * tokens * 4 * hd, "softmax": 3 * e * tokens * 8 * 2048}
+    flash_fwd, flash_bwd = kernel_bytes(plan(attention="flash"))
+    assert "softmax" not in flash_fwd and "softmax" not in flash_bwd  # fused into the attention kernel
+    assert sum(flash_fwd.values()) == 36 * tokens * hd  # 8 + 12 + 16 bytes per token per hd
+
+
+def test_swiglu_rotary_dropout_and_tensor_parallel_bytes():
+    tokens, e = 2048, 2
+    fwd, bwd = kernel_bytes(plan(LLAMA, attention="flash"))
+    assert (fwd["activation"], bwd["activation"]) == (3 * e * tokens * 2816, 5 * e * tokens * 2816)
+    assert fwd["rotary"] == bwd["rotary"] == 2 * e * tokens * (1024 + 256)  # queries and the 2 kv heads' keys
+    dropped, _ = kernel_bytes(plan(GPT.replace(dropout=True), attention="eager"))
+    assert dropped["dropout"] == 2 * (2 * e + 1) * tokens * 1024
+    assert dropped["attention_dropout"] == (2 * e + 1) * tokens * 8 * 2048
+    # mp 2, replica micro-batch 2 (1 per GPU): the residual stream's kernels run on both ranks over the
+    # replica's 2 x 2048 tokens, the ffn- and head-wide ones on half of it.
+    big = node(num_gpus_per_node=2, gpu_gpu_intra_node_bytes_per_s=100 * GB)
+    tp, _ = kernel_bytes(plan(num_gpus=2, node=big, model_parallel_degree=2, attention="eager"))
+    assert tp["norms"] == 2 * 2 * e * (2 * tokens) * 1024
+    assert tp["activation"] == 2 * e * tokens * 4096 and tp["softmax"] == 2 * e * tokens * 8 * 2048
+
+
+def test_attention_flops_eager_flash_gqa_and_selective():
+    square = 4 * 2048**2 * 1024  # QK^T and AV over the whole square, one sample
+    assert attention_flops(plan(attention="eager")) == (square, 2 * square)
+    assert attention_flops(plan(attention="flash")) == (square / 2, 2.5 * square / 2)  # causal half, recompute
+    assert attention_flops(plan(attention="eager", recompute="selective", checkpoint_interval=0)) == (square, 2.5 * square)
+    assert attention_flops(plan(attention="flash", recompute="selective", checkpoint_interval=0)) == (square / 2, 1.25 * square)
+    # GQA: the products are over the query width; the kv heads shrink only the qkv projection.
+    assert attention_flops(plan(LLAMA, attention="eager"))[0] == square
+    assert LLAMA.block_operators()[0].num_params == 1024 * (1024 + 2 * 256)
+    assert [op.name for op in LLAMA.block_operators()] == ["qkv", "attn_out", "mlp_gate", "mlp_up", "mlp_down"]
+    cost = block_cost(plan(LLAMA))
+    assert cost.linear_flops == 2 * 2048 * (1024 * 1536 + 1024 * 1024 + 3 * 1024 * 2816)
+
+
+def test_loss_moves_the_vocabulary_wide_logits():
+    assert loss_bytes(plan(LLAMA)) == (2048 * 32000 * (2 + 8), 2048 * 32000 * (8 + 2))
+    assert loss_bytes(plan(GPT)) == (0, 0)
+
+
+def test_attention_defaults_to_flash_where_the_gpu_has_it():
+    presets = hardware_presets()
+    for name, kernel in (("dgx-h100", "flash"), ("dgx-a100-80g", "flash"), ("h200-x1", "flash"), ("dgx2-v100", "eager")):
+        p = Plan(model=GPT, node=presets[name], num_gpus=1, strategy="dp")
+        assert p.attention == kernel, name
+    # The paper's presets pin eager: their memory bill is eq. 5 on any GPU.
+    paper = Plan(model=resolve_model("1T"), node=presets["dgx-h100"], num_gpus=16)
+    assert paper.attention == "eager"
+    with pytest.raises(PlannerError, match="attention flash needs a GPU with a fused attention kernel"):
+        Plan(model=GPT, node=presets["dgx2-v100"], num_gpus=1, attention="flash")
+    with pytest.raises(PlannerError, match="attention must be one of flash, eager, got 'sdpa'"):
+        plan(attention="sdpa")
+
+
+def test_recompute_field_follows_checkpoint_interval():
+    assert (plan().recompute, plan(checkpoint_interval=0).recompute) == ("full", "none")
+    assert plan(checkpoint_interval=0, recompute="selective").replace(checkpoint_interval=1).recompute == "full"
+    assert plan().replace(checkpoint_interval=0).recompute == "none"
+    for kw in ({"recompute": "selective"}, {"recompute": "full", "checkpoint_interval": 0}):
+        with pytest.raises(PlannerError, match="needs checkpoint_interval"):
+            plan(**kw)
+    doc = plan(checkpoint_interval=0, recompute="selective", attention="eager").to_dict()
+    assert (doc["attention"], doc["recompute"]) == ("eager", "selective")
+    assert Plan.from_dict(doc) == plan(checkpoint_interval=0, recompute="selective", attention="eager")
+
+
+def test_flash_never_bills_the_scores_and_selective_holds_one_block():
+    b_s, hd, heads, seq = 2048, 1024, 8, 2048
+    eager = plan(attention="eager", checkpoint_interval=0)
+    assert activation_working_bytes(eager) == b_s * 2 * (16 * hd + 2 * heads * seq)  # eq. 5, ci = nl
+    assert activation_working_bytes(plan(attention="flash", checkpoint_interval=0)) == b_s * 2 * (16 * hd + 4 * heads)
+    selective = plan(attention="eager", checkpoint_interval=0, recompute="selective")
+    assert activation_working_bytes(selective) == b_s * 2 * 16 * hd + b_s * 2 * heads * seq
+    # The paper quantity stays eq. 5 as written, whatever the kernel.
+    assert paper_quantities(plan(attention="flash"))["awm_per_gpu"] == activation_working_bytes(plan(attention="eager"))
+    assert memory_bill(plan(attention="flash")).terms["gpu"]["awm"] < memory_bill(plan(attention="eager")).terms["gpu"]["awm"]
+
+
+@pytest.mark.parametrize("model, kw", [
+    (GPT, {"attention": "eager"}),
+    (GPT, {"attention": "flash"}),
+    (GPT.replace(dropout=True), {"attention": "eager", "checkpoint_interval": 0, "recompute": "selective"}),
+    (LLAMA, {"attention": "flash", "checkpoint_interval": 0}),
+    (LLAMA, {"attention": "eager", "checkpoint_interval": 0, "recompute": "selective"}),
+])
+def test_analytic_estimate_and_simulator_time_the_same_block_terms(model, kw):
+    # One GPU, everything on it, flat efficiency curves: forward and backward are pure compute in both.
+    p = plan(model, **kw)
+    est, sim = estimate(p), simulate(p).prediction
+    for phase in ("forward", "backward"):
+        assert sim.phase_time_s[phase] == pytest.approx(est.phase_time_s[phase], rel=1e-9), phase
+
+
+def test_memory_bound_kernels_run_at_the_achievable_hbm_fraction():
+    p = plan(attention="flash", checkpoint_interval=0)
+    cost = block_cost(p)
+    slow = p.replace(node=node(gpu_hbm_bytes_per_s=500 * GB))
+    extra = 2 * (cost.forward_bytes + cost.backward_bytes) * (1 / (500 * GB) - 1 / (1000 * GB)) / HBM_ACHIEVABLE_FRACTION
+
+    def passes(q):  # the optimizer step (GPU Adam) streams at the HBM rate too; compare the passes
+        t = estimate(q).phase_time_s
+        return t["forward"] + t["backward"]
+
+    assert passes(slow) - passes(p) == pytest.approx(extra, rel=1e-9)
