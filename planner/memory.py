@@ -329,6 +329,9 @@ def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     if place.gradients == "nvme" and stores_gradients(plan):
         buffers = gradient_write_buffers(depth, params_on_nvme=place.params == "nvme")
         cpu[MemoryTerm.GRADIENT_SWAP_BUFFERS] = buffers * _aligned(unit_shard * STORED_GRADIENT_BYTES)
+    elif staged_in_backward(plan):
+        cpu[MemoryTerm.GRADIENT_SWAP_BUFFERS] = IN_BACKWARD_STAGED_GRADIENTS * _aligned(
+            unit_shard * COMPUTE_BYTES[plan.precision])
     cpu[MemoryTerm.RUNTIME_BOOKKEEPING] = num_operators(plan) * BOOKKEEPING_BYTES_PER_OPERATOR
     if not plan.node.host_is_device and host_state_crosses_link(plan):
         pool = pinned_staging_pool(plan)
@@ -398,6 +401,21 @@ def pinned_staging_pool(plan: Plan) -> PinnedPoolShape:
 
 WRITE_STAGING_BUFFERS = 2
 """Write staging buffers an NVMe store keeps by default (runtime/nvme/store.py): a double buffer."""
+
+
+IN_BACKWARD_QUEUED_UPDATES = 1
+"""Updates that wait for the optimizer worker behind the running one (runtime/optimizer_worker.py):
+past that the in-backward hook blocks, which bounds the gradients held on the host."""
+IN_BACKWARD_STAGED_GRADIENTS = IN_BACKWARD_QUEUED_UPDATES + 1
+"""Pinned buffers the in-backward hook copies device gradient shards into when the update runs on the
+host (`GradientStaging`): the worker's update(s) and the one being filled; the hook waits for one."""
+
+
+def staged_in_backward(plan: Plan) -> bool:
+    """In-backward updates on the host from a separate device: each unit's gradient shard is copied
+    device-to-host into pinned staging (runtime/step_schedule.py, the streamed NVMe optimizer)."""
+    return (plan.optimizer_step == "in_backward" and plan.placement.optimizer_states == "nvme"
+            and not plan.node.host_is_device)
 
 
 def gradient_write_buffers(prefetch_depth: int, *, params_on_nvme: bool) -> int:

@@ -94,7 +94,8 @@ class MemoryTerm(str, Enum):
                               "pinned chunk buffers of the streamed NVMe optimizer step")
     GRADIENT_SWAP_BUFFERS = ("gradient_swap_buffers", _HOST, "gradient staging",
                              "pinned staging of gradient shards on their way to NVMe "
-                             "(2; min(depth, 3) + 1 with params on NVMe)")
+                             "(2; min(depth, 3) + 1 with params on NVMe), or to the in-backward "
+                             "update on the host (2)")
     RUNTIME_BOOKKEEPING = ("runtime_bookkeeping", _HOST, "runtime bookkeeping",
                            "per-operator objects of the model and the runtime: "
                            "(nl x (2 norms + linears x tiling) + 3) x 64 KiB per rank")

@@ -135,3 +135,22 @@ def test_data_parallel_replicates_everything():
 def test_custom_placement_validation():
     with pytest.raises(ValueError, match="gradients must be cpu"):
         Placement(optimizer_states="cpu", gradients="gpu")
+
+
+def test_in_backward_host_updates_bill_their_gradient_staging():
+    """The in-backward update of optimizer states on NVMe runs on the host: each unit's gradient
+    shard is copied into one of IN_BACKWARD_STAGED_GRADIENTS pinned buffers (the worker's update and
+    the one being filled, runtime/optimizer_worker.py), billed as gradient_swap_buffers."""
+    from planner.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params
+
+    nvme = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
+    p = plan_for(model="0.1T", strategy="custom", placement=nvme, optimizer_step="in_backward", precision="bf16")
+    shard = largest_unit_params(p) / p.data_parallel_degree
+    per_gpu = IN_BACKWARD_STAGED_GRADIENTS * -(-int(shard * 2) // 4096) * 4096
+    assert IN_BACKWARD_STAGED_GRADIENTS == 2
+    billed = memory_bill(p).terms["cpu"][MemoryTerm.GRADIENT_SWAP_BUFFERS]  # the node's: every GPU's buffers
+    assert billed == pytest.approx(per_gpu * p.cluster.gpus_per_node, abs=4096 * 16)
+    # After backward the gradients are stored on NVMe through their own write buffers, not staged.
+    after = p.replace(optimizer_step="after_backward")
+    assert memory_bill(after).terms["cpu"][MemoryTerm.GRADIENT_SWAP_BUFFERS] != memory_bill(p).terms["cpu"][
+        MemoryTerm.GRADIENT_SWAP_BUFFERS]
