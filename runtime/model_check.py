@@ -84,9 +84,13 @@ def counted_params(model: Any, spec: ModelSpec) -> int:
     from torch import nn
 
     skipped: set[int] = set()
+    token_table = None  # the first vocabulary-sized table: a position table may have as many rows (seq == vocab)
     for module in model.modules():
-        if isinstance(module, nn.Embedding) and (
-                not spec.vocab_size or (not spec.position_embeddings and module.num_embeddings != spec.vocab_size)):
+        if not isinstance(module, nn.Embedding) or spec.position_embeddings:
+            continue
+        if token_table is None and spec.vocab_size and module.num_embeddings == spec.vocab_size:
+            token_table = module.weight
+        elif module.weight is not token_table:
             skipped.add(id(module.weight))
     vectors = spec_counts_vectors(spec)
     return sum(_numel(p) for p in model.parameters() if id(p) not in skipped and (vectors or len(p.shape) >= 2))

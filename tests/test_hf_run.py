@@ -324,3 +324,15 @@ def test_config_in_weights_out_through_the_cli(plan: Path, tmp_path: Path) -> No
     with torch.no_grad():
         torch.testing.assert_close(start(input_ids=batch).logits, theirs, rtol=0, atol=1e-5)
     runtime.state_of(start).close()
+
+
+def test_a_position_table_as_long_as_the_vocabulary_is_not_the_token_table() -> None:
+    """The reference GPT with seq_len == vocab_size (a probe's reference run) has two 256-row tables:
+    only the first (the tokens') is what a paper-style spec counts."""
+    from planner.model import ModelSpec
+    from runtime.gpt import GPT, GPTConfig
+
+    spec = ModelSpec(name="seq-is-vocab", num_layers=3, hidden_size=448, num_heads=7, seq_len=256, vocab_size=256)
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_model_spec(spec))
+    check_model(model, spec)  # 7.34 M either way; counting the position table too gave 7.45 M and a refusal
