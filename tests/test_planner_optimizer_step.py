@@ -10,7 +10,7 @@ import pytest
 from planner.catalog import resolve_hardware, resolve_model
 from planner.deepspeed_config import deepspeed_config
 from planner.errors import PlannerError
-from planner.memory import memory_bill, stores_gradients
+from planner.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params, memory_bill, stores_gradients
 from planner.plan import Placement, Plan
 from planner.search import SearchRequest, search
 from planner.throughput import estimate
@@ -55,11 +55,15 @@ def test_in_backward_with_optimizer_on_nvme_stores_no_gradient():
     before, after = plan_1t(), plan_1t(optimizer_step="in_backward")
     assert stores_gradients(before) and not stores_gradients(after)
     a, b = memory_bill(before).terms, memory_bill(after).terms
-    # The fp32 gradient shard (4 bytes/param in the gradients' tier, per node), its swap buffers and
-    # its GPU offload staging are gone; nothing else changes.
+    # The fp32 gradient shard (4 bytes/param in the gradients' tier, per node) and its GPU offload
+    # staging are gone; its NVMe write buffers become the host update's pinned staging (two shards
+    # in the compute precision, planner.memory.staged_in_backward); nothing else changes.
     shard_per_node = 4 * before.model.num_params // 16 * 8
     assert a["nvme"]["optimizer_states"] - b["nvme"]["optimizer_states"] == pytest.approx(shard_per_node, abs=8)
-    assert "gradient_swap_buffers" in a["cpu"] and "gradient_swap_buffers" not in b["cpu"]
+    unit_shard = largest_unit_params(after) / after.data_parallel_degree
+    staging = IN_BACKWARD_STAGED_GRADIENTS * -(-int(unit_shard * 2) // 4096) * 4096 * 8  # 8 GPUs per node
+    assert b["cpu"]["gradient_swap_buffers"] == pytest.approx(staging, abs=4096 * 8)
+    assert b["cpu"]["gradient_swap_buffers"] < a["cpu"]["gradient_swap_buffers"]
     assert "gradient_offload_staging" in a["gpu"] and "gradient_offload_staging" not in b["gpu"]
     for tier in ("gpu", "cpu"):
         dropped = {"gradient_swap_buffers", "gradient_offload_staging", "allocator_slack"}
@@ -132,9 +136,9 @@ def test_memory_pin_drops_the_gradient_terms():
     assert code == 0, err
     doc = json.loads(out)
     assert doc["plan"]["optimizer_step"] == "in_backward"
-    assert "gradient_swap_buffers" not in doc["terms"]["cpu"]
+    staged = doc["terms"]["cpu"]["gradient_swap_buffers"]  # the in-backward update's pinned staging
     code, out, _ = planner(*args)
-    assert "gradient_swap_buffers" in json.loads(out)["terms"]["cpu"]
+    assert json.loads(out)["terms"]["cpu"]["gradient_swap_buffers"] > staged  # the NVMe write buffers
 
 
 @pytest.mark.parametrize(("args", "needle"), [
