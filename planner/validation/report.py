@@ -84,11 +84,18 @@ class ValidationReport:
             "by_gpu_type": _grouped(calibration, lambda r: r.row.gpu_family),
             "by_source": _grouped(calibration, lambda r: r.row.source_id),
             "offload_checks": group_summary([r for r in self.results if r.offload]),
-            "fitted": fitted_summary() if self.corpus == BUNDLED else {},
+            "fitted": self._fitted(fitted_summary() if self.corpus == BUNDLED else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
         return {"rows": [r.to_json() for r in self.results], "summary": self.summary()}
+
+    def _fitted(self, fitted: dict[str, Any]) -> dict[str, Any]:
+        """The fit's record, for the filtered GPU type's generation only (H200 shares H100's)."""
+        if "gpu" not in self.filters:
+            return fitted
+        generation = "H100" if self.filters["gpu"] == "H200" else self.filters["gpu"]
+        return {g: v for g, v in fitted.items() if g == generation}
 
 
 def validate(corpus_path: str | Path | None = None, *, source: str | None = None, gpu: str | None = None,
