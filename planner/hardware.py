@@ -5,8 +5,10 @@ and are converted to base units (bytes, bytes/s, flop/s) exactly once, here (Cal
 Binary for capacities (GiB = 2^30, as the paper's tables), decimal for rates (GB/s = 1e9 B/s).
 
 Every number carries its provenance in `sources`: `nominal` (datasheet), `paper` (docs/method.md §5),
-`measured` (by `planner probe` or a benchmark), or `estimate` (our reasoned guess, documented in the
-preset's `notes`). Anything not listed is `nominal`.
+`measured` (by `planner probe` or a benchmark), `estimate` (our reasoned guess, documented in the
+preset's `notes`), or `fitted: published_runs (rows p001, ...)` (fitted on those rows of the published-runs
+corpus by `python -m planner.validation.fit --write`; the datasheet value stays in `citations`).
+Anything not listed is `nominal`.
 
 Two optional simulator inputs sit beside the rates: `nvme_read_write` (do a node's NVMe reads and
 writes share one device budget or run independently) and `efficiency` (size-keyed curves: small
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
@@ -24,8 +27,17 @@ from planner.errors import PlannerError
 from planner.specio import check_keys, number, string
 from planner.units import GB, GIB, MIB, TFLOP
 
-Provenance = Literal["nominal", "paper", "measured", "estimate"]
+Provenance = str
 PROVENANCES: tuple[str, ...] = ("nominal", "paper", "measured", "estimate")
+FITTED_PROVENANCE = re.compile(r"fitted: published_runs \(rows [\w\-, ]+\)")
+"""A number fitted on the corpus rows it names (planner/validation/fit.py)."""
+
+
+def provenance(value: Any, where: str) -> str:
+    """One of PROVENANCES, or `fitted: published_runs (rows ...)`."""
+    if isinstance(value, str) and FITTED_PROVENANCE.fullmatch(value):
+        return value
+    return string(value, where, choices=PROVENANCES)
 
 # (field, document key, scale to base units, minimum, integer?) for every numeric field.
 # This table is the single source of truth for units: to_dict/from_dict both read it.
@@ -55,7 +67,8 @@ _CURVES: dict[str, tuple[str, float, str]] = {
     "transfer": ("size_mib", MIB, "bytes"),
     "matmul": ("gflop", 1e9, "flop"),
 }
-_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations", "flash_attention_tflops"}
+_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations", "flash_attention_tflops",
+               "hbm_achievable_fraction"}
 # The node's resources its GPUs share: part of a node gets its GPUs' share of each ([Note: part of a node]).
 SHARED_BY_GPUS: tuple[str, ...] = (
     "cpu_memory_bytes",
@@ -185,6 +198,9 @@ class NodeSpec:
     has none (V100), and plans default to `attention: eager` there. A published kernel measurement,
     not the matmul rate: FlashAttention-2 runs Ampere's instructions on Hopper too
     (planner/kernels.py [Note: attention kernels])."""
+    hbm_achievable_fraction: float = 0.0
+    """Share of `gpu_hbm_bytes_per_s` memory-bound kernels stream at; 0 means planner/kernels.py's
+    HBM_ACHIEVABLE_FRACTION (fitted presets set their own: planner/validation/fit.py)."""
     transfer_efficiency: EfficiencyCurve = EfficiencyCurve()
     """Fraction of a link's rate one transfer of a given size reaches (PCIe, NVMe, collectives)."""
     matmul_efficiency: EfficiencyCurve = EfficiencyCurve()
@@ -214,6 +230,7 @@ class NodeSpec:
             )
         string(self.nvme_read_write, f"{where} nvme_read_write", choices=NVME_READ_WRITE)
         number(self.flash_attention_flops_per_s, f"{where} flash_attention_tflops", minimum=0)
+        number(self.hbm_achievable_fraction, f"{where} hbm_achievable_fraction", minimum=0, maximum=1)
         if not isinstance(self.host_is_device, bool):
             raise PlannerError(f"{where} host_is_device must be true or false, got {self.host_is_device!r}")
         for curve in (self.transfer_efficiency, self.matmul_efficiency):
@@ -221,8 +238,8 @@ class NodeSpec:
                 raise PlannerError(f"{where}: efficiency curves must be EfficiencyCurve, got {type(curve).__name__}")
         if self.num_gpus_per_node > 1 and self.gpu_gpu_intra_node_bytes_per_s <= 0:
             raise PlannerError(f"{where} has {self.num_gpus_per_node} GPUs per node but no gpu_gpu_intra_node_gb_per_s")
-        for key, provenance in self.sources.items():
-            string(provenance, f"{where} sources.{key}", choices=PROVENANCES)
+        for key, value in self.sources.items():
+            provenance(value, f"{where} sources.{key}")
         number(self.whole_node_gpus, f"{where} whole_node_gpus", minimum=0, integer=True)
         if self.whole_node_gpus and self.whole_node_gpus <= self.num_gpus_per_node:
             raise PlannerError(f"{where} whole_node_gpus ({self.whole_node_gpus}) must exceed num_gpus_per_node "
@@ -241,6 +258,8 @@ class NodeSpec:
             doc["host_is_device"] = True
         if self.flash_attention_flops_per_s:  # only where set: documents of other nodes stay as they were
             doc["flash_attention_tflops"] = self.flash_attention_flops_per_s / TFLOP
+        if self.hbm_achievable_fraction:
+            doc["hbm_achievable_fraction"] = self.hbm_achievable_fraction
         curves = {"transfer": self.transfer_efficiency, "matmul": self.matmul_efficiency}
         if any(curve.points for curve in curves.values()):
             doc["efficiency"] = {kind: _curve_to_doc(curve, kind) for kind, curve in curves.items() if curve.points}
@@ -276,13 +295,16 @@ class NodeSpec:
         if "flash_attention_tflops" in doc:
             tflops = number(doc["flash_attention_tflops"], f"{where} flash_attention_tflops", minimum=0)
             kwargs["flash_attention_flops_per_s"] = tflops * TFLOP
+        if "hbm_achievable_fraction" in doc:
+            kwargs["hbm_achievable_fraction"] = number(doc["hbm_achievable_fraction"], f"{where} hbm_achievable_fraction",
+                                                       minimum=0, maximum=1)
         if "efficiency" in doc:
             check_keys(doc["efficiency"], set(_CURVES), f"{where} efficiency")
             for kind, curve_doc in doc["efficiency"].items():
                 kwargs[f"{kind}_efficiency"] = _curve_from_doc(curve_doc, kind, f"{where} efficiency.{kind}")
         sources = doc.get("sources", {})
         check_keys(sources, keys | _EXTRA_KEYS, f"{where} sources")
-        kwargs["sources"] = {k: string(v, f"{where} sources.{k}", choices=PROVENANCES) for k, v in sources.items()}
+        kwargs["sources"] = {k: provenance(v, f"{where} sources.{k}") for k, v in sources.items()}
         citations = doc.get("citations", {})
         check_keys(citations, keys | _EXTRA_KEYS | {"description"}, f"{where} citations")
         kwargs["citations"] = {k: string(v, f"{where} citations.{k}", max_len=2_000) for k, v in citations.items()}

@@ -81,8 +81,9 @@ FLASH_STATS_BYTES_PER_HEAD = 4
 
 
 def achievable_hbm_bytes_per_s(node: NodeSpec) -> float:
-    """The rate memory-bound kernels stream at: the preset's HBM bandwidth x HBM_ACHIEVABLE_FRACTION."""
-    return node.gpu_hbm_bytes_per_s * HBM_ACHIEVABLE_FRACTION
+    """The rate memory-bound kernels stream at: the preset's HBM bandwidth x its fitted
+    `hbm_achievable_fraction`, or HBM_ACHIEVABLE_FRACTION where it has none."""
+    return node.gpu_hbm_bytes_per_s * (node.hbm_achievable_fraction or HBM_ACHIEVABLE_FRACTION)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -36,8 +36,9 @@ def corpus_section(scatter_path: Path, scatter_link: str) -> tuple[str, float]:
     head = ["## Published training runs (data/validation/published_runs.csv)", "",
             f"265 measured runs from papers and public benchmark files (README beside the CSV). Every row is predicted "
             f"under exactly the configuration it states (planner/validation/configure.py [Note: what a row states]); "
-            f"the whole corpus took {wall_s:.1f} s here (2 shared cores). Presets are the project's unfitted ones "
-            "(issue 24 item 4 fits them). `planner validate [--corpus FILE] [--source ID] [--gpu TYPE] [--json] "
+            f"the whole corpus took {wall_s:.1f} s here (2 shared cores). The V100, A100, H100 and H200 presets' "
+            "compute rates are fitted on these rows (docs/planner.md, Fitted presets), so the per-GPU and per-source "
+            "tables are in-sample; the leave-one-source-out table is the prediction error. `planner validate [--corpus FILE] [--source ID] [--gpu TYPE] [--json] "
             "[--out report.md]` gives the same tables, the JSON rows, or this report for a subset.", ""]
     compare = ["", "### The analytic estimate on the same rows", "",
                "The search's first stage (planner.throughput.estimate), for comparison with the simulator above:", ""]

@@ -62,6 +62,7 @@ def markdown(report: ValidationReport, *, all_rows: bool = True, scatter: str | 
     if scatter:
         lines += [f"![predicted vs measured tokens/s per GPU]({scatter})", ""]
     lines += ["### Per GPU type", ""] + _table("GPU", {"all": s["all"], **s["by_gpu_type"]})
+    lines += fitted_lines(s["fitted"])
     lines += ["", "### Per source", ""] + _table("source", s["by_source"])
     lines += ["", "### Offload rows (checks, not calibration)", ""] + _table("offload", {"all": s["offload_checks"]})
     lines += ["", "### Why rows have no prediction", "", "| reason | rows |", "|---|---|"]
@@ -71,6 +72,41 @@ def markdown(report: ValidationReport, *, all_rows: bool = True, scatter: str | 
     if all_rows:
         lines += ["", "### Every row", ""] + ROW_HEADER + [_row_line(r) for r in report.results]
     return "\n".join(lines) + "\n"
+
+
+FITTED_COLUMNS = ("fitted rows", "before fit: median |error|", "in-sample median |error|", "in-sample p90",
+                  "leave-one-source-out median |error|", "LOSO p90", "LOSO median error")
+
+
+def fitted_cells(group: dict[str, Any]) -> list[str]:
+    loso = group["leave_one_source_out"] or {"median_abs_error": None, "p90_abs_error": None, "median_error": None}
+    return [str(group["fitted_rows"]), _pct(group["prior_in_sample"]["median_abs_error"]),
+            _pct(group["in_sample"]["median_abs_error"]), _pct(group["in_sample"]["p90_abs_error"]),
+            _pct(loso["median_abs_error"]), _pct(loso["p90_abs_error"]), _pct(loso["median_error"], signed=True)]
+
+
+def fitted_lines(fitted: dict[str, Any]) -> list[str]:
+    """The fitted presets' in-sample error (the rows they were fitted on) beside the leave-one-source-out
+    error (each source predicted by a fit on the others: the number to trust), per generation."""
+    if not fitted:
+        return []
+    lines = ["", "### Fitted presets: in-sample vs leave-one-source-out", "",
+             "In-sample errors are on the rows the presets were fitted on; leave-one-source-out predicts each "
+             "source from a fit on the other sources' rows (planner/validation/fit.py [Note: leave one source out]). "
+             "A generation with a single source has nothing to fit its held-out rows on: they are predicted "
+             "with the unfitted preset.", "",
+             "| GPU | " + " | ".join(FITTED_COLUMNS) + " | fitted parameters |", "|---" * (len(FITTED_COLUMNS) + 2) + "|"]
+    for generation, group in fitted.items():
+        params = ", ".join(f"{k} {v:.3g}" for k, v in group["params"].items())
+        lines.append(f"| {generation} | " + " | ".join(fitted_cells(group)) + f" | {params} |")
+    lines += ["", "| GPU / held-out source | fitted on rows | held-out rows | median |error| | p90 |error| | median error |",
+              "|---|---|---|---|---|---|"]
+    for generation, group in fitted.items():
+        for source, held in group["leave_one_source_out_by_source"].items():
+            lines.append(f"| {generation} / {source} | {held['fitted_on_rows']} | {held['rows']} | "
+                         f"{_pct(held['median_abs_error'])} | {_pct(held['p90_abs_error'])} | "
+                         f"{_pct(held['median_error'], signed=True)} |")
+    return lines
 
 
 def rich_tables(report: ValidationReport) -> list[Any]:
@@ -88,6 +124,14 @@ def rich_tables(report: ValidationReport) -> list[Any]:
             table.add_column(column, justify="right")
         for name, group in groups.items():
             table.add_row(name, *summary_cells(group))
+        tables.append(table)
+    if s["fitted"]:
+        table = Table(title="Fitted presets: in-sample vs leave-one-source-out", title_justify="left")
+        table.add_column("GPU")
+        for column in FITTED_COLUMNS:
+            table.add_column(column, justify="right")
+        for generation, group in s["fitted"].items():
+            table.add_row(generation, *fitted_cells(group))
         tables.append(table)
     return tables
 

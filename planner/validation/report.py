@@ -33,6 +33,7 @@ METHODS: dict[str, str] = {
 PARAMS_AS_STATED = frozenset({"llmfoundry_bench"})
 """Sources whose `params_b` is their exact 6N count (llm-foundry's includes learned position
 embeddings, which the planner's model lacks); elsewhere it is a rounded size and N is the model's."""
+BUNDLED = "bundled data/validation/published_runs.csv"
 ROW_KEYS: tuple[str, ...] = ("row_id", "source_id", "gpu_type", "metric", "measured", "predicted", "error", "reason")
 
 
@@ -72,6 +73,8 @@ class ValidationReport:
     filters: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
+        from planner.validation.fit import fitted_summary  # fit.py imports this module
+
         calibration = [r for r in self.results if not r.offload]
         return {
             "method": METHODS[self.method],
@@ -81,10 +84,18 @@ class ValidationReport:
             "by_gpu_type": _grouped(calibration, lambda r: r.row.gpu_family),
             "by_source": _grouped(calibration, lambda r: r.row.source_id),
             "offload_checks": group_summary([r for r in self.results if r.offload]),
+            "fitted": self._fitted(fitted_summary() if self.corpus == BUNDLED else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
         return {"rows": [r.to_json() for r in self.results], "summary": self.summary()}
+
+    def _fitted(self, fitted: dict[str, Any]) -> dict[str, Any]:
+        """The fit's record, for the filtered GPU type's generation only (H200 shares H100's)."""
+        if "gpu" not in self.filters:
+            return fitted
+        generation = "H100" if self.filters["gpu"] == "H200" else self.filters["gpu"]
+        return {g: v for g, v in fitted.items() if g == generation}
 
 
 def validate(corpus_path: str | Path | None = None, *, source: str | None = None, gpu: str | None = None,
@@ -105,7 +116,7 @@ def validate(corpus_path: str | Path | None = None, *, source: str | None = None
         if family is None or family not in present:
             raise PlannerError(f"unknown --gpu {gpu!r}; the rows have GPU types {', '.join(present)}")
         rows, filters["gpu"] = tuple(r for r in rows if r.gpu_family == family), family
-    name = str(corpus_path) if corpus_path is not None else "bundled data/validation/published_runs.csv"
+    name = str(corpus_path) if corpus_path is not None else BUNDLED
     results = tuple(predict_row(r, method=method) for r in rows)
     return ValidationReport(corpus=name, results=results, method=method, filters=filters)
 
@@ -118,9 +129,11 @@ def measured_metric(row: CorpusRow) -> tuple[str, float]:
     raise AssertionError(f"{row.row_id}: the loader guarantees a measured value")
 
 
-def predict_row(row: CorpusRow, *, method: str = "simulated") -> RowResult:
+def predict_row(row: CorpusRow, *, method: str = "simulated", planned: RowPlan | None = None) -> RowResult:
+    """`row` predicted under its plan (`planned`: row_plan(row), or that plan on other hardware
+    numbers, as the fitter passes it: planner/validation/fit.py)."""
     metric, measured = measured_metric(row)
-    planned = row_plan(row)
+    planned = row_plan(row) if planned is None else planned
     if planned.plan is None:
         return RowResult(row=row, metric=metric, measured=measured, reason="; ".join(planned.reasons),
                          assumptions=planned.assumptions)

@@ -1,0 +1,371 @@
+"""Fit each GPU generation's compute numbers on the published-runs corpus, and say how well the fit
+predicts a source it never saw (issue 24 item 4).
+
+Run: `python -m planner.validation.fit` (report) or `... --write` (write the presets and
+data/validation/fit.json, which `planner validate` reports from).
+
+[Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100, whose numbers the H200
+shares: its corpus rows are not predictable), four physically meaningful numbers and nothing per
+row or per source:
+- `plateau`: the matmul rate a large GEMM sustains in training, as a fraction of the datasheet
+  peak (`gpu_peak_tflops = plateau x gpu_nominal_tflops`);
+- `half_gflop`: the matmul size reaching half the plateau; the preset's matmul efficiency curve is
+  `size / (size + half_gflop)` sampled per decade from 0.1 GFLOP (MATMUL_GFLOP_POINTS);
+- `flash`: the fused attention kernel's achieved rate as a fraction of the datasheet peak
+  (`flash_attention_tflops`; none on V100, which has no flash kernel);
+- `hbm`: the share of the datasheet HBM bandwidth memory-bound kernels stream at
+  (`hbm_achievable_fraction`, planner/kernels.py).
+A per-layer framework overhead is not fitted: tried as a fifth number (the simulator's
+`operator_overhead_ms`) on H100 it traded off against the matmul curve (427 us per operator with a
+0.07 GFLOP half size, the same in-sample error as without it), so the rows do not show one apart
+from the curve. Memory is never fitted: only rates change, so every memory bill stays.
+
+The loss is the mean over the generation's predicted, non-offload rows of the squared log ratio
+predicted / measured, capped at LOSS_CAP (a row the model cannot describe, such as a missing
+network term, weighs no more than a 50 % miss). The search is a deterministic coordinate search in
+log space from the hand-set preset (PRIOR), within BOUNDS, with the simulated prediction
+(`planner.sim.fast.predict`, what `planner validate` and `planner fit` report): the analytic
+estimate has no matmul efficiency curve, so it cannot fit one.
+
+[Note: leave one source out] For each source with rows of a generation, the same search from the
+same prior runs on the other sources' rows only, and predicts the held-out source's rows. The
+pooled held-out errors are the generation's prediction error; the in-sample error (all rows
+fitted) is reported beside it, labelled so. A held-out source whose generation has no other
+source is predicted with the prior (nothing to fit on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from planner.hardware import EfficiencyCurve, NodeSpec
+from planner.kernels import HBM_ACHIEVABLE_FRACTION
+from planner.validation.configure import RowPlan, row_plan
+from planner.validation.corpus import CorpusRow, load_corpus
+from planner.validation.report import percentile, predict_row
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+HARDWARE_DIR = ROOT / "data" / "hardware"
+FIT_JSON = ROOT / "data" / "validation" / "fit.json"
+GENERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "V100": (("V100",), ("dgx2-v100",)),
+    "A100": (("A100",), ("dgx-a100-40g", "dgx-a100-80g")),
+    "H100": (("H100", "H200"), ("dgx-h100", "h200-x1")),
+}
+"""Generation -> (corpus GPU families fitted together, presets that get the fitted numbers)."""
+PARAMS: tuple[str, ...] = ("plateau", "half_gflop", "flash", "hbm")
+BOUNDS: dict[str, tuple[float, float]] = {"plateau": (0.1, 1.0), "half_gflop": (0.01, 1000.0), "flash": (0.05, 1.0),
+                                          "hbm": (0.5, 0.92)}
+"""`hbm` at most 0.92: streaming copies reach 0.83-0.90 of the datasheet (planner/kernels.py
+HBM_ACHIEVABLE_FRACTION's sources), so a higher fraction would be a fudge, not a bandwidth."""
+MATMUL_GFLOP_POINTS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
+"""Where the fitted curve is sampled; it holds flat below 0.1 GFLOP (planner.hardware.EfficiencyCurve),
+where a kernel's launch, not its size, sets its time."""
+LOSS_CAP = math.log(1.5)
+STEPS: tuple[float, ...] = (0.3, 0.1, 0.03)
+"""Log-space step sizes of the coordinate search, coarse to fine."""
+MAX_EVALUATIONS = 100
+"""The search stops after this many loss evaluations (each simulates every row once, about 0.3-0.6 s
+for a generation's rows): a bounded, deterministic cost per fit."""
+
+Params = dict[str, float]
+PRIOR: dict[str, Params] = {
+    "V100": {"plateau": 70 / 125, "half_gflop": 5.0, "flash": 0.0, "hbm": HBM_ACHIEVABLE_FRACTION},
+    "A100": {"plateau": 200 / 312, "half_gflop": 10.0, "flash": 156 / 312, "hbm": HBM_ACHIEVABLE_FRACTION},
+    "H100": {"plateau": 600 / 989, "half_gflop": 10.0, "flash": 346 / 989, "hbm": HBM_ACHIEVABLE_FRACTION},
+}
+"""The hand-set presets before fitting, the search's fixed starting point (so `--write` run twice
+writes the same numbers): the paper's 70 of 125 TFLOPS and the same 64 % on A100 and H100 (600
+of 989), FlashAttention-2's published 156 TFLOPS on A100 and FlashAttention-3's 346 on H100
+(planner/kernels.py [Note: attention kernels]), each curve's size at which it reached half its
+plateau, and the V100 microbenchmark's HBM fraction."""
+
+
+def matmul_curve(half_gflop: float) -> EfficiencyCurve:
+    return EfficiencyCurve(tuple((g * 1e9, max(1e-4, round(g / (g + half_gflop), 4))) for g in MATMUL_GFLOP_POINTS))
+
+
+def apply(node: NodeSpec, params: Params) -> NodeSpec:
+    """`node` with the fitted numbers (rates only: memory is untouched)."""
+    nominal = node.gpu_nominal_flops_per_s or node.gpu_flops_per_s
+    changes: dict[str, Any] = {"gpu_flops_per_s": params["plateau"] * nominal,
+                               "matmul_efficiency": matmul_curve(params["half_gflop"]),
+                               "hbm_achievable_fraction": params["hbm"]}
+    if node.flash_attention_flops_per_s:
+        changes["flash_attention_flops_per_s"] = params["flash"] * nominal
+    return node.replace(**changes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FitRow:
+    row: CorpusRow
+    planned: RowPlan
+
+
+def fit_rows(generation: str, rows: Sequence[CorpusRow] | None = None) -> list[FitRow]:
+    """The generation's rows that calibrate: not offload (checks, issue 24 item 5), with a plan."""
+    families = GENERATIONS[generation][0]
+    out = []
+    for row in rows if rows is not None else load_corpus():
+        if row.gpu_family in families and not row.is_offload:
+            planned = row_plan(row)
+            if planned.plan is not None:
+                out.append(FitRow(row, planned))
+    return out
+
+
+def errors(rows: Sequence[FitRow], params: Params, seen: Callable[[str], None] | None = None) -> dict[str, float]:
+    """row_id -> predicted / measured - 1 under `params` (rows the simulator cannot time are left out)."""
+    out = {}
+    for r in rows:
+        if seen is not None:
+            seen(r.row.row_id)
+        plan = r.planned.plan
+        assert plan is not None
+        planned = dataclasses.replace(r.planned, plan=plan.replace(node=apply(plan.node, params)))
+        result = predict_row(r.row, planned=planned)
+        if result.error is not None and result.error > -1:
+            out[r.row.row_id] = result.error
+    return out
+
+
+def loss(errs: dict[str, float]) -> float:
+    if not errs:
+        return math.inf
+    return sum(min(abs(math.log1p(e)), LOSS_CAP) ** 2 for e in errs.values()) / len(errs)
+
+
+def fit(rows: Sequence[FitRow], start: Params, seen: Callable[[str], None] | None = None) -> tuple[Params, int]:
+    """Coordinate search in log space from `start` ([Note: what is fitted]); (params, evaluations).
+    Parameters the rows cannot move (no flash rows: `flash`) stay at `start`."""
+    has_flash = any(r.planned.plan.attention == "flash" for r in rows)
+    free = [p for p in PARAMS if p in start and (p != "flash" or has_flash)]
+    best, evaluations = dict(start), 1
+    best_loss = loss(errors(rows, best, seen)) if rows else math.inf
+    if not rows:
+        return best, 0
+    for step in STEPS:
+        improved = True
+        while improved:
+            improved = False
+            for name in free:
+                for sign in (1, -1):
+                    value = _stepped(name, best[name], sign * step)
+                    if value == best[name]:
+                        continue
+                    trial = dict(best, **{name: value})
+                    if evaluations >= MAX_EVALUATIONS:
+                        return best, evaluations
+                    trial_loss = loss(errors(rows, trial, seen))
+                    evaluations += 1
+                    if trial_loss < best_loss - 1e-12:
+                        best, best_loss, improved = trial, trial_loss, True
+                        break
+    return best, evaluations
+
+
+def _stepped(name: str, value: float, log_step: float) -> float:
+    """`value` moved by `log_step` in log space within BOUNDS."""
+    low, high = BOUNDS[name]
+    return min(high, max(low, value * math.exp(log_step)))
+
+
+def error_summary(errs: Sequence[float]) -> dict[str, Any]:
+    absolute = sorted(abs(e) for e in errs)
+    return {"rows": len(absolute), "median_abs_error": statistics.median(absolute) if absolute else None,
+            "p90_abs_error": percentile(absolute, 0.9) if absolute else None,
+            "median_error": statistics.median(errs) if errs else None}
+
+
+Fits = dict[str | None, tuple[Params, int]]
+"""Held-out source (None: none) -> (fitted params, evaluations), computed ahead (`--jobs`)."""
+
+
+def leave_one_source_out(rows: Sequence[FitRow], start: Params, fits: Fits | None = None) -> dict[str, Any]:
+    """[Note: leave one source out]: per source, the fit without it and its held-out errors."""
+    sources = sorted({r.row.source_id for r in rows})
+    per_source, pooled = {}, {}
+    for source in sources:
+        train = [r for r in rows if r.row.source_id != source]
+        held = [r for r in rows if r.row.source_id == source]
+        params, _ = fits[source] if fits is not None else fit(train, start)
+        held_errors = errors(held, params)
+        pooled.update(held_errors)
+        per_source[source] = {"fitted_on_rows": len(train), "params": _rounded(params),
+                              **error_summary(list(held_errors.values())), "errors": _rounded(held_errors)}
+    return {"summary": error_summary(list(pooled.values())), "by_source": per_source}
+
+
+def fit_generation(generation: str, corpus: Sequence[CorpusRow] | None = None, *, loso: bool = True,
+                   fits: Fits | None = None) -> dict[str, Any]:
+    """The fitted parameters of one generation, their in-sample and leave-one-source-out errors."""
+    rows = fit_rows(generation, corpus)
+    start = PRIOR[generation]
+    before = errors(rows, start)
+    params, evaluations = fits[None] if fits is not None else fit(rows, start)
+    after = errors(rows, params)
+    out: dict[str, Any] = {
+        "rows": sorted(after, key=_row_order), "prior": _rounded(start), "params": _rounded(params),
+        "evaluations": evaluations, "prior_in_sample": error_summary(list(before.values())),
+        "in_sample": error_summary(list(after.values())),
+    }
+    if loso:
+        out["leave_one_source_out"] = leave_one_source_out(rows, start, fits)
+    return out
+
+
+def fit_task(task: tuple[str, str | None]) -> tuple[Params, int]:
+    """One fit of `--jobs`: a generation's rows without one source (or all of them)."""
+    generation, held_out = task
+    rows = [r for r in fit_rows(generation) if r.row.source_id != held_out]
+    return fit(rows, PRIOR[generation])
+
+
+def all_fits(generations: Sequence[str], corpus: Sequence[CorpusRow], *, loso: bool, jobs: int) -> dict[str, Fits]:
+    """Every fit the report needs, `jobs` at a time (each is deterministic, so the order is not)."""
+    tasks: list[tuple[str, str | None]] = []
+    for generation in generations:
+        sources = sorted({r.row.source_id for r in fit_rows(generation, corpus)}) if loso else []
+        tasks += [(generation, None), *((generation, source) for source in sources)]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(fit_task, sorted(tasks, key=lambda t: t[0] != "A100")))
+        done = [done[sorted(tasks, key=lambda t: t[0] != "A100").index(t)] for t in tasks]
+    else:
+        done = [fit_task(t) for t in tasks]
+    out: dict[str, Fits] = {}
+    for (generation, held_out), result in zip(tasks, done, strict=True):
+        out.setdefault(generation, {})[held_out] = result
+    return out
+
+
+def _rounded(values: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in values.items()}
+
+
+def _row_order(row_id: str) -> tuple[str, int]:
+    match = re.fullmatch(r"(\D*)(\d+)", row_id)
+    return (match.group(1), int(match.group(2))) if match else (row_id, 0)
+
+
+def fitted_summary(fit_json: Path = FIT_JSON) -> dict[str, Any]:
+    """Per generation, from the last `--write`: the fitted parameters, the in-sample error (fitted
+    rows, labelled so) and the leave-one-source-out error, pooled and per held-out source."""
+    if not fit_json.exists():
+        return {}
+    out = {}
+    for generation, result in json.loads(fit_json.read_text()).items():
+        loso = result.get("leave_one_source_out", {})
+        out[generation] = {
+            "params": result["params"], "fitted_rows": len(result["rows"]), "prior_in_sample": result["prior_in_sample"],
+            "in_sample": result["in_sample"], "leave_one_source_out": loso.get("summary"),
+            "leave_one_source_out_by_source": {source: {k: v for k, v in held.items() if k not in ("errors", "params")}
+                                               for source, held in loso.get("by_source", {}).items()},
+        }
+    return out
+
+
+def row_ranges(row_ids: Sequence[str]) -> str:
+    """`p001-p003, p007`: consecutive ids as ranges, for the provenance strings."""
+    parts: list[list[str]] = []
+    last: tuple[str, int] | None = None
+    for row_id in sorted(row_ids, key=_row_order):
+        key = _row_order(row_id)
+        if parts and last is not None and key == (last[0], last[1] + 1):
+            parts[-1][1] = row_id
+        else:
+            parts.append([row_id, row_id])
+        last = key
+    return ", ".join(a if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def preset_document(doc: dict[str, Any], generation: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The preset's JSON with the fitted numbers, their provenance and the values they replace."""
+    params, tag = result["params"], f"fitted: published_runs (rows {row_ranges(result['rows'])})"
+    nominal = doc.get("gpu_nominal_tflops") or doc["gpu_peak_tflops"]
+    doc = json.loads(json.dumps(doc))
+    sources, citations = doc.setdefault("sources", {}), doc.setdefault("citations", {})
+    why = f"fitted on {len(result['rows'])} {generation} rows of data/validation/published_runs.csv " \
+          "(python -m planner.validation.fit --write; docs/planner.md, Fitted presets)"
+    fitted = {"gpu_peak_tflops": round(params["plateau"] * nominal, 1),
+              "hbm_achievable_fraction": round(params["hbm"], 4)}
+    if doc.get("flash_attention_tflops"):
+        fitted["flash_attention_tflops"] = round(params["flash"] * nominal, 1)
+    for key, value in fitted.items():
+        before = _unfitted(citations.get(key, ""), doc.get(key), sources.get(key, "nominal"))
+        doc[key], sources[key] = value, tag
+        citations[key] = f"{why}; before fitting: {before}"
+    doc.setdefault("efficiency", {})["matmul"] = [{"gflop": g, "efficiency": e / 1}
+                                                  for g, e in ((s / 1e9, e) for s, e in
+                                                               matmul_curve(params["half_gflop"]).points)]
+    sources["efficiency"] = tag
+    citations["efficiency"] = f"matmul curve size / (size + {params['half_gflop']:.4g} GFLOP) {why}; the transfer curve " \
+                              "is the hand-set estimate"
+    return doc
+
+
+def _unfitted(citation: str, value: Any, source: str) -> str:
+    """What a fitted number replaced: the first fit's record of it is kept on later fits."""
+    marker = "; before fitting: "
+    if marker in citation:
+        return citation.split(marker, 1)[1]
+    return f"{value} ({source})" if value is not None else "unset (planner/kernels.py HBM_ACHIEVABLE_FRACTION, 0.83)"
+
+
+def write(results: dict[str, dict[str, Any]], hardware_dir: Path = HARDWARE_DIR, fit_json: Path = FIT_JSON) -> list[Path]:
+    """Write the fitted presets and the fit's record (`planner validate` reports from it)."""
+    written = []
+    for generation, result in results.items():
+        for name in GENERATIONS[generation][1]:
+            path = hardware_dir / f"{name}.json"
+            doc = preset_document(json.loads(path.read_text()), generation, result)
+            NodeSpec.from_dict(doc, str(path))  # refuse to write a preset the planner would not load
+            path.write_text(json.dumps(doc, indent=2) + "\n")
+            written.append(path)
+    fit_json.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    return [*written, fit_json]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the fitted presets and data/validation/fit.json")
+    parser.add_argument("--gpu", choices=sorted(GENERATIONS), action="append", help="only this generation (repeatable)")
+    parser.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out (in-sample fit only)")
+    parser.add_argument("--jobs", type=int, default=1, help="fits run in parallel (processes)")
+    args = parser.parse_args(argv)
+    corpus, results, start = load_corpus(), {}, time.perf_counter()
+    generations = args.gpu or list(GENERATIONS)
+    fits = all_fits(generations, corpus, loso=not args.no_loso, jobs=max(1, args.jobs))
+    for generation in generations:
+        results[generation] = fit_generation(generation, corpus, loso=not args.no_loso, fits=fits[generation])
+        print(_line(generation, results[generation], time.perf_counter() - start))
+    if args.write:
+        for path in write(results):
+            print(f"wrote {path.relative_to(ROOT)}")
+
+
+def _line(generation: str, result: dict[str, Any], wall_s: float) -> str:
+    def pct(group: dict[str, Any]) -> str:
+        if not group["rows"]:
+            return "no rows"
+        return f"median |error| {group['median_abs_error']:.1%}, p90 {group['p90_abs_error']:.1%} ({group['rows']} rows)"
+
+    loso = result.get("leave_one_source_out")
+    text = (f"{generation}: params {result['params']}; before {pct(result['prior_in_sample'])}; "
+            f"in-sample {pct(result['in_sample'])}")
+    return text + (f"; leave-one-source-out {pct(loso['summary'])}" if loso else "") + f" [{wall_s:.0f} s]"
+
+
+if __name__ == "__main__":
+    main()
