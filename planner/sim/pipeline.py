@@ -15,6 +15,7 @@ from planner.pipeline import (
     step_details,
 )
 from planner.plan import Plan, Prediction
+from planner.sim.report import simulated_prediction
 from planner.throughput import composed_link_bytes
 
 
@@ -33,18 +34,6 @@ def composed_prediction(plan: Plan, predict_stage: Callable[[Plan], Prediction])
                                 None if quiet is None else {k: float(v) for k, v in quiet.link_bytes.items()})
     bill = memory_bill(plan)
     details = dict(full.details, pipeline=step_details(plan, step), stage_iteration_time_s=full.iteration_time_s)
-    return Prediction(
-        feasible=bill.fits,
-        reason=bill.reason(),
-        iteration_time_s=total_s,
-        tflops_per_gpu=flops / total_s / plan.num_gpus / 1e12 if total_s > 0 else 0.0,
-        tokens_per_s=plan.tokens_per_iteration / total_s if total_s > 0 else 0.0,
-        bottleneck=full.bottleneck,
-        peak_bytes=bill.peak_bytes,
-        capacity_bytes=bill.capacity_bytes,
-        phase_time_s={"forward": step.forward_s, "backward": step.backward_s, "optimizer": step.optimizer_s},
-        link_bytes=links,
-        memory_terms=bill.terms,
-        method="simulated",
-        details=details,
-    )
+    return simulated_prediction(plan, bill, total_s, flops, bottleneck=full.bottleneck, details=details, link_bytes=links,
+                                phase_time_s={"forward": step.forward_s, "backward": step.backward_s,
+                                              "optimizer": step.optimizer_s})

@@ -164,21 +164,25 @@ def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = No
         details["memory_timeline"] = s.memory_timeline
         details["memory_peak_time_s"] = s.memory_peak_time_s
     details.update(notes or {})
+    return simulated_prediction(plan, bill, total_s, flops, bottleneck=bottleneck, details=details,
+                                phase_time_s={Phase.FORWARD: forward_end, Phase.BACKWARD: backward_end - forward_end,
+                                              Phase.OPTIMIZER: total_s - backward_end},
+                                link_bytes={name: round(s.link_bytes.get(name, 0.0)) for name in LINKS})
+
+
+def simulated_prediction(plan, bill, total_s: float, flops: float, **fields) -> Prediction:  # noqa: ANN001
+    """A simulated `Prediction` of `plan` taking `total_s` per step for `flops`, with its memory `bill`."""
     return Prediction(
         feasible=bill.fits,
         reason=bill.reason(),
         iteration_time_s=total_s,
         tflops_per_gpu=flops / total_s / plan.num_gpus / 1e12 if total_s > 0 else 0.0,
         tokens_per_s=plan.tokens_per_iteration / total_s if total_s > 0 else 0.0,
-        bottleneck=bottleneck,
         peak_bytes=bill.peak_bytes,
         capacity_bytes=bill.capacity_bytes,
-        phase_time_s={Phase.FORWARD: forward_end, Phase.BACKWARD: backward_end - forward_end,
-                      Phase.OPTIMIZER: total_s - backward_end},
-        link_bytes={name: round(s.link_bytes.get(name, 0.0)) for name in LINKS},
         memory_terms=bill.terms,
         method="simulated",
-        details=details,
+        **fields,
     )
 
 

@@ -69,15 +69,7 @@ AUTO = "auto"
 def model_parallel(text: str | None) -> int | None:
     """`--model-parallel`: a positive whole number, or None for `auto` (search the degree) and for
     not given (the caller's default)."""
-    if text is None or text.strip().lower() == AUTO:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise PlannerError(f"--model-parallel must be a whole number or 'auto', got {text!r}") from None
-    if value < 1:
-        raise PlannerError(f"--model-parallel must be at least 1, got {value}")
-    return value
+    return None if text is None else _degree(text, "--model-parallel")
 
 
 def pipeline_parallel(text: str | None, strategy: str | None) -> int | None:
@@ -85,14 +77,19 @@ def pipeline_parallel(text: str | None, strategy: str | None) -> int | None:
     `3d` strategy, for not given; 1 otherwise."""
     if text is None:
         return None if strategy == "3d" else 1
+    return _degree(text, "--pipeline-parallel")
+
+
+def _degree(text: str, flag: str) -> int | None:
+    """A parallel degree option's value: a positive whole number, or None for `auto`."""
     if text.strip().lower() == AUTO:
         return None
     try:
         value = int(text)
     except ValueError:
-        raise PlannerError(f"--pipeline-parallel must be a whole number or 'auto', got {text!r}") from None
+        raise PlannerError(f"{flag} must be a whole number or 'auto', got {text!r}") from None
     if value < 1:
-        raise PlannerError(f"--pipeline-parallel must be at least 1, got {value}")
+        raise PlannerError(f"{flag} must be at least 1, got {value}")
     return value
 
 
