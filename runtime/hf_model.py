@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import PlannerError
+from planner.specio import load_document
 
 INSTALL_HF = "pip install 'tierwise[hf]'"
 SINGLE_FILE = "model.safetensors"
@@ -56,14 +57,9 @@ def require_transformers() -> None:
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """A Hugging Face `config.json` as a dict; an unreadable one is one line."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise PlannerError(f"cannot read the model config {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise PlannerError(f"model config {path} is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("model_type"), str):
+    """A Hugging Face `config.json` as a dict; an unreadable one is one line (the CLI's reader)."""
+    doc = load_document(path, "model config")
+    if not isinstance(doc.get("model_type"), str):
         raise PlannerError(f"model config {path} is not a Hugging Face config.json (it has no 'model_type')")
     return doc
 

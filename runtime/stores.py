@@ -136,18 +136,29 @@ class CopyEngine:
                                "build the CopyEngine with one (planner.memory.pinned_staging_pool)")
         return self.pool
 
+    def _count(self, link: str, tensor: torch.Tensor) -> None:
+        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(tensor)
+
+    def _device_tensor_like(self, src: torch.Tensor) -> torch.Tensor:
+        """A new device tensor of `src`'s shape and dtype, allocated on the copy stream (so the
+        allocator cannot hand it memory that kernels on the compute stream still use)."""
+        if self._stream is None:
+            return torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        with torch.cuda.stream(self._stream):
+            return torch.empty(src.shape, dtype=src.dtype, device=self.device)
+
     def to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event]:
         """Start copying the host tensor `src`, already pinned (an NVMe read buffer), into a new
         device tensor (CUDA only).
 
-        The new tensor is allocated on the copy stream, so the allocator cannot hand it memory that
-        kernels queued on the compute stream still use, and the copy need not wait for the compute
-        stream (which does not write host shards): it starts as soon as the copy stream is free. The
+        The new tensor is allocated on the copy stream (`_device_tensor_like`), and the copy need not
+        wait for the compute stream (which does not write host shards): it starts as soon as the copy
+        stream is free. The
         consumer waits on the event (`Pending.wait`, which records the tensor on its stream)."""
         assert self._stream is not None and src.device.type == "cpu"
-        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        self._count(link, src)
+        dst = self._device_tensor_like(src)
         with torch.cuda.stream(self._stream):
-            dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
             dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
@@ -158,12 +169,8 @@ class CopyEngine:
         ([Note: staged host copies]). On a CPU (`separate_memory_on_cpu`) the copy is done on return
         and the event is None."""
         assert self.separate_memory and src.device.type == "cpu"
-        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
-        if self._stream is None:
-            dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
-        else:
-            with torch.cuda.stream(self._stream):
-                dst = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        self._count(link, src)
+        dst = self._device_tensor_like(src)
         return dst, self.staging().to_device(dst.view(-1), src.reshape(-1), self._stream)
 
     def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None], link: str = "d2h") -> HostTransfer:
@@ -171,7 +178,7 @@ class CopyEngine:
         offset)` puts each staged piece in pageable host memory once it arrived (`finish()`, or a
         later lease of the pool, does it)."""
         assert self.separate_memory
-        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        self._count(link, src)
         if self._stream is None:
             return self.staging().to_host(src, land, None)
         # The copy must not start before the compute stream produced `src`.
@@ -183,18 +190,14 @@ class CopyEngine:
                        link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """`stage_to_device(host)` where `host` is the destination of the device-to-host `transfer`:
         the pieces not landed yet go from their pinned buffers, without a host wait."""
-        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(host)
-        if self._stream is None:
-            dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
-        else:
-            with torch.cuda.stream(self._stream):
-                dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        self._count(link, host)
+        dst = self._device_tensor_like(host)
         return dst, self.staging().back_to_device(transfer, dst.view(-1), host.reshape(-1), self._stream)
 
     def into_device(self, dst: torch.Tensor, src: torch.Tensor, link: str = "h2d") -> torch.cuda.Event | None:
         """Start `dst = src` for a flat device tensor `dst` and a pageable host tensor `src`, through
         the pool, after the compute stream's work queued so far (it may still read `dst`)."""
-        self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+        self._count(link, src)
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
         return self.staging().to_device(dst, src, self._stream)
@@ -202,7 +205,7 @@ class CopyEngine:
     def copy(self, dst: torch.Tensor, src: torch.Tensor, link: str) -> torch.cuda.Event | None:
         """Start `dst.copy_(src)`; returns the event marking its end on CUDA (None when done)."""
         if dst.device != src.device:
-            self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(src)
+            self._count(link, src)
         if self._stream is None:
             dst.copy_(src)
             return None
