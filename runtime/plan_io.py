@@ -18,7 +18,7 @@ from planner.errors import PlannerError
 from planner.memory import stores_gradients
 from planner.plan import Placement, Plan, load_plan
 from planner.units import GIB
-from runtime.nvme.placement import nvme_placement_problem
+from runtime.plan_check import executable_problem
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -64,28 +64,9 @@ def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
 
 def check_executable(plan: Plan, *, world_size: int) -> None:
     """Raise `PlanNotExecutable` for what this runtime does not run."""
-    if plan.model_parallel_degree != 1:
-        raise PlanNotExecutable(
-            f"model_parallel_degree {plan.model_parallel_degree} is not supported: this runtime is data parallel "
-            "(ZeRO-3) only; set model_parallel_degree to 1"
-        )
-    if plan.pipeline_parallel_degree != 1 or plan.micro_batches_per_step != 1 or plan.fp8_matmuls:
-        raise PlanNotExecutable("pipeline stages, several micro-batches per step and fp8 matmuls are planned, not "
-                                "run: set pipeline_parallel_degree 1, micro_batches_per_step 1, fp8_matmuls false")
-    nvme_problem = nvme_placement_problem(plan)
-    if nvme_problem is not None:
-        raise PlanNotExecutable(nvme_problem)
-    # With one data-parallel rank nothing is split, so every strategy is the same execution.
-    if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
-        raise PlanNotExecutable(
-            f"strategy {plan.strategy} keeps some model states replicated; this runtime partitions all of them "
-            "(ZeRO-3): use strategy zero3, zero-inf-cpu or custom"
-        )
-    if world_size != plan.num_gpus:
-        raise PlanNotExecutable(
-            f"the plan is for num_gpus {plan.num_gpus} but {world_size} process(es) were started; "
-            f"launch {plan.num_gpus} (planner run --nproc) or re-plan for {world_size}"
-        )
+    problem = executable_problem(plan, world_size=world_size)
+    if problem is not None:
+        raise PlanNotExecutable(problem)
     if plan.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise PlanNotExecutable("precision bf16 is not supported by this GPU; use fp16 or fp32")
 

@@ -50,25 +50,15 @@ ERROR = "TIERWISE_ERROR"
 
 def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     """What can be refused without starting a process (the workers check memory themselves)."""
-    if plan.model_parallel_degree != 1:
-        raise PlannerError(f"model_parallel_degree {plan.model_parallel_degree} is not supported by the runtime "
-                           "(data parallel ZeRO-3 only); set it to 1")
     on_nvme = "nvme" in (plan.placement.params, plan.placement.gradients, plan.placement.optimizer_states)
     if on_nvme and not plan.nvme_path:
         raise PlannerError("the plan places states on nvme but sets no nvme_path; pass --nvme-path DIR (a directory "
                            "on an NVMe drive)")
-    from runtime.nvme.placement import nvme_placement_problem  # torch-free
+    from runtime.plan_check import executable_problem  # torch-free
 
-    nvme_problem = nvme_placement_problem(plan)
-    if nvme_problem is not None:
-        raise PlannerError(nvme_problem)
-    # With one data-parallel rank nothing is split, so every strategy is the same execution.
-    if plan.partitioned != frozenset({"params", "gradients", "optimizer_states"}) and plan.data_parallel_degree > 1:
-        raise PlannerError(f"strategy {plan.strategy} keeps model states replicated; the runtime runs ZeRO-3 "
-                           "(zero3, zero-inf-cpu or custom)")
-    if nproc * nnodes != plan.num_gpus:
-        raise PlannerError(f"--nproc {nproc} x {nnodes} node(s) starts {nproc * nnodes} process(es) but the plan is for "
-                           f"num_gpus {plan.num_gpus}; match them or re-plan")
+    problem = executable_problem(plan, world_size=nproc * nnodes)
+    if problem is not None:
+        raise PlannerError(problem)
     if plan.micro_batch_per_gpu != int(plan.micro_batch_per_gpu):
         raise PlannerError(f"micro_batch_per_gpu {plan.micro_batch_per_gpu} must be a whole number of samples to run")
 
