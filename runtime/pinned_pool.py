@@ -104,7 +104,8 @@ class StagingPool:
 
     def __init__(self, shape: PinnedPoolShape, pin_hook=None) -> None:  # noqa: ANN001 - runtime.nvme.PinHook
         self.buffer_bytes = shape.buffer_bytes
-        self._pool = BufferPool(buffer_bytes=shape.buffer_bytes, num_buffers=shape.num_buffers, pin_hook=pin_hook)
+        self.buffers = BufferPool(buffer_bytes=shape.buffer_bytes, num_buffers=shape.num_buffers, pin_hook=pin_hook)
+        """The pooled memory (`total_bytes` is what the ledger charges; `pinned` on CUDA)."""
         self._lock = threading.Lock()
         self._in_flight: deque[_StagedCopy] = deque()
         self.num_leases = 0
@@ -113,32 +114,19 @@ class StagingPool:
         """Most buffers out at once: never above `num_buffers`."""
         # Unpin before the memory goes back to the kernel, however the pool ends: a later pool's
         # buffer at the same address could not be registered again.
-        self._finalizer = weakref.finalize(self, self._pool.close)
-
-    @property
-    def num_buffers(self) -> int:
-        return self._pool.num_buffers
-
-    @property
-    def total_bytes(self) -> int:
-        """Memory the pool holds (and pins on CUDA): what the ledger charges."""
-        return self._pool.total_bytes
-
-    @property
-    def pinned(self) -> bool:
-        return self._pool.pinned
+        self._finalizer = weakref.finalize(self, self.buffers.close)
 
     @property
     def num_leased(self) -> int:
-        return self.num_buffers - self._pool.num_free
+        return self.buffers.num_buffers - self.buffers.num_free
 
     def acquire(self) -> AlignedBuffer:
         """A free buffer; with none free, finish the oldest copy in flight (or wait for a return)."""
         while True:
             with self._lock:
                 self._reap()
-                if self._pool.num_free:
-                    buffer = self._pool.acquire(timeout_s=0)
+                if self.buffers.num_free:
+                    buffer = self.buffers.acquire(timeout_s=0)
                     self.num_leases += 1
                     self.peak_leased = max(self.peak_leased, self.num_leased)
                     return buffer
@@ -146,10 +134,10 @@ class StagingPool:
             if oldest is not None:
                 oldest.finish()
             else:  # every buffer is lent whole (another thread's checkpoint chunk): wait for it
-                self._pool.release(self._pool.acquire())
+                self.buffers.release(self.buffers.acquire())
 
     def release(self, buffer: AlignedBuffer) -> None:
-        self._pool.release(buffer)
+        self.buffers.release(buffer)
 
     def _reap(self) -> None:
         """Return the buffers of the copies that finished, oldest first (lock held)."""
@@ -261,5 +249,5 @@ def staging_pool_for(plan, copier, ledger) -> StagingPool | None:  # noqa: ANN00
 
         pin_hook = TorchCudaPinHook()
     pool = StagingPool(pinned_staging_pool(plan), pin_hook)
-    ledger.add("cpu", MemoryTerm.PINNED_STAGING_POOL, pool.total_bytes)
+    ledger.add("cpu", MemoryTerm.PINNED_STAGING_POOL, pool.buffers.total_bytes)
     return pool

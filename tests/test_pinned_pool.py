@@ -178,12 +178,12 @@ def test_a_training_step_stays_within_the_pool_and_is_bitwise_the_cpu_run(
     state = runtime.state_of(model)
     pool = state.copier.pool
     shape = pinned_staging_pool(state.plan)
-    assert (pool.num_buffers, pool.buffer_bytes) == (shape.num_buffers, shape.buffer_bytes)
-    assert pool.num_leases > 0 and 1 <= pool.peak_leased <= pool.num_buffers and pool.num_leased == 0
+    assert (pool.buffers.num_buffers, pool.buffer_bytes) == (shape.num_buffers, shape.buffer_bytes)
+    assert pool.num_leases > 0 and 1 <= pool.peak_leased <= pool.buffers.num_buffers and pool.num_leased == 0
     assert pinned.calls == []
     assert not any(shard.is_pinned() for shard in _host_shards(state))
     billed = memory_bill(state.plan).terms["cpu"][MemoryTerm.PINNED_STAGING_POOL] // state.plan.cluster.gpus_per_node
-    assert state.ledger.usage("cpu").terms[MemoryTerm.PINNED_STAGING_POOL] == billed == pool.total_bytes
+    assert state.ledger.usage("cpu").terms[MemoryTerm.PINNED_STAGING_POOL] == billed == pool.buffers.total_bytes
 
 
 def two_rank_worker(emulate: bool, *, rank: int, world_size: int) -> dict:  # noqa: ARG001
@@ -196,7 +196,7 @@ def two_rank_worker(emulate: bool, *, rank: int, world_size: int) -> dict:  # no
     finally:
         CopyEngine.separate_memory_on_cpu = False
     pool = runtime.state_of(model).copier.pool
-    return {"losses": losses, "pool": None if pool is None else [pool.num_leases, pool.peak_leased, pool.num_buffers]}
+    return {"losses": losses, "pool": None if pool is None else [pool.num_leases, pool.peak_leased, pool.buffers.num_buffers]}
 
 
 def test_two_ranks_through_the_pool_are_bitwise_the_cpu_run(tmp_path: Path) -> None:
@@ -253,7 +253,7 @@ def test_cuda_pieces_through_two_buffers_round_trip_bitwise() -> None:
     torch.cuda.current_stream().wait_event(event)
     saved.finish()
     assert torch.equal(back, src * 2) and torch.equal(again.cpu(), src * 2)
-    assert pool.pinned and torch.frombuffer(pool.acquire().view, dtype=torch.uint8).is_pinned()
+    assert pool.buffers.pinned and torch.frombuffer(pool.acquire().view, dtype=torch.uint8).is_pinned()
     assert pool.peak_leased <= 2 and _pinned_handouts() == before
     pool.close()
 
@@ -278,9 +278,9 @@ def test_cuda_cpu_offload_step_pins_only_the_billed_pool(name: str) -> None:
     state = runtime.state_of(model)
     pool = state.copier.pool
     shape = pinned_staging_pool(state.plan)
-    assert pool.pinned and pool.total_bytes == shape.num_buffers * shape.buffer_bytes
-    assert state.ledger.usage("cpu").terms[MemoryTerm.PINNED_STAGING_POOL] == pool.total_bytes
-    assert 1 <= pool.peak_leased <= pool.num_buffers
+    assert pool.buffers.pinned and pool.buffers.total_bytes == shape.num_buffers * shape.buffer_bytes
+    assert state.ledger.usage("cpu").terms[MemoryTerm.PINNED_STAGING_POOL] == pool.buffers.total_bytes
+    assert 1 <= pool.peak_leased <= pool.buffers.num_buffers
     assert _pinned_handouts() == before
     assert not any(shard.is_pinned() for shard in _host_shards(state))
 

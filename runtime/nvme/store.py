@@ -86,7 +86,7 @@ def aligned_empty(numel: int, dtype: torch.dtype, recycler: BufferRecycler | Non
     from `recycler` when given ([Note: recycled read buffers] in runtime/nvme/buffers.py)."""
     if not numel:
         return torch.empty(0, dtype=dtype)
-    size = numel * torch.empty(0, dtype=dtype).element_size()
+    size = numel * dtype.itemsize
     if recycler is not None:
         # from_numpy keeps the array, and through it the lease, alive as long as any view.
         return torch.from_numpy(recycler.lease(size)).view(dtype)
@@ -213,7 +213,7 @@ class NvmeStore(ShardStore):
     def create(self, key: ShardKey, numel: int, dtype: torch.dtype) -> None:
         """Reserve the shard's extent. Preallocated swap space reads as zeros, so it starts zeroed."""
         assert key not in self._extents, f"shard {key} already exists in the nvme store"
-        size = numel * torch.empty(0, dtype=dtype).element_size()
+        size = numel * dtype.itemsize
         self._extents[key] = (self.file.allocate(size), dtype, numel)
         self.largest_write_bytes = max(self.largest_write_bytes, round_up_4kib(size))
         self._hold_reads_of(size)
@@ -225,7 +225,7 @@ class NvmeStore(ShardStore):
         self._wait_writes(key)
         extent, dtype, numel = self._extents.pop(key)
         self.file.free(extent)
-        self.ledger.sub(self.tier, self.term, numel * torch.empty(0, dtype=dtype).element_size())
+        self.ledger.sub(self.tier, self.term, numel * dtype.itemsize)
 
     @_locked
     def keys(self) -> list[ShardKey]:
@@ -250,7 +250,7 @@ class NvmeStore(ShardStore):
         handle = self._submit_read(key, host, 0)
         device = self.compute_device
         if device.type == "cpu" and dtype == stored:
-            return Pending(host, after=handle.wait, done=handle.done, fresh=True)
+            return _pending_on(handle, host, fresh=True)
         pending = _ThenPending(handle, host, device, dtype, self.copier, self._copies, self._lock)
         if device.type == "cuda":
             self._landing = [p for p in self._landing if not p.issue_if_landed()]
@@ -258,25 +258,24 @@ class NvmeStore(ShardStore):
             self._landing.append(pending)
         return pending
 
+    # Into and from the caller's own buffers: no staging copy either way.
     @_locked
     def read_into(self, key: ShardKey, out: torch.Tensor, offset: int = 0) -> Pending:
-        handle = self._submit_read(key, out, offset)
-        return Pending(out, after=handle.wait, done=handle.done)
+        return _pending_on(self._submit_read(key, out, offset), out)
+
+    @_locked
+    def write_from(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
+        return _pending_on(self._submit_write(key, src, offset), src)
 
     @_locked
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         _, stored, _ = self._extents[key]
         # Sized in the stored dtype: a bf16 gradient is written into its fp32 shard.
-        buffer = self._staging_buffer(src.numel() * torch.empty(0, dtype=stored).element_size())
+        buffer = self._staging_buffer(src.numel() * stored.itemsize)
         staging = torch.frombuffer(buffer.view, dtype=stored, count=src.numel())
         staging.copy_(src.reshape(-1))
         self._staged_writes.append((self._submit_write(key, staging, offset), buffer))
         return Pending(src)
-
-    @_locked
-    def write_from(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
-        handle = self._submit_write(key, src, offset)
-        return Pending(src, after=handle.wait, done=handle.done)
 
     @_locked
     def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
@@ -372,6 +371,11 @@ class NvmeStore(ShardStore):
         handle, buffer = self._staged_writes.popleft()
         handle.wait()
         self._free_staging.append(buffer)
+
+
+def _pending_on(handle: Handle, tensor: torch.Tensor, *, fresh: bool = False) -> Pending:
+    """`tensor`, ready once the I/O `handle` finished (`wait` collects the I/O's errors)."""
+    return Pending(tensor, after=handle.wait, done=handle.done, fresh=fresh)
 
 
 def _reap(handles: list[Handle]) -> list[Handle]:
