@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from planner.collectives import NCCL_BASE_LATENCY_S, NETWORK_STEP_S, intra_node_step_s
 from planner.memory import COMPUTE_BYTES
 from planner.model import ModelSpec
 from planner.plan import Plan
@@ -123,7 +124,13 @@ def p2p_s(plan: Plan) -> float:
     if nbytes == 0:
         return 0.0
     rate = p2p_bytes_per_s(plan)
-    return 2 * plan.pipeline_virtual_stages * nbytes / rate if rate > 0 else math.inf
+    return 2 * plan.pipeline_virtual_stages * (nbytes / rate + p2p_latency_s(plan)) if rate > 0 else math.inf
+
+
+def p2p_latency_s(plan: Plan) -> float:
+    """One send's latency: NCCL's base plus one step over NVLink, or over the network when the
+    stages sit in different nodes (planner/collectives.py [Note: the alpha-beta collective])."""
+    return NCCL_BASE_LATENCY_S + (NETWORK_STEP_S if plan.num_nodes > 1 else intra_node_step_s(plan.node))
 
 
 class StepTimes(NamedTuple):

@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import planner.pipeline as pipeline
+from planner.collectives import (
+    bus_bytes_per_s,
+    data_parallel_ring,
+    data_parallel_rings_per_node,
+    latency_s,
+    tensor_parallel_ring,
+)
 from planner.fp8 import linear_speedup
 from planner.kernels import achievable_hbm_bytes_per_s, block_cost, loss_bytes
 from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
@@ -39,17 +46,23 @@ class Bandwidths:
     nvme_read: float
     nvme_write: float
     all_gather: float
-    """Per-GPU collective bandwidth (intra-node, or the GPU's share of the network across nodes)."""
+    """Per-GPU data-parallel collective bandwidth: NVLink, capped across nodes by the ring's share of
+    the node's network (planner/collectives.py [Note: the alpha-beta collective])."""
     tensor_parallel: float
+    all_gather_latency_s: float = 0.0
+    """One data-parallel all-gather's (or reduce-scatter's) latency over its ring."""
+    all_reduce_latency_s: float = 0.0
+    """One data-parallel gradient all-reduce's latency (plain data parallel)."""
+    tensor_parallel_latency_s: float = 0.0
+    """One Megatron all-reduce's latency over the tensor-parallel group."""
 
 
 def bandwidths(plan: Plan) -> Bandwidths:
     node, cluster = plan.node, plan.cluster
     gpus = cluster.gpus_per_node
     host_share = node.host_memory_bytes_per_s / gpus
-    collective = node.gpu_gpu_intra_node_bytes_per_s or node.gpu_hbm_bytes_per_s
-    if cluster.num_nodes > 1:
-        collective = min(collective, node.inter_node_bytes_per_s / gpus) if node.inter_node_bytes_per_s else 0.0
+    ring = data_parallel_ring(plan)
+    collective = bus_bytes_per_s(ring, node, data_parallel_rings_per_node(plan))
     h2d = min(node.host_to_gpu_bytes_per_s, host_share)
     d2h = min(node.gpu_to_host_bytes_per_s, host_share)
     return Bandwidths(
@@ -59,6 +72,9 @@ def bandwidths(plan: Plan) -> Bandwidths:
         nvme_write=min(d2h, node.nvme_write_bytes_per_s / gpus),
         all_gather=collective,
         tensor_parallel=node.gpu_gpu_intra_node_bytes_per_s or node.gpu_hbm_bytes_per_s,
+        all_gather_latency_s=latency_s(ring, "all_gather", node),
+        all_reduce_latency_s=latency_s(ring, "all_reduce", node),
+        tensor_parallel_latency_s=latency_s(tensor_parallel_ring(plan), "all_reduce", node),
     )
 
 
@@ -214,7 +230,8 @@ def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes
     gather = param_bytes * (dp - 1) / dp
     slow_bw = {"gpu": float("inf"), "cpu": bw.h2d, "nvme": bw.nvme_read}[tier]
     shard = param_bytes / dp if tier != "gpu" else 0.0
-    per_pass = max(_divide(gather, bw.all_gather), _divide(shard, slow_bw))
+    gather_s = _divide(gather, bw.all_gather) + (collectives_per_pass(plan) * bw.all_gather_latency_s if dp > 1 else 0.0)
+    per_pass = max(gather_s, _divide(shard, slow_bw))
     links["all_gather"] += (1 + passes_bwd) * gather
     if tier in ("cpu", "nvme"):
         links["h2d"] += (1 + passes_bwd) * shard
@@ -235,7 +252,8 @@ def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> 
     rounds = 1 if plan.partitioned & {"gradients", "optimizer_states"} else 2
     reduce = rounds * grad_bytes * (dp - 1) / dp
     links["reduce_scatter"] += reduce
-    grads_time = _divide(reduce, bw.all_gather)
+    latency = bw.all_gather_latency_s if rounds == 1 else bw.all_reduce_latency_s
+    grads_time = _divide(reduce, bw.all_gather) + (collectives_per_pass(plan) * latency if dp > 1 else 0.0)
     if place.gradients != "gpu":
         # Not stored (in-backward step, optimizer on NVMe): the shard still crosses to the host,
         # into the update's chunk buffer, but is never written to NVMe.
@@ -274,8 +292,8 @@ def _tensor_parallel(plan: Plan, bw: Bandwidths) -> _Passes:
     m, tokens = plan.model, plan.micro_batch_per_gpu * plan.model.seq_len
     per_allreduce = 2 * (mp - 1) / mp * ACTIVATION_ALLREDUCE_BYTES * tokens * mp * m.hidden_size
     recompute = 2 if plan.checkpoint_interval > 0 else 0
-    return _Passes(2 * m.num_layers * per_allreduce / bw.tensor_parallel,
-                   (2 + recompute) * m.num_layers * per_allreduce / bw.tensor_parallel)
+    one = per_allreduce / bw.tensor_parallel + bw.tensor_parallel_latency_s
+    return _Passes(2 * m.num_layers * one, (2 + recompute) * m.num_layers * one)
 
 
 def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _OptimizerStep:
@@ -315,7 +333,7 @@ def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Opt
         # ZeRO-2 / ZeRO-Offload: each rank updated 1/dp of the parameters; all-gather them back
         gather = _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["params"] * (dp - 1) / dp
         links["all_gather"] += gather
-        gather_after = _divide(gather, bw.all_gather)
+        gather_after = _divide(gather, bw.all_gather) + (bw.all_gather_latency_s if dp > 1 else 0.0)
         optimizer += gather_after
     return _OptimizerStep(optimizer, update_compute, optimizer_nvme, gather_after, on_compute_device)
 
@@ -341,6 +359,15 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
     else:
         forward = compute.forward_s + params.forward_s + ckpt.forward_s + tp.forward_s
     return forward, backward, optimizer
+
+
+def collectives_per_pass(plan: Plan) -> int:
+    """Data-parallel collectives per pass over the model: one per operator the simulator traces
+    (every linear's tiles of every block, the embedding and the output head)."""
+    m, tiles = plan.model, plan.tiling_factor
+    per_block = sum(tiles if op.num_params >= tiles else 1 for op in m.block_operators())
+    ends = (1 + (tiles if m.vocab_size * m.hidden_size >= tiles else 1)) if m.vocab_size > 0 else 0
+    return m.num_layers * per_block + ends
 
 
 def _params_per_gpu(plan: Plan) -> float:

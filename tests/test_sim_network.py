@@ -65,3 +65,30 @@ def test_shared_device_budget_for_reads_and_writes():
     # Both at rate r: r/2 + r/1 = 1 -> r = 2/3; the 2 B read finishes at 3 s, the write has 1 B left
     # alone at 1 B/s: 4 s.
     assert _run([("read", 0, 2.0, read), ("write", 0, 3.0, write)]) == [("read", 3.0), ("write", 4.0)]
+
+
+def test_a_delayed_flow_holds_no_bandwidth_during_its_latency():
+    # A collective's latency (planner/collectives.py): b waits 1 s before its 2 units start, so a has
+    # the link alone for 1 s (2 of its 4 units), then they share it: a's last 2 units and b's 2 at 1/s.
+    env = simpy.Environment()
+    net = Network(env)
+    link = Link("nvlink", 2.0)
+    done = {}
+
+    def flow(name, size, delay):
+        yield net.transfer(size, ((link, 1.0),), name, delay_s=delay)
+        done[name] = env.now
+
+    env.process(flow("a", 4.0, 0.0))
+    env.process(flow("b", 2.0, 1.0))
+    env.run()
+    assert done == {"a": 3.0, "b": 3.0}
+    assert link.intervals == [(0.0, 3.0, "a")]
+
+
+def test_an_empty_delayed_transfer_ends_after_its_latency():
+    env = simpy.Environment()
+    net = Network(env)
+    event = net.transfer(0.0, ((Link("nvlink", 1.0), 1.0),), "x", delay_s=0.5)
+    env.run()
+    assert event.triggered and env.now == 0.5

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import simpy
 
+from planner.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
 from planner.fp8 import linear_speedup
 from planner.kernels import achievable_hbm_bytes_per_s
 from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
@@ -198,6 +199,10 @@ class RankProgram:
         self.fused_flops_per_s = node.flash_attention_flops_per_s
         self.operator_overhead_s = node.operator_overhead_s
         self.fp8_speedup = linear_speedup(plan.fp8_matmuls, node)
+        dp_ring = data_parallel_ring(plan)
+        self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+        """Each data-parallel collective's latency (planner/collectives.py [Note: the alpha-beta collective])."""
+        self.tp_latency_s = latency_s(tensor_parallel_ring(plan), "all_reduce", node)
         """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/fp8.py); 1 without."""
         placement = plan.placement
         self.host_is_device = node.host_is_device
@@ -264,6 +269,12 @@ class RankProgram:
         """What each rank receives in a ring all-gather / reduce-scatter of `tensor_bytes`."""
         return tensor_bytes * (self.dp - 1) / self.dp
 
+    def _collective(self, nbytes: float, hops: Any, category: str, label: str, latency: float) -> simpy.Event:
+        """A collective: its latency, then its bytes at the route's rates. The latency replaces the
+        size-keyed transfer efficiency the copies pay (planner/collectives.py)."""
+        self.sim.count(self.rank, category, nbytes)
+        return self.net.transfer(nbytes, hops, label, delay_s=latency)
+
     # -- prefetch pipeline ---------------------------------------------------------------------
     def _trigger(self, stage: str, j: int) -> simpy.Event:
         key = (stage, j)
@@ -315,8 +326,9 @@ class RankProgram:
                     sim.cpu_remove(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
             else:
                 sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-                yield self._move(self._collective_bytes(slice_bytes), self.res.collective(rank, spans_nodes=self.spans_nodes),
-                                 "all_gather", label)
+                yield self._collective(self._collective_bytes(slice_bytes),
+                                       self.res.collective(rank, spans_nodes=self.spans_nodes), "all_gather", label,
+                                       self.latency_s["all_gather"])
                 if "h2d" in self.stages or "nvme" in self.stages:
                     sim.gpu_remove(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
         self._ready.pop(j).succeed()
@@ -379,8 +391,8 @@ class RankProgram:
                             step_fused_flops(step))
         if op.tp_all_reduce:
             activation = sim.work.tp_all_reduce_bytes
-            yield self._move(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
-                             "tensor_parallel", phase)
+            yield self._collective(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
+                                   "tensor_parallel", phase, self.tp_latency_s)
         if self.stages:
             sim.gpu_remove(self.rank, MemoryTerm.MSWM, op.num_params * self.slice_factor)
         if phase is Phase.BACKWARD and op.has_grads:
@@ -485,9 +497,11 @@ class RankProgram:
         route = self.res.collective(rank, spans_nodes=self.spans_nodes)
         if self.dp > 1:
             if plan.partitioned & {"gradients", "optimizer_states"}:  # ZeRO-1 needs only its shard reduced
-                yield self._move(self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
+                yield self._collective(self._collective_bytes(slice_bytes), route, "reduce_scatter", label,
+                                       self.latency_s["reduce_scatter"])
             else:  # plain data parallel: all-reduce = reduce-scatter + all-gather
-                yield self._move(2 * self._collective_bytes(slice_bytes), route, "reduce_scatter", label)
+                yield self._collective(2 * self._collective_bytes(slice_bytes), route, "reduce_scatter", label,
+                                       self.latency_s["all_reduce"])
         sim.gpu_remove(rank, MemoryTerm.REDUCE_SCATTER_BUFFER, slice_bytes)
         reduced.succeed()
         tier = plan.placement.gradients
@@ -523,4 +537,5 @@ class RankProgram:
             # ZeRO-2 / ZeRO-Offload: replicated parameters are re-assembled from the updated shards.
             slice_bytes = plan.model.num_params / self.mp * self.b
             route = self.res.collective(self.rank, spans_nodes=self.spans_nodes)
-            yield self._move(self._collective_bytes(slice_bytes), route, "all_gather", Phase.OPTIMIZER)
+            yield self._collective(self._collective_bytes(slice_bytes), route, "all_gather", Phase.OPTIMIZER,
+                                   self.latency_s["all_gather"])

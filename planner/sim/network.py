@@ -84,12 +84,25 @@ class Network:
         self._last_s = 0.0
         self._epoch = 0
 
-    def transfer(self, size: float, hops: tuple[tuple[Link, float], ...], label: str) -> simpy.Event:
-        """Move `size` units through every link in `hops` ((link, weight) pairs) concurrently."""
+    def transfer(self, size: float, hops: tuple[tuple[Link, float], ...], label: str,
+                 delay_s: float = 0.0) -> simpy.Event:
+        """Move `size` units through every link in `hops` ((link, weight) pairs) concurrently,
+        starting after `delay_s` (a collective's latency: planner/collectives.py), during which
+        the flow holds no bandwidth."""
         done = self.env.event()
         if size <= 0 or not hops:
-            done.succeed()
+            if delay_s > 0:
+                self.env.timeout(delay_s).callbacks.append(lambda _event: done.succeed())
+            else:
+                done.succeed()
             return done
+        if delay_s > 0:
+            self.env.timeout(delay_s).callbacks.append(lambda _event: self._start(size, hops, label, done))
+        else:
+            self._start(size, hops, label, done)
+        return done
+
+    def _start(self, size: float, hops: tuple[tuple[Link, float], ...], label: str, done: simpy.Event) -> None:
         self._advance()
         now = self.env.now
         alone = math.inf
@@ -101,7 +114,6 @@ class Network:
                 alone = rate
         self.flows.append(Flow(hops=hops, size=size, remaining=size, done=done, alone_rate=alone))
         self._reallocate()
-        return done
 
     # -- fluid model -------------------------------------------------------------------------
     def _advance(self) -> None:

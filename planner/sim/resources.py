@@ -62,15 +62,15 @@ class NodeResources:
         # Shared budget: a byte read costs 1/read_bw device-seconds, a byte written 1/write_bw.
         self._read_weight = self.ranks_weight / read_bw if self.shared_nvme else self.ranks_weight
         self._write_weight = self.ranks_weight / write_bw if self.shared_nvme else self.ranks_weight
-        # [Note: collective routes] A data-parallel ring collective that spans nodes moves, per GPU,
-        # what the GPU receives, X = (n-1)/n of the tensor, and every GPU of the node does so at once
-        # (one ring per tensor-parallel index, and NCCL's channels spread each ring over every NIC),
-        # so the node's network port carries gpus_per_node * X: each GPU gets its share of the node's
-        # network, as the analytic estimate says (planner/throughput.py `bandwidths`). A ring laid
-        # out node by node would cross each boundary only once per ring (mp * X per node), the
-        # hierarchical bound; ZeRO-3 across nodes does not reach it: Narayanan et al. 2021 Table 2
-        # (175B/530B, 384-2,240 A100s) trains at the per-GPU share (docs/planner.md "Collectives").
-        self._inter_weight = gpus / num_ranks
+        # [Note: collective routes] A data-parallel ring collective moves, per GPU, what the GPU
+        # receives, X = (n-1)/n of the tensor, over its NVLink port. NCCL lays the ring out node by
+        # node and spreads it over one channel per NIC, so a ring crosses each node boundary once
+        # per pass and the node's NICs share that crossing: the node's network carries X per ring,
+        # and the node holds `mp` rings (one per tensor-parallel index), so mp * X, the
+        # hierarchical ring (planner/collectives.py [Note: the alpha-beta collective], with
+        # nccl-tests' inter-node bus bandwidths as the evidence). The representative rank's flow
+        # weighs mp on the port; each of `gpus` explicit ranks weighs mp / gpus.
+        self._inter_weight = min(plan.model_parallel_degree, gpus) / num_ranks
 
     def links(self) -> list[Link]:
         node_links = [self.host_memory, self.cpu_optimizer]
