@@ -146,7 +146,7 @@ def predict(plan: Plan) -> Plan:
 
 def largest_batch(base: Plan, cap: int) -> Plan | None:
     """Largest micro-batch in [unit, cap] that fits, using the bill's linearity in the batch."""
-    unit = 1 / (base.model_parallel_degree * base.pipeline_parallel_degree)  # one sample per model replica
+    unit = 1 / base.gpus_per_replica  # one sample per model replica
     lo = base.replace(micro_batch_per_gpu=unit)
     if not memory_bill(lo).fits:
         return None

@@ -131,7 +131,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
     shardings = _shardings(row, {row.num_gpus // (tp * pp * cp) for tp, pp in layouts}, reasons)
     micros = _micro_batches(row, layouts, cp, reasons, assumptions)
     if cp > 1:
-        reasons.append(f"context parallelism (CP {cp}): the planner splits no sequence across GPUs")
+        assumptions.append(f"context_parallel = {cp} (the row's note or its stated degrees)")
     if reasons or model is None or node is None:
         return RowPlan(plan=None, reasons=tuple(reasons), assumptions=tuple(assumptions))
     options = {"tensor x pipeline": layouts, "activation_recompute": (recompute,) if recompute else SEARCHED_RECOMPUTES,
@@ -148,9 +148,10 @@ def row_plan(row: CorpusRow) -> RowPlan:
         strategy = SHARDING_STRATEGY.get(choice["sharding"], choice["sharding"])
         placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
-                    micro_batch_per_gpu=(micro or 1) / (tp * pp), recompute=choice["activation_recompute"],
+                    micro_batch_per_gpu=(micro or 1) / (tp * cp * pp), recompute=choice["activation_recompute"],
                     checkpoint_interval=1 if choice["activation_recompute"] == "full" else 0, attention=attention,
                     model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=_virtual_stages(row),
+                    context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
                     fp8_matmuls=uses_fp8(precision_text))
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused

@@ -104,7 +104,7 @@ def search_unstated(build: Callable[[dict[str, object]], Plan | None], options: 
     verdict = "fastest that fits" if fits else "none fits; the one needing the least GPU memory"
     notes = [f"searched {k} over {{{', '.join(_label(v) for v in options[k])}}}: {v}" for k, v in best.chosen]
     if "micro_batch" in searched and dict(best.chosen)["micro_batch"] == _label(None):
-        replica = best.plan.micro_batch_per_gpu * best.plan.model_parallel_degree * best.plan.pipeline_parallel_degree
+        replica = best.plan.micro_batch_per_gpu * best.plan.gpus_per_replica
         notes[searched.index("micro_batch")] += f" = {replica:g} per replica, {best.plan.micro_batches_per_step} per step"
     notes.append(f"the searched choice is the planner's {verdict} of {len(candidates)} candidates")
     return best.plan, tuple(notes), ""
