@@ -77,3 +77,12 @@ def test_searched_rows_show_their_choices_in_the_json(rows):
 def test_context_parallel_degree_from_the_note_or_the_stated_degrees(rows):
     assert context_parallel(rows["p232"]) == 2 and context_parallel(rows["p244"]) == 16
     assert context_parallel(rows["p226"]) == 1 and context_parallel(rows["p162"]) == 1
+
+
+def test_context_parallel_rows_are_predicted_with_their_degree(rows):
+    planned = row_plan(rows["p244"])  # NeMo long-sequence: 512K tokens, TP 8 x CP 16 x DP 4 on 512 GPUs
+    plan = planned.plan
+    assert plan.context_parallel_degree == 16 and plan.gpus_per_replica == 128 and plan.data_parallel_degree == 64
+    assert "context_parallel = 16 (the row's note or its stated degrees)" in planned.assumptions
+    result = predict_row(rows["p244"])
+    assert result.error is not None and result.fits
