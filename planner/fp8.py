@@ -19,6 +19,8 @@ FP8_DENSE_TFLOPS: dict[str, tuple[float, float, str]] = {
                                 "teraFLOPS with sparsity, half of each dense"),
     "h200-x1": (1979.0, 989.0, "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: FP8 3,958 and BF16 1,979 "
                                "teraFLOPS with sparsity, half of each dense"),
+    "hgx-h200": (1979.0, 989.0, "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: FP8 3,958 and BF16 1,979 "
+                                "teraFLOPS with sparsity, half of each dense"),
 }
 """Hardware preset -> (dense fp8 TFLOPS, dense bf16 TFLOPS, source) per GPU."""
 

@@ -308,6 +308,10 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
         gpu[MemoryTerm.GRADIENT_OFFLOAD_STAGING] = 2 * unit_param_bytes / dp
     if copies and place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
         gpu[MemoryTerm.CHECKPOINT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
+    if plan.context_parallel_degree > 1:
+        from planner.context_parallel import ring_buffer_bytes  # it imports this module
+
+        gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
     if m.vocab_size:
         logit_elems = plan.micro_batch_per_gpu * m.seq_len * m.vocab_size
         gpu[MemoryTerm.LOGITS] = logit_elems * (ACTIVATION_BYTES + LOGIT_GRAD_BYTES)

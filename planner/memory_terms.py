@@ -84,6 +84,9 @@ class MemoryTerm(str, Enum):
                                 "double buffer of gradient shards on their way off the GPU", *_TRANSIENT)
     CHECKPOINT_OFFLOAD_STAGING = ("checkpoint_offload_staging", _GPU, "checkpoint staging",
                                   "double buffer of one checkpoint on its way to the CPU", *_TRANSIENT)
+    RING_ATTENTION_BUFFERS = ("ring_attention_buffers", _GPU, "ring attention",
+                              "context parallel: 4 x one GPU's KV block of a layer (2 KV, 2 dKV in flight), "
+                              "bsz x seq x 2 kv width x bytes each (planner/context_parallel.py)", *_TRANSIENT)
     LOGITS = ("logits", _GPU, "logits", "bsz x seq x vocab logits and their fp32 gradient", *_AUTOGRAD)
     ALLOCATOR_SLACK = ("allocator_slack", _GPU, "allocator slack",
                        f"{ALLOCATOR_SLACK_FRACTION:.0%} of the transient GPU terms (caching allocator)", *_ALLOCATOR)

@@ -79,8 +79,11 @@ def stage_plan(plan: Plan) -> Plan:
 
 
 def quiet_plan(stage: Plan) -> Plan:
-    """`stage` on one tensor-parallel group: the same micro-batch with no data-parallel traffic."""
-    return stage.replace(num_gpus=stage.model_parallel_degree)
+    """`stage` on one tensor-parallel group: the same micro-batch with no data-parallel traffic.
+    With context parallelism the group is the stage's `tp x cp` GPUs, whose CP ranks still reduce
+    their gradients among themselves: the planner has no plan without a gradient group, so a
+    quiet micro-batch of a CP plan is charged that reduction (overlapped with its backward)."""
+    return stage.replace(num_gpus=stage.model_parallel_degree * stage.context_parallel_degree)
 
 
 def reduces_once(plan: Plan) -> bool:

@@ -235,6 +235,11 @@ class Plan:
     pipeline_virtual_stages: int = 1
     """Model chunks per GPU in Megatron's interleaved 1F1B (`virtual_pipeline_model_parallel_size`):
     the bubble shrinks by this factor and every micro-batch crosses this many times more boundaries."""
+    context_parallel_degree: int = 1
+    """Context-parallel degree (Megatron-Core's CP, ring attention): each GPU of a replica holds
+    `seq_len / cp` tokens of every sequence; one replica spans `model_parallel_degree x cp x
+    pipeline_parallel_degree` GPUs (Megatron's order: tensor, context, data, pipeline).
+    planner/context_parallel.py [Note: context parallelism]."""
     micro_batches_per_step: int = 1
     """Micro-batches each model replica runs per optimizer step (gradient accumulation, and the
     pipeline's `m`): one iteration is one optimizer step of this many micro-batches."""
@@ -287,6 +292,7 @@ class Plan:
         number(self.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
         number(self.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
         number(self.model_parallel_degree, "model_parallel_degree", minimum=1, maximum=1024, integer=True)
+        number(self.context_parallel_degree, "context_parallel_degree", minimum=1, maximum=1024, integer=True)
         number(self.pipeline_parallel_degree, "pipeline_parallel_degree", minimum=1, maximum=self.model.num_layers,
                integer=True)
         number(self.pipeline_virtual_stages, "pipeline_virtual_stages", minimum=1,
@@ -316,17 +322,22 @@ class Plan:
             raise PlannerError(f"model_parallel_degree {mp} exceeds the {self.node.num_gpus_per_node} GPUs of one node")
         if self.model.num_heads % mp:
             raise PlannerError(f"model_parallel_degree {mp} does not divide num_heads {self.model.num_heads}")
-        pp = self.pipeline_parallel_degree
+        pp, cp = self.pipeline_parallel_degree, self.context_parallel_degree
         if pp > 1:
             _check_pipeline(self)
-        per_replica_batch = self.micro_batch_per_gpu * mp * pp
+        per_replica_batch = self.micro_batch_per_gpu * mp * cp * pp
         if abs(per_replica_batch - round(per_replica_batch)) > 1e-9:
-            across = f"model_parallel_degree {mp}" + (f" x pipeline_parallel_degree {pp}" if pp > 1 else "")
+            across = (f"model_parallel_degree {mp}" + (f" x context_parallel_degree {cp}" if cp > 1 else "")
+                      + (f" x pipeline_parallel_degree {pp}" if pp > 1 else ""))
             raise PlannerError(
                 f"micro_batch_per_gpu {self.micro_batch_per_gpu} x {across} must be a whole number of "
                 "samples per model replica"
             )
         self._resolve_kernels()
+        if cp > 1:
+            from planner.context_parallel import check_context_parallel  # it reads the resolved attention
+
+            check_context_parallel(self)
         if self.strategy in STRATEGY_TABLE and self.placement != STRATEGY_TABLE[self.strategy].placement:
             expected = STRATEGY_TABLE[self.strategy].placement.label()
             raise PlannerError(f"strategy {self.strategy} places states as {expected}, not {self.placement.label()}")
@@ -360,7 +371,15 @@ class Plan:
 
     @property
     def data_parallel_degree(self) -> int:
+        """Ranks that reduce gradients and share partitioned states: the data-parallel replicas times
+        the context-parallel ranks (each holds other tokens of the same weights' gradients: Megatron's
+        data-parallel group with CP, torchtitan's FSDP mesh over dp x cp)."""
         return self.num_gpus // (self.model_parallel_degree * self.pipeline_parallel_degree)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs of one model replica: tensor x context x pipeline degrees."""
+        return self.model_parallel_degree * self.context_parallel_degree * self.pipeline_parallel_degree
 
     @property
     def partitioned(self) -> frozenset[str]:
@@ -402,6 +421,8 @@ class Plan:
             "attention": self.attention,
             "recompute": self.recompute,
         }
+        if self.context_parallel_degree > 1:  # plans without it are written as before
+            doc["context_parallel_degree"] = self.context_parallel_degree
         if self.prediction is not None:
             doc["prediction"] = self.prediction.to_dict()
         return doc
@@ -411,7 +432,8 @@ class Plan:
         scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "checkpoint_interval", "tiling_factor",
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
-                  "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute"}
+                  "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
+                  "context_parallel_degree"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
@@ -422,7 +444,7 @@ class Plan:
         kwargs: dict[str, Any] = {k: doc[k] for k in scalar if k in doc}
         for key in ("num_gpus", "checkpoint_interval", "tiling_factor", "prefetch_depth", "model_parallel_degree",
                     "optimizer_chunk_bytes", "num_optimizer_buffers", "nvme_block_bytes", "pipeline_parallel_degree",
-                    "pipeline_virtual_stages", "micro_batches_per_step"):
+                    "pipeline_virtual_stages", "micro_batches_per_step", "context_parallel_degree"):
             if key in kwargs:
                 kwargs[key] = number(kwargs[key], f"{where}.{key}", minimum=0, integer=True)
         kwargs["model"] = ModelSpec.from_dict(doc["model"], f"{where}.model")

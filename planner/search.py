@@ -144,9 +144,9 @@ def predict(plan: Plan) -> Plan:
     return _with_prediction(plan)
 
 
-def _largest_batch(base: Plan, cap: int) -> Plan | None:
+def largest_batch(base: Plan, cap: int) -> Plan | None:
     """Largest micro-batch in [unit, cap] that fits, using the bill's linearity in the batch."""
-    unit = 1 / (base.model_parallel_degree * base.pipeline_parallel_degree)  # one sample per model replica
+    unit = 1 / base.gpus_per_replica  # one sample per model replica
     lo = base.replace(micro_batch_per_gpu=unit)
     if not memory_bill(lo).fits:
         return None
@@ -185,7 +185,7 @@ def search(request: SearchRequest) -> SearchResult:
                     plan = base.replace(prefetch_depth=depth, tiling_factor=tiling)
                     evaluated += 1
                     if request.micro_batch_per_gpu is None:
-                        sized = _largest_batch(plan, request.max_micro_batch_per_gpu)
+                        sized = largest_batch(plan, request.max_micro_batch_per_gpu)
                     else:
                         sized = plan if memory_bill(plan).fits else None
                     if sized is None:

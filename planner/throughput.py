@@ -26,6 +26,7 @@ from planner.collectives import (
     latency_s,
     tensor_parallel_ring,
 )
+from planner.context_parallel import ring_passes_s
 from planner.fp8 import linear_speedup
 from planner.kernels import achievable_hbm_bytes_per_s, block_cost, loss_bytes
 from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
@@ -142,6 +143,7 @@ def estimate(plan: Plan) -> Estimate:
     grads_time = _gradient_traffic_s(plan, bw, links)
     ckpt = _checkpoint_traffic(plan, bw, links)
     tp = _tensor_parallel(plan, bw)
+    ring_fwd, ring_bwd = ring_passes_s(plan)  # context parallel: on the critical path, like tp's
     step = _optimizer_step(plan, bw, links)
     place = plan.placement
     components = {
@@ -152,6 +154,9 @@ def estimate(plan: Plan) -> Estimate:
         "tensor parallel": tp.forward_s + tp.backward_s,
         f"optimizer ({place.optimizer_states})": step.total_s,
     }
+    if plan.context_parallel_degree > 1:
+        components["context parallel"] = ring_fwd + ring_bwd
+        tp = _Passes(tp.forward_s + ring_fwd, tp.backward_s + ring_bwd)
     forward, backward, optimizer = _phase_times(plan, compute, params, grads_time, ckpt, tp, step)
     iteration = forward + backward + optimizer
     bottleneck = max(components, key=lambda k: components[k])

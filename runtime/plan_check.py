@@ -17,6 +17,9 @@ def executable_problem(plan: Any, *, world_size: int) -> str | None:
     if plan.model_parallel_degree != 1:
         return (f"model_parallel_degree {plan.model_parallel_degree} is not supported: this runtime is data parallel "
                 "(ZeRO-3) only; set model_parallel_degree to 1")
+    if getattr(plan, "context_parallel_degree", 1) != 1:
+        return (f"context_parallel_degree {plan.context_parallel_degree} is planned, not run: this runtime keeps "
+                "whole sequences on every GPU; set context_parallel_degree to 1")
     if plan.pipeline_parallel_degree != 1 or plan.micro_batches_per_step != 1 or plan.fp8_matmuls:
         return ("pipeline stages, several micro-batches per step and fp8 matmuls are planned, not run: set "
                 "pipeline_parallel_degree 1, micro_batches_per_step 1, fp8_matmuls false")

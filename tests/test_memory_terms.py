@@ -38,6 +38,10 @@ def _plans() -> dict[str, Plan]:
         "small-nvme": Plan(model=SMALL, node=node, num_gpus=8, strategy="custom", placement=ALL_NVME, prefetch_depth=3),
         "small-nvme-in-backward": Plan(model=SMALL, node=node, num_gpus=8, strategy="custom", placement=ALL_NVME,
                                        prefetch_depth=3, optimizer_step="in_backward"),
+        # Context parallel: the ring attention's KV blocks (planner/context_parallel.py).
+        "cp2-flash": Plan(model=resolve_model("llama-3-8b"), node=node, num_gpus=8, strategy="3d",
+                          placement=Placement(), micro_batch_per_gpu=0.5, checkpoint_interval=0,
+                          context_parallel_degree=2),
         "small-cpu-machine": Plan(model=SMALL, node=resolve_hardware("cpu-dev-2core"), num_gpus=1, strategy="custom",
                                   placement=ALL_NVME, prefetch_depth=2),
     }

@@ -78,7 +78,13 @@ def test_defaults_and_switches_count_what_transformers_builds(cfg):
 
 
 def _transformers_config_for(spec: ModelSpec) -> dict:
-    """The transformers config of a preset in the planner's own form: Llama for gated MLPs, GPT-2 else."""
+    """The transformers config of a preset in the planner's own form: Llama for gated MLPs, Nemotron for
+    a rotary model with an ungated MLP and no biases, GPT-2 else."""
+    if not spec.gated_mlp and spec.rotary and not spec.qkv_bias:
+        return {"model_type": "nemotron", "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+                "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+                "intermediate_size": spec.ffn_hidden_size, "vocab_size": spec.vocab_size,
+                "tie_word_embeddings": spec.tied_embeddings, "head_dim": spec.hidden_size // spec.num_heads}
     if spec.gated_mlp:
         return {"model_type": "llama", "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
                 "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,

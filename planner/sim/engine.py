@@ -31,6 +31,7 @@ from typing import Any, Literal
 import simpy
 
 from planner.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
+from planner.context_parallel import exposed_per_layer_s
 from planner.fp8 import linear_speedup
 from planner.kernels import achievable_hbm_bytes_per_s
 from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
@@ -203,6 +204,7 @@ class RankProgram:
         self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
         """Each data-parallel collective's latency (planner/collectives.py [Note: the alpha-beta collective])."""
         self.tp_latency_s = latency_s(tensor_parallel_ring(plan), "all_reduce", node)
+        self.ring_exposed_s = exposed_per_layer_s(plan)  # (forward, backward) per layer, context parallel
         """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/fp8.py); 1 without."""
         placement = plan.placement
         self.host_is_device = node.host_is_device
@@ -389,6 +391,9 @@ class RankProgram:
             sim.unit_start_s[Phase.FORWARD if phase is Phase.FORWARD else Phase.BACKWARD, blk // self.unit] = self.env.now
         yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params,
                             step_fused_flops(step))
+        if step_fused_flops(step) and self.ring_exposed_s != (0.0, 0.0):
+            # The ring's KV sends beyond the attention core they overlap (planner/context_parallel.py).
+            yield self.env.timeout(self.ring_exposed_s[1 if phase is Phase.BACKWARD else 0])
         if op.tp_all_reduce:
             activation = sim.work.tp_all_reduce_bytes
             yield self._collective(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),

@@ -2,28 +2,41 @@
 it cannot be one.
 
 [Note: what a row states] The planner is given what the source states and nothing fitted to the row:
-- shape from the row's columns; GQA, SwiGLU and embedding tying from the model's published config
-  (the project's presets, data/models/) where the row names a Llama or GPT-3, and rotary position
-  embeddings for Llama (Touvron et al. 2023, arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are
-  GPT blocks (4h GELU MLP unless `ffn_hidden_size` says otherwise, tied embeddings, multi-head);
-- recompute as stated: `full` (every block from its checkpoint), `selective` (the attention core's
-  seq^2 part only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200)
-  unless the source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train
-  with its default dropout (SOURCE_DROPOUT);
-- an unstated value is filled only from what the source itself says elsewhere (SOURCE_DEFAULTS,
-  each with its citation); otherwise the row gets a reason and no prediction;
+- shape from the row's columns; GQA, SwiGLU, embedding tying and rotary embeddings from the model's
+  published config (the project's presets, data/models/: Llama, GPT-3 and NeMo's GPT-3 5B/20B,
+  OPT, Qwen2.5, Nemotron-4 340B, matched by name: _NAMED), rotary for Llama (Touvron et al. 2023,
+  arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are GPT blocks (4h GELU MLP unless
+  `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a name with no preset and no
+  shape columns (Nemotron-8B/22B, "GPT-2-like 1.4B") keeps a reason;
+- recompute: `full` (every block from its checkpoint), `selective` (the attention core's seq^2 part
+  only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200) unless the
+  source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train with its
+  default dropout (SOURCE_DROPOUT);
+- an unstated shape, sequence, vocabulary or precision is filled only from what the source itself
+  says elsewhere (SOURCE_DEFAULTS, each with its citation); otherwise the row gets a reason;
+- an unstated tuning knob is searched as `planner fit` searches what a user leaves unpinned
+  (planner/validation/unstated.py [Note: unstated settings are searched]): recompute, data-parallel
+  sharding (among what the row's framework offers), the tensor x pipeline split of a stated
+  model-parallel size (an FSDP/ZeRO row with no pipeline degree: 1, the planner pipelines only
+  `3d`), the micro-batch of a pipelined row given its global batch, and with no batch at all the
+  largest micro-batch that fits (no accumulation, or `planner fit`'s 4 per stage when pipelined);
+  stated values are never searched, and `assumptions` names every searched knob and its choice;
 - micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
-  unstated micro-batch with a stated global batch means no accumulation (`micro = global / dp`);
-- the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor and pipeline
-  degrees (planner.plan.Plan: one replica spans `model_parallel_degree x pipeline_parallel_degree`
-  GPUs), and its `micro_batches_per_step` is the accumulation, so the planner times the whole
-  optimizer step (pipeline bubble, one gradient reduction per step: planner/pipeline.py);
-- interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge); a pipelined row without a
-  stated micro-batch has no bubble to price and gets a reason.
+  unstated micro-batch of an unpipelined row with a stated global batch means no accumulation
+  (`micro = global / dp`);
+- context parallelism from the note's `CP=k` (NeMo, Megatron-Bridge) or what the stated degrees leave
+  over (GPUs / (TP x PP x DP)): planner/context_parallel.py;
+- the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor, context and pipeline
+  degrees (planner.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
+  `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
+  (pipeline bubble, one gradient reduction per step: planner/pipeline.py);
+- interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
 - fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/fp8.py); on a
-  GPU without an fp8 rate the planner refuses them, naming the hardware.
-A reason names the missing planner feature (a GPU with no preset, context parallelism) or the
-missing statement (batch not stated); such rows count as misses.
+  GPU without an fp8 rate the planner refuses them, naming the hardware;
+- a GPU family's preset (HARDWARE_FOR), or its multi-GPU node where the row spans more GPUs than the
+  preset has in a node (NODE_FOR_GPUS_PER_NODE: hgx-h200).
+A reason names the missing planner feature (a GPU with no preset, a model with no published shape)
+or the missing statement (sequence length not stated); such rows count as misses.
 """
 
 from __future__ import annotations
@@ -35,9 +48,18 @@ from planner.catalog import hardware_presets, model_presets
 from planner.errors import PlannerError
 from planner.hardware import NodeSpec
 from planner.model import ModelSpec
-from planner.plan import STRATEGY_TABLE, Placement, Plan
+from planner.plan import STRATEGY_TABLE, Plan
+from planner.search import DEFAULT_MAX_MICRO_BATCH
 from planner.units import GIB
 from planner.validation.corpus import CorpusRow
+from planner.validation.unstated import (
+    SEARCHED_RECOMPUTES,
+    SHARDINGS_ANY,
+    SHARDINGS_OFFERED,
+    default_micro_batches,
+    search_unstated,
+    sized,
+)
 
 # GPU family (and stated memory) -> hardware preset. The lower-TDP 94 GB H100 of torchtitan's
 # 405B runs has no preset of its own: it is an H100 SXM with the row's memory (its clocks are lower,
@@ -49,6 +71,9 @@ HARDWARE_FOR: dict[tuple[str, float | None], str] = {
     ("H100", None): "dgx-h100",
     ("H200", None): "h200-x1",
 }
+NODE_FOR_GPUS_PER_NODE: dict[tuple[str, int], str] = {("H200", 8): "hgx-h200"}
+"""(GPU family, GPUs per node) -> the preset of a multi-GPU node, for rows that span more GPUs than
+HARDWARE_FOR's preset has in a node (torchtitan's 8-GPU H200 nodes)."""
 # source_id -> column -> (value, where the source states it). Nothing here is fitted.
 SOURCE_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
     "llmfoundry_bench": {
@@ -59,6 +84,13 @@ SOURCE_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
         "seq_len": (2048, "arXiv:2104.04473 Sec. 5: sequence length 2048 for all models"),
         "vocab_size": (51200, "arXiv:2104.04473 Sec. 5: vocabulary 51,200 for all models"),
         "activation_recompute": ("full", "Table 2 uses Table 1's FLOP formula, which includes the recompute pass"),
+    },
+    "opt2022": {
+        "seq_len": (2048, "arXiv:2205.01068 Sec. 2.2: OPT-175B trained on sequences of 2048 tokens"),
+    },
+    "megatron_bridge_archive": {
+        "precision": ("fp8", "the 25.09 H100 table's section notes state its FP8 scaling granularity (the rows' notes); "
+                             "every other row of this archive states FP8 or FP8-CS"),
     },
 }
 SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
@@ -78,6 +110,10 @@ SOURCE_DROPOUT: dict[str, str] = {
 _GPT_FAMILY = re.compile(r"^(gpt|mpt|turing|opt)", re.I)
 _LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
 _GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
+_NAMED = ((_LLAMA, "llama-{}-{}b"), (_GPT3, "gpt3-{}b"), (re.compile(r"^opt[\s_-]*(\d+)b", re.I), "opt-{}b"),
+          (re.compile(r"qwen[\s_-]*(\d(?:\.\d)?)[\s_-]*(\d+)b", re.I), "qwen{}-{}b"),
+          (re.compile(r"nemotron(?:[\s_-]*4)?[\s_-]+(\d+)b", re.I), "nemotron-4-{}b"))
+"""Model-name patterns -> preset keys (data/models/): a name with no preset keeps its reason."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,33 +129,51 @@ class RowPlan:
 
 
 def row_plan(row: CorpusRow) -> RowPlan:
-    """The plan for `row`, or its reasons (every one found, not just the first)."""
+    """The plan for `row`, or its reasons (every one found, not just the first); unstated settings are
+    searched (planner/validation/unstated.py [Note: unstated settings are searched])."""
     reasons: list[str] = []
     assumptions: list[str] = []
     value = _stated(row, assumptions)
     model = _model(row, value, reasons)
     node = _node(row, reasons)
-    tp, pp = value("tensor_parallel"), value("pipeline_parallel")
-    if tp is None or pp is None:
-        reasons.append("parallel layout not stated (tensor/pipeline degrees)")
-    precision = _precision(row.precision, reasons)
+    precision_text = value("precision") or ""
+    precision = _precision(precision_text, reasons)
+    cp = context_parallel(row)
+    layouts = _layouts(row, value, model, node, cp, reasons, assumptions)
     recompute = value("activation_recompute")
-    if not recompute:
-        reasons.append("activation recompute not stated")
-    strategy, placement = _strategy(row, reasons)
-    batch = _batch(row, tp or 1, pp or 1, reasons, assumptions)
-    if reasons or model is None or node is None or batch is None:
+    shardings = _shardings(row, {row.num_gpus // (tp * pp * cp) for tp, pp in layouts}, reasons)
+    micros = _micro_batches(row, layouts, cp, reasons, assumptions)
+    if cp > 1:
+        assumptions.append(f"context_parallel = {cp} (the row's note or its stated degrees)")
+    if reasons or model is None or node is None:
         return RowPlan(plan=None, reasons=tuple(reasons), assumptions=tuple(assumptions))
-    micro, accumulation = batch
-    try:
+    options = {"tensor x pipeline": layouts, "activation_recompute": (recompute,) if recompute else SEARCHED_RECOMPUTES,
+               "sharding": shardings, "micro_batch": micros}
+    searched = [k for k, v in options.items() if len(v) > 1 or v == (None,)]
+    attention = _attention(row, node, assumptions)
+
+    def build(choice: dict) -> Plan | None:
+        (tp, pp), micro = choice["tensor x pipeline"], choice["micro_batch"]
+        dp = row.num_gpus // (tp * pp * cp)
+        accumulation = 1 if micro is None or row.global_batch is None else row.global_batch // (micro * dp)
+        if micro is not None and row.global_batch is not None and row.global_batch % (micro * dp):
+            return None
+        strategy = SHARDING_STRATEGY.get(choice["sharding"], choice["sharding"])
+        placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
-                    micro_batch_per_gpu=micro / (tp * pp), checkpoint_interval=1 if recompute == "full" else 0,
-                    recompute=recompute, attention=_attention(row, node, assumptions),
+                    micro_batch_per_gpu=(micro or 1) / (tp * cp * pp), recompute=choice["activation_recompute"],
+                    checkpoint_interval=1 if choice["activation_recompute"] == "full" else 0, attention=attention,
                     model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=_virtual_stages(row),
-                    micro_batches_per_step=accumulation, precision=precision, fp8_matmuls=uses_fp8(row.precision))
-    except PlannerError as exc:
-        return RowPlan(plan=None, reasons=(f"the planner refuses the configuration: {exc}",), assumptions=tuple(assumptions))
-    return RowPlan(plan=plan, grad_accumulation=accumulation, assumptions=tuple(assumptions))
+                    context_parallel_degree=cp,
+                    micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
+                    fp8_matmuls=uses_fp8(precision_text))
+        return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
+
+    plan, searched_notes, why = search_unstated(build, options, searched)
+    if plan is None:
+        return RowPlan(plan=None, reasons=(f"the planner refuses the configuration: {why}",),
+                       assumptions=tuple(assumptions))
+    return RowPlan(plan=plan, grad_accumulation=plan.micro_batches_per_step, assumptions=(*assumptions, *searched_notes))
 
 
 _VIRTUAL_STAGES = re.compile(r"\bVP\s*=\s*(\d+)")
@@ -158,7 +212,7 @@ def _stated(row: CorpusRow, assumptions: list[str]):
 def preset_for_name(name: str) -> ModelSpec | None:
     """The published config a row's `model_name` refers to ("LLAMA3.1_405B" -> llama-3-405b)."""
     presets = model_presets()
-    for pattern, key in ((_LLAMA, "llama-{}-{}b"), (_GPT3, "gpt3-{}b")):
+    for pattern, key in _NAMED:
         match = pattern.search(name)
         if match and key.format(*match.groups()).lower() in presets:
             return presets[key.format(*match.groups()).lower()][0]
@@ -200,6 +254,9 @@ def node_for_row(row: CorpusRow) -> NodeSpec | str:
         return f"no hardware preset for {row.gpu_type}"
     node = hardware_presets()[name]
     if row.gpus_per_node is not None and row.num_gpus > node.num_gpus_per_node != row.gpus_per_node:
+        name = NODE_FOR_GPUS_PER_NODE.get((row.gpu_family, row.gpus_per_node), name)
+        node = hardware_presets()[name]
+    if row.gpus_per_node is not None and row.num_gpus > node.num_gpus_per_node != row.gpus_per_node:
         return f"no preset for {row.gpus_per_node}-GPU {row.gpu_family} nodes ({name} has {node.num_gpus_per_node})"
     if row.gpu_memory_gb is not None and row.gpu_memory_gb * GIB > node.gpu_memory_bytes:
         node = node.replace(name=f"{name} ({row.gpu_memory_gb:g} GB part)", gpu_memory_bytes=row.gpu_memory_gb * GIB)
@@ -236,49 +293,100 @@ def _precision(text: str, reasons: list[str]) -> str:
     return "bf16"
 
 
-def _strategy(row: CorpusRow, reasons: list[str]) -> tuple[str, Placement]:
+def _shardings(row: CorpusRow, replicas: set[int], reasons: list[str]) -> tuple[str, ...]:
+    """Sharding options (corpus names, SHARDING_STRATEGY): the stated one, or those the row's framework
+    offers (unstated.SHARDINGS_OFFERED) when the row has more than one replica."""
     if row.offload != "none":
         params_off = row.params_on.startswith(("cpu", "nvme"))
         tier = row.offload
         name = {("cpu", True): "zero-inf-cpu", ("nvme", True): "zero-inf-nvme"}.get((tier, params_off), "zero-offload")
         if name == "zero-offload" and tier == "nvme":
             reasons.append("optimizer-only NVMe offload with parameters on the GPU: no planner strategy")
-        return name, STRATEGY_TABLE[name].placement
-    # zero1 is the distributed optimizer: partitioned optimizer states, gradients reduced once per step (`3d`).
-    name = {"none": "dp", "zero1": "3d", "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3"}.get(row.sharding)
-    if name is None:  # unstated: only a single replica makes it irrelevant
-        replicas = row.data_parallel or (1 if row.num_gpus == 1 else None)
-        if replicas != 1:
-            reasons.append("data-parallel sharding not stated")
-        name = "dp"
-    return name, STRATEGY_TABLE[name].placement
+        return (name,)
+    if row.sharding:
+        return (row.sharding,)
+    if (row.data_parallel or 0) == 1 or replicas == {1}:
+        return ("none",)  # a single replica: nothing to shard
+    return SHARDINGS_OFFERED.get(row.source_id, SHARDINGS_ANY)
 
 
-def _batch(row: CorpusRow, tp: int, pp: int, reasons: list[str], assumptions: list[str]) -> tuple[int, int] | None:
-    """(micro-batch per replica, gradient accumulation), from what the row states."""
-    dp = row.data_parallel or row.num_gpus // (tp * pp)
-    if dp * tp * pp != row.num_gpus:
-        rest, left = divmod(row.num_gpus, dp * tp * pp)
-        reasons.append(f"context parallelism (CP {rest}): the planner splits no sequence across GPUs" if not left
-                       else f"GPUs {row.num_gpus} are not TP {tp} x PP {pp} x DP {dp}")
-        return None
+SHARDING_STRATEGY: dict[str, str] = {"none": "dp", "zero1": "3d", "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3"}
+"""zero1 is the distributed optimizer: partitioned optimizer states, gradients reduced once per step (`3d`)."""
+_CONTEXT_PARALLEL = re.compile(r"\bCP\s*=\s*(\d+)")
+_MODEL_PARALLEL_SIZE = re.compile(r"model-parallel size (\d+)")
+
+
+def context_parallel(row: CorpusRow) -> int:
+    """The context-parallel degree the row's note states (`CP=2`: NeMo, Megatron-Bridge), else what its
+    stated degrees leave over (GPUs / (TP x PP x DP)), else 1."""
+    match = _CONTEXT_PARALLEL.search(row.notes or "")
+    if match:
+        return max(1, int(match.group(1)))
+    tp, pp, dp = row.tensor_parallel, row.pipeline_parallel, row.data_parallel
+    if None not in (tp, pp, dp) and row.num_gpus % (tp * pp * dp) == 0:
+        return row.num_gpus // (tp * pp * dp)
+    return 1
+
+
+def _layouts(row: CorpusRow, value, model: ModelSpec | None, node: NodeSpec | None, cp: int, reasons: list[str],
+             assumptions: list[str]) -> tuple[tuple[int, int], ...]:
+    """(tensor, pipeline) options: the stated pair, or the splits of a model-parallel size the note states
+    (Narayanan et al. 2021 Table 2), or every tensor degree of an FSDP/ZeRO row (which the planner
+    does not pipeline); tensor degrees are powers of two within a node that divide the heads."""
+    tp, pp = value("tensor_parallel"), value("pipeline_parallel")
+    if tp is not None and pp is not None:
+        return ((tp, pp),)
+    if model is None or node is None:
+        return ((tp or 1, pp or 1),)
+    per_node, tps, degree = node.num_gpus_per_node, [], 1
+    while degree <= per_node and model.num_heads % degree == 0 and row.num_gpus % (degree * cp) == 0:
+        tps.append(degree)
+        degree *= 2
+    tps = [tp] if tp is not None else tps
+    size = _MODEL_PARALLEL_SIZE.search(row.notes or "")
+    if size:
+        mp = int(size.group(1))
+        pairs = [(t, mp // t) for t in tps if mp % t == 0 and mp // t <= model.num_layers and pp in (None, mp // t)]
+    elif pp is None and row.sharding in ("fsdp", "zero2", "zero3"):
+        assumptions.append(f"pipeline_parallel = 1 (the row's {row.sharding} sharding: the planner pipelines only `3d`)")
+        pairs = [(t, 1) for t in tps]
+    elif pp is not None:
+        pairs = [(t, pp) for t in tps]
+    else:
+        reasons.append("parallel layout not stated (tensor/pipeline degrees, nor a model-parallel size)")
+        return ()
+    if not pairs:
+        reasons.append(f"no tensor x pipeline split of {row.num_gpus} GPUs fits the stated degrees")
+    return tuple(pairs)
+
+
+def _micro_batches(row: CorpusRow, layouts: tuple[tuple[int, int], ...], cp: int, reasons: list[str],
+                   assumptions: list[str]) -> tuple[int | None, ...]:
+    """Micro-batch per replica options (None: the largest that fits, [Note: unstated settings are searched])."""
     micro, global_batch = row.micro_batch, row.global_batch
-    if micro is None and global_batch is None:
-        reasons.append("batch not stated")
-        return None
-    if micro is None and pp > 1:
-        reasons.append(f"micro-batch not stated: the bubble of a {pp}-stage pipeline, (p-1)/m, depends on it")
-        return None
-    if micro is None:
+    dps = {tp * pp: row.data_parallel or row.num_gpus // (tp * pp * cp) for tp, pp in layouts}
+    if any(dp * mp * cp != row.num_gpus for mp, dp in dps.items()):
+        reasons.append(f"GPUs {row.num_gpus} are not TP x PP x CP {cp} x DP for "
+                       f"{', '.join(f'TP x PP {mp}, DP {dp}' for mp, dp in dps.items())}")
+        return ()
+    if micro is not None:
+        if len(layouts) == 1 and global_batch is not None and global_batch % (micro * next(iter(dps.values()))):
+            dp = next(iter(dps.values()))
+            reasons.append(f"global batch {global_batch} is not micro {micro} x data parallel {dp} x a whole accumulation")
+        if global_batch is None:
+            assumptions.append("no gradient accumulation (global batch not stated)")
+        return (micro,)
+    if global_batch is None:
+        return (None,)
+    if all(pp == 1 for _, pp in layouts) and len(layouts) == 1:
+        dp = next(iter(dps.values()))
         if global_batch % dp:
             reasons.append(f"global batch {global_batch} is not a multiple of data parallel {dp}")
-            return None
+            return ()
         assumptions.append(f"micro_batch = global {global_batch} / data parallel {dp} (no accumulation stated)")
-        return global_batch // dp, 1
-    if global_batch is None:
-        assumptions.append("no gradient accumulation (global batch not stated)")
-        return micro, 1
-    if global_batch % (micro * dp):
-        reasons.append(f"global batch {global_batch} is not micro {micro} x data parallel {dp} x a whole accumulation")
-        return None
-    return micro, global_batch // (micro * dp)
+        return (global_batch // dp,)
+    per_replica = {global_batch // dp for dp in dps.values() if global_batch % dp == 0}
+    options = sorted({m for n in per_replica for m in range(1, min(n, DEFAULT_MAX_MICRO_BATCH) + 1) if n % m == 0})
+    if not options:
+        reasons.append(f"global batch {global_batch} is not a multiple of data parallel {sorted(set(dps.values()))}")
+    return tuple(options)

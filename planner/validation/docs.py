@@ -35,7 +35,9 @@ def corpus_section(scatter_path: Path, scatter_link: str) -> tuple[str, float]:
     body = markdown(simulated, scatter=scatter_link)
     head = ["## Published training runs (data/validation/published_runs.csv)", "",
             f"265 measured runs from papers and public benchmark files (README beside the CSV). Every row is predicted "
-            f"under exactly the configuration it states (planner/validation/configure.py [Note: what a row states]); "
+            f"under the configuration it states (planner/validation/configure.py [Note: what a row states]); a tuning "
+            f"knob it leaves unstated is searched as `planner fit` searches an unpinned one, and the choice is listed "
+            f"below (planner/validation/unstated.py); "
             f"the whole corpus took {wall_s:.1f} s here (2 shared cores). The V100, A100, H100 and H200 presets' "
             "compute rates are fitted on these rows (docs/planner.md, Fitted presets), so the per-GPU and per-source "
             "tables are in-sample; the leave-one-source-out table is the prediction error. `planner validate [--corpus FILE] [--source ID] [--gpu TYPE] [--json] "

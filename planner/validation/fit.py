@@ -59,7 +59,7 @@ FIT_JSON = ROOT / "data" / "validation" / "fit.json"
 GENERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "V100": (("V100",), ("dgx2-v100",)),
     "A100": (("A100",), ("dgx-a100-40g", "dgx-a100-80g")),
-    "H100": (("H100", "H200"), ("dgx-h100", "h200-x1")),
+    "H100": (("H100", "H200"), ("dgx-h100", "h200-x1", "hgx-h200")),
 }
 """Generation -> (corpus GPU families fitted together, presets that get the fitted numbers)."""
 PARAMS: tuple[str, ...] = ("plateau", "half_gflop", "flash", "hbm")

@@ -67,11 +67,27 @@ def markdown(report: ValidationReport, *, all_rows: bool = True, scatter: str | 
     lines += ["", "### Offload rows (checks, not calibration)", ""] + _table("offload", {"all": s["offload_checks"]})
     lines += ["", "### Why rows have no prediction", "", "| reason | rows |", "|---|---|"]
     lines += [f"| {kind} | {count} |" for kind, count in reason_kinds(report.results).most_common()]
+    lines += searched_lines(report.results)
     worst = sorted((r for r in report.results if r.error is not None), key=lambda r: -abs(r.error))[:10]
     lines += ["", "### Worst 10 predicted rows", ""] + ROW_HEADER + [_row_line(r) for r in worst]
     if all_rows:
         lines += ["", "### Every row", ""] + ROW_HEADER + [_row_line(r) for r in report.results]
     return "\n".join(lines) + "\n"
+
+
+def searched_lines(results: tuple[RowResult, ...]) -> list[str]:
+    """The settings a row left unstated and the planner searched, with what it chose
+    (planner/validation/unstated.py [Note: unstated settings are searched])."""
+    rows = [(r, [a.removeprefix("searched ") for a in r.assumptions if a.startswith("searched ")]) for r in results]
+    rows = [(r, searched) for r, searched in rows if searched]
+    if not rows:
+        return []
+    lines = ["", "### Settings searched where a row leaves them unstated", "",
+             "The planner's fastest configuration that fits, as `planner fit` searches unpinned knobs "
+             "(planner/validation/unstated.py).", "", "| row | source | error | searched: chosen |", "|---|---|---|---|"]
+    lines += [f"| {r.row.row_id} | {r.row.source_id} | {_pct(r.error, signed=True)} | "
+              f"{'; '.join(searched).replace('|', '/')} |" for r, searched in rows]
+    return lines
 
 
 FITTED_COLUMNS = ("fitted rows", "before fit: median |error|", "in-sample median |error|", "in-sample p90",

@@ -34,7 +34,9 @@ PARAMS_AS_STATED = frozenset({"llmfoundry_bench"})
 """Sources whose `params_b` is their exact 6N count (llm-foundry's includes learned position
 embeddings, which the planner's model lacks); elsewhere it is a rounded size and N is the model's."""
 BUNDLED = "bundled data/validation/published_runs.csv"
-ROW_KEYS: tuple[str, ...] = ("row_id", "source_id", "gpu_type", "metric", "measured", "predicted", "error", "reason")
+ROW_KEYS: tuple[str, ...] = ("row_id", "source_id", "gpu_type", "metric", "measured", "predicted", "error", "reason",
+                             "assumptions")
+"""`assumptions`: what was filled or searched for the row (configure.py [Note: what a row states])."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,7 +64,7 @@ class RowResult:
     def to_json(self) -> dict[str, Any]:
         return {"row_id": self.row.row_id, "source_id": self.row.source_id, "gpu_type": self.row.gpu_family,
                 "metric": self.metric, "measured": self.measured, "predicted": self.predicted, "error": self.error,
-                "reason": self.reason}
+                "reason": self.reason, "assumptions": list(self.assumptions)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,105 @@
+"""Context parallelism (planner/context_parallel.py [Note: context parallelism]): per-GPU tokens, the
+ring's KV bytes and exposed seconds, its memory term, the estimate and the simulator on the same
+seconds, the plan's JSON, and the runtime's refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.catalog import resolve_hardware, resolve_model
+from planner.context_parallel import exposed_per_layer_s, kv_block_bytes, ring_bytes_per_s, ring_passes_s
+from planner.errors import PlannerError
+from planner.kernels import block_cost
+from planner.memory import memory_bill
+from planner.memory_terms import MemoryTerm
+from planner.plan import STRATEGY_TABLE, Plan
+from planner.sim.fast import predict
+from planner.throughput import estimate
+from runtime.plan_check import executable_problem
+
+NODE = resolve_hardware("dgx-h100")
+MODEL = resolve_model("llama-3-8b").replace(seq_len=8192)  # GQA: 8 KV heads of 128 -> KV width 1024
+
+
+def _plan(cp: int = 4, tp: int = 2, gpus: int = 64, replica_batch: int = 2, **changes) -> Plan:
+    return Plan(model=MODEL, node=NODE, num_gpus=gpus, strategy="3d", placement=STRATEGY_TABLE["3d"].placement,
+                micro_batch_per_gpu=replica_batch / (tp * cp), checkpoint_interval=0, model_parallel_degree=tp,
+                context_parallel_degree=cp, **changes)
+
+
+def test_each_gpu_holds_seq_over_cp_tokens_and_gradients_reduce_over_dp_x_cp():
+    plan = _plan()
+    assert plan.gpus_per_replica == 8 and plan.data_parallel_degree == 32  # 8 replicas x 4 CP ranks
+    assert plan.micro_batch_per_gpu * MODEL.seq_len == 2 * 8192 / (2 * 4)  # the replica's tokens / (tp x cp)
+    assert plan.tokens_per_iteration == 8 * 2 * 8192  # 8 replicas x 2 sequences
+    # the distributed optimizer: fp32 gradient copy (4 bytes, whole) and master + Adam (12) / (dp x cp)
+    states = memory_bill(plan).terms["gpu"][MemoryTerm.OPTIMIZER_STATES]
+    assert states == pytest.approx(MODEL.num_params / 2 * (4 + 12 / 32), rel=1e-6, abs=4096)
+
+
+def test_kv_block_and_ring_buffers_in_the_bill():
+    plan = _plan()
+    # 2048 tokens per GPU (over tp) x K and V x 1024 wide x 2 bytes
+    assert kv_block_bytes(plan) == 2048 * 2 * 1024 * 2 == 8 * 2**20
+    gpu = memory_bill(plan).terms["gpu"]
+    assert gpu[MemoryTerm.RING_ATTENTION_BUFFERS] == 4 * 8 * 2**20
+    assert MemoryTerm.RING_ATTENTION_BUFFERS not in memory_bill(_plan(cp=1, gpus=16)).terms["gpu"]
+    # Twice the CP ranks for the same replica batch: half the tokens, half the activations, per GPU.
+    assert memory_bill(_plan(cp=8)).terms["gpu"][MemoryTerm.AWM] == pytest.approx(gpu[MemoryTerm.AWM] / 2, rel=1e-6)
+
+
+def test_exposed_ring_seconds_are_the_sends_beyond_the_attention_they_overlap():
+    slow = _plan().replace(node=NODE.replace(gpu_gpu_intra_node_bytes_per_s=5e9))
+    send_s = kv_block_bytes(slow) / 5e9
+    cost = block_cost(slow)
+    attn_fwd_s = cost.fused_forward_flops / NODE.flash_attention_flops_per_s
+    attn_bwd_s = cost.fused_backward_flops / NODE.flash_attention_flops_per_s
+    forward, backward = exposed_per_layer_s(slow)
+    assert forward == pytest.approx(3 * (send_s - attn_fwd_s / 4))
+    assert backward == pytest.approx(3 * (2 * send_s - attn_bwd_s / 4))
+    assert ring_passes_s(slow) == pytest.approx((32 * forward, 32 * backward))
+    assert exposed_per_layer_s(_plan()) == (0.0, 0.0)  # NVLink: every send hides behind the attention
+    assert exposed_per_layer_s(_plan(cp=1, gpus=16)) == (0.0, 0.0)
+    # tp x cp = 16 spans two nodes: the GPU's share of the node's network
+    assert ring_bytes_per_s(_plan(cp=8, tp=2, gpus=64)) == NODE.inter_node_bytes_per_s / 8
+
+
+def test_estimate_and_simulator_add_the_same_ring_seconds():
+    def plan(node):
+        return Plan(model=MODEL, node=node, num_gpus=2, strategy="dp", placement=STRATEGY_TABLE["dp"].placement,
+                    micro_batch_per_gpu=0.5, checkpoint_interval=0, context_parallel_degree=2)
+
+    fast, slow = plan(NODE), plan(NODE.replace(gpu_gpu_intra_node_bytes_per_s=2e9))
+    ring_fwd_s = ring_passes_s(slow)[0]
+    assert ring_fwd_s > 0 and ring_passes_s(fast) == (0.0, 0.0)
+    assert estimate(slow).component_time_s["context parallel"] == pytest.approx(sum(ring_passes_s(slow)))
+    simulated = predict(slow).phase_time_s["forward"] - predict(fast).phase_time_s["forward"]
+    analytic = estimate(slow).phase_time_s["forward"] - estimate(fast).phase_time_s["forward"]
+    assert simulated == pytest.approx(ring_fwd_s, rel=1e-6) and analytic == pytest.approx(ring_fwd_s, rel=1e-6)
+
+
+def test_plan_json_extends_and_old_plans_load():
+    plan = _plan()
+    doc = plan.to_dict()
+    assert doc["context_parallel_degree"] == 4 and Plan.from_dict(doc).context_parallel_degree == 4
+    flat = _plan(cp=1, gpus=16).to_dict()
+    assert "context_parallel_degree" not in flat and Plan.from_dict(flat).context_parallel_degree == 1
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"cp": 3, "gpus": 48}, "seq_len 8192 is not a multiple of 6"),
+    ({"gpus": 12}, "do not divide num_gpus 12"),
+    ({"attention": "eager"}, "runs ring attention on a fused kernel"),
+])
+def test_refusals_are_one_line(changes, fragment):
+    attention = changes.pop("attention", "")
+    with pytest.raises(PlannerError) as err:
+        _plan(**changes, attention=attention)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_runtime_refuses_context_parallel_in_one_line():
+    plan = Plan(model=MODEL, node=NODE, num_gpus=2, strategy="zero3", placement=STRATEGY_TABLE["zero3"].placement,
+                micro_batch_per_gpu=0.5, context_parallel_degree=2)
+    problem = executable_problem(plan, world_size=2)
+    assert problem is not None and "context_parallel_degree 2" in problem and "\n" not in problem
