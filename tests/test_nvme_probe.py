@@ -156,3 +156,15 @@ def test_the_compute_probe_measures_in_full_only_the_dtypes_near_the_best(monkey
     flops_screen = flops_full * probe.SCREEN_TOKENS / 256
     if screened_only:
         assert compute.by_dtype["bfloat16"] == pytest.approx(flops_screen / 1e-1)
+
+
+def test_the_attention_probe_counts_flops_as_the_planner_times_a_fused_kernel(monkeypatch):
+    # [Note: the CPU's fused attention]: forward half the causal square (4 b s^2 q / 2), backward 2.5 x that,
+    # the count planner/kernels.py's attention_flops uses for `attention: flash`; the time is given.
+    torch = pytest.importorskip("torch")
+    from runtime import probe
+
+    monkeypatch.setattr(probe, "ATTENTION_SHAPE", (1, 2, 16, 8))
+    monkeypatch.setattr(probe, "_median_time_s", lambda run, *, repeats, warmup=1: (run(), 0.5)[1])
+    rate = probe.measure_causal_attention(torch.device("cpu"), torch.float32)
+    assert rate == pytest.approx((4 * 1 * 16**2 * 2 * 8 / 2) * 3.5 / 0.5)
