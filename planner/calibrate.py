@@ -152,6 +152,9 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     rows, targets = [], []
     for plan, profile in runs:
         features = phase_features(plan, node)
+        if shares_cores(node):  # [Note: one factor for the CPU's kernels]
+            for phase in features.values():
+                phase["compute_s"], phase["memory_s"] = phase["compute_s"] + phase["memory_s"], 0.0
         for phase, measured in profile.measured.phase_time_s.items():
             if measured <= 0 or phase not in features:
                 continue
@@ -193,10 +196,30 @@ def _standard_errors(rows: list[list[float]], err: float, names: list[str]) -> d
     return {name: float(math.sqrt(max(0.0, cov[i, i]))) for i, name in enumerate(names)}
 
 
+def shares_cores(node: NodeSpec) -> bool:
+    """[Note: one factor for the CPU's kernels] Where the CPU is the compute device and the probe
+    measured its memory-bound kernels (`hbm_achievable_fraction` sourced `measured`) next to its
+    matmuls and fused attention, one factor scales all three.
+
+    The matmuls, the fused attention and the norms, activations and residual adds run on the same
+    cores, one after the other, so whatever else runs on the machine slows them alike, and the
+    probe times all three back to back: their ratios are measured, and what the reference runs
+    add is how fast the cores ran for training. Fitted apart, the matmul and memory-bound columns
+    are nearly collinear over four small runs (both grow with tokens x width), and on a shared
+    machine whose speed moves 2-10x within a minute the fit trades one for the other at random:
+    on 2026-11-25 it priced matmuls at zero and memory-bound work at 1/140 of the probe's rate,
+    which times every backward (2x the forward's matmuls, 1.5x its kernel bytes) ~25% short
+    (benchmarks/loop_check.py, docs/calibration.md). A GPU keeps the two factors: its matmuls
+    and its HBM are different units."""
+    return node.host_is_device and node.sources.get("hbm_achievable_fraction") == "measured"
+
+
 def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -> NodeSpec:
     changes: dict[str, Any] = {}
     if "compute_s" in fitted and theta["compute_s"] > 0:
         changes["gpu_flops_per_s"] = node.gpu_flops_per_s / theta["compute_s"]
+        if shares_cores(node):
+            changes["gpu_hbm_bytes_per_s"] = node.gpu_hbm_bytes_per_s / theta["compute_s"]
         changes["matmul_efficiency"] = EfficiencyCurve()
         if node.flash_attention_flops_per_s:  # its kernel's busy time is part of the compute feature
             changes["flash_attention_flops_per_s"] = node.flash_attention_flops_per_s / theta["compute_s"]

@@ -168,3 +168,23 @@ def test_the_attention_probe_counts_flops_as_the_planner_times_a_fused_kernel(mo
     monkeypatch.setattr(probe, "_median_time_s", lambda run, *, repeats, warmup=1: (run(), 0.5)[1])
     rate = probe.measure_causal_attention(torch.device("cpu"), torch.float32)
     assert rate == pytest.approx((4 * 1 * 16**2 * 2 * 8 / 2) * 3.5 / 0.5)
+
+
+def test_the_kernel_probe_counts_bytes_as_the_planner_bills_a_blocks_memory_bound_kernels(monkeypatch):
+    # [Note: the CPU's memory-bound kernels]: two norms, two residual adds and GELU, forward and
+    # backward, the bytes planner/kernels.py's kernel_bytes gives a GPT block; the time is given.
+    torch = pytest.importorskip("torch")
+    from planner.catalog import hardware_presets
+    from planner.kernels import kernel_bytes
+    from planner.plan import Plan
+    from runtime import probe
+
+    monkeypatch.setattr(probe, "_median_time_s", lambda run, *, repeats, warmup=1: (run(), 0.25)[1])
+    rate = probe.measure_block_kernels(torch.device("cpu"), torch.float32, hidden=64, tokens=32)
+    plan = Plan.from_dict({"model": {"num_layers": 1, "hidden_size": 64, "num_heads": 1, "seq_len": 32, "vocab_size": 0},
+                           "hardware": hardware_presets()["dgx2-v100"].to_dict(), "num_gpus": 1, "precision": "fp32",
+                           "micro_batch_per_gpu": 1})
+    fwd, bwd = kernel_bytes(plan)
+    fwd.pop("softmax"), bwd.pop("softmax")  # eager attention's, not a kernel of the block a fused kernel runs
+    assert set(fwd) == set(bwd) == {"norms", "residual", "activation"}
+    assert rate == pytest.approx((sum(fwd.values()) + sum(bwd.values())) / 0.25)
