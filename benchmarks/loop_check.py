@@ -62,8 +62,12 @@ def take_priority() -> str:
     the same way with `nice -20`). Returns what it did, for the report."""
     if os.geteuid() != 0:
         return "normal priority (not root)"
-    os.setsid()
-    done = ["own session"]
+    done = []
+    try:
+        os.setsid()
+        done.append("own session")
+    except OSError:  # already a process-group leader (started from an interactive shell): its session is its own
+        done.append("the shell's session")
     try:
         Path("/proc/self/autogroup").write_text("-20")
         done.append("autogroup nice -20")
