@@ -4,7 +4,8 @@
 its matmul efficiency curve and per-operator cost removed, and each phase (forward; backward =
 recompute + backward; optimizer) is described by what it asked of each resource:
 
-    compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute` less the rest)
+    compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute` less the rest;
+                   + fused attention flops / its rate         a fused attention kernel's time included)
     memory_s       elementwise bytes / gpu_hbm_gb_per_s      (planner/sim/workload.py [Note: elementwise work])
     cpu_adam_s     parameters / cpu_adam_gparams_per_s       (busy time of `cpu_optimizer`)
     nvme_s         bytes / NVMe rates                        (busy time of the NVMe links)
@@ -13,7 +14,8 @@ recompute + backward; optimizer) is described by what it asked of each resource:
 The measured phase time is modelled as `sum_f theta_f * feature_f` with every `theta >= 0`
 (non-negative least squares, each row divided by its measured time so that every phase of every
 profile weighs the same relative error). The fitted spec is the base spec with
-- `gpu_peak_tflops / theta_compute`, `gpu_hbm_gb_per_s / theta_memory`,
+- `gpu_peak_tflops / theta_compute` (and `flash_attention_tflops`, whose busy time the compute
+  feature holds), `gpu_hbm_gb_per_s / theta_memory`,
   and no matmul efficiency curve (the features were taken without one),
 - `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`,
 - `operator_overhead_ms = 1000 * theta_operators` (absolute: the feature counts operators).
@@ -150,6 +152,9 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     rows, targets = [], []
     for plan, profile in runs:
         features = phase_features(plan, node)
+        if shares_cores(node):  # [Note: one factor for the CPU's kernels]
+            for phase in features.values():
+                phase["compute_s"], phase["memory_s"] = phase["compute_s"] + phase["memory_s"], 0.0
         for phase, measured in profile.measured.phase_time_s.items():
             if measured <= 0 or phase not in features:
                 continue
@@ -191,11 +196,33 @@ def _standard_errors(rows: list[list[float]], err: float, names: list[str]) -> d
     return {name: float(math.sqrt(max(0.0, cov[i, i]))) for i, name in enumerate(names)}
 
 
+def shares_cores(node: NodeSpec) -> bool:
+    """[Note: one factor for the CPU's kernels] Where the CPU is the compute device and the probe
+    measured its memory-bound kernels (`hbm_achievable_fraction` sourced `measured`) next to its
+    matmuls and fused attention, one factor scales all three.
+
+    The matmuls, the fused attention and the norms, activations and residual adds run on the same
+    cores, one after the other, so whatever else runs on the machine slows them alike, and the
+    probe times all three back to back: their ratios are measured, and what the reference runs
+    add is how fast the cores ran for training. Fitted apart, the matmul and memory-bound columns
+    are nearly collinear over four small runs (both grow with tokens x width), and on a shared
+    machine whose speed moves 2-10x within a minute the fit trades one for the other at random:
+    on 2026-11-25 it priced matmuls at zero and memory-bound work at 1/140 of the probe's rate,
+    which times every backward (2x the forward's matmuls, 1.5x its kernel bytes) ~25% short
+    (benchmarks/loop_check.py, docs/calibration.md). A GPU keeps the two factors: its matmuls
+    and its HBM are different units."""
+    return node.host_is_device and node.sources.get("hbm_achievable_fraction") == "measured"
+
+
 def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -> NodeSpec:
     changes: dict[str, Any] = {}
     if "compute_s" in fitted and theta["compute_s"] > 0:
         changes["gpu_flops_per_s"] = node.gpu_flops_per_s / theta["compute_s"]
+        if shares_cores(node):
+            changes["gpu_hbm_bytes_per_s"] = node.gpu_hbm_bytes_per_s / theta["compute_s"]
         changes["matmul_efficiency"] = EfficiencyCurve()
+        if node.flash_attention_flops_per_s:  # its kernel's busy time is part of the compute feature
+            changes["flash_attention_flops_per_s"] = node.flash_attention_flops_per_s / theta["compute_s"]
     if "memory_s" in fitted and theta["memory_s"] > 0:
         changes["gpu_hbm_bytes_per_s"] = node.gpu_hbm_bytes_per_s / theta["memory_s"]
     if "cpu_adam_s" in fitted and theta["cpu_adam_s"] > 0:
@@ -208,6 +235,7 @@ def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -
     keys = {"gpu_flops_per_s": "gpu_peak_tflops", "cpu_adam_params_per_s": "cpu_adam_gparams_per_s",
             "nvme_read_bytes_per_s": "nvme_read_gb_per_s", "nvme_write_bytes_per_s": "nvme_write_gb_per_s",
             "gpu_hbm_bytes_per_s": "gpu_hbm_gb_per_s", "operator_overhead_s": "operator_overhead_ms",
+            "flash_attention_flops_per_s": "flash_attention_tflops",
             "matmul_efficiency": "efficiency"}
     sources = dict(node.sources)
     sources.update({keys[k]: "measured" for k in changes})

@@ -108,11 +108,12 @@ imports neither the runtime nor the CLI, so it is handed the trainer."""
 
 def calibrate_on_reference_runs(
     node: NodeSpec, nvme_path: str, *, train: Train, precision: str = "bf16", steps: int = REFERENCE_STEPS,
-    repeats: int = REFERENCE_REPEATS, log: Callable[[str], None] = lambda m: None,
+    repeats: int = REFERENCE_REPEATS, log: Callable[[str], None] = lambda m: None, keep: Path | None = None,
 ) -> Calibration:
     """Train every reference run `repeats` times with `train` (round-robin, so that a slow minute
     hits different runs) in `precision` ([Note: reference runs in the probed precision]), and fit
-    `node` to each run's median-time profile."""
+    `node` to each run's median-time profile. `keep` (a directory) receives every plan and every
+    profile (`<name>.<attempt>.profile.json`), for re-analysing the fit later."""
     measured: dict[str, list[Profile]] = {ref.name: [] for ref in REFERENCE_RUNS}
     plans = {ref.name: reference_plan(ref, node, nvme_path, precision) for ref in REFERENCE_RUNS}
     with tempfile.TemporaryDirectory(prefix="tierwise-probe-") as work:
@@ -124,6 +125,9 @@ def calibrate_on_reference_runs(
                     f"seq {ref.seq_len}, batch {ref.micro_batch_per_gpu}, params {ref.params}, optimizer "
                     f"{ref.optimizer_states}, tiling {ref.tiling_factor}, {precision}")
                 measured[ref.name].append(train(ref, Path(work), steps))
+                if keep is not None:
+                    plans[ref.name].save(keep / f"{ref.name}.plan.json")
+                    measured[ref.name][-1].save(keep / f"{ref.name}.{attempt}.profile.json")
     runs = []
     for ref in REFERENCE_RUNS:
         by_time = sorted(measured[ref.name], key=lambda p: p.measured.iteration_time_s)

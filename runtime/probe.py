@@ -199,6 +199,66 @@ def measure_block_matmul(
                              tuple(name for name in rates if name not in by_dtype))
 
 
+ATTENTION_SHAPE = (2, 16, 512, 64)
+"""(batch, heads, seq, head_dim) of the causal attention the probe times on a CPU device: the block
+of `measure_block_matmul` (hd 1024 = 16 heads of 64) at a mid-length sequence."""
+
+
+def measure_causal_attention(device: torch.device, dtype: torch.dtype, *, repeats: int = 3) -> float:
+    """The runtime's attention core (`F.scaled_dot_product_attention(is_causal=True)`, runtime/gpt.py),
+    forward and backward, in flops per second as the planner counts a fused kernel's: half the
+    seq x seq square forward, 2.5 x that backward (planner/kernels.py [Note: attention kernels]).
+
+    [Note: the CPU's fused attention] On a CPU torch dispatches that call to its flash kernel
+    (`_scaled_dot_product_flash_attention_for_cpu` and its backward): block-wise, scores never
+    stored, recomputed in backward, exactly the planner's `attention: flash`. A spec without this
+    rate plans `eager` (seq^2 scores stored, softmaxed by memory-bound kernels, the whole square
+    multiplied), which is not what the runtime runs there."""
+    import torch.nn.functional as F
+
+    b, h, s, d = ATTENTION_SHAPE
+    q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, h, s, d, device=device, dtype=dtype)
+
+    def run() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    forward_flops = 4 * b * s * s * h * d / 2
+    return forward_flops * (1 + 2.5) / _median_time_s(run, repeats=repeats, warmup=1)
+
+
+def measure_block_kernels(device: torch.device, dtype: torch.dtype, *, hidden: int = 1024, tokens: int = 1024,
+                          repeats: int = 3) -> float:
+    """A GPT block's memory-bound kernels (runtime/gpt.py: two LayerNorms, GELU over the 4 hd hidden,
+    two residual adds), forward and backward, in bytes per second as the planner counts their bytes
+    (planner/kernels.py [Note: memory-bound kernels]: norms 2 + 3 hd e, residual adds 3 + 3 hd e,
+    GELU 2 + 3 ffn e per token, forward + backward).
+
+    [Note: the CPU's memory-bound kernels] On a CPU these run far below copy bandwidth (torch's
+    LayerNorm and GELU backward in bf16 are compute loops, not streams), so the copy bandwidth
+    times them many-fold too fast. Timed here at a block's shape, right after the matmuls and the
+    attention, their rate is the third of the three the CPU's training runs at, and calibration
+    fits one factor for all three (planner/calibrate.py [Note: one factor for the CPU's kernels])."""
+    import torch.nn.functional as F
+
+    ffn = 4 * hidden
+    x = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)
+    h = torch.randn(tokens, ffn, device=device, dtype=dtype, requires_grad=True)
+    norm = torch.nn.LayerNorm(hidden, device=device, dtype=dtype)
+    dx, dh = torch.randn_like(x), torch.randn_like(h)
+
+    def run() -> None:
+        for _ in range(2):
+            norm(x).backward(dx)
+            torch.add(x.detach(), dx)  # a residual add forward, and its backward's sum of two branches
+            torch.add(dx, dx)
+        F.gelu(h).backward(dh)
+
+    e = x.element_size()
+    nbytes = tokens * (2 * (2 + 3) * hidden * e + 2 * (3 + 3) * hidden * e + (2 + 3) * ffn * e)
+    return nbytes / _median_time_s(run, repeats=repeats, warmup=1)
+
+
 # -- CUDA ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class CudaLinks:
@@ -433,7 +493,13 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
     device's; returns the compute throughput and the spec's description."""
     log("CPU as the compute device: block matmuls")
     compute = measure_block_matmul(torch.device("cpu"), (torch.float32, torch.bfloat16), hidden=1024, tokens=1024)
+    log(f"CPU as the compute device: causal attention in {compute.dtype}")
+    attention = measure_causal_attention(torch.device("cpu"), getattr(torch, compute.dtype))
+    log(f"CPU as the compute device: a block's memory-bound kernels in {compute.dtype}")
+    kernels = measure_block_kernels(torch.device("cpu"), getattr(torch, compute.dtype))
     found.doc.update(
+        flash_attention_tflops=attention / TFLOP,
+        hbm_achievable_fraction=min(1.0, kernels / host_memory),
         num_gpus_per_node=1,
         host_is_device=True,
         gpu_memory_gib=memory / GIB,
@@ -450,11 +516,20 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
         "(gpu_memory_gib and cpu_memory_gib are one pool, not two), and host<->device 'transfers' are memory "
         "copies (host memory bandwidth). Collectives: skipped, one rank."
     )
+    found.notes.append(
+        f"Attention: torch's fused causal kernel on the CPU ([Note: the CPU's fused attention] in runtime/probe.py), "
+        f"batch {ATTENTION_SHAPE[0]}, {ATTENTION_SHAPE[1]} heads of {ATTENTION_SHAPE[3]}, seq {ATTENTION_SHAPE[2]}, "
+        f"forward and backward, {compute.dtype}: flash_attention_tflops {attention / TFLOP:.4g}. Memory-bound kernels "
+        f"([Note: the CPU's memory-bound kernels]): two LayerNorms, GELU and two residual adds of a hd 1024 block, 1024 "
+        f"tokens, forward and backward, {kernels / GB:.4g} GB/s: hbm_achievable_fraction is that over the copy bandwidth."
+    )
     found.sources.update(
         gpu_memory_gib="measured",
         gpu_hbm_gb_per_s="measured",
         host_to_gpu_gb_per_s="measured",
         gpu_to_host_gb_per_s="measured",
+        flash_attention_tflops="measured",
+        hbm_achievable_fraction="measured",
     )
     return compute, description
 

@@ -91,6 +91,60 @@ def test_the_fit_recovers_a_known_spec_from_its_own_predictions(tmp_path: Path) 
     assert loose_factors(judged) == ["operators"]
 
 
+def test_the_fit_scales_a_cpu_fused_attention_rate_with_the_compute_rate(tmp_path: Path) -> None:
+    # A probed CPU times its fused attention kernel (runtime/probe.py [Note: the CPU's fused
+    # attention]) at a fifth of its matmul rate; that kernel's busy time is part of the compute
+    # feature, so a machine whose compute runs at 0.7 of the probe's runs both at 0.7 and the fit says so.
+    from planner.calibrate import calibrate
+    from planner.hardware import EfficiencyCurve
+    from planner.profile import Profile
+    from planner.sim.report import simulate
+
+    base = _cpu_node().replace(flash_attention_flops_per_s=0.1e12, matmul_efficiency=EfficiencyCurve())
+    truth = base.replace(gpu_flops_per_s=base.gpu_flops_per_s * 0.7, flash_attention_flops_per_s=0.07e12)
+    runs = []
+    for ref in REFERENCE_RUNS:
+        if ref.params == "nvme":
+            continue
+        plan = reference_plan(ref, base, str(tmp_path))
+        assert plan.attention == "flash"
+        runs.append((plan, Profile(measured=simulate(plan.replace(node=truth)).prediction, samples=(), warmup_steps=0)))
+    fitted = calibrate(runs, base)
+    assert fitted.factors["compute_s"] == pytest.approx(1 / 0.7, rel=0.02)
+    assert fitted.node.flash_attention_flops_per_s == pytest.approx(0.07e12, rel=0.02)
+    assert fitted.node.sources["flash_attention_tflops"] == "measured"
+
+
+def test_a_cpu_whose_kernel_rates_were_measured_is_fitted_one_factor_for_all(tmp_path: Path) -> None:
+    # [Note: one factor for the CPU's kernels]: the probe measured the memory-bound kernels' rate
+    # (hbm_achievable_fraction, measured) next to the matmuls', so a machine running both at 0.6 of
+    # the probe's rates is fitted with compute factor 1/0.6 and no memory factor, and the calibrated
+    # spec scales the matmul, fused attention and memory-bound rates alike.
+    from planner.calibrate import calibrate, shares_cores
+    from planner.hardware import EfficiencyCurve
+    from planner.kernels import achievable_hbm_bytes_per_s
+    from planner.profile import Profile
+    from planner.sim.report import simulate
+
+    node = _cpu_node().replace(flash_attention_flops_per_s=0.1e12, matmul_efficiency=EfficiencyCurve(),
+                               hbm_achievable_fraction=0.03)
+    assert not shares_cores(node)  # a fraction not measured here (a preset's) keeps the two factors
+    base = node.replace(sources={**node.sources, "hbm_achievable_fraction": "measured"})
+    assert shares_cores(base)
+    truth = base.replace(gpu_flops_per_s=base.gpu_flops_per_s * 0.6, flash_attention_flops_per_s=0.06e12,
+                         gpu_hbm_bytes_per_s=base.gpu_hbm_bytes_per_s * 0.6)
+    runs = []
+    for ref in REFERENCE_RUNS:
+        if ref.params == "nvme":
+            continue
+        plan = reference_plan(ref, base, str(tmp_path))
+        runs.append((plan, Profile(measured=simulate(plan.replace(node=truth)).prediction, samples=(), warmup_steps=0)))
+    fitted = calibrate(runs, base)
+    assert fitted.factors["compute_s"] == pytest.approx(1 / 0.6, rel=0.02) and fitted.factors["memory_s"] == 0.0
+    assert achievable_hbm_bytes_per_s(fitted.node) == pytest.approx(0.6 * achievable_hbm_bytes_per_s(base), rel=0.02)
+    assert fitted.node.flash_attention_flops_per_s == pytest.approx(0.06e12, rel=0.02)
+
+
 def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nvme_only = tuple(r for r in REFERENCE_RUNS if r.params == "nvme")
     monkeypatch.setattr(probe_reference, "REFERENCE_RUNS", nvme_only)

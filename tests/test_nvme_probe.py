@@ -156,3 +156,35 @@ def test_the_compute_probe_measures_in_full_only_the_dtypes_near_the_best(monkey
     flops_screen = flops_full * probe.SCREEN_TOKENS / 256
     if screened_only:
         assert compute.by_dtype["bfloat16"] == pytest.approx(flops_screen / 1e-1)
+
+
+def test_the_attention_probe_counts_flops_as_the_planner_times_a_fused_kernel(monkeypatch):
+    # [Note: the CPU's fused attention]: forward half the causal square (4 b s^2 q / 2), backward 2.5 x that,
+    # the count planner/kernels.py's attention_flops uses for `attention: flash`; the time is given.
+    torch = pytest.importorskip("torch")
+    from runtime import probe
+
+    monkeypatch.setattr(probe, "ATTENTION_SHAPE", (1, 2, 16, 8))
+    monkeypatch.setattr(probe, "_median_time_s", lambda run, *, repeats, warmup=1: (run(), 0.5)[1])
+    rate = probe.measure_causal_attention(torch.device("cpu"), torch.float32)
+    assert rate == pytest.approx((4 * 1 * 16**2 * 2 * 8 / 2) * 3.5 / 0.5)
+
+
+def test_the_kernel_probe_counts_bytes_as_the_planner_bills_a_blocks_memory_bound_kernels(monkeypatch):
+    # [Note: the CPU's memory-bound kernels]: two norms, two residual adds and GELU, forward and
+    # backward, the bytes planner/kernels.py's kernel_bytes gives a GPT block; the time is given.
+    torch = pytest.importorskip("torch")
+    from planner.catalog import hardware_presets
+    from planner.kernels import kernel_bytes
+    from planner.plan import Plan
+    from runtime import probe
+
+    monkeypatch.setattr(probe, "_median_time_s", lambda run, *, repeats, warmup=1: (run(), 0.25)[1])
+    rate = probe.measure_block_kernels(torch.device("cpu"), torch.float32, hidden=64, tokens=32)
+    plan = Plan.from_dict({"model": {"num_layers": 1, "hidden_size": 64, "num_heads": 1, "seq_len": 32, "vocab_size": 0},
+                           "hardware": hardware_presets()["dgx2-v100"].to_dict(), "num_gpus": 1, "precision": "fp32",
+                           "micro_batch_per_gpu": 1})
+    fwd, bwd = kernel_bytes(plan)
+    fwd.pop("softmax"), bwd.pop("softmax")  # eager attention's, not a kernel of the block a fused kernel runs
+    assert set(fwd) == set(bwd) == {"norms", "residual", "activation"}
+    assert rate == pytest.approx((sum(fwd.values()) + sum(bwd.values())) / 0.25)

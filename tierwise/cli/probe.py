@@ -37,6 +37,8 @@ def probe(
         "--calibrate/--no-calibrate",
         help="fit the spec to four small reference runs of the runtime (default: on when the CPU is the compute device)",
     )] = None,
+    keep_runs: Annotated[Path | None, typer.Option(
+        "--keep-runs", hidden=True, help="save the bare spec and the reference runs' plans and profiles here")] = None,
 ) -> None:
     """Measure NVMe, memory, CPU Adam and compute bandwidths here; write a hardware spec."""
     number(nvme_test_gib, "--nvme-test-gib", exclusive_minimum=0, maximum=1024)
@@ -68,8 +70,11 @@ def probe(
     if calibrate if calibrate is not None else spec.host_is_device:
         from planner.probe_reference import REFERENCE_REPEATS, REFERENCE_RUNS, calibrate_on_reference_runs
 
+        if keep_runs is not None:
+            keep_runs.mkdir(parents=True, exist_ok=True)
+            (keep_runs / "bare.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
         fit = calibrate_on_reference_runs(spec, str(directory), train=train_reference_run, precision=precision,
-                                          log=log)
+                                          log=log, keep=keep_runs)
         factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
         spec = fit.node.replace(name=spec.name, notes=(
             f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime in {precision} (the "
