@@ -363,6 +363,11 @@ class _Findings:
     sources: dict[str, str]
     notes: list[str]
 
+    def measured(self, **fields: float) -> None:
+        """Spec fields this probe measured (their source says so)."""
+        self.doc.update(fields)
+        self.sources.update(dict.fromkeys(fields, "measured"))
+
 
 def probe_node(
     *,
@@ -383,8 +388,7 @@ def probe_node(
     else:
         compute, description = _probe_cpu_device(found, host=host, cores=cores, memory=memory,
                                                  host_memory=host_memory, log=log)
-    found.doc["gpu_peak_tflops"] = compute.flops_per_s / TFLOP
-    found.sources["gpu_peak_tflops"] = "measured"
+    found.measured(gpu_peak_tflops=compute.flops_per_s / TFLOP)
     found.notes.append(_compute_note(compute))
     spec = {
         "name": name or f"probed-{host}",
@@ -447,7 +451,7 @@ def _probe_cuda_device(found: _Findings, *, host: str, cores: int, log: Log) -> 
     log(f"{properties.name}: block matmuls, host links")
     compute = measure_block_matmul(device, (torch.bfloat16,), hidden=8192, tokens=8192)
     links = measure_cuda_links(device)
-    found.doc.update(
+    found.measured(
         num_gpus_per_node=num_gpus,
         gpu_memory_gib=properties.total_memory / GIB,
         gpu_hbm_gb_per_s=links.device_memory_bytes_per_s / GB,
@@ -459,13 +463,6 @@ def _probe_cuda_device(found: _Findings, *, host: str, cores: int, log: Log) -> 
         "GPU: pinned 512 MiB host<->device copies (one GPU alone); device memory copy counts bytes read + written."
     )
     _probe_nccl(found, num_gpus, log=log)
-    found.sources.update(
-        num_gpus_per_node="measured",
-        gpu_memory_gib="measured",
-        gpu_hbm_gb_per_s="measured",
-        host_to_gpu_gb_per_s="measured",
-        gpu_to_host_gb_per_s="measured",
-    )
     return compute, description
 
 
@@ -497,11 +494,10 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
     attention = measure_causal_attention(torch.device("cpu"), getattr(torch, compute.dtype))
     log(f"CPU as the compute device: a block's memory-bound kernels in {compute.dtype}")
     kernels = measure_block_kernels(torch.device("cpu"), getattr(torch, compute.dtype))
-    found.doc.update(
+    found.doc.update(num_gpus_per_node=1, host_is_device=True)
+    found.measured(
         flash_attention_tflops=attention / TFLOP,
         hbm_achievable_fraction=min(1.0, kernels / host_memory),
-        num_gpus_per_node=1,
-        host_is_device=True,
         gpu_memory_gib=memory / GIB,
         gpu_hbm_gb_per_s=host_memory / GB,
         host_to_gpu_gb_per_s=host_memory / GB,
@@ -522,14 +518,6 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
         f"forward and backward, {compute.dtype}: flash_attention_tflops {attention / TFLOP:.4g}. Memory-bound kernels "
         f"([Note: the CPU's memory-bound kernels]): two LayerNorms, GELU and two residual adds of a hd 1024 block, 1024 "
         f"tokens, forward and backward, {kernels / GB:.4g} GB/s: hbm_achievable_fraction is that over the copy bandwidth."
-    )
-    found.sources.update(
-        gpu_memory_gib="measured",
-        gpu_hbm_gb_per_s="measured",
-        host_to_gpu_gb_per_s="measured",
-        gpu_to_host_gb_per_s="measured",
-        flash_attention_tflops="measured",
-        hbm_achievable_fraction="measured",
     )
     return compute, description
 
