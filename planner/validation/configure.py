@@ -126,6 +126,9 @@ class RowPlan:
     reasons: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     """Unstated values filled from the source (SOURCE_DEFAULTS) or the batch rule, for the report."""
+    searched: tuple[str, ...] = ()
+    """The unstated tuning knobs the planner chose (planner/validation/unstated.py); the presets'
+    fit leaves such rows out: it calibrates on configurations the sources state."""
 
 
 def row_plan(row: CorpusRow) -> RowPlan:
@@ -173,7 +176,8 @@ def row_plan(row: CorpusRow) -> RowPlan:
     if plan is None:
         return RowPlan(plan=None, reasons=(f"the planner refuses the configuration: {why}",),
                        assumptions=tuple(assumptions))
-    return RowPlan(plan=plan, grad_accumulation=plan.micro_batches_per_step, assumptions=(*assumptions, *searched_notes))
+    return RowPlan(plan=plan, grad_accumulation=plan.micro_batches_per_step, assumptions=(*assumptions, *searched_notes),
+                   searched=tuple(searched))
 
 
 _VIRTUAL_STAGES = re.compile(r"\bVP\s*=\s*(\d+)")

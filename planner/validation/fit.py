@@ -112,13 +112,14 @@ class FitRow:
 
 
 def fit_rows(generation: str, rows: Sequence[CorpusRow] | None = None) -> list[FitRow]:
-    """The generation's rows that calibrate: not offload (checks, issue 24 item 5), with a plan."""
+    """The generation's rows that calibrate: not offload (checks, issue 24 item 5), with a plan whose
+    settings the source states (none searched)."""
     families = GENERATIONS[generation][0]
     out = []
     for row in rows if rows is not None else load_corpus():
         if row.gpu_family in families and not row.is_offload:
             planned = row_plan(row)
-            if planned.plan is not None:
+            if planned.plan is not None and not planned.searched:
                 out.append(FitRow(row, planned))
     return out
 
