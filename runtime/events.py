@@ -56,5 +56,8 @@ class UnitListener:
         """`unit`'s gradient for this backward is complete."""
         gradient.unclaimed()
 
+    def drain(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """Wait for the optimizer work in flight (an overlapped step), so the stores hold its results."""
+
     def close(self) -> None:  # noqa: B027 - a no-op unless overridden
         """The optimizer is closed: stop what the listener runs (the in-backward worker thread)."""

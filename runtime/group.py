@@ -15,6 +15,7 @@ gradient filing (`runtime.gradients.GradientSink`: one backward) and its ledger 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -94,6 +95,10 @@ class ParamUnit:
         """Gathered past its forward use for the backward (`keep`), until resharded."""
         self.backward_begun = False
         """The unit's own backward began (its outputs' gradient arrived) since it was last resharded."""
+        self.await_update: Callable[[bool], bool] | None = None
+        """Set while an overlapped optimizer step has yet to update the unit: whether the update is
+        done, waiting for it if asked ([Note: the step overlaps the next forward] in
+        runtime/step_schedule.py)."""
         self.transient_buffers = {} if transient_buffers is None else transient_buffers
         """Storage address -> unit, for every gathered buffer that is transient (shared by the model's
         units; see [Note: saved parameters] in runtime/sharding.py)."""
@@ -122,6 +127,8 @@ class ParamUnit:
                 self.charges.retag_all(*stage_term(ahead, resident=self.param_store.resident_states))
             return
         if self._staged is None:
+            if self.await_update is not None and not self.await_update(ahead == 0):
+                return  # read ahead once its update is done, or at its use
             self._staged = self.param_store.read(self.key, self.compute_dtype)
         elif not self.charges.held:
             return
@@ -135,6 +142,10 @@ class ParamUnit:
         one rank whose shard is still on its way leaves it staged ([Note: one rank does not wait
         ahead])."""
         if self.state is not UnitState.SHARDED:
+            return
+        # A prefetch on one rank may wait for the unit's update later; on several its all-gather is a
+        # collective that every rank issues in the same order, so it waits now.
+        if self.await_update is not None and not self.await_update(not prefetch or self.comm.world_size > 1):
             return
         self.stage(ahead=1 if prefetch else 0)
         assert self._staged is not None

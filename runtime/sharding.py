@@ -370,6 +370,7 @@ class ShardedModel:
     def wait_io(self) -> None:
         """Wait for every NVMe transfer in flight (benchmarks time whole steps with it, I/O included);
         buffers stay where they are."""
+        self.listener.drain()  # an overlapped optimizer step's updates are transfers in flight too
         for store in self.stores:
             store.drain(keep_staging=True)
 

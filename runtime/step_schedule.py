@@ -2,6 +2,38 @@
 
 Each is the sharded model's `UnitListener` while its optimizer lives, and drives an `AdamWEngine`
 ([Note: schedules as types] in runtime/events.py).
+
+[Note: the step overlaps the next forward]
+After backward with the states on NVMe (on the CPU), the step is NVMe I/O plus Adam that overlapped
+nothing, while the next forward's first units need only their own updated shards. So
+`optimizer.step()` does on the main thread what needs every gradient or the caller's state (the
+sharded model's end of backward, settling the gradients, taking the hyperparameters, resuming the
+read-ahead), then submits one job per unit, in the units' order (the order the forward gathers
+them, and the order the synchronous step updates them), and a last job whose release lets the
+step's writes land; it returns at once. The invariant: nothing reads what a unit's update writes
+before that update has run.
+
+- Parameters: each stepped unit carries `await_update` until its update ran; the unit's first read
+  of its shard (`stage`, `start_gather`) asks it. At a use it waits for that unit's job only, so
+  the forward of unit k overlaps the updates of units k+1...; a prefetch on one rank skips the read
+  until the update is done (a collective prefetch on several ranks waits, keeping the ranks'
+  all-gathers in one order). A unit counts as updated once its writes landed too: the
+  worker waits for them (in the next unit's job, so they overlap that update; for the last unit
+  the step's end), as their one consumer. The main thread's read must not rely on the store
+  ordering it after a write in flight that the worker may be waiting for at the same moment (a
+  handle has one consumer, [Note: one lock per swap space] in runtime/nvme/store.py).
+- The engine (read-ahead, pool, step counts) belongs to the worker until `drain`: the next
+  backward (its state read-ahead), `optimizer.step()`, the optimizer's checkpoint, state-dict and
+  pool accessors, `close` and `ShardedModel.wait_io` (benchmarks end their timed block there) drain
+  first. `zero_grad` only resets flags, the gradient store's bytes are read by the step's jobs and
+  are written again only by the next backward, which drains first. The hyperparameters are taken
+  at `step()`: an LR schedule may change `param_groups` meanwhile.
+- Bitwise: the same chunks in the same order through the same kernel, one thread at a time on the
+  engine; only when the main thread waits changes.
+- Failure: a failed job skips the later ones (the step's writes still land) and the first wait
+  (a unit's read in the next forward, or any drain) raises it in one line; the optimizer stays failed.
+- On CUDA the compute stream would have to follow the worker's device writes (as `InBackward`
+  does): not done, so there the step stays synchronous (`StreamedAdamW.overlaps_forward`).
 """
 
 from __future__ import annotations
@@ -18,6 +50,8 @@ from runtime.gradients import FinalGradient, UnitGradient
 from runtime.group import ParamUnit
 from runtime.optimizer_engine import AdamWEngine
 from runtime.optimizer_worker import GradientStaging, OptimizerWorker
+from runtime.stores import Pending
+from runtime.streamed_optimizer import StreamedAdamW
 
 
 class AfterBackward(UnitListener):
@@ -33,6 +67,78 @@ class AfterBackward(UnitListener):
 
     def step(self) -> bool:
         return self.engine.step([u for u in self.units if u.grads.received])
+
+
+class OverlappedAfterBackward(AfterBackward):
+    """`optimizer_step: after_backward` with the states on NVMe, on the CPU: `optimizer.step()` begins
+    the step and hands each unit's update to the optimizer worker, and the next forward's read of a
+    unit's shard waits for that unit's update only ([Note: the step overlaps the next forward])."""
+
+    def __init__(self, engine: StreamedAdamW, units: list[ParamUnit]) -> None:
+        super().__init__(engine, units)
+        self.engine: StreamedAdamW = engine
+        # Unbounded: a job holds no memory of its own (the gradients are in the gradient store).
+        self.worker = OptimizerWorker("tierwise-optimizer-step", max_queued=0)
+        self._awaited: list[ParamUnit] = []
+        """Units whose update of the step in progress a read of their shards must wait for."""
+        self._writes: list[Pending] = []
+        """On the worker: the writes of the unit updated last."""
+        weakref.finalize(self, self.worker.close)
+
+    def drain(self) -> None:
+        """Wait for the step in progress (every unit's update and its writes landed)."""
+        self.worker.drain()
+        for unit in self._awaited:
+            unit.await_update = None
+        self._awaited = []
+
+    def backward_begin(self) -> None:
+        self.drain()  # the backward's state read-ahead uses the engine
+
+    def step(self) -> bool:
+        self.drain()
+        units = [u for u in self.units if u.grads.received]
+        self.engine.begin_step(units)
+        self._writes = []
+        tickets = [self.worker.submit(partial(self._update, unit)) for unit in units]
+        # `release` runs after a failed update too: the step's writes land whatever happened.
+        tickets.append(self.worker.submit(_nothing, self.engine.end_step))
+        for unit, landed in zip(units, tickets[1:], strict=True):
+            unit.await_update = partial(self._await, unit, landed)
+        self._awaited = units
+        return True
+
+    def _update(self, unit: ParamUnit) -> None:
+        """On the worker: update `unit`, then wait for the previous unit's writes, which its read in
+        the forward must not overtake (the worker consumes them, so they land before the job ends;
+        one unit late, so that they overlap this update)."""
+        writes = self.engine.step_unit(unit)
+        for pending in self._writes:
+            pending.wait()
+        self._writes = writes
+
+    def _await(self, unit: ParamUnit, ticket: int, block: bool) -> bool:  # noqa: FBT001
+        """Whether `unit`'s update is done (waiting for it if `block`); an update that failed fails here."""
+        if not block and not self.worker.finished(ticket):
+            return False
+        try:
+            self.worker.wait(ticket)
+        except Exception as error:
+            first = (str(error).splitlines() or [""])[0]
+            raise RuntimeError(f"the optimizer step overlapping this forward failed (reading {unit.key}): "
+                               f"{type(error).__name__}: {first}") from error
+        unit.await_update = None
+        return True
+
+    def close(self) -> None:
+        self.worker.close()  # lets the queued updates finish or be skipped, then joins
+        for unit in self._awaited:
+            unit.await_update = None
+        self._awaited = []
+
+
+def _nothing() -> None:
+    pass
 
 
 class InBackward(UnitListener):
@@ -104,6 +210,9 @@ class InBackward(UnitListener):
             done = torch.cuda.Event()
             done.record(stream)
             self._updates_done = done
+
+    def drain(self) -> None:
+        self._drain()
 
     def _drain(self) -> None:
         """Wait for the worker; on CUDA the compute stream then follows the kernels the updates queued
