@@ -41,6 +41,10 @@ while the worker waits for the copy's event (never the autograd thread) and upda
   run "inside backward" instead of reporting the error). `optimizer.step()` raises it again, never
   a hang. The optimizer stays failed (its states are partly updated): every later drain (the next
   forward's tail or backward) raises the same error.
+- After backward: with the states on NVMe the after-backward step runs on a worker too, one job per
+  unit, overlapping the next forward; there the main thread waits for one unit's job (`wait` on
+  its ticket) instead of the whole queue, and the queue is unbounded (the jobs hold no gradients).
+  Its invariant is [Note: the step overlaps the next forward] in runtime/step_schedule.py.
 - Lifetime: the thread is started by the first job, is not a daemon, and is joined by `close`
   (`optimizer.close()`, or when the schedule is collected); one never closed leaves at interpreter
   exit, when it finds the main thread gone, before the interpreter tears down what a job would use.

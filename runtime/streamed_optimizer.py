@@ -9,7 +9,8 @@ grad. With three buffers the step runs
     read chunk k+1   |   update chunk k (torch's fused AdamW)   |   write chunk k-1
 
 concurrently: reads and writes are asynchronous engine requests, the update runs on the calling thread
-(the optimizer worker, in backward).
+(the optimizer worker: in backward, or after it, overlapping the next forward unit by unit, [Note: the
+step overlaps the next forward] in runtime/step_schedule.py).
 With B > 3 buffers the reads run B-2 chunks ahead (k+1 .. k+B-2).
 The pool is allocated once, so host memory for the states never exceeds
 `num_optimizer_buffers * optimizer_chunk_bytes` however large the model on disk.
