@@ -55,6 +55,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -68,6 +69,8 @@ unit k-1, and the gradients held for the worker stay at two units'."""
 
 IDLE_POLL_S = 0.2
 """How often an idle worker checks that the main thread still runs (see the note's lifetime)."""
+
+T = TypeVar("T")
 
 WorkerJob = tuple[Callable[[], None], Callable[[], None] | None]
 """(run, release): `release` runs after `run`, also when `run` failed or was skipped."""
@@ -124,6 +127,24 @@ class OptimizerWorker:
             if not self._reached(ticket):  # the thread is gone with jobs left (interpreter exit)
                 raise RuntimeError(f"the optimizer worker {self.name} stopped with {self._unfinished} updates left")
         self._raise_error()
+
+    def wait_for(self, take: Callable[[], T | None], ticket: int, *, block: bool) -> T | None:
+        """What `take()` gives once it gives something (not None), else None once the job of `ticket`
+        finished (at once without `block`). `take` runs under the worker's lock; a job that makes it
+        give something calls `notify`."""
+        with self._done:
+            while True:
+                got = take()
+                if got is not None or not block or self._reached(ticket):
+                    return got
+                if self._thread is None or not self._thread.is_alive():
+                    return None  # `wait` reports the thread gone
+                self._done.wait(timeout=IDLE_POLL_S)
+
+    def notify(self) -> None:
+        """Wake a `wait_for` (a job gave what it waits for)."""
+        with self._done:
+            self._done.notify_all()
 
     def finished(self, ticket: int) -> bool:
         """Whether the job of `ticket` has finished (successfully or not)."""

@@ -39,6 +39,7 @@ before that update has run.
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from functools import partial
 from typing import ClassVar
@@ -48,6 +49,7 @@ import torch
 from runtime.events import UnitListener
 from runtime.gradients import FinalGradient, UnitGradient
 from runtime.group import ParamUnit
+from runtime.nvme.store import aligned_empty
 from runtime.optimizer_engine import AdamWEngine
 from runtime.optimizer_worker import GradientStaging, OptimizerWorker
 from runtime.stores import Pending
@@ -69,6 +71,12 @@ class AfterBackward(UnitListener):
         return self.engine.step([u for u in self.units if u.grads.received])
 
 
+MAX_HANDED_SHARDS = 2
+"""Updated shards the overlapped step holds for the forward before it takes them; a unit updated
+beyond is read back from the drive. Each stands for the read of that shard that the forward's
+prefetch would otherwise have in flight (the host's param swap buffers, at least two)."""
+
+
 class OverlappedAfterBackward(AfterBackward):
     """`optimizer_step: after_backward` with the states on NVMe, on the CPU: `optimizer.step()` begins
     the step and hands each unit's update to the optimizer worker, and the next forward's read of a
@@ -83,14 +91,22 @@ class OverlappedAfterBackward(AfterBackward):
         """Units whose update of the step in progress a read of their shards must wait for."""
         self._writes: list[Pending] = []
         """On the worker: the writes of the unit updated last."""
+        self._handed: dict[str, torch.Tensor] = {}
+        """Updated shards handed to the forward and not taken yet (guarded by `_handing`)."""
+        self._handing = threading.Lock()
         weakref.finalize(self, self.worker.close)
 
     def drain(self) -> None:
         """Wait for the step in progress (every unit's update and its writes landed)."""
         self.worker.drain()
+        self._forget()
+
+    def _forget(self) -> None:
         for unit in self._awaited:
             unit.await_update = None
         self._awaited = []
+        with self._handing:
+            self._handed.clear()  # unused (a unit the forward did not read): its bytes are on the drive
 
     def backward_begin(self) -> None:
         self.drain()  # the backward's state read-ahead uses the engine
@@ -109,16 +125,36 @@ class OverlappedAfterBackward(AfterBackward):
         return True
 
     def _update(self, unit: ParamUnit) -> None:
-        """On the worker: update `unit`, then wait for the previous unit's writes, which its read in
-        the forward must not overtake (the worker consumes them, so they land before the job ends;
-        one unit late, so that they overlap this update)."""
-        writes = self.engine.step_unit(unit)
+        """On the worker: update `unit` (handing the forward a copy of its updated shard where that is
+        what it would read back), then wait for the previous unit's writes, which its read in the
+        forward must not overtake (the worker consumes them, so they land before the job ends; one
+        unit late, so that they overlap this update)."""
+        updated = None
+        if self.engine.hands_updated_shard(unit):
+            with self._handing:
+                room = len(self._handed) < MAX_HANDED_SHARDS
+            if room:
+                store = self.engine.model.param_store
+                updated = aligned_empty(unit.layout.shard_numel, torch.float32, store.recycler)
+        writes = self.engine.step_unit(unit, updated)
+        if updated is not None:
+            with self._handing:
+                self._handed[unit.key] = updated
+            self.worker.notify()
         for pending in self._writes:
             pending.wait()
         self._writes = writes
 
-    def _await(self, unit: ParamUnit, ticket: int, block: bool) -> bool:  # noqa: FBT001
-        """Whether `unit`'s update is done (waiting for it if `block`); an update that failed fails here."""
+    def _take(self, unit: ParamUnit) -> torch.Tensor | None:
+        with self._handing:
+            return self._handed.pop(unit.key, None)
+
+    def _await(self, unit: ParamUnit, ticket: int, block: bool) -> bool | Pending:  # noqa: FBT001
+        """Whether `unit`'s update is done and its writes landed (waiting for it if `block`), or its
+        updated shard, handed over before; an update that failed fails here."""
+        handed = self.worker.wait_for(partial(self._take, unit), ticket, block=block)
+        if handed is not None:  # a later read of the unit from the drive still waits for the writes
+            return Pending(handed, fresh=True)
         if not block and not self.worker.finished(ticket):
             return False
         try:
@@ -132,9 +168,7 @@ class OverlappedAfterBackward(AfterBackward):
 
     def close(self) -> None:
         self.worker.close()  # lets the queued updates finish or be skipped, then joins
-        for unit in self._awaited:
-            unit.await_update = None
-        self._awaited = []
+        self._forget()
 
 
 def _nothing() -> None:

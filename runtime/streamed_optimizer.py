@@ -151,9 +151,10 @@ class StreamedAdamW(AdamWEngine):
         # read k+1 | update k | write k-1.
         self._queued = max(1, self.pool.num_buffers - 2) + 1 if self.pool.num_buffers > 1 else 1
 
-    def step_unit(self, unit: ParamUnit) -> list[Pending]:
+    def step_unit(self, unit: ParamUnit, updated: torch.Tensor | None = None) -> list[Pending]:
         """Update `unit`'s chunks, the next of the step begun by `begin_step`, and submit their writes;
-        returns those writes (the caller may wait for them: waiting again when retired is a no-op)."""
+        returns those writes (the caller may wait for them: waiting again when retired is a no-op).
+        `updated`: also copy the updated fp32 master into it (see `hands_updated_shard`)."""
         ahead = self.read_ahead
         chunks = self._chunks([unit.key])
         if chunks:  # a unit with no elements on this rank is not stepped (the chunked loop's count)
@@ -161,9 +162,22 @@ class StreamedAdamW(AdamWEngine):
         writes: list[Pending] = []
         for chunk in chunks:
             ahead.fill(limit=self._queued, wait=True)
-            self._update(chunk, self._claim(chunk), None)
+            buffer = self._claim(chunk)
+            self._update(chunk, buffer, None)
             writes += ahead.writes[-1][1]
+            if updated is not None:  # the buffer is reused only once its write landed: still the update's
+                updated[chunk.start : chunk.start + chunk.numel].copy_(self._views(buffer, chunk.numel)[0])
         return writes
+
+    def hands_updated_shard(self, unit: ParamUnit) -> bool:
+        """Whether `unit`'s updated fp32 master is, byte for byte, the shard the next forward reads back
+        from the drive: fp32 parameters on NVMe that are their own master, computed on the CPU. Then
+        the overlapped step can hand the forward a copy of it instead ([Note: the step overlaps the
+        next forward] in runtime/step_schedule.py)."""
+        model = self.model
+        store, key = model.master_at[unit.key]
+        return (store is model.param_store and key == unit.key and isinstance(store, NvmeStore)
+                and unit.compute_dtype == torch.float32 and model.config.device.type == "cpu")
 
     def end_step(self) -> None:
         """Let the step's writes land (also after a failed `step_unit`)."""

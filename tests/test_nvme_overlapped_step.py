@@ -116,17 +116,17 @@ def test_the_forward_of_the_first_unit_runs_before_the_last_update_ends(tmp_path
     held_steps = [0]
     """Steps whose last update is held: those a forward follows."""
 
-    def tracked_step_unit(self: StreamedAdamW, unit: group.ParamUnit) -> list[Any]:
+    def tracked_step_unit(self: StreamedAdamW, unit: group.ParamUnit, updated: Any = None) -> list[Any]:
         if unit.key == last_key and held_steps[0]:
             held_steps[0] -= 1
             released_by_forward.append(gathered_first.wait(RELEASE_TIMEOUT_S))
         with lock:
             events.append(("update", unit.key))
-        return step_unit(self, unit)
+        return step_unit(self, unit, updated)
 
-    def tracked_stage(self: group.ParamUnit, *, ahead: int = 2) -> None:
+    def tracked_stage(self: group.ParamUnit, *, ahead: int = 2, block: bool | None = None) -> None:
         before = self._staged
-        stage(self, ahead=ahead)
+        stage(self, ahead=ahead, block=block)
         if before is None and self._staged is not None:
             with lock:
                 events.append(("read", self.key))
@@ -172,11 +172,11 @@ def test_a_failed_update_fails_the_next_forward_in_one_line(tmp_path: Path, monk
     step_unit = StreamedAdamW.step_unit
     calls = [0]
 
-    def failing_step_unit(self: StreamedAdamW, unit: Any) -> list[Any]:
+    def failing_step_unit(self: StreamedAdamW, unit: Any, updated: Any = None) -> list[Any]:
         calls[0] += 1
         if calls[0] == len(self.keys) + 2:  # the second step's second unit
             raise OSError(5, "Input/output error\nsecond line")
-        return step_unit(self, unit)
+        return step_unit(self, unit, updated)
 
     monkeypatch.setattr(StreamedAdamW, "step_unit", failing_step_unit)
     model, opt = _shard(tmp_path, ALL_NVME)
