@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
 from functools import partial
 from typing import ClassVar
@@ -94,11 +95,16 @@ class OverlappedAfterBackward(AfterBackward):
         self._handed: dict[str, torch.Tensor] = {}
         """Updated shards handed to the forward and not taken yet (guarded by `_handing`)."""
         self._handing = threading.Lock()
+        self._profiler = engine.model.profiler
         weakref.finalize(self, self.worker.close)
 
     def drain(self) -> None:
         """Wait for the step in progress (every unit's update and its writes landed)."""
-        self.worker.drain()
+        began = time.perf_counter()
+        try:
+            self.worker.drain()
+        finally:
+            self._profiler.waited("optimizer", time.perf_counter() - began)
         self._forget()
 
     def _forget(self) -> None:
@@ -152,19 +158,24 @@ class OverlappedAfterBackward(AfterBackward):
     def _await(self, unit: ParamUnit, ticket: int, block: bool) -> bool | Pending:  # noqa: FBT001
         """Whether `unit`'s update is done and its writes landed (waiting for it if `block`), or its
         updated shard, handed over before; an update that failed fails here."""
-        handed = self.worker.wait_for(partial(self._take, unit), ticket, block=block)
-        if handed is not None:  # a later read of the unit from the drive still waits for the writes
-            return Pending(handed, fresh=True)
-        if not block and not self.worker.finished(ticket):
-            return False
+        began = time.perf_counter()
         try:
-            self.worker.wait(ticket)
-        except Exception as error:
-            first = (str(error).splitlines() or [""])[0]
-            raise RuntimeError(f"the optimizer step overlapping this forward failed (reading {unit.key}): "
-                               f"{type(error).__name__}: {first}") from error
-        unit.await_update = None
-        return True
+            handed = self.worker.wait_for(partial(self._take, unit), ticket, block=block)
+            if handed is not None:  # a later read of the unit from the drive still waits for the writes
+                return Pending(handed, fresh=True)
+            if not block and not self.worker.finished(ticket):
+                return False
+            try:
+                self.worker.wait(ticket)
+            except Exception as error:
+                first = (str(error).splitlines() or [""])[0]
+                raise RuntimeError(f"the optimizer step overlapping this forward failed (reading {unit.key}): "
+                                   f"{type(error).__name__}: {first}") from error
+            unit.await_update = None
+            return True
+        finally:
+            if block:  # the forward (or whatever reads) waited for the step: that is the step's time
+                self._profiler.waited("optimizer", time.perf_counter() - began)
 
     def close(self) -> None:
         self.worker.close()  # lets the queued updates finish or be skipped, then joins
