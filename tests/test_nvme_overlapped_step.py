@@ -98,6 +98,40 @@ def test_overlapped_step_is_bitwise_the_synchronous_step(placement: dict[str, st
     assert overlapped[0][-1] < overlapped[0][0]
 
 
+def test_the_forward_takes_updated_shards_from_the_step_instead_of_reading_them_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fp32 parameters on NVMe (their own master) the step hands the next forward copies of the
+    updated shards: the run reads exactly their bytes less from the drive than the synchronous step,
+    and stays bitwise (the test above)."""
+    from runtime.sharding import state_of
+    from runtime.step_schedule import OverlappedAfterBackward
+
+    handed: list[int] = []
+    take = OverlappedAfterBackward._take
+
+    def tracked_take(self: OverlappedAfterBackward, unit: Any) -> torch.Tensor | None:
+        shard = take(self, unit)
+        if shard is not None:
+            handed.append(shard.numel() * shard.element_size())
+        return shard
+
+    monkeypatch.setattr(OverlappedAfterBackward, "_take", tracked_take)
+    read_bytes = {}
+    for schedule in ("overlapped", "synchronous"):
+        if schedule == "synchronous":
+            _synchronous(monkeypatch)
+        model, opt = _shard(tmp_path / schedule, ALL_NVME, prefetch_depth=3)
+        for tokens in batches(3):
+            model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        opt.close()
+        read_bytes[schedule] = state_of(model).profiler.link_bytes["nvme_read"]
+        state_of(model).close()
+    assert handed
+    assert read_bytes["synchronous"] - read_bytes["overlapped"] == sum(handed)
+
+
 def test_the_forward_of_the_first_unit_runs_before_the_last_update_ends(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The last unit's update is held until the next forward has gathered the first unit: it can only
