@@ -17,7 +17,9 @@ created, and no code outside these types asks which one it has:
   (runtime/streamed_optimizer.py) streams the masters and Adam states from NVMe through a pool
   of chunk buffers. Both update every unit at once (`step`) or one unit (`update_unit`);
 - when is the schedule, a `UnitListener` (runtime/step_schedule.py): `AfterBackward` steps at
-  `optimizer.step()` and meanwhile lets the engine read the step's first states during backward;
+  `optimizer.step()` and meanwhile lets the engine read the step's first states during backward
+  (`OverlappedAfterBackward`, with the states on NVMe on the CPU, hands the step's per-unit updates
+  to a worker that overlaps them with the next forward);
   `InBackward` hands each unit's update, at its `gradient_final` event, to its optimizer worker
   thread (runtime/optimizer_worker.py) and lets the engine read states ahead from the forward's tail.
 
@@ -55,6 +57,9 @@ class UnitListener:
     def gradient_final(self, unit: ParamUnit, gradient: FinalGradient) -> None:  # noqa: ARG002
         """`unit`'s gradient for this backward is complete."""
         gradient.unclaimed()
+
+    def drain(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """Wait for the optimizer work in flight (an overlapped step), so the stores hold its results."""
 
     def close(self) -> None:  # noqa: B027 - a no-op unless overridden
         """The optimizer is closed: stop what the listener runs (the in-backward worker thread)."""

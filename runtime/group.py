@@ -15,6 +15,7 @@ gradient filing (`runtime.gradients.GradientSink`: one backward) and its ledger 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -94,6 +95,10 @@ class ParamUnit:
         """Gathered past its forward use for the backward (`keep`), until resharded."""
         self.backward_begun = False
         """The unit's own backward began (its outputs' gradient arrived) since it was last resharded."""
+        self.await_update: Callable[[bool], bool | Pending] | None = None
+        """Set while an overlapped optimizer step has yet to update the unit: whether the update is
+        done, waiting for it if asked, or the updated shard itself, handed over by the step instead
+        of a read ([Note: the step overlaps the next forward] in runtime/step_schedule.py)."""
         self.transient_buffers = {} if transient_buffers is None else transient_buffers
         """Storage address -> unit, for every gathered buffer that is transient (shared by the model's
         units; see [Note: saved parameters] in runtime/sharding.py)."""
@@ -111,18 +116,22 @@ class ParamUnit:
         return self.layout.padded_numel * self._empty.element_size()
 
     # -- gather lifecycle ---------------------------------------------------------------------
-    def stage(self, *, ahead: int = 2) -> None:
+    def stage(self, *, ahead: int = 2, block: bool | None = None) -> None:
         """Start bringing the shard to the compute device (no-op when it is there). `ahead`: how many
         operators before its use it is, which names the buffer it occupies until it is gathered
         (STAGE_TERMS: 0 the operator in use, 1 the next one, 2 the device staging slot, 3 one of the
         memory model's host `param_swap_buffers`); a shard already on its way is charged to the term
-        of its new distance."""
+        of its new distance. `block`: wait for an overlapped step's update of the unit (default: at
+        its use); without, a shard that update would write is not read yet."""
         if self.state is not UnitState.SHARDED:
             if self._kept:
                 self.charges.retag_all(*stage_term(ahead, resident=self.param_store.resident_states))
             return
         if self._staged is None:
-            self._staged = self.param_store.read(self.key, self.compute_dtype)
+            updated = True if self.await_update is None else self.await_update(ahead == 0 if block is None else block)
+            if updated is False:
+                return  # read ahead once its update is done, or at its use
+            self._staged = self.param_store.read(self.key, self.compute_dtype) if updated is True else updated
         elif not self.charges.held:
             return
         if self._staged.fresh:
@@ -136,8 +145,11 @@ class ParamUnit:
         ahead])."""
         if self.state is not UnitState.SHARDED:
             return
-        self.stage(ahead=1 if prefetch else 0)
-        assert self._staged is not None
+        # A prefetch on one rank may wait for the unit's update later; on several its all-gather is a
+        # collective that every rank issues in the same order, so it waits now.
+        self.stage(ahead=1 if prefetch else 0, block=not prefetch or self.comm.world_size > 1)
+        if self._staged is None:
+            return
         if prefetch and self.comm.world_size == 1 and not self._staged.ready():
             return
         side = self.param_store.copier.stream if prefetch else None

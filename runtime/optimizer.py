@@ -23,7 +23,7 @@ from runtime.nvme import BufferPool
 from runtime.optimizer_engine import AdamWEngine
 from runtime.resident_optimizer import ResidentAdamW
 from runtime.sharding import ShardedModel, state_of
-from runtime.step_schedule import SCHEDULES
+from runtime.step_schedule import SCHEDULES, AfterBackward, OverlappedAfterBackward
 from runtime.streamed_optimizer import StreamedAdamW
 
 __all__ = ["AdamW", "DynamicLossScaler"]
@@ -54,7 +54,10 @@ class AdamW:
         engine_type = ResidentAdamW if sharded.optimizer_store.resident_states else StreamedAdamW
         self.engine: AdamWEngine = engine_type(sharded, self._units, lr=lr, betas=betas, eps=eps,
                                                weight_decay=weight_decay, fused=fused)
-        self.schedule = SCHEDULES[sharded.config.optimizer_step](self.engine, self._units)
+        schedule_type = SCHEDULES[sharded.config.optimizer_step]
+        if schedule_type is AfterBackward and isinstance(self.engine, StreamedAdamW) and self.engine.overlaps_forward:
+            schedule_type = OverlappedAfterBackward
+        self.schedule = schedule_type(self.engine, self._units)
         sharded.attach(self.schedule)
 
     @property
@@ -62,29 +65,35 @@ class AdamW:
         return self.engine.param_groups
 
     def state_dict(self) -> dict[str, Any]:
+        self.schedule.drain()
         return self.engine.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.schedule.drain()
         self.engine.load_state_dict(state_dict)
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """The optimizer's tensors that are not shards of the model's stores, by stable name, for
         training checkpoints (runtime/ckpt): per-unit step counts, and Adam's momentum and variance
         where torch keeps them (in-memory states; streamed states live in the optimizer store)."""
+        self.schedule.drain()  # an overlapped step's updates, and its stores' writes, land first
         return self.engine.checkpoint_tensors()
 
     def checkpoint_bytes(self) -> int:
         """Bytes of `checkpoint_tensors()` once every unit has stepped (Adam's states appear lazily)."""
+        self.schedule.drain()
         return self.engine.checkpoint_bytes()
 
     def checkpoint_tensors_for_load(self, names: list[str]) -> dict[str, torch.Tensor]:
         """Tensors to load the named checkpoint tensors into, creating Adam states that a fresh
         optimizer has not allocated yet (torch creates them lazily on the first step)."""
+        self.schedule.drain()
         return self.engine.checkpoint_tensors_for_load(names)
 
     @property
     def chunk_pool(self) -> BufferPool | None:
         """The streamed states' chunk buffers, which checkpoint traffic borrows (None: in memory)."""
+        self.schedule.drain()  # the overlapped step's updates use them
         return self.engine.chunk_pool
 
     def close(self) -> None:

@@ -41,6 +41,10 @@ while the worker waits for the copy's event (never the autograd thread) and upda
   run "inside backward" instead of reporting the error). `optimizer.step()` raises it again, never
   a hang. The optimizer stays failed (its states are partly updated): every later drain (the next
   forward's tail or backward) raises the same error.
+- After backward: with the states on NVMe the after-backward step runs on a worker too, one job per
+  unit, overlapping the next forward; there the main thread waits for one unit's job (`wait` on
+  its ticket) instead of the whole queue, and the queue is unbounded (the jobs hold no gradients).
+  Its invariant is [Note: the step overlaps the next forward] in runtime/step_schedule.py.
 - Lifetime: the thread is started by the first job, is not a daemon, and is joined by `close`
   (`optimizer.close()`, or when the schedule is collected); one never closed leaves at interpreter
   exit, when it finds the main thread gone, before the interpreter tears down what a job would use.
@@ -51,6 +55,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -65,6 +70,8 @@ unit k-1, and the gradients held for the worker stay at two units'."""
 IDLE_POLL_S = 0.2
 """How often an idle worker checks that the main thread still runs (see the note's lifetime)."""
 
+T = TypeVar("T")
+
 WorkerJob = tuple[Callable[[], None], Callable[[], None] | None]
 """(run, release): `release` runs after `run`, also when `run` failed or was skipped."""
 
@@ -72,20 +79,27 @@ WorkerJob = tuple[Callable[[], None], Callable[[], None] | None]
 class OptimizerWorker:
     """One thread running submitted jobs in order ([Note: the optimizer worker])."""
 
-    def __init__(self, name: str = "tierwise-optimizer") -> None:
+    def __init__(self, name: str = "tierwise-optimizer", max_queued: int = MAX_QUEUED_UPDATES) -> None:
+        """`max_queued`: jobs waiting beyond the one running before `submit` blocks (0: unbounded, for
+        jobs that hold no memory of their own, as the overlapped after-backward step's)."""
         self.name = name
-        self._jobs: queue.Queue[WorkerJob | None] = queue.Queue(maxsize=MAX_QUEUED_UPDATES)
+        self._jobs: queue.Queue[WorkerJob | None] = queue.Queue(maxsize=max_queued)
         self._done = threading.Condition()
         self._unfinished = 0
         """Jobs submitted and not finished (guarded by `_done`)."""
+        self._submitted = 0
+        self._finished = 0
+        """Jobs submitted and finished since the start (guarded by `_done`): job n (its `submit`'s
+        ticket) has finished once `_finished >= n`, the queue being FIFO."""
         self._error: BaseException | None = None
         """The first job's exception; sticky (guarded by `_done`)."""
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, run: Callable[[], None], release: Callable[[], None] | None = None) -> None:
-        """Queue `run` after every job submitted before it (blocks while the queue is full). After a
-        job failed it is skipped, not refused: the drain at the end of the backward reports the error."""
+    def submit(self, run: Callable[[], None], release: Callable[[], None] | None = None) -> int:
+        """Queue `run` after every job submitted before it (blocks while the queue is full); returns
+        its ticket for `wait`. After a job failed it is skipped, not refused: the next drain (or wait)
+        reports the error."""
         if self._closed:
             if release is not None:
                 release()
@@ -95,16 +109,50 @@ class OptimizerWorker:
             self._thread.start()
         with self._done:
             self._unfinished += 1
+            self._submitted += 1
+            ticket = self._submitted
         self._jobs.put((run, release))
+        return ticket
 
     def drain(self) -> None:
         """Wait until every submitted job has finished; raise the first job's exception, if any."""
+        self.wait(None)
+
+    def wait(self, ticket: int | None) -> None:
+        """Wait until the job of `ticket` (every job: None) and those before it finished; raise the
+        first job's exception, if any (also one after `ticket`'s that already failed)."""
         with self._done:
-            while self._unfinished and self._thread is not None and self._thread.is_alive():
+            while not self._reached(ticket) and self._thread is not None and self._thread.is_alive():
                 self._done.wait(timeout=IDLE_POLL_S)
-            if self._unfinished:  # the thread is gone with jobs left (interpreter exit)
+            if not self._reached(ticket):  # the thread is gone with jobs left (interpreter exit)
                 raise RuntimeError(f"the optimizer worker {self.name} stopped with {self._unfinished} updates left")
         self._raise_error()
+
+    def wait_for(self, take: Callable[[], T | None], ticket: int, *, block: bool) -> T | None:
+        """What `take()` gives once it gives something (not None), else None once the job of `ticket`
+        finished (at once without `block`). `take` runs under the worker's lock; a job that makes it
+        give something calls `notify`."""
+        with self._done:
+            while True:
+                got = take()
+                if got is not None or not block or self._reached(ticket):
+                    return got
+                if self._thread is None or not self._thread.is_alive():
+                    return None  # `wait` reports the thread gone
+                self._done.wait(timeout=IDLE_POLL_S)
+
+    def notify(self) -> None:
+        """Wake a `wait_for` (a job gave what it waits for)."""
+        with self._done:
+            self._done.notify_all()
+
+    def finished(self, ticket: int) -> bool:
+        """Whether the job of `ticket` has finished (successfully or not)."""
+        with self._done:
+            return self._reached(ticket)
+
+    def _reached(self, ticket: int | None) -> bool:
+        return not self._unfinished if ticket is None else self._finished >= ticket
 
     @property
     def idle(self) -> bool:
@@ -159,6 +207,7 @@ class OptimizerWorker:
                         self._error = error
             with self._done:
                 self._unfinished -= 1
+                self._finished += 1
                 self._done.notify_all()
 
     def _raise_error(self) -> None:

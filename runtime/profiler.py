@@ -110,6 +110,20 @@ class Profiler:
         else:
             self._pending_phases.append((phase, start, now))
 
+    def waited(self, phase: str, seconds: float) -> None:
+        """The host waited `seconds` for `phase`'s work inside the phases open now (the next forward
+        waiting for an overlapped optimizer step's update, on the CPU): count them to `phase`, not to
+        those, so that the phases still add up to the step and the step's own phase holds what it
+        cost ([Note: the step overlaps the next forward] in runtime/step_schedule.py). Waits outside
+        a step (no phase open) belong to no sample."""
+        if self._step_start_s is None or self.device.type == "cuda":
+            return
+        open_phases = [p for p in self._phase_start_s if p != phase]
+        for p in open_phases:
+            self._phase_s[p] -= seconds
+        if open_phases:
+            self._phase_s[phase] += seconds
+
     def cancel_step(self) -> None:
         """A forward without backward (evaluation) is not a training step: drop its timings."""
         self._step_start_s = None

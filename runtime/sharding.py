@@ -52,6 +52,7 @@ awaits its recompute only marks its backward begun there; the recompute gathers 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import weakref
 from collections import deque
@@ -151,6 +152,7 @@ class ShardedModel:
     def attach(self, listener: UnitListener) -> None:
         """Make `listener` the one told about the units (an optimizer's schedule)."""
         self.check_attachable()
+        self.listener.drain()  # a step still overlapping the forward uses the stores
         self.listener = listener
 
     def check_attachable(self) -> None:
@@ -168,6 +170,8 @@ class ShardedModel:
     def close(self) -> None:
         """Finish outstanding NVMe transfers and remove the swap directory (also done at exit)."""
         try:
+            with contextlib.suppress(Exception):  # the optimizer's error is raised by the optimizer, not here
+                self.listener.drain()  # an overlapped optimizer step may still be writing the stores
             for store in self.stores:
                 store.close()
             if self.copier.pool is not None:
@@ -370,6 +374,7 @@ class ShardedModel:
     def wait_io(self) -> None:
         """Wait for every NVMe transfer in flight (benchmarks time whole steps with it, I/O included);
         buffers stay where they are."""
+        self.listener.drain()  # an overlapped optimizer step's updates are transfers in flight too
         for store in self.stores:
             store.drain(keep_staging=True)
 

@@ -9,7 +9,8 @@ grad. With three buffers the step runs
     read chunk k+1   |   update chunk k (torch's fused AdamW)   |   write chunk k-1
 
 concurrently: reads and writes are asynchronous engine requests, the update runs on the calling thread
-(the optimizer worker, in backward).
+(the optimizer worker: in backward, or after it, overlapping the next forward unit by unit, [Note: the
+step overlaps the next forward] in runtime/step_schedule.py).
 With B > 3 buffers the reads run B-2 chunks ahead (k+1 .. k+B-2).
 The pool is allocated once, so host memory for the states never exceeds
 `num_optimizer_buffers * optimizer_chunk_bytes` however large the model on disk.
@@ -119,38 +120,84 @@ class StreamedAdamW(AdamWEngine):
         """In backward: units in the order the last step updated them (the guess before any step: reversed)."""
         self._updated: list[str] = []
         """Units updated in this backward, in order."""
+        self._group: dict[str, Any] | None = None
+        """The hyperparameters of the after-backward step in progress, taken at its start."""
+        self._queued = 1
+        """The after-backward step's chunks read or reading ahead of the one updated."""
 
     # -- after backward -----------------------------------------------------------------------
     def step(self, units: list[ParamUnit]) -> bool:
+        self.begin_step(units)
+        try:
+            for unit in units:
+                self.step_unit(unit)
+        finally:
+            self.end_step()
+        return True
+
+    def begin_step(self, units: list[ParamUnit]) -> None:
+        """Start the after-backward step of `units` (on the main thread: the gradients are settled and
+        the hyperparameters taken now, so the units may then be stepped on the optimizer worker while
+        the next forward runs; [Note: the step overlaps the next forward] in runtime/step_schedule.py)."""
         for unit in units:
             unit.grads.settle()
+        self._group = dict(self.param_groups[0])
         chunks = self._chunks([u.key for u in units])
-        ahead = self.read_ahead
         # States read during backward get their gradient region now: backward wrote it.
-        for chunk, buffer, pendings in ahead.resume(chunks, self._read):
+        for chunk, buffer, pendings in self.read_ahead.resume(chunks, self._read):
             pendings.append(self._read_grad(chunk, buffer))
         # With B buffers, chunks i+1 .. i+B-2 are read while chunk i is updated and the writes of
         # earlier chunks drain (a buffer is freed by retiring the oldest write). Three buffers give
         # read k+1 | update k | write k-1.
-        queued = max(1, self.pool.num_buffers - 2) + 1 if self.pool.num_buffers > 1 else 1
-        stepped: set[str] = set()
+        self._queued = max(1, self.pool.num_buffers - 2) + 1 if self.pool.num_buffers > 1 else 1
+
+    def step_unit(self, unit: ParamUnit, updated: torch.Tensor | None = None) -> list[Pending]:
+        """Update `unit`'s chunks, the next of the step begun by `begin_step`, and submit their writes;
+        returns those writes (the caller may wait for them: waiting again when retired is a no-op).
+        `updated`: also copy the updated fp32 master into it (see `hands_updated_shard`)."""
+        ahead = self.read_ahead
+        chunks = self._chunks([unit.key])
+        if chunks:  # a unit with no elements on this rank is not stepped (the chunked loop's count)
+            self.steps[unit.key] += 1
+        writes: list[Pending] = []
+        for chunk in chunks:
+            ahead.fill(limit=self._queued, wait=True)
+            buffer = self._claim(chunk)
+            self._update(chunk, buffer, None)
+            writes += ahead.writes[-1][1]
+            if updated is not None:  # the buffer is reused only once its write landed: still the update's
+                updated[chunk.start : chunk.start + chunk.numel].copy_(self._views(buffer, chunk.numel)[0])
+        return writes
+
+    def hands_updated_shard(self, unit: ParamUnit) -> bool:
+        """Whether `unit`'s updated fp32 master is, byte for byte, the shard the next forward reads back
+        from the drive: fp32 parameters on NVMe that are their own master, computed on the CPU. Then
+        the overlapped step can hand the forward a copy of it instead ([Note: the step overlaps the
+        next forward] in runtime/step_schedule.py)."""
+        model = self.model
+        store, key = model.master_at[unit.key]
+        return (store is model.param_store and key == unit.key and isinstance(store, NvmeStore)
+                and unit.compute_dtype == torch.float32 and model.config.device.type == "cpu")
+
+    def end_step(self) -> None:
+        """Let the step's writes land (also after a failed `step_unit`)."""
+        self._group = None
         try:
-            for chunk in chunks:
-                ahead.fill(limit=queued, wait=True)
-                buffer = self._claim(chunk)
-                if chunk.key not in stepped:
-                    self.steps[chunk.key] += 1
-                    stepped.add(chunk.key)
-                self._update(chunk, buffer, None)
+            self.read_ahead.retire_writes()
         finally:
-            ahead.retire_writes()
-            ahead.stop()  # only left with reads when the step failed
+            self.read_ahead.stop()  # only left with reads when the step failed
             # Let the writes land. The gradients' write staging stays for the next backward (the
             # bill's gradient_swap_buffers); that of the compute copies of the parameters (mixed
             # precision) is given back, since the forward's reads need the room.
             self.model.grad_store.drain(keep_staging=True)
             self.model.param_store.drain()
-        return True
+
+    @property
+    def overlaps_forward(self) -> bool:
+        """The after-backward step may run on the optimizer worker during the next forward: on the
+        CPU, where the update writes host stores only (on CUDA the compute stream would have to
+        follow the worker's copies, as in backward: not done)."""
+        return self.model.config.device.type == "cpu"
 
     def prefetch_for_step(self) -> None:
         """A unit's gradient is final: read the master and Adam states of the next of the step's first
@@ -256,7 +303,7 @@ class StreamedAdamW(AdamWEngine):
 
     def _adamw(self, key: str, master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                exp_avg_sq: torch.Tensor) -> None:
-        group = self.param_groups[0]
+        group = self.param_groups[0] if self._group is None else self._group
         torch._fused_adamw_([master], [grad], [exp_avg], [exp_avg_sq], [], [self.steps[key]],
                             amsgrad=False, lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
                             weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
