@@ -522,13 +522,14 @@ def write_results(doc: dict) -> None:
             lines += [f"| {ph} | {v['median_s']:.3f} | {v['ideal_disk_s']:.3f} | {v['median_ratio']:.2f} |"
                       for ph, v in adj["phases"].items()]
         lines += [""]
-    lines += ["Phase ideal times (P: parameter bytes; at the adjacent probe's read and write bandwidth): forward "
-              "reads P. After backward (`ours-nvme`), the backward reads what the forward did not keep gathered "
-              "(K, the step's reads less 5P) and writes P, the optimizer reads 4P and writes 3P; backward also "
-              "reads the optimizer's first chunks' states ahead (counted in the optimizer's ideal), so the "
-              "optimizer can beat its own ideal while the step cannot beat the roofline. In backward "
-              "(`ours-nvme-ib`), the backward reads K + 3P and writes 3P and the optimizer phase is the tail of "
-              "those writes, so the two are one row.", "",
+    lines += ["Phase ideal times (P: parameter bytes; at the adjacent probe's read and write bandwidth). After "
+              "backward (`ours-nvme`), the optimizer reads 4P and writes 3P, and the forward and the backward "
+              "share one row: together they read K (the step's reads less 4P: the forward reads P less the updated "
+              "shards the overlapped step handed to it, the backward what the forward did not keep gathered) and "
+              "the backward writes P. The overlapped step's optimizer row is the host's wait for the step (its "
+              "exposed time), so it can be far below its bytes' ideal; backward also reads the optimizer's first "
+              "chunks' states ahead. In backward (`ours-nvme-ib`), the forward reads P, the backward reads K + 3P "
+              "and writes 3P and the optimizer phase is the tail of those writes, so the two are one row.", "",
               "Targets (issues 5 and 25): ours / deepspeed-nvme at its best <= 0.6 and ours step / I/O roofline <= 1.2. "
               "The roofline ratio is meaningful on the io-bound config; on the design config the compute of the "
               "step alone (ours-cpu) is longer than the roofline on this 2-core CPU-only machine, which bounds the "
