@@ -162,7 +162,7 @@ def test_an_io_error_from_the_engine_names_the_swap_file(tmp_path: Path) -> None
     with pytest.raises(OSError) as caught:
         model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
         opt.step()
-        state_of(model).param_store.drain()
+        state_of(model).wait_io()  # the overlapped step's updates write on the optimizer worker
     error = caught.value
     assert (error.errno, error.filename) == (28, str(params.path))
     line = describe_io_error(error)

@@ -54,6 +54,9 @@ def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     if on_nvme and not plan.nvme_path:
         raise PlannerError("the plan places states on nvme but sets no nvme_path; pass --nvme-path DIR (a directory "
                            "on an NVMe drive)")
+    if nproc * nnodes != plan.num_gpus:  # named by the options that start the processes
+        raise PlannerError(f"--nproc {nproc} x {nnodes} node(s) starts {nproc * nnodes} process(es) but the plan is for "
+                           f"num_gpus {plan.num_gpus}; match them or re-plan")
     from runtime.plan_check import executable_problem  # torch-free
 
     problem = executable_problem(plan, world_size=nproc * nnodes)
