@@ -206,11 +206,10 @@ def shares_cores(node: NodeSpec) -> bool:
     probe times all three back to back: their ratios are measured, and what the reference runs
     add is how fast the cores ran for training. Fitted apart, the matmul and memory-bound columns
     are nearly collinear over four small runs (both grow with tokens x width), and on a shared
-    machine whose speed moves 2-10x within a minute the fit trades one for the other at random:
-    on 2026-11-25 it priced matmuls at zero and memory-bound work at 1/140 of the probe's rate,
-    which times every backward (2x the forward's matmuls, 1.5x its kernel bytes) ~25% short
-    (benchmarks/loop_check.py, docs/calibration.md). A GPU keeps the two factors: its matmuls
-    and its HBM are different units."""
+    machine whose speed moves within a minute the fit trades one for the other at random (it can
+    price matmuls at zero, which times every backward, 2x the forward's matmuls and 1.5x its kernel
+    bytes, short: docs/notes/2026-11-25-calibration-loop-outside-sweep.md). A GPU keeps the two
+    factors: its matmuls and its HBM are different units."""
     return node.host_is_device and node.sources.get("hbm_achievable_fraction") == "measured"
 
 

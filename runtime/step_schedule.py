@@ -22,17 +22,18 @@ before that update has run.
   on NVMe, their own master, on the CPU: `StreamedAdamW.hands_updated_shard`) the worker copies it
   out of the chunk buffer into a read buffer and hands it over; the forward takes it instead of a
   read. Reading it back was a read queued behind the step's state I/O, at the use (the prefetch had
-  skipped it: not updated yet), with nothing to compute meanwhile: the design benchmark's forward
-  waited ~0.1 s per early unit (a per-unit timeline, 2026-11-25). At most `MAX_HANDED_SHARDS`
-  wait untaken; a later read of the unit from the drive (a second use) still waits for its writes.
+  skipped it: not updated yet), with nothing to compute meanwhile (benchmarks/RESULTS.md, the
+  full-NVMe step's hand-kept lines). At most `MAX_HANDED_SHARDS` wait untaken; a later read of the
+  unit from the drive (a second use) still waits for its writes.
 - Profile: the main thread's waits for the step (a use waiting for an update, the drain at the next
   backward) count to the `optimizer` phase of the sample they fall in, not to the forward or the
   backward (`Profiler.waited`): phases still add up to the step, and the optimizer phase is what
   the step cost the main thread. Its bytes count to that sample too (counted when submitted), so
   a sample holds the previous step's optimizer traffic and time; in steady state per-step totals
-  are the synchronous step's bytes. On this 2-core machine the forward now also shares the CPU
-  with Adam (torch's fused kernel on the worker), so the overlapped step costs about
-  max(forward + Adam's CPU time, the step's I/O) instead of forward + step. A unit counts as updated once its writes landed too: the
+  are the synchronous step's bytes. Where the CPU is the compute device the forward shares its
+  cores with Adam (torch's fused kernel on the worker), so the overlapped step costs about
+  max(forward + Adam's CPU time, the step's I/O) instead of forward + step. A unit counts as
+  updated once its writes landed too: the
   worker waits for them (in the next unit's job, so they overlap that update; for the last unit
   the step's end), as their one consumer. The main thread's read must not rely on the store
   ordering it after a write in flight that the worker may be waiting for at the same moment (a
