@@ -16,6 +16,7 @@ The row's `assumptions` name every searched knob, its options and the value chos
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -117,7 +118,4 @@ def _label(value: object) -> str:
 
 
 def _product(options: dict[str, Sequence[object]]) -> list[dict[str, object]]:
-    out: list[dict[str, object]] = [{}]
-    for key, values in options.items():
-        out = [dict(partial, **{key: v}) for partial in out for v in values]
-    return out
+    return [dict(zip(options, values, strict=True)) for values in itertools.product(*options.values())]
