@@ -155,7 +155,11 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
         if shares_cores(node):  # [Note: one factor for the CPU's kernels]
             for phase in features.values():
                 phase["compute_s"], phase["memory_s"] = phase["compute_s"] + phase["memory_s"], 0.0
-        for phase, measured in profile.measured.phase_time_s.items():
+        measured_s = dict(profile.measured.phase_time_s)
+        if step_overlaps_forward(plan):  # [Note: the overlapped step is one row with the forward]
+            measured_s = _merged(measured_s, Phase.FORWARD, Phase.OPTIMIZER)
+            features = _merged(features, Phase.FORWARD, Phase.OPTIMIZER)
+        for phase, measured in measured_s.items():
             if measured <= 0 or phase not in features:
                 continue
             rows.append([features[phase][f] / measured for f in FEATURES])
@@ -172,6 +176,33 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
                        residual=math.sqrt(err / len(rows)), num_rows=len(rows),
                        standard_errors=_standard_errors([[r[j] for j in active] for r in rows], err,
                                                         [FEATURES[j] for j in active]))
+
+
+def step_overlaps_forward(plan: Plan) -> bool:
+    """[Note: the overlapped step is one row with the forward] The runtime runs an after-backward
+    step whose states stream from NVMe on the optimizer worker during the next forward, where the
+    CPU is the compute device (runtime/step_schedule.py [Note: the step overlaps the next forward]).
+    Its profile counts to `optimizer` only the host's waits for an update; the rest of the step's
+    cost lands in the forward, which shares the cores with CPU Adam and the drive with the step's
+    state I/O. Which of the two phases holds it depends on how the contention falls, not on a
+    rate, so calibration fits their sum: per phase it would ask the forward's features to explain
+    the step's Adam and I/O, and the optimizer phase's to explain almost nothing."""
+    return (plan.optimizer_step == "after_backward" and plan.placement.optimizer_states == "nvme"
+            and plan.node.host_is_device)
+
+
+def _merged(per_phase: dict, into: Phase, gone: Phase) -> dict:
+    """`per_phase` with `gone`'s value added to `into`'s (numbers, or dicts of numbers) and dropped."""
+    out = dict(per_phase)
+    if gone not in out:
+        return out
+    extra = out.pop(gone)
+    base = out.get(into)
+    if isinstance(extra, dict):
+        out[into] = {k: (base or {}).get(k, 0.0) + extra.get(k, 0.0) for k in {*(base or {}), *extra}}
+    else:
+        out[into] = (base or 0.0) + extra
+    return out
 
 
 LOOSE_SHARE = 0.5

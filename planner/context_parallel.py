@@ -32,7 +32,7 @@ import math
 from typing import TYPE_CHECKING
 
 from planner.errors import PlannerError
-from planner.kernels import block_cost
+from planner.kernels import block_cost, fused_attention_flops_per_s
 from planner.memory import COMPUTE_BYTES
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def exposed_per_layer_s(plan: Plan) -> tuple[float, float]:
         return 0.0, 0.0
     rate = ring_bytes_per_s(plan)
     send_s = kv_block_bytes(plan) / rate if rate > 0 else math.inf
-    cost, fused_rate = block_cost(plan), plan.node.flash_attention_flops_per_s
+    cost, fused_rate = block_cost(plan), fused_attention_flops_per_s(plan)
     attention_fwd_s, attention_bwd_s = cost.fused_forward_flops / fused_rate, cost.fused_backward_flops / fused_rate
     return ((cp - 1) * max(0.0, send_s - attention_fwd_s / cp),
             (cp - 1) * max(0.0, 2 * send_s - attention_bwd_s / cp))

@@ -66,6 +66,7 @@ NVME_READ_WRITE: tuple[str, ...] = ("independent", "shared")
 _CURVES: dict[str, tuple[str, float, str]] = {
     "transfer": ("size_mib", MIB, "bytes"),
     "matmul": ("gflop", 1e9, "flop"),
+    "attention": ("seq_len", 1.0, "tokens"),
 }
 _EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations", "flash_attention_tflops",
                "hbm_achievable_fraction"}
@@ -205,6 +206,11 @@ class NodeSpec:
     """Fraction of a link's rate one transfer of a given size reaches (PCIe, NVMe, collectives)."""
     matmul_efficiency: EfficiencyCurve = EfficiencyCurve()
     """Fraction of `gpu_flops_per_s` one matmul of a given flop count reaches."""
+    attention_efficiency: EfficiencyCurve = EfficiencyCurve()
+    """Fraction of `flash_attention_flops_per_s` the fused attention kernel reaches at a given query
+    length (the sequence one kernel call covers): a causal kernel works in key blocks, and the block
+    on the diagonal is computed whole, so short sequences waste a larger share of it
+    (planner/kernels.py [Note: the fused kernel's rate by sequence length])."""
     whole_node_gpus: int = 0
     """Nonzero when this spec is the share of a bigger node that `num_gpus_per_node` of its
     `whole_node_gpus` GPUs get ([Note: part of a node]); 0 for a whole node."""
@@ -233,7 +239,7 @@ class NodeSpec:
         number(self.hbm_achievable_fraction, f"{where} hbm_achievable_fraction", minimum=0, maximum=1)
         if not isinstance(self.host_is_device, bool):
             raise PlannerError(f"{where} host_is_device must be true or false, got {self.host_is_device!r}")
-        for curve in (self.transfer_efficiency, self.matmul_efficiency):
+        for curve in (self.transfer_efficiency, self.matmul_efficiency, self.attention_efficiency):
             if not isinstance(curve, EfficiencyCurve):
                 raise PlannerError(f"{where}: efficiency curves must be EfficiencyCurve, got {type(curve).__name__}")
         if self.num_gpus_per_node > 1 and self.gpu_gpu_intra_node_bytes_per_s <= 0:
@@ -260,7 +266,8 @@ class NodeSpec:
             doc["flash_attention_tflops"] = self.flash_attention_flops_per_s / TFLOP
         if self.hbm_achievable_fraction:
             doc["hbm_achievable_fraction"] = self.hbm_achievable_fraction
-        curves = {"transfer": self.transfer_efficiency, "matmul": self.matmul_efficiency}
+        curves = {"transfer": self.transfer_efficiency, "matmul": self.matmul_efficiency,
+                  "attention": self.attention_efficiency}
         if any(curve.points for curve in curves.values()):
             doc["efficiency"] = {kind: _curve_to_doc(curve, kind) for kind, curve in curves.items() if curve.points}
         if self.whole_node_gpus:

@@ -43,6 +43,17 @@ it upcasts them to fp32 and reads that copy (e + 4 + 4 bytes per logit), backwar
 gradient, reads it and writes its downcast (4 + 4 + e), as `F.cross_entropy(logits.float())` does
 (the memory bill's `logits` term holds the same two tensors).
 
+[Note: the fused kernel's rate by sequence length] A causal fused kernel walks the key sequence in
+blocks and computes the block the diagonal cuts through whole, masking the part above it: the flops
+counted here (half the square) are a smaller share of what it computes when the sequence is short.
+FlashAttention-2's own measurements rise with the sequence the same way (Dao 2023, Fig. 4-7: causal
+forward and backward at 512 tokens well below those at 4K-16K). torch's CPU flash kernel computes
+key blocks of up to 512 (at 128-512 tokens a causal call takes as long as a non-causal one; at 2K
+it takes 0.64 of it, runtime/probe.py [Note: the CPU's fused attention]). The spec's
+`attention_efficiency` curve, keyed by the query length of one kernel call, scales the kernel's
+rate (`fused_attention_flops_per_s`); the probe measures it, the GPU presets have none (no public
+curve for the fitted rate: flat).
+
 [Note: recompute] `recompute: full` (checkpoint_interval >= 1) runs each block's forward again in
 backward: its flops and kernel bytes once more. `recompute: selective` (Korthikanti et al. 2022,
 arXiv:2205.05198 Sec. 5) stores every activation but the attention core's seq^2 tensors and
@@ -129,6 +140,14 @@ class BlockCost:
     @property
     def backward_bytes(self) -> float:
         return sum(self.kernel_backward_bytes.values())
+
+
+def fused_attention_flops_per_s(plan: Plan) -> float:
+    """The fused attention kernel's rate for `plan`'s kernel calls ([Note: the fused kernel's rate by
+    sequence length]): each covers `seq / context_parallel_degree` queries (ring attention's blocks)."""
+    node = plan.node
+    return node.flash_attention_flops_per_s * node.attention_efficiency.at(
+        plan.model.seq_len / plan.context_parallel_degree)
 
 
 def block_cost(plan: Plan) -> BlockCost:

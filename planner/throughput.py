@@ -28,7 +28,7 @@ from planner.collectives import (
 )
 from planner.context_parallel import ring_passes_s
 from planner.fp8 import linear_speedup
-from planner.kernels import achievable_hbm_bytes_per_s, block_cost, loss_bytes
+from planner.kernels import achievable_hbm_bytes_per_s, block_cost, fused_attention_flops_per_s, loss_bytes
 from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
 from planner.phases import PHASES
 from planner.plan import LINKS, Plan
@@ -180,7 +180,7 @@ def _compute(plan: Plan) -> _Passes:
     operator (model_compute)."""
     work = model_compute(plan)
     node = plan.node
-    hbm, fused_rate = achievable_hbm_bytes_per_s(node), node.flash_attention_flops_per_s
+    hbm, fused_rate = achievable_hbm_bytes_per_s(node), fused_attention_flops_per_s(plan)
     # fp8 runs the matmuls at the fp8 rate ([Note: fp8 matmuls] in planner/fp8.py); the fused
     # attention and the memory-bound kernels stay in bf16.
     matmul_rate = node.gpu_flops_per_s * linear_speedup(plan.fp8_matmuls, node)

@@ -199,32 +199,54 @@ def measure_block_matmul(
                              tuple(name for name in rates if name not in by_dtype))
 
 
-ATTENTION_SHAPE = (2, 16, 512, 64)
-"""(batch, heads, seq, head_dim) of the causal attention the probe times on a CPU device: the block
-of `measure_block_matmul` (hd 1024 = 16 heads of 64) at a mid-length sequence."""
+ATTENTION_HEADS, ATTENTION_HEAD_DIM = 16, 64
+"""The attention the probe times on a CPU device: the heads of `measure_block_matmul`'s block (hd 1024
+= 16 heads of 64)."""
+ATTENTION_SEQ_LENS: tuple[int, ...] = (128, 512, 2048)
+"""Sequence lengths it is timed at ([Note: the fused kernel's rate by sequence length] in
+planner/kernels.py), each over `ATTENTION_TOKENS` tokens, so each takes about as many key blocks."""
+ATTENTION_TOKENS = 2048
 
 
-def measure_causal_attention(device: torch.device, dtype: torch.dtype, *, repeats: int = 3) -> float:
+@dataclass(frozen=True, slots=True)
+class AttentionThroughput:
+    flops_per_s: float
+    """The best rate over the sequence lengths (`flash_attention_tflops`)."""
+    by_seq_len: dict[int, float]
+    """Sequence length -> rate; over the best they are the spec's `efficiency.attention` curve."""
+
+    def efficiency_points(self) -> list[dict[str, float]]:
+        return [{"seq_len": seq, "efficiency": round(rate / self.flops_per_s, 4)} for seq, rate in self.by_seq_len.items()]
+
+
+def measure_causal_attention(device: torch.device, dtype: torch.dtype, *, repeats: int = 3) -> AttentionThroughput:
     """The runtime's attention core (`F.scaled_dot_product_attention(is_causal=True)`, runtime/gpt.py),
-    forward and backward, in flops per second as the planner counts a fused kernel's: half the
-    seq x seq square forward, 2.5 x that backward (planner/kernels.py [Note: attention kernels]).
+    forward and backward, at each of `ATTENTION_SEQ_LENS`, in flops per second as the planner counts a
+    fused kernel's: half the seq x seq square forward, 2.5 x that backward (planner/kernels.py [Note:
+    attention kernels]).
 
     [Note: the CPU's fused attention] On a CPU torch dispatches that call to its flash kernel
     (`_scaled_dot_product_flash_attention_for_cpu` and its backward): block-wise, scores never
     stored, recomputed in backward, exactly the planner's `attention: flash`. A spec without this
     rate plans `eager` (seq^2 scores stored, softmaxed by memory-bound kernels, the whole square
-    multiplied), which is not what the runtime runs there."""
+    multiplied), which is not what the runtime runs there. Its rate rises with the sequence: it
+    computes the key block on the diagonal whole (up to 512 keys), so at 128-512 tokens a causal
+    call costs what a non-causal one does, and at 2048 about two thirds of it."""
     import torch.nn.functional as F
 
-    b, h, s, d = ATTENTION_SHAPE
-    q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    grad = torch.randn(b, h, s, d, device=device, dtype=dtype)
+    h, d = ATTENTION_HEADS, ATTENTION_HEAD_DIM
+    rates = {}
+    for s in ATTENTION_SEQ_LENS:
+        b = max(1, ATTENTION_TOKENS // s)
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, s, d, device=device, dtype=dtype)
 
-    def run() -> None:
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+        def run(q=q, k=k, v=v, grad=grad) -> None:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
 
-    forward_flops = 4 * b * s * s * h * d / 2
-    return forward_flops * (1 + 2.5) / _median_time_s(run, repeats=repeats, warmup=1)
+        forward_flops = 4 * b * s * s * h * d / 2
+        rates[s] = forward_flops * (1 + 2.5) / _median_time_s(run, repeats=repeats, warmup=1)
+    return AttentionThroughput(max(rates.values()), rates)
 
 
 def measure_block_kernels(device: torch.device, dtype: torch.dtype, *, hidden: int = 1024, tokens: int = 1024,
@@ -495,8 +517,10 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
     log(f"CPU as the compute device: a block's memory-bound kernels in {compute.dtype}")
     kernels = measure_block_kernels(torch.device("cpu"), getattr(torch, compute.dtype))
     found.doc.update(num_gpus_per_node=1, host_is_device=True)
+    found.doc.setdefault("efficiency", {})["attention"] = attention.efficiency_points()
+    found.sources["efficiency"] = "measured"
     found.measured(
-        flash_attention_tflops=attention / TFLOP,
+        flash_attention_tflops=attention.flops_per_s / TFLOP,
         hbm_achievable_fraction=min(1.0, kernels / host_memory),
         gpu_memory_gib=memory / GIB,
         gpu_hbm_gb_per_s=host_memory / GB,
@@ -514,8 +538,10 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
     )
     found.notes.append(
         f"Attention: torch's fused causal kernel on the CPU ([Note: the CPU's fused attention] in runtime/probe.py), "
-        f"batch {ATTENTION_SHAPE[0]}, {ATTENTION_SHAPE[1]} heads of {ATTENTION_SHAPE[3]}, seq {ATTENTION_SHAPE[2]}, "
-        f"forward and backward, {compute.dtype}: flash_attention_tflops {attention / TFLOP:.4g}. Memory-bound kernels "
+        f"{ATTENTION_HEADS} heads of {ATTENTION_HEAD_DIM}, {ATTENTION_TOKENS} tokens, forward and backward, "
+        f"{compute.dtype}, TFLOPS by sequence length: "
+        + ", ".join(f"{seq} {rate / TFLOP:.4g}" for seq, rate in attention.by_seq_len.items())
+        + f" (flash_attention_tflops the best, efficiency.attention each over it). Memory-bound kernels "
         f"([Note: the CPU's memory-bound kernels]): two LayerNorms, GELU and two residual adds of a hd 1024 block, 1024 "
         f"tokens, forward and backward, {kernels / GB:.4g} GB/s: hbm_achievable_fraction is that over the copy bandwidth."
     )

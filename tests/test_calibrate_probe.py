@@ -230,3 +230,37 @@ def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path
     assert trained == ["fp32"] * len(REFERENCE_RUNS) * probe_reference.REFERENCE_REPEATS
     assert "reference runs of the runtime in fp32" in json.loads(out.read_text())["notes"]
     assert reference_plan(REFERENCE_RUNS[0], _cpu_node(), str(tmp_path)).precision == "bf16"  # the default
+
+
+def test_an_overlapped_step_is_fitted_with_the_forward_it_overlaps(tmp_path: Path) -> None:
+    # [Note: the overlapped step is one row with the forward]: the NVMe reference run's after-backward
+    # step runs during the next forward on a CPU device, and how much of its cost the profile shows as
+    # the host's waits (`optimizer`) or as a slower forward depends on the contention. The fit is the
+    # same wherever the profile puts it, and that run gives one row for the two phases.
+    import dataclasses
+
+    from planner.calibrate import calibrate, step_overlaps_forward
+    from planner.profile import Profile
+    from planner.sim.report import simulate
+
+    base = _cpu_node()
+    truth = base.replace(gpu_flops_per_s=base.gpu_flops_per_s * 0.7, cpu_adam_params_per_s=base.cpu_adam_params_per_s * 0.8)
+    plans = [reference_plan(ref, base, str(tmp_path)) for ref in REFERENCE_RUNS]
+    assert [step_overlaps_forward(p) for p in plans] == [ref.optimizer_states == "nvme" for ref in REFERENCE_RUNS]
+    assert not step_overlaps_forward(plans[2].replace(node=dataclasses.replace(base, host_is_device=False)))
+
+    def runs(moved_share: float) -> list:
+        out = []
+        for plan in plans:
+            measured = simulate(plan.replace(node=truth)).prediction
+            if step_overlaps_forward(plan):
+                t = dict(measured.phase_time_s)
+                moved = moved_share * t["optimizer"]
+                t["forward"], t["optimizer"] = t["forward"] + moved, t["optimizer"] - moved
+                measured = dataclasses.replace(measured, phase_time_s=t)
+            out.append((plan, Profile(measured=measured, samples=(), warmup_steps=0)))
+        return out
+
+    as_simulated, in_forward = calibrate(runs(0.0), base), calibrate(runs(0.97), base)
+    assert as_simulated.num_rows == in_forward.num_rows == 3 * len(plans) - 1
+    assert in_forward.factors == pytest.approx(as_simulated.factors, rel=1e-6, abs=1e-12)

@@ -160,14 +160,32 @@ def test_the_compute_probe_measures_in_full_only_the_dtypes_near_the_best(monkey
 
 def test_the_attention_probe_counts_flops_as_the_planner_times_a_fused_kernel(monkeypatch):
     # [Note: the CPU's fused attention]: forward half the causal square (4 b s^2 q / 2), backward 2.5 x that,
-    # the count planner/kernels.py's attention_flops uses for `attention: flash`; the time is given.
+    # the count planner/kernels.py's attention_flops uses for `attention: flash`; the times are given,
+    # one per sequence length, and the spec's curve is each rate over the best.
     torch = pytest.importorskip("torch")
+    from planner.hardware import NodeSpec
     from runtime import probe
 
-    monkeypatch.setattr(probe, "ATTENTION_SHAPE", (1, 2, 16, 8))
-    monkeypatch.setattr(probe, "_median_time_s", lambda run, *, repeats, warmup=1: (run(), 0.5)[1])
-    rate = probe.measure_causal_attention(torch.device("cpu"), torch.float32)
-    assert rate == pytest.approx((4 * 1 * 16**2 * 2 * 8 / 2) * 3.5 / 0.5)
+    monkeypatch.setattr(probe, "ATTENTION_HEADS", 2)
+    monkeypatch.setattr(probe, "ATTENTION_HEAD_DIM", 8)
+    monkeypatch.setattr(probe, "ATTENTION_SEQ_LENS", (8, 32))
+    monkeypatch.setattr(probe, "ATTENTION_TOKENS", 32)
+    times = iter([0.5, 0.25])
+    monkeypatch.setattr(probe, "_median_time_s", lambda run, *, repeats, warmup=1: (run(), next(times))[1])
+    measured = probe.measure_causal_attention(torch.device("cpu"), torch.float32)
+    flops = {s: 4 * (32 // s) * s**2 * 2 * 8 / 2 * 3.5 for s in (8, 32)}
+    assert measured.by_seq_len == pytest.approx({8: flops[8] / 0.5, 32: flops[32] / 0.25})
+    assert measured.flops_per_s == pytest.approx(flops[32] / 0.25)
+    points = measured.efficiency_points()
+    assert points == [{"seq_len": 8, "efficiency": pytest.approx(round(flops[8] / 0.5 / (flops[32] / 0.25), 4))},
+                      {"seq_len": 32, "efficiency": 1.0}]
+    # The points are a valid `efficiency.attention` curve of a spec.
+    from planner.catalog import hardware_presets
+
+    doc = hardware_presets()["dgx-a100-80g"].to_dict()
+    node = NodeSpec.from_dict(dict(doc, efficiency=dict(doc.get("efficiency", {}), attention=points)), "probed spec")
+    assert node.attention_efficiency.at(8) == pytest.approx(points[0]["efficiency"])
+    assert node.attention_efficiency.at(4096) == 1.0
 
 
 def test_the_kernel_probe_counts_bytes_as_the_planner_bills_a_blocks_memory_bound_kernels(monkeypatch):

@@ -147,3 +147,27 @@ def test_memory_bound_kernels_run_at_the_achievable_hbm_fraction():
         return t["forward"] + t["backward"]
 
     assert passes(slow) - passes(p) == pytest.approx(extra, rel=1e-9)
+
+
+def test_the_fused_kernel_runs_at_its_rate_for_the_sequence_length():
+    # [Note: the fused kernel's rate by sequence length]: the spec's attention curve, keyed by the
+    # query length of one kernel call, scales the fused kernel's rate in the estimate and the
+    # simulator alike; the matmuls and the memory-bound kernels do not move.
+    from planner.hardware import EfficiencyCurve
+    from planner.kernels import fused_attention_flops_per_s
+
+    curve = EfficiencyCurve(((512.0, 0.4), (2048.0, 1.0)))
+    p = plan(attention="flash", checkpoint_interval=0)
+    slow = p.replace(node=node(attention_efficiency=curve), attention="flash")
+    assert fused_attention_flops_per_s(p) == 50 * TFLOP
+    assert fused_attention_flops_per_s(slow) == 50 * TFLOP  # seq 2048: the plateau
+    at_1024 = slow.replace(model=GPT.replace(seq_len=1024))
+    assert fused_attention_flops_per_s(at_1024) == pytest.approx(50 * TFLOP * 0.7)  # halfway in log(seq)
+    flat_1024 = p.replace(model=GPT.replace(seq_len=1024))
+    cost = block_cost(at_1024)
+    extra = GPT.num_layers * (cost.fused_forward_flops + cost.fused_backward_flops) * (1 / (0.7 * 50 * TFLOP) - 1 / (50 * TFLOP))
+    for method in (lambda q: estimate(q).phase_time_s, lambda q: simulate(q).prediction.phase_time_s):
+        slow_t, flat_t = method(at_1024), method(flat_1024)
+        assert slow_t["forward"] + slow_t["backward"] - flat_t["forward"] - flat_t["backward"] == pytest.approx(extra, rel=1e-9)
+    # Ring attention's kernel calls cover seq / cp queries (planner/context_parallel.py).
+    assert fused_attention_flops_per_s(slow.replace(num_gpus=2, context_parallel_degree=2)) == pytest.approx(50 * TFLOP * 0.7)

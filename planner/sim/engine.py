@@ -33,7 +33,7 @@ import simpy
 from planner.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
 from planner.context_parallel import exposed_per_layer_s
 from planner.fp8 import linear_speedup
-from planner.kernels import achievable_hbm_bytes_per_s
+from planner.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
 from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
@@ -197,7 +197,7 @@ class RankProgram:
         self.transfer_eff = _Memo(node.transfer_efficiency.at)
         self.matmul_eff = _Memo(node.matmul_efficiency.at)
         self.hbm_bytes_per_s = achievable_hbm_bytes_per_s(node)
-        self.fused_flops_per_s = node.flash_attention_flops_per_s
+        self.fused_flops_per_s = fused_attention_flops_per_s(plan)
         self.operator_overhead_s = node.operator_overhead_s
         self.fp8_speedup = linear_speedup(plan.fp8_matmuls, node)
         dp_ring = data_parallel_ring(plan)
