@@ -17,7 +17,8 @@
    order rotated each round. The spec is the median of the rounds' probes, a configuration's
    measurement is the median of all its measured steps over the rounds, and the calibration fits
    every round's profile: prediction and measurement sample the same spread of machine states.
-   The measurement runs at the highest CPU and I/O priority (`nice -20`, `ionice -c1`) when allowed.
+   The measurement runs at the highest CPU and I/O priority, in a scheduler group of its own, its
+   runs' worker sessions included, when allowed (benchmarks/priority.py `take_priority`).
 3. `planner calibrate` fits the spec's efficiency parameters on `CALIBRATION` (4 configurations,
    one per term of the calibration model) and the held-out ones are predicted again with the
    calibrated spec.
@@ -34,7 +35,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +51,9 @@ from planner.probe_reference import pinned_plan  # noqa: E402
 from planner.profile import Profile, load_profile  # noqa: E402
 from planner.sim.report import simulate  # noqa: E402
 from runtime.launch import WARMUP_STEPS  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from priority import take_priority  # noqa: E402
 
 SIZES = {"S": (4, 512, 8), "M": (6, 768, 12), "L": (8, 1024, 16)}
 SEQ, VOCAB = 256, 256
@@ -116,23 +119,16 @@ def measured_time_s(profiles: list[Profile]) -> float:
     return statistics.median(t for p in profiles for t in step_times_s(p))
 
 
-def _priority() -> list[str]:
-    """Highest CPU and I/O priority for the measured processes, where this user may raise it."""
-    if os.geteuid() == 0 and shutil.which("nice") and shutil.which("ionice"):
-        return ["nice", "-n", "-20", "ionice", "-c1", "-n0"]
-    return []
-
-
 def run_config(plan_path: Path, profile_path: Path, steps: int, store: Path) -> float:
     start = time.perf_counter()
-    cmd = _priority() + [sys.executable, "-m", "tierwise", "run", str(plan_path), "--steps", str(steps),
+    cmd = [sys.executable, "-m", "tierwise", "run", str(plan_path), "--steps", str(steps),
                          "--profile-out", str(profile_path), "--store", str(store)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return time.perf_counter() - start
 
 
 def probe(path: Path, nvme_path: str) -> None:
-    cmd = _priority() + [sys.executable, "-m", "tierwise", "probe", "--out", str(path), "--nvme-test-gib", "0.25",
+    cmd = [sys.executable, "-m", "tierwise", "probe", "--out", str(path), "--nvme-test-gib", "0.25",
                          "--nvme-path", nvme_path]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
@@ -168,6 +164,7 @@ def main() -> int:
     ap.add_argument("--write-results", action="store_true")
     ap.add_argument("--collect-only", action="store_true", help="run the configurations, skip the analysis")
     args = ap.parse_args()
+    priority = "" if args.reuse else take_priority()
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -206,7 +203,7 @@ def main() -> int:
     else:
         machine = {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
                    "load_average_after": os.getloadavg(), "sweep_wall_s": time.perf_counter() - started,
-                   "steps_per_config": args.steps, "warmup_steps": WARMUP_STEPS, "rounds": args.rounds,
+                   "steps_per_config": args.steps, "warmup_steps": WARMUP_STEPS, "rounds": args.rounds, "priority": priority,
                    "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         collection.write_text(json.dumps(machine))
     if args.collect_only:
@@ -215,7 +212,6 @@ def main() -> int:
     report["machine"] = {**machine, "hardware": str(hw_path)}
     print(json.dumps(report, indent=2))
     if args.write_results:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         from sweep_report import write_results
 
         write_results(report, node)
