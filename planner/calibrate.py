@@ -99,6 +99,9 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     # run inside the backward, and the runtime's profile counts them there: its backward ends when
     # the last update is computed and its optimizer phase is the write tail. Busy time is then
     # attributed to the phase it falls in, cut at the simulated phase ends, not by label.
+    # An after-backward step beside the next forward (sim/overlapped_step.py) stays attributed by
+    # label: all its work in the optimizer row, whose measured time is only the host's wait for it,
+    # so like traffic hidden behind compute it pulls the CPU Adam and NVMe factors down.
     by_time = plan.optimizer_step == "in_backward"
     ends = sim.phase_end_s
     spans = {Phase.FORWARD: (0.0, ends[Phase.FORWARD]), Phase.BACKWARD: (ends[Phase.FORWARD], ends[Phase.BACKWARD]),

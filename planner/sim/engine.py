@@ -35,7 +35,12 @@ from planner.collectives import data_parallel_ring, latency_s, tensor_parallel_r
 from planner.context_parallel import exposed_per_layer_s
 from planner.fp8 import linear_speedup
 from planner.kernels import achievable_hbm_bytes_per_s
-from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, step_overlaps_next_forward, stores_gradients
+from planner.memory import (
+    STORED_GRADIENT_BYTES,
+    resident_state_terms,
+    step_overlaps_next_forward,
+    stores_gradients,
+)
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
 from planner.plan import Plan

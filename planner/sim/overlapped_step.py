@@ -39,7 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from planner.memory import COMPUTE_BYTES, OVERLAPPED_STEP_HANDED_SHARDS, hands_updated_shards, optimizer_chunk_buffer_bytes
+from planner.memory import (
+    COMPUTE_BYTES,
+    OVERLAPPED_STEP_HANDED_SHARDS,
+    hands_updated_shards,
+    optimizer_chunk_buffer_bytes,
+)
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
 from planner.sim.in_backward import STATE_BYTES_PER_PARAM, chunk_sizes
