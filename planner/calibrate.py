@@ -48,7 +48,6 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.hardware import EfficiencyCurve, NodeSpec
-from planner.memory import step_overlaps_next_forward
 from planner.phases import PHASES, Phase
 from planner.plan import Plan
 from planner.profile import Profile
@@ -100,9 +99,6 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     # run inside the backward, and the runtime's profile counts them there: its backward ends when
     # the last update is computed and its optimizer phase is the write tail. Busy time is then
     # attributed to the phase it falls in, cut at the simulated phase ends, not by label.
-    # An after-backward step beside the next forward (sim/overlapped_step.py) stays attributed by
-    # label, to the optimizer; `calibrate` fits that row together with the forward's ([Note: the
-    # overlapped step is one row with the forward]).
     by_time = plan.optimizer_step == "in_backward"
     ends = sim.phase_end_s
     spans = {Phase.FORWARD: (0.0, ends[Phase.FORWARD]), Phase.BACKWARD: (ends[Phase.FORWARD], ends[Phase.BACKWARD]),
@@ -160,7 +156,7 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
             for phase in features.values():
                 phase["compute_s"], phase["memory_s"] = phase["compute_s"] + phase["memory_s"], 0.0
         measured_s = dict(profile.measured.phase_time_s)
-        if step_overlaps_next_forward(plan):  # [Note: the overlapped step is one row with the forward]
+        if step_overlaps_forward(plan):  # [Note: the overlapped step is one row with the forward]
             measured_s = _merged(measured_s, Phase.FORWARD, Phase.OPTIMIZER)
             features = _merged(features, Phase.FORWARD, Phase.OPTIMIZER)
         for phase, measured in measured_s.items():
@@ -182,15 +178,17 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
                                                         [FEATURES[j] for j in active]))
 
 
-# [Note: the overlapped step is one row with the forward] The runtime runs an after-backward step
-# whose states stream from NVMe on the optimizer worker during the next forward, where the CPU is the
-# compute device (planner.memory.step_overlaps_next_forward; runtime/step_schedule.py [Note: the step
-# overlaps the next forward]). Its profile counts to `optimizer` only the host's waits for an update;
-# the rest of the step's cost lands in the forward, which shares the cores with CPU Adam and the
-# drive with the step's state I/O. Which of the two phases holds it depends on how the contention
-# falls, not on a rate, so calibration fits their sum: per phase it would ask the forward's features
-# to explain the step's Adam and I/O, and the optimizer phase's to explain almost nothing
-# (docs/notes/2026-11-26-calibration-loop-quiet-machine.md).
+def step_overlaps_forward(plan: Plan) -> bool:
+    """[Note: the overlapped step is one row with the forward] The runtime runs an after-backward
+    step whose states stream from NVMe on the optimizer worker during the next forward, where the
+    CPU is the compute device (runtime/step_schedule.py [Note: the step overlaps the next forward]).
+    Its profile counts to `optimizer` only the host's waits for an update; the rest of the step's
+    cost lands in the forward, which shares the cores with CPU Adam and the drive with the step's
+    state I/O. Which of the two phases holds it depends on how the contention falls, not on a
+    rate, so calibration fits their sum: per phase it would ask the forward's features to explain
+    the step's Adam and I/O, and the optimizer phase's to explain almost nothing."""
+    return (plan.optimizer_step == "after_backward" and plan.placement.optimizer_states == "nvme"
+            and plan.node.host_is_device)
 
 
 def _merged(per_phase: dict, into: Phase, gone: Phase) -> dict:

@@ -137,24 +137,6 @@ def stores_gradients(plan: Plan) -> bool:
     return not (plan.optimizer_step == "in_backward" and plan.placement.optimizer_states == "nvme")
 
 
-def step_overlaps_next_forward(plan: Plan) -> bool:
-    """Whether the after-backward step runs on the optimizer worker during the next forward: the
-    optimizer states on NVMe (the streamed step) with the CPU as the compute device, where the update
-    writes host stores only ([Note: the step overlaps the next forward] in runtime/step_schedule.py;
-    `StreamedAdamW.overlaps_forward`). On a separate device the step stays synchronous."""
-    return (plan.optimizer_step == "after_backward" and plan.placement.optimizer_states == "nvme"
-            and plan.node.host_is_device)
-
-
-def hands_updated_shards(plan: Plan) -> bool:
-    """Whether the overlapped step hands the next forward each unit's updated fp32 master instead of
-    the forward reading the parameter shard back from the drive: fp32 parameters on NVMe that are their
-    own master (`StreamedAdamW.hands_updated_shard`)."""
-    place = plan.placement
-    return (step_overlaps_next_forward(plan) and plan.precision == "fp32" and place.params == "nvme"
-            and place.optimizer_states == "nvme")
-
-
 def params_on_compute_device(plan: Plan) -> bool:
     """Whether the compute uses the parameter shard where it lies (no copy, no fresh buffer)."""
     place = plan.placement.params
@@ -431,13 +413,6 @@ past that the in-backward hook blocks, which bounds the gradients held on the ho
 IN_BACKWARD_STAGED_GRADIENTS = IN_BACKWARD_QUEUED_UPDATES + 1
 """Pinned buffers the in-backward hook copies device gradient shards into when the update runs on the
 host (`GradientStaging`): the worker's update(s) and the one being filled; the hook waits for one."""
-
-
-OVERLAPPED_STEP_HANDED_SHARDS = 2
-"""Updated shards the overlapped step holds for the forward before it takes them (runtime/step_schedule.py
-`MAX_HANDED_SHARDS`); a unit updated beyond is read back from the drive. Each stands for the read of
-that shard that the forward's prefetch would otherwise have in flight (the host's param swap
-buffers, at least two), so the bill holds no term of its own for them."""
 
 
 def staged_in_backward(plan: Plan) -> bool:

@@ -29,14 +29,7 @@ from planner.collectives import (
 from planner.context_parallel import ring_passes_s
 from planner.fp8 import linear_speedup
 from planner.kernels import achievable_hbm_bytes_per_s, block_cost, fused_attention_flops_per_s, loss_bytes
-from planner.memory import (
-    BYTES_PER_PARAM,
-    STORED_GRADIENT_BYTES,
-    checkpoint_bytes,
-    hands_updated_shards,
-    step_overlaps_next_forward,
-    stores_gradients,
-)
+from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
 from planner.phases import PHASES
 from planner.plan import LINKS, Plan
 
@@ -126,8 +119,6 @@ class _Passes(NamedTuple):
     backward_s: float
     backward_nvme_read_s: float = 0.0
     """The backward's own NVMe reads (an in-backward optimizer step shares the drive with them)."""
-    forward_nvme_s: float = 0.0
-    """The forward's own NVMe traffic (a step overlapping the next forward shares the drive with it)."""
 
 
 class _OptimizerStep(NamedTuple):
@@ -249,16 +240,11 @@ def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes
     links["all_gather"] += (1 + passes_bwd) * gather
     if tier in ("cpu", "nvme"):
         links["h2d"] += (1 + passes_bwd) * shard
-    nvme_read_bwd = nvme_fwd = 0.0
-    forward = per_pass
+    nvme_read_bwd = 0.0
     if tier == "nvme":
-        # An overlapped step hands the forward every updated shard (at best: the bound): it reads none.
-        handed = hands_updated_shards(plan)
-        links["nvme_read"] += (passes_bwd if handed else 1 + passes_bwd) * shard
+        links["nvme_read"] += (1 + passes_bwd) * shard
         nvme_read_bwd = _divide(passes_bwd * shard, bw.nvme_read)
-        nvme_fwd = 0.0 if handed else _divide(shard, bw.nvme_read)
-        forward = gather_s if handed else per_pass
-    return _Passes(forward, passes_bwd * per_pass, nvme_read_bwd, nvme_fwd)
+    return _Passes(per_pass, passes_bwd * per_pass, nvme_read_bwd)
 
 
 def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> float:
@@ -300,7 +286,7 @@ def _checkpoint_traffic(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> 
     links["nvme_write"] += ckpt
     links["nvme_read"] += ckpt
     return _Passes(max(ckpt_fwd, _divide(ckpt, bw.nvme_write)), max(ckpt_bwd, _divide(ckpt, bw.nvme_read)),
-                   _divide(ckpt, bw.nvme_read), _divide(ckpt, bw.nvme_write))
+                   _divide(ckpt, bw.nvme_read))
 
 
 def _tensor_parallel(plan: Plan, bw: Bandwidths) -> _Passes:
@@ -342,8 +328,7 @@ def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Opt
         if place.params == "gpu":
             links["h2d"] += updated
             io = max(io, _divide(updated, bw.h2d))
-        elif place.params == "nvme" and (plan.precision != "fp32" or place.optimizer_states != "nvme"):
-            # (fp32 parameters on NVMe beside the states are their own master: written with the states.)
+        elif place.params == "nvme":
             links["nvme_write"] += updated
             io += _divide(updated, bw.nvme_write)
             optimizer_nvme += _divide(updated, bw.nvme_write)
@@ -378,8 +363,6 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
         forward = max(compute.forward_s, params.forward_s, ckpt.forward_s) + tp.forward_s
     else:
         forward = compute.forward_s + params.forward_s + ckpt.forward_s + tp.forward_s
-    if step_overlaps_next_forward(plan):
-        optimizer = _overlapped_step_exposed(plan, step, compute, params, ckpt, tp, forward)
     return forward, backward, optimizer
 
 
@@ -412,24 +395,6 @@ def _in_backward_backward(plan: Plan, update_s: float, update_compute_s: float, 
         return compute_bwd + sum(others) + tp_bwd + update_s
     compute = compute_bwd + (update_compute_s if on_compute_device else 0.0)
     return max(compute, update_s, nvme_s, *others) + tp_bwd
-
-
-def _overlapped_step_exposed(plan: Plan, step: _OptimizerStep, compute: _Passes, params: _Passes, ckpt: _Passes,
-                             tp: _Passes, forward: float) -> float:
-    """The optimizer phase of an after-backward step that runs during the next forward (the NVMe
-    step on the CPU, planner/sim/overlapped_step.py): what the forward beside it takes beyond the
-    forward alone (`forward`), which the runtime's profile counts as the host's wait for the step.
-    The forward and the step share the CPU's cores (the forward's compute plus Adam's) and the drive
-    (the step's state I/O plus the forward's own NVMe traffic, one budget as in backward); the
-    overlapped window is at least each of those and the step alone. Everything after the backward
-    (the ZeRO-2 all-gather) stays in the phase."""
-    step_s = step.total_s - step.gather_after_s
-    nvme_s = step.nvme_s + params.forward_nvme_s + ckpt.forward_nvme_s
-    if plan.prefetch_depth >= 1:
-        window = max(compute.forward_s + step.update_compute_s, params.forward_s, ckpt.forward_s, step_s, nvme_s)
-    else:  # the forward's transfers wait at each use, in turn with its compute
-        window = max(compute.forward_s + step.update_compute_s + params.forward_s + ckpt.forward_s, step_s, nvme_s)
-    return max(0.0, window + tp.forward_s - forward) + step.gather_after_s
 
 
 EFFICIENCY_STATES: tuple[str, ...] = ("params_and_gradients", "optimizer_states", "activation_checkpoints")

@@ -63,7 +63,6 @@ from typing import ClassVar
 
 import torch
 
-from planner.memory import OVERLAPPED_STEP_HANDED_SHARDS
 from runtime.events import UnitListener
 from runtime.gradients import FinalGradient, UnitGradient
 from runtime.group import ParamUnit
@@ -89,7 +88,7 @@ class AfterBackward(UnitListener):
         return self.engine.step([u for u in self.units if u.grads.received])
 
 
-MAX_HANDED_SHARDS = OVERLAPPED_STEP_HANDED_SHARDS  # the simulator times the forward with the same bound
+MAX_HANDED_SHARDS = 2
 """Updated shards the overlapped step holds for the forward before it takes them; a unit updated
 beyond is read back from the drive. Each stands for the read of that shard that the forward's
 prefetch would otherwise have in flight (the host's param swap buffers, at least two)."""

@@ -239,8 +239,7 @@ def test_an_overlapped_step_is_fitted_with_the_forward_it_overlaps(tmp_path: Pat
     # same wherever the profile puts it, and that run gives one row for the two phases.
     import dataclasses
 
-    from planner.calibrate import calibrate
-    from planner.memory import step_overlaps_next_forward as step_overlaps_forward
+    from planner.calibrate import calibrate, step_overlaps_forward
     from planner.profile import Profile
     from planner.sim.report import simulate
 

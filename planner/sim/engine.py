@@ -20,8 +20,7 @@ Mechanisms, each as the runtime does it:
   to the CPU when placed there and fetched back one segment ahead of its recompute;
 - the optimizer step streams chunks through `num_optimizer_buffers` pinned buffers: read k+1,
   update k, write k-1 at once (§4.3); with `optimizer_step: in_backward` each unit is updated
-  during the backward instead, as soon as its gradient is final (in_backward.py); with the states on
-  NVMe on the CPU machine the after-backward step runs during the next forward (overlapped_step.py).
+  during the backward instead, as soon as its gradient is final (in_backward.py).
 """
 
 from __future__ import annotations
@@ -35,19 +34,13 @@ from planner.collectives import data_parallel_ring, latency_s, tensor_parallel_r
 from planner.context_parallel import exposed_per_layer_s
 from planner.fp8 import linear_speedup
 from planner.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
-from planner.memory import (
-    STORED_GRADIENT_BYTES,
-    resident_state_terms,
-    step_overlaps_next_forward,
-    stores_gradients,
-)
+from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
 from planner.plan import Plan
 from planner.sim.in_backward import BackwardUpdates
 from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
-from planner.sim.overlapped_step import OverlappedStep
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
 from planner.sim.workload import (
@@ -95,11 +88,7 @@ class Simulation:
         self.largest_gpu_allocation_bytes = 0.0
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
         self.optimizer = optimizer
-        """Ignored with `optimizer_step: in_backward` (the updates are part of the backward) and where
-        the step overlaps the next forward (overlapped_step.py)."""
-        self.step_wait_s: dict[Phase, float] = {}
-        """Rank 0's waits for an overlapped step by the timeline phase they fall in: the runtime's
-        profile counts them to the optimizer phase ([Note: the overlapped step, simulated])."""
+        """Ignored with `optimizer_step: in_backward` (the updates are part of the backward)."""
         self._optimizer_done: simpy.Event | None = None
         self._place_residents()
 
@@ -247,10 +236,6 @@ class RankProgram:
         self._ckpt_ready: dict[int, simpy.Event] = {}
         self.updates = BackwardUpdates(self) if plan.optimizer_step == "in_backward" else None
         """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
-        self.overlapped = OverlappedStep(self) if step_overlaps_next_forward(plan) else None
-        """The previous iteration's step beside this forward ([Note: the overlapped step, simulated])."""
-        self.cores = simpy.Resource(self.env, capacity=1)
-        """The CPU's cores, which the forward's operators and an overlapped step's updates take in turn."""
 
     # -- transfers ---------------------------------------------------------------------------
     def _move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
@@ -277,21 +262,10 @@ class RankProgram:
             seconds += fused_flops / self.fused_flops_per_s
             flops += fused_flops
         seconds += self.operator_overhead_s
-        if self.overlapped is not None and not self.overlapped.finished.triggered:
-            return self.env.process(self._compute_on_cores(seconds, label, flops))
         now = self.env.now
         if seconds > 0:
             self.links.compute.occupy(now, now + seconds, label, flops)
         return self.env.timeout(seconds)
-
-    def _compute_on_cores(self, seconds: float, label: Phase, flops: float) -> Proc:
-        """An operator while an overlapped step updates on the same cores: they take turns."""
-        with self.cores.request() as turn:
-            yield turn
-            now = self.env.now
-            if seconds > 0:
-                self.links.compute.occupy(now, now + seconds, label, flops)
-            yield self.env.timeout(seconds)
 
     def _collective_bytes(self, tensor_bytes: float) -> float:
         """What each rank receives in a ring all-gather / reduce-scatter of `tensor_bytes`."""
@@ -336,17 +310,13 @@ class RankProgram:
                 yield trigger
             del self._triggers[(stage, j)]
             if stage == "nvme":
-                handed = False
-                if self.overlapped is not None and label is Phase.FORWARD:
-                    handed = yield from self.overlapped.clear_to_read(j)
                 if "h2d" in self.stages:
                     sim.cpu_add(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
                 elif gathers:
                     sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
                 else:  # read straight into memory the compute uses (host is the device)
                     sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-                if not handed:  # a handed shard is the update's copy: nothing to read
-                    yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
+                yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
             elif stage == "h2d":
                 # The shard lands in a shard-sized buffer; without a gather (dp = 1) it is the slice.
                 if gathers:
@@ -373,18 +343,11 @@ class RankProgram:
         last_forward = max((s.index for s in steps if s.phase is Phase.FORWARD), default=-1)
         depth = sim.plan.prefetch_depth
         backward_begun = False
-        overlapped = self.overlapped
-        if overlapped is not None:
-            overlapped.begin()
         for step in steps:
             i = step.index
             if step.phase is not Phase.FORWARD and not backward_begun:
                 backward_begun = True
                 self._record_phase_end(Phase.FORWARD)
-                if overlapped is not None:
-                    yield from overlapped.drain()
-            if overlapped is not None and not backward_begun:
-                yield from overlapped.before_use(i)
             self._advance_triggers(i, len(steps))
             if updates is not None and not updates.begun and (
                     backward_begun or (depth > 0 and i + depth >= last_forward)):
@@ -402,9 +365,6 @@ class RankProgram:
         if updates is not None:
             yield updates.written  # `optimizer.step()` waits for the updates' last writes
             yield from self._gather_updated_params()
-        elif overlapped is not None:  # `optimizer.step()` submits the step the next forward overlaps
-            if self.rank == 0:
-                sim.step_wait_s = dict(overlapped.step_wait_s)
         else:
             yield from self._optimizer_step()
         self._record_phase_end(Phase.OPTIMIZER)

@@ -40,7 +40,6 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from planner.memory import step_overlaps_next_forward
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
 from planner.plan import Plan
@@ -87,11 +86,7 @@ class SamplePair:
 
 
 def sample_units(plan: Plan, attempt: int = 0) -> SamplePair | None:
-    """The `attempt`-th sample pair of `plan`, or None when the model is too shallow for it, or when
-    its step overlaps the next forward: a sample's forward would overlap the real model's step,
-    which is not the real forward's share of it ([Note: the overlapped step, simulated])."""
-    if step_overlaps_next_forward(plan):
-        return None
+    """The `attempt`-th sample pair of `plan`, or None when the model is too shallow for it."""
     layers, ci = plan.model.num_layers, plan.checkpoint_interval
     unit = ci or 1
     whole, partial = divmod(layers, unit)

@@ -10,7 +10,7 @@ below the bill, which adds every worst case at once plus allocator slack.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from planner.memory import memory_bill
@@ -115,8 +115,6 @@ class Summary:
     simulated_ranks: int
     memory_timeline: dict[str, list[list[float]]] | None = None
     memory_peak_time_s: dict[str, float] | None = None
-    step_wait_s: dict[Phase, float] = field(default_factory=dict)
-    """The host's waits for an overlapped step by the timeline phase they fall in (`Simulation.step_wait_s`)."""
 
 
 def summarize(sim: Simulation, *, timelines: bool = True) -> Summary:
@@ -134,7 +132,6 @@ def summarize(sim: Simulation, *, timelines: bool = True) -> Summary:
         simulated_ranks=len(sim.ranks),
         memory_timeline={t.name: downsample(t.timeline, total) for t in trackers} if timelines else None,
         memory_peak_time_s={t.name: t.peak_time_s for t in trackers} if timelines else None,
-        step_wait_s=dict(sim.step_wait_s),
     )
 
 
@@ -144,6 +141,7 @@ def build_prediction(sim: Simulation) -> Prediction:
 
 def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = None) -> Prediction:
     total_s = s.phase_end_s[Phase.OPTIMIZER]
+    forward_end, backward_end = s.phase_end_s[Phase.FORWARD], s.phase_end_s[Phase.BACKWARD]
     recompute = plan.checkpoint_interval > 0
     # Paper accounting (eq. 7): 8 * tokens * params with recompute, 6 * tokens * params without.
     flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
@@ -167,19 +165,9 @@ def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = No
         details["memory_peak_time_s"] = s.memory_peak_time_s
     details.update(notes or {})
     return simulated_prediction(plan, bill, total_s, flops, bottleneck=bottleneck, details=details,
-                                phase_time_s=phase_times(s),
+                                phase_time_s={Phase.FORWARD: forward_end, Phase.BACKWARD: backward_end - forward_end,
+                                              Phase.OPTIMIZER: total_s - backward_end},
                                 link_bytes={name: round(s.link_bytes.get(name, 0.0)) for name in LINKS})
-
-
-def phase_times(s: Summary) -> dict[Phase, float]:
-    """Each timed phase's seconds as the runtime's profile counts them: the spans between the phase
-    ends, less the host's waits for an overlapped step, which count to the optimizer phase
-    ([Note: the overlapped step, simulated] in overlapped_step.py). They add up to the iteration."""
-    forward_end, backward_end = s.phase_end_s[Phase.FORWARD], s.phase_end_s[Phase.BACKWARD]
-    waits = s.step_wait_s
-    return {Phase.FORWARD: forward_end - waits.get(Phase.FORWARD, 0.0),
-            Phase.BACKWARD: backward_end - forward_end - waits.get(Phase.BACKWARD, 0.0),
-            Phase.OPTIMIZER: s.phase_end_s[Phase.OPTIMIZER] - backward_end + sum(waits.values())}
 
 
 def simulated_prediction(plan, bill, total_s: float, flops: float, **fields) -> Prediction:  # noqa: ANN001
