@@ -328,7 +328,9 @@ def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Opt
         if place.params == "gpu":
             links["h2d"] += updated
             io = max(io, _divide(updated, bw.h2d))
-        elif place.params == "nvme":
+        elif place.params == "nvme" and (plan.precision != "fp32" or place.optimizer_states != "nvme"):
+            # (fp32 parameters on NVMe beside the states are their own master: written with the states,
+            # as the simulator and runtime/streamed_optimizer.py do.)
             links["nvme_write"] += updated
             io += _divide(updated, bw.nvme_write)
             optimizer_nvme += _divide(updated, bw.nvme_write)

@@ -96,6 +96,22 @@ def test_estimate_overlaps_the_optimizer_with_backward_and_skips_the_gradient_ro
     assert after.iteration_time_s < before.iteration_time_s
 
 
+def test_fp32_parameters_beside_their_states_on_nvme_are_written_once():
+    # fp32 parameters on NVMe with the optimizer states there are their own master: the step writes
+    # the master with the states and no separate compute copy (runtime/streamed_optimizer.py `_write`),
+    # as the simulator prices it; a bf16 plan writes its 2-byte compute copy besides.
+    from planner.sim.report import simulate
+
+    fp32 = plan_1t(precision="fp32", micro_batch_per_gpu=4)
+    bf16 = plan_1t(micro_batch_per_gpu=4)
+    shard = fp32.model.num_params / 16
+    for p in (fp32, bf16):
+        est, sim = estimate(p).link_bytes, simulate(p).prediction.link_bytes
+        assert est["nvme_write"] == pytest.approx(sim["nvme_write"], rel=1e-6)
+    assert estimate(bf16).link_bytes["nvme_write"] - estimate(fp32).link_bytes["nvme_write"] == pytest.approx(
+        2 * shard, rel=1e-6)
+
+
 def test_estimate_on_the_compute_device_adds_the_update_to_compute():
     # A GPU optimizer runs on the compute stream: the updates take turns with backward compute.
     before, after = estimate(plan_1t(Placement())), estimate(plan_1t(Placement(), optimizer_step="in_backward"))
