@@ -170,3 +170,41 @@ def test_bad_optimizer_step_is_one_line_exit_1(args, needle):
 
 def test_deepspeed_export_of_the_papers_step_is_unchanged():
     assert "optimizer_step" not in deepspeed_config(plan_1t())["tierwise"]
+
+
+@pytest.mark.parametrize("precision, placement, host_is_device, expected", [
+    ("bf16", Placement(params="nvme", gradients="cpu", optimizer_states="nvme"), True, 8 + 6 + 4),
+    ("bf16", Placement(params="gpu", gradients="cpu", optimizer_states="nvme"), False, 8 + 6),
+    ("bf16", Placement(params="cpu", gradients="nvme", optimizer_states="nvme"), False, 6 + 4),
+    ("fp32", Placement(params="nvme", gradients="nvme", optimizer_states="nvme"), True, 0),
+    ("fp32", Placement(params="nvme", gradients="cpu", optimizer_states="nvme"), True, 8),
+    ("bf16", Placement(params="cpu", gradients="cpu", optimizer_states="cpu"), True, 0),
+])
+def test_the_streamed_steps_host_copies(precision, placement, host_is_device, expected):
+    # [Note: the step's host copies]: the gradient from host memory into the chunk buffer (8), the
+    # cast of the fp32 master to the compute copy (4 + e) and that copy staged for the drive or
+    # copied into a host shard (2 e); none where the states are not streamed from NVMe.
+    from planner.host_work import step_host_copy_bytes_per_param
+
+    node = resolve_hardware("dgx-h100").replace(host_is_device=host_is_device)
+    p = Plan(model=resolve_model("1T"), node=node, num_gpus=16, placement=placement, precision=precision)
+    assert step_host_copy_bytes_per_param(p) == expected
+
+
+def test_the_step_times_its_host_copies_with_adam_in_estimate_and_simulator():
+    # A CPU device with states on NVMe and drives far faster than the CPU: the step is the CPU's,
+    # Adam's parameters at its rate plus 18 bytes of copies per parameter at the host's memory
+    # bandwidth, in the estimate exactly and in the simulator's chunk pipeline alike.
+    from planner.sim.report import simulate
+    from planner.units import GB
+
+    node = resolve_hardware("dgx-h100").replace(
+        num_gpus_per_node=1, host_is_device=True, cpu_adam_params_per_s=1e9, host_memory_bytes_per_s=9 * GB,
+        nvme_read_bytes_per_s=1e15, nvme_write_bytes_per_s=1e15)
+    p = Plan(model=resolve_model("1.3B"), node=node, num_gpus=1, micro_batch_per_gpu=1, checkpoint_interval=1,
+             placement=Placement(params="nvme", gradients="cpu", optimizer_states="nvme", activation_checkpoints="cpu"),
+             nvme_path="/tmp")
+    params = p.model.num_params
+    expected = params / 1e9 + params * 18 / (9 * GB)
+    assert estimate(p).phase_time_s["optimizer"] == pytest.approx(expected, rel=1e-6)
+    assert simulate(p).prediction.phase_time_s["optimizer"] == pytest.approx(expected, rel=0.02)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
+from planner.host_work import step_cpu_params
 from planner.memory import optimizer_chunk_buffer_bytes
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
@@ -161,7 +162,7 @@ class BackwardUpdates:
                     yield read
                     if not self.host_is_device:  # the gradient chunk, into the buffer's gradient region
                         yield program._move(n * self.param_bytes, program.res.d2h(program.rank), "d2h", LABEL)
-                yield program.net.transfer(n, program.res.cpu_adam(), LABEL)
+                yield program.net.transfer(step_cpu_params(self.plan, n), program.res.cpu_adam(), LABEL)
                 yield self.to_write.put(n)
         self.next_unit = k + 1
         if self.next_unit == len(self.units):

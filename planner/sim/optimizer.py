@@ -24,6 +24,7 @@ from typing import Any
 import simpy
 
 from planner.errors import PlannerError
+from planner.host_work import step_cpu_params
 from planner.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
@@ -139,7 +140,7 @@ class _Pipeline:
         def updater() -> Proc:
             for _ in self.sizes:
                 n = yield to_update.get()
-                yield self.net.transfer(n, res.cpu_adam(), Phase.OPTIMIZER)
+                yield self.net.transfer(step_cpu_params(self.plan, n), res.cpu_adam(), Phase.OPTIMIZER)
                 yield to_write.put(n)
 
         def writer() -> Proc:
