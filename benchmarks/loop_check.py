@@ -125,6 +125,8 @@ def main() -> int:
         s = doc["summary"]
         print(f"median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
               f"{s['within_15pct']} of {s['count']} within 15%")
+        if args.write_results:
+            write_results(doc, reanalysed=True)
         return 0
     priority = take_priority()
     started, load_before = time.perf_counter(), os.getloadavg()
@@ -192,8 +194,10 @@ def _cell(entry: dict | None) -> str:
     return f"{entry['predicted']:.3f} / {entry['measured']:.3f} ({entry['error']:+.0%})"
 
 
-def write_results(doc: dict) -> None:
+def write_results(doc: dict, *, reanalysed: bool = False) -> None:
     m, s = doc["machine"], doc["summary"]
+    again = (" Predictions made again with this checkout's model from the run's kept reference runs, plans and "
+             "profiles (`--reanalyse --write-results`), the measurements as they were.") if reanalysed else ""
     lines = ["## The loop outside the sweep (`benchmarks/loop_check.py`)", "",
              f"`flock /work/bench.lock python benchmarks/loop_check.py --rounds {len(doc['rounds'])} --write-results` "
              f"({m['host']}, {m['cpus']} CPUs shared with other work, load average {m['load_average_before'][0]:.2f} "
@@ -201,7 +205,7 @@ def write_results(doc: dict) -> None:
              f"{m['priority']}). "
              "Each round: one `planner probe` (calibrated on its reference runs), then per configuration `planner fit` "
              f"(shape, batch and placement pinned), `planner run --steps {STEPS}` (2 warm-up), `planner compare`. "
-             "No configuration is a sweep configuration or a probe reference run.", "",
+             "No configuration is a sweep configuration or a probe reference run." + again, "",
              f"- iteration time: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
              f"{s['within_15pct']} of {s['count']} within 15% (targets: each within 15%, median within 10%)", "",
              "| round | configuration | ci | iteration s pred / meas (error) | forward | backward | optimizer |",
