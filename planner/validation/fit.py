@@ -41,8 +41,8 @@ on (its column's part that the freed ones do not explain) is freed, the search r
 parameter, and the test repeats from there. A parameter collinear with those freed has no
 information and is never freed; one the rows show at the prior's value stays there, which is the
 same. Rows past LOSS_CAP carry no gradient in the loss and are left out of the test as well. The
-test treats rows as independent: rows of one source share its software, so their scatter is
-understated and the rule frees at most what the rows support, not less.
+test treats rows as independent, though rows of one source share its software: their standard
+errors are if anything understated, so the rule errs towards freeing a number, never against.
 
 [Note: leave one source out] For each source with rows of a generation, the same search from the
 same prior runs on the other sources' rows only, and predicts the held-out source's rows. The
@@ -396,17 +396,28 @@ def preset_document(doc: dict[str, Any], generation: str, result: dict[str, Any]
               "hbm_achievable_fraction": round(params["hbm"], 4)}
     if doc.get("flash_attention_tflops"):
         fitted["flash_attention_tflops"] = round(params["flash"] * nominal, 1)
+    kept = _kept(result)
     for key, value in fitted.items():
         before = _unfitted(citations.get(key, ""), doc.get(key), sources.get(key, "nominal"))
         doc[key], sources[key] = value, tag
-        citations[key] = f"{why}; before fitting: {before}"
+        citations[key] = f"{why}{kept.get(key, '')}; before fitting: {before}"
     doc.setdefault("efficiency", {})["matmul"] = [{"gflop": g, "efficiency": e / 1}
                                                   for g, e in ((s / 1e9, e) for s, e in
                                                                matmul_curve(params["half_gflop"]).points)]
     sources["efficiency"] = tag
-    citations["efficiency"] = f"matmul curve size / (size + {params['half_gflop']:.4g} GFLOP) {why}; the transfer curve " \
-                              "is the hand-set estimate"
+    citations["efficiency"] = f"matmul curve size / (size + {params['half_gflop']:.4g} GFLOP) {why}" \
+                              f"{kept.get('efficiency', '')}; the transfer curve is the hand-set estimate"
     return doc
+
+
+def _kept(result: dict[str, Any]) -> dict[str, str]:
+    """Preset key -> a note for the numbers the fit left at the prior ([Note: which parameters the rows
+    free]): a freed number lands on the prior's value to 6 decimals only by accident."""
+    keys = {"plateau": "gpu_peak_tflops", "half_gflop": "efficiency", "flash": "flash_attention_tflops",
+            "hbm": "hbm_achievable_fraction"}
+    prior = result.get("prior", {})
+    return {keys[name]: ", which kept the hand-set value: the rows do not pin it down" for name in keys
+            if name in prior and result["params"][name] == prior[name]}
 
 
 def _unfitted(citation: str, value: Any, source: str) -> str:
