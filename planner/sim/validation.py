@@ -95,8 +95,8 @@ def render(rows: list[tuple[Experiment, Plan, object, float]]) -> str:
     lines = [
         "# Simulated predictions for the paper's experiment configurations",
         "",
-        f"Hardware preset `{HARDWARE}` (docs/method.md §5; matmul rate, matmul efficiency curve and HBM fraction fitted on",
-        "Megatron-LM 2019's V100 runs (docs/planner.md, Fitted presets); the transfer curve and NVMe read/write sharing are",
+        f"Hardware preset `{HARDWARE}` (docs/method.md §5; compute rates fitted on Megatron-LM 2019's V100 runs, which pin",
+        "down the matmul rate only (docs/planner.md, Fitted presets); the transfer curve and NVMe read/write sharing are",
         "estimates, see `data/hardware/dgx2-v100.json`). Configurations: ZeRO-Infinity (Rajbhandari et al., SC21, arXiv 2104.07857)",
         "as listed in docs/method.md §5. docs/method.md does not give the paper's measured TFLOPS/GPU, so only our predictions",
         "are shown. TFLOPS follow the paper's accounting (eq. 7: 8 x tokens x params per iteration, recompute on).",

@@ -27,6 +27,23 @@ log space from the hand-set preset (PRIOR), within BOUNDS, with the simulated pr
 (`planner.sim.fast.predict`, what `planner validate` and `planner fit` report): the analytic
 estimate has no matmul efficiency curve, so it cannot fit one.
 
+[Note: which parameters the rows free] A fit frees only the parameters its rows pin down; the rest
+keep the prior's value. Freeing all four on any rows lets a few rows set numbers they barely
+constrain: rows of one source whose predictions scale with the attention kernel's rate and the HBM
+share almost exactly as with the plateau (torchtitan's few H100 rows) moved all four, and the
+held-out sources paid for it (docs/validation.md, Where this stands). The rule is
+forward selection by a t-test on the rows linearised around the current fit (finite differences,
+JACOBIAN_STEP): for each parameter not yet freed, the least-squares step of the log residuals on the
+columns of the freed parameters and its own, its standard error from the residual scatter with
+n - k degrees of freedom, and whether the step differs from zero at SIGNIFICANCE (Student's t, so
+that 5 rows cannot carry 4 numbers); of the significant ones the one the rows hold most information
+on (its column's part that the freed ones do not explain) is freed, the search refits every freed
+parameter, and the test repeats from there. A parameter collinear with those freed has no
+information and is never freed; one the rows show at the prior's value stays there, which is the
+same. Rows past LOSS_CAP carry no gradient in the loss and are left out of the test as well. The
+test treats rows as independent, though rows of one source share its software: their standard
+errors are if anything understated, so the rule errs towards freeing a number, never against.
+
 [Note: leave one source out] For each source with rows of a generation, the same search from the
 same prior runs on the other sources' rows only, and predicts the held-out source's rows. The
 pooled held-out errors are the generation's prediction error; the in-sample error (all rows
@@ -38,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -74,8 +92,13 @@ LOSS_CAP = math.log(1.5)
 STEPS: tuple[float, ...] = (0.3, 0.1, 0.03)
 """Log-space step sizes of the coordinate search, coarse to fine."""
 MAX_EVALUATIONS = 100
-"""The search stops after this many loss evaluations (each simulates every row once, about 0.3-0.6 s
+"""Each search stops after this many loss evaluations (each simulates every row once, about 0.3-0.6 s
 for a generation's rows): a bounded, deterministic cost per fit."""
+SIGNIFICANCE = 0.05
+"""A parameter leaves the prior only where the rows move it significantly at this level, two-sided
+(Student's t: [Note: which parameters the rows free])."""
+JACOBIAN_STEP = 0.1
+"""Log-space step of the finite differences that linearise the prediction around the current fit."""
 
 Params = dict[str, float]
 PRIOR: dict[str, Params] = {
@@ -146,14 +169,30 @@ def loss(errs: dict[str, float]) -> float:
 
 
 def fit(rows: Sequence[FitRow], start: Params, seen: Callable[[str], None] | None = None) -> tuple[Params, int]:
-    """Coordinate search in log space from `start` ([Note: what is fitted]); (params, evaluations).
-    Parameters the rows cannot move (no flash rows: `flash`) stay at `start`."""
-    has_flash = any(r.planned.plan.attention == "flash" for r in rows)
-    free = [p for p in PARAMS if p in start and (p != "flash" or has_flash)]
-    best, evaluations = dict(start), 1
-    best_loss = loss(errors(rows, best, seen)) if rows else math.inf
+    """[Note: which parameters the rows free]: forward selection from `start`, each freed parameter
+    refitted by coordinate search in log space with those freed before it; (params, evaluations).
+    Parameters never freed (`flash` without flash rows, any the rows cannot pin down) stay at `start`."""
+    candidates = [p for p in PARAMS if p in start and start[p] > 0
+                  and (p != "flash" or any(r.planned.plan.attention == "flash" for r in rows))]
+    best, free, evaluations = dict(start), [], 0
     if not rows:
         return best, 0
+    while len(free) < len(candidates):
+        chosen, used = significant_parameter(rows, best, free, [p for p in candidates if p not in free], seen)
+        evaluations += used
+        if chosen is None:
+            break
+        free.append(chosen)
+        best, used = _search(rows, best, free, seen)
+        evaluations += used
+    return best, evaluations
+
+
+def _search(rows: Sequence[FitRow], start: Params, free: Sequence[str],
+            seen: Callable[[str], None] | None) -> tuple[Params, int]:
+    """Coordinate search of `free` in log space from `start`, coarse to fine, at most MAX_EVALUATIONS."""
+    best, evaluations = dict(start), 1
+    best_loss = loss(errors(rows, best, seen))
     for step in STEPS:
         improved = True
         while improved:
@@ -172,6 +211,60 @@ def fit(rows: Sequence[FitRow], start: Params, seen: Callable[[str], None] | Non
                         best, best_loss, improved = trial, trial_loss, True
                         break
     return best, evaluations
+
+
+def significant_parameter(rows: Sequence[FitRow], at: Params, free: Sequence[str], candidates: Sequence[str],
+                          seen: Callable[[str], None] | None = None) -> tuple[str | None, int]:
+    """Of the candidates the rows move significantly from `at` given those `free`, the one they hold
+    most information on ([Note: which parameters the rows free]); (name or None, evaluations)."""
+    import numpy as np
+
+    base = errors(rows, at, seen)
+    ids = [i for i, e in base.items() if abs(math.log1p(e)) < LOSS_CAP]  # capped rows carry no gradient
+    columns, evaluations = {}, 1
+    for name in [*free, *candidates]:
+        moved = _stepped(name, at[name], JACOBIAN_STEP)
+        moved = moved if moved != at[name] else _stepped(name, at[name], -JACOBIAN_STEP)
+        trial = errors(rows, dict(at, **{name: moved}), seen)
+        evaluations += 1
+        h = math.log(moved / at[name])
+        columns[name] = [(math.log1p(trial[i]) - math.log1p(base[i])) / h if i in trial else 0.0 for i in ids]
+    residual = np.array([math.log1p(base[i]) for i in ids])
+    best, best_information = None, 0.0
+    for name in candidates:
+        design = np.array([columns[p] for p in [*free, name]]).T
+        dof = len(ids) - design.shape[1]
+        if dof < 1:
+            continue
+        step, *_ = np.linalg.lstsq(design, -residual, rcond=None)
+        scatter = float(np.sum((residual + design @ step) ** 2)) / dof
+        others = design[:, :-1]  # the information is what the column holds that the freed ones do not
+        own = design[:, -1] - (others @ np.linalg.lstsq(others, design[:, -1], rcond=None)[0] if free else 0)
+        information = float(own @ own)
+        if information <= 1e-12:
+            continue
+        significant = abs(step[-1]) > t_quantile(1 - SIGNIFICANCE / 2, dof) * math.sqrt(scatter / information)
+        if significant and information > best_information:
+            best, best_information = name, information
+    return best, evaluations
+
+
+@functools.cache
+def t_quantile(probability: float, dof: int) -> float:
+    """Student's t distribution's `probability` quantile with `dof` degrees of freedom (bisection on
+    its density integrated by Simpson's rule; no statistics library in the planner's dependencies)."""
+    norm = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
+
+    def cdf(t: float, intervals: int = 2000) -> float:
+        h = t / intervals
+        density = [norm * (1 + (i * h) ** 2 / dof) ** (-(dof + 1) / 2) for i in range(intervals + 1)]
+        return 0.5 + h / 3 * (density[0] + density[-1] + 4 * sum(density[1:-1:2]) + 2 * sum(density[2:-1:2]))
+
+    low, high = 0.0, 1000.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < probability else (low, middle)
+    return (low + high) / 2
 
 
 def _stepped(name: str, value: float, log_step: float) -> float:
@@ -303,17 +396,28 @@ def preset_document(doc: dict[str, Any], generation: str, result: dict[str, Any]
               "hbm_achievable_fraction": round(params["hbm"], 4)}
     if doc.get("flash_attention_tflops"):
         fitted["flash_attention_tflops"] = round(params["flash"] * nominal, 1)
+    kept = _kept(result)
     for key, value in fitted.items():
         before = _unfitted(citations.get(key, ""), doc.get(key), sources.get(key, "nominal"))
         doc[key], sources[key] = value, tag
-        citations[key] = f"{why}; before fitting: {before}"
+        citations[key] = f"{why}{kept.get(key, '')}; before fitting: {before}"
     doc.setdefault("efficiency", {})["matmul"] = [{"gflop": g, "efficiency": e / 1}
                                                   for g, e in ((s / 1e9, e) for s, e in
                                                                matmul_curve(params["half_gflop"]).points)]
     sources["efficiency"] = tag
-    citations["efficiency"] = f"matmul curve size / (size + {params['half_gflop']:.4g} GFLOP) {why}; the transfer curve " \
-                              "is the hand-set estimate"
+    citations["efficiency"] = f"matmul curve size / (size + {params['half_gflop']:.4g} GFLOP) {why}" \
+                              f"{kept.get('efficiency', '')}; the transfer curve is the hand-set estimate"
     return doc
+
+
+def _kept(result: dict[str, Any]) -> dict[str, str]:
+    """Preset key -> a note for the numbers the fit left at the prior ([Note: which parameters the rows
+    free]): a freed number lands on the prior's value to 6 decimals only by accident."""
+    keys = {"plateau": "gpu_peak_tflops", "half_gflop": "efficiency", "flash": "flash_attention_tflops",
+            "hbm": "hbm_achievable_fraction"}
+    prior = result.get("prior", {})
+    return {keys[name]: ", which kept the hand-set value: the rows do not pin it down" for name in keys
+            if name in prior and result["params"][name] == prior[name]}
 
 
 def _unfitted(citation: str, value: Any, source: str) -> str:
