@@ -31,6 +31,12 @@ def nvme_node(**overrides):
                      **overrides)
 
 
+COPY_S = 18 / 1024
+"""Per parameter, the streamed step's host copies in STATES_ON_NVME (bf16): the gradient from host
+memory (8 B), the master's cast to bf16 (4 + 2 B) and the copy into the parameters' host shard (2 + 2 B)
+at 1024 B/s, timed with CPU Adam (planner/host_work.py [Note: the step's host copies])."""
+
+
 def one_layer(node, placement, step="in_backward"):
     return Plan(model=ONE_LAYER, node=node, num_gpus=1, placement=placement, checkpoint_interval=0, prefetch_depth=0,
                 optimizer_step=step)
@@ -59,47 +65,51 @@ def test_nvme_states_are_read_ahead_from_backward_start_and_the_gradient_never_t
     # (26 s) the reader fills the buffers with mlp_down's, mlp_up's and attn_out's states (4, 4 and
     # 1 params: 4 + 4 + 1 s); qkv's wait for the first buffer to be written back. When an operator's
     # gradient is final (its compute ends), its chunk takes the 16-bit gradient over PCIe (2 B/s),
-    # is updated (4 params/s) and written back (12 B/param); the next update waits for the CPU only.
+    # is updated (4 params/s, plus COPY_S per param of host copies) and written back (12 B/param);
+    # the next update waits for the CPU only.
     result = simulate(one_layer(nvme_node(), STATES_ON_NVME))
     log = rounded(result.simulation.log(), {"nvme_read", "nvme_write", "d2h", "cpu_optimizer"})
-    assert log == [
+    c4, c3 = 4 * COPY_S, 3 * COPY_S
+    assert log == [  # dyadic fractions: exact
         ("nvme_read", 26, 30, "optimizer"), ("nvme_read", 30, 34, "optimizer"), ("nvme_read", 34, 35, "optimizer"),
-        ("d2h", 38, 42, "optimizer"), ("cpu_optimizer", 42, 43, "optimizer"),     # mlp_down, final at 38
-        ("nvme_write", 43, 47, "optimizer"), ("nvme_read", 47, 50, "optimizer"),  # its buffer -> qkv's read
-        ("d2h", 50, 54, "optimizer"), ("cpu_optimizer", 54, 55, "optimizer"),     # mlp_up, final at 50
-        ("nvme_write", 55, 59, "optimizer"),
-        ("d2h", 57, 58, "optimizer"), ("cpu_optimizer", 58, 58.25, "optimizer"),  # attn_out, final at 57
-        ("nvme_write", 59, 60, "optimizer"),
-        ("d2h", 66, 69, "optimizer"), ("cpu_optimizer", 69, 69.75, "optimizer"),  # qkv, final at 66
-        ("nvme_write", 69.75, 72.75, "optimizer"),                                # the step's write tail
+        ("d2h", 38, 42, "optimizer"), ("cpu_optimizer", 42, 43 + c4, "optimizer"),          # mlp_down, final at 38
+        ("nvme_write", 43 + c4, 47 + c4, "optimizer"), ("nvme_read", 47 + c4, 50 + c4, "optimizer"),  # -> qkv's read
+        ("d2h", 50, 54, "optimizer"), ("cpu_optimizer", 54, 55 + c4, "optimizer"),          # mlp_up, final at 50
+        ("nvme_write", 55 + c4, 59 + c4, "optimizer"),
+        ("d2h", 57, 58, "optimizer"), ("cpu_optimizer", 58, 58.25 + COPY_S, "optimizer"),   # attn_out, final at 57
+        ("nvme_write", 59 + c4, 60 + c4, "optimizer"),
+        ("d2h", 66, 69, "optimizer"), ("cpu_optimizer", 69, 69.75 + c3, "optimizer"),       # qkv, final at 66
+        ("nvme_write", 69.75 + c3, 72.75 + c3, "optimizer"),                                # the step's write tail
     ]
     p = result.prediction
     # Backward ends with the last update computed; `optimizer.step()` waits for the last write.
-    assert p.phase_time_s == pytest.approx({"forward": 26.0, "backward": 43.75, "optimizer": 3.0})
+    assert p.phase_time_s == pytest.approx({"forward": 26.0, "backward": 43.75 + c3, "optimizer": 3.0})
     assert p.iteration_time_s == pytest.approx(sum(p.phase_time_s.values()))
     assert p.link_bytes == {"nvme_read": 144, "nvme_write": 144, "h2d": 48, "d2h": 24, "all_gather": 0,
                             "reduce_scatter": 0}
     # After backward: every gradient offloaded in backward (52 s), then 12 params read, updated, written.
     after = simulate(one_layer(nvme_node(), STATES_ON_NVME, "after_backward")).prediction
-    assert after.phase_time_s == pytest.approx({"forward": 26.0, "backward": 52.0, "optimizer": 27.0})
+    assert after.phase_time_s == pytest.approx({"forward": 26.0, "backward": 52.0, "optimizer": 27.0 + 12 * COPY_S})
     # Three chunk buffers of 4, 4 and 1 params (16 B/param) at most, not the whole shard's one.
     assert p.details["simulated_memory_terms"]["cpu"]["optimizer chunk buffers"] == 9 * 16
 
 
 def test_on_the_cpu_machine_the_update_takes_turns_with_compute():
     # host_is_device: the runtime's backward hook updates on the compute thread. Each update (after
-    # its read, 1 s per 4 params of CPU Adam) delays the next operator's compute.
+    # its read, 1 s per 4 params of CPU Adam and COPY_S per param of host copies) delays the next
+    # operator's compute.
     result = simulate(one_layer(nvme_node(host_is_device=True), STATES_ON_NVME))
     compute = [e for e in rounded(result.simulation.log(), {"gpu_compute", "cpu_optimizer"}) if e[1] >= 22]
-    assert compute == [
-        ("cpu_optimizer", 22, 23, "optimizer"), ("gpu_compute", 23, 31, "backward"),   # mlp_down, then mlp_up
-        ("cpu_optimizer", 31, 32, "optimizer"), ("gpu_compute", 32, 38, "backward"),
-        ("cpu_optimizer", 38, 38.25, "optimizer"), ("gpu_compute", 38.25, 44.25, "backward"),
-        ("cpu_optimizer", 44.25, 45, "optimizer"),
+    c4, c8, c9 = 4 * COPY_S, 8 * COPY_S, 9 * COPY_S
+    assert compute == [  # dyadic fractions: exact
+        ("cpu_optimizer", 22, 23 + c4, "optimizer"), ("gpu_compute", 23 + c4, 31 + c4, "backward"),  # mlp_down, mlp_up
+        ("cpu_optimizer", 31 + c4, 32 + c8, "optimizer"), ("gpu_compute", 32 + c8, 38 + c8, "backward"),
+        ("cpu_optimizer", 38 + c8, 38.25 + c9, "optimizer"), ("gpu_compute", 38.25 + c9, 44.25 + c9, "backward"),
+        ("cpu_optimizer", 44.25 + c9, 45 + 12 * COPY_S, "optimizer"),
     ]
     p = result.prediction
     assert p.link_bytes["d2h"] == 0  # the gradient is where the update runs
-    assert p.phase_time_s == pytest.approx({"forward": 14.0, "backward": 31.0, "optimizer": 3.0})
+    assert p.phase_time_s == pytest.approx({"forward": 14.0, "backward": 31.0 + 12 * COPY_S, "optimizer": 3.0})
 
 
 def test_a_gpu_optimizer_runs_on_the_compute_stream():
@@ -202,7 +212,7 @@ def test_calibration_features_follow_the_phase_the_work_falls_in():
     # in the optimizer phase (the timeline of the NVMe test above).
     plan = one_layer(nvme_node(), STATES_ON_NVME)
     features = phase_features(plan, plan.node)
-    assert features["backward"]["cpu_adam_s"] == pytest.approx(3.0)
+    assert features["backward"]["cpu_adam_s"] == pytest.approx(3.0 + 12 * COPY_S)
     assert features["backward"]["nvme_s"] == pytest.approx(12 + 9)  # reads 12 s, writes 4 + 4 + 1 s
     assert features["optimizer"]["nvme_s"] == pytest.approx(3.0)
     assert features["optimizer"]["cpu_adam_s"] == 0.0
