@@ -126,10 +126,12 @@ def test_prefetch_depth_0_vs_3_on_a_transfer_bound_case():
 def _optimizer_plan(buffers: int, nvme: str) -> Plan:
     # 12 * 1 * 8^2 = 768 weights in 3 chunks of 256 (4096 B buffers: master, momentum, variance,
     # gradient). The runtime reads and writes the 12 B/param in the optimizer's tier (the gradient
-    # stays on the CPU here): 3072 B per chunk, 2 s alone each way; updating it: 1 s.
+    # stays on the CPU here): 3072 B per chunk, 2 s alone each way; updating it: 1 s. Host memory
+    # fast enough that the step's host copies take no time: the chunk pipeline alone here
+    # (test_sim_in_backward's timelines time them, planner/host_work.py).
     model = ModelSpec(name="tiny-768", num_layers=1, hidden_size=8, num_heads=1, seq_len=1)
     node = tiny_node(nvme_read_bytes_per_s=1536.0, nvme_write_bytes_per_s=1536.0, cpu_adam_params_per_s=256.0,
-                     nvme_read_write=nvme)
+                     nvme_read_write=nvme, host_memory_bytes_per_s=2.0**60)
     placement = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="gpu")
     return Plan(model=model, node=node, num_gpus=1, placement=placement, optimizer_chunk_bytes=4096,
                 num_optimizer_buffers=buffers)
