@@ -157,8 +157,9 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
                 phase["compute_s"], phase["memory_s"] = phase["compute_s"] + phase["memory_s"], 0.0
         measured_s = dict(profile.measured.phase_time_s)
         if step_overlaps_forward(plan):  # [Note: the overlapped step is one row with the forward]
-            measured_s = _merged(measured_s, Phase.FORWARD, Phase.OPTIMIZER)
-            features = _merged(features, Phase.FORWARD, Phase.OPTIMIZER)
+            measured_s[Phase.FORWARD] += measured_s.pop(Phase.OPTIMIZER)
+            step = features.pop(Phase.OPTIMIZER)
+            features[Phase.FORWARD] = {f: s + step[f] for f, s in features[Phase.FORWARD].items()}
         for phase, measured in measured_s.items():
             if measured <= 0 or phase not in features:
                 continue
@@ -189,20 +190,6 @@ def step_overlaps_forward(plan: Plan) -> bool:
     the step's Adam and I/O, and the optimizer phase's to explain almost nothing."""
     return (plan.optimizer_step == "after_backward" and plan.placement.optimizer_states == "nvme"
             and plan.node.host_is_device)
-
-
-def _merged(per_phase: dict, into: Phase, gone: Phase) -> dict:
-    """`per_phase` with `gone`'s value added to `into`'s (numbers, or dicts of numbers) and dropped."""
-    out = dict(per_phase)
-    if gone not in out:
-        return out
-    extra = out.pop(gone)
-    base = out.get(into)
-    if isinstance(extra, dict):
-        out[into] = {k: (base or {}).get(k, 0.0) + extra.get(k, 0.0) for k in {*(base or {}), *extra}}
-    else:
-        out[into] = (base or 0.0) + extra
-    return out
 
 
 LOOSE_SHARE = 0.5

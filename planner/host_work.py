@@ -14,8 +14,8 @@ drive fills and drains directly, but three of its operands pass through the CPU 
 They are memory-bound passes on the optimizer worker's thread, between its updates, so the
 simulator and the estimate time them with Adam on the CPU optimizer's resource, at the host's
 memory bandwidth: what CPU Adam's probed rate (fused AdamW over tensors already in place) leaves
-out. On a 2-core CPU device they were most of the worker's busy time in a step
-(docs/notes/2026-11-26-calibration-loop-quiet-machine.md).
+out. Where the CPU is the compute device and has few cores they can be most of the worker's busy
+time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md).
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ def step_host_copy_bytes_per_param(plan: Plan) -> float:
     return nbytes
 
 
-def step_cpu_params(plan: Plan, num_params: float) -> float:
-    """`num_params` updated by the streamed step, in parameters of CPU Adam's rate: Adam's own
-    work plus the chunk's host copies at the host's memory bandwidth, as one busy time of the CPU
-    optimizer ([Note: the step's host copies])."""
+def step_cpu_params_per_param(plan: Plan) -> float:
+    """One parameter updated by the streamed step, in parameters of CPU Adam's rate: Adam's own work
+    plus its host copies at the host's memory bandwidth, as one busy time of the CPU optimizer
+    ([Note: the step's host copies]); 1 without copies."""
     node = plan.node
     copies = step_host_copy_bytes_per_param(plan)
     if not copies or node.host_memory_bytes_per_s <= 0:
-        return num_params
-    return num_params * (1 + copies * node.cpu_adam_params_per_s / node.host_memory_bytes_per_s)
+        return 1.0
+    return 1 + copies * node.cpu_adam_params_per_s / node.host_memory_bytes_per_s

@@ -28,7 +28,7 @@ from planner.collectives import (
 )
 from planner.context_parallel import ring_passes_s
 from planner.fp8 import linear_speedup
-from planner.host_work import step_cpu_params
+from planner.host_work import step_cpu_params_per_param
 from planner.kernels import achievable_hbm_bytes_per_s, block_cost, fused_attention_flops_per_s, loss_bytes
 from planner.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
 from planner.phases import PHASES
@@ -312,7 +312,7 @@ def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Opt
         optimizer = update_compute = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
     else:
         # With the states on NVMe the worker's host copies take the CPU too ([Note: the step's host copies]).
-        cpu_update = update_compute = _divide(step_cpu_params(plan, shard_params * plan.cluster.gpus_per_node),
+        cpu_update = update_compute = _divide(shard_params * plan.cluster.gpus_per_node * step_cpu_params_per_param(plan),
                                               node.cpu_adam_params_per_s)
         io = 0.0
         if place.optimizer_states == "nvme":

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from planner.host_work import step_cpu_params
+from planner.host_work import step_cpu_params_per_param
 from planner.memory import optimizer_chunk_buffer_bytes
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
@@ -78,6 +78,8 @@ class BackwardUpdates:
         plan = self.plan = program.sim.plan
         place = plan.placement
         self.host_is_device = program.host_is_device
+        self.cpu_params = step_cpu_params_per_param(plan)
+        """CPU Adam's parameters per parameter updated: Adam and its host copies (planner/host_work.py)."""
         self.on_gpu = place.optimizer_states == "gpu" and not self.host_is_device
         """HBM-bound Adam on the compute stream (a `gpu` optimizer on a CPU machine is the CPU's)."""
         self.streamed = place.optimizer_states == "nvme"
@@ -162,7 +164,7 @@ class BackwardUpdates:
                     yield read
                     if not self.host_is_device:  # the gradient chunk, into the buffer's gradient region
                         yield program._move(n * self.param_bytes, program.res.d2h(program.rank), "d2h", LABEL)
-                yield program.net.transfer(step_cpu_params(self.plan, n), program.res.cpu_adam(), LABEL)
+                yield program.net.transfer(n * self.cpu_params, program.res.cpu_adam(), LABEL)
                 yield self.to_write.put(n)
         self.next_unit = k + 1
         if self.next_unit == len(self.units):

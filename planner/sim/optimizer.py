@@ -24,7 +24,7 @@ from typing import Any
 import simpy
 
 from planner.errors import PlannerError
-from planner.host_work import step_cpu_params
+from planner.host_work import step_cpu_params_per_param
 from planner.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
 from planner.memory_terms import MemoryTerm
 from planner.phases import Phase
@@ -114,6 +114,7 @@ class _Pipeline:
         b = COMPUTE_BYTES[self.plan.precision]
         on_nvme = placement.optimizer_states == "nvme"
         copies = not self.plan.node.host_is_device
+        cpu_params = step_cpu_params_per_param(self.plan)  # Adam and its host copies, per parameter
         # Read per parameter: master (unless the fp32 parameter shard is the master and lives
         # elsewhere... it then lives in the same tier), momentum, variance from the optimizer's tier,
         # the fp32 gradient from the gradients' tier; written back: the same minus the gradient,
@@ -140,7 +141,7 @@ class _Pipeline:
         def updater() -> Proc:
             for _ in self.sizes:
                 n = yield to_update.get()
-                yield self.net.transfer(step_cpu_params(self.plan, n), res.cpu_adam(), Phase.OPTIMIZER)
+                yield self.net.transfer(n * cpu_params, res.cpu_adam(), Phase.OPTIMIZER)
                 yield to_write.put(n)
 
         def writer() -> Proc:
