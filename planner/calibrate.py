@@ -1,21 +1,30 @@
 """Calibration: fit a hardware spec's efficiency parameters to measured profiles (`planner calibrate`).
 
 [Note: the calibration model] For every profiled plan the simulator is run on the *base* spec with
-its matmul efficiency curve and per-operator cost removed, and each phase (forward; backward =
-recompute + backward; optimizer) is described by what it asked of each resource:
+its matmul efficiency curve and per-operator cost removed, and again with each fitted rate slowed by
+1 % (`SLOWED_BY`); how much each phase's simulated time (forward; backward = recompute + backward;
+optimizer, as the profile times them) grows says how many of its seconds that rate carries:
 
-    compute_s      matmul flops / gpu_peak_tflops            (busy time of `gpu_compute` less the rest;
-                   + fused attention flops / its rate         a fused attention kernel's time included)
-    memory_s       elementwise bytes / gpu_hbm_gb_per_s      (planner/sim/workload.py [Note: elementwise work])
-    cpu_adam_s     parameters / cpu_adam_gparams_per_s       (busy time of `cpu_optimizer`)
-    nvme_s         bytes / NVMe rates                        (busy time of the NVMe links)
-    operators      trace steps in the phase                  (one unit gathered, run, released)
+    compute_s      gpu_peak_tflops (and flash_attention_tflops)
+    memory_s       gpu_hbm_gb_per_s                           (planner/sim/workload.py [Note: elementwise work])
+    cpu_adam_s     cpu_adam_gparams_per_s                     (CPU Adam on the CPU optimizer)
+    nvme_s         the NVMe read and write rates
+    operators      the per-operator cost, counted per second  (the operators on the phase's critical path)
+    fixed_s        the rest of the phase: what no fitted rate carries (host copies, PCIe, collectives)
 
-The measured phase time is modelled as `sum_f theta_f * feature_f` with every `theta >= 0`
-(non-negative least squares, each row divided by its measured time so that every phase of every
-profile weighs the same relative error). The fitted spec is the base spec with
-- `gpu_peak_tflops / theta_compute` (and `flash_attention_tflops`, whose busy time the compute
-  feature holds), `gpu_hbm_gb_per_s / theta_memory`,
+The measured phase time is modelled as `fixed_s + sum_f theta_f * feature_f` with every
+`theta >= 0` (non-negative least squares, each row divided by its measured time so that every phase
+of every profile weighs the same relative error). The features are the simulated phase time's
+derivatives in its rates (times the rate): a rate whose work hides behind another's (NVMe reads
+behind the compute they prefetch for, CPU Adam behind the chunk reads of an I/O-bound step) carries
+none of the phase's time, as in the simulator, and where the simulator is right `theta = 1`
+reproduces its phase times exactly (a phase time is the sum of its critical path's pieces, each a
+rate's work over the rate). Busy times, which the fit took before 2026-11-26, add what the
+simulator overlaps: fitted on an NVMe run whose step is I/O-bound they priced its CPU Adam and its
+reads as a sum, and the simulator then predicted other plans with NVMe rates fitted up to 2x faster
+than measured (docs/notes/2026-11-26-calibration-loop-quiet-machine.md). The fitted spec is the
+base spec with
+- `gpu_peak_tflops / theta_compute` (and `flash_attention_tflops`), `gpu_hbm_gb_per_s / theta_memory`,
   and no matmul efficiency curve (the features were taken without one),
 - `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`,
 - `operator_overhead_ms = 1000 * theta_operators` (absolute: the feature counts operators).
@@ -27,10 +36,11 @@ other feature charges. Fitted on runs that never vary the operator count apart f
 noise, so the probe's reference runs include a tiled one (planner/probe_reference.py) and the fit
 can tell the cost from the rates (tests/test_calibrate_probe.py fits a known cost back from
 simulated reference runs). Measurements: docs/notes/2026-11-23-calibration-operator-cost.md.
-A feature no profile exercises (all zeros) keeps the base value. The model adds busy times, so it
-ignores overlap: a phase whose NVMe traffic hides behind compute pushes `theta_nvme` down; the
-simulator with the fitted spec still overlaps them. `residual` is the fit's relative RMS error over
-all rows; `planner compare --hardware` shows the simulator's own error before and after.
+A feature no profile exercises (all zeros) keeps the base value. The model is linear about the
+base spec: a fitted factor far from 1 can move which resource bounds a phase, which the features
+taken at the base do not see; the simulator with the fitted spec does. `residual` is the fit's
+relative RMS error over all rows; `planner compare --hardware` shows the simulator's own error
+before and after.
 `standard_errors` are each fitted factor's (the least-squares covariance of the factors the fit
 kept, scaled by the residual): a factor whose error is a large share of its value is one the
 profiles do not pin down. Profiles that never change one term independently of another (untiled
@@ -78,46 +88,53 @@ class Calibration:
                 "hardware": self.node.to_dict()}
 
 
-def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
-    """Per phase, what the simulated iteration asks of each resource under `node` (no matmul curve)."""
-    from planner.kernels import achievable_hbm_bytes_per_s
-    from planner.sim.engine import Simulation
-    from planner.sim.workload import step_elementwise_bytes
+SLOWED_BY = 0.01
+"""Each rate is slowed by this share to measure what a phase's simulated time owes it ([Note: the
+calibration model])."""
+ROUNDING = 1e-9
+"""A phase time's relative change below this is the simulator's floating-point rounding, not a dependence."""
+OPERATOR_PROBE_S = 1e-5
+"""The per-operator cost, in seconds, whose effect on each phase counts the operators on its critical path."""
 
+
+def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
+    """Per phase, the seconds of its simulated time under `node` (no matmul curve, no per-operator
+    cost) each fitted rate carries, `fixed_s` the rest ([Note: the calibration model])."""
     bare = node.replace(matmul_efficiency=EfficiencyCurve(), operator_overhead_s=0.0)
-    sim = Simulation(plan.replace(node=bare, prediction=None)).run()
-    out = {phase: dict.fromkeys(FEATURES, 0.0) for phase in PHASE_LABELS}
-    hbm = achievable_hbm_bytes_per_s(bare)
-    for phase, labels in PHASE_LABELS.items():
-        steps = [s for s in sim.work.steps if s.phase in labels]
-        out[phase]["operators"] = float(len(steps))
-        if hbm > 0:  # the engine's split of each operator's compute time (engine._compute)
-            out[phase]["memory_s"] = sum(step_elementwise_bytes(s) for s in steps) / hbm
-    kinds = {"gpu_compute": "compute_s", "cpu_optimizer": "cpu_adam_s", "nvme_read": "nvme_s", "nvme_write": "nvme_s",
-             "nvme": "nvme_s"}
-    # [Note: in-backward phases] With `optimizer_step: in_backward` the updates (labelled `optimizer`)
-    # run inside the backward, and the runtime's profile counts them there: its backward ends when
-    # the last update is computed and its optimizer phase is the write tail. Busy time is then
-    # attributed to the phase it falls in, cut at the simulated phase ends, not by label.
-    by_time = plan.optimizer_step == "in_backward"
-    ends = sim.phase_end_s
-    spans = {Phase.FORWARD: (0.0, ends[Phase.FORWARD]), Phase.BACKWARD: (ends[Phase.FORWARD], ends[Phase.BACKWARD]),
-             Phase.OPTIMIZER: (ends[Phase.BACKWARD], math.inf)}
-    seen: set[str] = set()
-    for link in sim.links():
-        if link.name not in kinds or link.name in seen:  # rank 0's links only (one per name)
-            continue
-        seen.add(link.name)
-        for start, end, label in link.intervals:
-            for phase, labels in PHASE_LABELS.items():
-                if by_time:
-                    lo, hi = spans[phase]
-                    out[phase][kinds[link.name]] += max(0.0, min(end, hi) - max(start, lo))
-                elif label in labels:
-                    out[phase][kinds[link.name]] += end - start
-    for phase in out:
-        out[phase]["compute_s"] = max(0.0, out[phase]["compute_s"] - out[phase]["memory_s"])
+    base = _phase_times(plan, bare)
+    out = {phase: dict.fromkeys(FEATURES, 0.0) for phase in base}
+    for feature in FEATURES:
+        slowed, scale = _slowed(bare, feature)
+        for phase, t in _phase_times(plan, slowed).items():
+            grew = t - base[phase]  # rounding, where the phase does not wait for this rate at all
+            out[phase][feature] = grew / scale if abs(grew) > ROUNDING * base[phase] else 0.0
+    for phase, t in base.items():
+        out[phase]["fixed_s"] = t - sum(out[phase][f] for f in FEATURES if f != "operators")
     return out
+
+
+def _phase_times(plan: Plan, node: NodeSpec) -> dict[str, float]:
+    from planner.sim.report import simulate
+
+    return dict(simulate(plan.replace(node=node, prediction=None)).prediction.phase_time_s)
+
+
+def _slowed(node: NodeSpec, feature: str) -> tuple[NodeSpec, float]:
+    """`node` with the rates behind `feature` slowed by `SLOWED_BY` (what `calibrated_node` divides
+    by that feature's factor), and what one unit of the feature is in that change."""
+    k = 1 + SLOWED_BY
+    if feature == "compute_s":
+        return node.replace(gpu_flops_per_s=node.gpu_flops_per_s / k,
+                            flash_attention_flops_per_s=node.flash_attention_flops_per_s / k), SLOWED_BY
+    if feature == "memory_s":
+        return node.replace(gpu_hbm_bytes_per_s=node.gpu_hbm_bytes_per_s / k), SLOWED_BY
+    if feature == "cpu_adam_s":
+        return node.replace(cpu_adam_params_per_s=node.cpu_adam_params_per_s / k), SLOWED_BY
+    if feature == "nvme_s":
+        return node.replace(nvme_read_bytes_per_s=node.nvme_read_bytes_per_s / k,
+                            nvme_write_bytes_per_s=node.nvme_write_bytes_per_s / k), SLOWED_BY
+    assert feature == "operators", feature
+    return node.replace(operator_overhead_s=OPERATOR_PROBE_S), OPERATOR_PROBE_S
 
 
 def _nnls(rows: list[list[float]], targets: list[float]) -> tuple[list[float], float]:
@@ -164,19 +181,34 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
             if measured <= 0 or phase not in features:
                 continue
             rows.append([features[phase][f] / measured for f in FEATURES])
-            targets.append(1.0)
+            targets.append(1.0 - features[phase]["fixed_s"] / measured)
     if not rows:
         raise PlannerError("the profiles carry no positive phase times to calibrate on")
+    floors = factor_floors(node)
+    targets = [t - sum(floors.get(f, 0.0) * r[j] for j, f in enumerate(FEATURES)) for r, t in zip(rows, targets, strict=True)]
     used = [j for j in range(len(FEATURES)) if any(r[j] for r in rows)]
     theta_used, err = _nnls([[r[j] for j in used] for r in rows], targets)
     theta = dict.fromkeys(FEATURES, 0.0)
     for j, v in zip(used, theta_used, strict=True):
-        theta[FEATURES[j]] = v
+        theta[FEATURES[j]] = floors.get(FEATURES[j], 0.0) + v
     active = [j for j in used if theta[FEATURES[j]] > 0]
     return Calibration(node=calibrated_node(node, theta, {FEATURES[j] for j in used}), factors=theta,
                        residual=math.sqrt(err / len(rows)), num_rows=len(rows),
                        standard_errors=_standard_errors([[r[j] for j in active] for r in rows], err,
                                                         [FEATURES[j] for j in active]))
+
+
+def factor_floors(node: NodeSpec) -> dict[str, float]:
+    """[Note: a drive runs no faster than the probe measured it] The probe times the drive through
+    the runtime's own I/O engine in large requests (runtime/probe.py `measure_nvme`): the runtime's
+    chunk reads and writes cannot move bytes faster. A reference run whose phases took less than
+    the simulator's NVMe time says that part of it overlapped something the simulator runs apart
+    (the overlapped step, [Note: the overlapped step is one row with the forward]), not that the
+    drive sped up; fitted freely, one such run priced every other plan's NVMe traffic 1.3-2x faster
+    than the drive (docs/notes/2026-11-26-calibration-loop-quiet-machine.md). So where the rates
+    are `measured`, `theta_nvme >= 1`: the fit may find the runtime slower, never faster."""
+    measured = node.sources.get("nvme_read_gb_per_s") == node.sources.get("nvme_write_gb_per_s") == "measured"
+    return {"nvme_s": 1.0} if measured else {}
 
 
 def step_overlaps_forward(plan: Plan) -> bool:
