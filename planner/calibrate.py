@@ -58,13 +58,11 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.hardware import EfficiencyCurve, NodeSpec
-from planner.phases import PHASES, Phase
+from planner.phases import Phase
 from planner.plan import Plan
 from planner.profile import Profile
 
 FEATURES = ("compute_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
-PHASE_LABELS = {phase: tuple(label for label in Phase if label.timed is phase) for phase in PHASES}
-"""Timed phase -> the labels of the work it counts (a recompute is part of the backward)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +203,7 @@ def factor_floors(node: NodeSpec) -> dict[str, float]:
     the simulator's NVMe time says that part of it overlapped something the simulator runs apart
     (the overlapped step, [Note: the overlapped step is one row with the forward]), not that the
     drive sped up; fitted freely, one such run priced every other plan's NVMe traffic 1.3-2x faster
-    than the drive (docs/notes/2026-11-26-calibration-loop-quiet-machine.md). So where the rates
+    than the drive (docs/notes/2026-11-26-calibration-sensitivities.md). So where the rates
     are `measured`, `theta_nvme >= 1`: the fit may find the runtime slower, never faster."""
     measured = node.sources.get("nvme_read_gb_per_s") == node.sources.get("nvme_write_gb_per_s") == "measured"
     return {"nvme_s": 1.0} if measured else {}

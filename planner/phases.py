@@ -2,8 +2,8 @@
 
 `PHASES` are the three timed phases (`phase_time_s` keys in every plan and profile: a contract,
 DESIGN.md "JSON keys"); within the backward phase a checkpointed block's forward runs again first
-(`RECOMPUTE`). Trace steps, busy intervals (the Gantt chart's colours) and calibration's attribution
-of busy time all use these members, each of which *is* its value (`str`).
+(`RECOMPUTE`). Trace steps, busy intervals (the Gantt chart's colours) and calibration's rows all
+use these members, each of which *is* its value (`str`).
 """
 
 from __future__ import annotations

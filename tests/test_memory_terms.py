@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from planner.calibrate import PHASE_LABELS
 from planner.catalog import resolve_hardware, resolve_model
 from planner.memory import memory_bill, runtime_buffer_peak_bytes
 from planner.memory_terms import MemoryTerm, describe
@@ -132,8 +131,8 @@ def test_describe_is_the_members_formula():
 
 def test_phases_are_one_vocabulary():
     assert [p.value for p in PHASES] == ["forward", "backward", "optimizer"]
-    assert PHASE_LABELS == {Phase.FORWARD: (Phase.FORWARD,), Phase.BACKWARD: (Phase.RECOMPUTE, Phase.BACKWARD),
-                            Phase.OPTIMIZER: (Phase.OPTIMIZER,)}
+    assert {label: label.timed for label in Phase} == {Phase.FORWARD: Phase.FORWARD, Phase.RECOMPUTE: Phase.BACKWARD,
+                                                        Phase.BACKWARD: Phase.BACKWARD, Phase.OPTIMIZER: Phase.OPTIMIZER}
     plan = PLANS["small-cpu"]
     assert list(estimate(plan).phase_time_s) == list(PHASES)
     sim = Simulation(plan).run()
