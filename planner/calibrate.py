@@ -63,6 +63,13 @@ from planner.plan import Plan
 from planner.profile import Profile
 
 FEATURES = ("compute_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
+RATES: dict[str, tuple[str, ...]] = {
+    "compute_s": ("gpu_flops_per_s", "flash_attention_flops_per_s"),
+    "memory_s": ("gpu_hbm_bytes_per_s",),
+    "cpu_adam_s": ("cpu_adam_params_per_s",),
+    "nvme_s": ("nvme_read_bytes_per_s", "nvme_write_bytes_per_s"),
+}
+"""Feature -> the spec's rates its factor divides (the per-operator cost, `operators`, is absolute)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +107,7 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     cost) each fitted rate carries, `fixed_s` the rest ([Note: the calibration model])."""
     bare = node.replace(matmul_efficiency=EfficiencyCurve(), operator_overhead_s=0.0)
     base = _phase_times(plan, bare)
-    out = {phase: dict.fromkeys(FEATURES, 0.0) for phase in base}
+    out: dict[str, dict[str, float]] = {phase: {} for phase in base}
     for feature in FEATURES:
         slowed, scale = _slowed(bare, feature)
         for phase, t in _phase_times(plan, slowed).items():
@@ -120,19 +127,16 @@ def _phase_times(plan: Plan, node: NodeSpec) -> dict[str, float]:
 def _slowed(node: NodeSpec, feature: str) -> tuple[NodeSpec, float]:
     """`node` with the rates behind `feature` slowed by `SLOWED_BY` (what `calibrated_node` divides
     by that feature's factor), and what one unit of the feature is in that change."""
-    k = 1 + SLOWED_BY
-    if feature == "compute_s":
-        return node.replace(gpu_flops_per_s=node.gpu_flops_per_s / k,
-                            flash_attention_flops_per_s=node.flash_attention_flops_per_s / k), SLOWED_BY
-    if feature == "memory_s":
-        return node.replace(gpu_hbm_bytes_per_s=node.gpu_hbm_bytes_per_s / k), SLOWED_BY
-    if feature == "cpu_adam_s":
-        return node.replace(cpu_adam_params_per_s=node.cpu_adam_params_per_s / k), SLOWED_BY
-    if feature == "nvme_s":
-        return node.replace(nvme_read_bytes_per_s=node.nvme_read_bytes_per_s / k,
-                            nvme_write_bytes_per_s=node.nvme_write_bytes_per_s / k), SLOWED_BY
-    assert feature == "operators", feature
-    return node.replace(operator_overhead_s=OPERATOR_PROBE_S), OPERATOR_PROBE_S
+    if feature == "operators":
+        return node.replace(operator_overhead_s=OPERATOR_PROBE_S), OPERATOR_PROBE_S
+    return node.replace(**_divided(node, feature, 1 + SLOWED_BY)), SLOWED_BY
+
+
+def _divided(node: NodeSpec, feature: str, factor: float) -> dict[str, float]:
+    """The rates behind `feature` (`RATES`) divided by `factor`; a fused attention kernel's only where
+    the spec has one."""
+    return {rate: getattr(node, rate) / factor for rate in RATES[feature]
+            if rate != "flash_attention_flops_per_s" or node.flash_attention_flops_per_s}
 
 
 def _nnls(rows: list[list[float]], targets: list[float]) -> tuple[list[float], float]:
@@ -263,22 +267,15 @@ def shares_cores(node: NodeSpec) -> bool:
 
 def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -> NodeSpec:
     changes: dict[str, Any] = {}
-    if "compute_s" in fitted and theta["compute_s"] > 0:
-        changes["gpu_flops_per_s"] = node.gpu_flops_per_s / theta["compute_s"]
-        if shares_cores(node):
-            changes["gpu_hbm_bytes_per_s"] = node.gpu_hbm_bytes_per_s / theta["compute_s"]
-        changes["matmul_efficiency"] = EfficiencyCurve()
-        if node.flash_attention_flops_per_s:  # its kernel's busy time is part of the compute feature
-            changes["flash_attention_flops_per_s"] = node.flash_attention_flops_per_s / theta["compute_s"]
-    if "memory_s" in fitted and theta["memory_s"] > 0:
-        changes["gpu_hbm_bytes_per_s"] = node.gpu_hbm_bytes_per_s / theta["memory_s"]
-    if "cpu_adam_s" in fitted and theta["cpu_adam_s"] > 0:
-        changes["cpu_adam_params_per_s"] = node.cpu_adam_params_per_s / theta["cpu_adam_s"]
+    for feature in RATES:
+        if feature in fitted and theta[feature] > 0:
+            changes.update(_divided(node, feature, theta[feature]))
+            if feature == "compute_s":
+                changes["matmul_efficiency"] = EfficiencyCurve()
+                if shares_cores(node):  # [Note: one factor for the CPU's kernels]; a fitted memory_s follows
+                    changes.update(_divided(node, "memory_s", theta[feature]))
     if "operators" in fitted:
         changes["operator_overhead_s"] = theta["operators"]
-    if "nvme_s" in fitted and theta["nvme_s"] > 0:
-        changes["nvme_read_bytes_per_s"] = node.nvme_read_bytes_per_s / theta["nvme_s"]
-        changes["nvme_write_bytes_per_s"] = node.nvme_write_bytes_per_s / theta["nvme_s"]
     keys = {"gpu_flops_per_s": "gpu_peak_tflops", "cpu_adam_params_per_s": "cpu_adam_gparams_per_s",
             "nvme_read_bytes_per_s": "nvme_read_gb_per_s", "nvme_write_bytes_per_s": "nvme_write_gb_per_s",
             "gpu_hbm_bytes_per_s": "gpu_hbm_gb_per_s", "operator_overhead_s": "operator_overhead_ms",

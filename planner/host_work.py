@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.memory import COMPUTE_BYTES
+
 if TYPE_CHECKING:
     from planner.plan import Plan
 
@@ -37,7 +39,7 @@ def step_host_copy_bytes_per_param(plan: Plan) -> float:
     if place.optimizer_states != "nvme":
         return 0.0
     host_is_device = plan.node.host_is_device
-    e = 4 if plan.precision == "fp32" else 2
+    e = COMPUTE_BYTES[plan.precision]
     nbytes = 0.0
     if place.gradients == "cpu" or (place.gradients == "gpu" and host_is_device):
         nbytes += GRADIENT_COPY_BYTES
