@@ -122,14 +122,14 @@ def measured_time_s(profiles: list[Profile]) -> float:
 def run_config(plan_path: Path, profile_path: Path, steps: int, store: Path) -> float:
     start = time.perf_counter()
     cmd = [sys.executable, "-m", "tierwise", "run", str(plan_path), "--steps", str(steps),
-                         "--profile-out", str(profile_path), "--store", str(store)]
+           "--profile-out", str(profile_path), "--store", str(store)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return time.perf_counter() - start
 
 
 def probe(path: Path, nvme_path: str) -> None:
     cmd = [sys.executable, "-m", "tierwise", "probe", "--out", str(path), "--nvme-test-gib", "0.25",
-                         "--nvme-path", nvme_path]
+           "--nvme-path", nvme_path]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
