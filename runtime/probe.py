@@ -206,9 +206,8 @@ ATTENTION_SEQ_LENS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)
 """Sequence lengths it is timed at ([Note: the fused kernel's rate by sequence length] in
 planner/kernels.py), each over `ATTENTION_TOKENS` tokens, so each takes about as many key blocks.
 Every doubling up to 512: below a key block the kernel's rate grows about in proportion to the
-sequence (bf16, 16 heads of 64, 2-core EPYC: 0.018 TFLOPS at 64 tokens, 0.030 at 128, 0.058 at
-256), which the curve, flat below its first point and log-linear between points, would otherwise
-miss by up to 1.6x."""
+sequence, which the curve, flat below its first point and log-linear between points, would
+otherwise miss by up to 1.6x (measurements: docs/notes/2026-11-26-calibration-sensitivities.md)."""
 ATTENTION_TOKENS = 2048
 
 
