@@ -384,4 +384,6 @@ def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from runtime.process_exit import leave
+
+    leave(main())  # [Note: a rank leaves with os._exit]

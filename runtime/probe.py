@@ -30,6 +30,7 @@ import torch
 
 from planner.units import GB, GIB, MIB, TFLOP
 from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, SwapStore
+from runtime.process_exit import leave
 
 Log = Callable[[str], None]
 
@@ -347,6 +348,7 @@ def _collective_worker(rank: int, world_size: int, backend: str, port: int, nbyt
         bus = (world_size - 1) / world_size * numel * 4
         queue.put((bus / gather_s, bus / scatter_s))
     dist.destroy_process_group()
+    leave(0)  # [Note: a rank leaves with os._exit]
 
 
 def measure_collectives(world_size: int, backend: str, nbytes: int = 256 * MIB) -> CollectiveBandwidth:

@@ -42,7 +42,8 @@ def launch_in_process(plan: Path, *args: str) -> tuple[int, list[float]]:
 
 
 def worker_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+    # PYTHONFAULTHANDLER: a rank that dies of a signal prints its threads' Python stacks.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **extra}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return env

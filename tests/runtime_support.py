@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
@@ -13,6 +14,8 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+
+from runtime.process_exit import leave
 
 ROOT = Path(__file__).resolve().parents[1]
 HARDWARE = json.loads((ROOT / "data" / "hardware" / "cpu-dev-2core.json").read_text())
@@ -152,6 +155,7 @@ def free_port() -> int:
 def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any], out_dir: str, module: str) -> None:
     import torch.distributed as dist
 
+    faulthandler.enable()  # a rank that dies of a signal prints its threads' Python stacks
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -175,6 +179,7 @@ def _worker(rank: int, world_size: int, port: int, fn_name: str, cases: list[Any
         sys.stderr.flush()
         raise
     dist.destroy_process_group()
+    leave(0)  # not through the interpreter's finalization: [Note: a rank leaves with os._exit]
 
 
 def run_distributed(fn_name: str, cases: list[tuple[Any, ...]], out_dir: Path, world_size: int = 2,

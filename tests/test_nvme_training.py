@@ -24,6 +24,7 @@ from runtime_support import (
 )
 
 from planner.errors import PlannerError
+from runtime.process_exit import leave
 
 ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
 OPTIMIZER_NVME = {**ALL_CPU, "gradients": "cpu", "optimizer_states": "nvme"}
@@ -189,6 +190,7 @@ def _worker(rank: int, world_size: int, port: int, nvme_path: str, out: str) -> 
         torch.save(results, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
+    leave(0)  # [Note: a rank leaves with os._exit]
 
 
 @pytest.mark.slow
