@@ -12,8 +12,9 @@ thread that asks for the GIL then is ended by CPython with a forced unwind, whic
 the collective's noexcept destructor: `terminate called without an active exception`, SIGABRT,
 after the run itself had finished and written everything. The window is the few microseconds
 between the collective's completion and the thread's drop, so it shows on loaded hosts: 3 aborts
-in about 60 runs of the two-rank parity test, two ranks on two busy cores, each core dump showing
-`~AsyncBarrierWork` on a gloo thread in `take_gil` during `Py_FinalizeEx`.
+in 74 runs of the two-rank parity test (two copies running at once on two cores), the core dump
+showing `~AsyncBarrierWork` on a gloo thread in `take_gil` during `Py_FinalizeEx`; none in 60
+runs the same way since ranks leave like this.
 
 A finished rank (collectives done, process groups destroyed, files written) therefore runs the
 interpreter's exit handlers itself (`atexit`: the NVMe swap directory's removal, `weakref.finalize`
