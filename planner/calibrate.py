@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.hardware import EfficiencyCurve, NodeSpec
+from planner.hardware import EfficiencyCurve, NodeSpec, document_key
 from planner.phases import Phase
 from planner.plan import Plan
 from planner.profile import Profile
@@ -276,13 +276,8 @@ def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -
                     changes.update(_divided(node, "memory_s", theta[feature]))
     if "operators" in fitted:
         changes["operator_overhead_s"] = theta["operators"]
-    keys = {"gpu_flops_per_s": "gpu_peak_tflops", "cpu_adam_params_per_s": "cpu_adam_gparams_per_s",
-            "nvme_read_bytes_per_s": "nvme_read_gb_per_s", "nvme_write_bytes_per_s": "nvme_write_gb_per_s",
-            "gpu_hbm_bytes_per_s": "gpu_hbm_gb_per_s", "operator_overhead_s": "operator_overhead_ms",
-            "flash_attention_flops_per_s": "flash_attention_tflops",
-            "matmul_efficiency": "efficiency"}
     sources = dict(node.sources)
-    sources.update({keys[k]: "measured" for k in changes})
+    sources.update({document_key(k): "measured" for k in changes})
     note = ("Calibrated by `planner calibrate` (planner/calibrate.py [Note: the calibration model]): factors "
             + ", ".join(f"{k} {theta[k]:.4g}" for k in FEATURES if k in fitted) + ".")
     return node.replace(**changes, sources=sources, notes=(node.notes + " " + note).strip(),

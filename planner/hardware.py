@@ -24,7 +24,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from planner.errors import PlannerError
-from planner.specio import check_keys, number, string
+from planner.specio import MAX_MAGNITUDE, check_keys, number, string
 from planner.units import GB, GIB, MIB, TFLOP
 
 Provenance = str
@@ -68,8 +68,25 @@ _CURVES: dict[str, tuple[str, float, str]] = {
     "matmul": ("gflop", 1e9, "flop"),
     "attention": ("seq_len", 1.0, "tokens"),
 }
-_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations", "flash_attention_tflops",
-               "hbm_achievable_fraction"}
+# (field, document key, scale to base units, minimum, maximum) for the numeric fields a document
+# carries only where they are set (0 means "not stated": documents of other nodes stay as they were).
+_OPTIONAL_NUMERIC_FIELDS: tuple[tuple[str, str, float, float, float], ...] = (
+    ("flash_attention_flops_per_s", "flash_attention_tflops", TFLOP, 0, MAX_MAGNITUDE),
+    ("hbm_achievable_fraction", "hbm_achievable_fraction", 1, 0, 1),
+)
+_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations",
+               *(key for _, key, *_ in _OPTIONAL_NUMERIC_FIELDS)}
+
+
+def document_key(attr: str) -> str:
+    """The hardware document's key for NodeSpec field `attr`, which its `sources` entry is named by
+    (every efficiency curve is under `efficiency`)."""
+    for field_, key, *_ in (*_NUMERIC_FIELDS, *_OPTIONAL_NUMERIC_FIELDS):
+        if field_ == attr:
+            return key
+    if attr.endswith("_efficiency") and attr.removesuffix("_efficiency") in _CURVES:
+        return "efficiency"
+    raise KeyError(attr)
 # The node's resources its GPUs share: part of a node gets its GPUs' share of each ([Note: part of a node]).
 SHARED_BY_GPUS: tuple[str, ...] = (
     "cpu_memory_bytes",
@@ -235,8 +252,8 @@ class NodeSpec:
                 f"({self.gpu_memory_bytes / GIB:g})"
             )
         string(self.nvme_read_write, f"{where} nvme_read_write", choices=NVME_READ_WRITE)
-        number(self.flash_attention_flops_per_s, f"{where} flash_attention_tflops", minimum=0)
-        number(self.hbm_achievable_fraction, f"{where} hbm_achievable_fraction", minimum=0, maximum=1)
+        for attr, key, scale, minimum, maximum in _OPTIONAL_NUMERIC_FIELDS:
+            number(getattr(self, attr) / scale, f"{where} {key}", minimum=minimum, maximum=maximum)
         if not isinstance(self.host_is_device, bool):
             raise PlannerError(f"{where} host_is_device must be true or false, got {self.host_is_device!r}")
         for curve in (self.transfer_efficiency, self.matmul_efficiency, self.attention_efficiency):
@@ -262,10 +279,9 @@ class NodeSpec:
         doc["nvme_read_write"] = self.nvme_read_write
         if self.host_is_device:
             doc["host_is_device"] = True
-        if self.flash_attention_flops_per_s:  # only where set: documents of other nodes stay as they were
-            doc["flash_attention_tflops"] = self.flash_attention_flops_per_s / TFLOP
-        if self.hbm_achievable_fraction:
-            doc["hbm_achievable_fraction"] = self.hbm_achievable_fraction
+        for attr, key, scale, *_ in _OPTIONAL_NUMERIC_FIELDS:
+            if getattr(self, attr):
+                doc[key] = getattr(self, attr) / scale
         curves = {"transfer": self.transfer_efficiency, "matmul": self.matmul_efficiency,
                   "attention": self.attention_efficiency}
         if any(curve.points for curve in curves.values()):
@@ -299,12 +315,9 @@ class NodeSpec:
             if not isinstance(doc["host_is_device"], bool):
                 raise PlannerError(f"{where} host_is_device must be true or false, got {doc['host_is_device']!r}")
             kwargs["host_is_device"] = doc["host_is_device"]
-        if "flash_attention_tflops" in doc:
-            tflops = number(doc["flash_attention_tflops"], f"{where} flash_attention_tflops", minimum=0)
-            kwargs["flash_attention_flops_per_s"] = tflops * TFLOP
-        if "hbm_achievable_fraction" in doc:
-            kwargs["hbm_achievable_fraction"] = number(doc["hbm_achievable_fraction"], f"{where} hbm_achievable_fraction",
-                                                       minimum=0, maximum=1)
+        for attr, key, scale, minimum, maximum in _OPTIONAL_NUMERIC_FIELDS:
+            if key in doc:
+                kwargs[attr] = number(doc[key], f"{where} {key}", minimum=minimum, maximum=maximum) * scale
         if "efficiency" in doc:
             check_keys(doc["efficiency"], set(_CURVES), f"{where} efficiency")
             for kind, curve_doc in doc["efficiency"].items():
