@@ -384,6 +384,9 @@ def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps:
 
 
 if __name__ == "__main__":
-    from runtime.process_exit import leave
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from runtime.process_exit import leave
 
-    leave(main())  # [Note: a rank leaves with os._exit]
+        leave(code)  # [Note: a rank leaves with os._exit]
+    sys.exit(code)

@@ -20,7 +20,9 @@ A finished rank (collectives done, process groups destroyed, files written) ther
 interpreter's exit handlers itself (`atexit`: the NVMe swap directory's removal, `weakref.finalize`
 callbacks, logging), flushes its streams and leaves with `os._exit`, which does not finalize the
 interpreter and so asks no thread to unwind. Nothing is lost: what finalization would do after the
-exit handlers is free memory the kernel reclaims anyway.
+exit handlers is free memory the kernel reclaims anyway. Only a rank of a run with process groups
+leaves this way: one process alone has no gloo threads and exits normally, so a tool that writes
+after the program returns (`python -m cProfile -m runtime.launch ...`) still gets to.
 """
 
 from __future__ import annotations
