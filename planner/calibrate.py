@@ -5,7 +5,8 @@ its matmul efficiency curve and per-operator cost removed, and again with each f
 1 % (`SLOWED_BY`); how much each phase's simulated time (forward; backward = recompute + backward;
 optimizer, as the profile times them) grows says how many of its seconds that rate carries:
 
-    compute_s      gpu_peak_tflops (and flash_attention_tflops)
+    compute_s      gpu_peak_tflops (and flash_attention_tflops): the forward's and the recompute's
+    backward_matmul_s  backward_matmul_tflops                 (the backward's matmuls, below)
     memory_s       gpu_hbm_gb_per_s                           (planner/sim/workload.py [Note: elementwise work])
     cpu_adam_s     cpu_adam_gparams_per_s                     (CPU Adam on the CPU optimizer)
     nvme_s         the NVMe read and write rates
@@ -28,6 +29,19 @@ base spec with
   and no matmul efficiency curve (the features were taken without one),
 - `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`,
 - `operator_overhead_ms = 1000 * theta_operators` (absolute: the feature counts operators).
+
+[Note: the backward's own matmul rate] The backward's matmuls (input and weight gradients, twice
+the forward's flops) have a rate of their own, `backward_matmul_tflops`, which the spec leaves
+unset (the forward's) until a fit sets it: on a CPU they run slower per flop than the forward's,
+while a recomputed forward runs faster than the forward (torch.profiler over a 2 x hd 1280 plan:
+the forward's linears 6.3 ms per call, the recompute's 5.3, the backward's 19 matmuls 106 ms a
+step either way: docs/notes/2026-11-26-calibration-sensitivities.md). With one compute factor the
+reference runs, which all recomputed, fitted the two errors against each other (a fast recompute
+and a slow backward in one row) and every plan without recompute came out 7-15 % fast in
+backward. With the backward's rate apart, and one reference run without recompute whose
+backward row is the backward alone (planner/probe_reference.py), the backward gets its own
+factor. GPU presets have none: cuBLAS runs both passes' GEMMs at the same rate, and the
+published runs pin one compute rate.
 
 `operators` is the runtime's fixed cost per operator (one unit gathered, its hooks run, released;
 the framework's dispatch), fitted in seconds per operator as `operator_overhead_ms`. It is what
@@ -62,9 +76,10 @@ from planner.phases import Phase
 from planner.plan import Plan
 from planner.profile import Profile
 
-FEATURES = ("compute_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
+FEATURES = ("compute_s", "backward_matmul_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
 RATES: dict[str, tuple[str, ...]] = {
     "compute_s": ("gpu_flops_per_s", "flash_attention_flops_per_s"),
+    "backward_matmul_s": ("backward_matmul_flops_per_s",),
     "memory_s": ("gpu_hbm_bytes_per_s",),
     "cpu_adam_s": ("cpu_adam_params_per_s",),
     "nvme_s": ("nvme_read_bytes_per_s", "nvme_write_bytes_per_s"),
@@ -105,7 +120,9 @@ OPERATOR_PROBE_S = 1e-5
 def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     """Per phase, the seconds of its simulated time under `node` (no matmul curve, no per-operator
     cost) each fitted rate carries, `fixed_s` the rest ([Note: the calibration model])."""
-    bare = node.replace(matmul_efficiency=EfficiencyCurve(), operator_overhead_s=0.0)
+    # The backward's matmul rate made explicit, so that slowing the forward's leaves it where it is.
+    bare = node.replace(matmul_efficiency=EfficiencyCurve(), operator_overhead_s=0.0,
+                        backward_matmul_flops_per_s=node.backward_matmul_rate)
     base = _phase_times(plan, bare)
     out: dict[str, dict[str, float]] = {phase: {} for phase in base}
     for feature in FEATURES:
@@ -135,7 +152,8 @@ def _slowed(node: NodeSpec, feature: str) -> tuple[NodeSpec, float]:
 def _divided(node: NodeSpec, feature: str, factor: float) -> dict[str, float]:
     """The rates behind `feature` (`RATES`) divided by `factor`; a fused attention kernel's only where
     the spec has one."""
-    return {rate: getattr(node, rate) / factor for rate in RATES[feature]
+    effective = {"backward_matmul_flops_per_s": node.backward_matmul_rate}  # 0 there means the forward's
+    return {rate: effective.get(rate, getattr(node, rate)) / factor for rate in RATES[feature]
             if rate != "flash_attention_flops_per_s" or node.flash_attention_flops_per_s}
 
 
@@ -270,10 +288,10 @@ def calibrated_node(node: NodeSpec, theta: dict[str, float], fitted: set[str]) -
     for feature in RATES:
         if feature in fitted and theta[feature] > 0:
             changes.update(_divided(node, feature, theta[feature]))
-            if feature == "compute_s":
+            if feature in ("compute_s", "backward_matmul_s"):  # their features were taken without the curve
                 changes["matmul_efficiency"] = EfficiencyCurve()
-                if shares_cores(node):  # [Note: one factor for the CPU's kernels]; a fitted memory_s follows
-                    changes.update(_divided(node, "memory_s", theta[feature]))
+            if feature == "compute_s" and shares_cores(node):  # [Note: one factor for the CPU's kernels]
+                changes.update(_divided(node, "memory_s", theta[feature]))  # a fitted memory_s follows
     if "operators" in fitted:
         changes["operator_overhead_s"] = theta["operators"]
     sources = dict(node.sources)

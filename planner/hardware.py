@@ -73,6 +73,7 @@ _CURVES: dict[str, tuple[str, float, str]] = {
 _OPTIONAL_NUMERIC_FIELDS: tuple[tuple[str, str, float, float, float], ...] = (
     ("flash_attention_flops_per_s", "flash_attention_tflops", TFLOP, 0, MAX_MAGNITUDE),
     ("hbm_achievable_fraction", "hbm_achievable_fraction", 1, 0, 1),
+    ("backward_matmul_flops_per_s", "backward_matmul_tflops", TFLOP, 0, MAX_MAGNITUDE),
 )
 _EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations",
                *(key for _, key, *_ in _OPTIONAL_NUMERIC_FIELDS)}
@@ -216,6 +217,10 @@ class NodeSpec:
     has none (V100), and plans default to `attention: eager` there. A published kernel measurement,
     not the matmul rate: FlashAttention-2 runs Ampere's instructions on Hopper too
     (planner/kernels.py [Note: attention kernels])."""
+    backward_matmul_flops_per_s: float = 0.0
+    """Rate of the backward pass's matmuls (the input and weight gradients) where it is not the
+    forward's; 0 means `gpu_flops_per_s` (every GPU preset). Fitted by calibration on profiles of
+    the device itself (planner/calibrate.py [Note: the backward's own matmul rate])."""
     hbm_achievable_fraction: float = 0.0
     """Share of `gpu_hbm_bytes_per_s` memory-bound kernels stream at; 0 means planner/kernels.py's
     HBM_ACHIEVABLE_FRACTION (fitted presets set their own: planner/validation/fit.py)."""
@@ -367,6 +372,11 @@ class NodeSpec:
 
     def provenance(self, key: str) -> str:
         return self.sources.get(key, "nominal")
+
+    @property
+    def backward_matmul_rate(self) -> float:
+        """Flops per second of the backward's matmuls: their own rate where set, else the forward's."""
+        return self.backward_matmul_flops_per_s or self.gpu_flops_per_s
 
     def replace(self, **changes: Any) -> NodeSpec:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}

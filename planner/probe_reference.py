@@ -12,9 +12,11 @@ device, the probe trains `REFERENCE_RUNS` (four small GPTs with the runtime, `pl
 fits the spec's efficiency parameters to the median run of each with `planner calibrate`'s model
 (planner/calibrate.py [Note: the calibration model]).
 
-The four runs cover the five fitted terms: an all-on-device run with long sequences (memory-bound
-heavy), a wide one with parameters and optimizer states in host memory (matmul heavy, CPU Adam),
-one with parameters and optimizer states on NVMe (the swap engine), and a tiled one (tiling 4: four
+The four runs cover the six fitted terms: an all-on-device run with long sequences (memory-bound
+heavy), a wide one with parameters and optimizer states in host memory (matmul heavy, CPU Adam)
+that does not recompute, so that its backward is the backward alone (what tells the backward's
+matmul rate from the forward's: planner/calibrate.py [Note: the backward's own matmul rate]), one
+with parameters and optimizer states on NVMe (the swap engine), and a tiled one (tiling 4: four
 times the operators for the same flops and bytes, which is what tells the per-operator cost from
 the rates; without it the fit charges tiling nothing and predicts tiled plans too fast). Their shapes are not those
 of benchmarks/sweep.py, which checks the result on configurations the probe never ran. On a CUDA
@@ -72,7 +74,7 @@ class ReferenceRun:
 
 REFERENCE_RUNS = (
     ReferenceRun("device-long-seq", 4, 384, 6, 512, 2, "gpu", "gpu", "gpu", 1),
-    ReferenceRun("host-wide", 4, 1024, 16, 128, 8, "cpu", "cpu", "cpu", 2),
+    ReferenceRun("host-wide", 4, 1024, 16, 128, 8, "cpu", "cpu", "cpu", 0),
     ReferenceRun("nvme", 4, 640, 10, 256, 4, "nvme", "cpu", "nvme", 1),
     ReferenceRun("device-tiled", 3, 448, 7, 256, 2, "gpu", "gpu", "gpu", 1, tiling_factor=4),
 )

@@ -190,8 +190,11 @@ def _compute(plan: Plan) -> _Passes:
         return (matmul_flops / matmul_rate + (fused_flops / fused_rate if fused_flops else 0.0)
                 + (nbytes / hbm if hbm > 0 else 0.0))
 
+    # The backward's own matmuls at the backward's rate, where the spec has one; its recompute is a forward.
+    backward_only = work.backward_flops - work.recompute_flops
+    slower_s = backward_only / matmul_rate * (node.gpu_flops_per_s / node.backward_matmul_rate - 1)
     return _Passes(seconds(work.forward_flops, work.forward_fused_flops, work.forward_bytes),
-                   seconds(work.backward_flops, work.backward_fused_flops, work.backward_bytes))
+                   seconds(work.backward_flops, work.backward_fused_flops, work.backward_bytes) + slower_s)
 
 
 class ModelCompute(NamedTuple):
@@ -204,6 +207,8 @@ class ModelCompute(NamedTuple):
     backward_fused_flops: float
     forward_bytes: float
     backward_bytes: float
+    recompute_flops: float = 0.0
+    """The matmul flops of `backward_flops` that are the recompute's forward."""
 
 
 def model_compute(plan: Plan) -> ModelCompute:
@@ -223,6 +228,7 @@ def model_compute(plan: Plan) -> ModelCompute:
         backward_fused_flops=layers * (block.fused_backward_flops + again * block.fused_forward_flops),
         forward_bytes=layers * block.forward_bytes + loss_fwd,
         backward_bytes=layers * (block.backward_bytes + again * block.forward_bytes) + loss_bwd,
+        recompute_flops=layers * again * block.matmul_forward_flops,
     )
 
 

@@ -54,9 +54,11 @@ def test_reference_runs_identify_every_fitted_term(tmp_path: Path) -> None:
 
 def test_the_fit_recovers_a_known_spec_from_its_own_predictions(tmp_path: Path) -> None:
     # Profiles whose phase times are the simulator's under a known spec (a 1.5 ms per-operator cost,
-    # slower compute, memory, CPU Adam and NVMe than the base) are fitted back to that spec, the NVMe
-    # run included: the features are what each phase's simulated time owes each rate, so the NVMe
-    # reads the simulator hides behind compute are not priced as if they added up.
+    # slower compute, memory, CPU Adam and NVMe than the base, and backward matmuls slower than the
+    # forward's) are fitted back to that spec, the NVMe run included: the features are what each
+    # phase's simulated time owes each rate, so the NVMe reads the simulator hides behind compute
+    # are not priced as if they added up, and the reference run without recompute tells the
+    # backward's matmul rate from the forward's.
     import dataclasses
 
     from planner.calibrate import calibrate, loose_factors
@@ -69,6 +71,7 @@ def test_the_fit_recovers_a_known_spec_from_its_own_predictions(tmp_path: Path) 
                          cpu_adam_params_per_s=base.cpu_adam_params_per_s * 0.8, operator_overhead_s=1.5e-3,
                          nvme_read_bytes_per_s=base.nvme_read_bytes_per_s * 0.8,
                          nvme_write_bytes_per_s=base.nvme_write_bytes_per_s * 0.8,
+                         backward_matmul_flops_per_s=base.gpu_flops_per_s * 0.6,
                          matmul_efficiency=EfficiencyCurve())  # the fitted spec has no curve either
     runs = []
     for ref in REFERENCE_RUNS:
@@ -78,6 +81,8 @@ def test_the_fit_recovers_a_known_spec_from_its_own_predictions(tmp_path: Path) 
     fitted = calibrate(runs, base)
     assert fitted.node.operator_overhead_s == pytest.approx(1.5e-3, rel=0.02)
     assert fitted.node.gpu_flops_per_s == pytest.approx(truth.gpu_flops_per_s, rel=0.02)
+    assert fitted.node.backward_matmul_flops_per_s == pytest.approx(truth.backward_matmul_flops_per_s, rel=0.02)
+    assert fitted.node.sources["backward_matmul_tflops"] == "measured"
     assert fitted.node.gpu_hbm_bytes_per_s == pytest.approx(truth.gpu_hbm_bytes_per_s, rel=0.02)
     assert fitted.node.cpu_adam_params_per_s == pytest.approx(truth.cpu_adam_params_per_s, rel=0.02)
     assert fitted.node.nvme_read_bytes_per_s == pytest.approx(truth.nvme_read_bytes_per_s, rel=0.02)

@@ -103,3 +103,25 @@ def test_eq6_efficiency():
     # Paper §4.2: ait 1024 at 3 GB/s against a 70 TFLOP/s peak gives 4.2% efficiency.
     assert efficiency(1024, 3e9, 70e12) == pytest.approx(1024 * 3e9 / (1024 * 3e9 + 70e12))
     assert round(efficiency(1024, 3e9, 70e12), 3) == 0.042
+
+
+@pytest.mark.parametrize("checkpoint_interval", [0, 1])
+def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(checkpoint_interval):
+    # [Note: the backward's own matmul rate] in planner/calibrate.py: at half the forward's rate the
+    # backward's own matmuls (2 x FWD_FLOPS here) take twice as long, in the estimate and in the
+    # simulator alike; the forward and the recompute's forward keep the forward's rate.
+    from planner.sim.report import simulate
+
+    def one_gpu(node):
+        return Plan(model=MODEL, node=node, num_gpus=1, strategy="dp", placement=STRATEGY_TABLE["dp"].placement,
+                    checkpoint_interval=checkpoint_interval, prefetch_depth=0)
+
+    same, slow = one_gpu(NODE), one_gpu(NODE.replace(backward_matmul_flops_per_s=0.5e12))
+    assert NODE.backward_matmul_rate == 1e12 and slow.node.backward_matmul_rate == 0.5e12
+    extra_s = 2 * FWD_FLOPS / 1e12
+    for predict in (lambda p: estimate(p).phase_time_s, lambda p: simulate(p).prediction.phase_time_s):
+        before, after = predict(same), predict(slow)
+        assert after["forward"] == pytest.approx(before["forward"], rel=1e-9)
+        assert after["backward"] - before["backward"] == pytest.approx(extra_s, rel=1e-6)
+    assert NodeSpec.from_dict(slow.node.to_dict()).backward_matmul_flops_per_s == 0.5e12
+    assert "backward_matmul_tflops" not in NODE.to_dict()  # unset: documents of other nodes stay as they were

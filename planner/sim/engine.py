@@ -200,6 +200,9 @@ class RankProgram:
         self.fused_flops_per_s = fused_attention_flops_per_s(plan)
         self.operator_overhead_s = node.operator_overhead_s
         self.fp8_speedup = linear_speedup(plan.fp8_matmuls, node)
+        self.backward_matmul_slowdown = node.gpu_flops_per_s / node.backward_matmul_rate
+        """How much longer a backward matmul takes than a forward one of the same flops (1 unless
+        the spec has a backward rate of its own)."""
         dp_ring = data_parallel_ring(plan)
         self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
         """Each data-parallel collective's latency (planner/collectives.py [Note: the alpha-beta collective])."""
@@ -256,6 +259,8 @@ class RankProgram:
             linear = min(flops, (flops / matmul_flops) * 2 * self.sim.work.tokens_per_gpu * op_params)
             flops = flops - linear + linear / self.fp8_speedup
         seconds = flops / (self.links.compute.capacity * self.matmul_eff(matmul_flops)) if flops > 0 else 0.0
+        if label is Phase.BACKWARD:
+            seconds *= self.backward_matmul_slowdown
         if elementwise_bytes > 0 and self.hbm_bytes_per_s > 0:
             seconds += elementwise_bytes / self.hbm_bytes_per_s
         if fused_flops > 0:
