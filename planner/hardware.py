@@ -378,6 +378,12 @@ class NodeSpec:
         """Flops per second of the backward's matmuls: their own rate where set, else the forward's."""
         return self.backward_matmul_flops_per_s or self.gpu_flops_per_s
 
+    @property
+    def backward_matmul_slowdown(self) -> float:
+        """How many times as long a backward matmul takes as a forward one of the same flops (1
+        without a backward rate of its own): what the simulator and the estimate scale it by."""
+        return self.gpu_flops_per_s / self.backward_matmul_rate
+
     def replace(self, **changes: Any) -> NodeSpec:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc.update(changes)

@@ -192,7 +192,7 @@ def _compute(plan: Plan) -> _Passes:
 
     # The backward's own matmuls at the backward's rate, where the spec has one; its recompute is a forward.
     backward_only = work.backward_flops - work.recompute_flops
-    slower_s = backward_only / matmul_rate * (node.gpu_flops_per_s / node.backward_matmul_rate - 1)
+    slower_s = backward_only / matmul_rate * (node.backward_matmul_slowdown - 1)
     return _Passes(seconds(work.forward_flops, work.forward_fused_flops, work.forward_bytes),
                    seconds(work.backward_flops, work.backward_fused_flops, work.backward_bytes) + slower_s)
 

@@ -200,9 +200,7 @@ class RankProgram:
         self.fused_flops_per_s = fused_attention_flops_per_s(plan)
         self.operator_overhead_s = node.operator_overhead_s
         self.fp8_speedup = linear_speedup(plan.fp8_matmuls, node)
-        self.backward_matmul_slowdown = node.gpu_flops_per_s / node.backward_matmul_rate
-        """How much longer a backward matmul takes than a forward one of the same flops (1 unless
-        the spec has a backward rate of its own)."""
+        self.backward_matmul_slowdown = node.backward_matmul_slowdown
         dp_ring = data_parallel_ring(plan)
         self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
         """Each data-parallel collective's latency (planner/collectives.py [Note: the alpha-beta collective])."""
