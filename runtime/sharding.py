@@ -168,7 +168,9 @@ class ShardedModel:
         return make_store(tier, term=term, ledger=self.ledger, copier=self.copier, name=name, swap=self.swap)
 
     def close(self) -> None:
-        """Finish outstanding NVMe transfers and remove the swap directory (also done at exit)."""
+        """Finish outstanding NVMe transfers and remove the swap directory (also done at exit), and
+        let the model go ([Note: closing lets the model go])."""
+        self._release_model()
         try:
             with contextlib.suppress(Exception):  # the optimizer's error is raised by the optimizer, not here
                 self.listener.drain()  # an overlapped optimizer step may still be writing the stores
@@ -179,6 +181,23 @@ class ShardedModel:
         finally:  # after an I/O error too: the swap files must not outlive the run
             if self.swap is not None:
                 self.swap.close()
+
+    def _release_model(self) -> None:
+        """[Note: closing lets the model go] Each parameter's post-accumulate-grad hook holds this
+        state, and the state holds the parameters (its units): a cycle through the tensors' C++
+        hook lists, which the garbage collector cannot see, so a sharded model's state, its stores
+        and its process groups lived until the process exited. Closing removes every hook and
+        forgets the model, so both are freed once the caller drops them; a later forward is refused
+        in one line by the one hook left, which holds nothing of the state."""
+        if not self._handles:
+            return  # closed before
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        module = self.module_ref()
+        if module is not None:
+            _STATES.pop(module, None)
+            module.register_forward_pre_hook(_refuse_closed, prepend=True)
 
     @property
     def stores(self) -> list[ShardStore]:
@@ -402,6 +421,11 @@ class ShardedModel:
 
 
 _STATES: weakref.WeakKeyDictionary[nn.Module, ShardedModel] = weakref.WeakKeyDictionary()
+
+
+def _refuse_closed(module: nn.Module, args: Any) -> None:
+    raise RuntimeError(f"this sharded {type(module).__name__} was closed (its shards are gone): "
+                       "shard a new model, or load its checkpoint into one")
 
 
 def state_of(model: nn.Module) -> ShardedModel:
