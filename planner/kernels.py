@@ -67,6 +67,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from planner.units import COMPUTE_BYTES
+
 if TYPE_CHECKING:
     from planner.hardware import NodeSpec
     from planner.plan import Plan
@@ -180,7 +182,7 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
     """(forward, backward) bytes per memory-bound kernel of one block on one GPU ([Note:
     memory-bound kernels]); kernels the block does not run are left out."""
     m, mp = plan.model, plan.model_parallel_degree
-    e = _element_bytes(plan)
+    e = COMPUTE_BYTES[plan.precision]
     tokens = plan.micro_batch_per_gpu * m.seq_len
     stream = tokens * mp * m.hidden_size  # the residual stream, whole on every tensor-parallel rank
     ffn = tokens * m.ffn_hidden_size  # the replica's ffn-wide hidden / mp
@@ -209,7 +211,7 @@ def loss_bytes(plan: Plan) -> tuple[float, float]:
     embeddings); the vocabulary is split `1 / mp` (Megatron's vocab-parallel cross-entropy)."""
     m = plan.model
     logits = plan.micro_batch_per_gpu * m.seq_len * m.vocab_size
-    e = _element_bytes(plan)
+    e = COMPUTE_BYTES[plan.precision]
     return (e + LOSS_FORWARD_FP32_BYTES) * logits, (LOSS_BACKWARD_FP32_BYTES + e) * logits
 
 
@@ -232,5 +234,3 @@ def recomputed_score_bytes(plan: Plan) -> float:
     return plan.micro_batch_per_gpu * m.seq_len * 2 * m.num_heads * m.seq_len
 
 
-def _element_bytes(plan: Plan) -> int:
-    return 4 if plan.precision == "fp32" else 2

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from planner.kernels import recomputed_score_bytes, stored_score_bytes_per_token
 from planner.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
 from planner.plan import TIERS, Plan
-from planner.units import round_up_4kib
+from planner.units import COMPUTE_BYTES, round_up_4kib
 
 # bytes per parameter of each model state as eq. 2 writes them (2 + 2 + 16 = 20 for mixed precision,
 # where the optimizer's 16 are the fp32 master weights, momentum, variance and the fp32 gradient
@@ -42,8 +42,6 @@ BYTES_PER_PARAM: dict[str, dict[str, int]] = {
 STORED_GRADIENT_BYTES = 4
 """Bytes per element of a stored gradient shard in every precision: 16-bit gradients are added
 straight into an fp32 shard ([Note: runtime bytes per parameter]), which is what goes to NVMe."""
-COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-"""Bytes per element of parameters, activations and checkpoints in the plan's compute precision."""
 ACTIVATION_BYTES = 2  # eq. 3 and 5 count fp16 activations (the paper quantities; the bill uses COMPUTE_BYTES)
 LOGIT_GRAD_BYTES = 4  # the loss upcasts logits to fp32 and backpropagates through that copy
 NORMS_PER_LAYER = 2

@@ -14,6 +14,10 @@ TB = 10**12
 
 TFLOP = 10**12
 
+COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+"""Bytes per element of parameters, activations and checkpoints in the plan's compute precision
+(the memory bill's and the kernels' one table)."""
+
 PAGE_BYTES = 4 * KIB
 """Direct I/O's alignment: O_DIRECT needs file offsets, sizes and memory addresses aligned to the
 logical block size, and 4 KiB covers every current NVMe/ext4/xfs setup (512-byte devices accept it
