@@ -232,5 +232,3 @@ def recomputed_score_bytes(plan: Plan) -> float:
         return 0.0
     m = plan.model
     return plan.micro_batch_per_gpu * m.seq_len * 2 * m.num_heads * m.seq_len
-
-

@@ -170,7 +170,6 @@ class ShardedModel:
     def close(self) -> None:
         """Finish outstanding NVMe transfers and remove the swap directory (also done at exit), and
         let the model go ([Note: closing lets the model go])."""
-        self._release_model()
         try:
             with contextlib.suppress(Exception):  # the optimizer's error is raised by the optimizer, not here
                 self.listener.drain()  # an overlapped optimizer step may still be writing the stores
@@ -181,6 +180,7 @@ class ShardedModel:
         finally:  # after an I/O error too: the swap files must not outlive the run
             if self.swap is not None:
                 self.swap.close()
+            self._release_model()  # last: the transfers above are done with the model's shards
 
     def _release_model(self) -> None:
         """[Note: closing lets the model go] Each parameter's post-accumulate-grad hook holds this

@@ -35,7 +35,7 @@ def test_a_closed_model_and_its_state_are_freed(placement: str, tmp_path) -> Non
     assert state() is None, "the sharded model's state outlived its model after close()"
 
 
-def test_without_close_the_state_is_kept_for_the_model(tmp_path) -> None:  # noqa: ANN001
+def test_without_close_the_state_is_kept_for_the_model() -> None:
     """The control: an open model's state lives as long as the model (its hooks need it)."""
     model, optimizer = _trained(plan_doc())
     state = weakref.ref(runtime.state_of(model))
