@@ -86,6 +86,8 @@ def main() -> int:
             pins, steps = CHAINS[name]
             doc["chains"][name] = chain(name, pins, hardware, args.work, args.nvme_path, args.steps or steps,
                                         args.model.split())
+            if args.out:  # the chains so far survive a stage killed at its time limit
+                args.out.write_text(json.dumps(doc | {"ok": False, "partial": True}, indent=2))
         doc["ok"] = all("error" not in c for c in doc["chains"].values())
     return emit(doc, args.out)
 

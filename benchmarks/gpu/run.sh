@@ -134,7 +134,8 @@ EOF
 
 stage_pytest() {
   local timeout=()
-  "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 300)  # one hung test does not eat the call
+  # One hung test does not eat the call (GPUKIT_TEST_TIMEOUT_S seconds a test, default 300).
+  "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout "${GPUKIT_TEST_TIMEOUT_S:-300}")
   rm -f "$WORK/pytest.xml"
   "$PY" -m pytest -m gpu -q -p no:cacheprovider "${timeout[@]}" --junitxml="$WORK/pytest.xml" tests
   local rc=$?
@@ -157,7 +158,10 @@ stage_nvme() {
     --ds-threads "${GPUKIT_DS_THREADS:-1,8}" --sweep-steps 2 --json-out "$WORK/nvme.json" >/dev/null
 }
 
-stage_planner() { "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --out "$WORK/planner.json" >/dev/null; }
+stage_planner() {  # GPUKIT_PLANNER_CHAINS: a comma list of planner_chain.CHAINS (default all)
+  "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --out "$WORK/planner.json" \
+    ${GPUKIT_PLANNER_CHAINS:+--chains "$GPUKIT_PLANNER_CHAINS"} >/dev/null
+}
 
 stage_report() { "$PY" "$KIT/report.py" merge "$WORK" "$OUT_DIR/gpu-results.json" && "$PY" "$KIT/report.py" md "$OUT_DIR/gpu-results.json"; }
 
