@@ -375,11 +375,15 @@ def test_backward_gpu_work_continues_while_the_worker_updates(tmp_path: Path) ->
             seen.append((marks["began"].query(), marks["ended"].query()))
 
     opt.engine.update_unit = observed
-    for tokens in batches(2):
+    # The first step loads the step's kernels, which may synchronise the context (and block the
+    # worker's CUDA calls) while the long kernel runs: [Note: warm kernels before an overlap is
+    # timed] in test_runtime_gpu_cuda_path.py. An H200 saw [(True, True), (True, True)] there.
+    for step, tokens in enumerate(batches(3)):
         marks.clear()
         seen.clear()
         _step(model, opt, tokens.cuda())
-        assert (True, False) in seen, seen
+        if step > 0:
+            assert (True, False) in seen, seen
     opt.close()
     st.close()
 

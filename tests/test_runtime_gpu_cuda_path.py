@@ -140,6 +140,14 @@ SLOW_COPY_CYCLES = 200_000_000
 """`torch.cuda._sleep` cycles put ahead of a copy on the copy stream: ~0.1 s at H100 clocks, far
 longer than the compute queued after it, so an ordering measured with events is unambiguous."""
 
+# [Note: warm kernels before an overlap is timed]
+# CUDA loads a kernel's module on its first launch (lazy loading, the default since CUDA 12.2), and
+# that load may synchronise the whole context (CUDA C++ Programming Guide, "Lazy Loading":
+# concurrent execution is not guaranteed): a kernel first launched while a long kernel runs on
+# another stream then starts only after it, whatever the streams say. On an H200 (2026-11-26) the
+# first `x @ x` queued behind a 100 ms sleep on the copy stream ended 0.07 ms after it. So each test
+# that times an overlap launches its kernels once before the timed part.
+
 
 def _biggest_unit(model: torch.nn.Module):  # noqa: ANN202
     import runtime
@@ -166,6 +174,11 @@ def test_prefetch_leaves_the_compute_stream_free(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(group_module, "all_gather_flat", lambda comm, shard, link_bytes: Gathered(shard, None))
     compute, side = torch.cuda.current_stream(), unit.param_store.copier.stream
     x = torch.randn(1024, 1024, device="cuda")
+    # Every kernel of the path loaded before the timed part ([Note: warm kernels before an overlap is timed]).
+    x @ x
+    unit.start_gather(prefetch=True)
+    unit.unshard()
+    unit.reshard()
     torch.cuda.synchronize()
     events = {name: torch.cuda.Event(enable_timing=True) for name in ("issued", "compute_done", "copy_done")}
     with torch.cuda.stream(side):
