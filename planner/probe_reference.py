@@ -20,8 +20,10 @@ with parameters and optimizer states on NVMe (the swap engine), and a tiled one 
 times the operators for the same flops and bytes, which is what tells the per-operator cost from
 the rates; without it the fit charges tiling nothing and predicts tiled plans too fast). Their shapes are not those
 of benchmarks/sweep.py, which checks the result on configurations the probe never ran. On a CUDA
-machine bare-kernel rates are what the kernels reach, and these small models would measure launch
-overhead rather than the GPU, so the probe does not run them unless asked (`--calibrate`).
+machine these small models would measure launch overhead rather than the GPU, so the probe does not
+run them unless asked (`--calibrate`); its compute model there is the published-run fit of the GPU's
+generation (planner/fitted_gpus.py [Note: a probed GPU takes its generation's fit]): bare-kernel
+rates predicted an H200's training step 2x fast.
 
 [Note: reference runs in the probed precision]
 The runs train in the precision whose matmul rate the probe measured as the spec's compute rate (on

@@ -25,9 +25,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from planner.fitted_gpus import fitted_compute
 from planner.units import GB, GIB, MIB, TFLOP
 from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, SwapStore
 from runtime.process_exit import leave
@@ -417,6 +419,8 @@ def probe_node(
                                                  host_memory=host_memory, log=log)
     found.measured(gpu_peak_tflops=compute.flops_per_s / TFLOP)
     found.notes.append(_compute_note(compute))
+    if torch.cuda.is_available():
+        _take_generation_fit(found, torch.cuda.get_device_properties(0))
     spec = {
         "name": name or f"probed-{host}",
         "description": description,
@@ -491,6 +495,27 @@ def _probe_cuda_device(found: _Findings, *, host: str, cores: int, log: Log) -> 
     )
     _probe_nccl(found, num_gpus, log=log)
     return compute, description
+
+
+def _take_generation_fit(found: _Findings, properties: Any) -> None:
+    """The compute model of the preset fitted for this GPU's generation over the bare-kernel rates just
+    measured (planner/fitted_gpus.py [Note: a probed GPU takes its generation's fit]); the measured
+    links stay. A GPU of no fitted generation keeps the bare rates, and its notes say so."""
+    fitted = fitted_compute(properties.name, properties.total_memory / GIB)
+    if fitted is None:
+        found.notes.append(
+            f"Compute model: no published-run fit covers {properties.name}, so the spec holds bare-kernel rates "
+            "(the block matmul's best, a device copy), which predict a training step fast (2.0x on an H200).")
+        return
+    preset, fields = fitted
+    bare = {key: found.doc[key] for key in ("gpu_peak_tflops", "gpu_hbm_gb_per_s") if key in found.doc}
+    found.doc.update(fields)
+    found.sources.update(dict.fromkeys(fields, f"fitted: published_runs (preset {preset})"))
+    found.notes.append(
+        f"Compute model: preset {preset}'s, fitted on published runs of its generation (peak, matmul curve, "
+        f"fused attention rate, HBM fraction of the datasheet bandwidth); the bare kernels measured here, "
+        + ", ".join(f"{key} {value:.4g}" for key, value in bare.items())
+        + ", predict a training step fast (planner/fitted_gpus.py).")
 
 
 def _probe_nccl(found: _Findings, num_gpus: int, *, log: Log) -> None:

@@ -1,0 +1,90 @@
+"""A probed GPU takes its generation's published-run fit (planner/fitted_gpus.py), checked against the
+first run of the runtime on a GPU (an H200, kept in benchmarks/gpu/runs/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from planner.catalog import resolve_hardware
+from planner.fitted_gpus import FITTED_KEYS, fitted_compute
+from planner.hardware import NodeSpec
+from planner.plan import Plan
+from planner.sim.report import simulate
+from planner.units import GIB
+
+ROOT = Path(__file__).resolve().parents[1]
+H200_RUN = ROOT / "benchmarks" / "gpu" / "runs" / "2026-11-26-h200.json"
+
+
+@pytest.mark.parametrize(("name", "memory_gib", "preset"), [
+    ("NVIDIA H200", 139.8, "h200-x1"),
+    ("NVIDIA H100 80GB HBM3", 79.6, "dgx-h100"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "dgx-a100-40g"),
+    ("NVIDIA A100-SXM4-80GB", 79.2, "dgx-a100-80g"),
+    ("Tesla V100-SXM3-32GB", 31.7, "dgx2-v100"),
+])
+def test_a_gpu_takes_the_preset_of_its_generation_nearest_in_memory(name: str, memory_gib: float, preset: str) -> None:
+    found = fitted_compute(name, memory_gib)
+    assert found is not None
+    chosen, fields = found
+    assert chosen == preset
+    doc = resolve_hardware(preset).to_dict()
+    assert {k: v for k, v in fields.items() if k != "efficiency"} == {k: doc[k] for k in FITTED_KEYS if k in doc}
+    assert fields["efficiency"] == {"matmul": doc["efficiency"]["matmul"]}
+
+
+def test_a_gpu_of_no_fitted_generation_gets_none() -> None:
+    assert fitted_compute("NVIDIA L40S", 44.4) is None
+    assert fitted_compute("NVIDIA GeForce RTX 4090", 23.6) is None
+
+
+def _probed(name: str, memory_gib: float) -> tuple[dict, dict, list[str]]:
+    from runtime.probe import _Findings, _take_generation_fit
+
+    found = _Findings({"gpu_peak_tflops": 811.05, "gpu_hbm_gb_per_s": 3996.95, "host_to_gpu_gb_per_s": 55.1,
+                       "gpu_memory_gib": memory_gib},
+                      {"gpu_peak_tflops": "measured", "gpu_hbm_gb_per_s": "measured", "host_to_gpu_gb_per_s": "measured"},
+                      [])
+    _take_generation_fit(found, SimpleNamespace(name=name, total_memory=memory_gib * GIB))
+    return found.doc, found.sources, found.notes
+
+
+def test_the_probe_keeps_its_links_and_takes_the_fitted_compute_model() -> None:
+    doc, sources, notes = _probed("NVIDIA H200", 139.8)
+    assert doc["gpu_peak_tflops"] == 570.7 and doc["gpu_hbm_gb_per_s"] == 4800.0 and doc["flash_attention_tflops"] == 173.5
+    assert doc["host_to_gpu_gb_per_s"] == 55.1 and sources["host_to_gpu_gb_per_s"] == "measured"
+    assert sources["gpu_peak_tflops"] == "fitted: published_runs (preset h200-x1)"
+    assert "gpu_peak_tflops 811," in notes[-1] and "gpu_hbm_gb_per_s 3997" in notes[-1]
+
+
+def test_the_probe_keeps_bare_rates_where_no_fit_covers_the_gpu_and_says_so() -> None:
+    doc, sources, notes = _probed("NVIDIA L40S", 44.4)
+    assert doc["gpu_peak_tflops"] == 811.05 and sources["gpu_peak_tflops"] == "measured"
+    assert "no published-run fit covers NVIDIA L40S" in notes[-1]
+
+
+def _h200_chain(chain: str) -> tuple[dict, dict]:
+    run = json.loads(H200_RUN.read_text())["planner"]["chains"][chain]
+    return run["profile"]["plan"], run["profile"]["measured"]
+
+
+def test_the_h200_run_is_predicted_within_10_percent_with_the_fit_and_2x_fast_without() -> None:
+    """The all-on-GPU chain of the H200 run (1.2 B GPT, seq 1024, batch 4, bf16; 0.121 s a step
+    measured): its probed spec as it was (bare kernels) predicted 0.060 s; with the generation's fit
+    in the probed spec (links as probed), and the fused attention the runtime ran, within 10 %."""
+    plan_doc, measured = _h200_chain("searched")
+    bare = Plan.from_dict(plan_doc)
+    assert simulate(bare.replace(prediction=None)).prediction.iteration_time_s < 0.55 * measured["iteration_time_s"]
+    from runtime.probe import _Findings, _take_generation_fit
+
+    hardware = dict(plan_doc["hardware"])
+    found = _Findings(hardware, dict(hardware["sources"]), [])
+    _take_generation_fit(found, SimpleNamespace(name="NVIDIA H200", total_memory=hardware["gpu_memory_gib"] * GIB))
+    node = NodeSpec.from_dict(found.doc, "the H200 run's probed spec")
+    assert node.flash_attention_flops_per_s > 0  # so a fit plans the fused attention the runtime runs
+    predicted = simulate(bare.replace(node=node, attention="flash", prediction=None)).prediction.iteration_time_s
+    assert predicted == pytest.approx(measured["iteration_time_s"], rel=0.10)
