@@ -206,3 +206,28 @@ def test_the_kernel_probe_counts_bytes_as_the_planner_bills_a_blocks_memory_boun
     fwd.pop("softmax"), bwd.pop("softmax")  # eager attention's, not a kernel of the block a fused kernel runs
     assert set(fwd) == set(bwd) == {"norms", "residual", "activation"}
     assert rate == pytest.approx((sum(fwd.values()) + sum(bwd.values())) / 0.25)
+
+
+@pytest.mark.parametrize(("cache_mib", "working_set_mib", "adam_mi_params"), [(0, 256, 16), (32, 256, 16), (320, 1280, 80)])
+def test_host_measurements_stream_beyond_the_largest_cache(monkeypatch, cache_mib, working_set_mib, adam_mi_params):
+    # [Note: host measurements beyond the cache]: a server CPU's 320 MB cache held most of a 256 MiB
+    # Adam working set; the probe now streams 4x the largest cache, and no less than before.
+    from runtime import probe
+
+    monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: cache_mib << 20)
+    assert probe.host_working_set_bytes() == working_set_mib << 20
+    assert probe.cpu_adam_probe_params() == adam_mi_params << 20
+
+
+def test_the_largest_cache_is_read_from_sysfs():
+    from pathlib import Path
+
+    from runtime import probe
+
+    reported = [p.read_text().strip() for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")]
+    if not reported:
+        assert probe.last_level_cache_bytes() == 0
+        return
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    expected = max(int(r.rstrip("KMG")) * units.get(r[-1], 1) for r in reported)
+    assert probe.last_level_cache_bytes() == expected > 0
