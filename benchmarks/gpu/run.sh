@@ -12,6 +12,9 @@
 #   run(command="bash benchmarks/gpu/run.sh device offload", carry=[".whl"])
 #   run(command="bash benchmarks/gpu/run.sh nvme", carry=[".whl"])
 #   run(command="bash benchmarks/gpu/run.sh planner report", carry=[".whl"])
+# With 15 minutes of device time (2026-11), two calls, the second at once (a machine is given back 30 s
+# after a call; a fresh one reinstalls and rebuilds): `install pytest parity device planner offload`
+# with GPUKIT_PLANNER_CHAINS=searched,zero-inf-cpu (about 330 s on an H200), then `nvme`.
 # A call ends inside CALL_BUDGET_S (590 s): each stage runs under what is left of it (at most
 # STAGE_TIMEOUT_S, 570 s), and the stages that no longer fit are skipped and named. Results: each stage
 # writes WORK/STAGE.json (WORK: /tmp/gpukit, kept while the machine stays warm); after the stages,
