@@ -20,7 +20,7 @@ note that says they predict fast.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from planner.catalog import hardware_presets
 from planner.units import GIB
@@ -32,9 +32,18 @@ FITTED_KEYS: tuple[str, ...] = ("gpu_peak_tflops", "gpu_nominal_tflops", "gpu_hb
 bandwidth its fraction multiplies; the matmul curve (`efficiency.matmul`) goes with them."""
 
 
-def fitted_compute(gpu_name: str, gpu_memory_gib: float) -> tuple[str, dict[str, Any]] | None:
-    """(preset name, its compute-model document fields) for a GPU called `gpu_name` (as CUDA names it,
-    e.g. "NVIDIA H200") with `gpu_memory_gib`; None for a GPU of no fitted generation."""
+class FittedCompute(NamedTuple):
+    preset: str
+    fields: dict[str, Any]
+    """The preset's compute-model document fields (`FITTED_KEYS` it has, and `efficiency.matmul`)."""
+    sources: dict[str, str]
+    """Their provenance as the preset records it: the fitted ones name their corpus rows, the
+    datasheet numbers the fit multiplies (nominal peak, HBM bandwidth) are `nominal`."""
+
+
+def fitted_compute(gpu_name: str, gpu_memory_gib: float) -> FittedCompute | None:
+    """The compute model of the preset fitted for a GPU called `gpu_name` (as CUDA names it, e.g.
+    "NVIDIA H200") with `gpu_memory_gib`; None for a GPU of no fitted generation."""
     upper = gpu_name.upper()
     presets = hardware_presets()
     for families, names in GENERATIONS.values():
@@ -48,5 +57,6 @@ def fitted_compute(gpu_name: str, gpu_memory_gib: float) -> tuple[str, dict[str,
         fields = {key: doc[key] for key in FITTED_KEYS if key in doc}
         if "matmul" in doc.get("efficiency", {}):
             fields["efficiency"] = {"matmul": doc["efficiency"]["matmul"]}
-        return spec.name, fields
+        recorded = doc.get("sources", {})
+        return FittedCompute(spec.name, fields, {key: recorded.get(key, "nominal") for key in fields})
     return None

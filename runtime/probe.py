@@ -129,10 +129,14 @@ predicts, and 0.483 s at the copy bandwidth. Server CPUs carry 100-300 MB of las
 the probe sizes both measurements from it; on a machine with a 32 MB cache they stay as they were."""
 
 
-def last_level_cache_bytes() -> int:
-    """The largest CPU cache the kernel reports for CPU 0 (sysfs), 0 where it reports none."""
+SYSFS_CPU0_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def last_level_cache_bytes(caches: Path = SYSFS_CPU0_CACHES) -> int:
+    """The largest CPU cache the kernel reports for CPU 0 (`index*/size`, e.g. "32768K"), 0 where it
+    reports none."""
     sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+    for path in caches.glob("index*/size"):
         text = path.read_text().strip().upper()
         scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
         digits = text.rstrip("KMG")
@@ -141,9 +145,9 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=0)
 
 
-def host_working_set_bytes() -> int:
+def host_working_set_bytes(cache_bytes: int | None = None) -> int:
     """What the host measurements stream through: 256 MiB, or `CACHE_MULTIPLE` x the largest cache."""
-    return max(256 * MIB, CACHE_MULTIPLE * last_level_cache_bytes())
+    return max(256 * MIB, CACHE_MULTIPLE * (last_level_cache_bytes() if cache_bytes is None else cache_bytes))
 
 
 def measure_host_memory_bytes_per_s(nbytes: int | None = None, repeats: int = 5) -> float:
@@ -158,9 +162,10 @@ ADAM_STATE_BYTES_PER_PARAM = 16
 """fp32 parameter, gradient and two moments: what fused AdamW streams through per parameter."""
 
 
-def cpu_adam_probe_params() -> int:
-    """Parameters the CPU Adam measurement updates: 16 Mi, or enough to fill the host working set."""
-    return max(1 << 24, host_working_set_bytes() // ADAM_STATE_BYTES_PER_PARAM)
+def cpu_adam_probe_params(working_set_bytes: int | None = None) -> int:
+    """Parameters the CPU Adam measurement updates: enough to fill the host working set (16 Mi at
+    its 256 MiB floor)."""
+    return (working_set_bytes or host_working_set_bytes()) // ADAM_STATE_BYTES_PER_PARAM
 
 
 def measure_cpu_adam_params_per_s(num_params: int | None = None, repeats: int = 5) -> float:
@@ -436,6 +441,11 @@ class _Findings:
         self.doc.update(fields)
         self.sources.update(dict.fromkeys(fields, "measured"))
 
+    def document(self, name: str, description: str) -> dict:
+        """The hardware document of what was found (`NodeSpec.from_dict` accepts it)."""
+        return {"name": name, "description": description, **self.doc, "sources": self.sources,
+                "notes": " ".join(self.notes)}
+
 
 def probe_node(
     *,
@@ -451,23 +461,17 @@ def probe_node(
     cores = os.cpu_count() or 1
     memory = _memory_bytes()
     found, host_memory = _probe_host(nvme_path, nvme_test_bytes, engine_config, memory=memory, log=log)
-    if torch.cuda.is_available():
+    on_cuda = torch.cuda.is_available()
+    if on_cuda:
         compute, description = _probe_cuda_device(found, host=host, cores=cores, log=log)
     else:
         compute, description = _probe_cpu_device(found, host=host, cores=cores, memory=memory,
                                                  host_memory=host_memory, log=log)
     found.measured(gpu_peak_tflops=compute.flops_per_s / TFLOP)
     found.notes.append(_compute_note(compute))
-    if torch.cuda.is_available():
+    if on_cuda:  # over the bare peak just recorded (its note keeps it)
         _take_generation_fit(found, torch.cuda.get_device_properties(0))
-    spec = {
-        "name": name or f"probed-{host}",
-        "description": description,
-        **found.doc,
-        "sources": found.sources,
-        "notes": " ".join(found.notes),
-    }
-    return spec, PRECISION_OF_DTYPE[compute.dtype]
+    return found.document(name or f"probed-{host}", description), PRECISION_OF_DTYPE[compute.dtype]
 
 
 def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_config: EngineConfig | None, *,
@@ -484,15 +488,18 @@ def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_
         f"read took {nvme.mixed_s:.3f} s: reads and writes {nvme.read_write}."
         + ("" if nvme.direct else " The filesystem refused O_DIRECT: these are page-cache numbers, not the drive's.")
     )
+    cache = last_level_cache_bytes()
+    working_set = host_working_set_bytes(cache)
+    adam_params = cpu_adam_probe_params(working_set)
     log("host memory bandwidth")
-    host_memory = measure_host_memory_bytes_per_s()
+    host_memory = measure_host_memory_bytes_per_s(working_set)
     log("CPU AdamW (torch fused)")
-    adam = measure_cpu_adam_params_per_s()
+    adam = measure_cpu_adam_params_per_s(adam_params)
     notes.append(
-        f"Host memory: {host_working_set_bytes() / MIB:g} MiB tensor copy, bytes read + written. CPU AdamW: "
-        f"torch {torch.__version__} AdamW(fused=True), {cpu_adam_probe_params() / (1 << 20):g} Mi fp32 params, "
+        f"Host memory: {working_set / MIB:g} MiB tensor copy, bytes read + written. CPU AdamW: "
+        f"torch {torch.__version__} AdamW(fused=True), {adam_params / (1 << 20):g} Mi fp32 params, "
         f"{torch.get_num_threads()} threads (working sets at least {CACHE_MULTIPLE}x the largest CPU cache, "
-        f"{last_level_cache_bytes() / MIB:g} MiB)."
+        f"{cache / MIB:g} MiB)."
     )
     doc: dict = {
         "cpu_memory_gib": memory / GIB,
@@ -548,12 +555,11 @@ def _take_generation_fit(found: _Findings, properties: Any) -> None:
             f"Compute model: no published-run fit covers {properties.name}, so the spec holds bare-kernel rates "
             "(the block matmul's best, a device copy), which predict a training step fast (2.0x on an H200).")
         return
-    preset, fields = fitted
     bare = {key: found.doc[key] for key in ("gpu_peak_tflops", "gpu_hbm_gb_per_s") if key in found.doc}
-    found.doc.update(fields)
-    found.sources.update(dict.fromkeys(fields, f"fitted: published_runs (preset {preset})"))
+    found.doc.update(fitted.fields)
+    found.sources.update(fitted.sources)
     found.notes.append(
-        f"Compute model: preset {preset}'s, fitted on published runs of its generation (peak, matmul curve, "
+        f"Compute model: preset {fitted.preset}'s, fitted on published runs of its generation (peak, matmul curve, "
         f"fused attention rate, HBM fraction of the datasheet bandwidth); the bare kernels measured here, "
         + ", ".join(f"{key} {value:.4g}" for key, value in bare.items())
         + ", predict a training step fast (planner/fitted_gpus.py).")

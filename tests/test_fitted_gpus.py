@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -30,11 +31,14 @@ H200_RUN = ROOT / "benchmarks" / "gpu" / "runs" / "2026-11-26-h200.json"
 def test_a_gpu_takes_the_preset_of_its_generation_nearest_in_memory(name: str, memory_gib: float, preset: str) -> None:
     found = fitted_compute(name, memory_gib)
     assert found is not None
-    chosen, fields = found
-    assert chosen == preset
+    assert found.preset == preset
     doc = resolve_hardware(preset).to_dict()
-    assert {k: v for k, v in fields.items() if k != "efficiency"} == {k: doc[k] for k in FITTED_KEYS if k in doc}
-    assert fields["efficiency"] == {"matmul": doc["efficiency"]["matmul"]}
+    assert {k: v for k, v in found.fields.items() if k != "efficiency"} == {k: doc[k] for k in FITTED_KEYS if k in doc}
+    assert found.fields["efficiency"] == {"matmul": doc["efficiency"]["matmul"]}
+    # The preset's own provenance: its corpus rows where fitted, `nominal` for the datasheet numbers.
+    assert found.sources["gpu_peak_tflops"] == doc["sources"]["gpu_peak_tflops"]
+    assert found.sources["gpu_peak_tflops"].startswith("fitted: published_runs (rows ")
+    assert found.sources["gpu_nominal_tflops"] == found.sources["gpu_hbm_gb_per_s"] == "nominal"
 
 
 def test_a_gpu_of_no_fitted_generation_gets_none() -> None:
@@ -42,27 +46,32 @@ def test_a_gpu_of_no_fitted_generation_gets_none() -> None:
     assert fitted_compute("NVIDIA GeForce RTX 4090", 23.6) is None
 
 
-def _probed(name: str, memory_gib: float) -> tuple[dict, dict, list[str]]:
+def _probed(name: str, memory_gib: float) -> tuple[Any, dict, dict, list[str]]:
     from runtime.probe import _Findings, _take_generation_fit
 
-    found = _Findings({"gpu_peak_tflops": 811.05, "gpu_hbm_gb_per_s": 3996.95, "host_to_gpu_gb_per_s": 55.1,
-                       "gpu_memory_gib": memory_gib},
-                      {"gpu_peak_tflops": "measured", "gpu_hbm_gb_per_s": "measured", "host_to_gpu_gb_per_s": "measured"},
-                      [])
+    measured = {"num_gpus_per_node": 1, "gpu_memory_gib": memory_gib, "gpu_peak_tflops": 811.05,
+                "gpu_hbm_gb_per_s": 3996.95, "host_to_gpu_gb_per_s": 55.1, "gpu_to_host_gb_per_s": 55.3,
+                "cpu_memory_gib": 125.9, "host_memory_gb_per_s": 70.1, "cpu_adam_gparams_per_s": 6.56}
+    found = _Findings(dict(measured), dict.fromkeys(measured, "measured"), [])
     _take_generation_fit(found, SimpleNamespace(name=name, total_memory=memory_gib * GIB))
-    return found.doc, found.sources, found.notes
+    return found, found.doc, found.sources, found.notes
 
 
 def test_the_probe_keeps_its_links_and_takes_the_fitted_compute_model() -> None:
-    doc, sources, notes = _probed("NVIDIA H200", 139.8)
+    found, doc, sources, notes = _probed("NVIDIA H200", 139.8)
     assert doc["gpu_peak_tflops"] == 570.7 and doc["gpu_hbm_gb_per_s"] == 4800.0 and doc["flash_attention_tflops"] == 173.5
     assert doc["host_to_gpu_gb_per_s"] == 55.1 and sources["host_to_gpu_gb_per_s"] == "measured"
-    assert sources["gpu_peak_tflops"] == "fitted: published_runs (preset h200-x1)"
+    assert sources["gpu_peak_tflops"] == resolve_hardware("h200-x1").to_dict()["sources"]["gpu_peak_tflops"]
+    assert sources["gpu_hbm_gb_per_s"] == "nominal"
+    assert "preset h200-x1's" in notes[-1]
     assert "gpu_peak_tflops 811," in notes[-1] and "gpu_hbm_gb_per_s 3997" in notes[-1]
+    # The document the probe writes is one a spec loads (every source a known provenance).
+    node = NodeSpec.from_dict(found.document("probed", "an H200"), "the probed document")
+    assert node.flash_attention_flops_per_s == pytest.approx(173.5e12)
 
 
 def test_the_probe_keeps_bare_rates_where_no_fit_covers_the_gpu_and_says_so() -> None:
-    doc, sources, notes = _probed("NVIDIA L40S", 44.4)
+    _, doc, sources, notes = _probed("NVIDIA L40S", 44.4)
     assert doc["gpu_peak_tflops"] == 811.05 and sources["gpu_peak_tflops"] == "measured"
     assert "no published-run fit covers NVIDIA L40S" in notes[-1]
 
@@ -81,10 +90,10 @@ def test_the_h200_run_is_predicted_within_10_percent_with_the_fit_and_2x_fast_wi
     assert simulate(bare.replace(prediction=None)).prediction.iteration_time_s < 0.55 * measured["iteration_time_s"]
     from runtime.probe import _Findings, _take_generation_fit
 
-    hardware = dict(plan_doc["hardware"])
-    found = _Findings(hardware, dict(hardware["sources"]), [])
+    hardware = {k: v for k, v in plan_doc["hardware"].items() if k not in ("name", "description", "sources", "notes")}
+    found = _Findings(hardware, dict(plan_doc["hardware"]["sources"]), [])
     _take_generation_fit(found, SimpleNamespace(name="NVIDIA H200", total_memory=hardware["gpu_memory_gib"] * GIB))
-    node = NodeSpec.from_dict(found.doc, "the H200 run's probed spec")
+    node = NodeSpec.from_dict(found.document("probed", "the H200 run's probed spec"), "the H200 run's probed spec")
     assert node.flash_attention_flops_per_s > 0  # so a fit plans the fused attention the runtime runs
     predicted = simulate(bare.replace(node=node, attention="flash", prediction=None)).prediction.iteration_time_s
     assert predicted == pytest.approx(measured["iteration_time_s"], rel=0.10)

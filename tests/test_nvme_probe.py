@@ -219,15 +219,14 @@ def test_host_measurements_stream_beyond_the_largest_cache(monkeypatch, cache_mi
     assert probe.cpu_adam_probe_params() == adam_mi_params << 20
 
 
-def test_the_largest_cache_is_read_from_sysfs():
-    from pathlib import Path
-
+def test_the_largest_cache_is_read_from_sysfs(tmp_path):
     from runtime import probe
 
-    reported = [p.read_text().strip() for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")]
-    if not reported:
-        assert probe.last_level_cache_bytes() == 0
-        return
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    expected = max(int(r.rstrip("KMG")) * units.get(r[-1], 1) for r in reported)
-    assert probe.last_level_cache_bytes() == expected > 0
+    for index, size in enumerate(("32K", "32K", "1024K", "32768K")):  # L1d, L1i, L2, L3 as sysfs writes them
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert probe.last_level_cache_bytes(tmp_path) == 32 << 20
+    (tmp_path / "index4").mkdir()
+    (tmp_path / "index4" / "size").write_text("2M\n")
+    assert probe.last_level_cache_bytes(tmp_path) == 32 << 20
+    assert probe.last_level_cache_bytes(tmp_path / "absent") == 0
