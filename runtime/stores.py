@@ -24,6 +24,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from runtime.ledger import MemoryLedger, nbytes
+from runtime.mixed_add import add_into
 from runtime.pinned_pool import HostTransfer, StagingPool
 
 
@@ -323,7 +324,7 @@ class DeviceStore(ShardStore):
 
     def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
-        shard[offset : offset + src.numel()].add_(src.reshape(-1))
+        add_into(shard[offset : offset + src.numel()], src.reshape(-1))
         return Pending(shard)
 
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
@@ -364,9 +365,9 @@ class HostStore(ShardStore):
     def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         target = self._shards[key][offset : offset + src.numel()]
         if self._in_host_memory(src):
-            target.add_(src.reshape(-1))
+            add_into(target, src.reshape(-1))
             return Pending(self._shards[key])
-        transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].add_(piece))
+        transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: add_into(target[at : at + piece.numel()], piece))
         return Pending(self._shards[key], transfer.event, after=transfer.finish)
 
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:

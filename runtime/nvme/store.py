@@ -63,6 +63,7 @@ from planner.memory import WRITE_STAGING_BUFFERS
 from planner.memory_terms import MemoryTerm
 from planner.units import round_up_4kib
 from runtime.ledger import MemoryLedger, nbytes
+from runtime.mixed_add import add_into
 from runtime.nvme import (
     AlignedBuffer,
     BufferRecycler,
@@ -282,7 +283,7 @@ class NvmeStore(ShardStore):
         _, stored, _ = self._extents[key]
         current = aligned_empty(src.numel(), stored, self.recycler)
         self.read_into(key, current, offset).wait()
-        current.add_(src.reshape(-1).to(current.device))
+        add_into(current, src.reshape(-1))
         return self.write(key, current, offset)
 
     @_locked

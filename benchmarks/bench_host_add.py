@@ -1,0 +1,114 @@
+"""A 16-bit gradient added into fp32 host shards: `add_into` vs torch's mixed-dtype `add_`.
+
+[Note: a mixed-precision add on the CPU] in runtime/mixed_add.py. Two measurements, each pair
+alternating in one process so that machine noise hits both alike:
+- the add alone, at the sizes a unit's gradient comes in, bf16 and fp16 into fp32;
+- the runtime's backward with gradient accumulation: the DESIGN.md MLP's blocks (benchmarks/bench_runtime.py)
+  at hidden 2048 and FFN 8192 (16 Mi weights a Linear), bf16, every state in host memory,
+  `--micro-batches` backwards per optimizer step, so all but the first add into the shards; the
+  same sharded model with the runtime's adds switched to torch's `add_` in between.
+Both with glibc's thresholds set as a rank sets them (runtime/host_malloc.py).
+
+    python benchmarks/bench_host_add.py [--reps 7] [--steps 4] [--micro-batches 4]
+
+Prints one JSON document (rates in G elements/s, times in seconds, medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+from bench_runtime import LR, TOKENS, build_model, plan_doc  # benchmarks/ is on sys.path
+
+import runtime
+import runtime.stores
+from runtime.host_malloc import keep_freed_memory_mapped
+from runtime.mixed_add import add_into
+
+SIZES = (1 << 20, 1 << 23, 1 << 25)
+HIDDEN_LARGE, FFN_LARGE, BLOCKS_LARGE, BATCH_LARGE = 2048, 8192, 2, 2
+
+
+def torch_add(target: torch.Tensor, src: torch.Tensor) -> None:
+    """The baseline: torch's own `add_` (its mixed-dtype loop on the CPU)."""
+    target.add_(src.to(target.device))
+
+
+def _timed(fn) -> float:  # noqa: ANN001
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_add(reps: int) -> list[dict]:
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for numel in SIZES:
+            target, src = torch.zeros(numel), torch.randn(numel).to(dtype)
+            times: dict[str, list[float]] = {"torch add_": [], "add_into": []}
+            for rep in range(reps + 1):  # the first of each is a warm-up
+                for name, fn in (("torch add_", torch_add), ("add_into", add_into)):
+                    elapsed = _timed(lambda fn=fn, target=target, src=src: fn(target, src))
+                    if rep:
+                        times[name].append(elapsed)
+            median = {k: statistics.median(v) for k, v in times.items()}
+            rows.append({"dtype": str(dtype).removeprefix("torch."), "numel": numel,
+                         **{f"{k} Gelem/s": round(numel / v / 1e9, 3) for k, v in median.items()},
+                         "speedup": round(median["torch add_"] / median["add_into"], 2)})
+    return rows
+
+
+def bench_accumulation(steps: int, micro_batches: int) -> dict:
+    plan = plan_doc("cpu")
+    plan["precision"] = "bf16"
+    plan["model"].update(num_layers=BLOCKS_LARGE, hidden_size=HIDDEN_LARGE, ffn_hidden_size=FFN_LARGE)
+    model = runtime.shard(build_model(HIDDEN_LARGE, FFN_LARGE, BLOCKS_LARGE), plan)
+    opt = runtime.AdamW(model, lr=LR, weight_decay=0.0)
+    torch.manual_seed(0)
+    x, y = (torch.randn(BATCH_LARGE, TOKENS, HIDDEN_LARGE, dtype=torch.bfloat16) for _ in range(2))
+
+    def step() -> float:
+        """Seconds of the backwards that accumulate (all but the first)."""
+        accumulating = 0.0
+        for micro in range(micro_batches):
+            loss = model(x, y)
+            elapsed = _timed(loss.backward)
+            accumulating += elapsed if micro else 0.0
+        opt.step()
+        opt.zero_grad()
+        return accumulating
+
+    times: dict[str, list[float]] = {"torch add_": [], "add_into": []}
+    for rep in range(steps + 1):
+        for name, fn in (("torch add_", torch_add), ("add_into", add_into)):
+            runtime.stores.add_into = fn
+            elapsed = step()
+            if rep:
+                times[name].append(elapsed)
+    runtime.stores.add_into = add_into
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return {"model": f"{BLOCKS_LARGE} x (LayerNorm, Linear({HIDDEN_LARGE}, {FFN_LARGE}), Linear({FFN_LARGE}, {HIDDEN_LARGE}))",
+            "batch": f"{BATCH_LARGE} x {TOKENS}", "micro_batches": micro_batches, "steps": steps,
+            **{f"{k} accumulating backward s": round(v / (micro_batches - 1), 4) for k, v in median.items()},
+            "speedup": round(median["torch add_"] / median["add_into"], 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--micro-batches", type=int, default=4)
+    args = parser.parse_args()
+    keep_freed_memory_mapped()
+    doc = {"machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+           "add": bench_add(args.reps), "accumulation": bench_accumulation(args.steps, args.micro_batches)}
+    print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
