@@ -24,7 +24,8 @@ def test_run_sh_check_passes_and_lists_the_stages() -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["missing"] == {} and doc["parse_errors"] == []
-    assert doc["stages"] == ["install", "build", "pytest", "parity", "device", "offload", "nvme", "planner", "report"]
+    assert doc["stages"] == ["install", "build", "pytest", "parity", "device", "offload", "nvme", "planner", "staged",
+                             "report"]
     # What the project imports that the GPU image lacks travels as a wheel; the rest is in the image.
     assert {"simpy", "platformdirs", "deepspeed", "streamlit"} <= set(doc["from_wheels"])
     assert {"torch", "transformers", "pytest", "typer", "rich", "yaml"} <= set(doc["from_image"])
@@ -103,6 +104,30 @@ def test_markdown_names_the_gpu_and_restates_the_ratios() -> None:
                                     "torch": "2.11.0+cu130", "cuda": "13.0"}, "device": timing})
     assert "NVIDIA H100 80GB HBM3" in text and "580.159.04" in text and "2.11.0+cu130" in text
     assert "| ours-device/plain step time (median of paired ratios) | 1.100 |" in text
+
+
+def test_the_staged_stage_times_every_piece_and_samples_the_runtime_threads(tmp_path: Path) -> None:
+    """staged_path.py on the CPU: the pool's data path emulated (`separate_memory_on_cpu`), a small
+    host-tier plan trained under the sampler; its numbers mean nothing here, its shape is the
+    contract the GPU run fills and report.py renders."""
+    plan, out = tmp_path / "plan.json", tmp_path / "staged.json"
+    fit = subprocess.run([sys.executable, "-m", "tierwise", "fit", "--layers", "2", "--hidden", "256", "--heads", "4",
+                          "--seq", "64", "--vocab", "512", "--batch-per-gpu", "2", "--gpus", "1", "--hardware",
+                          "cpu-dev-2core", "--strategy", "zero-inf-cpu", "--precision", "bf16", "--out", str(plan)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert fit.returncode == 0, fit.stderr
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/staged_path.py"), "--plan", str(plan),
+                          "--unit-numel", str(1 << 16), "--units", "3", "--steps", "3", "--sampled-steps", "2",
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    rates = {k: v for k, v in doc["micro"].items() if k.endswith("GB/s")}
+    assert len(rates) == 6 and all(v > 0 for v in rates.values())
+    sampled = doc["sampled"]
+    assert sampled["placement"]["params"] == "cpu" and len(sampled["phase_time_s"]) == 2
+    assert sampled["samples"] > 0 and "MainThread" in sampled["threads"]
+    text = report.markdown({"env": {"gpu": "NVIDIA H200"}, "staged": doc})
+    assert "| stage_to_device beside CPU Adam |" in text and "- MainThread: `" in text
 
 
 def test_ci_runs_the_check_after_the_test_command() -> None:

@@ -99,6 +99,7 @@ STAGES = {
     "offload": "step time: ours on the CPU tier vs DeepSpeed ZeRO-3 CPU offload vs FSDP2 CPUOffloadPolicy",
     "nvme": "step time: ours full-NVMe vs DeepSpeed ZeRO-3 NVMe offload (aio sweep) and the I/O roofline",
     "planner": "planner probe -> fit -> run -> compare on this GPU",
+    "staged": "the CPU tier's staged host copies timed piece by piece, and a sampled trace of the runtime's threads",
     "report": "markdown section for benchmarks/RESULTS.md from the stages' JSON",
 }
 """Stage -> what it does, in run order (`run.sh` with no stage runs them all)."""

@@ -111,6 +111,24 @@ def _planner(doc: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _staged(doc: dict) -> list[str]:
+    if not doc.get("ok"):
+        return [f"**Staged host copies**: did not run: `{str(doc.get('error', 'no result'))[-300:]}`", ""]
+    micro = doc["micro"]
+    lines = [f"**Staged host copies** (`benchmarks/gpu/staged_path.py`: {micro['units']} shards of "
+             f"{micro['unit_numel']:,} bf16 elements through the runtime's pool, {micro['torch_threads']} torch "
+             "threads; best of 3):", "", "| path | GB/s |", "|---|---|"]
+    lines += [f"| {k.removesuffix(' GB/s')} | {v} |" for k, v in micro.items() if k.endswith("GB/s")]
+    sampled = doc.get("sampled")
+    if sampled:
+        lines += ["", f"Sampled ({sampled['samples']} samples at 1 ms over {sampled['sampled_steps']} steps of "
+                  f"{sampled['placement']}; phases {sampled['phase_time_s']}): the top frames of each thread:", ""]
+        for thread, frames in sampled["threads"].items():
+            top = ", ".join(f"`{where}` {share:.0%}" for where, share in list(frames.items())[:8])
+            lines.append(f"- {thread}: {top}")
+    return [*lines, ""]
+
+
 def markdown(doc: dict) -> str:
     e = doc.get("env", {})
     gpu = e.get("gpu") or e.get("nvidia_smi", "unknown GPU")
@@ -139,6 +157,8 @@ def markdown(doc: dict) -> str:
         lines += _nvme(doc["nvme"])
     if "planner" in doc:
         lines += _planner(doc["planner"])
+    if "staged" in doc:
+        lines += _staged(doc["staged"])
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -13,8 +13,9 @@
 #   run(command="bash benchmarks/gpu/run.sh nvme", carry=[".whl"])
 #   run(command="bash benchmarks/gpu/run.sh planner report", carry=[".whl"])
 # With 15 minutes of device time (2026-11), two calls, the second at once (a machine is given back 30 s
-# after a call; a fresh one reinstalls and rebuilds): `install pytest parity device planner offload`
-# with GPUKIT_PLANNER_CHAINS=searched,zero-inf-cpu (about 330 s on an H200), then `nvme`.
+# after a call; a fresh one reinstalls and rebuilds): `install pytest parity device planner staged offload`
+# with GPUKIT_PLANNER_CHAINS=searched,zero-inf-cpu (about 330 s on an H200 without `staged`, which
+# trains the planner stage's CPU-tier plan 5 steps more), then `nvme`.
 # A call ends inside CALL_BUDGET_S (590 s): each stage runs under what is left of it (at most
 # STAGE_TIMEOUT_S, 570 s), and the stages that no longer fit are skipped and named. Results: each stage
 # writes WORK/STAGE.json (WORK: /tmp/gpukit, kept while the machine stays warm); after the stages,
@@ -164,6 +165,14 @@ stage_nvme() {
 stage_planner() {  # GPUKIT_PLANNER_CHAINS: a comma list of planner_chain.CHAINS (default all)
   "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --out "$WORK/planner.json" \
     ${GPUKIT_PLANNER_CHAINS:+--chains "$GPUKIT_PLANNER_CHAINS"} >/dev/null
+}
+
+stage_staged() {  # the planner stage's CPU-tier plan when it ran on this machine, else one fitted here
+  local hw=$WORK/planner/hw.json
+  [ -f "$hw" ] || hw=${GPUKIT_STAGED_HARDWARE:-h200-x1}
+  local plan=$WORK/planner/plan-zero-inf-cpu.json
+  [ -f "$plan" ] || plan=$WORK/staged-plan.json
+  "$PY" "$KIT/staged_path.py" --plan "$plan" --hardware "$hw" --out "$WORK/staged.json"
 }
 
 stage_report() { "$PY" "$KIT/report.py" merge "$WORK" "$OUT_DIR/gpu-results.json" && "$PY" "$KIT/report.py" md "$OUT_DIR/gpu-results.json"; }

@@ -1,0 +1,243 @@
+"""Where the CPU tier's forward and backward go on a GPU: the staged host copies, piece by piece, and
+a sampled trace of the runtime's threads training a plan.
+
+    python benchmarks/gpu/staged_path.py [--plan PLAN.json [--hardware SPEC]] [--steps 5] [--sampled-steps 2] [--out staged.json]
+
+A `--plan` that does not exist yet is fitted first: the planner chain's 1.2 B GPT (planner_chain.MODEL)
+with every state in host memory (`--strategy zero-inf-cpu`) on `--hardware` (a spec file or preset).
+
+[Note: why the staged path is timed alone] On the first GPU run (docs/notes/2026-11-26-first-gpu-run.md)
+a 1.2 B GPT with every state in host memory took 0.16 s forward and 0.40 s backward where the
+simulator predicted 0.05 and 0.07: its parameters cross the link at 15 GB/s against a probed
+50 GB/s, and nothing in that run said whether the host memcpy into the pinned staging pool, the DMA,
+the pool's waits, the gradients' landing in fp32 host shards, or the optimizer step running beside
+the forward sets the pace. So this stage measures each on its own with the runtime's classes
+(`micro`), then trains the plan while a sampler records, every millisecond, the innermost frame of
+the project's code on every thread (`sampled`: where each thread spends the step, without a
+profiler's per-call overhead changing it). Both go into the stage's JSON; the model and the
+runtime's fix come after.
+
+`micro` runs on a CPU too (`CopyEngine.separate_memory_on_cpu`: the "device" is host memory), so
+the kit's CPU check exercises this script; its numbers there mean nothing for a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+from kit import emit
+
+ROOT = Path(__file__).resolve().parents[2]
+OWN_CODE = (str(ROOT / "runtime"), str(ROOT / "planner"))
+SAMPLE_INTERVAL_S = 0.001
+TOP_FRAMES = 25
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rate(nbytes: float, seconds: float) -> float:
+    return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("inf")
+
+
+def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> dict:
+    """GB/s (bytes of the 16-bit tensors moved) of each piece of the staged path, best of `reps`, over
+    `units` shards of `unit_numel` bf16 elements, through the runtime's own pool and copy engine."""
+    from planner.memory import PinnedPoolShape, _aligned
+    from runtime.mixed_add import add_into
+    from runtime.pinned_pool import StagingPool
+    from runtime.stores import CopyEngine
+
+    pin_hook = None
+    if device.type == "cuda":
+        from runtime.nvme.pinning import TorchCudaPinHook
+
+        pin_hook = TorchCudaPinHook()
+    else:
+        CopyEngine.separate_memory_on_cpu = True
+    pool = StagingPool(PinnedPoolShape(buffer_bytes=_aligned(unit_numel * 4), num_buffers=5), pin_hook)
+    copier = CopyEngine(device, {}, pool)
+    shards = [torch.randn(unit_numel).to(torch.bfloat16) for _ in range(units)]  # pageable, as HostStore's
+    masters = [torch.zeros(unit_numel) for _ in range(units)]  # fp32 host gradient shards
+    grads = [s.to(device) for s in shards]
+    nbytes = units * unit_numel * 2
+    buffer = pool.acquire()
+    staged = torch.frombuffer(buffer.view, dtype=torch.bfloat16, count=unit_numel)
+    on_device = torch.empty(unit_numel, dtype=torch.bfloat16, device=device)
+
+    def best(fn) -> float:  # noqa: ANN001
+        times = []
+        for _ in range(reps + 1):  # the first is a warm-up
+            _synchronize(device)
+            start = time.perf_counter()
+            fn()
+            _synchronize(device)
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    def memcpy() -> None:
+        for s in shards:
+            staged.copy_(s)
+
+    def dma() -> None:
+        for _ in shards:
+            on_device.copy_(staged, non_blocking=True)
+
+    def through_pool() -> None:
+        for s in shards:
+            copier.stage_to_device(s)
+
+    def landing(land) -> None:  # noqa: ANN001
+        transfers = [copier.to_host(g, lambda piece, at, m=m: land(m[at: at + piece.numel()], piece))
+                     for g, m in zip(grads, masters, strict=True)]
+        for t in transfers:
+            t.finish()
+
+    doc = {"unit_numel": unit_numel, "units": units, "torch_threads": torch.get_num_threads(),
+           "memcpy pageable -> pinned GB/s": _rate(nbytes, best(memcpy)),
+           "dma pinned -> device GB/s": _rate(nbytes, best(dma))}
+    pool.release(buffer)  # the pool's own paths below have all its buffers
+    doc |= {"stage_to_device (memcpy + dma through the pool) GB/s": _rate(nbytes, best(through_pool)),
+           "to_host, copy into fp32 GB/s": _rate(nbytes, best(lambda: landing(lambda m, p: m.copy_(p)))),
+           "to_host, add into fp32 GB/s": _rate(nbytes, best(lambda: landing(add_into)))}
+    # The same staging with CPU Adam streaming on another thread, as the runtime's optimizer worker
+    # does when the step overlaps the next forward.
+    stop = threading.Event()
+    param = torch.zeros(units * unit_numel, requires_grad=True)
+    param.grad = torch.zeros_like(param)
+    adam = torch.optim.AdamW([param], lr=1e-4, fused=True)
+
+    def optimizer_load() -> None:
+        while not stop.is_set():
+            adam.step()
+
+    worker = threading.Thread(target=optimizer_load, daemon=True)
+    worker.start()
+    try:
+        doc["stage_to_device beside CPU Adam GB/s"] = _rate(nbytes, best(through_pool))
+    finally:
+        stop.set()
+        worker.join()
+    pool.close()
+    CopyEngine.separate_memory_on_cpu = False
+    return doc
+
+
+class FrameSampler:
+    """Every SAMPLE_INTERVAL_S, the innermost frame of the project's code on each thread (or the
+    innermost frame at all where none is the project's): a count per (thread, file:function:line)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="frame-sampler", daemon=True)
+
+    def __enter__(self) -> FrameSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        names = {}
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            names.update({t.ident: t.name for t in threading.enumerate()})
+            self.samples += 1
+            for ident, frame in sys._current_frames().items():
+                if ident == self._thread.ident:
+                    continue
+                own = frame
+                while own is not None and not own.f_code.co_filename.startswith(OWN_CODE):
+                    own = own.f_back
+                at = own or frame
+                where = f"{Path(at.f_code.co_filename).name}:{at.f_code.co_name}:{at.f_lineno}"
+                self.counts[names.get(ident, str(ident))][where] += 1
+
+    def summary(self) -> dict:
+        """Per thread: the share of samples at each frame (top TOP_FRAMES)."""
+        return {thread: {where: round(n / self.samples, 4) for where, n in counter.most_common(TOP_FRAMES)}
+                for thread, counter in self.counts.items()} if self.samples else {}
+
+
+def sampled(plan_path: Path, steps: int, sampled_steps: int) -> dict:
+    """Train the plan `steps` steps (the reference GPT, synthetic tokens); sample the last `sampled_steps`."""
+    import runtime
+    from planner.plan import load_plan
+    from runtime.host_malloc import keep_freed_memory_mapped
+    from runtime.launch import batch_for, bind_device, build_model
+
+    keep_freed_memory_mapped()
+    device = bind_device()
+    plan = load_plan(plan_path)
+    built = build_model(plan, argparse.Namespace(seed=0, model=None, init_from=None))
+    model = runtime.shard(built.model, plan, param_init_fn=built.init_fn)
+    state = runtime.state_of(model)
+    optimizer = runtime.AdamW(model, lr=3e-4, weight_decay=0.1)
+    sampler = FrameSampler()
+    try:
+        for step in range(1, steps + 1):
+            if step == steps - sampled_steps + 1:
+                sampler.__enter__()
+            loss = built.loss_fn(model, batch_for(step, 0, plan, built.vocab_size, None, 0).to(device))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            loss.item()
+    finally:
+        if sampler._thread.is_alive():
+            sampler.__exit__()
+        optimizer.close()
+        state.close()
+    phases = [s.to_dict()["phase_time_s"] for s in list(state.profiler.samples)[-sampled_steps:]]
+    return {"plan": str(plan_path), "placement": json.loads(plan_path.read_text()).get("placement"), "steps": steps, "sampled_steps": sampled_steps,
+            "phase_time_s": phases, "samples": sampler.samples, "threads": sampler.summary()}
+
+
+def fit_plan(path: Path, hardware: str) -> None:
+    """The planner chain's model with every state in host memory, fitted on `hardware`, to `path`."""
+    from planner_chain import MODEL, planner
+
+    fit = planner("fit", *MODEL, "--gpus", "1", "--hardware", hardware, "--precision", "bf16",
+                  "--strategy", "zero-inf-cpu", "--out", str(path))
+    if fit.returncode or not path.exists():
+        raise RuntimeError(f"fit: {(fit.stderr or fit.stdout)[-1500:]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", type=Path, help="a plan with host-memory states (default: micro only)")
+    ap.add_argument("--hardware", default="h200-x1", help="spec file or preset a missing --plan is fitted on")
+    ap.add_argument("--unit-numel", type=int, default=2048 * 8192, help="elements per shard (default: a 2048 x 8192 Linear)")
+    ap.add_argument("--units", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--sampled-steps", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    doc: dict = {"device": str(device)}
+    try:
+        doc["micro"] = micro(args.unit_numel, args.units, device)
+        if args.plan is not None and not args.plan.exists():
+            fit_plan(args.plan, args.hardware)
+        if args.plan is not None:
+            doc["sampled"] = sampled(args.plan, args.steps, args.sampled_steps)
+        doc["ok"] = True
+    except Exception as exc:  # the stage reports what broke; the kit goes on with the next stage
+        doc |= {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
+    return emit(doc, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
