@@ -9,19 +9,22 @@ alternating in one process so that machine noise hits both alike:
   same sharded model with the runtime's adds switched to torch's `add_` in between.
 Both with glibc's thresholds set as a rank sets them (runtime/host_malloc.py).
 
-    python benchmarks/bench_host_add.py [--reps 7] [--steps 4] [--micro-batches 4]
+    python benchmarks/bench_host_add.py [--reps 7] [--steps 4] [--micro-batches 4] [--write-results]
 
-Prints one JSON document (rates in G elements/s, times in seconds, medians).
+Prints one JSON document (rates in G elements/s, times in seconds, medians); `--write-results` also
+replaces the `host_add` section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
 
+import results_md
 import torch
 from bench_runtime import LR, TOKENS, build_model, plan_doc  # benchmarks/ is on sys.path
 
@@ -103,11 +106,32 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     keep_freed_memory_mapped()
-    doc = {"machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    doc = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
+                      f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}", "measured": started,
            "add": bench_add(args.reps), "accumulation": bench_accumulation(args.steps, args.micro_batches)}
     print(json.dumps(doc, indent=1))
+    if args.write_results:
+        results_md.write_section("host_add", markdown(doc))
+
+
+def markdown(doc: dict) -> str:
+    acc = doc["accumulation"]
+    lines = ["## Gradients added into fp32 host shards (`benchmarks/bench_host_add.py`)", "",
+             f"`python benchmarks/bench_host_add.py --write-results` on {doc['machine']}, {doc['measured']}. "
+             "Ours (`runtime/mixed_add.py`, [Note: a mixed-precision add on the CPU]) against torch's own "
+             "`fp32.add_(16-bit)`, alternating in one process, glibc's thresholds as a rank sets them; medians.", "",
+             "| source | elements | torch add_ (G elements/s) | ours (G elements/s) | speed-up |", "|---|---|---|---|---|"]
+    lines += [f"| {r['dtype']} | {r['numel']:,} | {r['torch add_ Gelem/s']} | {r['add_into Gelem/s']} | {r['speedup']}x |"
+              for r in doc["add"]]
+    lines += ["", f"The runtime's backward with gradient accumulation ({acc['model']}, batch {acc['batch']}, bf16, every "
+              f"state in host memory, {acc['micro_batches']} micro-batches a step, {acc['steps']} steps): a backward "
+              f"that adds into the shards took {acc['torch add_ accumulating backward s']} s with torch's add and "
+              f"{acc['add_into accumulating backward s']} s with ours ({acc['speedup']}x)."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
