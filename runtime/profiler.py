@@ -63,6 +63,11 @@ class Profiler:
     """CUDA phases ended this step, resolved in `end_step` ([Note: phase times on CUDA])."""
     _links_at_start: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def open_phases(self) -> tuple[str, ...]:
+        """The phases begun and not ended yet, in the order they began (a sampler's label)."""
+        return tuple(self._phase_start_s)
+
     def keep_samples(self, num_samples: int) -> None:
         """Keep the last `num_samples` step samples from now on."""
         self.samples = deque(self.samples, maxlen=max(1, num_samples))

@@ -122,7 +122,8 @@ def _staged(doc: dict) -> list[str]:
     sampled = doc.get("sampled")
     if sampled:
         lines += ["", f"Sampled ({sampled['samples']} samples at 1 ms over {sampled['sampled_steps']} steps of "
-                  f"{sampled['placement']}; phases {sampled['phase_time_s']}): the top frames of each thread:", ""]
+                  f"{sampled['placement']}; phases {sampled['phase_time_s']}): each thread's top frames in each phase, "
+                  "as shares of all samples:", ""]
         for thread, frames in sampled["threads"].items():
             top = ", ".join(f"`{where}` {share:.0%}" for where, share in list(frames.items())[:8])
             lines.append(f"- {thread}: {top}")

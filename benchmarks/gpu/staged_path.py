@@ -134,9 +134,11 @@ def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> d
 
 class FrameSampler:
     """Every SAMPLE_INTERVAL_S, the innermost frame of the project's code on each thread (or the
-    innermost frame at all where none is the project's): a count per (thread, file:function:line)."""
+    innermost frame at all where none is the project's): a count per (thread and the runtime's open
+    phase, file:function:line). `phases` says which phases are open ("" between them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, phases=lambda: "") -> None:  # noqa: ANN001 - () -> str
+        self.phases = phases
         self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.samples = 0
         self._stop = threading.Event()
@@ -155,6 +157,7 @@ class FrameSampler:
         while not self._stop.wait(SAMPLE_INTERVAL_S):
             names.update({t.ident: t.name for t in threading.enumerate()})
             self.samples += 1
+            phase = self.phases() or "between phases"
             for ident, frame in sys._current_frames().items():
                 if ident == self._thread.ident:
                     continue
@@ -163,12 +166,14 @@ class FrameSampler:
                     own = own.f_back
                 at = own or frame
                 where = f"{Path(at.f_code.co_filename).name}:{at.f_code.co_name}:{at.f_lineno}"
-                self.counts[names.get(ident, str(ident))][where] += 1
+                self.counts[f"{names.get(ident, str(ident))} in {phase}"][where] += 1
 
     def summary(self) -> dict:
-        """Per thread: the share of samples at each frame (top TOP_FRAMES)."""
-        return {thread: {where: round(n / self.samples, 4) for where, n in counter.most_common(TOP_FRAMES)}
-                for thread, counter in self.counts.items()} if self.samples else {}
+        """Per thread and phase: the share of all samples at each frame (top TOP_FRAMES), the
+        busiest thread-phases first."""
+        ordered = sorted(self.counts.items(), key=lambda kv: -sum(kv[1].values()))
+        return {key: {where: round(n / self.samples, 4) for where, n in counter.most_common(TOP_FRAMES)}
+                for key, counter in ordered} if self.samples else {}
 
 
 def sampled(plan_path: Path, steps: int, sampled_steps: int) -> dict:
@@ -185,7 +190,7 @@ def sampled(plan_path: Path, steps: int, sampled_steps: int) -> dict:
     model = runtime.shard(built.model, plan, param_init_fn=built.init_fn)
     state = runtime.state_of(model)
     optimizer = runtime.AdamW(model, lr=3e-4, weight_decay=0.1)
-    sampler = FrameSampler()
+    sampler = FrameSampler(lambda: "+".join(state.profiler.open_phases))
     try:
         for step in range(1, steps + 1):
             if step == steps - sampled_steps + 1:
