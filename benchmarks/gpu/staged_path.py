@@ -52,6 +52,15 @@ def _rate(nbytes: float, seconds: float) -> float:
 def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> dict:
     """GB/s (bytes of the 16-bit tensors moved) of each piece of the staged path, best of `reps`, over
     `units` shards of `unit_numel` bf16 elements, through the runtime's own pool and copy engine."""
+    from runtime.stores import CopyEngine
+
+    try:
+        return _micro(unit_numel, units, device, reps)
+    finally:
+        CopyEngine.separate_memory_on_cpu = False
+
+
+def _micro(unit_numel: int, units: int, device: torch.device, reps: int) -> dict:
     from planner.memory import PinnedPoolShape, _aligned
     from runtime.mixed_add import add_into
     from runtime.pinned_pool import StagingPool
@@ -128,7 +137,6 @@ def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> d
         stop.set()
         worker.join()
     pool.close()
-    CopyEngine.separate_memory_on_cpu = False
     return doc
 
 
