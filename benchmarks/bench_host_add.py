@@ -1,12 +1,15 @@
-"""A 16-bit gradient added into fp32 host shards: `add_into` vs torch's mixed-dtype `add_`.
+"""Host-side passes over large gradients: `add_into` vs torch's mixed-dtype `add_`, and the loss
+scaler's overflow check by sum vs `isfinite(...).all()`.
 
-[Note: a mixed-precision add on the CPU] in runtime/mixed_add.py. Two measurements, each pair
-alternating in one process so that machine noise hits both alike:
+[Note: a mixed-precision add on the CPU] in runtime/mixed_add.py, [Note: an overflow check by sum]
+in runtime/loss_scaling.py. Three measurements, each pair alternating in one process so that
+machine noise hits both alike:
 - the add alone, at the sizes a unit's gradient comes in, bf16 and fp16 into fp32;
 - the runtime's backward with gradient accumulation: the DESIGN.md MLP's blocks (benchmarks/bench_runtime.py)
   at hidden 2048 and FFN 8192 (16 Mi weights a Linear), bf16, every state in host memory,
   `--micro-batches` backwards per optimizer step, so all but the first add into the shards; the
-  same sharded model with the runtime's adds switched to torch's `add_` in between.
+  same sharded model with the runtime's adds switched to torch's `add_` in between;
+- the fp16 overflow check over one fp32 gradient shard, at the same sizes.
 Both with glibc's thresholds set as a rank sets them (runtime/host_malloc.py).
 
     python benchmarks/bench_host_add.py [--reps 7] [--steps 4] [--micro-batches 4] [--write-results]
@@ -31,6 +34,7 @@ from bench_runtime import LR, TOKENS, build_model, plan_doc  # benchmarks/ is on
 import runtime
 import runtime.stores
 from runtime.host_malloc import keep_freed_memory_mapped
+from runtime.loss_scaling import not_finite
 from runtime.mixed_add import add_into
 
 SIZES = (1 << 20, 1 << 23, 1 << 25)
@@ -63,6 +67,27 @@ def bench_add(reps: int) -> list[dict]:
             rows.append({"dtype": str(dtype).removeprefix("torch."), "numel": numel,
                          **{f"{k} Gelem/s": round(numel / v / 1e9, 3) for k, v in median.items()},
                          "speedup": round(median["torch add_"] / median["add_into"], 2)})
+    return rows
+
+
+def isfinite_all(grad: torch.Tensor) -> torch.Tensor:
+    """The baseline check: a bool tensor the size of the gradient, then `all`."""
+    return torch.isfinite(grad).all().logical_not()
+
+
+def bench_overflow_check(reps: int) -> list[dict]:
+    rows = []
+    for numel in SIZES:
+        grad = torch.randn(numel)
+        times: dict[str, list[float]] = {"isfinite().all()": [], "sum": []}
+        for rep in range(reps + 1):
+            for name, fn in (("isfinite().all()", isfinite_all), ("sum", not_finite)):
+                elapsed = _timed(lambda fn=fn, grad=grad: bool(fn(grad)))
+                if rep:
+                    times[name].append(elapsed)
+        median = {k: statistics.median(v) for k, v in times.items()}
+        rows.append({"numel": numel, **{f"{k} Gelem/s": round(numel / v / 1e9, 3) for k, v in median.items()},
+                     "speedup": round(median["isfinite().all()"] / median["sum"], 2)})
     return rows
 
 
@@ -112,7 +137,8 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     doc = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
                       f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}", "measured": started,
-           "add": bench_add(args.reps), "accumulation": bench_accumulation(args.steps, args.micro_batches)}
+           "add": bench_add(args.reps), "accumulation": bench_accumulation(args.steps, args.micro_batches),
+           "overflow_check": bench_overflow_check(args.reps)}
     print(json.dumps(doc, indent=1))
     if args.write_results:
         results_md.write_section("host_add", markdown(doc))
@@ -120,7 +146,7 @@ def main() -> None:
 
 def markdown(doc: dict) -> str:
     acc = doc["accumulation"]
-    lines = ["## Gradients added into fp32 host shards (`benchmarks/bench_host_add.py`)", "",
+    lines = ["## Host-side passes over gradients (`benchmarks/bench_host_add.py`)", "",
              f"`python benchmarks/bench_host_add.py --write-results` on {doc['machine']}, {doc['measured']}. "
              "Ours (`runtime/mixed_add.py`, [Note: a mixed-precision add on the CPU]) against torch's own "
              "`fp32.add_(16-bit)`, alternating in one process, glibc's thresholds as a rank sets them; medians.", "",
@@ -130,7 +156,12 @@ def markdown(doc: dict) -> str:
     lines += ["", f"The runtime's backward with gradient accumulation ({acc['model']}, batch {acc['batch']}, bf16, every "
               f"state in host memory, {acc['micro_batches']} micro-batches a step, {acc['steps']} steps): a backward "
               f"that adds into the shards took {acc['torch add_ accumulating backward s']} s with torch's add and "
-              f"{acc['add_into accumulating backward s']} s with ours ({acc['speedup']}x)."]
+              f"{acc['add_into accumulating backward s']} s with ours ({acc['speedup']}x).", "",
+              "The fp16 loss scaler's overflow check over an fp32 gradient shard (`runtime/loss_scaling.py`, "
+              "[Note: an overflow check by sum]) against `torch.isfinite(grad).all()`:", "",
+              "| elements | isfinite().all() (G elements/s) | ours, by sum (G elements/s) | speed-up |", "|---|---|---|---|"]
+    lines += [f"| {r['numel']:,} | {r['isfinite().all() Gelem/s']} | {r['sum Gelem/s']} | {r['speedup']}x |"
+              for r in doc["overflow_check"]]
     return "\n".join(lines)
 
 

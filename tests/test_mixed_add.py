@@ -1,5 +1,7 @@
-"""`add_into`: a 16-bit gradient added into an fp32 host shard in chunks ([Note: a mixed-precision
-add on the CPU] in runtime/mixed_add.py), bitwise torch's `add_`, and the stores that use it."""
+"""Host-side passes over large gradients without a gradient-sized temporary: `add_into` (a 16-bit
+gradient added into an fp32 host shard in chunks, [Note: a mixed-precision add on the CPU] in
+runtime/mixed_add.py), bitwise torch's `add_`, the stores that use it, and the loss scaler's
+overflow check by sum."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 import runtime.mixed_add as mixed_add
 from planner.memory import PinnedPoolShape
 from runtime.ledger import MemoryLedger
+from runtime.loss_scaling import not_finite
 from runtime.mixed_add import CHUNK_ELEMENTS, add_into
 from runtime.pinned_pool import StagingPool
 from runtime.stores import CopyEngine, DeviceStore, HostStore
@@ -93,3 +96,19 @@ def test_a_host_store_lands_staged_pieces_with_the_chunked_add(monkeypatch: pyte
         expected.add_(grad)
     assert torch.equal(store.resident("u"), expected)
     assert pool.num_leases == 3 * 2  # three transfers of two pieces (4 Mi + 1 Mi elements) each
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_overflow_check_by_sum_flags_exactly_the_tensors_with_inf_or_nan(dtype: torch.dtype) -> None:
+    """[Note: an overflow check by sum] in runtime/loss_scaling.py: one inf, one -inf, both (their
+    sum is NaN), a NaN, anywhere in a large gradient; and no flag for finite values whose 16-bit sum
+    would overflow the 16-bit range (the sum is taken in fp32)."""
+    n = 3 * CHUNK_ELEMENTS
+    finite = torch.full((n,), 60000.0 if dtype == torch.float16 else 1e4).to(dtype)
+    assert not not_finite(finite)
+    for bad in ([float("inf")], [float("-inf")], [float("inf"), float("-inf")], [float("nan")]):
+        grad = finite.clone()
+        for k, value in enumerate(bad):
+            grad[(k + 1) * n // 3 - 1] = value
+        assert not_finite(grad), bad
+        assert bool(not_finite(grad)) == (not bool(torch.isfinite(grad).all()))
