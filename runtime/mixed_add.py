@@ -11,9 +11,9 @@ one of them in: measured on a 2-vCPU AMD EPYC VM (torch 2.13, 2 threads, thresho
 rank sets them), 0.77-0.78 G elements/s at 8 and 32 Mi elements, the same as the cast alone into a
 new tensor (0.93-0.98), against 3.8-7.4 at 1-4 Mi and 4.3-5.4 for an fp32 add at 8-32 Mi. A
 Linear of 2048 x 8192 has 16 Mi weights; a GPT's embedding tens of Mi. So a large add goes
-through a reused fp32 scratch of CHUNK_ELEMENTS: cast a chunk into it, add it, 4.0-5.3 G
-elements/s at 8-32 Mi elements (5.8-7.2x; a backward that accumulates into the shards of a 2 x hd
-2048 MLP 1.32x faster: benchmarks/bench_host_add.py, benchmarks/RESULTS.md). Smaller chunks pay
+through a reused fp32 scratch of CHUNK_ELEMENTS: cast a chunk into it, add it, 3.6-5.3 G
+elements/s at 8-32 Mi elements (4.9-7.2x over three runs; a backward that accumulates into the
+shards of a 2 x hd 2048 MLP 1.32-1.34x faster: benchmarks/bench_host_add.py, benchmarks/RESULTS.md). Smaller chunks pay
 torch's cost per call (2.0 G elements/s at 64 Ki), larger ones leave the cache. An add of at most
 CHUNK_ELEMENTS stays torch's own (its temporary is below the threshold: the chunked path is 0.9x
 there). Same result to the bit: casting bf16 or fp16 to fp32 is exact and the add is in fp32
