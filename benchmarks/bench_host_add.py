@@ -26,6 +26,8 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 
 import results_md
 import torch
@@ -42,32 +44,9 @@ HIDDEN_LARGE, FFN_LARGE, BLOCKS_LARGE, BATCH_LARGE = 2048, 8192, 2, 2
 
 
 def torch_add(target: torch.Tensor, src: torch.Tensor) -> None:
-    """The baseline: torch's own `add_` (its mixed-dtype loop on the CPU)."""
+    """The baseline: torch's own `add_` (on the CPU it casts the whole 16-bit operand into a new fp32
+    tensor first)."""
     target.add_(src.to(target.device))
-
-
-def _timed(fn) -> float:  # noqa: ANN001
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def bench_add(reps: int) -> list[dict]:
-    rows = []
-    for dtype in (torch.bfloat16, torch.float16):
-        for numel in SIZES:
-            target, src = torch.zeros(numel), torch.randn(numel).to(dtype)
-            times: dict[str, list[float]] = {"torch add_": [], "add_into": []}
-            for rep in range(reps + 1):  # the first of each is a warm-up
-                for name, fn in (("torch add_", torch_add), ("add_into", add_into)):
-                    elapsed = _timed(lambda fn=fn, target=target, src=src: fn(target, src))
-                    if rep:
-                        times[name].append(elapsed)
-            median = {k: statistics.median(v) for k, v in times.items()}
-            rows.append({"dtype": str(dtype).removeprefix("torch."), "numel": numel,
-                         **{f"{k} Gelem/s": round(numel / v / 1e9, 3) for k, v in median.items()},
-                         "speedup": round(median["torch add_"] / median["add_into"], 2)})
-    return rows
 
 
 def isfinite_all(grad: torch.Tensor) -> torch.Tensor:
@@ -75,19 +54,47 @@ def isfinite_all(grad: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(grad).all().logical_not()
 
 
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def alternating_medians(systems: dict[str, Callable[[], float]], reps: int) -> dict[str, float]:
+    """Median seconds of each system, its runs alternating with the others' (`reps` rounds after one
+    warm-up round); each callable returns the seconds of one run."""
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    for rep in range(reps + 1):
+        for name, run in systems.items():
+            elapsed = run()
+            if rep:
+                times[name].append(elapsed)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def _rate_row(numel: int, median: dict[str, float], baseline: str, ours: str) -> dict:
+    return {"numel": numel, **{f"{k} Gelem/s": round(numel / v / 1e9, 3) for k, v in median.items()},
+            "speedup": round(median[baseline] / median[ours], 2)}
+
+
+def bench_add(reps: int) -> list[dict]:
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for numel in SIZES:
+            target, src = torch.zeros(numel), torch.randn(numel).to(dtype)
+            median = alternating_medians({name: partial(_timed, partial(fn, target, src))
+                                          for name, fn in (("torch add_", torch_add), ("add_into", add_into))}, reps)
+            rows.append({"dtype": str(dtype).removeprefix("torch."), **_rate_row(numel, median, "torch add_", "add_into")})
+    return rows
+
+
 def bench_overflow_check(reps: int) -> list[dict]:
     rows = []
     for numel in SIZES:
         grad = torch.randn(numel)
-        times: dict[str, list[float]] = {"isfinite().all()": [], "sum": []}
-        for rep in range(reps + 1):
-            for name, fn in (("isfinite().all()", isfinite_all), ("sum", not_finite)):
-                elapsed = _timed(lambda fn=fn, grad=grad: bool(fn(grad)))
-                if rep:
-                    times[name].append(elapsed)
-        median = {k: statistics.median(v) for k, v in times.items()}
-        rows.append({"numel": numel, **{f"{k} Gelem/s": round(numel / v / 1e9, 3) for k, v in median.items()},
-                     "speedup": round(median["isfinite().all()"] / median["sum"], 2)})
+        median = alternating_medians({name: partial(_timed, partial(fn, grad))
+                                      for name, fn in (("isfinite().all()", isfinite_all), ("sum", not_finite))}, reps)
+        rows.append(_rate_row(numel, median, "isfinite().all()", "sum"))
     return rows
 
 
@@ -100,8 +107,10 @@ def bench_accumulation(steps: int, micro_batches: int) -> dict:
     torch.manual_seed(0)
     x, y = (torch.randn(BATCH_LARGE, TOKENS, HIDDEN_LARGE, dtype=torch.bfloat16) for _ in range(2))
 
-    def step() -> float:
-        """Seconds of the backwards that accumulate (all but the first)."""
+    def step(add: Callable[[torch.Tensor, torch.Tensor], None]) -> float:
+        """One optimizer step with the stores adding by `add`: seconds of the backwards that
+        accumulate (all but the first)."""
+        runtime.stores.add_into = add
         accumulating = 0.0
         for micro in range(micro_batches):
             loss = model(x, y)
@@ -111,15 +120,10 @@ def bench_accumulation(steps: int, micro_batches: int) -> dict:
         opt.zero_grad()
         return accumulating
 
-    times: dict[str, list[float]] = {"torch add_": [], "add_into": []}
-    for rep in range(steps + 1):
-        for name, fn in (("torch add_", torch_add), ("add_into", add_into)):
-            runtime.stores.add_into = fn
-            elapsed = step()
-            if rep:
-                times[name].append(elapsed)
-    runtime.stores.add_into = add_into
-    median = {k: statistics.median(v) for k, v in times.items()}
+    try:
+        median = alternating_medians({"torch add_": partial(step, torch_add), "add_into": partial(step, add_into)}, steps)
+    finally:
+        runtime.stores.add_into = add_into
     return {"model": f"{BLOCKS_LARGE} x (LayerNorm, Linear({HIDDEN_LARGE}, {FFN_LARGE}), Linear({FFN_LARGE}, {HIDDEN_LARGE}))",
             "batch": f"{BATCH_LARGE} x {TOKENS}", "micro_batches": micro_batches, "steps": steps,
             **{f"{k} accumulating backward s": round(v / (micro_batches - 1), 4) for k, v in median.items()},

@@ -34,16 +34,16 @@ def test_add_into_is_bitwise_torchs_add(dtype: torch.dtype, numel: int) -> None:
 def test_a_large_mixed_add_goes_through_one_chunk_sized_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Above a chunk every cast lands in one scratch of CHUNK_ELEMENTS (no temporary the size of the
     gradient); at most a chunk, or with equal dtypes, the add is torch's own."""
-    allocated: list[int] = []
+    allocated: list[tuple] = []
     real_empty = torch.empty
 
     def counting_empty(*size, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        allocated.append(int(torch.Size(size[0] if len(size) == 1 and not isinstance(size[0], int) else size).numel()))
+        allocated.append(size)
         return real_empty(*size, **kwargs)
 
     monkeypatch.setattr(mixed_add.torch, "empty", counting_empty)
     add_into(torch.zeros(3 * CHUNK_ELEMENTS + 7), torch.ones(3 * CHUNK_ELEMENTS + 7, dtype=torch.bfloat16))
-    assert allocated == [CHUNK_ELEMENTS]
+    assert allocated == [(CHUNK_ELEMENTS,)]
     allocated.clear()
     add_into(torch.zeros(CHUNK_ELEMENTS), torch.ones(CHUNK_ELEMENTS, dtype=torch.bfloat16))
     add_into(torch.zeros(4 * CHUNK_ELEMENTS), torch.ones(4 * CHUNK_ELEMENTS))

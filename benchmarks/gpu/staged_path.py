@@ -119,7 +119,7 @@ def _micro(unit_numel: int, units: int, device: torch.device, reps: int) -> dict
            "to_host, copy into fp32 GB/s": _rate(nbytes, best(lambda: landing(lambda m, p: m.copy_(p)))),
            "to_host, add into fp32 GB/s": _rate(nbytes, best(lambda: landing(add_into)))}
     # The same staging with CPU Adam streaming on another thread, as the runtime's optimizer worker
-    # does when the step overlaps the next forward.
+    # does beside the prefetch when it updates in backward (`optimizer_step: in_backward`).
     stop = threading.Event()
     param = torch.zeros(units * unit_numel, requires_grad=True)
     param.grad = torch.zeros_like(param)
@@ -152,13 +152,14 @@ class FrameSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="frame-sampler", daemon=True)
 
-    def __enter__(self) -> FrameSampler:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def stop(self) -> None:
+        """End the sampling (nothing to do if it never started)."""
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
 
     def _run(self) -> None:
         names = {}
@@ -202,15 +203,14 @@ def sampled(plan_path: Path, steps: int, sampled_steps: int) -> dict:
     try:
         for step in range(1, steps + 1):
             if step == steps - sampled_steps + 1:
-                sampler.__enter__()
+                sampler.start()
             loss = built.loss_fn(model, batch_for(step, 0, plan, built.vocab_size, None, 0).to(device))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
             loss.item()
     finally:
-        if sampler._thread.is_alive():
-            sampler.__exit__()
+        sampler.stop()
         optimizer.close()
         state.close()
     phases = [s.to_dict()["phase_time_s"] for s in list(state.profiler.samples)[-sampled_steps:]]
