@@ -1,4 +1,4 @@
-"""Reduce-scatter on gloo: native vs the two fallbacks of runtime/collectives.py, side by side.
+"""Reduce-scatter on gloo: native vs the two fallbacks of runtime/transfer/collectives.py, side by side.
 
     python benchmarks/bench_collectives.py [--mib 16] [--repeats 9]
 
@@ -26,7 +26,7 @@ METHODS = ("native", "pairwise", "allreduce")
 
 
 def worker(rank: int, world: int, port: int, numel: int, repeats: int, out: str) -> None:
-    from runtime.collectives import Comm, reduce_scatter_flat
+    from runtime.transfer.collectives import Comm, reduce_scatter_flat
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -1,8 +1,8 @@
 """Host-side passes over large gradients: `add_into` vs torch's mixed-dtype `add_`, and the loss
 scaler's overflow check by sum vs `isfinite(...).all()`.
 
-[Note: a mixed-precision add on the CPU] in runtime/mixed_add.py, [Note: an overflow check by sum]
-in runtime/loss_scaling.py. Three measurements, each pair alternating in one process so that
+[Note: a mixed-precision add on the CPU] in runtime/transfer/mixed_add.py, [Note: an overflow check by sum]
+in runtime/optim/loss_scaling.py. Three measurements, each pair alternating in one process so that
 machine noise hits both alike:
 - the add alone, at the sizes a unit's gradient comes in, bf16 and fp16 into fp32;
 - the runtime's backward with gradient accumulation: the DESIGN.md MLP's blocks (benchmarks/bench_runtime.py)
@@ -34,10 +34,10 @@ import torch
 from bench_runtime import LR, TOKENS, build_model, plan_doc  # benchmarks/ is on sys.path
 
 import runtime
-import runtime.stores
+import runtime.transfer.stores
 from runtime.host_malloc import keep_freed_memory_mapped
-from runtime.loss_scaling import not_finite
-from runtime.mixed_add import add_into
+from runtime.optim.loss_scaling import not_finite
+from runtime.transfer.mixed_add import add_into
 
 SIZES = (1 << 20, 1 << 23, 1 << 25)
 HIDDEN_LARGE, FFN_LARGE, BLOCKS_LARGE, BATCH_LARGE = 2048, 8192, 2, 2
@@ -110,7 +110,7 @@ def bench_accumulation(steps: int, micro_batches: int) -> dict:
     def step(add: Callable[[torch.Tensor, torch.Tensor], None]) -> float:
         """One optimizer step with the stores adding by `add`: seconds of the backwards that
         accumulate (all but the first)."""
-        runtime.stores.add_into = add
+        runtime.transfer.stores.add_into = add
         accumulating = 0.0
         for micro in range(micro_batches):
             loss = model(x, y)
@@ -123,7 +123,7 @@ def bench_accumulation(steps: int, micro_batches: int) -> dict:
     try:
         median = alternating_medians({"torch add_": partial(step, torch_add), "add_into": partial(step, add_into)}, steps)
     finally:
-        runtime.stores.add_into = add_into
+        runtime.transfer.stores.add_into = add_into
     return {"model": f"{BLOCKS_LARGE} x (LayerNorm, Linear({HIDDEN_LARGE}, {FFN_LARGE}), Linear({FFN_LARGE}, {HIDDEN_LARGE}))",
             "batch": f"{BATCH_LARGE} x {TOKENS}", "micro_batches": micro_batches, "steps": steps,
             **{f"{k} accumulating backward s": round(v / (micro_batches - 1), 4) for k, v in median.items()},
@@ -152,7 +152,7 @@ def markdown(doc: dict) -> str:
     acc = doc["accumulation"]
     lines = ["## Host-side passes over gradients (`benchmarks/bench_host_add.py`)", "",
              f"`python benchmarks/bench_host_add.py --write-results` on {doc['machine']}, {doc['measured']}. "
-             "Ours (`runtime/mixed_add.py`, [Note: a mixed-precision add on the CPU]) against torch's own "
+             "Ours (`runtime/transfer/mixed_add.py`, [Note: a mixed-precision add on the CPU]) against torch's own "
              "`fp32.add_(16-bit)`, alternating in one process, glibc's thresholds as a rank sets them; medians.", "",
              "| source | elements | torch add_ (G elements/s) | ours (G elements/s) | speed-up |", "|---|---|---|---|---|"]
     lines += [f"| {r['dtype']} | {r['numel']:,} | {r['torch add_ Gelem/s']} | {r['add_into Gelem/s']} | {r['speedup']}x |"
@@ -161,7 +161,7 @@ def markdown(doc: dict) -> str:
               f"state in host memory, {acc['micro_batches']} micro-batches a step, {acc['steps']} steps): a backward "
               f"that adds into the shards took {acc['torch add_ accumulating backward s']} s with torch's add and "
               f"{acc['add_into accumulating backward s']} s with ours ({acc['speedup']}x).", "",
-              "The fp16 loss scaler's overflow check over an fp32 gradient shard (`runtime/loss_scaling.py`, "
+              "The fp16 loss scaler's overflow check over an fp32 gradient shard (`runtime/optim/loss_scaling.py`, "
               "[Note: an overflow check by sum]) against `torch.isfinite(grad).all()`:", "",
               "| elements | isfinite().all() (G elements/s) | ours, by sum (G elements/s) | speed-up |", "|---|---|---|---|"]
     lines += [f"| {r['numel']:,} | {r['isfinite().all() Gelem/s']} | {r['sum Gelem/s']} | {r['speedup']}x |"

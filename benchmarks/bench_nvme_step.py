@@ -79,7 +79,7 @@ CONFIGS = {"io-bound": (1, 16), "design": (BATCH, TOKENS)}
 OPTIMIZER_CHUNK_BYTES, OPTIMIZER_BUFFERS = 72 * 1024**2, 6
 NVME_SYSTEMS = {"ours-nvme": "after_backward", "ours-nvme-ib": "in_backward"}
 """Our systems with everything on NVMe -> the plan's `optimizer_step` ([Note: the optimizer step in
-backward] in runtime/streamed_optimizer.py)."""
+backward] in runtime/optim/streamed_optimizer.py)."""
 NVME_PLACEMENT = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
 
 
@@ -485,7 +485,7 @@ def write_results(doc: dict) -> None:
              "(docs/nvme.md, [Note: NVMe step schedule]): `ours-nvme` steps the optimizer after backward (the "
              "paper's schedule), `ours-nvme-ib` updates each unit in backward as soon as its gradient is final "
              "(plan `optimizer_step: in_backward`, [Note: the optimizer step in backward] in "
-             "runtime/streamed_optimizer.py; exact for this loop: one backward per step, no clipping).", "",
+             "runtime/optim/streamed_optimizer.py; exact for this loop: one backward per step, no clipping).", "",
              "**Adjacent roofline** (the headline, [Note: the I/O roofline] in the script): every measured block "
              "of ours is paired with a probe of its own step's read/write mix through the same engine, run right "
              "before or right after it (alternating), and divided by it. **Whole-run roofline** (the earlier form): "

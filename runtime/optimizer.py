@@ -6,7 +6,7 @@ gradient store of the same tier (placement rules in `planner.plan.Placement`), o
 the update in backward, and the updated master is written back into the parameter store (cast to
 the compute precision) when it is a separate copy. `AdamW` is torch's optimizer interface over an
 engine (`ResidentAdamW`, `StreamedAdamW`) and a schedule (`AfterBackward`, `InBackward`): see
-[Note: schedules as types] in runtime/events.py. The update itself is torch's fused AdamW: on CPU
+[Note: schedules as types] in runtime/units/events.py. The update itself is torch's fused AdamW: on CPU
 it runs at ~1.7 G params/s on 2 threads (DESIGN.md reference measurements), faster than anything
 we would hand-write here.
 """
@@ -18,13 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.loss_scaling import DynamicLossScaler
 from runtime.nvme import BufferPool
-from runtime.optimizer_engine import AdamWEngine
-from runtime.resident_optimizer import ResidentAdamW
+from runtime.optim.loss_scaling import DynamicLossScaler
+from runtime.optim.optimizer_engine import AdamWEngine
+from runtime.optim.resident_optimizer import ResidentAdamW
+from runtime.optim.step_schedule import SCHEDULES, AfterBackward, OverlappedAfterBackward
+from runtime.optim.streamed_optimizer import StreamedAdamW
 from runtime.sharding import ShardedModel, state_of
-from runtime.step_schedule import SCHEDULES, AfterBackward, OverlappedAfterBackward
-from runtime.streamed_optimizer import StreamedAdamW
 
 __all__ = ["AdamW", "DynamicLossScaler"]
 

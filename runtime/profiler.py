@@ -119,7 +119,7 @@ class Profiler:
         """The host waited `seconds` for `phase`'s work inside the phases open now (the next forward
         waiting for an overlapped optimizer step's update, on the CPU): count them to `phase`, not to
         those, so that the phases still add up to the step and the step's own phase holds what it
-        cost ([Note: the step overlaps the next forward] in runtime/step_schedule.py). Waits outside
+        cost ([Note: the step overlaps the next forward] in runtime/optim/step_schedule.py). Waits outside
         a step (no phase open) belong to no sample."""
         if self._step_start_s is None or self.device.type == "cuda":
             return

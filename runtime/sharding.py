@@ -3,7 +3,7 @@
 Construction-time partitioning: a model built on the meta device (`with torch.device("meta")`) is
 materialised one unit at a time: the unit's parameters are allocated, initialised, cut into this
 rank's shard and dropped, so no more than one operator's full parameters exist at once
-(runtime/unit_builder.py).
+(runtime/units/unit_builder.py).
 
 [Note: when a unit is gathered]
 forward:  module pre-hook -> prefetch ahead, gather; module post-hook -> reshard, and hook the
@@ -65,21 +65,26 @@ from torch import nn
 
 from planner.memory_terms import MemoryTerm
 from planner.plan import Plan
-from runtime.collectives import Comm, Reduced, make_comm
-from runtime.events import UnitListener
-from runtime.group import ParamUnit, UnitState
 from runtime.ledger import MemoryLedger
-from runtime.loss_scaling import DynamicLossScaler, output_tensors
 from runtime.model_check import check_model
-from runtime.pinned_pool import staging_pool_for
+from runtime.optim.loss_scaling import DynamicLossScaler, output_tensors
 from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
-from runtime.prefetch import Phase, Prefetcher
 from runtime.profiler import Profiler
-from runtime.recompute import ACTIVATION_CHECKPOINT_STORES, RecomputeSegment, apply_recompute, find_blocks
-from runtime.stores import CopyEngine, ShardKey, ShardStore, UnitKey
-from runtime.tiers import make_store
-from runtime.tiling import apply_tiling
-from runtime.unit_builder import build_units, default_init_fn, nvme_space
+from runtime.transfer.collectives import Comm, Reduced, make_comm
+from runtime.transfer.pinned_pool import staging_pool_for
+from runtime.transfer.stores import CopyEngine, ShardKey, ShardStore, UnitKey
+from runtime.transfer.tiers import make_store
+from runtime.units.events import UnitListener
+from runtime.units.group import ParamUnit, UnitState
+from runtime.units.prefetch import Phase, Prefetcher
+from runtime.units.recompute import (
+    ACTIVATION_CHECKPOINT_STORES,
+    RecomputeSegment,
+    apply_recompute,
+    find_blocks,
+)
+from runtime.units.tiling import apply_tiling
+from runtime.units.unit_builder import build_units, default_init_fn, nvme_space
 
 MAX_REDUCES_IN_FLIGHT = 1
 """Reduce-scatters in flight while the next operator's backward runs (the memory model's
@@ -140,14 +145,14 @@ class ShardedModel:
         self._handles: list[Any] = []
         self.listener = UnitListener()
         """Told about the units' progress: the attached optimizer's schedule ([Note: schedules as
-        types] in runtime/events.py)."""
+        types] in runtime/units/events.py)."""
         self._forward_tail_reached = False
         self.transient_buffers: dict[int, ParamUnit] = {}
         """Storage address -> unit gathered into it, for transient gathered buffers."""
         self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
         self._kept: dict[int, int] = {}
         """Units this forward keeps gathered for the backward -> their distance into its first
-        window ([Note: the forward's tail is the backward's head] in runtime/prefetch.py)."""
+        window ([Note: the forward's tail is the backward's head] in runtime/units/prefetch.py)."""
 
     def attach(self, listener: UnitListener) -> None:
         """Make `listener` the one told about the units (an optimizer's schedule)."""
@@ -306,7 +311,7 @@ class ShardedModel:
         return hook
 
     def _keep_for_backward(self, index: int) -> bool:
-        """[Note: the forward's tail is the backward's head] in runtime/prefetch.py."""
+        """[Note: the forward's tail is the backward's head] in runtime/units/prefetch.py."""
         assert self.prefetcher is not None
         ahead = self.prefetcher.keep_distance(index) if torch.is_grad_enabled() else None
         if ahead is None or not self.units[index].keep(ahead=ahead):
@@ -365,7 +370,7 @@ class ShardedModel:
 
     def _gradient_final(self, unit: ParamUnit) -> None:
         """The unit's gradient for this backward is complete: the listener may update the unit now
-        ([Note: schedules as types] in runtime/events.py)."""
+        ([Note: schedules as types] in runtime/units/events.py)."""
         gradient = unit.grads.final()
         if gradient is not None:
             self.listener.gradient_final(unit, gradient)

@@ -100,9 +100,9 @@ def test_simulator_labels_name_one_term_per_tier():
 def test_runtime_ledger_terms_are_in_the_vocabulary():
     """The runtime's staging tables name bill terms; the ledger refuses any other name."""
     pytest.importorskip("torch")
-    from runtime.group import STAGE_TERMS
     from runtime.ledger import MemoryLedger
-    from runtime.nvme.store import STAGING_TERMS
+    from runtime.transfer.nvme_store import STAGING_TERMS
+    from runtime.units.group import STAGE_TERMS
 
     for tier, term in STAGE_TERMS.values():
         assert term in set(MemoryTerm) and tier in MemoryTerm(term).tiers, (tier, term)

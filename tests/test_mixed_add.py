@@ -1,6 +1,6 @@
 """Host-side passes over large gradients without a gradient-sized temporary: `add_into` (a 16-bit
 gradient added into an fp32 host shard in chunks, [Note: a mixed-precision add on the CPU] in
-runtime/mixed_add.py), bitwise torch's `add_`, the stores that use it, and the loss scaler's
+runtime/transfer/mixed_add.py), bitwise torch's `add_`, the stores that use it, and the loss scaler's
 overflow check by sum."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import runtime.mixed_add as mixed_add
+import runtime.transfer.mixed_add as mixed_add
 from planner.memory import PinnedPoolShape
 from runtime.ledger import MemoryLedger
-from runtime.loss_scaling import not_finite
-from runtime.mixed_add import CHUNK_ELEMENTS, add_into
-from runtime.pinned_pool import StagingPool
-from runtime.stores import CopyEngine, DeviceStore, HostStore
+from runtime.optim.loss_scaling import not_finite
+from runtime.transfer.mixed_add import CHUNK_ELEMENTS, add_into
+from runtime.transfer.pinned_pool import StagingPool
+from runtime.transfer.stores import CopyEngine, DeviceStore, HostStore
 
 SIZES = (1, CHUNK_ELEMENTS, CHUNK_ELEMENTS + 1, 2 * CHUNK_ELEMENTS + 12345)
 
@@ -62,7 +62,7 @@ def test_a_bf16_target_adds_as_torch_does() -> None:
 @pytest.mark.parametrize("store_cls", [HostStore, DeviceStore])
 def test_stores_accumulate_large_bf16_gradients_exactly(store_cls: type) -> None:
     """A gradient of more than a chunk, written then accumulated at an offset, as the gradient
-    sinks do for accumulation steps and tied weights (runtime/gradients.py)."""
+    sinks do for accumulation steps and tied weights (runtime/units/gradients.py)."""
     numel, offset = 3 * CHUNK_ELEMENTS, 1000
     store = store_cls(term="gradients", ledger=MemoryLedger(), copier=CopyEngine(torch.device("cpu"), {}))
     store.create("u", numel, torch.float32)
@@ -100,7 +100,7 @@ def test_a_host_store_lands_staged_pieces_with_the_chunked_add(monkeypatch: pyte
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_the_overflow_check_by_sum_flags_exactly_the_tensors_with_inf_or_nan(dtype: torch.dtype) -> None:
-    """[Note: an overflow check by sum] in runtime/loss_scaling.py: one inf, one -inf, both (their
+    """[Note: an overflow check by sum] in runtime/optim/loss_scaling.py: one inf, one -inf, both (their
     sum is NaN), a NaN, anywhere in a large gradient; and no flag for finite values whose 16-bit sum
     would overflow the 16-bit range (the sum is taken in fp32)."""
     n = 3 * CHUNK_ELEMENTS

@@ -1,5 +1,5 @@
 """The optimizer step in backward (`optimizer_step: in_backward`; [Note: the optimizer step in
-backward] in runtime/streamed_optimizer.py): each unit is updated as soon as its gradient is final.
+backward] in runtime/optim/streamed_optimizer.py): each unit is updated as soon as its gradient is final.
 
 For the loop it is meant for (one backward per step, no clipping) it trains bit for bit as the
 after-backward step does in host memory, whatever the placement; with the optimizer states on NVMe

@@ -1,5 +1,5 @@
 """The after-backward NVMe step overlaps the next forward ([Note: the step overlaps the next forward]
-in runtime/step_schedule.py): the same bits as the synchronous step, a unit's read waits for its own
+in runtime/optim/step_schedule.py): the same bits as the synchronous step, a unit's read waits for its own
 update only, whatever reads the states waits for the whole step, and a failed update fails the next
 forward in one line."""
 
@@ -58,7 +58,7 @@ def _train(nvme_path: Path, placement: dict[str, str], *, save_to: Path | None =
 
 
 def _synchronous(monkeypatch: pytest.MonkeyPatch) -> None:
-    from runtime.streamed_optimizer import StreamedAdamW
+    from runtime.optim.streamed_optimizer import StreamedAdamW
 
     monkeypatch.setattr(StreamedAdamW, "overlaps_forward", property(lambda self: False))
 
@@ -73,7 +73,7 @@ def _assert_bitwise(a: tuple[list[float], dict[str, torch.Tensor], list[str]],
 
 
 def test_the_step_on_nvme_after_backward_is_overlapped(tmp_path: Path) -> None:
-    from runtime.step_schedule import AfterBackward, OverlappedAfterBackward
+    from runtime.optim.step_schedule import AfterBackward, OverlappedAfterBackward
 
     model, opt = _shard(tmp_path, ALL_NVME)
     assert type(opt.schedule) is OverlappedAfterBackward
@@ -103,8 +103,8 @@ def test_the_forward_takes_updated_shards_from_the_step_instead_of_reading_them_
     """With fp32 parameters on NVMe (their own master) the step hands the next forward copies of the
     updated shards: the run reads exactly their bytes less from the drive than the synchronous step,
     and stays bitwise (the test above)."""
+    from runtime.optim.step_schedule import OverlappedAfterBackward
     from runtime.sharding import state_of
-    from runtime.step_schedule import OverlappedAfterBackward
 
     handed: list[int] = []
     take = OverlappedAfterBackward._take
@@ -137,8 +137,8 @@ def test_the_forward_of_the_first_unit_runs_before_the_last_update_ends(tmp_path
     """The last unit's update is held until the next forward has gathered the first unit: it can only
     be released if that gather does not wait for the whole step. And every unit's shard is read
     after its own update."""
-    from runtime import group
-    from runtime.streamed_optimizer import StreamedAdamW
+    from runtime.optim.streamed_optimizer import StreamedAdamW
+    from runtime.units import group
 
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
@@ -200,8 +200,8 @@ def test_the_forward_of_the_first_unit_runs_before_the_last_update_ends(tmp_path
 
 
 def test_a_failed_update_fails_the_next_forward_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.optim.streamed_optimizer import StreamedAdamW
     from runtime.sharding import state_of
-    from runtime.streamed_optimizer import StreamedAdamW
 
     step_unit = StreamedAdamW.step_unit
     calls = [0]

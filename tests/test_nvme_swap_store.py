@@ -210,7 +210,7 @@ def test_a_fresh_lease_unmaps_kept_buffers_of_other_sizes_beyond_the_bound():
 
 
 def test_memory_held_outside_counts_against_the_bound():
-    """A recompute copies a read buffer into a torch allocation (runtime/group.py `own_buffer`): the
+    """A recompute copies a read buffer into a torch allocation (runtime/units/group.py `own_buffer`): the
     copy stands in for the buffer, so kept buffers make room for it until it is released."""
     torch = pytest.importorskip("torch")
     recycler = BufferRecycler(max_held_bytes=2 * 12288)
@@ -307,8 +307,8 @@ def test_staged_writes_are_sized_in_the_stored_dtype(tmp_path):
     import torch
 
     from runtime.ledger import MemoryLedger
-    from runtime.nvme.store import NvmeSpace, NvmeStore
-    from runtime.stores import CopyEngine
+    from runtime.transfer.nvme_store import NvmeSpace, NvmeStore
+    from runtime.transfer.stores import CopyEngine
 
     space = NvmeSpace(str(tmp_path), rank=0, capacity_bytes={"gradients": 1 << 20}, node_needed_bytes=1 << 20,
                         block_size_bytes=1 << 20)
@@ -335,8 +335,8 @@ def _deferred_store(tmp_path, monkeypatch, name: str, **space_kwargs):  # noqa: 
     from runtime_support import DeferredWrites
 
     from runtime.ledger import MemoryLedger
-    from runtime.nvme.store import NvmeSpace, NvmeStore
-    from runtime.stores import CopyEngine
+    from runtime.transfer.nvme_store import NvmeSpace, NvmeStore
+    from runtime.transfer.stores import CopyEngine
 
     space = NvmeSpace(str(tmp_path), rank=0, capacity_bytes={name: 1 << 20}, node_needed_bytes=1 << 20,
                       block_size_bytes=1 << 20, **space_kwargs)

@@ -88,9 +88,9 @@ def test_one_rank_prefetch_never_waits_for_a_read(tmp_path: Path, monkeypatch: p
     wants to gather it (forced here), operator i's use never waits for operator i+1's read, and
     training is still bitwise that in host memory (checkpointed too, where units are gathered for
     recompute and backward)."""
-    from runtime import group, stores
     from runtime.nvme import engine
-    from runtime.nvme import store as nvme_store
+    from runtime.transfer import nvme_store, stores
+    from runtime.units import group
 
     monkeypatch.setattr(stores.Pending, "ready", lambda self: False)
     monkeypatch.setattr(nvme_store._ThenPending, "ready", lambda self: False)
@@ -313,8 +313,8 @@ def test_the_backward_reads_no_shard_the_forward_kept(tmp_path: Path) -> None:
     from torch import nn
 
     import runtime
-    from runtime.prefetch import Phase
     from runtime.sharding import state_of
+    from runtime.units.prefetch import Phase
 
     def mlp() -> nn.Module:
         torch.manual_seed(0)

@@ -1,8 +1,8 @@
 """The in-backward update on the optimizer worker ([Note: the optimizer worker] in
-runtime/optimizer_worker.py): one thread per optimizer runs the updates in the order their
+runtime/optim/optimizer_worker.py): one thread per optimizer runs the updates in the order their
 gradients became final; the end of backward and `optimizer.step()` wait for it; an exception on it
 fails the step with its own one-line error, never a hang; it is always joined; the stores are never
-used by both threads for one key at once ([Note: one lock per swap space] in runtime/nvme/store.py).
+used by both threads for one key at once ([Note: one lock per swap space] in runtime/transfer/nvme_store.py).
 Bitwise equality with the after-backward step is tests/test_nvme_in_backward.py's."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from runtime_support import ALL_CPU, ALL_DEVICE, ROOT, batches, build_model, plan_doc
 from test_nvme_training import ALL_NVME, OPTIMIZER_NVME, SMALL_CHUNKS, assert_bitwise
 
-from runtime.optimizer_worker import OptimizerWorker
+from runtime.optim.optimizer_worker import OptimizerWorker
 
 IN_BACKWARD = {"optimizer_step": "in_backward"}
 WORKER = "tierwise-optimizer"
@@ -263,7 +263,7 @@ import errno, json, sys, threading
 sys.path.insert(0, {tests!r})
 import runtime
 from runtime.sharding import state_of
-from runtime.streamed_optimizer import StreamedAdamW
+from runtime.optim.streamed_optimizer import StreamedAdamW
 from runtime_support import batches, build_model, plan_doc
 
 real = StreamedAdamW._adamw

@@ -1,4 +1,4 @@
-"""The pinned staging pool (issue 25 item 1; [Note: staged host copies] in runtime/pinned_pool.py and
+"""The pinned staging pool (issue 25 item 1; [Note: staged host copies] in runtime/transfer/pinned_pool.py and
 [Note: the pinned staging pool] in planner/memory.py): CPU-tier state is pageable, every host<->device
 copy of it goes through a few reused buffers, their number and size come from the plan, and the bill
 charges exactly what the runtime holds.
@@ -23,8 +23,8 @@ from planner.memory_terms import MemoryTerm
 from planner.plan import Placement, Plan
 from planner.units import round_up_4kib
 from runtime.ckpt.rank_state import save_rank
-from runtime.pinned_pool import StagingPool, _StagedCopy
-from runtime.stores import CopyEngine, HostStore
+from runtime.transfer.pinned_pool import StagingPool, _StagedCopy
+from runtime.transfer.stores import CopyEngine, HostStore
 
 gpu = pytest.mark.gpu
 SEPARATE = {**HARDWARE, "host_is_device": False}

@@ -140,7 +140,7 @@ def test_custom_placement_validation():
 def test_in_backward_host_updates_bill_their_gradient_staging():
     """The in-backward update of optimizer states on NVMe runs on the host: each unit's gradient
     shard is copied into one of IN_BACKWARD_STAGED_GRADIENTS pinned buffers (the worker's update and
-    the one being filled, runtime/optimizer_worker.py), billed as gradient_swap_buffers."""
+    the one being filled, runtime/optim/optimizer_worker.py), billed as gradient_swap_buffers."""
     from planner.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params
 
     nvme = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")

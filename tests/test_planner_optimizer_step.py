@@ -98,7 +98,7 @@ def test_estimate_overlaps_the_optimizer_with_backward_and_skips_the_gradient_ro
 
 def test_fp32_parameters_beside_their_states_on_nvme_are_written_once():
     # fp32 parameters on NVMe with the optimizer states there are their own master: the step writes
-    # the master with the states and no separate compute copy (runtime/streamed_optimizer.py `_write`),
+    # the master with the states and no separate compute copy (runtime/optim/streamed_optimizer.py `_write`),
     # as the simulator prices it; a bf16 plan writes its 2-byte compute copy besides.
     from planner.sim.report import simulate
 

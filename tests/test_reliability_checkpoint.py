@@ -107,7 +107,7 @@ def test_tensor_names_are_the_shard_keys_strings_in_string_order(tmp_path: Path)
     """Shard keys are typed (`UnitKey`, `StateKey`) but a rank file names each shard by the key's
     string, in the string order it always had, so checkpoints written before keys were typed resume."""
     from runtime.ckpt.safetensors_io import read_header_of
-    from runtime.stores import StateKey, UnitKey
+    from runtime.transfer.stores import StateKey, UnitKey
 
     assert str(UnitKey(10, "blocks.1.attn.proj")) == "10:blocks.1.attn.proj"
     assert str(StateKey("exp_avg_sq", UnitKey(0, "wte"))) == "exp_avg_sq:0:wte"

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from runtime import launch
-from runtime.collectives import Comm
-from runtime.loss_scaling import DynamicLossScaler
+from runtime.optim.loss_scaling import DynamicLossScaler
+from runtime.transfer.collectives import Comm
 
 gpu = pytest.mark.gpu
 
@@ -164,8 +164,8 @@ def test_prefetch_leaves_the_compute_stream_free(monkeypatch: pytest.MonkeyPatch
     from runtime_support import ALL_CPU, build_model, plan_doc
 
     import runtime
-    from runtime import group as group_module
-    from runtime.collectives import Gathered
+    from runtime.transfer.collectives import Gathered
+    from runtime.units import group as group_module
 
     model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_CPU))
     unit = _biggest_unit(model)
@@ -313,7 +313,7 @@ def test_host_tier_gradients_wait_once_per_unit(monkeypatch: pytest.MonkeyPatch)
     from runtime_support import ALL_CPU, batches, build_model, plan_doc
 
     import runtime
-    from runtime.gradients import StoredGradients
+    from runtime.units.gradients import StoredGradients
 
     def grads_after_backward(one_by_one: bool) -> tuple[list[torch.Tensor], int]:
         torch.manual_seed(0)
@@ -355,8 +355,8 @@ def test_checkpoint_offload_is_asynchronous_with_one_segment_of_prefetch(monkeyp
     from runtime_support import ALL_DEVICE, batches, build_model, plan_doc
 
     import runtime
-    from runtime import recompute
-    from runtime.stores import CopyEngine
+    from runtime.transfer.stores import CopyEngine
+    from runtime.units import recompute
 
     def losses(tier: str, log: list[str] | None = None) -> list[float]:
         torch.manual_seed(0)

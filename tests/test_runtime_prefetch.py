@@ -8,7 +8,7 @@ from runtime_support import ALL_CPU, mlp_model, plan_doc
 from torch import nn
 
 import runtime
-from runtime.prefetch import Phase, Prefetcher
+from runtime.units.prefetch import Phase, Prefetcher
 
 
 class FakeStore:
@@ -78,7 +78,7 @@ def test_norms_ride_along_without_taking_a_place_in_the_window() -> None:
 
 def test_riders_are_bounded() -> None:
     """However many tiny units follow each other, a window holds at most MAX_RIDERS of them."""
-    from runtime.prefetch import MAX_RIDERS
+    from runtime.units.prefetch import MAX_RIDERS
 
     log: list = []
     sizes = [4096] + [8] * 10 + [4096]

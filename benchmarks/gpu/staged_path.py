@@ -52,7 +52,7 @@ def _rate(nbytes: float, seconds: float) -> float:
 def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> dict:
     """GB/s (bytes of the 16-bit tensors moved) of each piece of the staged path, best of `reps`, over
     `units` shards of `unit_numel` bf16 elements, through the runtime's own pool and copy engine."""
-    from runtime.stores import CopyEngine
+    from runtime.transfer.stores import CopyEngine
 
     try:
         return _micro(unit_numel, units, device, reps)
@@ -62,9 +62,9 @@ def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> d
 
 def _micro(unit_numel: int, units: int, device: torch.device, reps: int) -> dict:
     from planner.memory import PinnedPoolShape, _aligned
-    from runtime.mixed_add import add_into
-    from runtime.pinned_pool import StagingPool
-    from runtime.stores import CopyEngine
+    from runtime.transfer.mixed_add import add_into
+    from runtime.transfer.pinned_pool import StagingPool
+    from runtime.transfer.stores import CopyEngine
 
     pin_hook = None
     if device.type == "cuda":

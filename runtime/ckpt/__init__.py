@@ -1,6 +1,6 @@
 """Training checkpoints: sharded per rank, atomic, verified, resumable bit for bit.
 
-(Not to be confused with `runtime/recompute.py`: *activation* checkpoints and their recompute.)
+(Not to be confused with `runtime/units/recompute.py`: *activation* checkpoints and their recompute.)
 
     ckpt = Checkpointer(root, plan=plan, seed=seed, rank=rank, world_size=world_size, keep=2)
     start = ckpt.restore(state, optimizer)          # collective; the scalars of the newest complete one, or None

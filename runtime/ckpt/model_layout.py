@@ -13,9 +13,9 @@ Rank 0's `rank-00000.json` carries it under `"model"`:
 
 [Note: a parameter's place in the rank files]
 A unit's parameters lie end to end in one flat vector padded to a multiple of the world size, rank r
-holding elements `[r * shard_numel, (r + 1) * shard_numel)` of it (runtime/flat_param.py). A tensor
+holding elements `[r * shard_numel, (r + 1) * shard_numel)` of it (runtime/units/flat_param.py). A tensor
 of the exported state dict is the concatenation of its `segments` `[unit, offset, numel]`: flat
-ranges of unit vectors. Most tensors are one segment; a tiled Linear (runtime/tiling.py) is one per
+ranges of unit vectors. Most tensors are one segment; a tiled Linear (runtime/units/tiling.py) is one per
 tile, its tiles being consecutive row blocks. Names are `model.named_parameters()`'s (the Hugging
 Face state-dict keys) with the runtime's wrappers taken out (a recomputed block's `.block`, a tiled
 Linear's `.tiles.i`), tied parameters under their first name only, as `named_parameters()` gives them.
@@ -79,7 +79,7 @@ def describe(state: Any) -> dict[str, Any]:
 def _export_params(module: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, list[Any], tuple[int, ...] | None]]:
     """(state-dict name, the parameters whose concatenation it is, its shape when not the one
     parameter's), in `named_parameters()` order."""
-    from runtime.tiling import TiledLinear
+    from runtime.units.tiling import TiledLinear
 
     if isinstance(module, TiledLinear):
         tiles = list(module.tiles)
@@ -97,7 +97,7 @@ def _export_params(module: Any, prefix: str, seen: set[int]) -> Iterator[tuple[s
 
 
 def _child_prefix(module: Any, name: str, prefix: str) -> str:
-    from runtime.recompute import RecomputedBlock
+    from runtime.units.recompute import RecomputedBlock
 
     return prefix if isinstance(module, RecomputedBlock) and name == "block" else f"{prefix}{name}."
 

@@ -32,7 +32,7 @@ from runtime.ckpt.model_layout import describe
 from runtime.ckpt.safetensors_io import DTYPE_CODES, DTYPE_NAMES, encode_header, read_header
 from runtime.faults import fault_point
 from runtime.nvme import AlignedBuffer
-from runtime.stores import Pending, ShardKey, ShardStore
+from runtime.transfer.stores import Pending, ShardKey, ShardStore
 
 RANK_FORMAT = "tierwise.checkpoint-rank/2"
 """The rank JSON of a checkpoint whose tensors are in `rank-NNNNN.safetensors`."""
@@ -100,7 +100,7 @@ def rank_bytes(state: Any, optimizer: Any) -> int:
 
 class ChunkBuffer:
     """The one host buffer checkpoint traffic goes through: leased from the optimizer's chunk pool or
-    the rank's pinned staging pool (runtime/pinned_pool.py) where there is one, else allocated."""
+    the rank's pinned staging pool (runtime/transfer/pinned_pool.py) where there is one, else allocated."""
 
     def __init__(self, optimizer: Any, chunk_bytes: int, staging: Any = None) -> None:
         self._pool = optimizer.chunk_pool if optimizer.chunk_pool is not None else staging

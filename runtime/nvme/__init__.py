@@ -1,7 +1,7 @@
 """The NVMe tier: async direct I/O engine, aligned buffer pool and per-rank swap stores.
 
 Importing this package needs numpy but not torch (torch tensors are accepted where buffers are).
-`runtime.nvme.store` (`NvmeSpace`, `NvmeStore`: the tier behind the runtime's `ShardStore`
+`runtime.transfer.nvme_store` (`NvmeSpace`, `NvmeStore`: the tier behind the runtime's `ShardStore`
 interface) needs torch and is imported on its own, not from here. See docs/nvme.md.
 """
 

@@ -122,7 +122,7 @@ class BufferRecycler:
     only for a request of its own size, so a recycled buffer never holds more memory than a fresh
     one would and the recycler never holds more than the memory bill sets aside for these reads.
     A lease that needs a fresh buffer first unmaps kept ones of other sizes beyond the bound, and
-    a read's contents copied into memory of its own (a recompute's copy, runtime/group.py
+    a read's contents copied into memory of its own (a recompute's copy, runtime/units/group.py
     `own_buffer`) count against the bound while they live (`hold_outside`); without both rules kept
     buffers sat beside them and host memory went over the bill
     (docs/notes/2026-11-22-nvme-engine-buffers.md).

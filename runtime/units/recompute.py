@@ -27,7 +27,7 @@ from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop
 
 from planner.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger, nbytes
-from runtime.stores import CopyEngine
+from runtime.transfer.stores import CopyEngine
 
 
 class ActivationCheckpointStore:
@@ -61,7 +61,7 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
 
     [Note: asynchronous checkpoint offload]
     On CUDA both directions run on the copy stream through the staging pool ([Note: staged host
-    copies] in runtime/pinned_pool.py): `save` queues the input's device-to-host copy and returns;
+    copies] in runtime/transfer/pinned_pool.py): `save` queues the input's device-to-host copy and returns;
     each piece lands in the held host tensor once its copy is done (at a later lease of the pool at
     the latest). `prefetch` (one segment ahead of the recompute, see `RecomputeSegment._replay`)
     queues the host-to-device copy into a tensor allocated on the copy stream: a piece that has

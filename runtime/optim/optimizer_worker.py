@@ -23,7 +23,7 @@ while the worker waits for the copy's event (never the autograd thread) and upda
   bookkeeping, and the two threads never touch one key at once (below), so they need no lock;
   the NVMe stores keep per-store lists of requests in flight and count shared link bytes, so all
   stores of a swap space take the space's lock around each call ([Note: one lock per swap space]
-  in runtime/nvme/store.py). Moving all store traffic onto the worker instead would queue the
+  in runtime/transfer/nvme_store.py). Moving all store traffic onto the worker instead would queue the
   backward's parameter reads behind the updates, which is the serialisation this removes.
 - Same key: the worker updates a unit after its gradient is final, when the backward is done with
   the unit (resharded, its parameters not used again in this backward), and a unit's updated
@@ -44,7 +44,7 @@ while the worker waits for the copy's event (never the autograd thread) and upda
 - After backward: with the states on NVMe the after-backward step runs on a worker too, one job per
   unit, overlapping the next forward; there the main thread waits for one unit's job (`wait` on
   its ticket) instead of the whole queue, and the queue is unbounded (the jobs hold no gradients).
-  Its invariant is [Note: the step overlaps the next forward] in runtime/step_schedule.py.
+  Its invariant is [Note: the step overlaps the next forward] in runtime/optim/step_schedule.py.
 - Lifetime: the thread is started by the first job, is not a daemon, and is joined by `close`
   (`optimizer.close()`, or when the schedule is collected); one never closed leaves at interpreter
   exit, when it finds the main thread gone, before the interpreter tears down what a job would use.

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from planner.memory_terms import MemoryTerm
-from runtime.gradients import FinalGradient
-from runtime.group import ParamUnit
 from runtime.ledger import nbytes
-from runtime.optimizer_engine import AdamWEngine
+from runtime.optim.optimizer_engine import AdamWEngine
+from runtime.units.gradients import FinalGradient
+from runtime.units.group import ParamUnit
 
 
 class ResidentAdamW(AdamWEngine):

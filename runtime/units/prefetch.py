@@ -15,7 +15,7 @@ The engine serves requests in the order they were submitted. In the steady state
 starts per operator (i+3's) and the nearer ones are already in flight; at the start of a phase
 none is, and the operator in use must not wait behind the reads of the three after it: transfers
 start nearest first (i, i+1, i+2, i+3). Each is charged, until gathered, to the memory-bill term of
-the slot it fills (`runtime.group.STAGE_TERMS`), so a phase start holds what the steady state does.
+the slot it fills (`runtime.units.group.STAGE_TERMS`), so a phase start holds what the steady state does.
 
 [Note: one rank does not wait ahead]
 The all-gather of i+1 needs i+1's shard, so starting it waits for that shard's transfer, and
@@ -63,7 +63,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from runtime.group import ParamUnit
+from runtime.units.group import ParamUnit
 
 
 class Phase(enum.Enum):

@@ -1,7 +1,7 @@
 """When the optimizer updates: one listener class per `optimizer_step` of the plan.
 
 Each is the sharded model's `UnitListener` while its optimizer lives, and drives an `AdamWEngine`
-([Note: schedules as types] in runtime/events.py).
+([Note: schedules as types] in runtime/units/events.py).
 
 [Note: the step overlaps the next forward]
 After backward with the states on NVMe (on the CPU), the step is NVMe I/O plus Adam that overlapped
@@ -37,7 +37,7 @@ before that update has run.
   worker waits for them (in the next unit's job, so they overlap that update; for the last unit
   the step's end), as their one consumer. The main thread's read must not rely on the store
   ordering it after a write in flight that the worker may be waiting for at the same moment (a
-  handle has one consumer, [Note: one lock per swap space] in runtime/nvme/store.py).
+  handle has one consumer, [Note: one lock per swap space] in runtime/transfer/nvme_store.py).
 - The engine (read-ahead, pool, step counts) belongs to the worker until `drain`: the next
   backward (its state read-ahead), `optimizer.step()`, the optimizer's checkpoint, state-dict and
   pool accessors, `close` and `ShardedModel.wait_io` (benchmarks end their timed block there) drain
@@ -63,14 +63,14 @@ from typing import ClassVar
 
 import torch
 
-from runtime.events import UnitListener
-from runtime.gradients import FinalGradient, UnitGradient
-from runtime.group import ParamUnit
-from runtime.nvme.store import aligned_empty
-from runtime.optimizer_engine import AdamWEngine
-from runtime.optimizer_worker import GradientStaging, OptimizerWorker
-from runtime.stores import Pending
-from runtime.streamed_optimizer import StreamedAdamW
+from runtime.optim.optimizer_engine import AdamWEngine
+from runtime.optim.optimizer_worker import GradientStaging, OptimizerWorker
+from runtime.optim.streamed_optimizer import StreamedAdamW
+from runtime.transfer.nvme_store import aligned_empty
+from runtime.transfer.stores import Pending
+from runtime.units.events import UnitListener
+from runtime.units.gradients import FinalGradient, UnitGradient
+from runtime.units.group import ParamUnit
 
 
 class AfterBackward(UnitListener):
@@ -204,8 +204,8 @@ def _nothing() -> None:
 
 class InBackward(UnitListener):
     """`optimizer_step: in_backward`: each unit is updated as soon as its gradient is final
-    ([Note: the optimizer step in backward] in runtime/streamed_optimizer.py), on the optimizer
-    worker while the backward goes on ([Note: the optimizer worker] in runtime/optimizer_worker.py);
+    ([Note: the optimizer step in backward] in runtime/optim/streamed_optimizer.py), on the optimizer
+    worker while the backward goes on ([Note: the optimizer worker] in runtime/optim/optimizer_worker.py);
     the end of the backward waits for the updates, and `optimizer.step()` finishes what is left."""
 
     replaceable: ClassVar[bool] = False

@@ -10,9 +10,9 @@ backward (`final`) as a `FinalGradient`, which the optimizer's schedule updates 
 - `HandedGradients`: kept as autograd (or the reduce-scatter) produced them until the unit's
   gradient is final, then handed to the in-backward update: the plan stores no gradient
   (`planner.memory.stores_gradients`; [Note: the optimizer step in backward] in
-  runtime/streamed_optimizer.py).
+  runtime/optim/streamed_optimizer.py).
 
-See [Note: schedules as types] in runtime/events.py.
+See [Note: schedules as types] in runtime/units/events.py.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from functools import partial
 import torch
 
 from planner.memory_terms import MemoryTerm
-from runtime.collectives import Comm, Reduced, reduce_scatter_flat
-from runtime.flat_param import FlatLayout
 from runtime.ledger import MemoryLedger, nbytes
-from runtime.stores import CopyEngine, Pending, ShardStore, UnitKey
+from runtime.transfer.collectives import Comm, Reduced, reduce_scatter_flat
+from runtime.transfer.stores import CopyEngine, Pending, ShardStore, UnitKey
+from runtime.units.flat_param import FlatLayout
 
 
 class FinalGradient(ABC):
@@ -54,7 +54,7 @@ class FinalGradient(ABC):
     def wait(self) -> None:  # noqa: B027 - a no-op unless overridden
         """Block until `flat` and `chunk` can read it (a staged copy off the device has landed): the
         optimizer worker calls it, never the autograd thread ([Note: the optimizer worker] in
-        runtime/optimizer_worker.py)."""
+        runtime/optim/optimizer_worker.py)."""
 
     def spent(self) -> None:  # noqa: B027 - a no-op unless overridden
         """The optimizer updated the unit with it."""
@@ -91,7 +91,7 @@ class StoredGradient(FinalGradient):
 
 class UnitGradient(FinalGradient):
     """A unit's final gradient shard for this backward, handed to the optimizer's in-backward update
-    instead of being stored ([Note: the optimizer step in backward] in runtime/streamed_optimizer.py).
+    instead of being stored ([Note: the optimizer step in backward] in runtime/optim/streamed_optimizer.py).
 
     `parts` are (element offset in the flat shard, flat tensor): on one rank each parameter's
     gradient as autograd produced it, with several ranks the reduce-scattered shard. Elements no
@@ -160,7 +160,7 @@ class UnitGradient(FinalGradient):
 class StagedGradient(FinalGradient):
     """A device `UnitGradient` on its way into pinned host memory on the copy stream (CUDA): the
     in-backward hook issues the copy, the optimizer worker `wait`s for its event and updates from
-    the host copy ([Note: the optimizer worker] in runtime/optimizer_worker.py)."""
+    the host copy ([Note: the optimizer worker] in runtime/optim/optimizer_worker.py)."""
 
     __slots__ = ("_host", "_event")
 

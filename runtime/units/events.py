@@ -6,22 +6,22 @@ The plan's `optimizer_step` (after_backward, in_backward) and where the optimize
 combinations. Each fact is a type, chosen once when the model is sharded or the optimizer
 created, and no code outside these types asks which one it has:
 
-- where a unit's gradient goes is its `GradientSink` (runtime/gradients.py): `StoredGradients`
+- where a unit's gradient goes is its `GradientSink` (runtime/units/gradients.py): `StoredGradients`
   into the gradient store, or `HandedGradients`, kept as produced and handed to the in-backward
   update where the plan stores no gradient (`planner.memory.stores_gradients`: in backward with
   the states on NVMe). Once final, a gradient is a `FinalGradient`: the stored shard, or the
   handed parts (`UnitGradient`), which the optimizer updates from, or leaves (`unclaimed`: a
   handed gradient with no optimizer to take it is refused);
-- how the optimizer updates a unit is its `AdamWEngine` (runtime/optimizer_engine.py):
+- how the optimizer updates a unit is its `AdamWEngine` (runtime/optim/optimizer_engine.py):
   `ResidentAdamW` runs torch's AdamW over the fp32 masters in memory, `StreamedAdamW`
-  (runtime/streamed_optimizer.py) streams the masters and Adam states from NVMe through a pool
+  (runtime/optim/streamed_optimizer.py) streams the masters and Adam states from NVMe through a pool
   of chunk buffers. Both update every unit at once (`step`) or one unit (`update_unit`);
-- when is the schedule, a `UnitListener` (runtime/step_schedule.py): `AfterBackward` steps at
+- when is the schedule, a `UnitListener` (runtime/optim/step_schedule.py): `AfterBackward` steps at
   `optimizer.step()` and meanwhile lets the engine read the step's first states during backward
   (`OverlappedAfterBackward`, with the states on NVMe on the CPU, hands the step's per-unit updates
   to a worker that overlaps them with the next forward);
   `InBackward` hands each unit's update, at its `gradient_final` event, to its optimizer worker
-  thread (runtime/optimizer_worker.py) and lets the engine read states ahead from the forward's tail.
+  thread (runtime/optim/optimizer_worker.py) and lets the engine read states ahead from the forward's tail.
 
 The sharded model knows one listener (a plain `UnitListener`, which does nothing, until an
 optimizer attaches its schedule) and tells it three things: the forward has submitted its last
@@ -37,8 +37,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from runtime.gradients import FinalGradient
-    from runtime.group import ParamUnit
+    from runtime.units.gradients import FinalGradient
+    from runtime.units.group import ParamUnit
 
 
 class UnitListener:

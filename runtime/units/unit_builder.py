@@ -18,13 +18,13 @@ from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffer
 from planner.memory_terms import MemoryTerm
 from planner.plan import Plan
 from planner.units import round_up_4kib
-from runtime.collectives import Comm
-from runtime.flat_param import FlatLayout, flatten_shard
-from runtime.gradients import GradientSink
-from runtime.group import ParamUnit
 from runtime.plan_io import RuntimeConfig, local_world_size
-from runtime.stores import StateKey, UnitKey
-from runtime.unit_charges import UnitCharges
+from runtime.transfer.collectives import Comm
+from runtime.transfer.stores import StateKey, UnitKey
+from runtime.units.flat_param import FlatLayout, flatten_shard
+from runtime.units.gradients import GradientSink
+from runtime.units.group import ParamUnit
+from runtime.units.unit_charges import UnitCharges
 
 if TYPE_CHECKING:
     from runtime.sharding import ShardedModel
@@ -122,7 +122,7 @@ def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan,
     place = config.placement
     if "nvme" not in (place.params, place.gradients, place.optimizer_states):
         return None
-    from runtime.nvme.store import NvmeSpace
+    from runtime.transfer.nvme_store import NvmeSpace
 
     numels, seen = [], set()
     for m in module.modules():

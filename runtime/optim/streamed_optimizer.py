@@ -10,7 +10,7 @@ grad. With three buffers the step runs
 
 concurrently: reads and writes are asynchronous engine requests, the update runs on the calling thread
 (the optimizer worker: in backward, or after it, overlapping the next forward unit by unit, [Note: the
-step overlaps the next forward] in runtime/step_schedule.py).
+step overlaps the next forward] in runtime/optim/step_schedule.py).
 With B > 3 buffers the reads run B-2 chunks ahead (k+1 .. k+B-2).
 The pool is allocated once, so host memory for the states never exceeds
 `num_optimizer_buffers * optimizer_chunk_bytes` however large the model on disk.
@@ -46,7 +46,7 @@ The update itself runs on the optimizer worker thread, so the backward of the un
 on while a unit is updated: its gradient reaches the worker as autograd (or the reduce-scatter)
 produced it, or, on CUDA, copied off the device on the copy stream into pinned staging by the
 hook, and the worker waits for that copy ([Note: the optimizer worker] in
-runtime/optimizer_worker.py, which also says which thread owns the read-ahead when).
+runtime/optim/optimizer_worker.py, which also says which thread owns the read-ahead when).
 
 The schedule: once the forward has submitted its last parameter read (or, before the forward's
 order is recorded, when the backward begins), the states of the first chunks in the order the
@@ -58,7 +58,7 @@ and reads further ahead into every buffer that is free or whose write has landed
 for a write (backward's compute is not held up for a read-ahead). A chunk that is not the one
 expected (a changed order) drops the read-ahead and is read on demand. `optimizer.step()` then
 only waits for the last writes. All three read ahead through one mechanism, `ChunkReadAhead`
-([Note: one read-ahead] in runtime/chunk_read_ahead.py). The read-ahead starts at the forward's tail, not at backward begin,
+([Note: one read-ahead] in runtime/optim/chunk_read_ahead.py). The read-ahead starts at the forward's tail, not at backward begin,
 because the drive is idle while the forward's last operators compute
 (docs/notes/2026-11-22-runtime-source-measurements.md).
 
@@ -76,14 +76,14 @@ from typing import Any
 import torch
 
 from planner.memory_terms import MemoryTerm
-from runtime.chunk_read_ahead import REGIONS, Chunk, ChunkReadAhead, chunk_numel_for
-from runtime.gradients import FinalGradient
-from runtime.group import ParamUnit
 from runtime.nvme import AlignedBuffer, BufferPool
 from runtime.nvme.pinning import TorchCudaPinHook
-from runtime.nvme.store import NvmeStore
-from runtime.optimizer_engine import AdamWEngine
-from runtime.stores import Pending, ShardStore, StateKey
+from runtime.optim.chunk_read_ahead import REGIONS, Chunk, ChunkReadAhead, chunk_numel_for
+from runtime.optim.optimizer_engine import AdamWEngine
+from runtime.transfer.nvme_store import NvmeStore
+from runtime.transfer.stores import Pending, ShardStore, StateKey
+from runtime.units.gradients import FinalGradient
+from runtime.units.group import ParamUnit
 
 
 class StreamedAdamW(AdamWEngine):
@@ -138,7 +138,7 @@ class StreamedAdamW(AdamWEngine):
     def begin_step(self, units: list[ParamUnit]) -> None:
         """Start the after-backward step of `units` (on the main thread: the gradients are settled and
         the hyperparameters taken now, so the units may then be stepped on the optimizer worker while
-        the next forward runs; [Note: the step overlaps the next forward] in runtime/step_schedule.py)."""
+        the next forward runs; [Note: the step overlaps the next forward] in runtime/optim/step_schedule.py)."""
         for unit in units:
             unit.grads.settle()
         self._group = dict(self.param_groups[0])
@@ -173,7 +173,7 @@ class StreamedAdamW(AdamWEngine):
         """Whether `unit`'s updated fp32 master is, byte for byte, the shard the next forward reads back
         from the drive: fp32 parameters on NVMe that are their own master, computed on the CPU. Then
         the overlapped step can hand the forward a copy of it instead ([Note: the step overlaps the
-        next forward] in runtime/step_schedule.py)."""
+        next forward] in runtime/optim/step_schedule.py)."""
         model = self.model
         store, key = model.master_at[unit.key]
         return (store is model.param_store and key == unit.key and isinstance(store, NvmeStore)

@@ -27,7 +27,7 @@ finished, because a prefetch nobody waited for must not land in freed memory.
 With the optimizer step in backward two threads use the stores at once: the autograd thread reads
 parameter shards for the backward's gathers while the optimizer worker reads and writes the states
 and writes the updated parameter shards ([Note: the optimizer worker] in
-runtime/optimizer_worker.py). A store's requests in flight (`_writes`, `_staged_writes`,
+runtime/optim/optimizer_worker.py). A store's requests in flight (`_writes`, `_staged_writes`,
 `_free_staging`, `_reads`, `_landing`, `_copies`), its write count and the model's link-byte
 counters are read-modify-write Python structures, and the parameter store is used by both threads;
 the counters are shared by every store of the space, so a lock per store would not cover them.
@@ -63,7 +63,6 @@ from planner.memory import WRITE_STAGING_BUFFERS
 from planner.memory_terms import MemoryTerm
 from planner.units import round_up_4kib
 from runtime.ledger import MemoryLedger, nbytes
-from runtime.mixed_add import add_into
 from runtime.nvme import (
     AlignedBuffer,
     BufferRecycler,
@@ -75,7 +74,8 @@ from runtime.nvme import (
     find_stale_swap_dirs,
 )
 from runtime.nvme.extents import Extent
-from runtime.stores import CopyEngine, Pending, ShardKey, ShardStore
+from runtime.transfer.mixed_add import add_into
+from runtime.transfer.stores import CopyEngine, Pending, ShardKey, ShardStore
 
 STAGING_TERMS = {"params": MemoryTerm.PARAM_SWAP_BUFFERS, "gradients": MemoryTerm.GRADIENT_SWAP_BUFFERS,
                  "optimizer_states": MemoryTerm.OPTIMIZER_SWAP_BUFFERS}

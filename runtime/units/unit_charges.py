@@ -1,7 +1,7 @@
 """A unit's ledger accounting: what its staged or gathered buffers are charged to, as they change slots.
 
 A shard staged ahead, then gathered, then claimed for use is one buffer passing through the memory
-bill's terms (`runtime.group.STAGE_TERMS`: device staging, prefetched, working memory); its charge
+bill's terms (`runtime.units.group.STAGE_TERMS`: device staging, prefetched, working memory); its charge
 moves with it and is released on reshard. Kept apart from the gather lifecycle that decides the
 moves (`ParamUnit`), as FSDP2 keeps its parameter's memory apart from its group's state machine.
 """

@@ -1,7 +1,7 @@
 """Placement tier -> shard store type: the one place that names every tier's `ShardStore`.
 
 A new tier is a `ShardStore` subclass plus one entry in `STORE_TYPES`; nothing else checks a
-placement string (runtime/stores.py).
+placement string (runtime/transfer/stores.py).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.ledger import MemoryLedger
-from runtime.nvme.store import NvmeStore
-from runtime.stores import CopyEngine, DeviceStore, HostStore, ShardStore
+from runtime.transfer.nvme_store import NvmeStore
+from runtime.transfer.stores import CopyEngine, DeviceStore, HostStore, ShardStore
 
 STORE_TYPES: dict[str, type[ShardStore]] = {"gpu": DeviceStore, "cpu": HostStore, "nvme": NvmeStore}
 """Placement tier -> store type."""

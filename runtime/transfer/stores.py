@@ -1,7 +1,7 @@
 """Where a shard lives: one interface, one type per memory tier (the Infinity offload engine).
 
 A plan's placement picks a store *type* per state (`DeviceStore` for `gpu`, `HostStore` for `cpu`,
-`runtime.nvme.store.NvmeStore` for `nvme`; runtime/tiers.py maps each tier to its type). Callers never check a placement flag:
+`runtime.transfer.nvme_store.NvmeStore` for `nvme`; runtime/transfer/tiers.py maps each tier to its type). Callers never check a placement flag:
 they `read` a shard to the compute device, `accumulate` a device tensor into a shard, `write` one
 back, and get a `Pending` they `wait()` on when they need the data.
 
@@ -11,7 +11,7 @@ and `cpu` means "the host store". Reading a host shard to a CPU device is then t
 copy is made and no link bytes are counted), which is exactly what would happen on real hardware
 whose host memory is the device memory. On CUDA the host store is ordinary pageable memory and
 every transfer goes through the rank's pinned staging pool ([Note: staged host copies] in
-runtime/pinned_pool.py) on a dedicated copy stream, so it overlaps the compute stream; consumers
+runtime/transfer/pinned_pool.py) on a dedicated copy stream, so it overlaps the compute stream; consumers
 wait on an event.
 """
 
@@ -24,8 +24,8 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from runtime.ledger import MemoryLedger, nbytes
-from runtime.mixed_add import add_into
-from runtime.pinned_pool import HostTransfer, StagingPool
+from runtime.transfer.mixed_add import add_into
+from runtime.transfer.pinned_pool import HostTransfer, StagingPool
 
 
 class UnitKey(NamedTuple):

@@ -8,7 +8,7 @@ chunks into pool buffers that are free (or whose writes have landed: with `wait`
 oldest write to land, else it stops), and hands the head of its queue to a claim that matches it.
 A claim that does not match (a changed order) drops the queue and reads that chunk on demand from
 then on; the order is re-learned by whoever starts the next pass. Its three uses differ only in
-when they start a pass and how far they fill it (runtime/streamed_optimizer.py):
+when they start a pass and how far they fill it (runtime/optim/streamed_optimizer.py):
 
 - the after-backward step: one pass over the chunks of the units that got a gradient, each read
   with its gradient region, `B - 2` chunks ahead of the update (at least 1), waiting for writes;
@@ -21,7 +21,7 @@ when they start a pass and how far they fill it (runtime/streamed_optimizer.py):
 
 It is not thread-safe and need not be: in backward only the optimizer worker uses it, between
 backwards only the main thread, and the worker is drained at each hand-over ([Note: the
-optimizer worker] in runtime/optimizer_worker.py).
+optimizer worker] in runtime/optim/optimizer_worker.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from planner.memory import OPTIMIZER_CHUNK_REGIONS, optimizer_chunk_numel
 from runtime.nvme import AlignedBuffer, BufferPool
-from runtime.stores import Pending
+from runtime.transfer.stores import Pending
 
 REGIONS = OPTIMIZER_CHUNK_REGIONS
 """master, exp_avg, exp_avg_sq, grad."""

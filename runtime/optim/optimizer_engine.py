@@ -1,11 +1,11 @@
 """How an optimizer updates a sharded model's shards: one interface, one class per state tier.
 
-`ResidentAdamW` (runtime/resident_optimizer.py) steps torch's AdamW over fp32 masters in memory;
-`StreamedAdamW` (runtime/streamed_optimizer.py) streams masters and Adam states from NVMe in chunks.
-A schedule (runtime/step_schedule.py) drives either: after backward it calls `step`, in backward
+`ResidentAdamW` (runtime/optim/resident_optimizer.py) steps torch's AdamW over fp32 masters in memory;
+`StreamedAdamW` (runtime/optim/streamed_optimizer.py) streams masters and Adam states from NVMe in chunks.
+A schedule (runtime/optim/step_schedule.py) drives either: after backward it calls `step`, in backward
 `update_unit` per unit; the read-ahead hooks let an engine whose states are streamed start reading
 before the update needs them, and are no-ops otherwise ([Note: schedules as types] in
-runtime/events.py).
+runtime/units/events.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from runtime.gradients import FinalGradient
-    from runtime.group import ParamUnit
     from runtime.nvme import BufferPool
+    from runtime.units.gradients import FinalGradient
+    from runtime.units.group import ParamUnit
 
 
 class AdamWEngine(ABC):

@@ -8,8 +8,8 @@ at a view of the gathered flat buffer while the unit is gathered, and at an empt
 
 Split by lifetime, as FSDP2 splits `FSDPParam` from `FSDPParamGroup`: `ParamUnit` here is the
 gather lifecycle (stage, gather, claim, keep, hollow, reshard: one forward or backward use); its
-gradient filing (`runtime.gradients.GradientSink`: one backward) and its ledger accounting
-(`runtime.unit_charges.UnitCharges`: a buffer's passage through the bill's terms) are its parts.
+gradient filing (`runtime.units.gradients.GradientSink`: one backward) and its ledger accounting
+(`runtime.units.unit_charges.UnitCharges`: a buffer's passage through the bill's terms) are its parts.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 from planner.memory_terms import MemoryTerm
-from runtime.collectives import Comm, Gathered, all_gather_flat
-from runtime.flat_param import FlatLayout
-from runtime.gradients import GradientSink
-from runtime.stores import Pending, ShardStore
-from runtime.unit_charges import UnitCharges
+from runtime.transfer.collectives import Comm, Gathered, all_gather_flat
+from runtime.transfer.stores import Pending, ShardStore
+from runtime.units.flat_param import FlatLayout
+from runtime.units.gradients import GradientSink
+from runtime.units.unit_charges import UnitCharges
 
 
 class UnitState(enum.Enum):
@@ -98,7 +98,7 @@ class ParamUnit:
         self.await_update: Callable[[bool], bool | Pending] | None = None
         """Set while an overlapped optimizer step has yet to update the unit: whether the update is
         done, waiting for it if asked, or the updated shard itself, handed over by the step instead
-        of a read ([Note: the step overlaps the next forward] in runtime/step_schedule.py)."""
+        of a read ([Note: the step overlaps the next forward] in runtime/optim/step_schedule.py)."""
         self.transient_buffers = {} if transient_buffers is None else transient_buffers
         """Storage address -> unit, for every gathered buffer that is transient (shared by the model's
         units; see [Note: saved parameters] in runtime/sharding.py)."""
@@ -207,7 +207,7 @@ class ParamUnit:
     def keep(self, *, ahead: int) -> bool:
         """After a forward use: stay gathered for a use `ahead` operators into the backward; from
         now on `stage` charges the gathered buffer to the term of its distance, as it does a staged
-        shard ([Note: the forward's tail is the backward's head] in runtime/prefetch.py). Only where
+        shard ([Note: the forward's tail is the backward's head] in runtime/units/prefetch.py). Only where
         that term holds the whole buffer: from 2 ahead the terms hold a shard, which is the whole
         unit on one rank only. False: reshard instead."""
         if self.state is not UnitState.GATHERED or (ahead >= 2 and self.comm.world_size > 1):

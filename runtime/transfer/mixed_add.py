@@ -4,7 +4,7 @@
 Gradients are added into fp32 shards on the host wherever a 16-bit backward meets host-memory
 gradient shards more than once a step: gradient accumulation and tied weights, every gradient of a
 parameter after its first (`StoredGradients`, [Note: lazy gradient zeroing] in
-runtime/gradients.py). torch's CPU `fp32.add_(bf16)` first casts the whole bf16 operand into a new
+runtime/units/gradients.py). torch's CPU `fp32.add_(bf16)` first casts the whole bf16 operand into a new
 fp32 temporary. From 8 Mi elements that temporary is 32 MiB, the rank's mmap threshold ([Note:
 glibc's mmap threshold] in runtime/host_malloc.py), so each add maps fresh pages and faults every
 one of them in: measured on a 2-vCPU AMD EPYC VM (torch 2.13, 2 threads, thresholds set as the

@@ -1,0 +1,7 @@
+"""A unit's lifetime through a step: building the units from a model (one per module that owns
+parameters), gathering and resharding a unit (`ParamUnit`), prefetching in operator order, filing
+its gradients, activation-checkpoint recompute and tiling, and the events a unit tells its listener.
+
+Above `runtime.transfer`, below `runtime.optim`: a unit moves its shards through the stores and is
+updated by whatever listens to its events.
+"""
