@@ -51,6 +51,11 @@ class RuntimeConfig:
     def compute_dtype(self) -> torch.dtype:
         return COMPUTE_DTYPES[self.precision]
 
+    @property
+    def master_shares_param_shard(self) -> bool:
+        """fp32 params whose store is where the optimizer steps need no separate master copy."""
+        return self.precision == "fp32" and self.placement.params == self.placement.optimizer_states
+
 
 def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
     if isinstance(plan, Plan):

@@ -63,7 +63,6 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from planner.memory_terms import MemoryTerm
 from planner.plan import Plan
 from runtime.ledger import MemoryLedger
 from runtime.model_check import check_model
@@ -71,9 +70,7 @@ from runtime.optim.loss_scaling import DynamicLossScaler, output_tensors
 from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
 from runtime.profiler import Profiler
 from runtime.transfer.collectives import Comm, Reduced, make_comm
-from runtime.transfer.pinned_pool import staging_pool_for
-from runtime.transfer.stores import CopyEngine, ShardKey, ShardStore, UnitKey
-from runtime.transfer.tiers import make_store
+from runtime.transfer.stores import ShardStore
 from runtime.units.events import UnitListener
 from runtime.units.group import ParamUnit, UnitState
 from runtime.units.prefetch import Phase, Prefetcher
@@ -84,7 +81,7 @@ from runtime.units.recompute import (
     find_blocks,
 )
 from runtime.units.tiling import apply_tiling
-from runtime.units.unit_builder import build_units, default_init_fn, nvme_space
+from runtime.units.unit_builder import BuiltUnits, build_units, default_init_fn, open_stores
 
 MAX_REDUCES_IN_FLIGHT = 1
 """Reduce-scatters in flight while the next operator's backward runs (the memory model's
@@ -110,31 +107,24 @@ class _SavedView(NamedTuple):
 class ShardedModel:
     """Everything the runtime keeps for one sharded module (looked up with `state_of(model)`)."""
 
-    def __init__(self, module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan) -> None:
+    def __init__(self, module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan, profiler: Profiler,
+                 built: BuiltUnits) -> None:
         self.module_ref = weakref.ref(module)
         self.config = config
         self.comm = comm
         self.plan = plan
-        self.ledger = MemoryLedger()
-        self.profiler = Profiler(self.ledger, config.device)
-        self.copier = CopyEngine(config.device, self.profiler.link_bytes)
-        self.copier.pool = staging_pool_for(plan, self.copier, self.ledger)
-        place = config.placement
-        mixed = config.precision != "fp32"
-        self.swap = nvme_space(module, config, comm, plan, self.master_shares_param_shard)
-        self.param_store = self._store(place.params, MemoryTerm.PARAMS, "params")
-        # Mixed precision: gradients arrive in 16 bits and are accumulated straight into the fp32
-        # gradient copy that the paper counts among the optimizer states (eq. 2).
-        self.grad_store: ShardStore | None = (
-            self._store(place.gradients, MemoryTerm.OPTIMIZER_STATES if mixed else MemoryTerm.GRADIENTS, "gradients")
-            if config.stores_gradients else None)
-        """None when each unit's gradient goes straight into the in-backward update (`HandedGradients`)."""
-        self.optimizer_store = self._store(place.optimizer_states, MemoryTerm.OPTIMIZER_STATES, "optimizer_states")
-        self.units: list[ParamUnit] = []
-        self.masters: dict[UnitKey, torch.Tensor | None] = {}
-        """fp32 master shard per unit when it is resident in memory (the param shard itself when it can be)."""
-        self.master_at: dict[UnitKey, tuple[ShardStore, ShardKey]] = {}
-        """(store, key) of each unit's fp32 master shard, wherever it lives."""
+        self.profiler = profiler
+        self.ledger = profiler.ledger
+        # What the builder made (runtime/units/unit_builder.py, where each is described).
+        self.copier = built.stores.copier
+        self.swap = built.stores.swap
+        self.param_store = built.stores.params
+        self.grad_store = built.stores.gradients
+        self.optimizer_store = built.stores.optimizer_states
+        self.units = built.units
+        self.masters = built.masters
+        self.master_at = built.master_at
+        self.transient_buffers = built.transient_buffers
         self.segments: list[RecomputeSegment] = []
         self.segment_of_unit: dict[int, RecomputeSegment] = {}
         """Unit index -> the checkpointed segment whose blocks use it."""
@@ -147,8 +137,6 @@ class ShardedModel:
         """Told about the units' progress: the attached optimizer's schedule ([Note: schedules as
         types] in runtime/units/events.py)."""
         self._forward_tail_reached = False
-        self.transient_buffers: dict[int, ParamUnit] = {}
-        """Storage address -> unit gathered into it, for transient gathered buffers."""
         self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
         self._kept: dict[int, int] = {}
         """Units this forward keeps gathered for the backward -> their distance into its first
@@ -168,9 +156,6 @@ class ShardedModel:
     def detach(self, listener: UnitListener) -> None:
         if self.listener is listener:
             self.listener = UnitListener()
-
-    def _store(self, tier: str, term: MemoryTerm, name: str) -> ShardStore:
-        return make_store(tier, term=term, ledger=self.ledger, copier=self.copier, name=name, swap=self.swap)
 
     def close(self) -> None:
         """Finish outstanding NVMe transfers and remove the swap directory (also done at exit), and
@@ -207,11 +192,6 @@ class ShardedModel:
     @property
     def stores(self) -> list[ShardStore]:
         return [s for s in (self.param_store, self.grad_store, self.optimizer_store) if s is not None]
-
-    @property
-    def master_shares_param_shard(self) -> bool:
-        """fp32 params whose store is where the optimizer steps need no separate master copy."""
-        return self.config.precision == "fp32" and self.config.placement.params == self.config.placement.optimizer_states
 
     # -- hooks ------------------------------------------------------------------------------
     def _use(self, indices: list[int], phase: Phase) -> None:
@@ -461,9 +441,11 @@ def shard(
     blocks = find_blocks(model)
     if config.tiling_factor > 1 and blocks is not None:
         apply_tiling(blocks, config.tiling_factor)
-    state = ShardedModel(model, config, comm, plan_obj)
-    init_fn = param_init_fn or default_init_fn(model)
-    module_units = build_units(model, state, init_fn)
+    profiler = Profiler(MemoryLedger(), config.device)
+    stores = open_stores(model, config, comm, plan_obj, profiler)
+    built = build_units(model, config, comm, profiler, stores, param_init_fn or default_init_fn(model))
+    state = ShardedModel(model, config, comm, plan_obj, profiler, built)
+    module_units = built.module_units
     for store in (state.param_store, state.optimizer_store):
         store.drain()  # the shards' first writes: NVMe staging is given back before training
     for buf_owner in model.modules():  # buffers are small and replicated: just move them

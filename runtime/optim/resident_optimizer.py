@@ -70,7 +70,7 @@ class ResidentAdamW(AdamWEngine):
 
     def _write_back(self, key: str) -> None:
         """The compute copy of the parameters, where it is not the master itself."""
-        if not self.model.master_shares_param_shard:
+        if not self.model.config.master_shares_param_shard:
             self.model.param_store.write(key, self.model.masters[key]).wait()
 
     def _charge_states(self) -> None:

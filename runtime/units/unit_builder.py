@@ -4,12 +4,15 @@ A model built on the meta device (`with torch.device("meta")`) is materialised o
 the unit's parameters are allocated, initialised, cut into this rank's shard and dropped, so no
 more than one operator's full parameters exist at once. The NVMe swap space is sized before any
 shard exists, from the shards the model will have.
+
+The builder returns what it made (`BuiltUnits`: the rank's stores, the units and their masters);
+`runtime.sharding.ShardedModel` takes it and drives the units with hooks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -19,27 +22,82 @@ from planner.memory_terms import MemoryTerm
 from planner.plan import Plan
 from planner.units import round_up_4kib
 from runtime.plan_io import RuntimeConfig, local_world_size
+from runtime.profiler import Profiler
 from runtime.transfer.collectives import Comm
-from runtime.transfer.stores import StateKey, UnitKey
+from runtime.transfer.nvme_store import NvmeSpace
+from runtime.transfer.pinned_pool import staging_pool_for
+from runtime.transfer.stores import CopyEngine, ShardKey, ShardStore, StateKey, UnitKey
+from runtime.transfer.tiers import make_store
 from runtime.units.flat_param import FlatLayout, flatten_shard
 from runtime.units.gradients import GradientSink
 from runtime.units.group import ParamUnit
 from runtime.units.unit_charges import UnitCharges
 
-if TYPE_CHECKING:
-    from runtime.sharding import ShardedModel
+
+@dataclass(frozen=True)
+class RankStores:
+    """Where this rank's shards live: one store per model state, over one copy engine."""
+
+    copier: CopyEngine
+    swap: NvmeSpace | None
+    """The rank's NVMe space when any state is on NVMe (`nvme_space`)."""
+    params: ShardStore
+    gradients: ShardStore | None
+    """None when each unit's gradient goes straight into the in-backward update (`HandedGradients`)."""
+    optimizer_states: ShardStore
 
 
-def build_units(model: nn.Module, state: ShardedModel, init_fn: Callable[[nn.Module], None]) -> list[tuple[nn.Module, list[int]]]:
-    """One unit per module that owns parameters; returns (module, units it uses) for hooking."""
-    config = state.config
+@dataclass(frozen=True)
+class BuiltUnits:
+    """What the builder made of a model, handed whole to the `ShardedModel` that drives it."""
+
+    stores: RankStores
+    units: list[ParamUnit] = field(default_factory=list)
+    """One per module that owns parameters, in `model.modules()` order: a unit's index is its key's."""
+    module_units: list[tuple[nn.Module, list[int]]] = field(default_factory=list)
+    """(module, indices of the units whose parameters it uses) for every module that uses any: where
+    the hooks go."""
+    masters: dict[UnitKey, torch.Tensor | None] = field(default_factory=dict)
+    """fp32 master shard per unit when it is resident in memory (the param shard itself when it can be)."""
+    master_at: dict[UnitKey, tuple[ShardStore, ShardKey]] = field(default_factory=dict)
+    """(store, key) of each unit's fp32 master shard, wherever it lives."""
+    transient_buffers: dict[int, ParamUnit] = field(default_factory=dict)
+    """Storage address -> unit gathered into it, for transient gathered buffers (filled as units
+    gather, read by the sharded model's saved-tensor hooks)."""
+
+
+def open_stores(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan, profiler: Profiler) -> RankStores:
+    """The rank's copy engine (with the plan's staging pool), NVMe space and one store per state,
+    charged to the profiler's ledger."""
+    ledger = profiler.ledger
+    copier = CopyEngine(config.device, profiler.link_bytes)
+    copier.pool = staging_pool_for(plan, copier, ledger)
+    place = config.placement
+    swap = nvme_space(module, config, comm, plan)
+
+    def store(tier: str, term: MemoryTerm, name: str) -> ShardStore:
+        return make_store(tier, term=term, ledger=ledger, copier=copier, name=name, swap=swap)
+
+    params = store(place.params, MemoryTerm.PARAMS, "params")
+    # Mixed precision: gradients arrive in 16 bits and are accumulated straight into the fp32
+    # gradient copy that the paper counts among the optimizer states (eq. 2).
+    mixed = config.precision != "fp32"
+    gradients = (store(place.gradients, MemoryTerm.OPTIMIZER_STATES if mixed else MemoryTerm.GRADIENTS, "gradients")
+                 if config.stores_gradients else None)
+    optimizer_states = store(place.optimizer_states, MemoryTerm.OPTIMIZER_STATES, "optimizer_states")
+    return RankStores(copier, swap, params, gradients, optimizer_states)
+
+
+def build_units(model: nn.Module, config: RuntimeConfig, comm: Comm, profiler: Profiler, stores: RankStores,
+                init_fn: Callable[[nn.Module], None]) -> BuiltUnits:
+    """One unit per module that owns parameters, each with its shard in `stores`."""
+    built = BuiltUnits(stores)
     owner: dict[int, int] = {}
     references: dict[int, list[tuple[nn.Module, str]]] = {}
     for module in model.modules():
         for name, p in module._parameters.items():
             if p is not None:
                 references.setdefault(id(p), []).append((module, name))
-    module_units: list[tuple[nn.Module, list[int]]] = []
     names = {m: n for n, m in model.named_modules()}
     for module in model.modules():
         own = [(n, p) for n, p in module._parameters.items() if p is not None and id(p) not in owner]
@@ -47,14 +105,14 @@ def build_units(model: nn.Module, state: ShardedModel, init_fn: Callable[[nn.Mod
             if any(p.device.type == "meta" for _, p in own):
                 own = materialise(module, own, references, config.device, init_fn)
             params = [p for _, p in own]
-            unit = make_unit(names[module] or "<root>", params, state)
+            unit = make_unit(names[module] or "<root>", params, built, config, comm, profiler)
             for p in params:
-                owner[id(p)] = len(state.units)
-            state.units.append(unit)
+                owner[id(p)] = len(built.units)
+            built.units.append(unit)
         used = sorted({owner[id(p)] for p in module._parameters.values() if p is not None})
         if used:
-            module_units.append((module, used))
-    return module_units
+            built.module_units.append((module, used))
+    return built
 
 
 def materialise(module: nn.Module, own: list[tuple[str, nn.Parameter]], references: dict[int, list[tuple[nn.Module, str]]],
@@ -74,16 +132,19 @@ def materialise(module: nn.Module, own: list[tuple[str, nn.Parameter]], referenc
     return [(name, module._parameters[name]) for name, _ in out]
 
 
-def make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> ParamUnit:
-    config, comm = state.config, state.comm
+def make_unit(name: str, params: list[nn.Parameter], built: BuiltUnits, config: RuntimeConfig, comm: Comm,
+              profiler: Profiler) -> ParamUnit:
+    """The next unit of `built`: its shard and fp32 master written to the stores, the full
+    parameters dropped."""
+    stores, ledger = built.stores, profiler.ledger
     layout = FlatLayout.of(params, comm.world_size)
-    key = UnitKey(len(state.units), name)
-    shard = state.param_store.create(key, layout.shard_numel, config.compute_dtype)
+    key = UnitKey(len(built.units), name)
+    shard = stores.params.create(key, layout.shard_numel, config.compute_dtype)
     with torch.no_grad():
-        if state.master_shares_param_shard:
-            master_store, master_key, master = state.param_store, key, shard
+        if config.master_shares_param_shard:
+            master_store, master_key, master = stores.params, key, shard
         else:
-            master_store, master_key = state.optimizer_store, StateKey("master", key)
+            master_store, master_key = stores.optimizer_states, StateKey("master", key)
             master = master_store.create(master_key, layout.shard_numel, torch.float32)
         # Stores that keep shards in memory return them from `create`; an NVMe store is written to.
         values = master if master is not None else torch.zeros(layout.shard_numel, dtype=torch.float32,
@@ -95,25 +156,25 @@ def make_unit(name: str, params: list[nn.Parameter], state: ShardedModel) -> Par
             if shard is not None:
                 shard.copy_(values)
             else:
-                state.param_store.write(key, values.to("cpu", config.compute_dtype)).wait()
-        state.masters[key] = master
-        state.master_at[key] = (master_store, master_key)
+                stores.params.write(key, values.to("cpu", config.compute_dtype)).wait()
+        built.masters[key] = master
+        built.master_at[key] = (master_store, master_key)
         empty = torch.empty(0, dtype=config.compute_dtype, device=config.device)
         for p in params:
             p.data = empty  # drop the full parameter: only the shard remains
-    links = state.profiler.link_bytes
-    grads = GradientSink.factory(state.grad_store)(key=key, layout=layout, num_grad_params=sum(p.requires_grad for p in params),
-                                                   comm=comm, ledger=state.ledger, link_bytes=links)
-    unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=state.param_store, grads=grads,
-                     compute_dtype=config.compute_dtype, charges=UnitCharges(state.ledger), link_bytes=links,
-                     transient_buffers=state.transient_buffers)
+    links = profiler.link_bytes
+    grads = GradientSink.factory(stores.gradients)(key=key, layout=layout, num_grad_params=sum(p.requires_grad for p in params),
+                                                   comm=comm, ledger=ledger, link_bytes=links)
+    unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=stores.params, grads=grads,
+                     compute_dtype=config.compute_dtype, charges=UnitCharges(ledger), link_bytes=links,
+                     transient_buffers=built.transient_buffers)
     # Not an allocation the runtime makes but what each operator's objects cost (the memory model's
     # constant, measured by runtime/memory_probe.py), so that the host tier compares with the bill.
-    state.ledger.add("cpu", MemoryTerm.RUNTIME_BOOKKEEPING, BOOKKEEPING_BYTES_PER_OPERATOR)
+    ledger.add("cpu", MemoryTerm.RUNTIME_BOOKKEEPING, BOOKKEEPING_BYTES_PER_OPERATOR)
     return unit
 
 
-def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan, master_shared: bool) -> Any:
+def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan) -> NvmeSpace | None:
     """The rank's `NvmeSpace` when any state is on NVMe, sized before any shard exists (None otherwise).
 
     Swap files are preallocated, so their sizes come from the shards this model will have: one per
@@ -122,8 +183,6 @@ def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan,
     place = config.placement
     if "nvme" not in (place.params, place.gradients, place.optimizer_states):
         return None
-    from runtime.transfer.nvme_store import NvmeSpace
-
     numels, seen = [], set()
     for m in module.modules():
         own = [p for p in m._parameters.values() if p is not None and id(p) not in seen]
@@ -135,7 +194,7 @@ def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan,
         return copies * sum(round_up_4kib(n * element_bytes) for n in numels)
 
     compute_bytes = torch.empty(0, dtype=config.compute_dtype).element_size()
-    optimizer_copies = 2 + (0 if master_shared else 1)  # Adam momentum and variance, the fp32 master
+    optimizer_copies = 2 + (0 if config.master_shares_param_shard else 1)  # Adam momentum and variance, the fp32 master
     capacity = {}
     if place.params == "nvme":
         capacity["params"] = shards(compute_bytes, 1)
