@@ -1,7 +1,7 @@
 """The layering (issue 26): `planner/` is pure (no torch, no runtime, no composition root, no
-dashboard), and `runtime/`'s modules import each other without a cycle. Both read the source with
-`ast`, so an import inside a function counts as much as one at the top of a module (the interpreter
-would only find it when the function runs)."""
+dashboard), and `runtime/`'s modules import each other without a cycle and only down its layers
+(`RUNTIME_LAYERS`). All read the source with `ast`, so an import inside a function counts as much as
+one at the top of a module (the interpreter would only find it when the function runs)."""
 
 from __future__ import annotations
 
@@ -84,16 +84,20 @@ def test_planner_imports_no_torch_runtime_tierwise_or_app():
     assert not offences, "planner/ must stay pure:\n" + "\n".join(offences)
 
 
-def _runtime_graph() -> dict[str, set[str]]:
+def _runtime_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted((ROOT / "runtime").rglob("*.py"))}
+
+
+def _runtime_graph(*, executed_only: bool = True) -> dict[str, set[str]]:
     """runtime module -> runtime modules it imports. An import inside a function counts: deferring
     an import is how a cycle is hidden from the interpreter, not how it is removed (the two modules
-    still cannot be understood, tested or moved apart). Only `if TYPE_CHECKING:` imports, which
-    never run, are left out."""
-    modules = {_module_name(p): p for p in (ROOT / "runtime").rglob("*.py")}
+    still cannot be understood, tested or moved apart). With `executed_only`, `if TYPE_CHECKING:`
+    imports, which never run, are left out."""
+    modules = _runtime_modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         # `from runtime.x import y`: an edge to runtime.x.y only where that is a module.
-        graph[name] = {imported for _, imported in _imports(path, executed_only=True)
+        graph[name] = {imported for _, imported in _imports(path, executed_only=executed_only)
                        if imported in modules and imported != name}
     return graph
 
@@ -143,6 +147,66 @@ def test_runtime_has_no_import_cycle():
     cycles = _cycles(_runtime_graph())
     assert not cycles, "import cycles among runtime/ modules:\n" + "\n".join(
         " <-> ".join(cycle) for cycle in cycles)
+
+
+RUNTIME_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("runtime/ledger.py", "runtime/profiler.py", "runtime/faults.py"),
+    ("runtime/nvme/",),
+    ("runtime/plan_check.py", "runtime/plan_io.py"),
+    ("runtime/transfer/",),
+    ("runtime/units/",),
+    ("runtime/optim/", "runtime/ckpt/"),
+    ("runtime/__init__.py", "runtime/sharding.py", "runtime/optimizer.py", "runtime/launch.py",
+     "runtime/probe.py", "runtime/memory_probe.py", "runtime/model_check.py", "runtime/gpt.py",
+     "runtime/hf_model.py", "runtime/host_malloc.py", "runtime/process_exit.py"),
+)
+"""runtime/'s layers, lowest first (a folder stands for every file in it); a file imports only
+files of its own layer or a lower one. From the bottom: the accounting every layer charges (ledger,
+profiler) and fault points; the torch-free NVMe I/O library; the plan as the runtime reads it;
+moving bytes between tiers and ranks (stores, copies, collectives); a unit's lifetime (build,
+gather, prefetch, gradients, recompute); the optimizer engines and schedules, and training
+checkpoints, which both work on units; and the public verbs (`shard`, `AdamW`), the rank's process
+and the models it trains."""
+
+
+def _layer_of_each_runtime_module() -> dict[str, list[int]]:
+    """runtime module -> the index of every layer that names its file (exactly one when placed)."""
+    found: dict[str, list[int]] = {}
+    for name, path in _runtime_modules().items():
+        rel = path.relative_to(ROOT).as_posix()
+        found[name] = [index for index, layer in enumerate(RUNTIME_LAYERS) for entry in layer
+                       if rel == entry or (entry.endswith("/") and rel.startswith(entry))]
+    return found
+
+
+def _upward_imports(graph: dict[str, set[str]], layer: dict[str, int]) -> list[str]:
+    """Every import of a module from a higher layer than the importer's, as `importer -> imported`."""
+    return [f"{importer} -> {imported}" for importer in sorted(graph) for imported in sorted(graph[importer])
+            if layer[imported] > layer[importer]]
+
+
+def test_layer_check_names_every_upward_import():
+    graph = {"a": {"b", "c"}, "b": {"c"}, "c": set()}
+    assert _upward_imports(graph, {"a": 2, "b": 1, "c": 0}) == []
+    assert _upward_imports(graph, {"a": 1, "b": 1, "c": 0}) == []  # within a layer
+    assert _upward_imports(graph, {"a": 0, "b": 1, "c": 1}) == ["a -> b", "a -> c"]
+
+
+def test_every_runtime_module_is_in_one_layer():
+    misplaced = [f"{name}: layers {layers}" for name, layers in _layer_of_each_runtime_module().items()
+                 if len(layers) != 1]
+    assert not misplaced, "place each runtime/ file in exactly one of RUNTIME_LAYERS:\n" + "\n".join(misplaced)
+
+
+def test_runtime_imports_only_down_its_layers():
+    # Annotation-only imports count here: a type a module names is still a layer it depends on. A
+    # module's own packages do not (importing it runs their __init__ first, whoever imports it):
+    # `from runtime import _aio_ext` in runtime/nvme/ depends on the extension, not on runtime/__init__.py.
+    layer = {name: layers[0] for name, layers in _layer_of_each_runtime_module().items() if layers}
+    graph = {name: {i for i in imported if i in layer and not name.startswith(f"{i}.")}
+             for name, imported in _runtime_graph(executed_only=False).items() if name in layer}
+    upward = _upward_imports(graph, layer)
+    assert not upward, "runtime/ imports from a higher layer (RUNTIME_LAYERS):\n" + "\n".join(upward)
 
 
 MAX_FUNCTION_LINES = 80

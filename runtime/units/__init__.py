@@ -2,6 +2,6 @@
 parameters), gathering and resharding a unit (`ParamUnit`), prefetching in operator order, filing
 its gradients, activation-checkpoint recompute and tiling, and the events a unit tells its listener.
 
-Above `runtime.transfer`, below `runtime.optim`: a unit moves its shards through the stores and is
-updated by whatever listens to its events.
+Above `runtime.transfer`, below `runtime.optim` (`RUNTIME_LAYERS` in tests/test_architecture.py): a
+unit moves its shards through the stores and is updated by whatever listens to its events.
 """
