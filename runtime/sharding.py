@@ -71,6 +71,7 @@ from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
 from runtime.profiler import Profiler
 from runtime.transfer.collectives import Comm, Reduced, make_comm
 from runtime.transfer.stores import ShardStore
+from runtime.transfer.trace import hook
 from runtime.units.events import UnitListener
 from runtime.units.group import ParamUnit, UnitState
 from runtime.units.prefetch import Phase, Prefetcher
@@ -211,6 +212,7 @@ class ShardedModel:
                 self.listener.forward_tail()
             self.units[i].unshard()
 
+    @hook("forward pre-hook")
     def root_pre_forward(self, module: nn.Module, args: Any) -> None:  # noqa: ARG002
         if self.phase is StepPhase.IDLE:
             self._kept = {}
@@ -221,12 +223,14 @@ class ShardedModel:
                 self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack_saved, self._unpack_saved)
                 self._saving.__enter__()
 
+    @hook("forward hook")
     def stop_saving(self, *args: Any) -> None:  # noqa: ARG002 - also a forward hook (always called)
         """Pop the saved-tensor hooks of [Note: saved parameters] (after a forward, or its failure)."""
         if self._saving is not None:
             saving, self._saving = self._saving, None
             saving.__exit__(None, None, None)
 
+    @hook("saved-tensor pack")
     def _pack_saved(self, t: torch.Tensor) -> torch.Tensor | _SavedView:
         if t.layout is not torch.strided or not self.transient_buffers:
             return t
@@ -239,6 +243,7 @@ class ShardedModel:
             return t
         return _SavedView(unit, offset, t.shape, t.stride())
 
+    @hook("saved-tensor unpack")
     def _unpack_saved(self, saved: torch.Tensor | _SavedView) -> torch.Tensor:
         if not isinstance(saved, _SavedView):
             return saved
@@ -247,6 +252,7 @@ class ShardedModel:
         full = unit.full
         return full.as_strided(saved.size, saved.stride, full.storage_offset() + saved.offset)
 
+    @hook("forward hook")
     def root_post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:  # noqa: ARG002
         self.stop_saving()
         if self.phase is not StepPhase.FORWARD:
@@ -267,17 +273,19 @@ class ShardedModel:
         return output
 
     def pre_forward(self, indices: list[int]) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any) -> None:  # noqa: ARG001
+        @hook("forward pre-hook")
+        def pre_hook(module: nn.Module, args: Any) -> None:  # noqa: ARG001
             recompute = self.phase is StepPhase.BACKWARD
             self._use(indices, Phase.BACKWARD if recompute else Phase.FORWARD)
             if recompute:  # see [Note: recompute releases parameters]
                 for i in indices:
                     self.units[i].own_buffer()
 
-        return hook
+        return pre_hook
 
     def post_forward(self, indices: list[int]) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:  # noqa: ARG001
+        @hook("forward hook")
+        def post_hook(module: nn.Module, args: Any, output: Any) -> None:  # noqa: ARG001
             for i in indices:  # see [Note: when a unit is gathered]
                 if self.phase is StepPhase.BACKWARD:
                     self.units[i].hollow()
@@ -288,7 +296,7 @@ class ShardedModel:
                     if t.requires_grad:
                         t.register_hook(self._pre_backward(indices))
 
-        return hook
+        return post_hook
 
     def _keep_for_backward(self, index: int) -> bool:
         """[Note: the forward's tail is the backward's head] in runtime/units/prefetch.py."""
@@ -300,19 +308,21 @@ class ShardedModel:
         return True
 
     def _pre_backward(self, indices: list[int]) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:  # noqa: ARG001
+        @hook("output-gradient hook")
+        def pre_backward(grad: torch.Tensor) -> None:  # noqa: ARG001
             self._begin_backward(None)
             for i in indices:
                 self.units[i].backward_begun = True
             # See [Note: recompute releases parameters]: the recompute gathers these.
             self._use([i for i in indices if not self._awaits_recompute(i)], Phase.BACKWARD)
 
-        return hook
+        return pre_backward
 
     def _awaits_recompute(self, index: int) -> bool:
         segment = self.segment_of_unit.get(index)
         return segment is not None and segment.awaits_recompute
 
+    @hook("backward begin")
     def _begin_backward(self, grad: Any) -> None:  # noqa: ARG002
         if self.phase is StepPhase.BACKWARD:
             return
@@ -325,7 +335,8 @@ class ShardedModel:
         self.listener.backward_begin()
 
     def grad_hook(self, unit: ParamUnit, index: int) -> Callable[[nn.Parameter], None]:
-        def hook(param: nn.Parameter) -> None:
+        @hook("post-accumulate-grad hook")
+        def gradient_arrived(param: nn.Parameter) -> None:
             grad, param.grad = param.grad, None
             assert grad is not None
             if unit.grads.file(index, grad):
@@ -334,7 +345,7 @@ class ShardedModel:
                 if self.comm.world_size == 1:  # with several ranks: once its reduce-scatter is done
                     self._gradient_final(unit)
 
-        return hook
+        return gradient_arrived
 
     def _start_reduce(self, unit: ParamUnit) -> None:
         if self.comm.world_size > 1:
@@ -355,6 +366,7 @@ class ShardedModel:
         if gradient is not None:
             self.listener.gradient_final(unit, gradient)
 
+    @hook("end-of-backward callback")
     def _end_backward(self) -> None:
         for unit in self.units:  # units some of whose parameters got no gradient in this backward
             partial = unit.grads.partial

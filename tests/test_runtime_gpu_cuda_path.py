@@ -301,46 +301,30 @@ def test_host_shard_read_does_not_queue_behind_compute(precision: str) -> None:
     assert torch.equal(got.cpu(), store.resident(unit.key).to(unit.compute_dtype))
 
 
-# -- 6. one host wait per unit for host-tier gradients ([Note: one wait per unit]) ---------------------
+# -- 6. the transfer path as a GPU program ([Note: the transfer path as a GPU program]) ------------------
 
 
 @gpu
-def test_host_tier_gradients_wait_once_per_unit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Property: on one rank with gradients in host memory, backward's host synchronisations for
-    the gradient copies are at most one per unit (the copies are queued in order on the copy
-    stream), not one per parameter; the gradients that arrive are those of the same model stepped
-    with the gradients waited for one by one (bitwise: same kernels, same device)."""
-    from runtime_support import ALL_CPU, batches, build_model, plan_doc
+@pytest.mark.parametrize("schedule", ["after_backward", "in_backward"])
+@pytest.mark.parametrize("placement", ["cpu", "opt-on-nvme", "all-nvme"])
+def test_the_transfer_path_waits_on_the_host_only_in_the_step(placement: str, schedule: str, tmp_path: Path) -> None:
+    """Property, on CUDA, read off the same trace the emulated device's tests read
+    (tests/test_transfer_path.py): no runtime hook waits on the host; between a forward's start and
+    `optimizer.step()` the threads that issue device work never wait on the host, and the step
+    waits at most once; host-to-device and device-to-host copies run on their own streams and no
+    copy stream waits for all of another; nothing is pinned after the first step; every pinned byte
+    is in the ledger and equals the bill's term for it."""
+    from test_transfer_path import SEPARATE, STEPS, _doc, trained_and_traced
 
-    import runtime
-    from runtime.units.gradients import StoredGradients
-
-    def grads_after_backward(one_by_one: bool) -> tuple[list[torch.Tensor], int]:
-        torch.manual_seed(0)
-        model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_CPU))
-        if one_by_one:
-            real = StoredGradients._file_local
-
-            def file_and_wait(self: StoredGradients, index: int, grad: torch.Tensor) -> None:
-                real(self, index, grad)
-                self._wait_copies()
-
-            monkeypatch.setattr(StoredGradients, "_file_local", file_and_wait)
-        waits = []
-        real_wait = torch.cuda.Event.synchronize
-        monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda e: (waits.append(1), real_wait(e)))
-        tokens = batches(1)[0].cuda()
-        model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
-        monkeypatch.undo()
-        units = runtime.state_of(model).units
-        shards = [u.grads.shard().clone() for u in units]
-        return shards, len(waits)
-
-    batched, batched_waits = grads_after_backward(one_by_one=False)
-    reference, reference_waits = grads_after_backward(one_by_one=True)
-    assert all(torch.equal(a, b) for a, b in zip(batched, reference, strict=True))
-    num_units = len(batched)
-    assert batched_waits <= num_units < reference_waits
+    doc = {**_doc(placement, schedule, str(tmp_path), 1), "hardware": {**SEPARATE, "host_is_device": False}}
+    run = trained_and_traced(doc)
+    assert run["hook_waits"] == []
+    assert all(run["before_step"][s] == [] for s in range(1, STEPS + 1)), run["before_step"]
+    assert all(len(run["in_step"][s]) <= 1 for s in range(1, STEPS + 1)), run["in_step"]
+    assert run["misplaced_copies"] == [] and run["whole_stream_waits"] == []
+    assert run["pins_after_first_step"] == []
+    for term, (pinned, ledger, bill) in run["pinned"].items():
+        assert pinned == ledger == bill, (term, pinned, ledger, bill)
 
 
 # -- 9. activation checkpoints offloaded asynchronously ([Note: asynchronous checkpoint offload]) -----

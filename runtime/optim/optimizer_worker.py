@@ -62,6 +62,8 @@ import torch
 from planner.memory import IN_BACKWARD_QUEUED_UPDATES, IN_BACKWARD_STAGED_GRADIENTS
 from planner.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger
+from runtime.transfer.streams import Streams
+from runtime.transfer.trace import HostWait, WaitKind, current_hook, note, thread_name
 
 MAX_QUEUED_UPDATES = IN_BACKWARD_QUEUED_UPDATES  # planner/memory.py bills the staging this bounds
 """Updates waiting beyond the one running: enough for unit k's update to overlap the backward of
@@ -122,6 +124,8 @@ class OptimizerWorker:
         """Wait until the job of `ticket` (every job: None) and those before it finished; raise the
         first job's exception, if any (also one after `ticket`'s that already failed)."""
         with self._done:
+            if not self._reached(ticket):
+                note(HostWait(WaitKind.WORKER, f"the {self.name} thread", current_hook(), thread_name()))
             while not self._reached(ticket) and self._thread is not None and self._thread.is_alive():
                 self._done.wait(timeout=IDLE_POLL_S)
             if not self._reached(ticket):  # the thread is gone with jobs left (interpreter exit)
@@ -223,8 +227,9 @@ class GradientStaging:
     largest gradient staged so far. Charged to the host's `gradient_swap_buffers`, which the plan's
     bill holds for these too (planner.memory.staged_in_backward)."""
 
-    def __init__(self, ledger: MemoryLedger, count: int = IN_BACKWARD_STAGED_GRADIENTS) -> None:
+    def __init__(self, ledger: MemoryLedger, streams: Streams, count: int = IN_BACKWARD_STAGED_GRADIENTS) -> None:
         self.ledger = ledger
+        self.streams = streams
         self.count = count
         self._free: list[torch.Tensor] = []
         self._allocated = 0
@@ -241,7 +246,7 @@ class GradientStaging:
                     self.ledger.sub("cpu", MemoryTerm.GRADIENT_SWAP_BUFFERS, buffer.numel())
                 else:
                     self._allocated += 1
-                buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                buffer = self.streams.pinned_tensor(nbytes, MemoryTerm.GRADIENT_SWAP_BUFFERS)
                 self.ledger.add("cpu", MemoryTerm.GRADIENT_SWAP_BUFFERS, nbytes)
             return buffer
 

@@ -70,8 +70,10 @@ class ResidentAdamW(AdamWEngine):
 
     def _write_back(self, key: str) -> None:
         """The compute copy of the parameters, where it is not the master itself."""
-        if not self.model.config.master_shares_param_shard:
-            self.model.param_store.write(key, self.model.masters[key]).wait()
+        model = self.model
+        if not model.config.master_shares_param_shard:
+            write = model.param_store.write if model.optimizer_store.on_device else model.param_store.write_host
+            write(key, model.masters[key]).wait()
 
     def _charge_states(self) -> None:
         """Momentum and variance exist from the first step on (torch allocates them lazily)."""

@@ -68,6 +68,8 @@ from runtime.optim.optimizer_worker import GradientStaging, OptimizerWorker
 from runtime.optim.streamed_optimizer import StreamedAdamW
 from runtime.transfer.nvme_store import aligned_empty
 from runtime.transfer.stores import Pending
+from runtime.transfer.streams import DeviceEvent, Streams
+from runtime.transfer.trace import Role, hook
 from runtime.units.events import UnitListener
 from runtime.units.gradients import FinalGradient, UnitGradient
 from runtime.units.group import ParamUnit
@@ -216,10 +218,10 @@ class InBackward(UnitListener):
         self._updated: set[str] = set()
         """Units updated in this step's backward."""
         self.worker = OptimizerWorker()
-        self._device: torch.device = engine.model.config.device
-        self._updates_done: torch.cuda.Event | None = None
-        """CUDA: marks the end of the kernels the last update queued (on the worker's stream)."""
-        self._staging = GradientStaging(engine.model.ledger)
+        self._streams: Streams = engine.model.copier.streams
+        self._updates_done: DeviceEvent | None = None
+        """Marks the end of the kernels the last update queued (on the worker's stream)."""
+        self._staging = GradientStaging(engine.model.ledger, self._streams)
         # Joined when the optimizer is dropped without close() too (not at interpreter exit: see the note).
         weakref.finalize(self, self.worker.close)
 
@@ -231,7 +233,7 @@ class InBackward(UnitListener):
         self._drain()
         self.engine.backward_begin()
         # Runs after the model's own end of backward, which may still make gradients final.
-        torch.autograd.Variable._execution_engine.queue_callback(self._drain)
+        torch.autograd.Variable._execution_engine.queue_callback(hook("end-of-backward callback")(self._drain))
 
     @torch.no_grad()
     def gradient_final(self, unit: ParamUnit, gradient: FinalGradient) -> None:
@@ -243,34 +245,30 @@ class InBackward(UnitListener):
                 "optimizer.step() after every backward, or set optimizer_step to after_backward")
         self._updated.add(key)
         release = produced = None
-        if gradient.device.type == "cuda" and self.engine.chunk_pool is not None:  # the update runs on the host
-            assert isinstance(gradient, UnitGradient), type(gradient)
+        separate = self._streams.separate_memory
+        if separate and self.engine.chunk_pool is not None and isinstance(gradient, UnitGradient):  # a host update
             nbytes = gradient.numel * gradient.element_size
             buffer = self._staging.acquire(nbytes)
             host = buffer[:nbytes].view(gradient.parts[0][1].dtype)
             gradient = gradient.staged(host, self.engine.model.copier)
             release = partial(self._staging.release, buffer)
-        elif self._device.type == "cuda":  # the worker's kernels follow those that produced the gradient
-            produced = torch.cuda.Event()
-            produced.record(torch.cuda.current_stream(self._device))
+        elif separate:  # the worker's kernels follow those that produced the gradient
+            produced = self._streams.record(Role.COMPUTE)
         self.worker.submit(partial(self._update, unit, gradient, produced), release)
 
     @torch.no_grad()
-    def _update(self, unit: ParamUnit, gradient: FinalGradient, produced: torch.cuda.Event | None) -> None:
+    def _update(self, unit: ParamUnit, gradient: FinalGradient, produced: DeviceEvent | None) -> None:
         """On the worker."""
-        if self._device.type != "cuda":
+        streams = self._streams
+        if not streams.separate_memory:
             gradient.wait()
             self.engine.update_unit(unit, gradient)
             return
-        with torch.cuda.device(self._device):  # the worker thread's current device is not the rank's
-            stream = torch.cuda.current_stream()
-            if produced is not None:
-                stream.wait_event(produced)
+        with streams.on(Role.COMPUTE):  # the worker thread's current device is not the rank's
+            streams.wait(Role.COMPUTE, produced)
             gradient.wait()
             self.engine.update_unit(unit, gradient)
-            done = torch.cuda.Event()
-            done.record(stream)
-            self._updates_done = done
+        self._updates_done = streams.record(Role.COMPUTE)
 
     def drain(self) -> None:
         self._drain()
@@ -279,8 +277,7 @@ class InBackward(UnitListener):
         """Wait for the worker; on CUDA the compute stream then follows the kernels the updates queued
         (device stores written by an update), before any later gather reads their shards."""
         self.worker.drain()
-        if self._updates_done is not None:
-            torch.cuda.current_stream(self._device).wait_event(self._updates_done)
+        self._streams.wait(Role.COMPUTE, self._updates_done)
 
     def step(self) -> bool:
         """Every unit with a gradient was updated in backward: what is left are writes."""

@@ -77,7 +77,6 @@ import torch
 
 from planner.memory_terms import MemoryTerm
 from runtime.nvme import AlignedBuffer, BufferPool
-from runtime.nvme.pinning import TorchCudaPinHook
 from runtime.optim.chunk_read_ahead import REGIONS, Chunk, ChunkReadAhead, chunk_numel_for
 from runtime.optim.optimizer_engine import AdamWEngine
 from runtime.transfer.nvme_store import NvmeStore
@@ -94,10 +93,9 @@ class StreamedAdamW(AdamWEngine):
         self.model = model
         self.keys = [u.key for u in units]
         self.chunk_numel = chunk_numel_for(model.plan.optimizer_chunk_bytes)
-        # Pinned on CUDA: the in-backward update copies each gradient chunk off the GPU into its buffer.
-        pin_hook = TorchCudaPinHook() if model.config.device.type == "cuda" else None
-        self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel,
-                               num_buffers=model.plan.num_optimizer_buffers, pin_hook=pin_hook)
+        # Pinned on a device: the in-backward update copies each gradient chunk off it into its buffer.
+        self.pool = BufferPool(buffer_bytes=REGIONS * 4 * self.chunk_numel, num_buffers=model.plan.num_optimizer_buffers,
+                               pin_hook=model.copier.streams.pin_hook(MemoryTerm.OPTIMIZER_SWAP_BUFFERS))
         # Unpinned before its memory goes, also when the optimizer is dropped without close().
         weakref.finalize(self, self.pool.close)
         model.ledger.add("cpu", MemoryTerm.OPTIMIZER_SWAP_BUFFERS, self.pool.total_bytes)
@@ -177,7 +175,7 @@ class StreamedAdamW(AdamWEngine):
         model = self.model
         store, key = model.master_at[unit.key]
         return (store is model.param_store and key == unit.key and isinstance(store, NvmeStore)
-                and unit.compute_dtype == torch.float32 and model.config.device.type == "cpu")
+                and unit.compute_dtype == torch.float32 and not model.copier.separate_memory)
 
     def end_step(self) -> None:
         """Let the step's writes land (also after a failed `step_unit`)."""
@@ -197,7 +195,7 @@ class StreamedAdamW(AdamWEngine):
         """The after-backward step may run on the optimizer worker during the next forward: on the
         CPU, where the update writes host stores only (on CUDA the compute stream would have to
         follow the worker's copies, as in backward: not done)."""
-        return self.model.config.device.type == "cpu"
+        return not self.model.copier.separate_memory
 
     def prefetch_for_step(self) -> None:
         """A unit's gradient is final: read the master and Adam states of the next of the step's first
@@ -338,5 +336,5 @@ class StreamedAdamW(AdamWEngine):
                opt.write_from(StateKey("exp_avg", chunk.key), exp_avg, chunk.start),
                opt.write_from(StateKey("exp_avg_sq", chunk.key), exp_avg_sq, chunk.start)]
         if master_key != chunk.key:  # a separate compute copy of the parameters (mixed precision)
-            out.append(model.param_store.write(chunk.key, master.to(model.config.compute_dtype), chunk.start))
+            out.append(model.param_store.write_host(chunk.key, master.to(model.config.compute_dtype), chunk.start))
         return out

@@ -36,6 +36,11 @@ class Comm(NamedTuple):
     """Where this group's collectives take their tensors: NCCL reduces device tensors only, so on
     NCCL the rank's current CUDA device (bound by runtime.launch.bind_device), else the CPU."""
 
+    @property
+    def device_side(self) -> bool:
+        """Collectives are device work the compute stream can wait for (NCCL), not host work (gloo)."""
+        return self.device.type == "cuda"
+
     @staticmethod
     def local() -> Comm:
         return Comm(None, None, 1, 0, "native")

@@ -76,6 +76,8 @@ from runtime.nvme import (
 from runtime.nvme.extents import Extent
 from runtime.transfer.mixed_add import add_into
 from runtime.transfer.stores import CopyEngine, Pending, ShardKey, ShardStore
+from runtime.transfer.streams import DeviceEvent
+from runtime.transfer.trace import Direction, Role
 
 STAGING_TERMS = {"params": MemoryTerm.PARAM_SWAP_BUFFERS, "gradients": MemoryTerm.GRADIENT_SWAP_BUFFERS,
                  "optimizer_states": MemoryTerm.OPTIMIZER_SWAP_BUFFERS}
@@ -194,12 +196,10 @@ class NvmeStore(ShardStore):
         self._reads: list[Handle] = []
         self._landing: list[_ThenPending] = []
         """Reads for the device whose host-to-device copy is not issued yet ([Note: NVMe reads to the device])."""
-        self._copies: list[tuple[torch.cuda.Event, torch.Tensor]] = []
+        self._copies: list[tuple[DeviceEvent, torch.Tensor]] = []
         """Host-to-device copies in flight with the pinned host buffer each reads from."""
-        if copier.device.type == "cuda" and self.recycler.pin_hook is None:
-            from runtime.nvme.pinning import TorchCudaPinHook
-
-            self.recycler.pin_hook = TorchCudaPinHook()
+        if copier.separate_memory and self.recycler.pin_hook is None:
+            self.recycler.pin_hook = copier.streams.pin_hook(MemoryTerm.PARAM_SWAP_BUFFERS)
         self._staging_term = STAGING_TERMS[self.name]
         self.num_write_buffers = swap.write_buffers.get(self.name, WRITE_STAGING_BUFFERS)
         self.largest_write_bytes = 0
@@ -250,10 +250,10 @@ class NvmeStore(ShardStore):
         host = aligned_empty(numel, stored, self.recycler)
         handle = self._submit_read(key, host, 0)
         device = self.compute_device
-        if device.type == "cpu" and dtype == stored:
+        if not self.copier.separate_memory and dtype == stored:
             return _pending_on(handle, host, fresh=True)
         pending = _ThenPending(handle, host, device, dtype, self.copier, self._copies, self._lock)
-        if device.type == "cuda":
+        if self.copier.separate_memory:
             self._landing = [p for p in self._landing if not p.issue_if_landed()]
             self._copies[:] = [(e, h) for e, h in self._copies if not e.query()]
             self._landing.append(pending)
@@ -270,11 +270,21 @@ class NvmeStore(ShardStore):
 
     @_locked
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
+        return self._write_staged(key, src, offset, from_device=self.copier.separate_memory)
+
+    @_locked
+    def write_host(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
+        return self._write_staged(key, src, offset, from_device=False)
+
+    def _write_staged(self, key: ShardKey, src: torch.Tensor, offset: int, *, from_device: bool) -> Pending:
         _, stored, _ = self._extents[key]
         # Sized in the stored dtype: a bf16 gradient is written into its fp32 shard.
         buffer = self._staging_buffer(src.numel() * stored.itemsize)
         staging = torch.frombuffer(buffer.view, dtype=stored, count=src.numel())
-        staging.copy_(src.reshape(-1))
+        if from_device:  # a gradient off the device: a copy into pageable memory
+            self.copier.streams.copy(staging, src.reshape(-1), Direction.D2H, on=Role.COMPUTE)
+        else:
+            staging.copy_(src.reshape(-1))
         self._staged_writes.append((self._submit_write(key, staging, offset), buffer))
         return Pending(src)
 
@@ -283,13 +293,17 @@ class NvmeStore(ShardStore):
         _, stored, _ = self._extents[key]
         current = aligned_empty(src.numel(), stored, self.recycler)
         self.read_into(key, current, offset).wait()
+        if self.copier.separate_memory:  # a gradient off the device: a copy into pageable memory
+            host = torch.empty(src.numel(), dtype=src.dtype)
+            self.copier.streams.copy(host, src.reshape(-1), Direction.D2H, on=Role.COMPUTE)
+            src = host
         add_into(current, src.reshape(-1))
-        return self.write(key, current, offset)
+        return self.write_host(key, current, offset)
 
     @_locked
     def zero(self, key: ShardKey, offset: int, numel: int) -> None:
         _, stored, _ = self._extents[key]
-        self.write(key, torch.zeros(numel, dtype=stored), offset)
+        self.write_host(key, torch.zeros(numel, dtype=stored), offset)
 
     @_locked
     def drain(self, *, keep_staging: bool = False) -> None:
@@ -308,7 +322,7 @@ class NvmeStore(ShardStore):
         self._landing.clear()  # every read landed; a copy nobody asked for is not issued
         copies, self._copies[:] = list(self._copies), []
         for event, _host in copies:
-            event.synchronize()
+            event.layer.host_wait(event, "an NVMe read's copy to the device")
 
     def close(self) -> None:
         self.drain()
@@ -404,7 +418,7 @@ class _ThenPending(Pending):
         self._copies = copies
         self._lock = lock
         self._staged: torch.Tensor | None = None
-        self._copied: torch.cuda.Event | None = None
+        self._copied: DeviceEvent | None = None
 
     def issue_if_landed(self) -> bool:
         """Issue the host-to-device copy if the read has landed (never blocks); True once issued."""
@@ -420,15 +434,15 @@ class _ThenPending(Pending):
 
     @property
     def on_copy_stream(self) -> bool:
-        return self._device.type == "cuda"
+        return self._copier.separate_memory
 
     def ready(self) -> bool:
-        if self._device.type == "cpu":
+        if not self._copier.separate_memory:
             return self._handle.done()
         return self.issue_if_landed() and self._copied.query()
 
     def wait(self) -> torch.Tensor:
-        if self._device.type == "cpu":
+        if not self._copier.separate_memory:
             self._handle.wait()
             return self._host.to(self._dtype)
         if self._staged is None:

@@ -27,11 +27,16 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from planner.memory import PinnedPoolShape
 from runtime.nvme.buffers import AlignedBuffer, BufferPool
+from runtime.transfer.trace import Direction, Role
+
+if TYPE_CHECKING:
+    from runtime.transfer.streams import DeviceEvent, Streams
 
 
 class _StagedCopy:
@@ -40,7 +45,7 @@ class _StagedCopy:
 
     __slots__ = ("pool", "buffer", "event", "then", "staged", "_finished", "_lock")
 
-    def __init__(self, pool: StagingPool, buffer: AlignedBuffer, event: torch.cuda.Event | None,
+    def __init__(self, pool: StagingPool, buffer: AlignedBuffer, event: DeviceEvent | None,
                  then: Callable[[], None] | None, staged: torch.Tensor | None = None) -> None:
         self.pool, self.buffer, self.event, self.then = pool, buffer, event, then
         self.staged = staged
@@ -57,25 +62,21 @@ class _StagedCopy:
             if self._finished:
                 return
             if not self.copied():
-                self.event.synchronize()
+                self.event.layer.host_wait(self.event, "a staged copy's buffer")
             if self.then is not None:
                 self.then()
             self._finished = True
             self.then = self.staged = None  # they view the buffer: nothing may outlive the return
         self.pool.release(self.buffer)
 
-    def reissue(self, dst: torch.Tensor, stream: torch.cuda.Stream) -> bool:
+    def reissue(self, dst: torch.Tensor, stream: Role) -> bool:
         """Queue `dst = piece` from the buffer, after its device-to-host copy on the same stream, if
         the piece has not been finished (landed and returned) yet; the buffer then comes back after
         this copy too. False when it was: the bytes are in host memory only."""
         with self._lock:
             if self._finished or self.staged is None:
                 return False
-            with torch.cuda.stream(stream):
-                dst.copy_(self.staged, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
-            self.event = event
+            self.event = self.pool.streams.copy(dst, self.staged, Direction.H2D, on=stream)
             return True
 
 
@@ -84,7 +85,7 @@ class HostTransfer:
 
     __slots__ = ("pieces", "event")
 
-    def __init__(self, pieces: list[tuple[_StagedCopy | None, int, int]], event: torch.cuda.Event | None) -> None:
+    def __init__(self, pieces: list[tuple[_StagedCopy | None, int, int]], event: DeviceEvent | None) -> None:
         self.pieces = pieces
         """(copy in flight or None once done, offset, numel) per piece."""
         self.event = event
@@ -102,7 +103,10 @@ class StagingPool:
     CUDA ([Note: staged host copies]). `acquire`/`release` lend a whole buffer (checkpoint saves);
     `to_device`/`to_host` stage a copy through them."""
 
-    def __init__(self, shape: PinnedPoolShape, pin_hook=None) -> None:  # noqa: ANN001 - runtime.nvme.PinHook
+    def __init__(self, shape: PinnedPoolShape, pin_hook=None, streams: Streams | None = None) -> None:  # noqa: ANN001
+        """`pin_hook`: a runtime.nvme.PinHook; `streams`: the layer the staged copies run on (None:
+        copies are done in the call)."""
+        self.streams = streams
         self.buffer_bytes = shape.buffer_bytes
         self.buffers = BufferPool(buffer_bytes=shape.buffer_bytes, num_buffers=shape.num_buffers, pin_hook=pin_hook)
         """The pooled memory (`total_bytes` is what the ledger charges; `pinned` on CUDA)."""
@@ -163,7 +167,7 @@ class StagingPool:
     def _staged(self, buffer: AlignedBuffer, dtype: torch.dtype, numel: int) -> torch.Tensor:
         return torch.frombuffer(buffer.view, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
 
-    def to_device(self, dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+    def to_device(self, dst: torch.Tensor, src: torch.Tensor, stream: Role | None) -> DeviceEvent | None:
         """Queue `dst = src` (flat, same numel) from pageable host memory on `stream` (None: copy
         now); returns the event of the last piece (the whole copy: one stream runs them in order)."""
         event = None
@@ -177,15 +181,12 @@ class StagingPool:
                 dst[start : start + piece.numel()].copy_(staged)
                 self.release(buffer)
                 continue
-            with torch.cuda.stream(stream):
-                dst[start : start + piece.numel()].copy_(staged, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
+            event = self.streams.copy(dst[start : start + piece.numel()], staged, Direction.H2D, on=stream)
             self._track(_StagedCopy(self, buffer, event, None))
         return event
 
     def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None],
-                stream: torch.cuda.Stream | None) -> HostTransfer:
+                stream: Role | None) -> HostTransfer:
         """Queue copying the flat device tensor `src` off the device on `stream` (None: now), piece
         by piece; `land(staged, offset)` puts each piece where it belongs on the host (a copy or an
         add), after its copy finished."""
@@ -200,10 +201,7 @@ class StagingPool:
             if stream is None:
                 staged.copy_(src[start : start + numel])
             else:
-                with torch.cuda.stream(stream):
-                    staged.copy_(src[start : start + numel], non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record(stream)
+                event = self.streams.copy(staged, src[start : start + numel], Direction.D2H, on=stream)
             copy = _StagedCopy(self, buffer, event, lambda staged=staged, start=start: land(staged, start), staged)
             if stream is None:
                 copy.finish()
@@ -213,7 +211,7 @@ class StagingPool:
         return HostTransfer(pieces, event)
 
     def back_to_device(self, transfer: HostTransfer, dst: torch.Tensor, host: torch.Tensor,
-                       stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+                       stream: Role | None) -> DeviceEvent | None:
         """Queue `dst = host` (flat) where `host` is the destination of `transfer`: a piece still in
         its buffer goes from there, after its device-to-host copy on the same stream, so the host
         never waits for it to land; a landed piece is staged again from `host`. Returns the event
@@ -243,11 +241,7 @@ def staging_pool_for(plan, copier, ledger) -> StagingPool | None:  # noqa: ANN00
 
     if not copier.separate_memory or not host_state_crosses_link(plan):
         return None
-    pin_hook = None
-    if copier.device.type == "cuda":
-        from runtime.nvme.pinning import TorchCudaPinHook
-
-        pin_hook = TorchCudaPinHook()
-    pool = StagingPool(pinned_staging_pool(plan), pin_hook)
+    streams = copier.streams
+    pool = StagingPool(pinned_staging_pool(plan), streams.pin_hook(MemoryTerm.PINNED_STAGING_POOL), streams)
     ledger.add("cpu", MemoryTerm.PINNED_STAGING_POOL, pool.buffers.total_bytes)
     return pool

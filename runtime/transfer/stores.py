@@ -26,6 +26,8 @@ import torch
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.transfer.mixed_add import add_into
 from runtime.transfer.pinned_pool import HostTransfer, StagingPool
+from runtime.transfer.streams import DeviceEvent, make_streams
+from runtime.transfer.trace import Direction, Role
 
 
 class UnitKey(NamedTuple):
@@ -59,12 +61,12 @@ ShardKey = UnitKey | StateKey
 
 
 class Pending:
-    """A tensor that becomes valid after `wait()` (a finished copy, or a CUDA event on a copy stream)."""
+    """A tensor that becomes valid after `wait()` (a finished copy, or a device event on a copy stream)."""
 
-    __slots__ = ("_tensor", "_event", "_after", "_done", "fresh")
+    __slots__ = ("_tensor", "_event", "_after", "_done", "fresh", "_to_host")
 
-    def __init__(self, tensor: torch.Tensor, event: torch.cuda.Event | None = None, after=None, *,  # noqa: ANN001
-                 done=None, fresh: bool = False) -> None:  # noqa: ANN001
+    def __init__(self, tensor: torch.Tensor, event: DeviceEvent | None = None, after=None, *,  # noqa: ANN001
+                 done=None, fresh: bool = False, to_host: bool = False) -> None:  # noqa: ANN001
         self._tensor = tensor
         self._event = event
         self._after = after
@@ -73,6 +75,8 @@ class Pending:
         """Callable telling, without blocking, whether the transfer `after` waits for has finished."""
         self.fresh = fresh
         """True when the tensor is a new buffer (a staged copy), False when it is the shard itself."""
+        self._to_host = to_host
+        """The tensor is in host memory (a copy off the device): the host waits for `event`, not a stream."""
 
     def ready(self) -> bool:
         """False while a transfer `wait()` would block on is known to be in flight (a copy with an event,
@@ -85,22 +89,23 @@ class Pending:
         """Block the host until the transfer ended, without consuming it (`wait` still runs `after`):
         transfers queued in order on one stream are all over once the last one is."""
         if self._event is not None:
-            self._event.synchronize()
+            self._event.layer.host_wait(self._event, "a transfer's end")
 
     @property
     def on_copy_stream(self) -> bool:
         """The tensor comes from the copy stream (the host-to-device copy of a host or NVMe shard):
         a consumer on another stream orders itself after the copy's event, not after the compute."""
-        return self._event is not None and self._tensor.device.type == "cuda"
+        return self._event is not None and not self._to_host
 
     def wait(self) -> torch.Tensor:
         if self._event is not None:
-            if self._tensor.device.type == "cuda":
-                consumer = torch.cuda.current_stream(self._tensor.device)
-                consumer.wait_event(self._event)
-                self._tensor.record_stream(consumer)  # it may have been allocated on the copy stream
+            layer = self._event.layer
+            if not self._to_host:
+                consumer = layer.current_role()
+                layer.wait(consumer, self._event)
+                layer.keep(self._tensor, consumer)  # it may have been allocated on the copy stream
             elif not self._event.query():
-                self._event.synchronize()  # the host needs the bytes now
+                layer.host_wait(self._event, "a copy off the device")  # the host needs the bytes now
             self._event = None
         if self._after is not None:
             after, self._after = self._after, None
@@ -109,27 +114,30 @@ class Pending:
 
 
 class CopyEngine:
-    """Host<->device copies on a side stream on CUDA; plain copies on CPU. Counts link bytes.
-    Copies between pageable host memory and the device go through `pool` ([Note: staged host copies])."""
+    """Host<->device copies on the rank's copy stream (`streams`), counting link bytes. Copies between
+    pageable host memory and the device go through `pool` ([Note: staged host copies])."""
 
     separate_memory_on_cpu: ClassVar[bool] = False
-    """Run, on a CPU, the data path of a device with memory of its own: host-tier shards are staged
-    through the pool into fresh tensors as on CUDA (copies complete in the call). Tests set it to
-    exercise the staged path and its bounds without a GPU; False keeps [Note: the CPU machine]."""
+    """Run, on a CPU, the data path of a device with memory of its own (`EmulatedStreams`): host-tier
+    shards are staged through the pool into fresh tensors as on CUDA (copies complete in the call).
+    Tests set it to exercise the device's path and its bounds without a GPU; False keeps [Note: the
+    CPU machine]."""
 
     def __init__(self, device: torch.device, link_bytes: dict[str, int], pool: StagingPool | None = None) -> None:
         self.device = device
         self.link_bytes = link_bytes
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.separate_memory = device.type == "cuda" or self.separate_memory_on_cpu
+        self.streams = make_streams(device, separate_memory_on_cpu=self.separate_memory_on_cpu)
+        self.separate_memory = self.streams.separate_memory
         """Host and compute memory are two memories: host-tier state crosses a link to be used."""
         self.pool = pool
         """The rank's staging pool (None where the plan moves no host-tier state)."""
+        if pool is not None and pool.streams is None:
+            pool.streams = self.streams
 
     @property
-    def stream(self) -> torch.cuda.Stream | None:
-        """The copy stream (None on the CPU: copies are done when `copy` returns)."""
-        return self._stream
+    def stream(self) -> Role | None:
+        """The copy stream (None without separate memory: copies are done when `copy` returns)."""
+        return Role.H2D if self.separate_memory else None
 
     def staging(self) -> StagingPool:
         if self.pool is None:
@@ -140,39 +148,25 @@ class CopyEngine:
     def _count(self, link: str, tensor: torch.Tensor) -> None:
         self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(tensor)
 
-    def _device_tensor_like(self, src: torch.Tensor) -> torch.Tensor:
-        """A new device tensor of `src`'s shape and dtype, allocated on the copy stream (so the
-        allocator cannot hand it memory that kernels on the compute stream still use)."""
-        if self._stream is None:
-            return torch.empty(src.shape, dtype=src.dtype, device=self.device)
-        with torch.cuda.stream(self._stream):
-            return torch.empty(src.shape, dtype=src.dtype, device=self.device)
-
-    def to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event]:
+    def to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, DeviceEvent]:
         """Start copying the host tensor `src`, already pinned (an NVMe read buffer), into a new
-        device tensor (CUDA only).
+        device tensor.
 
-        The new tensor is allocated on the copy stream (`_device_tensor_like`), and the copy need not
-        wait for the compute stream (which does not write host shards): it starts as soon as the copy
-        stream is free. The
+        The new tensor is allocated on the copy stream, and the copy need not wait for the compute
+        stream (which does not write host shards): it starts as soon as the copy stream is free. The
         consumer waits on the event (`Pending.wait`, which records the tensor on its stream)."""
-        assert self._stream is not None and src.device.type == "cpu"
-        self._count(link, src)
-        dst = self._device_tensor_like(src)
-        with torch.cuda.stream(self._stream):
-            dst.copy_(src, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        return dst, event
-
-    def stage_to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """`to_device` for pageable host memory (host-tier state): through the pool's pinned buffers
-        ([Note: staged host copies]). On a CPU (`separate_memory_on_cpu`) the copy is done on return
-        and the event is None."""
         assert self.separate_memory and src.device.type == "cpu"
         self._count(link, src)
-        dst = self._device_tensor_like(src)
-        return dst, self.staging().to_device(dst.view(-1), src.reshape(-1), self._stream)
+        dst = self.streams.empty(src.shape, src.dtype, Role.H2D)
+        return dst, self.streams.copy(dst, src, Direction.H2D, on=Role.H2D)
+
+    def stage_to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, DeviceEvent | None]:
+        """`to_device` for pageable host memory (host-tier state): through the pool's pinned buffers
+        ([Note: staged host copies])."""
+        assert self.separate_memory and src.device.type == "cpu"
+        self._count(link, src)
+        dst = self.streams.empty(src.shape, src.dtype, Role.H2D)
+        return dst, self.staging().to_device(dst.view(-1), src.reshape(-1), Role.H2D)
 
     def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None], link: str = "d2h") -> HostTransfer:
         """Start copying the flat device tensor `src` off the device through the pool; `land(piece,
@@ -180,53 +174,44 @@ class CopyEngine:
         later lease of the pool, does it)."""
         assert self.separate_memory
         self._count(link, src)
-        if self._stream is None:
-            return self.staging().to_host(src, land, None)
         # The copy must not start before the compute stream produced `src`.
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        src.record_stream(self._stream)
-        return self.staging().to_host(src, land, self._stream)
+        self.streams.wait_stream(Role.H2D, Role.COMPUTE)
+        self.streams.keep(src, Role.H2D)
+        return self.staging().to_host(src, land, Role.H2D)
 
     def back_to_device(self, host: torch.Tensor, transfer: HostTransfer,
-                       link: str = "h2d") -> tuple[torch.Tensor, torch.cuda.Event | None]:
+                       link: str = "h2d") -> tuple[torch.Tensor, DeviceEvent | None]:
         """`stage_to_device(host)` where `host` is the destination of the device-to-host `transfer`:
         the pieces not landed yet go from their pinned buffers, without a host wait."""
         self._count(link, host)
-        dst = self._device_tensor_like(host)
-        return dst, self.staging().back_to_device(transfer, dst.view(-1), host.reshape(-1), self._stream)
+        dst = self.streams.empty(host.shape, host.dtype, Role.H2D)
+        return dst, self.staging().back_to_device(transfer, dst.view(-1), host.reshape(-1), Role.H2D)
 
-    def into_device(self, dst: torch.Tensor, src: torch.Tensor, link: str = "h2d") -> torch.cuda.Event | None:
+    def into_device(self, dst: torch.Tensor, src: torch.Tensor, link: str = "h2d") -> DeviceEvent | None:
         """Start `dst = src` for a flat device tensor `dst` and a pageable host tensor `src`, through
         the pool, after the compute stream's work queued so far (it may still read `dst`)."""
         self._count(link, src)
-        if self._stream is not None:
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        return self.staging().to_device(dst, src, self._stream)
+        self.streams.wait_stream(Role.H2D, Role.COMPUTE)
+        return self.staging().to_device(dst, src, Role.H2D)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, link: str) -> torch.cuda.Event | None:
-        """Start `dst.copy_(src)`; returns the event marking its end on CUDA (None when done)."""
-        if dst.device != src.device:
-            self._count(link, src)
-        if self._stream is None:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, link: str) -> DeviceEvent | None:
+        """Start `dst.copy_(src)`; returns the event marking its end (None when done)."""
+        self._count(link, src)
+        if not self.separate_memory:
             dst.copy_(src)
             return None
         # The copy must not start before the compute stream produced `src` (or stopped reading `dst`).
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._stream):
-            dst.copy_(src, non_blocking=True)
-            # Keep both alive until the copy stream is done with them (caching-allocator reuse).
-            for t in (dst, src):
-                if t.device.type == "cuda":
-                    t.record_stream(self._stream)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        return event
+        self.streams.wait_stream(Role.H2D, Role.COMPUTE)
+        direction = Direction.D2H if link == "d2h" else Direction.H2D
+        return self.streams.copy(dst, src, direction, on=Role.H2D)
 
 
 class ShardStore(ABC):
     """Shards of one model state (`params`, `gradients` or `optimizer_states`) in one tier."""
 
     tier: ClassVar[str]
+    on_device: ClassVar[bool] = False
+    """Shards live in compute-device memory (the optimizer's updates there are device tensors)."""
     resident_states: ClassVar[bool] = True
     """Shards live in memory (`resident` works); False for stores whose shards are streamed."""
     recycler: Any = None
@@ -307,13 +292,20 @@ class ShardStore(ABC):
 
     @abstractmethod
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
-        """`shard[offset:offset + src.numel()] = src` (updated parameters, a step's first gradient)."""
+        """`shard[offset:offset + src.numel()] = src` for a compute-device tensor (a step's first
+        gradient, parameters updated on the device)."""
+
+    @abstractmethod
+    def write_host(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
+        """`shard[offset:offset + src.numel()] = src` for a host tensor (parameters updated on the host,
+        a model's first shards)."""
 
 
 class DeviceStore(ShardStore):
     """Shards in compute-device memory (`gpu` placement)."""
 
     tier = "gpu"
+    on_device: ClassVar[bool] = True
 
     def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=self.compute_device)
@@ -328,8 +320,12 @@ class DeviceStore(ShardStore):
         return Pending(shard)
 
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
+        self._shards[key][offset : offset + src.numel()].copy_(src.reshape(-1))
+        return Pending(self._shards[key])
+
+    def write_host(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         target = self._shards[key][offset : offset + src.numel()]
-        if src.device != target.device and self.copier.pool is not None:  # host-tier masters written back
+        if self.copier.separate_memory and self.copier.pool is not None:  # host-tier masters written back
             return Pending(self._shards[key], self.copier.into_device(target, src.reshape(-1)))
         target.copy_(src.reshape(-1))
         return Pending(self._shards[key])
@@ -347,11 +343,6 @@ class HostStore(ShardStore):
     def _on_host_device(self) -> bool:
         return not self.copier.separate_memory
 
-    def _in_host_memory(self, src: torch.Tensor) -> bool:
-        """`src` needs no link to reach the shard: the CPU machine, or a host tensor on CUDA (master
-        weights the CPU-tier optimizer updated)."""
-        return self._on_host_device() or (src.device.type == "cpu" and self.compute_device.type != "cpu")
-
     def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
         shard = self._shards[key]
         if self._on_host_device():  # see [Note: the CPU machine]
@@ -364,22 +355,27 @@ class HostStore(ShardStore):
 
     def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         target = self._shards[key][offset : offset + src.numel()]
-        if self._in_host_memory(src):
+        if self._on_host_device():
             add_into(target, src.reshape(-1))
             return Pending(self._shards[key])
         transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: add_into(target[at : at + piece.numel()], piece))
-        return Pending(self._shards[key], transfer.event, after=transfer.finish)
+        return Pending(self._shards[key], transfer.event, after=transfer.finish, to_host=True)
 
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
         target = shard[offset : offset + src.numel()]
-        # A host source (an update's result, also on the optimizer worker) needs no copy stream: one
-        # would make the worker wait for the compute queued on the device.
-        if self._in_host_memory(src):
+        if self._on_host_device():
             target.copy_(src.reshape(-1))
             return Pending(shard)
         transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].copy_(piece))
-        return Pending(shard, transfer.event, after=transfer.finish)
+        return Pending(shard, transfer.event, after=transfer.finish, to_host=True)
+
+    def write_host(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
+        # A host source (an update's result, also on the optimizer worker) needs no copy stream: one
+        # would make the worker wait for the compute queued on the device.
+        shard = self._shards[key]
+        shard[offset : offset + src.numel()].copy_(src.reshape(-1))
+        return Pending(shard)
 
 
 class _CastPending(Pending):

@@ -28,6 +28,8 @@ from planner.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.transfer.collectives import Comm, Reduced, reduce_scatter_flat
 from runtime.transfer.stores import CopyEngine, Pending, ShardStore, UnitKey
+from runtime.transfer.streams import DeviceEvent, Streams
+from runtime.transfer.trace import Role
 from runtime.units.flat_param import FlatLayout
 
 
@@ -164,13 +166,13 @@ class StagedGradient(FinalGradient):
 
     __slots__ = ("_host", "_event")
 
-    def __init__(self, host: UnitGradient, event: torch.cuda.Event | None) -> None:
+    def __init__(self, host: UnitGradient, event: DeviceEvent | None) -> None:
         self._host = host
         self._event = event
 
     def wait(self) -> None:
         if self._event is not None:
-            self._event.synchronize()
+            self._event.layer.host_wait(self._event, "a staged gradient")
             self._event = None
 
     def flat(self) -> torch.Tensor:
@@ -201,6 +203,7 @@ class GradientSink(ABC):
     comm: Comm
     ledger: MemoryLedger
     link_bytes: dict[str, int]
+    streams: Streams
     _pending: int = field(init=False)
     """Gradients still to arrive in this backward."""
     _flat: torch.Tensor | None = field(init=False, default=None)
@@ -235,7 +238,8 @@ class GradientSink(ABC):
 
     def finish_reduce(self, reduced: Reduced) -> Pending:
         """Average the reduced slice and file it."""
-        out = reduced.wait()
+        out = reduced.wait() if not reduced.works else self.streams.join(
+            Role.COMPUTE, reduced.wait, device_side=self.comm.device_side, why="a reduce-scatter")
         out.div_(self.comm.world_size)
         pending = self._file_reduced(out)
         self.ledger.sub("gpu", MemoryTerm.REDUCE_SCATTER_BUFFER, self.layout.padded_numel * out.element_size())

@@ -23,6 +23,8 @@ from torch import nn
 from planner.memory_terms import MemoryTerm
 from runtime.transfer.collectives import Comm, Gathered, all_gather_flat
 from runtime.transfer.stores import Pending, ShardStore
+from runtime.transfer.streams import DeviceEvent, Streams
+from runtime.transfer.trace import Role
 from runtime.units.flat_param import FlatLayout
 from runtime.units.gradients import GradientSink
 from runtime.units.unit_charges import UnitCharges
@@ -81,7 +83,7 @@ class ParamUnit:
         self._empty = torch.empty(0, dtype=compute_dtype, device=param_store.compute_device)
         self._staged: Pending | None = None
         self._gathering: Gathered | None = None
-        self._gathered_on: torch.cuda.Event | None = None
+        self._gathered_on: DeviceEvent | None = None
         """A prefetch issued on the copy stream: the event the compute stream waits on at the unit's
         use ([Note: a prefetch waits on the copy stream])."""
         self._full: torch.Tensor | None = None
@@ -102,6 +104,10 @@ class ParamUnit:
         self.transient_buffers = {} if transient_buffers is None else transient_buffers
         """Storage address -> unit, for every gathered buffer that is transient (shared by the model's
         units; see [Note: saved parameters] in runtime/sharding.py)."""
+
+    @property
+    def streams(self) -> Streams:
+        return self.param_store.copier.streams
 
     @property
     def num_grad_params(self) -> int:
@@ -166,7 +172,7 @@ class ParamUnit:
         self._staged = None
         self.state = UnitState.GATHERING
 
-    def _prefetch_on(self, side: torch.cuda.Stream) -> torch.Tensor:
+    def _prefetch_on(self, side: Role) -> torch.Tensor:
         """Wait for the staged shard, cast it and issue its all-gather on the copy stream `side`.
 
         [Note: a prefetch waits on the copy stream]
@@ -181,14 +187,20 @@ class ParamUnit:
         compute stream waits on that event in `unshard`, when the unit is used, and the gathered
         buffer, allocated on the copy stream, is recorded on the compute stream there."""
         assert self._staged is not None
+        streams = self.streams
         if not self._staged.on_copy_stream:  # a device shard, last written by the compute stream
-            side.wait_stream(torch.cuda.current_stream(side.device))
-        with torch.cuda.stream(side):
+            streams.wait_stream(side, Role.COMPUTE)
+        with streams.on(side):
             shard = self._staged.wait()
             self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)
-            self._gathered_on = torch.cuda.Event()
-            self._gathered_on.record(side)
+        self._gathered_on = streams.record(side)
         return shard
+
+    def _join(self, gathering: Gathered) -> torch.Tensor:
+        """The gathered buffer, the compute stream ordered after the all-gather."""
+        if gathering.work is None:
+            return gathering.wait()
+        return self.streams.join(Role.COMPUTE, gathering.wait, device_side=self.comm.device_side, why="an all-gather")
 
     @property
     def full(self) -> torch.Tensor:
@@ -221,12 +233,11 @@ class ParamUnit:
             return
         self.start_gather(prefetch=False)
         assert self._gathering is not None
-        full = self._gathering.wait()
-        self._gathering = None
+        gathering, self._gathering = self._gathering, None
+        full = self._join(gathering)
         if self._gathered_on is not None:  # [Note: a prefetch waits on the copy stream]
-            compute = torch.cuda.current_stream(full.device)
-            compute.wait_event(self._gathered_on)
-            full.record_stream(compute)
+            self.streams.wait(Role.COMPUTE, self._gathered_on)
+            self.streams.keep(full, Role.COMPUTE)
             self._gathered_on = None
         if self._hollow is not None:  # refill, in place, the buffer a recompute's saved tensors view
             hollow, self._hollow = self._hollow, None
@@ -272,8 +283,8 @@ class ParamUnit:
         """-> SHARDED: drop the full buffer (parameters point at an empty tensor again) and any shard
         staged ahead (after the optimizer step it would be stale)."""
         if self._gathering is not None:  # a prefetch nobody used: let it land before dropping it
-            self._gathering.wait()
-            self._gathering = None
+            gathering, self._gathering = self._gathering, None
+            self._join(gathering)
         self._gathered_on = None
         self._staged = None
         if self.state is not UnitState.SHARDED:

@@ -28,6 +28,7 @@ from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop
 from planner.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.transfer.stores import CopyEngine
+from runtime.transfer.trace import Role, hook
 
 
 class ActivationCheckpointStore:
@@ -90,10 +91,10 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
         if not self.copier.separate_memory:
             return held
         staged, copy_done = event if isinstance(event, tuple) else self.prefetch(held, event)
-        if copy_done is not None:  # CUDA: the copy runs on the copy stream
-            compute = torch.cuda.current_stream(self.copier.device)
-            compute.wait_event(copy_done)
-            staged.record_stream(compute)  # allocated on the copy stream
+        if copy_done is not None:  # the copy runs on the copy stream
+            streams = self.copier.streams
+            streams.wait(Role.COMPUTE, copy_done)
+            streams.keep(staged, Role.COMPUTE)  # allocated on the copy stream
         return staged
 
 
@@ -152,6 +153,7 @@ class RecomputeSegment:
             return
         raise AssertionError("torch's checkpoint frame did not finish")
 
+    @hook("recompute")
     def _replay(self, marker: torch.Tensor) -> None:  # noqa: ARG002 - the device marker
         assert self._input is not None, "recompute of a segment whose checkpoint was released"
         # Same requires_grad as in forward: kernels (e.g. SDPA's backend) may choose by it, and the
@@ -186,6 +188,7 @@ class RecomputedBlock(nn.Module):
         self._segment = segment
         self._position = position
 
+    @hook("checkpointed block")
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         seg = self._segment
         if seg.recomputing or not torch.is_grad_enabled() or not args or not isinstance(args[0], torch.Tensor):

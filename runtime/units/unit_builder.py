@@ -73,7 +73,7 @@ def open_stores(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
     copier = CopyEngine(config.device, profiler.link_bytes)
     copier.pool = staging_pool_for(plan, copier, ledger)
     place = config.placement
-    swap = nvme_space(module, config, comm, plan)
+    swap = nvme_space(module, config, comm, plan, separate_memory=copier.separate_memory)
 
     def store(tier: str, term: MemoryTerm, name: str) -> ShardStore:
         return make_store(tier, term=term, ledger=ledger, copier=copier, name=name, swap=swap)
@@ -151,12 +151,12 @@ def make_unit(name: str, params: list[nn.Parameter], built: BuiltUnits, config: 
                                                                 device=params[0].device)
         flatten_shard(params, layout, comm.rank, values)
         if master is None:
-            master_store.write(master_key, values.cpu()).wait()
+            master_store.write_host(master_key, values.cpu()).wait()
         if master_key != key:
             if shard is not None:
                 shard.copy_(values)
             else:
-                stores.params.write(key, values.to("cpu", config.compute_dtype)).wait()
+                stores.params.write_host(key, values.to("cpu", config.compute_dtype)).wait()
         built.masters[key] = master
         built.master_at[key] = (master_store, master_key)
         empty = torch.empty(0, dtype=config.compute_dtype, device=config.device)
@@ -164,7 +164,8 @@ def make_unit(name: str, params: list[nn.Parameter], built: BuiltUnits, config: 
             p.data = empty  # drop the full parameter: only the shard remains
     links = profiler.link_bytes
     grads = GradientSink.factory(stores.gradients)(key=key, layout=layout, num_grad_params=sum(p.requires_grad for p in params),
-                                                   comm=comm, ledger=ledger, link_bytes=links)
+                                                   comm=comm, ledger=ledger, link_bytes=links,
+                                                   streams=stores.copier.streams)
     unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=stores.params, grads=grads,
                      compute_dtype=config.compute_dtype, charges=UnitCharges(ledger), link_bytes=links,
                      transient_buffers=built.transient_buffers)
@@ -174,7 +175,8 @@ def make_unit(name: str, params: list[nn.Parameter], built: BuiltUnits, config: 
     return unit
 
 
-def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan) -> NvmeSpace | None:
+def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan, *,
+               separate_memory: bool) -> NvmeSpace | None:
     """The rank's `NvmeSpace` when any state is on NVMe, sized before any shard exists (None otherwise).
 
     Swap files are preallocated, so their sizes come from the shards this model will have: one per
@@ -204,7 +206,7 @@ def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan)
         capacity["optimizer_states"] = shards(4, optimizer_copies)
     assert plan.nvme_path is not None  # refused in plan_io
     # Reads land in host memory; where that is the compute device they stay there until reshard.
-    read_buffers = config.prefetch_depth + 1 if config.device.type == "cpu" else 2
+    read_buffers = 2 if separate_memory else config.prefetch_depth + 1
     return NvmeSpace(plan.nvme_path, rank=comm.rank, capacity_bytes=capacity,
                      node_needed_bytes=sum(capacity.values()) * local_world_size(),
                      block_size_bytes=plan.nvme_block_bytes, read_buffers=max(2, read_buffers),
