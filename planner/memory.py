@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from planner.kernels import recomputed_score_bytes, stored_score_bytes_per_token
 from planner.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
-from planner.plan import TIERS, Plan
+from planner.plan import TIERS, HostPinning, Plan
 from planner.units import COMPUTE_BYTES, round_up_4kib
 
 # bytes per parameter of each model state as eq. 2 writes them (2 + 2 + 16 = 20 for mixed precision,
@@ -323,8 +323,11 @@ def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     place, depth = plan.placement, plan.prefetch_depth
     unit_shard = largest_unit_params(plan) / plan.data_parallel_degree
     cpu: dict[MemoryTerm, float] = {}
-    if place.params == "nvme" and "params" in plan.partitioned and depth >= 2:
-        # Shards read ahead of operator i+1 (i+2, and i+3 at depth 3) wait here (runtime/group.py).
+    if place.params == "nvme" and "params" in plan.partitioned and not plan.node.host_is_device:
+        # Every read in flight to the device holds a pinned slot (runtime/transfer/read_slots.py).
+        cpu[MemoryTerm.PARAM_SWAP_BUFFERS] = param_read_slots(plan) * _aligned(unit_shard * COMPUTE_BYTES[plan.precision])
+    elif place.params == "nvme" and "params" in plan.partitioned and depth >= 2:
+        # Shards read ahead of operator i+1 (i+2, and i+3 at depth 3) wait here (runtime/units/group.py).
         cpu[MemoryTerm.PARAM_SWAP_BUFFERS] = (min(depth, 3) - 1) * _aligned(unit_shard * COMPUTE_BYTES[plan.precision])
     if place.optimizer_states == "nvme":
         cpu[MemoryTerm.OPTIMIZER_SWAP_BUFFERS] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
@@ -338,6 +341,10 @@ def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     if not plan.node.host_is_device and host_state_crosses_link(plan):
         pool = pinned_staging_pool(plan)
         cpu[MemoryTerm.PINNED_STAGING_POOL] = pool.num_buffers * pool.buffer_bytes
+    if lands_gradients_pinned(plan):
+        cpu[MemoryTerm.GRADIENT_LANDING_BUFFERS] = math.ceil(
+            plan.model.num_params / plan.model_parallel_degree * COMPUTE_BYTES[plan.precision]
+            / (plan.data_parallel_degree if "gradients" in plan.partitioned else 1))
     return cpu
 
 
@@ -379,13 +386,33 @@ class PinnedPoolShape:
 
 
 def host_state_crosses_link(plan: Plan) -> bool:
-    """Whether some state placed on `cpu` is copied between host and device memory in a step (on
-    hardware whose host is not the device): parameters read for the compute, gradients written off
-    the device, checkpoints offloaded, or master weights written back to device parameters."""
+    """Whether some pageable host state is copied between host and device memory in a step (on
+    hardware whose host is not the device), through the pinned staging pool: parameters read for
+    the compute, gradients written off the device, checkpoints offloaded, or master weights written
+    back to device parameters. With `host_pinning: shards` only the masters written back are: the
+    rest cross from and to pinned memory of their own (`HostPinning`)."""
     place = plan.placement
+    masters_written_back = place.optimizer_states == "cpu" and place.params == "gpu"
+    if plan.host_pinning is HostPinning.SHARDS:
+        return masters_written_back
     return (place.params == "cpu" or place.optimizer_states == "cpu"
             or (place.gradients == "cpu" and stores_gradients(plan))
             or (place.activation_checkpoints == "cpu" and plan.checkpoint_interval > 0))
+
+
+def lands_gradients_pinned(plan: Plan) -> bool:
+    """Whether each unit's gradient shard lands off the device in a pinned buffer of its own before
+    the host adds it into the fp32 shard (`host_pinning: shards`, gradients stored in host memory,
+    on hardware whose host is not the device): the bill's `gradient_landing_buffers`."""
+    return (plan.host_pinning is HostPinning.SHARDS and not plan.node.host_is_device
+            and plan.placement.gradients == "cpu" and stores_gradients(plan))
+
+
+def param_read_slots(plan: Plan) -> int:
+    """Pinned host slots a rank's parameter reads from NVMe land in on their way to a device
+    (runtime/transfer/read_slots.py, [Note: pinned read slots]): at a phase start the operator in
+    use and the `min(depth, 3)` operators ahead are read at once."""
+    return min(plan.prefetch_depth, 3) + 1
 
 
 def pinned_staging_pool(plan: Plan) -> PinnedPoolShape:

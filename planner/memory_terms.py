@@ -92,7 +92,8 @@ class MemoryTerm(str, Enum):
                        f"{ALLOCATOR_SLACK_FRACTION:.0%} of the transient GPU terms (caching allocator)", *_ALLOCATOR)
     # -- pinned host buffers of the NVMe stores and the host<->device copies, per-operator objects
     PARAM_SWAP_BUFFERS = ("param_swap_buffers", _HOST, "param staging",
-                          "pinned NVMe->CPU buffers for parameter shards read ahead (depth >= 2: i+2; 3: i+3)")
+                          "pinned NVMe->CPU buffers for parameter shards read ahead (depth >= 2: i+2; 3: i+3); "
+                          "to a device of its own: min(depth, 3) + 1 pinned slots")
     OPTIMIZER_SWAP_BUFFERS = ("optimizer_swap_buffers", _HOST, "optimizer chunk buffers",
                               "pinned chunk buffers of the streamed NVMe optimizer step")
     GRADIENT_SWAP_BUFFERS = ("gradient_swap_buffers", _HOST, "gradient staging",
@@ -105,6 +106,9 @@ class MemoryTerm(str, Enum):
     PINNED_STAGING_POOL = ("pinned_staging_pool", _HOST, "pinned staging",
                            "pinned host<->device staging of CPU-tier state: (max(depth, 1) + 2) buffers "
                            "x the largest unit's shard in fp32 (host not the device)")
+    GRADIENT_LANDING_BUFFERS = ("gradient_landing_buffers", _HOST, "gradient landing",
+                                "pinned buffers CPU-tier gradients land in off the device before the fp32 add: "
+                                "P/mp x bytes / dp (host_pinning shards, host not the device)")
 
 
 def describe(name: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +32,22 @@ STRATEGIES: tuple[str, ...] = ("dp", "zero2", "zero-offload", "zero3", "zero-inf
 LINKS: tuple[str, ...] = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
 OptimizerStep = Literal["after_backward", "in_backward"]
 OPTIMIZER_STEPS: tuple[str, ...] = ("after_backward", "in_backward")
+
+
+class HostPinning(str, Enum):
+    """How host-memory shards cross to a device with memory of its own (runtime/transfer/stores.py).
+
+    `shards`: the shards that cross the link (compute-precision parameters, gradient landing
+    buffers, activation checkpoints) are page-locked once and copied straight from and to; `staged`:
+    they stay pageable and every copy goes through a small pool of pinned buffers, for a host that
+    cannot lock that much memory. fp32 masters and Adam states stay pageable either way. Plans
+    written before the key existed are `staged`."""
+
+    SHARDS = "shards"
+    STAGED = "staged"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 # Runtime defaults a plan carries explicitly so that the simulator and the runtime share them.
 DEFAULT_OPTIMIZER_CHUNK_BYTES = 256 * 1024**2
@@ -255,6 +272,9 @@ class Plan:
     """Pinned chunk buffers of the streamed optimizer step (>= 3 to overlap read, update, write)."""
     nvme_block_bytes: int = DEFAULT_NVME_BLOCK_BYTES
     """Request size of the async I/O engine."""
+    host_pinning: HostPinning = HostPinning.STAGED
+    """`shards` or `staged` ([`HostPinning`]): whether host shards that cross the link are pinned once,
+    or staged through the pinned pool; the bill charges what each pins."""
     optimizer_step: OptimizerStep = "after_backward"
     """When the optimizer updates a unit: `after_backward` (the paper's schedule: every unit at
     `optimizer.step()`, once the whole backward is over) or `in_backward` (each unit as soon as its
@@ -284,6 +304,8 @@ class Plan:
         string(self.strategy, "strategy", choices=STRATEGIES)
         string(self.precision, "precision", choices=PRECISIONS)
         string(self.optimizer_step, "optimizer_step", choices=OPTIMIZER_STEPS)
+        pinning = string(self.host_pinning, "host_pinning", choices=tuple(HostPinning))
+        object.__setattr__(self, "host_pinning", HostPinning(pinning))
         if self.optimizer_step == "in_backward" and self.precision == "fp16":
             raise PlannerError("optimizer_step in_backward cannot run with precision fp16: the loss scaler must see "
                                "every gradient before any update; use bf16 or fp32, or optimizer_step after_backward")
@@ -423,6 +445,8 @@ class Plan:
         }
         if self.context_parallel_degree > 1:  # plans without it are written as before
             doc["context_parallel_degree"] = self.context_parallel_degree
+        if self.host_pinning is not HostPinning.STAGED:  # plans that stage are written as before
+            doc["host_pinning"] = self.host_pinning.value
         if self.prediction is not None:
             doc["prediction"] = self.prediction.to_dict()
         return doc
@@ -433,7 +457,7 @@ class Plan:
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
-                  "context_parallel_degree"}
+                  "context_parallel_degree", "host_pinning"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")

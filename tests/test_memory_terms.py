@@ -29,6 +29,9 @@ def _plans() -> dict[str, Plan]:
         # bf16 on 8 GPUs, states and checkpoints on the host, depth 2: the GPU's staging and working terms.
         "bf16-cpu-depth2": Plan(model=resolve_model("gpt3-1.3b"), node=node, num_gpus=8, strategy="custom",
                                 placement=ALL_CPU, prefetch_depth=2),
+        # The same with its host shards pinned once: the gradients' landing buffers.
+        "bf16-cpu-pinned-shards": Plan(model=resolve_model("gpt3-1.3b"), node=node, num_gpus=8, strategy="custom",
+                                       placement=ALL_CPU, prefetch_depth=2, host_pinning="shards"),
         # fp32 on NVMe, depth 3: the fp32 gradient shard and every host swap buffer.
         "fp32-nvme-depth3": Plan(model=resolve_model("gpt3-1.3b"), node=node, num_gpus=8, strategy="custom",
                                  placement=ALL_NVME, precision="fp32", prefetch_depth=3),

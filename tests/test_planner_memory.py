@@ -72,9 +72,10 @@ def test_offloaded_states_are_billed_per_node():
         assert bill.terms["gpu"][term] > 0
     # Shards read ahead from NVMe (i+2, i+3 at depth 3) wait in host swap buffers, not on the GPU.
     assert "prefetch_shard_staging" not in bill.terms["gpu"]
-    # Two shards (the gathered unit / 16 ranks, 4 KiB aligned) per GPU, 16 GPUs per node.
+    # Reads to the GPU land in pinned slots, one for the operator in use and each of the three ahead
+    # (four shards of the gathered unit / 16 ranks, 4 KiB aligned) per GPU, 16 GPUs per node.
     assert bill.terms["cpu"]["param_swap_buffers"] == pytest.approx(
-        2 * bill.terms["gpu"]["prefetch_gathered_params"] / 16 * 16, rel=1e-4)
+        4 * bill.terms["gpu"]["prefetch_gathered_params"] / 16 * 16, rel=1e-4)
     assert bill.fits, bill.reason()
 
 
@@ -154,3 +155,36 @@ def test_in_backward_host_updates_bill_their_gradient_staging():
     after = p.replace(optimizer_step="after_backward")
     assert memory_bill(after).terms["cpu"][MemoryTerm.GRADIENT_SWAP_BUFFERS] != memory_bill(p).terms["cpu"][
         MemoryTerm.GRADIENT_SWAP_BUFFERS]
+
+
+def test_host_pinning_is_a_plan_key_that_old_plans_read_as_staged():
+    """`host_pinning` (planner.plan.HostPinning): a plan written before it existed loads as
+    `staged`, a staged plan is written without it (old readers see the same document), `shards`
+    is written and read back, anything else is refused in one line naming the value."""
+    from planner.errors import PlannerError
+    from planner.plan import HostPinning
+
+    old = plan_for(strategy="zero-inf-cpu").to_dict()
+    assert "host_pinning" not in old
+    assert Plan.from_dict(old).host_pinning is HostPinning.STAGED
+    pinned = Plan.from_dict({**old, "host_pinning": "shards"})
+    assert pinned.host_pinning is HostPinning.SHARDS and pinned.to_dict()["host_pinning"] == "shards"
+    assert Plan.from_dict(pinned.to_dict()) == pinned
+    with pytest.raises(PlannerError, match="host_pinning must be one of shards, staged, got 'locked'"):
+        Plan.from_dict({**old, "host_pinning": "locked"})
+
+
+def test_pinned_shards_bill_the_gradients_landing_and_no_pool_for_them():
+    """With `host_pinning: shards` the host shards cross the link from pinned memory of their own:
+    the gradients land in buffers the size of their compute-precision shard, billed per node; the
+    staging pool remains only for fp32 masters written back to device parameters."""
+    all_cpu = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
+    kw = {"model": "gpt3-1.3b", "hardware": "dgx-h100", "gpus": 8, "strategy": "custom"}
+    staged, shards = (memory_bill(plan_for(placement=all_cpu, host_pinning=p, **kw)).terms["cpu"]
+                      for p in ("staged", "shards"))
+    assert MemoryTerm.PINNED_STAGING_POOL in staged and MemoryTerm.GRADIENT_LANDING_BUFFERS not in staged
+    assert MemoryTerm.PINNED_STAGING_POOL not in shards
+    assert shards[MemoryTerm.GRADIENT_LANDING_BUFFERS] == staged[MemoryTerm.PARAMS]  # bf16 either way, per node
+    offload = Placement(params="gpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu")
+    masters_back = memory_bill(plan_for(placement=offload, host_pinning="shards", **kw)).terms["cpu"]
+    assert MemoryTerm.PINNED_STAGING_POOL in masters_back and MemoryTerm.GRADIENT_LANDING_BUFFERS in masters_back
