@@ -69,24 +69,26 @@ from runtime.model_check import check_model
 from runtime.optim.loss_scaling import DynamicLossScaler, output_tensors
 from runtime.plan_io import RuntimeConfig, resolve_plan, runtime_config
 from runtime.profiler import Profiler
-from runtime.transfer.collectives import Comm, Reduced, make_comm
+from runtime.transfer.collectives import Comm, make_comm
+from runtime.transfer.host_worker import HostWorker
 from runtime.transfer.stores import ShardStore
-from runtime.transfer.trace import hook
+from runtime.transfer.trace import WaitKind, hook
 from runtime.units.events import UnitListener
 from runtime.units.group import ParamUnit, UnitState
 from runtime.units.prefetch import Phase, Prefetcher
 from runtime.units.recompute import (
-    ACTIVATION_CHECKPOINT_STORES,
+    ActivationCheckpointStore,
     RecomputeSegment,
     apply_recompute,
+    checkpoint_store_for,
     find_blocks,
 )
 from runtime.units.tiling import apply_tiling
 from runtime.units.unit_builder import BuiltUnits, build_units, default_init_fn, open_stores
 
 MAX_REDUCES_IN_FLIGHT = 1
-"""Reduce-scatters in flight while the next operator's backward runs (the memory model's
-`reduce_scatter_buffer`: one operator's full gradients)."""
+"""Reduce-scatters issued and not yet finished on the reduce worker, the one just issued included
+(the memory model's `reduce_scatter_buffer`: one operator's full gradients)."""
 
 
 class StepPhase(enum.Enum):
@@ -127,12 +129,15 @@ class ShardedModel:
         self.master_at = built.master_at
         self.transient_buffers = built.transient_buffers
         self.segments: list[RecomputeSegment] = []
+        self.checkpoint_store: ActivationCheckpointStore | None = None
         self.segment_of_unit: dict[int, RecomputeSegment] = {}
         """Unit index -> the checkpointed segment whose blocks use it."""
         self.prefetcher: Prefetcher | None = None
         self.phase = StepPhase.IDLE
         self.loss_scaler: Any = None
-        self._reduces: deque[tuple[ParamUnit, Reduced]] = deque()
+        self._reduces: deque[int] = deque()
+        """Transfer-worker tickets of the reduce-scatters in flight ([Note: a reduce-scatter finishes
+        on the transfer worker])."""
         self._handles: list[Any] = []
         self.listener = UnitListener()
         """Told about the units' progress: the attached optimizer's schedule ([Note: schedules as
@@ -164,10 +169,13 @@ class ShardedModel:
         try:
             with contextlib.suppress(Exception):  # the optimizer's error is raised by the optimizer, not here
                 self.listener.drain()  # an overlapped optimizer step may still be writing the stores
+            with contextlib.suppress(Exception):  # a failed landing was reported by the step that waited
+                self.copier.wait_transfers()
             for store in self.stores:
                 store.close()
-            if self.copier.pool is not None:
-                self.copier.pool.drain()
+            if self.checkpoint_store is not None:
+                self.checkpoint_store.close()
+            self.copier.close()
         finally:  # after an I/O error too: the swap files must not outlive the run
             if self.swap is not None:
                 self.swap.close()
@@ -215,6 +223,7 @@ class ShardedModel:
     @hook("forward pre-hook")
     def root_pre_forward(self, module: nn.Module, args: Any) -> None:  # noqa: ARG002
         if self.phase is StepPhase.IDLE:
+            self.listener.forward_begin()
             self._kept = {}
             self._forward_tail_reached = False
             self.phase = StepPhase.FORWARD
@@ -342,22 +351,30 @@ class ShardedModel:
             if unit.grads.file(index, grad):
                 self._start_reduce(unit)
                 unit.reshard()
-                if self.comm.world_size == 1:  # with several ranks: once its reduce-scatter is done
+                if self.comm.world_size == 1:  # with several ranks: once its reduce-scatter is issued
                     self._gradient_final(unit)
 
         return gradient_arrived
 
     def _start_reduce(self, unit: ParamUnit) -> None:
-        if self.comm.world_size > 1:
-            while len(self._reduces) >= MAX_REDUCES_IN_FLIGHT:  # bound the gradient buffers
-                self._finish_reduce(*self._reduces.popleft())
-        reduced = unit.grads.reduce()
+        """[Note: a reduce-scatter finishes on the reduce worker]
+        With several ranks the hook issues the unit's reduce-scatter (collectives are issued in the
+        same order on every rank) and hands its completion to the rank's reduce worker, which waits
+        for it (on NCCL the device-to-host stream does, not the host), averages the slice and files
+        it: on the device, or off it, the copy then landing on the transfer worker. The unit's
+        gradient is final for the optimizer's schedule at once; its consumers wait for those jobs.
+        Before issuing one the hook waits, if need be, for the previous one to finish (one full
+        gradient buffer in flight, the bill's `reduce_scatter_buffer`): for the network, never for a
+        host add, which is the other worker's."""
+        worker = self.copier.reduce_worker
+        while self._reduces and worker.finished(self._reduces[0]):
+            self._reduces.popleft()
+        while len(self._reduces) >= MAX_REDUCES_IN_FLIGHT:
+            worker.wait(self._reduces.popleft(), kind=WaitKind.BACKPRESSURE)
+        reduced = unit.grads.reduce()  # on one rank: nothing to reduce, the count of arrivals starts over
         if reduced is not None:
-            self._reduces.append((unit, reduced))
-
-    def _finish_reduce(self, unit: ParamUnit, reduced: Reduced) -> None:
-        unit.grads.finish_reduce(reduced).wait()
-        self._gradient_final(unit)
+            self._reduces.append(unit.grads.hand_over_reduce(reduced))
+            self._gradient_final(unit)
 
     def _gradient_final(self, unit: ParamUnit) -> None:
         """The unit's gradient for this backward is complete: the listener may update the unit now
@@ -373,8 +390,6 @@ class ShardedModel:
             self._start_reduce(unit)
             if partial and self.comm.world_size == 1:
                 self._gradient_final(unit)
-        while self._reduces:
-            self._finish_reduce(*self._reduces.popleft())
         self._reshard_all()
         for seg in self.segments:
             seg.release()
@@ -391,8 +406,14 @@ class ShardedModel:
         """Wait for every NVMe transfer in flight (benchmarks time whole steps with it, I/O included);
         buffers stay where they are."""
         self.listener.drain()  # an overlapped optimizer step's updates are transfers in flight too
+        self.wait_transfers()
         for store in self.stores:
             store.drain(keep_staging=True)
+
+    def wait_transfers(self, *also: HostWorker) -> None:
+        """Wait for the transfer workers (and `also`, an optimizer's): every gradient of the last
+        backward landed where it lives. The host's one wait per step, before the optimizer reads them."""
+        self.copier.wait_transfers(*also)
 
     def finish_pending(self) -> None:
         """Called before the optimizer step (a no-op when backward ended normally)."""
@@ -483,7 +504,9 @@ def shard(
         hf_config = getattr(model, "config", None)
         if getattr(hf_config, "use_cache", False):
             hf_config.use_cache = False
-        store = ACTIVATION_CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
+        store = checkpoint_store_for(config.placement.activation_checkpoints, plan_obj.host_pinning, state.ledger,
+                                     state.copier)
+        state.checkpoint_store = store
         state.segments = apply_recompute(blocks, config.checkpoint_interval, store)
         units_of = {id(module): indices for module, indices in module_units}
         state.segment_of_unit = {i: seg for seg in state.segments for block in seg.blocks

@@ -12,9 +12,10 @@ import runtime.transfer.mixed_add as mixed_add
 from planner.memory import PinnedPoolShape
 from runtime.ledger import MemoryLedger
 from runtime.optim.loss_scaling import not_finite
+from runtime.transfer.host_store import HostStore
 from runtime.transfer.mixed_add import CHUNK_ELEMENTS, add_into
 from runtime.transfer.pinned_pool import StagingPool
-from runtime.transfer.stores import CopyEngine, DeviceStore, HostStore
+from runtime.transfer.stores import CopyEngine, DeviceStore
 
 SIZES = (1, CHUNK_ELEMENTS, CHUNK_ELEMENTS + 1, 2 * CHUNK_ELEMENTS + 12345)
 

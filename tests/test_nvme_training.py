@@ -298,9 +298,9 @@ def test_gradient_write_buffers_are_the_bills(depth: int, tmp_path: Path) -> Non
     assert buffers == {1: 2, 3: 4}[depth]
     model = runtime.shard(build_model("gpt"), doc)
     store = state_of(model).grad_store
-    assert store.num_write_buffers == buffers
+    assert store.staging.count == buffers
     bill = memory_bill(Plan.from_dict(doc)).terms["cpu"]["gradient_swap_buffers"]
-    assert bill % buffers == 0 and bill // buffers >= store.largest_write_bytes
+    assert bill % buffers == 0 and bill // buffers >= store.staging.largest_bytes
     state_of(model).close()
 
 

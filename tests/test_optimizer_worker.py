@@ -1,7 +1,7 @@
 """The in-backward update on the optimizer worker ([Note: the optimizer worker] in
 runtime/optim/optimizer_worker.py): one thread per optimizer runs the updates in the order their
-gradients became final; the end of backward and `optimizer.step()` wait for it; an exception on it
-fails the step with its own one-line error, never a hang; it is always joined; the stores are never
+gradients became final; `optimizer.step()` waits for it, the backward does not; an exception on
+it fails the step with its own one-line error, never a hang; it is always joined; the stores are never
 used by both threads for one key at once ([Note: one lock per swap space] in runtime/transfer/nvme_store.py).
 Bitwise equality with the after-backward step is tests/test_nvme_in_backward.py's."""
 
@@ -116,28 +116,36 @@ def test_updates_run_on_the_worker_in_the_order_gradients_became_final(placement
     assert not _worker_threads()
 
 
-def test_backward_returns_once_every_update_is_done(tmp_path: Path) -> None:
-    """Updates slower than the backward pile up on the worker; `loss.backward()` still returns only
-    when all are applied (the drain at the end of backward), so nothing after it (the next forward's
-    gathers, a checkpoint) can see a shard before its update; `step()` then finds the worker idle."""
+def test_backward_does_not_wait_for_the_updates_and_step_does(tmp_path: Path) -> None:
+    """The host waits for the in-backward updates once, in `optimizer.step()`, not at the end of the
+    backward ([Note: the transfer path as a GPU program] in runtime/transfer/streams.py): with the
+    update of the unit whose gradient is final last (the tied embedding) held back until
+    `loss.backward()` has returned, it returns without it, and `step()` returns with every update
+    applied, so nothing after it (the next forward's gathers, a checkpoint) can see a shard before
+    its update."""
     model, opt, st = _sharded(ALL_NVME, tmp_path)
     engine = opt.engine
     done: list[str] = []
     update = engine.update_unit
+    backward_returned = threading.Event()
+    last = st.units[0].key
 
-    def slow(unit: Any, gradient: Any) -> None:
-        time.sleep(0.005)
+    def last_held_back(unit: Any, gradient: Any) -> None:
+        if unit.key == last:
+            assert backward_returned.wait(timeout=120), "the backward waited for an update"
         update(unit, gradient)
         done.append(unit.key)
 
-    engine.update_unit = slow
+    engine.update_unit = last_held_back
     for step, tokens in enumerate(batches(2), start=1):
+        backward_returned.clear()
         loss = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss
         loss.backward()
-        assert opt.schedule.worker.idle
-        assert len(done) == step * len(st.units)
-        assert all(int(engine.steps[u.key]) == step for u in st.units)
+        assert done.count(last) == step - 1
+        backward_returned.set()
         opt.step()
+        assert opt.schedule.worker.idle and len(done) == step * len(st.units)
+        assert all(int(engine.steps[u.key]) == step for u in st.units)
         opt.zero_grad()
     opt.close()
     st.close()
@@ -293,11 +301,11 @@ print(json.dumps({{"errors": errors, "workers": [t.name for t in threading.enume
 @pytest.mark.parametrize("fail_index", [0, 9], ids=["last-updated-unit", "an-early-update"])
 def test_an_exception_on_the_worker_fails_the_step_in_one_line_without_a_hang(fail_index: int,
                                                                               tmp_path: Path) -> None:
-    """An update that raises (here an I/O error, in the update of the unit updated last, whose
-    failure only the end of backward can report, or of one updated early, which the next unit's
-    hand-over reports) fails `loss.backward()` with that error, and `step()` and the next backward
-    with the same one-line error; the worker is joined at close, and the process exits (a separate
-    process, under a timeout: a hang fails the test instead of hanging the suite)."""
+    """An update that raises (here an I/O error, in the update of the unit updated last or of one
+    updated early) fails `optimizer.step()`, where the host waits for the updates, with that error,
+    and the next forward with the same one-line error; the worker is joined at close, and the
+    process exits (a separate process, under a timeout: a hang fails the test instead of hanging the
+    suite)."""
     import runtime.gpt  # noqa: F401 - the unit indices below are the test GPT's
 
     script = _FAILING_RUN.format(tests=str(ROOT / "tests"), fail_index=fail_index, placement=ALL_NVME,
@@ -308,7 +316,7 @@ def test_an_exception_on_the_worker_fails_the_step_in_one_line_without_a_hang(fa
     result = json.loads(done.stdout.strip().splitlines()[-1])
     message = result["errors"][0][2]
     assert "injected: the update of unit" in message and "\n" not in message
-    assert result["errors"] == [[what, "OSError", message] for what in ("backward", "step", "next backward")]
+    assert result["errors"] == [[what, "OSError", message] for what in ("step", "next backward")]
     assert result["workers"] == []
     assert list(tmp_path.iterdir()) == []
 

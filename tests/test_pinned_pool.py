@@ -23,8 +23,9 @@ from planner.memory_terms import MemoryTerm
 from planner.plan import Placement, Plan
 from planner.units import round_up_4kib
 from runtime.ckpt.rank_state import save_rank
+from runtime.transfer.host_store import HostStore
 from runtime.transfer.pinned_pool import StagingPool, _StagedCopy
-from runtime.transfer.stores import CopyEngine, HostStore
+from runtime.transfer.stores import CopyEngine
 
 gpu = pytest.mark.gpu
 SEPARATE = {**HARDWARE, "host_is_device": False}
@@ -74,7 +75,7 @@ class _Event:
     def query(self) -> bool:
         return self.done
 
-    def host_wait(self, event: _Event, why: str) -> None:  # noqa: ARG002
+    def host_wait(self, event: _Event, why: str, kind: object = None) -> None:  # noqa: ARG002
         event.synchronize()
 
     def synchronize(self) -> None:

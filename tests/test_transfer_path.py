@@ -23,7 +23,16 @@ from typing import Any
 
 import pytest
 import torch
-from runtime_support import ALL_CPU, ALL_DEVICE, HARDWARE, batches, build_model, plan_doc, run_distributed
+from runtime_support import (
+    ALL_CPU,
+    ALL_DEVICE,
+    BATCH,
+    HARDWARE,
+    batches,
+    build_model,
+    plan_doc,
+    run_distributed,
+)
 
 PLACEMENTS = {
     "device": ALL_DEVICE,
@@ -32,16 +41,22 @@ PLACEMENTS = {
     "all-nvme": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
 }
 SCHEDULES = ("after_backward", "in_backward")
-CASES = [(p, s) for p in PLACEMENTS for s in SCHEDULES]
-IDS = [f"{p}-{s}" for p, s in CASES]
+PINNINGS = ("shards", "staged")
+CASES = [(p, s, h) for p in PLACEMENTS for s in SCHEDULES for h in PINNINGS if p != "device" or h == "staged"]
+IDS = ["-".join(case) for case in CASES]
+SHARD_TERMS = ("params", "gradient_landing_buffers", "activation_checkpoints")
+"""Pinned terms holding the model's state: the bill counts the model spec's parameters, which leave
+out its biases, norms and position embeddings (planner/memory.py), and each pinned buffer rounds to
+a page: the rest are sized by the plan, to the byte."""
 STEPS = 3
 SEPARATE = {**HARDWARE, "host_is_device": False}
 """The development machine's numbers with a device memory of its own: the bill charges its buffers."""
 
 
-def _doc(placement: str, schedule: str, nvme_path: str, world_size: int) -> dict[str, Any]:
+def _doc(placement: str, schedule: str, pinning: str, nvme_path: str, world_size: int) -> dict[str, Any]:
     return plan_doc(world_size=world_size, placement=PLACEMENTS[placement], precision="bf16", checkpoint_interval=1,
-                    optimizer_step=schedule, hardware=SEPARATE, nvme_path=nvme_path)
+                    micro_batch_per_gpu=BATCH // world_size, optimizer_step=schedule, host_pinning=pinning,
+                    hardware=SEPARATE, nvme_path=nvme_path)
 
 
 def _train(doc: dict[str, Any], rank: int, world_size: int, trace: Any = None) -> tuple[list[str], Any, Any]:
@@ -75,8 +90,8 @@ def _main_thread_waits(trace: Any, first: str, last: str) -> list[list[str]]:
             if w.kind is not WaitKind.BACKPRESSURE and not w.thread.startswith("tierwise-")]
 
 
-def traced_run(placement: str, schedule: str, nvme_path: str, events_at_once: bool = True, *, rank: int = 0,
-               world_size: int = 1) -> dict[str, Any]:
+def traced_run(placement: str, schedule: str, pinning: str, nvme_path: str, events_at_once: bool = True, *,
+               rank: int = 0, world_size: int = 1) -> dict[str, Any]:
     """One case on the emulated device, traced, and the same plan on the CPU machine: what the tests
     assert, as JSON (a two-rank case returns it from its rank-0 process). `events_at_once` False: a
     device event polls as not reached until a host waits for it (`EmulatedStreams`)."""
@@ -86,15 +101,15 @@ def traced_run(placement: str, schedule: str, nvme_path: str, events_at_once: bo
 
     for sub in ("cpu", "dev"):
         (Path(nvme_path) / sub).mkdir(parents=True, exist_ok=True)
-    doc = _doc(placement, schedule, str(Path(nvme_path) / "cpu"), world_size)
+    doc = _doc(placement, schedule, pinning, str(Path(nvme_path) / "cpu"), world_size)
     cpu_losses, model, opt = _train(doc, rank, world_size)
     opt.close()
     state_of(model).close()
     CopyEngine.separate_memory_on_cpu = True
     EmulatedStreams.events_complete_at_once = events_at_once
     try:
-        result = trained_and_traced(_doc(placement, schedule, str(Path(nvme_path) / "dev"), world_size), rank,
-                                    world_size)
+        result = trained_and_traced(_doc(placement, schedule, pinning, str(Path(nvme_path) / "dev"), world_size),
+                                    rank, world_size)
     finally:
         CopyEngine.separate_memory_on_cpu = False
         EmulatedStreams.events_complete_at_once = True
@@ -117,6 +132,7 @@ def trained_and_traced(doc: dict[str, Any], rank: int = 0, world_size: int = 1) 
     pinned_terms = {p.term for p in trace.of(Pin)}
     pinned = {term: [streams.pinned_bytes(term), ledger.get(term, 0), bill.get(term, 0) // plan.cluster.gpus_per_node]
               for term in sorted(pinned_terms)}
+    left_out = sum(u.layout.numel for u in state.units) - plan.model.num_params
     result = {
         "hook_waits": [[w.kind.value, w.why, w.hook] for w in trace.of(HostWait)
                        if w.hook is not None and w.kind is not WaitKind.BACKPRESSURE],
@@ -128,6 +144,10 @@ def trained_and_traced(doc: dict[str, Any], rank: int = 0, world_size: int = 1) 
                                       if w.whole_stream}),
         "pins_after_first_step": [[p.term, p.nbytes, p.pinned] for p in trace.of(Pin, "end 1")],
         "pinned": pinned,
+        # Parameters the bill's model spec leaves out, and a page of rounding per pinned buffer.
+        "allowance": {"params": -(-left_out // world_size) * 2 + 4096,
+                      "gradient_landing_buffers": -(-left_out // world_size) * 2 + 4096,
+                      "activation_checkpoints": 4096 * len(state.segments)},
         "losses": losses,
     }
     opt.close()
@@ -142,47 +162,47 @@ class _Lazy(dict):
         super().__init__()
         self.factory, self.events_at_once = factory, events_at_once
 
-    def __missing__(self, case: tuple[str, str]) -> dict[str, Any]:
+    def __missing__(self, case: tuple[str, str, str]) -> dict[str, Any]:
         self[case] = traced_run(*case, str(self.factory.mktemp("-".join(case))), self.events_at_once)
         return self[case]
 
 
 @pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], dict[str, Any]]:
     return _Lazy(tmp_path_factory, events_at_once=True)
 
 
 @pytest.fixture(scope="module")
-def one_rank_slow_device(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
+def one_rank_slow_device(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], dict[str, Any]]:
     return _Lazy(tmp_path_factory, events_at_once=False)
 
 
-def _two_rank_runs(factory: pytest.TempPathFactory, events_at_once: bool) -> dict[tuple[str, str], dict[str, Any]]:
+def _two_rank_runs(factory: pytest.TempPathFactory, events_at_once: bool) -> dict[tuple[str, str, str], dict[str, Any]]:
     """Every two-rank case, in one spawn of two gloo processes."""
     out = factory.mktemp("two-ranks")
-    cases = [(p, s, str(out / f"{p}-{s}"), events_at_once) for p, s in CASES]
+    cases = [(*case, str(out / "-".join(case)), events_at_once) for case in CASES]
     results = run_distributed("traced_run", cases, out, module="test_transfer_path")
     return dict(zip(CASES, results, strict=True))
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], dict[str, Any]]:
     return _two_rank_runs(tmp_path_factory, events_at_once=True)
 
 
 @pytest.fixture(scope="module")
-def two_ranks_slow_device(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
+def two_ranks_slow_device(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], dict[str, Any]]:
     return _two_rank_runs(tmp_path_factory, events_at_once=False)
 
 
 @pytest.fixture(params=[1, 2], ids=["1-rank", "2-ranks"])
-def runs(request: pytest.FixtureRequest) -> dict[tuple[str, str], dict[str, Any]]:
+def runs(request: pytest.FixtureRequest) -> dict[tuple[str, str, str], dict[str, Any]]:
     return request.getfixturevalue("one_rank" if request.param == 1 else "two_ranks")
 
 
 @pytest.fixture(params=[(1, True), (2, True), (1, False), (2, False)],
                 ids=["1-rank", "2-ranks", "1-rank-slow-device", "2-ranks-slow-device"])
-def wait_runs(request: pytest.FixtureRequest) -> dict[tuple[str, str], dict[str, Any]]:
+def wait_runs(request: pytest.FixtureRequest) -> dict[tuple[str, str, str], dict[str, Any]]:
     """The runs the wait properties are read off: also on a device whose events a poll never sees
     reached (a wait the code makes only when a copy is still in flight shows there)."""
     ranks, at_once = request.param
@@ -191,37 +211,41 @@ def wait_runs(request: pytest.FixtureRequest) -> dict[tuple[str, str], dict[str,
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_no_hook_waits_on_the_host(wait_runs: dict, case: tuple[str, str]) -> None:
+def test_no_hook_waits_on_the_host(wait_runs: dict, case: tuple[str, str, str]) -> None:
     assert wait_runs[case]["hook_waits"] == []
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_the_host_waits_once_per_step_in_the_step_only(wait_runs: dict, case: tuple[str, str]) -> None:
+def test_the_host_waits_once_per_step_in_the_step_only(wait_runs: dict, case: tuple[str, str, str]) -> None:
     run = wait_runs[case]
     assert all(waits == [] for waits in run["before_step"].values()), run["before_step"]
     assert all(len(waits) <= 1 for waits in run["in_step"].values()), run["in_step"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_each_copy_direction_has_its_own_stream(runs: dict, case: tuple[str, str]) -> None:
+def test_each_copy_direction_has_its_own_stream(runs: dict, case: tuple[str, str, str]) -> None:
     run = runs[case]
     assert run["misplaced_copies"] == []
     assert run["whole_stream_waits"] == []
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_nothing_is_pinned_after_the_first_step(runs: dict, case: tuple[str, str]) -> None:
+def test_nothing_is_pinned_after_the_first_step(runs: dict, case: tuple[str, str, str]) -> None:
     assert runs[case]["pins_after_first_step"] == []
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_every_pinned_byte_is_in_the_ledger_and_the_bill(runs: dict, case: tuple[str, str]) -> None:
+def test_every_pinned_byte_is_in_the_ledger_and_the_bill(runs: dict, case: tuple[str, str, str]) -> None:
     for term, (pinned, ledger, bill) in runs[case]["pinned"].items():
-        assert pinned == ledger == bill, (term, pinned, ledger, bill)
+        assert pinned == ledger, (term, pinned, ledger)
+        if term in SHARD_TERMS:
+            assert bill <= ledger <= bill + runs[case]["allowance"][term], (term, ledger, bill)
+        else:
+            assert ledger == bill, (term, ledger, bill)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_losses_are_bitwise_the_cpu_machines(runs: dict, case: tuple[str, str]) -> None:
+def test_losses_are_bitwise_the_cpu_machines(runs: dict, case: tuple[str, str, str]) -> None:
     run = runs[case]
     assert run["losses"] == run["cpu_losses"]
     assert all(torch.isfinite(torch.tensor(float.fromhex(x))) for x in run["losses"])

@@ -52,213 +52,66 @@ while the worker waits for the copy's event (never the autograd thread) and upda
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
 import torch
 
 from planner.memory import IN_BACKWARD_QUEUED_UPDATES, IN_BACKWARD_STAGED_GRADIENTS
 from planner.memory_terms import MemoryTerm
+from planner.units import round_up_4kib
 from runtime.ledger import MemoryLedger
+from runtime.transfer.host_worker import HostWorker
 from runtime.transfer.streams import Streams
-from runtime.transfer.trace import HostWait, WaitKind, current_hook, note, thread_name
+from runtime.transfer.trace import WaitKind
 
 MAX_QUEUED_UPDATES = IN_BACKWARD_QUEUED_UPDATES  # planner/memory.py bills the staging this bounds
 """Updates waiting beyond the one running: enough for unit k's update to overlap the backward of
 unit k-1, and the gradients held for the worker stay at two units'."""
 
-IDLE_POLL_S = 0.2
-"""How often an idle worker checks that the main thread still runs (see the note's lifetime)."""
 
-T = TypeVar("T")
-
-WorkerJob = tuple[Callable[[], None], Callable[[], None] | None]
-"""(run, release): `release` runs after `run`, also when `run` failed or was skipped."""
-
-
-class OptimizerWorker:
-    """One thread running submitted jobs in order ([Note: the optimizer worker])."""
+class OptimizerWorker(HostWorker):
+    """The optimizer's host worker ([Note: the optimizer worker]; [Note: the host worker] in
+    runtime/transfer/host_worker.py)."""
 
     def __init__(self, name: str = "tierwise-optimizer", max_queued: int = MAX_QUEUED_UPDATES) -> None:
-        """`max_queued`: jobs waiting beyond the one running before `submit` blocks (0: unbounded, for
-        jobs that hold no memory of their own, as the overlapped after-backward step's)."""
-        self.name = name
-        self._jobs: queue.Queue[WorkerJob | None] = queue.Queue(maxsize=max_queued)
-        self._done = threading.Condition()
-        self._unfinished = 0
-        """Jobs submitted and not finished (guarded by `_done`)."""
-        self._submitted = 0
-        self._finished = 0
-        """Jobs submitted and finished since the start (guarded by `_done`): job n (its `submit`'s
-        ticket) has finished once `_finished >= n`, the queue being FIFO."""
-        self._error: BaseException | None = None
-        """The first job's exception; sticky (guarded by `_done`)."""
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def submit(self, run: Callable[[], None], release: Callable[[], None] | None = None) -> int:
-        """Queue `run` after every job submitted before it (blocks while the queue is full); returns
-        its ticket for `wait`. After a job failed it is skipped, not refused: the next drain (or wait)
-        reports the error."""
-        if self._closed:
-            if release is not None:
-                release()
-            raise RuntimeError("the optimizer was closed: create a new runtime.AdamW to train on")
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=False)
-            self._thread.start()
-        with self._done:
-            self._unfinished += 1
-            self._submitted += 1
-            ticket = self._submitted
-        self._jobs.put((run, release))
-        return ticket
-
-    def drain(self) -> None:
-        """Wait until every submitted job has finished; raise the first job's exception, if any."""
-        self.wait(None)
-
-    def wait(self, ticket: int | None) -> None:
-        """Wait until the job of `ticket` (every job: None) and those before it finished; raise the
-        first job's exception, if any (also one after `ticket`'s that already failed)."""
-        with self._done:
-            if not self._reached(ticket):
-                note(HostWait(WaitKind.WORKER, f"the {self.name} thread", current_hook(), thread_name()))
-            while not self._reached(ticket) and self._thread is not None and self._thread.is_alive():
-                self._done.wait(timeout=IDLE_POLL_S)
-            if not self._reached(ticket):  # the thread is gone with jobs left (interpreter exit)
-                raise RuntimeError(f"the optimizer worker {self.name} stopped with {self._unfinished} updates left")
-        self._raise_error()
-
-    def wait_for(self, take: Callable[[], T | None], ticket: int, *, block: bool) -> T | None:
-        """What `take()` gives once it gives something (not None), else None once the job of `ticket`
-        finished (at once without `block`). `take` runs under the worker's lock; a job that makes it
-        give something calls `notify`."""
-        with self._done:
-            while True:
-                got = take()
-                if got is not None or not block or self._reached(ticket):
-                    return got
-                if self._thread is None or not self._thread.is_alive():
-                    return None  # `wait` reports the thread gone
-                self._done.wait(timeout=IDLE_POLL_S)
-
-    def notify(self) -> None:
-        """Wake a `wait_for` (a job gave what it waits for)."""
-        with self._done:
-            self._done.notify_all()
-
-    def finished(self, ticket: int) -> bool:
-        """Whether the job of `ticket` has finished (successfully or not)."""
-        with self._done:
-            return self._reached(ticket)
-
-    def _reached(self, ticket: int | None) -> bool:
-        return not self._unfinished if ticket is None else self._finished >= ticket
-
-    @property
-    def idle(self) -> bool:
-        with self._done:
-            return not self._unfinished
-
-    def close(self) -> None:
-        """Let the queued jobs finish (or be skipped after a failure) and join the thread; idempotent,
-        raises nothing (a job's error was, or will be, raised by `drain`)."""
-        if self._closed:
-            return
-        self._closed = True
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        if thread.is_alive():
-            self._jobs.put(None)
-        if thread is not threading.current_thread():
-            thread.join()
-
-    # -- the thread -------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=IDLE_POLL_S)
-            except queue.Empty:
-                if not threading.main_thread().is_alive():
-                    return  # interpreter exit without close(): nothing more can be submitted
-                continue
-            if job is None:
-                return
-            self._run(*job)
-            del job  # the job refers to its schedule, which must be collectable while the thread idles
-
-    def _run(self, run: Callable[[], None], release: Callable[[], None] | None) -> None:
-        try:
-            with self._done:
-                failed = self._error is not None
-            if not failed:
-                run()
-        except BaseException as error:  # noqa: BLE001 - kept and raised on the main thread
-            with self._done:
-                if self._error is None:
-                    self._error = error
-        finally:
-            try:
-                if release is not None:
-                    release()
-            except BaseException as error:  # noqa: BLE001
-                with self._done:
-                    if self._error is None:
-                        self._error = error
-            with self._done:
-                self._unfinished -= 1
-                self._finished += 1
-                self._done.notify_all()
-
-    def _raise_error(self) -> None:
-        with self._done:
-            error = self._error
-        if error is not None:
-            raise error
+        super().__init__(name, max_queued)
 
 
 class GradientStaging:
-    """Pinned host buffers that the in-backward hook copies device gradients into (CUDA), reused: one
-    per update the worker may hold (running or queued) and one being filled, each the size of the
-    largest gradient staged so far. Charged to the host's `gradient_swap_buffers`, which the plan's
-    bill holds for these too (planner.memory.staged_in_backward)."""
+    """Pinned host buffers an in-backward update copies its device gradient into before updating on
+    the host: `count` of them, each the largest unit's gradient shard rounded to 4 KiB (what the
+    plan's bill holds as `gradient_swap_buffers`, planner.memory.staged_in_backward), pinned once
+    when the optimizer is made and charged to the ledger until it is closed."""
 
-    def __init__(self, ledger: MemoryLedger, streams: Streams, count: int = IN_BACKWARD_STAGED_GRADIENTS) -> None:
-        self.ledger = ledger
+    def __init__(self, model: Any, streams: Streams, count: int = IN_BACKWARD_STAGED_GRADIENTS) -> None:
+        self.ledger: MemoryLedger = model.ledger
         self.streams = streams
-        self.count = count
-        self._free: list[torch.Tensor] = []
-        self._allocated = 0
+        element = torch.empty(0, dtype=model.config.compute_dtype).element_size()
+        size = round_up_4kib(max((u.layout.shard_numel for u in model.units), default=1) * element)
+        self._buffers = [streams.pinned_buffer(size, MemoryTerm.GRADIENT_SWAP_BUFFERS) for _ in range(count)]
+        self.ledger.add("cpu", MemoryTerm.GRADIENT_SWAP_BUFFERS, sum(b.capacity_bytes for b in self._buffers))
+        self._free = list(self._buffers)
         self._cond = threading.Condition()
 
-    def acquire(self, nbytes: int) -> torch.Tensor:
-        """A free pinned uint8 buffer of at least `nbytes` (waits while `count` are in use)."""
+    def acquire(self) -> torch.Tensor:
+        """A free buffer as a uint8 tensor (waits while every one is in use)."""
         with self._cond:
-            while not self._free and self._allocated >= self.count:
+            if not self._free:
+                self.streams.blocked(WaitKind.BACKPRESSURE, "a gradient staging buffer")
+            while not self._free:
                 self._cond.wait()
-            buffer = self._free.pop() if self._free else None
-            if buffer is None or buffer.numel() < nbytes:
-                if buffer is not None:
-                    self.ledger.sub("cpu", MemoryTerm.GRADIENT_SWAP_BUFFERS, buffer.numel())
-                else:
-                    self._allocated += 1
-                buffer = self.streams.pinned_tensor(nbytes, MemoryTerm.GRADIENT_SWAP_BUFFERS)
-                self.ledger.add("cpu", MemoryTerm.GRADIENT_SWAP_BUFFERS, nbytes)
-            return buffer
+            return torch.frombuffer(self._free.pop().view, dtype=torch.uint8)
 
-    def release(self, buffer: torch.Tensor) -> None:
+    def release(self, tensor: torch.Tensor) -> None:
         with self._cond:
-            self._free.append(buffer)
+            self._free.append(next(b for b in self._buffers if b.address == tensor.data_ptr()))
             self._cond.notify()
 
     def close(self) -> None:
-        """Free the buffers (every one must have been released: the worker is closed)."""
+        """Unpin and free the buffers (every one must have been released: the worker is closed)."""
         with self._cond:
-            for buffer in self._free:
-                self.ledger.sub("cpu", MemoryTerm.GRADIENT_SWAP_BUFFERS, buffer.numel())
-            self._allocated -= len(self._free)
-            self._free.clear()
+            buffers, self._buffers, self._free = self._buffers, [], []
+        self.ledger.sub("cpu", MemoryTerm.GRADIENT_SWAP_BUFFERS, sum(b.capacity_bytes for b in buffers))
+        for buffer in buffers:
+            self.streams.release_pinned(buffer, MemoryTerm.GRADIENT_SWAP_BUFFERS)

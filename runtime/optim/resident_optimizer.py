@@ -52,6 +52,7 @@ class ResidentAdamW(AdamWEngine):
         self._inner.step()
         for master in self._masters:
             master.grad = None
+        self._updated_in_place()
         self._charge_states()
         for unit in units:
             self._write_back(unit.key)
@@ -64,9 +65,15 @@ class ResidentAdamW(AdamWEngine):
             self._inner.step()  # torch skips the masters whose .grad is None: only this one steps
         finally:
             master.grad = None
+        self._updated_in_place()
         self._charge_states()
         gradient.spent()
         self._write_back(unit.key)
+
+    def _updated_in_place(self) -> None:
+        """Where the masters are the parameter shards, a later read of them follows this update."""
+        if self.model.config.master_shares_param_shard:
+            self.model.param_store.mark_updated()
 
     def _write_back(self, key: str) -> None:
         """The compute copy of the parameters, where it is not the master itself."""

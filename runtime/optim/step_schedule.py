@@ -69,9 +69,9 @@ from runtime.optim.streamed_optimizer import StreamedAdamW
 from runtime.transfer.nvme_store import aligned_empty
 from runtime.transfer.stores import Pending
 from runtime.transfer.streams import DeviceEvent, Streams
-from runtime.transfer.trace import Role, hook
+from runtime.transfer.trace import Role
 from runtime.units.events import UnitListener
-from runtime.units.gradients import FinalGradient, UnitGradient
+from runtime.units.gradients import FinalGradient
 from runtime.units.group import ParamUnit
 
 
@@ -87,6 +87,7 @@ class AfterBackward(UnitListener):
         self.engine.prefetch_for_step()
 
     def step(self) -> bool:
+        self.engine.model.wait_transfers()  # the host's one wait of the step: the gradients landed
         return self.engine.step([u for u in self.units if u.grads.received])
 
 
@@ -137,6 +138,7 @@ class OverlappedAfterBackward(AfterBackward):
 
     def step(self) -> bool:
         self.drain()
+        self.engine.model.wait_transfers()
         units = [u for u in self.units if u.grads.received]
         self.engine.begin_step(units)
         self._writes = []
@@ -208,7 +210,7 @@ class InBackward(UnitListener):
     """`optimizer_step: in_backward`: each unit is updated as soon as its gradient is final
     ([Note: the optimizer step in backward] in runtime/optim/streamed_optimizer.py), on the optimizer
     worker while the backward goes on ([Note: the optimizer worker] in runtime/optim/optimizer_worker.py);
-    the end of the backward waits for the updates, and `optimizer.step()` finishes what is left."""
+    `optimizer.step()` waits for the updates and finishes what is left."""
 
     replaceable: ClassVar[bool] = False
     """Two optimizers would both update each unit."""
@@ -218,12 +220,18 @@ class InBackward(UnitListener):
         self._updated: set[str] = set()
         """Units updated in this step's backward."""
         self.worker = OptimizerWorker()
-        self._streams: Streams = engine.model.copier.streams
+        copier = engine.model.copier
+        self._streams: Streams = copier.streams
+        self._reduces = copier.reduce_worker
         self._updates_done: DeviceEvent | None = None
         """Marks the end of the kernels the last update queued (on the worker's stream)."""
-        self._staging = GradientStaging(engine.model.ledger, self._streams)
+        host_update = engine.chunk_pool is not None and self._streams.separate_memory
+        self._staging = GradientStaging(engine.model, self._streams) if host_update else None
         # Joined when the optimizer is dropped without close() too (not at interpreter exit: see the note).
         weakref.finalize(self, self.worker.close)
+
+    def forward_begin(self) -> None:
+        self._drain()  # a forward with no step since the backward: its gathers read updated shards
 
     def forward_tail(self) -> None:
         self._drain()  # the engine is the main thread's between backwards
@@ -231,58 +239,74 @@ class InBackward(UnitListener):
 
     def backward_begin(self) -> None:
         self._drain()
+        if self._updated:
+            self._refuse_second_gradient(min(self._updated))
         self.engine.backward_begin()
-        # Runs after the model's own end of backward, which may still make gradients final.
-        torch.autograd.Variable._execution_engine.queue_callback(hook("end-of-backward callback")(self._drain))
+
+    @staticmethod
+    def _refuse_second_gradient(key: object) -> None:
+        raise RuntimeError(
+            f"unit {key} got a second gradient before optimizer.step(): the plan's optimizer_step is in_backward, "
+            "which updates each unit once per backward and cannot accumulate gradients over several; call "
+            "optimizer.step() after every backward, or set optimizer_step to after_backward")
 
     @torch.no_grad()
     def gradient_final(self, unit: ParamUnit, gradient: FinalGradient) -> None:
-        key = unit.key
-        if key in self._updated:
-            raise RuntimeError(
-                f"unit {key} got a second gradient before optimizer.step(): the plan's optimizer_step is in_backward, "
-                "which updates each unit once per backward and cannot accumulate gradients over several; call "
-                "optimizer.step() after every backward, or set optimizer_step to after_backward")
-        self._updated.add(key)
-        release = produced = None
-        separate = self._streams.separate_memory
-        if separate and self.engine.chunk_pool is not None and isinstance(gradient, UnitGradient):  # a host update
-            nbytes = gradient.numel * gradient.element_size
-            buffer = self._staging.acquire(nbytes)
-            host = buffer[:nbytes].view(gradient.parts[0][1].dtype)
-            gradient = gradient.staged(host, self.engine.model.copier)
-            release = partial(self._staging.release, buffer)
-        elif separate:  # the worker's kernels follow those that produced the gradient
-            produced = self._streams.record(Role.COMPUTE)
-        self.worker.submit(partial(self._update, unit, gradient, produced), release)
+        if unit.key in self._updated:
+            self._refuse_second_gradient(unit.key)
+        self._updated.add(unit.key)
+        # The worker's device work follows the kernels that produced the gradient.
+        produced = self._streams.record(Role.COMPUTE) if self._streams.separate_memory else None
+        self.worker.submit(partial(self._update, unit, gradient, produced))
 
     @torch.no_grad()
     def _update(self, unit: ParamUnit, gradient: FinalGradient, produced: DeviceEvent | None) -> None:
-        """On the worker."""
+        """On the worker: once the gradient is where it lives (landed, or reduce-scattered, on the
+        rank's transfer worker), update the unit; a host update from a gradient on the device copies
+        it off the device first."""
         streams = self._streams
+        gradient.wait()
         if not streams.separate_memory:
-            gradient.wait()
             self.engine.update_unit(unit, gradient)
             return
+        after = [produced, self._reduces.device_done]  # a reduce-scatter's slice is made on its worker
+        if self._staging is not None:
+            self._update_on_the_host(unit, gradient, after)
+            return
         with streams.on(Role.COMPUTE):  # the worker thread's current device is not the rank's
-            streams.wait(Role.COMPUTE, produced)
-            gradient.wait()
+            for event in after:
+                streams.wait(Role.COMPUTE, event)
             self.engine.update_unit(unit, gradient)
         self._updates_done = streams.record(Role.COMPUTE)
+
+    def _update_on_the_host(self, unit: ParamUnit, gradient: FinalGradient, after: list[DeviceEvent | None]) -> None:
+        """Copy the device gradient into pinned staging (device-to-host stream), wait for it, update."""
+        assert self._staging is not None
+        nbytes = gradient.numel * gradient.element_size  # type: ignore[attr-defined]
+        buffer = self._staging.acquire()
+        try:
+            host = buffer[:nbytes].view(gradient.dtype)  # type: ignore[attr-defined]
+            staged = gradient.staged(host, self.engine.model.copier, after)  # type: ignore[attr-defined]
+            staged.wait()
+            self.engine.update_unit(unit, staged)
+        finally:
+            self._staging.release(buffer)
 
     def drain(self) -> None:
         self._drain()
 
     def _drain(self) -> None:
-        """Wait for the worker; on CUDA the compute stream then follows the kernels the updates queued
+        """Wait for the worker; the compute stream then follows the kernels the updates queued
         (device stores written by an update), before any later gather reads their shards."""
         self.worker.drain()
         self._streams.wait(Role.COMPUTE, self._updates_done)
 
     def step(self) -> bool:
-        """Every unit with a gradient was updated in backward: what is left are writes."""
+        """Every unit with a gradient was updated in backward: wait for the updates (the host's one
+        wait of the step); what is left are writes."""
         try:
-            self._drain()
+            self.engine.model.wait_transfers(self.worker)
+            self._streams.wait(Role.COMPUTE, self._updates_done)
         except BaseException:
             self._updated.clear()
             with contextlib.suppress(Exception):  # the worker's error is the one to report
@@ -294,7 +318,8 @@ class InBackward(UnitListener):
 
     def close(self) -> None:
         self.worker.close()
-        self._staging.close()
+        if self._staging is not None:
+            self._staging.close()
 
 
 SCHEDULES: dict[str, type[AfterBackward | InBackward]] = {"after_backward": AfterBackward, "in_backward": InBackward}

@@ -53,7 +53,6 @@ import contextlib
 import functools
 import shutil
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import ClassVar, TypeVar
 
@@ -75,9 +74,11 @@ from runtime.nvme import (
 )
 from runtime.nvme.extents import Extent
 from runtime.transfer.mixed_add import add_into
+from runtime.transfer.read_slots import ReadSlots
 from runtime.transfer.stores import CopyEngine, Pending, ShardKey, ShardStore
 from runtime.transfer.streams import DeviceEvent
-from runtime.transfer.trace import Direction, Role
+from runtime.transfer.trace import WaitKind
+from runtime.transfer.write_staging import WriteStaging
 
 STAGING_TERMS = {"params": MemoryTerm.PARAM_SWAP_BUFFERS, "gradients": MemoryTerm.GRADIENT_SWAP_BUFFERS,
                  "optimizer_states": MemoryTerm.OPTIMIZER_SWAP_BUFFERS}
@@ -103,7 +104,8 @@ class NvmeSpace:
 
     def __init__(self, nvme_path: str, *, rank: int, capacity_bytes: dict[str, int], node_needed_bytes: int,
                  block_size_bytes: int, read_buffers: int = 2,
-                 gradient_write_buffers: int = WRITE_STAGING_BUFFERS) -> None:
+                 gradient_write_buffers: int = WRITE_STAGING_BUFFERS, read_slots: ReadSlots | None = None,
+                 largest_shard_numel: int = 0) -> None:
         self.capacity_bytes = {name: round_up_4kib(b) for name, b in capacity_bytes.items()}
         _remove_stale(nvme_path)
         self.directory = SwapDirectory(nvme_path, rank=rank, needed_bytes=node_needed_bytes)
@@ -121,6 +123,11 @@ class NvmeSpace:
         self.recycler = BufferRecycler(max_held_bytes=0)
         """Host buffers that shard reads land in, reused once freed ([Note: recycled read buffers]),
         up to `read_buffers` of the largest shard (`hold_reads_of`)."""
+        self.read_slots = read_slots
+        """With a device of its own: the pinned slots shard reads for it land in ([Note: pinned read
+        slots] in runtime/transfer/read_slots.py)."""
+        self.largest_shard_numel = largest_shard_numel
+        """Elements of the largest shard any store of the space will hold (sized before any exists)."""
 
     def hold_reads_of(self, shard_bytes: int) -> None:
         """A shard of `shard_bytes` exists: let the recycler keep `read_buffers` of it."""
@@ -138,6 +145,8 @@ class NvmeSpace:
             f.close()
         self._files.clear()
         self.recycler.close()
+        if self.read_slots is not None:
+            self.read_slots.close()
         self.directory.close()
 
 
@@ -187,24 +196,21 @@ class NvmeStore(ShardStore):
         self._lock = swap.lock
         self.engine = swap.engine
         self.recycler = swap.recycler
+        self._slots = swap.read_slots if copier.separate_memory else None
         self._hold_reads_of = swap.hold_reads_of
         self._extents: dict[ShardKey, tuple[Extent, torch.dtype, int]] = {}
         self._writes: dict[ShardKey, list[tuple[Handle, int, int]]] = {}
         """Writes in flight per shard, with the element range [start, end) each writes."""
-        self._staged_writes: deque[tuple[Handle, AlignedBuffer]] = deque()
-        self._free_staging: list[AlignedBuffer] = []
+        pinned = copier.separate_memory and self.name == "gradients"  # a device's gradients are copied in
+        self.staging = WriteStaging(
+            count=swap.write_buffers.get(self.name, WRITE_STAGING_BUFFERS), ledger=ledger, term=STAGING_TERMS[self.name],
+            lock=self._lock, streams=copier.streams if pinned else None,
+            fixed_bytes=swap.largest_shard_numel * 4 if pinned else 0)
         self._reads: list[Handle] = []
         self._landing: list[_ThenPending] = []
         """Reads for the device whose host-to-device copy is not issued yet ([Note: NVMe reads to the device])."""
         self._copies: list[tuple[DeviceEvent, torch.Tensor]] = []
         """Host-to-device copies in flight with the pinned host buffer each reads from."""
-        if copier.separate_memory and self.recycler.pin_hook is None:
-            self.recycler.pin_hook = copier.streams.pin_hook(MemoryTerm.PARAM_SWAP_BUFFERS)
-        self._staging_term = STAGING_TERMS[self.name]
-        self.num_write_buffers = swap.write_buffers.get(self.name, WRITE_STAGING_BUFFERS)
-        self.largest_write_bytes = 0
-        """Write staging: `num_write_buffers` buffers of the largest shard (see [Note: ordering of
-        NVMe transfers])."""
         self.num_writes = 0
         """Writes submitted so far (any key): lets a reader tell that nothing was written since it
         read ahead (the streamed optimizer's next-step prefetch)."""
@@ -216,8 +222,10 @@ class NvmeStore(ShardStore):
         assert key not in self._extents, f"shard {key} already exists in the nvme store"
         size = numel * dtype.itemsize
         self._extents[key] = (self.file.allocate(size), dtype, numel)
-        self.largest_write_bytes = max(self.largest_write_bytes, round_up_4kib(size))
+        self.staging.grow(size)
         self._hold_reads_of(size)
+        if self._slots is not None and self.name == "params":
+            self._slots.hold_reads_of(size)
         self.ledger.add(self.tier, self.term, size)
         return None
 
@@ -247,17 +255,37 @@ class NvmeStore(ShardStore):
     @_locked
     def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
         _, stored, numel = self._extents[key]
-        host = aligned_empty(numel, stored, self.recycler)
-        handle = self._submit_read(key, host, 0)
-        device = self.compute_device
-        if not self.copier.separate_memory and dtype == stored:
-            return _pending_on(handle, host, fresh=True)
-        pending = _ThenPending(handle, host, device, dtype, self.copier, self._copies, self._lock)
-        if self.copier.separate_memory:
-            self._landing = [p for p in self._landing if not p.issue_if_landed()]
-            self._copies[:] = [(e, h) for e, h in self._copies if not e.query()]
-            self._landing.append(pending)
+        if not self.copier.separate_memory:
+            host = aligned_empty(numel, stored, self.recycler)
+            handle = self._submit_read(key, host, 0)
+            if dtype == stored:
+                return _pending_on(handle, host, fresh=True)
+            return _ThenPending(handle, host, self.compute_device, dtype, self.copier, self._copies, self._lock)
+        host = self._slot(numel, stored)
+        pending = _ThenPending(self._submit_read(key, host, 0), host, self.compute_device, dtype, self.copier,
+                               self._copies, self._lock)
+        self._landing = [p for p in self._landing if not p.issue_if_landed()]
+        self._landing.append(pending)
         return pending
+
+    def _slot(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A pinned read slot for a shard of `numel` ([Note: pinned read slots]); with none free, the
+        oldest copy to the device in flight is waited for (back-pressure), else the oldest read."""
+        assert self._slots is not None
+        while True:
+            self._copies[:] = [(e, h) for e, h in self._copies if not e.query()]
+            array = self._slots.lease(numel * dtype.itemsize)
+            if array is not None:
+                return torch.from_numpy(array).view(dtype)[:numel]
+            if self._copies:
+                event, _ = self._copies.pop(0)
+                self.copier.streams.host_wait(event, "a pinned read slot", WaitKind.BACKPRESSURE)
+            elif self._landing:
+                self.copier.streams.blocked(WaitKind.BACKPRESSURE, "a pinned read slot")
+                self._landing.pop(0).issue()
+            else:
+                raise RuntimeError(f"every one of the {self._slots.count} pinned NVMe read slots is in use; "
+                                   "lower prefetch_depth or report this")
 
     # Into and from the caller's own buffers: no staging copy either way.
     @_locked
@@ -270,35 +298,54 @@ class NvmeStore(ShardStore):
 
     @_locked
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
-        return self._write_staged(key, src, offset, from_device=self.copier.separate_memory)
+        if self.copier.separate_memory:
+            return self._from_device(key, src, offset, add=False)
+        return self.write_host(key, src, offset)
 
     @_locked
     def write_host(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
-        return self._write_staged(key, src, offset, from_device=False)
-
-    def _write_staged(self, key: ShardKey, src: torch.Tensor, offset: int, *, from_device: bool) -> Pending:
         _, stored, _ = self._extents[key]
         # Sized in the stored dtype: a bf16 gradient is written into its fp32 shard.
-        buffer = self._staging_buffer(src.numel() * stored.itemsize)
+        buffer = self.staging.acquire(src.numel() * stored.itemsize)
         staging = torch.frombuffer(buffer.view, dtype=stored, count=src.numel())
-        if from_device:  # a gradient off the device: a copy into pageable memory
-            self.copier.streams.copy(staging, src.reshape(-1), Direction.D2H, on=Role.COMPUTE)
-        else:
-            staging.copy_(src.reshape(-1))
-        self._staged_writes.append((self._submit_write(key, staging, offset), buffer))
+        staging.copy_(src.reshape(-1))
+        self.staging.submitted(self._submit_write(key, staging, offset), buffer)
         return Pending(src)
 
     @_locked
     def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
+        if self.copier.separate_memory:
+            return self._from_device(key, src, offset, add=True)
         _, stored, _ = self._extents[key]
         current = aligned_empty(src.numel(), stored, self.recycler)
         self.read_into(key, current, offset).wait()
-        if self.copier.separate_memory:  # a gradient off the device: a copy into pageable memory
-            host = torch.empty(src.numel(), dtype=src.dtype)
-            self.copier.streams.copy(host, src.reshape(-1), Direction.D2H, on=Role.COMPUTE)
-            src = host
         add_into(current, src.reshape(-1))
         return self.write_host(key, current, offset)
+
+    def _from_device(self, key: ShardKey, src: torch.Tensor, offset: int, *, add: bool) -> Pending:
+        """[Note: NVMe gradient writes from the device]
+        A gradient on a device of its own is copied (and cast to the stored fp32 on the way) into a
+        pinned staging buffer on the device-to-host stream, after the event of the work that produced
+        it; the returned `Pending`, waited for by the rank's transfer worker, submits the write once
+        the copy landed (or reads the range, adds and writes it back, for a gradient accumulated).
+        The autograd thread neither waits for the copy nor touches pageable memory."""
+        _, stored, _ = self._extents[key]
+        buffer = self.staging.acquire(src.numel() * stored.itemsize)
+        staging = torch.frombuffer(buffer.view, dtype=stored, count=src.numel())
+        event = self.copier.from_device(staging, src.reshape(-1))
+        return Pending(src, event, after=functools.partial(self._land, key, staging, buffer, offset, add), to_host=True)
+
+    @_locked
+    def _land(self, key: ShardKey, staging: torch.Tensor, buffer: AlignedBuffer, offset: int, add: bool) -> None:
+        """On the transfer worker, once `staging` holds the gradient: write it out."""
+        if not add:
+            self.staging.submitted(self._submit_write(key, staging, offset), buffer)
+            return
+        current = aligned_empty(staging.numel(), staging.dtype)
+        self.read_into(key, current, offset).wait()
+        add_into(current, staging)
+        self.staging.release(buffer)
+        self._submit_write(key, current, offset)  # the write's handle keeps `current` until it landed
 
     @_locked
     def zero(self, key: ShardKey, offset: int, numel: int) -> None:
@@ -307,25 +354,22 @@ class NvmeStore(ShardStore):
 
     @_locked
     def drain(self, *, keep_staging: bool = False) -> None:
-        while self._staged_writes:
-            self._retire_oldest_staged()
-        if not keep_staging:
-            for buffer in self._free_staging:
-                self.ledger.sub("cpu", self._staging_term, buffer.capacity_bytes)
-                buffer.close()
-            self._free_staging.clear()
+        """Wait for the writes and reads in flight. Copies to the device from read slots are not
+        waited for: a slot is reused only once its copy completed (`_slot`)."""
+        self.staging.drain(keep=keep_staging)
         for key in list(self._writes):
             self._wait_writes(key)
         reads, self._reads = self._reads, []
         for handle in reads:
             handle.wait()
         self._landing.clear()  # every read landed; a copy nobody asked for is not issued
-        copies, self._copies[:] = list(self._copies), []
-        for event, _host in copies:
-            event.layer.host_wait(event, "an NVMe read's copy to the device")
 
     def close(self) -> None:
         self.drain()
+        with self._lock:
+            copies, self._copies[:] = list(self._copies), []
+        for event, _host in copies:  # the slots are unpinned next: no copy may still read them
+            event.layer.host_wait(event, "an NVMe read's copy to the device")
 
     # -- internals --------------------------------------------------------------------------
     def _byte_range(self, key: ShardKey, offset: int, tensor: torch.Tensor) -> int:
@@ -363,30 +407,6 @@ class NvmeStore(ShardStore):
         if running:
             self._writes[key] = running
 
-    def _staging_buffer(self, size: int) -> AlignedBuffer:
-        """A free staging buffer of at least `size` bytes: one of `num_write_buffers`, reused; waits
-        for the oldest write in flight when all are busy. (Shards may be created after the first
-        write, so a buffer outgrown by a larger shard is replaced.)"""
-        capacity = max(size, self.largest_write_bytes)
-        while not self._free_staging and len(self._staged_writes) >= self.num_write_buffers:
-            self._retire_oldest_staged()
-        fitting = [b for b in self._free_staging if b.capacity_bytes >= size]
-        if fitting:
-            self._free_staging.remove(fitting[0])
-            return fitting[0]
-        if self._free_staging:  # too small for this shard: replace it
-            old = self._free_staging.pop()
-            self.ledger.sub("cpu", self._staging_term, old.capacity_bytes)
-            old.close()
-        buffer = AlignedBuffer(round_up_4kib(capacity))
-        self.ledger.add("cpu", self._staging_term, buffer.capacity_bytes)
-        return buffer
-
-    def _retire_oldest_staged(self) -> None:
-        handle, buffer = self._staged_writes.popleft()
-        handle.wait()
-        self._free_staging.append(buffer)
-
 
 def _pending_on(handle: Handle, tensor: torch.Tensor, *, fresh: bool = False) -> Pending:
     """`tensor`, ready once the I/O `handle` finished (`wait` collects the I/O's errors)."""
@@ -423,14 +443,19 @@ class _ThenPending(Pending):
     def issue_if_landed(self) -> bool:
         """Issue the host-to-device copy if the read has landed (never blocks); True once issued."""
         if self._staged is None and self._handle.done():
-            self._issue()
+            self.issue()
         return self._staged is not None
 
-    def _issue(self) -> None:
+    def issue(self) -> None:
+        """Wait for the read (the host's only wait: the bytes are not in memory before) and issue the
+        copy to the device; the host buffer is the store's (`_copies`) until the copy completed."""
+        if self._staged is not None:
+            return
         self._handle.wait()
         with self._lock:  # the store's `_copies` and the link counters ([Note: one lock per swap space])
             self._staged, self._copied = self._copier.to_device(self._host)
-            self._copies.append((self._copied, self._host))  # the pinned buffer lives until the copy ends
+            self._copies.append((self._copied, self._host))
+            self._host = None
 
     @property
     def on_copy_stream(self) -> bool:
@@ -445,6 +470,5 @@ class _ThenPending(Pending):
         if not self._copier.separate_memory:
             self._handle.wait()
             return self._host.to(self._dtype)
-        if self._staged is None:
-            self._issue()  # the host waits for the read only: the bytes are not in memory before
+        self.issue()
         return Pending(self._staged, self._copied).wait().to(self._dtype)

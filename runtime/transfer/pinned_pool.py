@@ -33,7 +33,7 @@ import torch
 
 from planner.memory import PinnedPoolShape
 from runtime.nvme.buffers import AlignedBuffer, BufferPool
-from runtime.transfer.trace import Direction, Role
+from runtime.transfer.trace import Direction, Role, WaitKind
 
 if TYPE_CHECKING:
     from runtime.transfer.streams import DeviceEvent, Streams
@@ -57,12 +57,12 @@ class _StagedCopy:
         """The device copy has finished (never blocks)."""
         return self.event is None or self.event.query()
 
-    def finish(self) -> None:
+    def finish(self, kind: WaitKind = WaitKind.EVENT) -> None:
         with self._lock:
             if self._finished:
                 return
             if not self.copied():
-                self.event.layer.host_wait(self.event, "a staged copy's buffer")
+                self.event.layer.host_wait(self.event, "a staged copy", kind)
             if self.then is not None:
                 self.then()
             self._finished = True
@@ -76,7 +76,7 @@ class _StagedCopy:
         with self._lock:
             if self._finished or self.staged is None:
                 return False
-            self.event = self.pool.streams.copy(dst, self.staged, Direction.H2D, on=stream)
+            self.event = self.pool.streams.copy(dst, self.staged, Direction.H2D, on=stream, after=self.event)
             return True
 
 
@@ -135,8 +135,8 @@ class StagingPool:
                     self.peak_leased = max(self.peak_leased, self.num_leased)
                     return buffer
                 oldest = self._in_flight.popleft() if self._in_flight else None
-            if oldest is not None:
-                oldest.finish()
+            if oldest is not None:  # the pool is full: its consumer is behind
+                oldest.finish(WaitKind.BACKPRESSURE)
             else:  # every buffer is lent whole (another thread's checkpoint chunk): wait for it
                 self.buffers.release(self.buffers.acquire())
 
@@ -167,9 +167,11 @@ class StagingPool:
     def _staged(self, buffer: AlignedBuffer, dtype: torch.dtype, numel: int) -> torch.Tensor:
         return torch.frombuffer(buffer.view, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
 
-    def to_device(self, dst: torch.Tensor, src: torch.Tensor, stream: Role | None) -> DeviceEvent | None:
+    def to_device(self, dst: torch.Tensor, src: torch.Tensor, stream: Role | None,
+                  after: DeviceEvent | None = None) -> DeviceEvent | None:
         """Queue `dst = src` (flat, same numel) from pageable host memory on `stream` (None: copy
-        now); returns the event of the last piece (the whole copy: one stream runs them in order)."""
+        now) after `after`; returns the event of the last piece (the whole copy: one stream runs
+        them in order)."""
         event = None
         step = max(1, self.buffer_bytes // src.element_size())
         for start in self._pieces(src.numel(), src.dtype):
@@ -181,15 +183,16 @@ class StagingPool:
                 dst[start : start + piece.numel()].copy_(staged)
                 self.release(buffer)
                 continue
-            event = self.streams.copy(dst[start : start + piece.numel()], staged, Direction.H2D, on=stream)
+            event = self.streams.copy(dst[start : start + piece.numel()], staged, Direction.H2D, on=stream,
+                                      after=after if event is None else None)
             self._track(_StagedCopy(self, buffer, event, None))
         return event
 
     def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None],
-                stream: Role | None) -> HostTransfer:
-        """Queue copying the flat device tensor `src` off the device on `stream` (None: now), piece
-        by piece; `land(staged, offset)` puts each piece where it belongs on the host (a copy or an
-        add), after its copy finished."""
+                stream: Role | None, after: DeviceEvent | None = None) -> HostTransfer:
+        """Queue copying the flat device tensor `src` off the device on `stream` (None: now) after
+        `after`, piece by piece; `land(staged, offset)` puts each piece where it belongs on the host
+        (a copy or an add), after its copy finished."""
         pieces: list[tuple[_StagedCopy | None, int, int]] = []
         event = None
         step = max(1, self.buffer_bytes // src.element_size())
@@ -197,11 +200,11 @@ class StagingPool:
             numel = min(step, src.numel() - start)
             buffer = self.acquire()
             staged = self._staged(buffer, src.dtype, numel)
-            event = None
             if stream is None:
                 staged.copy_(src[start : start + numel])
             else:
-                event = self.streams.copy(staged, src[start : start + numel], Direction.D2H, on=stream)
+                event = self.streams.copy(staged, src[start : start + numel], Direction.D2H, on=stream,
+                                          after=after if event is None else None)
             copy = _StagedCopy(self, buffer, event, lambda staged=staged, start=start: land(staged, start), staged)
             if stream is None:
                 copy.finish()

@@ -24,10 +24,11 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from runtime.ledger import MemoryLedger, nbytes
+from runtime.transfer.host_worker import HostWorker, TransferWorker, drain_together
 from runtime.transfer.mixed_add import add_into
 from runtime.transfer.pinned_pool import HostTransfer, StagingPool
 from runtime.transfer.streams import DeviceEvent, make_streams
-from runtime.transfer.trace import Direction, Role
+from runtime.transfer.trace import Role
 
 
 class UnitKey(NamedTuple):
@@ -92,6 +93,11 @@ class Pending:
             self._event.layer.host_wait(self._event, "a transfer's end")
 
     @property
+    def in_flight(self) -> bool:
+        """A transfer is still to be waited for (a copy's event, or work to run after it)."""
+        return self._event is not None or self._after is not None
+
+    @property
     def on_copy_stream(self) -> bool:
         """The tensor comes from the copy stream (the host-to-device copy of a host or NVMe shard):
         a consumer on another stream orders itself after the copy's event, not after the compute."""
@@ -114,14 +120,14 @@ class Pending:
 
 
 class CopyEngine:
-    """Host<->device copies on the rank's copy stream (`streams`), counting link bytes. Copies between
-    pageable host memory and the device go through `pool` ([Note: staged host copies])."""
+    """The rank's transfers between host and device: the stream layer (`streams`), the staging pool
+    for pageable host memory (`pool`, [Note: staged host copies]), the host worker that lands what
+    comes off the device (`worker`, [Note: the host worker]) and the link-byte counters."""
 
     separate_memory_on_cpu: ClassVar[bool] = False
     """Run, on a CPU, the data path of a device with memory of its own (`EmulatedStreams`): host-tier
-    shards are staged through the pool into fresh tensors as on CUDA (copies complete in the call).
-    Tests set it to exercise the device's path and its bounds without a GPU; False keeps [Note: the
-    CPU machine]."""
+    shards cross a link as on CUDA (copies complete when issued). Tests set it to exercise the
+    device's path and its bounds without a GPU; False keeps [Note: the CPU machine]."""
 
     def __init__(self, device: torch.device, link_bytes: dict[str, int], pool: StagingPool | None = None) -> None:
         self.device = device
@@ -130,54 +136,60 @@ class CopyEngine:
         self.separate_memory = self.streams.separate_memory
         """Host and compute memory are two memories: host-tier state crosses a link to be used."""
         self.pool = pool
-        """The rank's staging pool (None where the plan moves no host-tier state)."""
+        """The rank's staging pool (None where the plan moves no pageable host state)."""
         if pool is not None and pool.streams is None:
             pool.streams = self.streams
+        self.worker = TransferWorker(self.streams, "tierwise-transfer")
+        """Lands what comes off the device in host shards (and on NVMe), off the autograd thread."""
+        self.reduce_worker = TransferWorker(self.streams, "tierwise-reduce")
+        """Finishes the reduce-scatters (several ranks), off the autograd thread and apart from the
+        landings, so that waiting for the last one never waits behind a host add."""
 
     @property
     def stream(self) -> Role | None:
-        """The copy stream (None without separate memory: copies are done when `copy` returns)."""
+        """The stream a prefetch is issued on (None without separate memory: copies are done when issued)."""
         return Role.H2D if self.separate_memory else None
 
     def staging(self) -> StagingPool:
         if self.pool is None:
-            raise RuntimeError("a host<->device copy of host-tier state needs the rank's staging pool; "
+            raise RuntimeError("a host<->device copy of pageable host state needs the rank's staging pool; "
                                "build the CopyEngine with one (planner.memory.pinned_staging_pool)")
         return self.pool
 
     def _count(self, link: str, tensor: torch.Tensor) -> None:
         self.link_bytes[link] = self.link_bytes.get(link, 0) + nbytes(tensor)
 
-    def to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, DeviceEvent]:
-        """Start copying the host tensor `src`, already pinned (an NVMe read buffer), into a new
-        device tensor.
+    def produced(self) -> DeviceEvent:
+        """The event of tensors the current stream has produced so far (what a copy of them waits for)."""
+        return self.streams.record(self.streams.current_role())
 
-        The new tensor is allocated on the copy stream, and the copy need not wait for the compute
-        stream (which does not write host shards): it starts as soon as the copy stream is free. The
-        consumer waits on the event (`Pending.wait`, which records the tensor on its stream)."""
+    def to_device(self, src: torch.Tensor, link: str = "h2d", *,
+                  after: DeviceEvent | None = None) -> tuple[torch.Tensor, DeviceEvent]:
+        """Start copying the pinned host tensor `src` (an NVMe read slot, a pinned shard) into a new
+        device tensor on the host-to-device stream, after `after` (a copy off the device into `src`;
+        nothing else on the device writes host memory); the consumer waits on the event
+        (`Pending.wait`)."""
         assert self.separate_memory and src.device.type == "cpu"
         self._count(link, src)
         dst = self.streams.empty(src.shape, src.dtype, Role.H2D)
-        return dst, self.streams.copy(dst, src, Direction.H2D, on=Role.H2D)
+        return dst, self.streams.h2d(dst, src, after=after)
 
     def stage_to_device(self, src: torch.Tensor, link: str = "h2d") -> tuple[torch.Tensor, DeviceEvent | None]:
-        """`to_device` for pageable host memory (host-tier state): through the pool's pinned buffers
-        ([Note: staged host copies])."""
+        """`to_device` for pageable host memory: through the pool's pinned buffers ([Note: staged
+        host copies])."""
         assert self.separate_memory and src.device.type == "cpu"
         self._count(link, src)
         dst = self.streams.empty(src.shape, src.dtype, Role.H2D)
         return dst, self.staging().to_device(dst.view(-1), src.reshape(-1), Role.H2D)
 
     def to_host(self, src: torch.Tensor, land: Callable[[torch.Tensor, int], None], link: str = "d2h") -> HostTransfer:
-        """Start copying the flat device tensor `src` off the device through the pool; `land(piece,
-        offset)` puts each staged piece in pageable host memory once it arrived (`finish()`, or a
-        later lease of the pool, does it)."""
+        """Start copying the flat device tensor `src` off the device through the pool, on the
+        device-to-host stream after the event of `src` (`produced`); `land(piece, offset)` puts each
+        staged piece in pageable host memory once it arrived (`finish()`, a later lease of the pool,
+        or the host worker)."""
         assert self.separate_memory
         self._count(link, src)
-        # The copy must not start before the compute stream produced `src`.
-        self.streams.wait_stream(Role.H2D, Role.COMPUTE)
-        self.streams.keep(src, Role.H2D)
-        return self.staging().to_host(src, land, Role.H2D)
+        return self.staging().to_host(src, land, Role.D2H, after=self.produced())
 
     def back_to_device(self, host: torch.Tensor, transfer: HostTransfer,
                        link: str = "h2d") -> tuple[torch.Tensor, DeviceEvent | None]:
@@ -189,21 +201,29 @@ class CopyEngine:
 
     def into_device(self, dst: torch.Tensor, src: torch.Tensor, link: str = "h2d") -> DeviceEvent | None:
         """Start `dst = src` for a flat device tensor `dst` and a pageable host tensor `src`, through
-        the pool, after the compute stream's work queued so far (it may still read `dst`)."""
+        the pool, after the work queued on the current stream so far, which may still read `dst`."""
         self._count(link, src)
-        self.streams.wait_stream(Role.H2D, Role.COMPUTE)
-        return self.staging().to_device(dst, src, Role.H2D)
+        return self.staging().to_device(dst, src, Role.H2D, after=self.produced())
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, link: str) -> DeviceEvent | None:
-        """Start `dst.copy_(src)`; returns the event marking its end (None when done)."""
+    def from_device(self, dst: torch.Tensor, src: torch.Tensor, link: str = "d2h") -> DeviceEvent:
+        """Start `dst = src` from the device into pinned host memory `dst` on the device-to-host
+        stream, after the event of `src`; the host reads `dst` once the returned event is reached."""
         self._count(link, src)
-        if not self.separate_memory:
-            dst.copy_(src)
-            return None
-        # The copy must not start before the compute stream produced `src` (or stopped reading `dst`).
-        self.streams.wait_stream(Role.H2D, Role.COMPUTE)
-        direction = Direction.D2H if link == "d2h" else Direction.H2D
-        return self.streams.copy(dst, src, direction, on=Role.H2D)
+        return self.streams.d2h(dst, src, after=self.produced())
+
+    def wait_transfers(self, *also: HostWorker) -> None:
+        """The host's wait for every reduce-scatter finished and every copy off the device landed (and
+        for the jobs of `also`, first), noted as one."""
+        drain_together([*also, self.reduce_worker, self.worker], "the transfers of the backward")
+
+    def close(self) -> None:
+        """Let the transfers in flight land and stop the workers."""
+        try:
+            self.reduce_worker.close()
+            self.worker.close()
+        finally:
+            if self.pool is not None:
+                self.pool.drain()
 
 
 class ShardStore(ABC):
@@ -258,6 +278,14 @@ class ShardStore(ABC):
         """`shard[offset:offset + numel] = 0` (gradient slices nobody wrote since `zero_grad`)."""
         self._shards[key][offset : offset + numel].zero_()
 
+    @property
+    def written_event(self) -> DeviceEvent | None:
+        """After the device work that last wrote a shard (None: nothing on the device writes them)."""
+        return None
+
+    def mark_updated(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """The shards were updated in place by work queued on the current stream (the optimizer)."""
+
     # -- streamed traffic (the chunked optimizer step) ----------------------------------------
     def read_into(self, key: ShardKey, out: torch.Tensor, offset: int = 0) -> Pending:
         """Fill the host tensor `out` from `shard[offset:offset + out.numel()]`; valid after `wait()`."""
@@ -307,78 +335,47 @@ class DeviceStore(ShardStore):
     tier = "gpu"
     on_device: ClassVar[bool] = True
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._written: DeviceEvent | None = None
+
     def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=self.compute_device)
 
     def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
+        """The shard, cast on the consumer's stream where `dtype` differs (a prefetch casts on its own)."""
         shard = self._shards[key]
-        return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
+        return Pending(shard) if shard.dtype == dtype else CastPending(Pending(shard), dtype)
 
     def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         shard = self._shards[key]
         add_into(shard[offset : offset + src.numel()], src.reshape(-1))
+        self.mark_updated()
         return Pending(shard)
 
     def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         self._shards[key][offset : offset + src.numel()].copy_(src.reshape(-1))
+        self.mark_updated()
         return Pending(self._shards[key])
 
     def write_host(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
         target = self._shards[key][offset : offset + src.numel()]
         if self.copier.separate_memory and self.copier.pool is not None:  # host-tier masters written back
-            return Pending(self._shards[key], self.copier.into_device(target, src.reshape(-1)))
+            self._written = self.copier.into_device(target, src.reshape(-1))
+            return Pending(self._shards[key], self._written)
         target.copy_(src.reshape(-1))
+        self.mark_updated()
         return Pending(self._shards[key])
 
+    @property
+    def written_event(self) -> DeviceEvent | None:
+        return self._written
 
-class HostStore(ShardStore):
-    """Shards in pageable host memory (`cpu` placement); copies to and from the device go through the
-    rank's pinned staging pool, so they run asynchronously without pinning the shards themselves."""
-
-    tier = "cpu"
-
-    def _allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros(numel, dtype=dtype)
-
-    def _on_host_device(self) -> bool:
-        return not self.copier.separate_memory
-
-    def read(self, key: ShardKey, dtype: torch.dtype) -> Pending:
-        shard = self._shards[key]
-        if self._on_host_device():  # see [Note: the CPU machine]
-            return Pending(shard) if shard.dtype == dtype else Pending(shard.to(dtype), fresh=True)
-        # Cast on the device after the copy: the link carries the stored width.
-        staged, event = self.copier.stage_to_device(shard)
-        if dtype == shard.dtype:
-            return Pending(staged, event, fresh=True)
-        return _CastPending(Pending(staged, event), dtype)
-
-    def accumulate(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
-        target = self._shards[key][offset : offset + src.numel()]
-        if self._on_host_device():
-            add_into(target, src.reshape(-1))
-            return Pending(self._shards[key])
-        transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: add_into(target[at : at + piece.numel()], piece))
-        return Pending(self._shards[key], transfer.event, after=transfer.finish, to_host=True)
-
-    def write(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
-        shard = self._shards[key]
-        target = shard[offset : offset + src.numel()]
-        if self._on_host_device():
-            target.copy_(src.reshape(-1))
-            return Pending(shard)
-        transfer = self.copier.to_host(src.reshape(-1), lambda piece, at: target[at : at + piece.numel()].copy_(piece))
-        return Pending(shard, transfer.event, after=transfer.finish, to_host=True)
-
-    def write_host(self, key: ShardKey, src: torch.Tensor, offset: int = 0) -> Pending:
-        # A host source (an update's result, also on the optimizer worker) needs no copy stream: one
-        # would make the worker wait for the compute queued on the device.
-        shard = self._shards[key]
-        shard[offset : offset + src.numel()].copy_(src.reshape(-1))
-        return Pending(shard)
+    def mark_updated(self) -> None:
+        self._written = self.copier.produced() if self.copier.separate_memory else None
 
 
-class _CastPending(Pending):
+class CastPending(Pending):
     """A staged copy followed by a cast on the compute device."""
 
     __slots__ = ("_inner", "_dtype")

@@ -34,8 +34,18 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from runtime.nvme.buffers import AlignedBuffer
-from runtime.transfer.trace import Copy, Direction, HostWait, Pin, Role, StreamWait, WaitKind, current_hook, note, \
-    thread_name
+from runtime.transfer.trace import (
+    Copy,
+    Direction,
+    HostWait,
+    Pin,
+    Role,
+    StreamWait,
+    WaitKind,
+    current_hook,
+    note,
+    thread_name,
+)
 
 T = TypeVar("T")
 
@@ -106,11 +116,11 @@ class Streams(ABC):
         note(StreamWait(role, other, True, current_hook()))
         self._wait(role, self._record(other))
 
-    def host_wait(self, event: DeviceEvent | None, why: str) -> None:
-        """The calling thread blocks until `event` was reached."""
+    def host_wait(self, event: DeviceEvent | None, why: str, kind: WaitKind = WaitKind.EVENT) -> None:
+        """The calling thread blocks until `event` was reached (`kind`: why it must, for the trace)."""
         if event is None:
             return
-        note(HostWait(WaitKind.EVENT, why, current_hook(), thread_name()))
+        note(HostWait(kind, why, current_hook(), thread_name()))
         self._host_wait(event)
 
     def join(self, role: Role, wait: Callable[[], T], *, device_side: bool, why: str) -> T:

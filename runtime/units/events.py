@@ -47,6 +47,9 @@ class UnitListener:
     replaceable: ClassVar[bool] = True
     """Another listener may take this one's place (a second optimizer on the model)."""
 
+    def forward_begin(self) -> None:
+        """A forward began (before its first gather)."""
+
     def forward_tail(self) -> None:
         """A training forward has submitted every parameter read it will make (once per forward, and
         only once the forward's order is recorded)."""

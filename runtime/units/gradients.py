@@ -27,6 +27,7 @@ import torch
 from planner.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.transfer.collectives import Comm, Reduced, reduce_scatter_flat
+from runtime.transfer.host_worker import TransferWorker
 from runtime.transfer.stores import CopyEngine, Pending, ShardStore, UnitKey
 from runtime.transfer.streams import DeviceEvent, Streams
 from runtime.transfer.trace import Role
@@ -72,6 +73,9 @@ class StoredGradient(FinalGradient):
 
     def __init__(self, sink: StoredGradients) -> None:
         self._sink = sink
+
+    def wait(self) -> None:
+        self._sink.await_landing()
 
     def flat(self) -> torch.Tensor:
         return self._sink.shard()
@@ -142,21 +146,77 @@ class UnitGradient(FinalGradient):
     def numel(self) -> int:
         return self._numel
 
-    def staged(self, host: torch.Tensor, copier: CopyEngine) -> StagedGradient:
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0][1].dtype if self.parts else torch.float32
+
+    def staged(self, host: torch.Tensor, copier: CopyEngine, after: list[DeviceEvent | None]) -> StagedGradient:
         """Start copying the device parts into `host` (pinned, at least `numel` elements of their
-        dtype) on the copy stream; the copy follows the work queued on the current stream, which
-        produced the parts, and the host does not wait for it here."""
+        dtype) on the device-to-host stream, after the events of the work that produced them; the
+        host does not wait for it here."""
+        streams = copier.streams
+        for event in after:
+            streams.wait(Role.D2H, event)
         event = None
         parts = []
         for offset, flat in self.parts:
             dst = host[offset : offset + flat.numel()]
-            event = copier.copy(dst, flat, "d2h")
+            copier.link_bytes["d2h"] = copier.link_bytes.get("d2h", 0) + nbytes(flat)
+            event = streams.d2h(dst, flat)
             parts.append((offset, dst))
         return StagedGradient(UnitGradient(parts, self._numel), event)
 
     def unclaimed(self) -> None:
-        raise RuntimeError("the plan's optimizer_step is in_backward, so each gradient goes straight into the "
-                           "optimizer: create runtime.AdamW(model, ...) before the first backward")
+        _refuse_unclaimed()
+
+
+class ReducedGradient(FinalGradient):
+    """Several ranks, a unit's gradient handed over when its reduce-scatter is issued: the averaged
+    slice the rank's transfer worker files once the reduce-scatter finished (`wait`, on the
+    optimizer worker, waits for that job), as a `UnitGradient`."""
+
+    __slots__ = ("_sink", "_got")
+
+    def __init__(self, sink: HandedGradients) -> None:
+        self._sink = sink
+        self._got: UnitGradient | None = None
+
+    def wait(self) -> None:
+        self._sink.await_landing()
+
+    def _gradient(self) -> UnitGradient:
+        if self._got is None:
+            self.wait()
+            self._got = self._sink.take_reduced()
+        return self._got
+
+    def flat(self) -> torch.Tensor:
+        return self._gradient().flat()
+
+    def chunk(self, start: int, numel: int, out: torch.Tensor) -> torch.Tensor:
+        return self._gradient().chunk(start, numel, out)
+
+    def staged(self, host: torch.Tensor, copier: CopyEngine, after: list[DeviceEvent | None]) -> StagedGradient:
+        return self._gradient().staged(host, copier, after)
+
+    @property
+    def numel(self) -> int:
+        return self._sink.layout.shard_numel
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._gradient().dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._gradient().device
+
+    @property
+    def element_size(self) -> int:
+        return self._gradient().element_size
+
+    def unclaimed(self) -> None:
+        _refuse_unclaimed()
 
 
 class StagedGradient(FinalGradient):
@@ -204,10 +264,18 @@ class GradientSink(ABC):
     ledger: MemoryLedger
     link_bytes: dict[str, int]
     streams: Streams
+    worker: TransferWorker
+    """The rank's transfer worker: lands this unit's gradients where they live."""
+    reduce_worker: TransferWorker
+    """The rank's reduce worker: finishes this unit's reduce-scatters (several ranks)."""
     _pending: int = field(init=False)
     """Gradients still to arrive in this backward."""
     _flat: torch.Tensor | None = field(init=False, default=None)
     """With several ranks: the unit's full flat gradient, collected for its reduce-scatter."""
+    _landed: int | None = field(init=False, default=None)
+    """The transfer worker's ticket of the job that lands this backward's gradient."""
+    _reduced_by: int | None = field(init=False, default=None)
+    """The reduce worker's ticket of the job that finishes this backward's reduce-scatter."""
 
     def __post_init__(self) -> None:
         self._pending = self.num_grad_params
@@ -236,14 +304,33 @@ class GradientSink(ABC):
         self.ledger.add("gpu", MemoryTerm.REDUCE_SCATTER_BUFFER, nbytes(flat))
         return reduce_scatter_flat(self.comm, flat, self.link_bytes)
 
-    def finish_reduce(self, reduced: Reduced) -> Pending:
-        """Average the reduced slice and file it."""
+    def hand_over_reduce(self, reduced: Reduced) -> int:
+        """Let the rank's reduce worker wait for the reduce-scatter, average its slice and file it
+        ([Note: a reduce-scatter finishes on the reduce worker] in runtime/sharding.py); returns the
+        job's ticket."""
+        self._reduced_by = self.reduce_worker.submit(partial(self.finish_reduce, reduced))
+        return self._reduced_by
+
+    def finish_reduce(self, reduced: Reduced) -> None:
+        """Wait for the reduce-scatter (the current stream follows it), average the slice and file
+        it; a copy off the device lands on the transfer worker."""
         out = reduced.wait() if not reduced.works else self.streams.join(
-            Role.COMPUTE, reduced.wait, device_side=self.comm.device_side, why="a reduce-scatter")
+            self.streams.current_role(), reduced.wait, device_side=self.comm.device_side, why="a reduce-scatter")
+        self.ledger.sub("gpu", MemoryTerm.REDUCE_SCATTER_BUFFER, self.layout.padded_numel * out.element_size())
+        self.streams.keep(out, self.streams.current_role())  # allocated on the compute stream, used on this one
         out.div_(self.comm.world_size)
         pending = self._file_reduced(out)
-        self.ledger.sub("gpu", MemoryTerm.REDUCE_SCATTER_BUFFER, self.layout.padded_numel * out.element_size())
-        return pending
+        if pending.in_flight:
+            self._landed = self.worker.submit(pending.wait)
+        else:
+            pending.wait()
+
+    def await_landing(self) -> None:
+        """Block until the workers finished and landed what this unit filed so far (no-op once they did)."""
+        if self._reduced_by is not None:
+            self.reduce_worker.wait(self._reduced_by)
+        if self._landed is not None:
+            self.worker.wait(self._landed)
 
     @property
     def partial(self) -> bool:
@@ -294,32 +381,25 @@ class StoredGradients(GradientSink):
         self._written = [False] * len(self.layout.shapes)
         """Per parameter: its slice of the gradient shard holds this step's gradient (see
         [Note: lazy gradient zeroing])."""
-        self._copies: list[Pending] = []
-        """One rank: this unit's gradient transfers not waited for yet ([Note: one wait per unit])."""
 
     def _file_local(self, index: int, grad: torch.Tensor) -> None:
-        """[Note: one wait per unit]
-        On CUDA a host-tier gradient is copied off the device on the copy stream; the host waits
-        for those copies (and adds the accumulated ones into the shard) once per unit, when its
-        last gradient arrived or before anyone reads the shard (`settle`), not once per parameter.
-        Waiting for copies queued in order on one stream costs one host synchronisation. Every other
+        """[Note: gradients land on the transfer worker]
+        With a device of its own a gradient is copied off it on the device-to-host stream as it
+        arrives, and the copy is handed to the rank's transfer worker, which waits for it and adds
+        (or copies) it into the shard, in arrival order: the autograd thread never waits, and the
+        consumers of the shard (`settle`, the optimizer's update) wait for that job. Every other
         store completes the transfer in the call (the CPU machine: the same operations in the same
-        order as waiting for each at once)."""
+        order)."""
         self._ensure_shard()
         offset = self.layout.offsets[index]
         if self._written[index]:
-            self._copies.append(self.store.accumulate(self.key, grad, offset))
+            pending = self.store.accumulate(self.key, grad, offset)
         else:
-            self._copies.append(self.store.write(self.key, grad, offset))
+            pending = self.store.write(self.key, grad, offset)
             self._written[index] = True
-        if self._pending == 0:
-            self._wait_copies()
-
-    def _wait_copies(self) -> None:
-        copies, self._copies = self._copies, []
-        if copies:
-            copies[-1].synchronize()  # one host wait: the copies run in order on the copy stream
-        for pending in copies:
+        if pending.in_flight:  # a copy off the device (its staging may be needed by the next one)
+            self._landed = self.worker.submit(pending.wait)
+        else:
             pending.wait()
 
     def _before_collect(self) -> None:
@@ -356,12 +436,12 @@ class StoredGradients(GradientSink):
         """[Note: lazy gradient zeroing] Zeroing is a promise, not a memset: the next gradient to
         arrive overwrites its slice instead of adding to it, which saves two passes over the
         gradient shards per step. Slices nobody wrote are zeroed by `settle` before use."""
-        self._wait_copies()
+        self.await_landing()
         self._written = [False] * len(self._written)
 
     def settle(self) -> None:
         """Make the gradient shard exact: zero the slices that received nothing since `zero_grad`."""
-        self._wait_copies()
+        self.await_landing()
         if all(self._written) or not self._has_shard:
             return
         if self.comm.world_size == 1:
@@ -396,11 +476,16 @@ class HandedGradients(GradientSink):
     def received(self) -> bool:
         return bool(self._arrived) or self._reduced is not None
 
-    def final(self) -> UnitGradient | None:
+    def take_reduced(self) -> UnitGradient:
+        """Several ranks: the averaged slice the transfer worker filed (after `await_landing`)."""
+        out, self._reduced = self._reduced, None
+        assert out is not None, f"unit {self.key}: no reduce-scatter was filed"
+        return UnitGradient([(0, out.reshape(-1))], self.layout.shard_numel)
+
+    def final(self) -> FinalGradient | None:
         numel = self.layout.shard_numel
-        if self._reduced is not None:
-            out, self._reduced = self._reduced, None
-            return UnitGradient([(0, out.reshape(-1))], numel)
+        if self.comm.world_size > 1:
+            return ReducedGradient(self)
         if not self._arrived:
             return None
         arrived, self._arrived = self._arrived, {}
@@ -409,3 +494,8 @@ class HandedGradients(GradientSink):
 
     def zero_grad(self) -> None:
         """Nothing is kept past its hand-over."""
+
+
+def _refuse_unclaimed() -> None:
+    raise RuntimeError("the plan's optimizer_step is in_backward, so each gradient goes straight into the "
+                       "optimizer: create runtime.AdamW(model, ...) before the first backward")

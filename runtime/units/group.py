@@ -188,8 +188,8 @@ class ParamUnit:
         buffer, allocated on the copy stream, is recorded on the compute stream there."""
         assert self._staged is not None
         streams = self.streams
-        if not self._staged.on_copy_stream:  # a device shard, last written by the compute stream
-            streams.wait_stream(side, Role.COMPUTE)
+        if not self._staged.on_copy_stream:  # a device shard: after the work that last wrote it
+            streams.wait(side, self.param_store.written_event)
         with streams.on(side):
             shard = self._staged.wait()
             self._gathering = all_gather_flat(self.comm, shard, self.link_bytes)

@@ -19,15 +19,18 @@ our checkpoint store, so offloading it needs no cooperation from torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop_context_fn
 
 from planner.memory_terms import MemoryTerm
+from planner.plan import HostPinning
 from runtime.ledger import MemoryLedger, nbytes
+from runtime.nvme.buffers import AlignedBuffer
 from runtime.transfer.stores import CopyEngine
+from runtime.transfer.streams import DeviceEvent
 from runtime.transfer.trace import Role, hook
 
 
@@ -53,6 +56,9 @@ class ActivationCheckpointStore:
 
     def drop(self, held: torch.Tensor) -> None:
         self.ledger.sub(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(held))
+
+    def close(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """Give back what the store keeps between steps."""
 
 
 class HostActivationCheckpointStore(ActivationCheckpointStore):
@@ -98,9 +104,72 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
         return staged
 
 
+class _PinnedHold(NamedTuple):
+    buffer: AlignedBuffer
+    read: list[DeviceEvent | None]
+    """The last copy back to the device out of it (one element, replaced), which a new save follows."""
+
+
+class PinnedActivationCheckpointStore(HostActivationCheckpointStore):
+    """Segment inputs in pinned host memory (`cpu` placement, `host_pinning: shards`, a device of its
+    own): each goes off the device straight into a pinned buffer on the device-to-host stream after
+    the event of the work that produced it, and comes back from it on the host-to-device stream
+    after that copy; the host waits for neither. The buffers are kept from step to step, pinned in
+    the first and charged to the ledger until the store is closed ([Note: pinned host shards] in
+    runtime/transfer/pinned_arena.py)."""
+
+    def __init__(self, ledger: MemoryLedger, copier: CopyEngine) -> None:
+        super().__init__(ledger, copier)
+        self._free: list[_PinnedHold] = []
+        self._out: dict[int, _PinnedHold] = {}
+        """Host address -> the hold of each input saved and not dropped."""
+        self._all: list[_PinnedHold] = []
+
+    def save(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        size = nbytes(x)
+        fitting = [h for h in self._free if h.buffer.capacity_bytes >= size]
+        if fitting:
+            hold = min(fitting, key=lambda h: h.buffer.capacity_bytes)
+            self._free.remove(hold)
+        else:
+            buffer = self.copier.streams.pinned_buffer(size, MemoryTerm.ACTIVATION_CHECKPOINTS)
+            self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, buffer.capacity_bytes)
+            hold = _PinnedHold(buffer, [None])
+            self._all.append(hold)
+        host = torch.frombuffer(hold.buffer.view, dtype=x.dtype, count=x.numel()).view(x.shape)
+        self._out[host.data_ptr()] = hold
+        self.copier.streams.wait(Role.D2H, hold.read[0])  # the last step's copy back out of it is over
+        return host, self.copier.from_device(host.view(-1), x.detach().reshape(-1))
+
+    def prefetch(self, held: torch.Tensor, event: Any) -> Any:
+        if isinstance(event, tuple):  # on its way back already
+            return event
+        staged, copied = self.copier.to_device(held, after=event)
+        self._out[held.data_ptr()].read[0] = copied
+        return staged, copied
+
+    def drop(self, held: torch.Tensor) -> None:
+        self._free.append(self._out.pop(held.data_ptr()))
+
+    def close(self) -> None:
+        holds, self._all, self._free = self._all, [], []
+        for hold in holds:
+            self.ledger.sub(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, hold.buffer.capacity_bytes)
+            hook = self.copier.streams.pin_hook(MemoryTerm.ACTIVATION_CHECKPOINTS)
+            if hook is not None:
+                hook.unpin(hold.buffer.address)
+
+
 ACTIVATION_CHECKPOINT_STORES: dict[str, type[ActivationCheckpointStore]] = {
     "gpu": ActivationCheckpointStore, "cpu": HostActivationCheckpointStore}
-"""Placement tier of `activation_checkpoints` -> where segment inputs are held."""
+"""Placement tier of `activation_checkpoints` -> where segment inputs are held (`host_pinning: shards`
+on a device of its own holds the `cpu` ones in pinned memory: `checkpoint_store_for`)."""
+
+
+def checkpoint_store_for(tier: str, pinning: HostPinning, ledger: MemoryLedger, copier: CopyEngine) -> ActivationCheckpointStore:
+    if tier == "cpu" and pinning is HostPinning.SHARDS and copier.separate_memory:
+        return PinnedActivationCheckpointStore(ledger, copier)
+    return ACTIVATION_CHECKPOINT_STORES[tier](ledger, copier)
 
 
 class RecomputeSegment:

@@ -17,16 +17,20 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
+from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers, param_read_slots
 from planner.memory_terms import MemoryTerm
 from planner.plan import Plan
 from planner.units import round_up_4kib
+from runtime.ledger import MemoryLedger
 from runtime.plan_io import RuntimeConfig, local_world_size
 from runtime.profiler import Profiler
 from runtime.transfer.collectives import Comm
+from runtime.transfer.crossings import host_crossing
 from runtime.transfer.nvme_store import NvmeSpace
 from runtime.transfer.pinned_pool import staging_pool_for
+from runtime.transfer.read_slots import ReadSlots
 from runtime.transfer.stores import CopyEngine, ShardKey, ShardStore, StateKey, UnitKey
+from runtime.transfer.streams import Streams
 from runtime.transfer.tiers import make_store
 from runtime.units.flat_param import FlatLayout, flatten_shard
 from runtime.units.gradients import GradientSink
@@ -73,10 +77,12 @@ def open_stores(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
     copier = CopyEngine(config.device, profiler.link_bytes)
     copier.pool = staging_pool_for(plan, copier, ledger)
     place = config.placement
-    swap = nvme_space(module, config, comm, plan, separate_memory=copier.separate_memory)
+    numels = unit_shard_numels(module, comm.world_size)
+    swap = nvme_space(config, comm, plan, numels, streams=copier.streams, ledger=ledger)
 
     def store(tier: str, term: MemoryTerm, name: str) -> ShardStore:
-        return make_store(tier, term=term, ledger=ledger, copier=copier, name=name, swap=swap)
+        crossing = host_crossing(name, plan, copier, ledger, numel=sum(numels), dtype=config.compute_dtype)
+        return make_store(tier, term=term, ledger=ledger, copier=copier, name=name, swap=swap, crossing=crossing)
 
     params = store(place.params, MemoryTerm.PARAMS, "params")
     # Mixed precision: gradients arrive in 16 bits and are accumulated straight into the fp32
@@ -165,7 +171,8 @@ def make_unit(name: str, params: list[nn.Parameter], built: BuiltUnits, config: 
     links = profiler.link_bytes
     grads = GradientSink.factory(stores.gradients)(key=key, layout=layout, num_grad_params=sum(p.requires_grad for p in params),
                                                    comm=comm, ledger=ledger, link_bytes=links,
-                                                   streams=stores.copier.streams)
+                                                   streams=stores.copier.streams, worker=stores.copier.worker,
+                                                   reduce_worker=stores.copier.reduce_worker)
     unit = ParamUnit(name=key, params=params, layout=layout, comm=comm, param_store=stores.params, grads=grads,
                      compute_dtype=config.compute_dtype, charges=UnitCharges(ledger), link_bytes=links,
                      transient_buffers=built.transient_buffers)
@@ -175,22 +182,27 @@ def make_unit(name: str, params: list[nn.Parameter], built: BuiltUnits, config: 
     return unit
 
 
-def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan, *,
-               separate_memory: bool) -> NvmeSpace | None:
-    """The rank's `NvmeSpace` when any state is on NVMe, sized before any shard exists (None otherwise).
-
-    Swap files are preallocated, so their sizes come from the shards this model will have: one per
-    unit (a module's own parameters), rounded to 4 KiB extents. The preflight checks the node's
-    total (every local rank's files), so a too-small `nvme_path` is refused before training."""
-    place = config.placement
-    if "nvme" not in (place.params, place.gradients, place.optimizer_states):
-        return None
+def unit_shard_numels(module: nn.Module, world_size: int) -> list[int]:
+    """Elements of each unit's shard on this rank, before any exists (the units `build_units` makes)."""
     numels, seen = [], set()
     for m in module.modules():
         own = [p for p in m._parameters.values() if p is not None and id(p) not in seen]
         seen.update(id(p) for p in own)
         if own:
-            numels.append(FlatLayout.of(own, comm.world_size).shard_numel)
+            numels.append(FlatLayout.of(own, world_size).shard_numel)
+    return numels
+
+
+def nvme_space(config: RuntimeConfig, comm: Comm, plan: Plan, numels: list[int], *, streams: Streams,
+               ledger: MemoryLedger) -> NvmeSpace | None:
+    """The rank's `NvmeSpace` when any state is on NVMe, sized before any shard exists (None otherwise).
+
+    Swap files are preallocated, so their sizes come from the shards this model will have (`numels`):
+    one per unit (a module's own parameters), rounded to 4 KiB extents. The preflight checks the
+    node's total (every local rank's files), so a too-small `nvme_path` is refused before training."""
+    place = config.placement
+    if "nvme" not in (place.params, place.gradients, place.optimizer_states):
+        return None
 
     def shards(element_bytes: int, copies: int) -> int:
         return copies * sum(round_up_4kib(n * element_bytes) for n in numels)
@@ -206,12 +218,15 @@ def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan,
         capacity["optimizer_states"] = shards(4, optimizer_copies)
     assert plan.nvme_path is not None  # refused in plan_io
     # Reads land in host memory; where that is the compute device they stay there until reshard.
+    separate_memory = streams.separate_memory
     read_buffers = 2 if separate_memory else config.prefetch_depth + 1
+    slots = ReadSlots(streams, ledger, MemoryTerm.PARAM_SWAP_BUFFERS, param_read_slots(plan)) if separate_memory else None
     return NvmeSpace(plan.nvme_path, rank=comm.rank, capacity_bytes=capacity,
                      node_needed_bytes=sum(capacity.values()) * local_world_size(),
                      block_size_bytes=plan.nvme_block_bytes, read_buffers=max(2, read_buffers),
                      gradient_write_buffers=gradient_write_buffers(config.prefetch_depth,
-                                                                   params_on_nvme=place.params == "nvme"))
+                                                                   params_on_nvme=place.params == "nvme"),
+                     read_slots=slots, largest_shard_numel=max(numels, default=0))
 
 
 def default_init_fn(model: nn.Module) -> Callable[[nn.Module], None]:
