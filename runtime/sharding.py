@@ -77,11 +77,11 @@ from runtime.units.events import UnitListener
 from runtime.units.group import ParamUnit, UnitState
 from runtime.units.prefetch import Phase, Prefetcher
 from runtime.units.recompute import (
-    ActivationCheckpointStore,
+    RecomputeInputStore,
     RecomputeSegment,
     apply_recompute,
-    checkpoint_store_for,
     find_blocks,
+    recompute_input_store_for,
 )
 from runtime.units.tiling import apply_tiling
 from runtime.units.unit_builder import BuiltUnits, build_units, default_init_fn, open_stores
@@ -129,7 +129,7 @@ class ShardedModel:
         self.master_at = built.master_at
         self.transient_buffers = built.transient_buffers
         self.segments: list[RecomputeSegment] = []
-        self.checkpoint_store: ActivationCheckpointStore | None = None
+        self.recompute_input_store: RecomputeInputStore | None = None
         self.segment_of_unit: dict[int, RecomputeSegment] = {}
         """Unit index -> the checkpointed segment whose blocks use it."""
         self.prefetcher: Prefetcher | None = None
@@ -173,8 +173,8 @@ class ShardedModel:
                 self.copier.wait_transfers()
             for store in self.stores:
                 store.close()
-            if self.checkpoint_store is not None:
-                self.checkpoint_store.close()
+            if self.recompute_input_store is not None:
+                self.recompute_input_store.close()
             self.copier.close()
         finally:  # after an I/O error too: the swap files must not outlive the run
             if self.swap is not None:
@@ -498,16 +498,16 @@ def shard(
         for index, p in enumerate(unit.params):
             if p.requires_grad:
                 handles.append(p.register_post_accumulate_grad_hook(state.grad_hook(unit, index)))
-    if config.checkpoint_interval > 0 and blocks is not None:
+    if config.recompute_interval > 0 and blocks is not None:
         # A key/value cache filled in forward would be extended again by the recompute (Hugging
         # Face turns it off under gradient checkpointing for the same reason).
         hf_config = getattr(model, "config", None)
         if getattr(hf_config, "use_cache", False):
             hf_config.use_cache = False
-        store = checkpoint_store_for(config.placement.activation_checkpoints, plan_obj.host_pinning, state.ledger,
+        store = recompute_input_store_for(config.placement.recompute_inputs, plan_obj.host_pinning, state.ledger,
                                      state.copier)
-        state.checkpoint_store = store
-        state.segments = apply_recompute(blocks, config.checkpoint_interval, store)
+        state.recompute_input_store = store
+        state.segments = apply_recompute(blocks, config.recompute_interval, store)
         units_of = {id(module): indices for module, indices in module_units}
         state.segment_of_unit = {i: seg for seg in state.segments for block in seg.blocks
                                  for module in block.modules() for i in units_of.get(id(module), ())}

@@ -38,13 +38,13 @@ PLACEMENTS = {
     "device": ALL_DEVICE,
     "cpu": ALL_CPU,
     "opt-on-nvme": {**ALL_CPU, "optimizer_states": "nvme"},
-    "all-nvme": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
+    "all-nvme": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
 }
 SCHEDULES = ("after_backward", "in_backward")
 PINNINGS = ("shards", "staged")
 CASES = [(p, s, h) for p in PLACEMENTS for s in SCHEDULES for h in PINNINGS if p != "device" or h == "staged"]
 IDS = ["-".join(case) for case in CASES]
-SHARD_TERMS = ("params", "gradient_landing_buffers", "activation_checkpoints")
+SHARD_TERMS = ("params", "gradient_landing_buffers", "recompute_inputs")
 """Pinned terms holding the model's state: the bill counts the model spec's parameters, which leave
 out its biases, norms and position embeddings (planner/memory.py), and each pinned buffer rounds to
 a page: the rest are sized by the plan, to the byte."""
@@ -54,7 +54,7 @@ SEPARATE = {**HARDWARE, "host_is_device": False}
 
 
 def _doc(placement: str, schedule: str, pinning: str, nvme_path: str, world_size: int) -> dict[str, Any]:
-    return plan_doc(world_size=world_size, placement=PLACEMENTS[placement], precision="bf16", checkpoint_interval=1,
+    return plan_doc(world_size=world_size, placement=PLACEMENTS[placement], precision="bf16", recompute_interval=1,
                     micro_batch_per_gpu=BATCH // world_size, optimizer_step=schedule, host_pinning=pinning,
                     hardware=SEPARATE, nvme_path=nvme_path)
 
@@ -147,7 +147,7 @@ def trained_and_traced(doc: dict[str, Any], rank: int = 0, world_size: int = 1) 
         # Parameters the bill's model spec leaves out, and a page of rounding per pinned buffer.
         "allowance": {"params": -(-left_out // world_size) * 2 + 4096,
                       "gradient_landing_buffers": -(-left_out // world_size) * 2 + 4096,
-                      "activation_checkpoints": 4096 * len(state.segments)},
+                      "recompute_inputs": 4096 * len(state.segments)},
         "losses": losses,
     }
     opt.close()

@@ -28,7 +28,7 @@ def composed_prediction(plan: Plan, predict_stage: Callable[[Plan], Prediction])
     step = compose_step(plan, (fp["forward"], fp["backward"], fp["optimizer"]),
                         None if quiet is None else (quiet.phase_time_s["forward"], quiet.phase_time_s["backward"]))
     total_s = step.forward_s + step.backward_s + step.optimizer_s
-    recompute = plan.checkpoint_interval > 0
+    recompute = plan.recompute_interval > 0
     flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
     links = composed_link_bytes(plan, stage, {k: float(v) for k, v in full.link_bytes.items()},
                                 None if quiet is None else {k: float(v) for k, v in quiet.link_bytes.items()})

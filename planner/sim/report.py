@@ -142,7 +142,7 @@ def build_prediction(sim: Simulation) -> Prediction:
 def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = None) -> Prediction:
     total_s = s.phase_end_s[Phase.OPTIMIZER]
     forward_end, backward_end = s.phase_end_s[Phase.FORWARD], s.phase_end_s[Phase.BACKWARD]
-    recompute = plan.checkpoint_interval > 0
+    recompute = plan.recompute_interval > 0
     # Paper accounting (eq. 7): 8 * tokens * params with recompute, 6 * tokens * params without.
     flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
     resources = {name: {"busy_fraction": r["busy_s"] / total_s if total_s > 0 else 0.0, **r}

@@ -1,4 +1,4 @@
-"""Activation checkpoints and their recompute: a checkpoint every `checkpoint_interval` blocks,
+"""Activation checkpoints and their recompute: a checkpoint every `recompute_interval` blocks,
 optionally offloaded, the blocks between recomputed in backward. (Training checkpoints, the files a
 run resumes from, are runtime/ckpt.)
 
@@ -34,7 +34,7 @@ from runtime.transfer.streams import DeviceEvent
 from runtime.transfer.trace import Role, hook
 
 
-class ActivationCheckpointStore:
+class RecomputeInputStore:
     """Holds segment inputs on the compute device (`gpu` placement)."""
 
     tier = "gpu"
@@ -44,7 +44,7 @@ class ActivationCheckpointStore:
         self.copier = copier
 
     def save(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(x))
+        self.ledger.add(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(x))
         return x.detach(), None
 
     def prefetch(self, held: torch.Tensor, event: Any) -> Any:  # noqa: ARG002
@@ -55,13 +55,13 @@ class ActivationCheckpointStore:
         return held
 
     def drop(self, held: torch.Tensor) -> None:
-        self.ledger.sub(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(held))
+        self.ledger.sub(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(held))
 
     def close(self) -> None:  # noqa: B027 - a no-op unless overridden
         """Give back what the store keeps between steps."""
 
 
-class HostActivationCheckpointStore(ActivationCheckpointStore):
+class HostRecomputeInputStore(RecomputeInputStore):
     """Holds segment inputs in pageable host memory (`cpu` placement), copied through the rank's
     pinned staging pool on the side stream on CUDA. On a CPU-only machine the input already is in
     host memory and is held as it is.
@@ -84,7 +84,7 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
         flat = host.view(-1)
         transfer = self.copier.to_host(x.detach().reshape(-1),
                                        lambda piece, at: flat[at : at + piece.numel()].copy_(piece))
-        self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(host))
+        self.ledger.add(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(host))
         return host, transfer
 
     def prefetch(self, held: torch.Tensor, event: Any) -> Any:
@@ -110,7 +110,7 @@ class _PinnedHold(NamedTuple):
     """The last copy back to the device out of it (one element, replaced), which a new save follows."""
 
 
-class PinnedActivationCheckpointStore(HostActivationCheckpointStore):
+class PinnedRecomputeInputStore(HostRecomputeInputStore):
     """Segment inputs in pinned host memory (`cpu` placement, `host_pinning: shards`, a device of its
     own): each goes off the device straight into a pinned buffer on the device-to-host stream after
     the event of the work that produced it, and comes back from it on the host-to-device stream
@@ -132,8 +132,8 @@ class PinnedActivationCheckpointStore(HostActivationCheckpointStore):
             hold = min(fitting, key=lambda h: h.buffer.capacity_bytes)
             self._free.remove(hold)
         else:
-            buffer = self.copier.streams.pinned_buffer(size, MemoryTerm.ACTIVATION_CHECKPOINTS)
-            self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, buffer.capacity_bytes)
+            buffer = self.copier.streams.pinned_buffer(size, MemoryTerm.RECOMPUTE_INPUTS)
+            self.ledger.add(self.tier, MemoryTerm.RECOMPUTE_INPUTS, buffer.capacity_bytes)
             hold = _PinnedHold(buffer, [None])
             self._all.append(hold)
         host = torch.frombuffer(hold.buffer.view, dtype=x.dtype, count=x.numel()).view(x.shape)
@@ -154,28 +154,28 @@ class PinnedActivationCheckpointStore(HostActivationCheckpointStore):
     def close(self) -> None:
         holds, self._all, self._free = self._all, [], []
         for hold in holds:
-            self.ledger.sub(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, hold.buffer.capacity_bytes)
-            hook = self.copier.streams.pin_hook(MemoryTerm.ACTIVATION_CHECKPOINTS)
+            self.ledger.sub(self.tier, MemoryTerm.RECOMPUTE_INPUTS, hold.buffer.capacity_bytes)
+            hook = self.copier.streams.pin_hook(MemoryTerm.RECOMPUTE_INPUTS)
             if hook is not None:
                 hook.unpin(hold.buffer.address)
 
 
-ACTIVATION_CHECKPOINT_STORES: dict[str, type[ActivationCheckpointStore]] = {
-    "gpu": ActivationCheckpointStore, "cpu": HostActivationCheckpointStore}
-"""Placement tier of `activation_checkpoints` -> where segment inputs are held (`host_pinning: shards`
-on a device of its own holds the `cpu` ones in pinned memory: `checkpoint_store_for`)."""
+RECOMPUTE_INPUT_STORES: dict[str, type[RecomputeInputStore]] = {
+    "gpu": RecomputeInputStore, "cpu": HostRecomputeInputStore}
+"""Placement tier of `recompute_inputs` -> where segment inputs are held (`host_pinning: shards`
+on a device of its own holds the `cpu` ones in pinned memory: `recompute_input_store_for`)."""
 
 
-def checkpoint_store_for(tier: str, pinning: HostPinning, ledger: MemoryLedger, copier: CopyEngine) -> ActivationCheckpointStore:
+def recompute_input_store_for(tier: str, pinning: HostPinning, ledger: MemoryLedger, copier: CopyEngine) -> RecomputeInputStore:
     if tier == "cpu" and pinning is HostPinning.SHARDS and copier.separate_memory:
-        return PinnedActivationCheckpointStore(ledger, copier)
-    return ACTIVATION_CHECKPOINT_STORES[tier](ledger, copier)
+        return PinnedRecomputeInputStore(ledger, copier)
+    return RECOMPUTE_INPUT_STORES[tier](ledger, copier)
 
 
 class RecomputeSegment:
     """`ci` consecutive blocks sharing one checkpoint; state of the current forward pass."""
 
-    def __init__(self, blocks: list[nn.Module], store: ActivationCheckpointStore) -> None:
+    def __init__(self, blocks: list[nn.Module], store: RecomputeInputStore) -> None:
         self.blocks = blocks
         self.store = store
         self.recomputing = False
@@ -290,7 +290,7 @@ def find_blocks(model: nn.Module) -> nn.ModuleList | None:
 
 
 def apply_recompute(
-    blocks: nn.ModuleList, interval: int, store: ActivationCheckpointStore
+    blocks: nn.ModuleList, interval: int, store: RecomputeInputStore
 ) -> list[RecomputeSegment]:
     """Wrap `blocks` in place into segments of `interval` blocks."""
     segments = []
