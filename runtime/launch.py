@@ -36,10 +36,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from planner.errors import PlannerError
-from planner.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
-from planner.profile import Profile, StepSample
-from planner.units import TFLOP
+from planner.spec.errors import PlannerError
+from planner.spec.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
+from planner.spec.profile import Profile, StepSample
+from planner.spec.units import TFLOP
 from runtime.host_malloc import keep_freed_memory_mapped
 from runtime.plan_io import PlanNotExecutable, check_executable, check_memory
 from runtime.profiler import process_peak_rss_bytes

@@ -1,4 +1,4 @@
-"""From a plan (path, dict or `planner.plan.Plan`) to the runtime's own frozen config.
+"""From a plan (path, dict or `planner.spec.plan.Plan`) to the runtime's own frozen config.
 
 Everything the runtime cannot execute is rejected here, before any training starts, with a
 one-line reason (DESIGN.md principle: "A plan the runtime cannot execute is rejected with the
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from planner.errors import PlannerError
-from planner.memory import stores_gradients
-from planner.plan import Placement, Plan, load_plan
-from planner.units import GIB
+from planner.cost.memory import stores_gradients
+from planner.spec.errors import PlannerError
+from planner.spec.plan import Placement, Plan, load_plan
+from planner.spec.units import GIB
 from runtime.plan_check import executable_problem
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -42,10 +42,10 @@ class RuntimeConfig:
     device: torch.device
     """The compute device: `cuda:LOCAL_RANK` when CUDA is present, else the CPU."""
     optimizer_step: str = "after_backward"
-    """`after_backward` or `in_backward` (`planner.plan.Plan.optimizer_step`)."""
+    """`after_backward` or `in_backward` (`planner.spec.plan.Plan.optimizer_step`)."""
     stores_gradients: bool = True
     """False when each unit's gradient goes straight into the in-backward update and is never stored
-    (`planner.memory.stores_gradients`)."""
+    (`planner.cost.memory.stores_gradients`)."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -102,7 +102,7 @@ def check_memory(plan: Plan) -> None:
     and host memory within every limit that would otherwise end the run halfway (see
     [Note: host memory limits])."""
     try:
-        from planner.memory import memory_bill
+        from planner.cost.memory import memory_bill
     except ImportError:  # the memory model is not part of this build
         return
     local_ranks = local_world_size()

@@ -1,4 +1,4 @@
-"""Context parallelism (planner/context_parallel.py [Note: context parallelism]): per-GPU tokens, the
+"""Context parallelism (planner/cost/context_parallel.py [Note: context parallelism]): per-GPU tokens, the
 ring's KV bytes and exposed seconds, its memory term, the estimate and the simulator on the same
 seconds, the plan's JSON, and the runtime's refusal."""
 
@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.context_parallel import exposed_per_layer_s, kv_block_bytes, ring_bytes_per_s, ring_passes_s
-from planner.errors import PlannerError
-from planner.kernels import block_cost
-from planner.memory import memory_bill
-from planner.memory_terms import MemoryTerm
-from planner.plan import STRATEGY_TABLE, Plan
+from planner.cost.context_parallel import exposed_per_layer_s, kv_block_bytes, ring_bytes_per_s, ring_passes_s
+from planner.cost.kernels import block_cost
+from planner.cost.memory import memory_bill
+from planner.cost.throughput import estimate
 from planner.sim.fast import predict
-from planner.throughput import estimate
+from planner.spec.catalog import resolve_hardware, resolve_model
+from planner.spec.errors import PlannerError
+from planner.spec.memory_terms import MemoryTerm
+from planner.spec.plan import STRATEGY_TABLE, Plan
 from runtime.plan_check import executable_problem
 
 NODE = resolve_hardware("dgx-h100")

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.errors import PlannerError
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.search import predict
-from planner.units import GIB
+from planner.search.search import predict
+from planner.spec.catalog import resolve_hardware, resolve_model
+from planner.spec.errors import PlannerError
+from planner.spec.plan import STRATEGY_TABLE, Plan
+from planner.spec.units import GIB
 from tierwise.cli import app, machine
 from tierwise.cli.run import with_swap_directory
 

@@ -30,14 +30,11 @@ from typing import Any, Literal
 
 import simpy
 
-from planner.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
-from planner.context_parallel import exposed_per_layer_s
-from planner.fp8 import linear_speedup
-from planner.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
-from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import Plan
+from planner.cost.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
+from planner.cost.context_parallel import exposed_per_layer_s
+from planner.cost.fp8 import linear_speedup
+from planner.cost.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
+from planner.cost.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
 from planner.sim.in_backward import BackwardUpdates
 from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
@@ -51,6 +48,9 @@ from planner.sim.workload import (
     step_flops,
     step_fused_flops,
 )
+from planner.spec.memory_terms import MemoryTerm
+from planner.spec.phases import Phase
+from planner.spec.plan import Plan
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
@@ -203,10 +203,10 @@ class RankProgram:
         self.backward_matmul_slowdown = node.backward_matmul_slowdown
         dp_ring = data_parallel_ring(plan)
         self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
-        """Each data-parallel collective's latency (planner/collectives.py [Note: the alpha-beta collective])."""
+        """Each data-parallel collective's latency (planner/cost/collectives.py [Note: the alpha-beta collective])."""
         self.tp_latency_s = latency_s(tensor_parallel_ring(plan), "all_reduce", node)
         self.ring_exposed_s = exposed_per_layer_s(plan)  # (forward, backward) per layer, context parallel
-        """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/fp8.py); 1 without."""
+        """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/cost/fp8.py); 1 without."""
         placement = plan.placement
         self.host_is_device = node.host_is_device
         """[Note: the CPU machine] in runtime/stores.py: host memory is the device's, nothing is copied."""
@@ -250,7 +250,7 @@ class RankProgram:
                  op_params: float = 0.0, fused_flops: float = 0.0) -> simpy.Event:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
         operator's memory-bound work at the achievable memory bandwidth ([Note: elementwise work])
-        and its fused attention at that kernel's rate (planner/kernels.py), and the runtime's fixed
+        and its fused attention at that kernel's rate (planner/cost/kernels.py), and the runtime's fixed
         cost per operator (`NodeSpec.operator_overhead_s`). In fp8 the linears' share of `flops`
         (`op_params` weights) runs at the fp8 rate; the attention core does not."""
         if self.fp8_speedup != 1.0 and flops > 0:
@@ -276,7 +276,7 @@ class RankProgram:
 
     def _collective(self, nbytes: float, hops: Any, category: str, label: str, latency: float) -> simpy.Event:
         """A collective: its latency, then its bytes at the route's rates. The latency replaces the
-        size-keyed transfer efficiency the copies pay (planner/collectives.py)."""
+        size-keyed transfer efficiency the copies pay (planner/cost/collectives.py)."""
         self.sim.count(self.rank, category, nbytes)
         return self.net.transfer(nbytes, hops, label, delay_s=latency)
 
@@ -395,7 +395,7 @@ class RankProgram:
         yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params,
                             step_fused_flops(step))
         if step_fused_flops(step) and self.ring_exposed_s != (0.0, 0.0):
-            # The ring's KV sends beyond the attention core they overlap (planner/context_parallel.py).
+            # The ring's KV sends beyond the attention core they overlap (planner/cost/context_parallel.py).
             yield self.env.timeout(self.ring_exposed_s[1 if phase is Phase.BACKWARD else 0])
         if op.tp_all_reduce:
             activation = sim.work.tp_all_reduce_bytes

@@ -13,7 +13,7 @@ its gradient is final, while the rest of the backward runs.
   into the buffer (GPU -> host, 16-bit, unless the host is the device), runs the CPU AdamW, and
   queues the chunk's writes (12 B of states, plus the 16-bit compute copy of the parameters to
   their tier when that is a separate copy), which free the buffer when they land. The gradient is
-  never written to NVMe nor read back (`planner.memory.stores_gradients`).
+  never written to NVMe nor read back (`planner.cost.memory.stores_gradients`).
 - optimizer states in memory (`cpu`): the gradient is offloaded as after backward; once it has
   landed, the unit's CPU AdamW runs and the updated parameters go back to their tier.
 - optimizer states on the GPU: the unit's HBM-bound Adam (`gpu_step_seconds`) runs on the compute
@@ -26,7 +26,7 @@ backward hook does. Elsewhere the CPU optimizer is a process of its own that ove
 The backward ends when the last unit's update has been computed (and every gradient has been
 reduced); the optimizer phase is what `optimizer.step()` waits for: the writes still in flight.
 Update traffic is labelled `optimizer` (the Gantt chart shows it overlapping the backward);
-planner/calibrate.py attributes it by time for such plans.
+planner/calibration/calibrate.py attributes it by time for such plans.
 
 Chunks are the runtime's: each unit's shard is cut into `optimizer_chunk_bytes / 16`-element
 chunks from its own start (a unit smaller than a chunk is one short chunk). Units are the trace's
@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from planner.host_work import step_cpu_params_per_param
-from planner.memory import optimizer_chunk_buffer_bytes
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
+from planner.cost.host_work import step_cpu_params_per_param
+from planner.cost.memory import optimizer_chunk_buffer_bytes
 from planner.sim.optimizer import gpu_step_seconds
+from planner.spec.memory_terms import MemoryTerm
+from planner.spec.phases import Phase
 
 if TYPE_CHECKING:
     from planner.sim.engine import RankProgram
@@ -79,7 +79,7 @@ class BackwardUpdates:
         place = plan.placement
         self.host_is_device = program.host_is_device
         self.cpu_params = step_cpu_params_per_param(plan)
-        """CPU Adam's parameters per parameter updated: Adam and its host copies (planner/host_work.py)."""
+        """CPU Adam's parameters per parameter updated: Adam and its host copies (planner/cost/host_work.py)."""
         self.on_gpu = place.optimizer_states == "gpu" and not self.host_is_device
         """HBM-bound Adam on the compute stream (a `gpu` optimizer on a CPU machine is the CPU's)."""
         self.streamed = place.optimizer_states == "nvme"

@@ -23,16 +23,16 @@ from typing import Any
 
 import simpy
 
-from planner.errors import PlannerError
-from planner.host_work import step_cpu_params_per_param
-from planner.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import Plan
+from planner.cost.host_work import step_cpu_params_per_param
+from planner.cost.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
+from planner.cost.throughput import GPU_ADAM_BYTES_PER_PARAM
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
 from planner.sim.workload import Workload
-from planner.throughput import GPU_ADAM_BYTES_PER_PARAM
+from planner.spec.errors import PlannerError
+from planner.spec.memory_terms import MemoryTerm
+from planner.spec.phases import Phase
+from planner.spec.plan import Plan
 
 Proc = Generator[Any, Any, Any]
 _PERIODIC_TOLERANCE = 1e-9

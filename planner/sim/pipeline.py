@@ -1,22 +1,22 @@
 """The simulated step of a pipelined or accumulating plan, composed from one stage's simulated
-micro-batch ([Note: the 1F1B step] in planner/pipeline.py; the analytic estimate composes its own
+micro-batch ([Note: the 1F1B step] in planner/cost/pipeline.py; the analytic estimate composes its own
 stage estimate with the same `compose_step`, so the two differ only in how they time the stage)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.memory import memory_bill
-from planner.pipeline import (
+from planner.cost.memory import memory_bill
+from planner.cost.pipeline import (
     compose_step,
     quiet_plan,
     reduces_once,
     stage_plan,
     step_details,
 )
-from planner.plan import Plan, Prediction
+from planner.cost.throughput import composed_link_bytes
 from planner.sim.report import simulated_prediction
-from planner.throughput import composed_link_bytes
+from planner.spec.plan import Plan, Prediction
 
 
 def composed_prediction(plan: Plan, predict_stage: Callable[[Plan], Prediction]) -> Prediction:

@@ -1,6 +1,6 @@
 """Turn a finished simulation into the DESIGN.md `prediction` block (method `simulated`).
 
-[Note: two memory views] Whether a plan fits is decided by the memory bill (`planner.memory`), the
+[Note: two memory views] Whether a plan fits is decided by the memory bill (`planner.cost.memory`), the
 one the search ranks by and the runtime's memory test checks: `feasible`, `reason`, `peak_bytes`
 and `memory_terms` come from it, so `fit` and `simulate` never disagree on a verdict. The
 simulator's own view, bytes in use over time with the transient buffers it actually schedules, goes
@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planner.memory import memory_bill
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import LINKS, Plan, Prediction
+from planner.cost.memory import memory_bill
 from planner.sim.engine import Ranks, Simulation
 from planner.sim.network import Link
+from planner.spec.memory_terms import MemoryTerm
+from planner.spec.phases import Phase
+from planner.spec.plan import LINKS, Plan, Prediction
 
 MAX_TIMELINE_POINTS = 400
 """Memory curves in the JSON are downsampled to this many points (each keeps its bucket's peak)."""
@@ -41,7 +41,7 @@ class MemoryCurve:
 @dataclass(frozen=True, slots=True)
 class Timelines:
     """The simulated iteration as data: what the Gantt chart and the memory curves are drawn from
-    (planner.sim.timeline), from a whole simulation or extrapolated from a short one (periodic.py)."""
+    (planner.output.timeline), from a whole simulation or extrapolated from a short one (periodic.py)."""
 
     phase_end_s: dict[Phase, float]
     num_segments: int
@@ -68,7 +68,7 @@ class SimResult:
 def simulate(plan: Plan, *, ranks: Ranks = "representative") -> SimResult:
     """Simulate one training iteration of `plan` and predict its cost. A pipelined or accumulating
     plan simulates its stage's micro-batch (the timelines) and composes the step from it."""
-    from planner.pipeline import is_composed, stage_plan
+    from planner.cost.pipeline import is_composed, stage_plan
 
     if is_composed(plan):
         from planner.sim.pipeline import composed_prediction

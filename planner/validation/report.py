@@ -4,7 +4,7 @@ Each row's plan (configure.row_plan) is predicted by the fast simulator (`planne
 the stage whose number `planner fit` reports for a pinned plan. The plan carries the row's gradient
 accumulation (`micro_batches_per_step`), so its prediction is one optimizer step: the pipeline bubble,
 and one gradient reduction per step for plain data parallel, every micro-step for FSDP / ZeRO
-(planner/pipeline.py [Note: the 1F1B step]).
+(planner/cost/pipeline.py [Note: the 1F1B step]).
 
 `error = predicted / measured - 1` in the row's own metric (flops.py [Note: FLOP accountings]);
 `error` is null, with a `reason`, for a row the planner cannot express. Offload rows (CPU/NVMe) are
@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlannerError
-from planner.plan import Plan
+from planner.cost.throughput import estimate
 from planner.sim.fast import predict
-from planner.throughput import estimate
+from planner.spec.errors import PlannerError
+from planner.spec.plan import Plan
 from planner.validation.configure import RowPlan, node_for_row, row_plan
 from planner.validation.corpus import GPU_TYPES, CorpusRow, load_corpus
 from planner.validation.flops import accounting_for, flops_per_token, from_tokens_per_s
 
 METHODS: dict[str, str] = {
     "simulated": "simulated (planner.sim.fast.predict, the number `planner fit` reports for a pinned plan)",
-    "analytic": "analytic (planner.throughput.estimate, the search's first stage)",
+    "analytic": "analytic (planner.cost.throughput.estimate, the search's first stage)",
 }
 PARAMS_AS_STATED = frozenset({"llmfoundry_bench"})
 """Sources whose `params_b` is their exact 6N count (llm-foundry's includes learned position
@@ -155,7 +155,7 @@ def _predicted(plan: Plan, method: str) -> tuple[dict[str, float], bool, str, st
     if method == "simulated":
         p = predict(plan)
         return p.phase_time_s, p.feasible, p.reason, p.bottleneck
-    from planner.memory import memory_bill
+    from planner.cost.memory import memory_bill
 
     bill, est = memory_bill(plan), estimate(plan)
     return est.phase_time_s, bill.fits, bill.reason(), est.bottleneck

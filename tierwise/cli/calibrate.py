@@ -1,7 +1,7 @@
 """`planner calibrate PROFILE... --hardware H --out H2.json`: fit a hardware spec to measured runs.
 
 Each profile carries the plan it ran (`planner run` writes it); the fit is
-planner/calibrate.py [Note: the calibration model]. `planner compare PLAN PROFILE --hardware H2`
+planner/calibration/calibrate.py [Note: the calibration model]. `planner compare PLAN PROFILE --hardware H2`
 then shows every metric's error before and after calibration.
 """
 
@@ -15,16 +15,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.errors import PlannerError
-from planner.plan import Plan
-from planner.profile import load_profile
-from planner.specio import write_json_atomic
+from planner.spec.errors import PlannerError
+from planner.spec.plan import Plan
+from planner.spec.profile import load_profile
+from planner.spec.specio import write_json_atomic
 from tierwise.cli import options as o
 
 
 def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | None) -> dict:
-    from planner.calibrate import calibrate
-    from planner.catalog import resolve_hardware
+    from planner.calibration.calibrate import calibrate
+    from planner.spec.catalog import resolve_hardware
 
     runs = []
     for path in profiles:

@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.plan import load_plan
-from planner.profile import ERROR_DEFINITION, compare, load_profile
+from planner.spec.plan import load_plan
+from planner.spec.profile import ERROR_DEFINITION, compare, load_profile
 from tierwise.cli import options as o
 
 
@@ -20,14 +20,14 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
     again on it and every row also carries the prediction and error after calibration."""
     plan = load_plan(plan_path)
     if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
-        from planner.search import predict
+        from planner.search.search import predict
 
         plan = predict(plan)
     profile = load_profile(profile_path)
     rows = [r.to_dict() for r in compare(plan, profile)]
     if hardware is not None:
-        from planner.catalog import resolve_hardware
         from planner.sim import simulate
+        from planner.spec.catalog import resolve_hardware
 
         calibrated = plan.replace(node=resolve_hardware(hardware), prediction=None)
         after = {r.metric: r.to_dict() for r in compare(calibrated.replace(prediction=simulate(calibrated).prediction),
@@ -41,7 +41,7 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
 def hardware_used(plan_path: Path, profile_path: Path, hardware: str | None = None) -> dict[str, str]:
     """The hardware spec each prediction was made for (the plan's, and the calibrated one if given)
     and the device the run measured on, when the profile says."""
-    from planner.catalog import resolve_hardware
+    from planner.spec.catalog import resolve_hardware
 
     out = {"predicted": load_plan(plan_path).node.name}
     if hardware is not None:
