@@ -32,8 +32,8 @@ import math
 from typing import TYPE_CHECKING
 
 from planner.cost.kernels import block_cost, fused_attention_flops_per_s
-from planner.cost.memory import COMPUTE_BYTES
 from planner.spec.errors import PlannerError
+from planner.spec.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
     from planner.spec.plan import Plan

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.cost.memory import COMPUTE_BYTES
+from planner.spec.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
     from planner.spec.plan import Plan

@@ -24,10 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from planner.cost.context_parallel import ring_buffer_bytes
 from planner.cost.kernels import recomputed_score_bytes, stored_score_bytes_per_token
+from planner.cost.pipeline import in_flight_micro_batches, stage_plan
 from planner.spec.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
 from planner.spec.plan import TIERS, Plan
-from planner.spec.units import COMPUTE_BYTES, round_up_4kib
+from planner.spec.units import COMPUTE_BYTES, GIB, round_up_4kib
 
 # bytes per parameter of each model state as eq. 2 writes them (2 + 2 + 16 = 20 for mixed precision,
 # where the optimizer's 16 are the fp32 master weights, momentum, variance and the fp32 gradient
@@ -74,8 +76,6 @@ class MemoryBill:
 
     def reason(self) -> str:
         """One line saying what does not fit, or ''."""
-        from planner.spec.units import GIB
-
         problems = [
             f"{tier.upper()} needs {self.peak_bytes[tier] / GIB:,.1f} GiB of {self.capacity_bytes[tier] / GIB:,.1f} GiB"
             + (" per GPU" if tier == "gpu" else " per node")
@@ -244,8 +244,6 @@ def _pipeline_stage_bill(plan: Plan) -> MemoryBill:
     """A pipelined plan's bill: its heaviest stage's (planner/cost/pipeline.py stage_plan: `L / p` of the
     weights), with the first stage's 1F1B activations of `min(p, m)` micro-batches in flight: their
     checkpoints with recompute, their whole activations without ([Note: the 1F1B step])."""
-    from planner.cost.pipeline import in_flight_micro_batches, stage_plan
-
     bill = memory_bill(stage_plan(plan))
     extra = in_flight_micro_batches(plan) - 1
     held = MemoryTerm.ACTIVATION_CHECKPOINTS if plan.checkpoint_interval else MemoryTerm.AWM
@@ -307,8 +305,6 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     if copies and place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
         gpu[MemoryTerm.CHECKPOINT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
     if plan.context_parallel_degree > 1:
-        from planner.cost.context_parallel import ring_buffer_bytes  # it imports this module
-
         gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
     if m.vocab_size:
         logit_elems = plan.micro_batch_per_gpu * m.seq_len * m.vocab_size

@@ -24,7 +24,7 @@ from typing import Any
 import simpy
 
 from planner.cost.host_work import step_cpu_params_per_param
-from planner.cost.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
+from planner.cost.memory import optimizer_chunk_buffer_bytes
 from planner.cost.throughput import GPU_ADAM_BYTES_PER_PARAM
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
@@ -33,6 +33,7 @@ from planner.spec.errors import PlannerError
 from planner.spec.memory_terms import MemoryTerm
 from planner.spec.phases import Phase
 from planner.spec.plan import Plan
+from planner.spec.units import COMPUTE_BYTES
 
 Proc = Generator[Any, Any, Any]
 _PERIODIC_TOLERANCE = 1e-9
