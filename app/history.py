@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from planner.calibration.compare import relative_error
 from planner.spec.history import COLUMN_NAMES, default_store_path
 from planner.spec.plan import TIERS
-from planner.spec.profile import relative_error
 
 HISTORY_ENV = "TIERWISE_HISTORY"
 """Overrides the default store (the user's cache directory), like `planner history --store`."""

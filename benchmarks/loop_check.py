@@ -157,11 +157,12 @@ def reanalyse(work_dir: Path) -> dict:
     kept), the measured profiles as they were. For trying a change to the model on the same runs."""
     sys.path.insert(0, str(ROOT))
     from planner.calibration.calibrate import calibrate
+    from planner.calibration.compare import compare
     from planner.calibration.probe_reference import REFERENCE_RUNS
     from planner.sim.report import simulate
     from planner.spec.hardware import NodeSpec
     from planner.spec.plan import load_plan
-    from planner.spec.profile import compare, load_profile
+    from planner.spec.profile import load_profile
 
     doc = json.loads((work_dir / "loop_check.json").read_text())
     for r, rnd in enumerate(doc["rounds"]):

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from runtime_support import ALL_CPU, plan_doc
 
+from planner.calibration.compare import compare
 from planner.search.search import predict
 from planner.spec.errors import PlannerError
 from planner.spec.plan import Plan, Prediction
-from planner.spec.profile import Profile, StepSample, compare, load_profile
+from planner.spec.profile import Profile, StepSample, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

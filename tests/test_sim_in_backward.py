@@ -10,6 +10,7 @@ from test_sim_timelines import CPU_OFFLOAD, ONE_LAYER, rounded, tiny_node
 from typer.testing import CliRunner
 
 from planner.calibration.calibrate import calibrate, phase_features
+from planner.calibration.compare import compare
 from planner.cost.throughput import estimate
 from planner.sim import simulate
 from planner.sim.fast import predict
@@ -18,7 +19,7 @@ from planner.sim.workload import optimizer_params_per_rank
 from planner.spec.catalog import hardware_presets, resolve_hardware, resolve_model
 from planner.spec.model import ModelSpec
 from planner.spec.plan import Placement, Plan
-from planner.spec.profile import Profile, compare
+from planner.spec.profile import Profile
 from tierwise.cli.simulate import register
 
 STATES_ON_NVME = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="gpu")

@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from planner.calibration.compare import ERROR_DEFINITION, compare
 from planner.spec.plan import load_plan
-from planner.spec.profile import ERROR_DEFINITION, compare, load_profile
+from planner.spec.profile import load_profile
 from tierwise.cli import options as o
 
 
