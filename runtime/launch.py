@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from planner.cost.feasibility import check_plan
 from planner.spec.errors import PlannerError
 from planner.spec.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
 from planner.spec.profile import Profile, StepSample
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if world_size > 1:
         init_process_group(rank=rank, world_size=world_size)
     try:
-        plan = load_plan(args.plan)
+        plan = check_plan(load_plan(args.plan))
         check_executable(plan, world_size=world_size)
         check_memory(plan)
         if args.steps < 1:

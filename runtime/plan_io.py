@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from planner.cost.feasibility import check_plan
 from planner.cost.memory import stores_gradients
 from planner.spec.errors import PlannerError
 from planner.spec.plan import Placement, Plan, load_plan
@@ -54,11 +55,11 @@ class RuntimeConfig:
 
 def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
     if isinstance(plan, Plan):
-        return plan
+        return check_plan(plan)
     if isinstance(plan, dict):
-        return Plan.from_dict(plan)
+        return check_plan(Plan.from_dict(plan))
     if isinstance(plan, str | Path):
-        return load_plan(plan)
+        return check_plan(load_plan(plan))
     raise PlannerError(f"plan must be a path, a dict or a planner Plan, not {type(plan).__name__}")
 
 

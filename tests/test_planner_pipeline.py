@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from planner.cost.feasibility import check_plan
 from planner.cost.fp8 import fp8_speedup
 from planner.cost.memory import memory_bill
 from planner.cost.pipeline import (
@@ -181,7 +182,7 @@ def test_fp8_runs_the_linears_at_the_datasheet_ratio():
     # The linears halve; the attention core and the memory-bound kernels stay bf16.
     assert bf16_busy * 989 / 1979 < fp8_busy < bf16_busy
     with pytest.raises(PlannerError, match="dgx2-v100.*no fp8 matmul rate"):
-        base.replace(node=hardware_presets()["dgx2-v100"], fp8_matmuls=True)
+        check_plan(base.replace(node=hardware_presets()["dgx2-v100"], fp8_matmuls=True))
 
 
 @pytest.mark.parametrize("changes, fragment", [

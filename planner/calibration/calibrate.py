@@ -70,6 +70,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.cost.feasibility import check_plan
 from planner.spec.errors import PlannerError
 from planner.spec.hardware import EfficiencyCurve, NodeSpec, document_key
 from planner.spec.phases import Phase
@@ -138,7 +139,8 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
 def _phase_times(plan: Plan, node: NodeSpec) -> dict[str, float]:
     from planner.sim.report import simulate
 
-    return dict(simulate(plan.replace(node=node, prediction=None)).prediction.phase_time_s)
+    # `node` may be another machine's spec (`planner calibrate --hardware`): the plan is checked on it.
+    return dict(simulate(check_plan(plan.replace(node=node, prediction=None))).prediction.phase_time_s)
 
 
 def _slowed(node: NodeSpec, feature: str) -> tuple[NodeSpec, float]:

@@ -73,8 +73,6 @@ if TYPE_CHECKING:
     from planner.spec.hardware import NodeSpec
     from planner.spec.plan import Plan
 
-ATTENTION_KERNELS: tuple[str, ...] = ("flash", "eager")
-RECOMPUTES: tuple[str, ...] = ("none", "full", "selective")
 HBM_ACHIEVABLE_FRACTION = 0.83
 """Share of the datasheet HBM bandwidth a streaming kernel reaches: 750 of 900 GB/s measured on a
 V100 (Jia, Maggioni, Staiger, Scarpazza, "Dissecting the NVIDIA Volta GPU Architecture via

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.cost.feasibility import check_plan
 from planner.spec.plan import OPTIMIZER_STEPS, Placement, Plan, parse_placement_pins
 from planner.spec.specio import string
 
@@ -23,7 +24,7 @@ def apply_pins(
     max_alloc_gib: float | None = None,
     optimizer_step: str | None = None,
 ) -> Plan:
-    """The plan with the user's pinned choices; any stale prediction is dropped."""
+    """The plan with the user's pinned choices, checked (`check_plan`); any stale prediction is dropped."""
     changes: dict[str, object] = {"prediction": None}
     pins = parse_placement_pins(placement)
     if pins:
@@ -39,4 +40,4 @@ def apply_pins(
         changes["optimizer_step"] = optimizer_step_pin(optimizer_step)
     if max_alloc_gib is not None:
         changes["node"] = plan.node.with_max_alloc_gib(max_alloc_gib)
-    return plan.replace(**changes)
+    return check_plan(plan.replace(**changes))

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from planner.cost.feasibility import check_plan
 from planner.cost.memory import memory_bill, min_tiling_factor
 from planner.cost.throughput import estimate
 from planner.spec.errors import PlannerError
@@ -245,7 +246,7 @@ def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placemen
                pp: int = 1) -> Plan:
     """The candidate before batch, tiling and prefetch depth are chosen (one sample per replica)."""
     default_m = DEFAULT_MICRO_BATCHES_PER_STAGE * pp if pp > 1 else 1
-    return Plan(
+    plan = Plan(
         model=request.model,
         node=cluster.node,
         num_gpus=request.num_gpus,
@@ -260,6 +261,7 @@ def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placemen
         nvme_path=request.nvme_path if "nvme" in placement.to_dict().values() else None,
         optimizer_step=request.optimizer_step,
     )
+    return check_plan(plan)
 
 
 def _rank_key(plan: Plan) -> tuple[float, ...]:

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from planner.cost.kernels import ATTENTION_KERNELS, RECOMPUTES
 from planner.spec.errors import PlannerError
 from planner.spec.hardware import Cluster, NodeSpec
 from planner.spec.model import ModelSpec
@@ -31,6 +30,10 @@ STRATEGIES: tuple[str, ...] = ("dp", "zero2", "zero-offload", "zero3", "zero-inf
 LINKS: tuple[str, ...] = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
 OptimizerStep = Literal["after_backward", "in_backward"]
 OPTIMIZER_STEPS: tuple[str, ...] = ("after_backward", "in_backward")
+ATTENTION_KERNELS: tuple[str, ...] = ("flash", "eager")
+"""What each costs: planner/cost/kernels.py [Note: attention kernels]."""
+RECOMPUTES: tuple[str, ...] = ("none", "full", "selective")
+"""What each recomputes: planner/cost/kernels.py [Note: recompute]."""
 
 # Runtime defaults a plan carries explicitly so that the simulator and the runtime share them.
 DEFAULT_OPTIMIZER_CHUNK_BYTES = 256 * 1024**2
@@ -211,7 +214,11 @@ class Prediction:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
-    """One executable configuration. The simulator and the runtime read exactly these fields."""
+    """One executable configuration. The simulator and the runtime read exactly these fields.
+
+    A plan checks its own fields and nothing a cost model knows: `planner.cost.feasibility.check_plan`
+    refuses what the cost models cannot price (fp8 without an fp8 rate, a context-parallel layout
+    ring attention cannot run), and every reader of outside input calls it."""
 
     model: ModelSpec
     node: NodeSpec
@@ -311,10 +318,6 @@ class Plan:
             string(self.nvme_path, "nvme_path", max_len=1024)
         if not isinstance(self.fp8_matmuls, bool):
             raise PlannerError(f"fp8_matmuls must be true or false, not {self.fp8_matmuls!r}")
-        if self.fp8_matmuls:
-            from planner.cost.fp8 import fp8_speedup
-
-            fp8_speedup(self.node)  # refuses hardware without an fp8 rate
         mp = self.model_parallel_degree
         if self.num_gpus % mp:
             raise PlannerError(f"model_parallel_degree {mp} does not divide num_gpus {self.num_gpus}")
@@ -334,12 +337,6 @@ class Plan:
                 "samples per model replica"
             )
         self._resolve_kernels()
-        if cp > 1:
-            from planner.cost.context_parallel import (
-                check_context_parallel,  # it reads the resolved attention
-            )
-
-            check_context_parallel(self)
         if self.strategy in STRATEGY_TABLE and self.placement != STRATEGY_TABLE[self.strategy].placement:
             expected = STRATEGY_TABLE[self.strategy].placement.label()
             raise PlannerError(f"strategy {self.strategy} places states as {expected}, not {self.placement.label()}")

@@ -44,6 +44,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from planner.cost.feasibility import check_plan
 from planner.search.search import DEFAULT_MAX_MICRO_BATCH
 from planner.spec.catalog import hardware_presets, model_presets
 from planner.spec.errors import PlannerError
@@ -170,6 +171,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
                     fp8_matmuls=uses_fp8(precision_text))
+        check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 
     plan, searched_notes, why = search_unstated(build, options, searched)

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from planner.cost.feasibility import check_plan
 from planner.spec.errors import PlannerError
 from planner.spec.plan import Plan
 from planner.spec.profile import load_profile
@@ -31,7 +32,7 @@ def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | No
         profile = load_profile(path)
         if not profile.plan:
             raise PlannerError(f"profile {path} does not carry its plan; re-run it with `planner run`")
-        runs.append((Plan.from_dict(profile.plan, f"profile {path}.plan"), profile))
+        runs.append((check_plan(Plan.from_dict(profile.plan, f"profile {path}.plan")), profile))
     node = resolve_hardware(hardware) if hardware else runs[0][0].node
     result = calibrate(runs, node)
     if out is not None:

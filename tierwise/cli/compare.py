@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.calibration.compare import ERROR_DEFINITION, compare
+from planner.cost.feasibility import check_plan
 from planner.spec.plan import load_plan
 from planner.spec.profile import load_profile
 from tierwise.cli import options as o
@@ -19,7 +20,7 @@ from tierwise.cli import options as o
 def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = None) -> list[dict]:
     """Predicted vs measured per metric; with `hardware` (a calibrated spec) the plan is simulated
     again on it and every row also carries the prediction and error after calibration."""
-    plan = load_plan(plan_path)
+    plan = check_plan(load_plan(plan_path))
     if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
         from planner.search.search import predict
 
@@ -30,7 +31,7 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
         from planner.sim import simulate
         from planner.spec.catalog import resolve_hardware
 
-        calibrated = plan.replace(node=resolve_hardware(hardware), prediction=None)
+        calibrated = check_plan(plan.replace(node=resolve_hardware(hardware), prediction=None))
         after = {r.metric: r.to_dict() for r in compare(calibrated.replace(prediction=simulate(calibrated).prediction),
                                                          profile)}
         for r in rows:

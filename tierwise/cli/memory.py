@@ -34,6 +34,7 @@ def memory(
     as_json: o.JsonOpt = False,
 ) -> None:
     """The memory bill: the paper's section-3 quantities and every runtime buffer, per tier."""
+    from planner.cost.feasibility import check_plan
     from planner.cost.memory import paper_quantities
     from planner.search.pins import optimizer_step_pin
     from planner.search.search import best_model_parallel, predict
@@ -41,22 +42,21 @@ def memory(
 
     chosen_strategy, place = _placement(strategy, placement)
     degree = o.model_parallel(model_parallel)
-    plan = predict(
-        Plan(
-            model=o.model(model, layers, hidden, heads, seq, vocab),
-            node=o.node(hardware),
-            num_gpus=gpus,
-            strategy=chosen_strategy,
-            placement=place,
-            micro_batch_per_gpu=batch_per_gpu,
-            checkpoint_interval=checkpoint_interval,
-            tiling_factor=tiling_factor,
-            prefetch_depth=prefetch_depth,
-            model_parallel_degree=degree or 1,
-            precision=precision,
-            optimizer_step=optimizer_step_pin(optimizer_step) or "after_backward",
-        )
+    described = Plan(
+        model=o.model(model, layers, hidden, heads, seq, vocab),
+        node=o.node(hardware),
+        num_gpus=gpus,
+        strategy=chosen_strategy,
+        placement=place,
+        micro_batch_per_gpu=batch_per_gpu,
+        checkpoint_interval=checkpoint_interval,
+        tiling_factor=tiling_factor,
+        prefetch_depth=prefetch_depth,
+        model_parallel_degree=degree or 1,
+        precision=precision,
+        optimizer_step=optimizer_step_pin(optimizer_step) or "after_backward",
     )
+    plan = predict(check_plan(described))
     if degree is None:
         plan = best_model_parallel(plan)
     quantities = paper_quantities(plan)

@@ -37,6 +37,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from planner.cost.feasibility import check_plan
 from planner.spec import catalog, hf_config
 from planner.spec.errors import PlannerError
 from planner.spec.plan import Plan, load_plan
@@ -219,7 +220,7 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     checkpoints = checkpoints or CheckpointOptions()
     checkpoints.check()
     hf = hf_model_of(model, init_from)
-    loaded = load_plan(plan_path)
+    loaded = check_plan(load_plan(plan_path))
     plan = with_swap_directory(loaded, nvme_path)
     nnodes = _nnodes(torchrun_args)
     nproc = nproc or plan.num_gpus // nnodes

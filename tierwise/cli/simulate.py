@@ -33,11 +33,12 @@ def simulate_command(
     """Simulate one training iteration of a plan (discrete-event, SimPy) and print the prediction."""
 
     def go() -> None:
+        from planner.cost.feasibility import check_plan
         from planner.search.pins import apply_pins
         from planner.search.search import best_model_parallel
         from planner.sim import simulate
 
-        plan = apply_pins(load_plan(plan_file), placement=placement, batch_per_gpu=batch_per_gpu,
+        plan = apply_pins(check_plan(load_plan(plan_file)), placement=placement, batch_per_gpu=batch_per_gpu,
                           checkpoint_interval=checkpoint_interval, tiling_factor=tiling_factor,
                           prefetch_depth=prefetch_depth, model_parallel=o.model_parallel(model_parallel),
                           max_alloc_gib=max_alloc_gib, optimizer_step=optimizer_step)
