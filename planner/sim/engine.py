@@ -239,7 +239,7 @@ class RankProgram:
         """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
 
     # -- transfers ---------------------------------------------------------------------------
-    def _move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
+    def move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
         """Transfer `nbytes` at the link rates scaled by the size's efficiency."""
         self.sim.count(self.rank, category, nbytes)
         if nbytes <= 0:
@@ -319,14 +319,14 @@ class RankProgram:
                     sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
                 else:  # read straight into memory the compute uses (host is the device)
                     sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-                yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
+                yield self.move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
             elif stage == "h2d":
                 # The shard lands in a shard-sized buffer; without a gather (dp = 1) it is the slice.
                 if gathers:
                     sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
                 else:
                     sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-                yield self._move(shard_bytes, self.res.h2d(rank), "h2d", label)
+                yield self.move(shard_bytes, self.res.h2d(rank), "h2d", label)
                 if "nvme" in self.stages:
                     sim.cpu_remove(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
             else:
@@ -476,7 +476,7 @@ class RankProgram:
             return
 
         def offload() -> Proc:
-            yield self._move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
+            yield self.move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
             sim.gpu_remove(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
             sim.cpu_add(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
 
@@ -495,7 +495,7 @@ class RankProgram:
     def _fetch_checkpoint(self) -> Proc:
         sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
         sim.gpu_add(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
-        yield self._move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
+        yield self.move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
         sim.cpu_remove(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
 
     # -- gradients -----------------------------------------------------------------------------
@@ -518,12 +518,12 @@ class RankProgram:
         shard = slice_bytes / self.dp
         if not self.host_is_device:
             sim.gpu_add(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
-            yield self._move(shard, self.res.d2h(rank), "d2h", label)
+            yield self.move(shard, self.res.d2h(rank), "d2h", label)
             sim.gpu_remove(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
         if tier == "nvme":  # staged and written as the fp32 shard the step reads back
             stored = shard * STORED_GRADIENT_BYTES / self.b
             sim.cpu_add(MemoryTerm.GRADIENT_SWAP_BUFFERS, stored)
-            yield self._move(stored, self.res.nvme_write(), "nvme_write", label)
+            yield self.move(stored, self.res.nvme_write(), "nvme_write", label)
             sim.cpu_remove(MemoryTerm.GRADIENT_SWAP_BUFFERS, stored)
 
     # -- optimizer -----------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import simpy
 
@@ -49,7 +49,10 @@ from planner.spec.memory_terms import MemoryTerm
 from planner.spec.phases import Phase
 
 if TYPE_CHECKING:
-    from planner.sim.engine import RankProgram
+    from planner.sim.network import Network
+    from planner.sim.resources import NodeResources, RankLinks
+    from planner.sim.workload import Workload
+    from planner.spec.plan import Plan
 
 Proc = Generator[Any, Any, Any]
 STATE_BYTES_PER_PARAM = 12
@@ -57,7 +60,36 @@ STATE_BYTES_PER_PARAM = 12
 LABEL = Phase.OPTIMIZER
 
 
-def unit_params(program: RankProgram) -> list[float]:
+class RankSimulation(Protocol):
+    """What the updates use of the simulation they run in (engine.py's `Simulation`)."""
+
+    plan: Plan
+    work: Workload
+
+    def cpu_add(self, term: MemoryTerm, nbytes: float) -> None: ...
+
+    def cpu_remove(self, term: MemoryTerm, nbytes: float) -> None: ...
+
+
+class Rank(Protocol):
+    """What the updates use of the simulated rank that runs them (engine.py's `RankProgram`): its
+    simulation, links and transfers, and its share of the work."""
+
+    sim: RankSimulation
+    env: simpy.Environment
+    net: Network
+    res: NodeResources
+    links: RankLinks
+    rank: int
+    dp: int
+    b: int
+    """Bytes per parameter of the compute copy."""
+    host_is_device: bool
+
+    def move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event: ...
+
+
+def unit_params(program: Rank) -> list[float]:
     """Parameters this rank updates for each operator with gradients, in backward order."""
     plan = program.sim.plan
     share = plan.num_gpus if "optimizer_states" in plan.partitioned else plan.model_parallel_degree
@@ -73,7 +105,7 @@ def chunk_sizes(params: float, chunk_params: float) -> list[float]:
 class BackwardUpdates:
     """One rank's in-backward updates (see [Note: the optimizer step in backward, simulated])."""
 
-    def __init__(self, program: RankProgram) -> None:
+    def __init__(self, program: Rank) -> None:
         self.program, self.sim, self.env = program, program.sim, program.env
         plan = self.plan = program.sim.plan
         place = plan.placement
@@ -163,7 +195,7 @@ class BackwardUpdates:
                     read = yield self.reads.get()
                     yield read
                     if not self.host_is_device:  # the gradient chunk, into the buffer's gradient region
-                        yield program._move(n * self.param_bytes, program.res.d2h(program.rank), "d2h", LABEL)
+                        yield program.move(n * self.param_bytes, program.res.d2h(program.rank), "d2h", LABEL)
                 yield program.net.transfer(n * self.cpu_params, program.res.cpu_adam(), LABEL)
                 yield self.to_write.put(n)
         self.next_unit = k + 1
@@ -176,7 +208,7 @@ class BackwardUpdates:
             for n in sizes:
                 yield self.buffers.get(1)
                 sim.cpu_add(MemoryTerm.OPTIMIZER_SWAP_BUFFERS, n * 16)
-                read = program._move(n * STATE_BYTES_PER_PARAM, program.res.nvme_read(), "nvme_read", LABEL)
+                read = program.move(n * STATE_BYTES_PER_PARAM, program.res.nvme_read(), "nvme_read", LABEL)
                 yield self.reads.put(read)
                 yield read
 
@@ -186,11 +218,11 @@ class BackwardUpdates:
             n = yield self.to_write.get()
             writes = []
             if self.streamed:
-                writes.append(program._move(n * STATE_BYTES_PER_PARAM, res.nvme_write(), "nvme_write", LABEL))
+                writes.append(program.move(n * STATE_BYTES_PER_PARAM, res.nvme_write(), "nvme_write", LABEL))
             if self.write_params_to == "nvme":
-                writes.append(program._move(n * self.param_bytes, res.nvme_write(), "nvme_write", LABEL))
+                writes.append(program.move(n * self.param_bytes, res.nvme_write(), "nvme_write", LABEL))
             elif self.write_params_to == "h2d":
-                writes.append(program._move(n * self.param_bytes, res.h2d(program.rank), "h2d", LABEL))
+                writes.append(program.move(n * self.param_bytes, res.h2d(program.rank), "h2d", LABEL))
             if writes:
                 yield self.env.all_of(writes)
             if self.streamed:
