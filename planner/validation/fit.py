@@ -69,11 +69,10 @@ from planner.cost.kernels import HBM_ACHIEVABLE_FRACTION
 from planner.spec.hardware import EfficiencyCurve, NodeSpec
 from planner.validation.configure import RowPlan, row_plan
 from planner.validation.corpus import CorpusRow, load_corpus
-from planner.validation.report import percentile, predict_row
+from planner.validation.report import FIT_JSON, percentile, predict_row
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HARDWARE_DIR = ROOT / "data" / "hardware"
-FIT_JSON = ROOT / "data" / "validation" / "fit.json"
 GENERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "V100": (("V100",), ("dgx2-v100",)),
     "A100": (("A100",), ("dgx-a100-40g", "dgx-a100-80g")),
@@ -351,23 +350,6 @@ def _rounded(values: dict[str, float]) -> dict[str, float]:
 def _row_order(row_id: str) -> tuple[str, int]:
     match = re.fullmatch(r"(\D*)(\d+)", row_id)
     return (match.group(1), int(match.group(2))) if match else (row_id, 0)
-
-
-def fitted_summary(fit_json: Path = FIT_JSON) -> dict[str, Any]:
-    """Per generation, from the last `--write`: the fitted parameters, the in-sample error (fitted
-    rows, labelled so) and the leave-one-source-out error, pooled and per held-out source."""
-    if not fit_json.exists():
-        return {}
-    out = {}
-    for generation, result in json.loads(fit_json.read_text()).items():
-        loso = result.get("leave_one_source_out", {})
-        out[generation] = {
-            "params": result["params"], "fitted_rows": len(result["rows"]), "prior_in_sample": result["prior_in_sample"],
-            "in_sample": result["in_sample"], "leave_one_source_out": loso.get("summary"),
-            "leave_one_source_out_by_source": {source: {k: v for k, v in held.items() if k not in ("errors", "params")}
-                                               for source, held in loso.get("by_source", {}).items()},
-        }
-    return out
 
 
 def row_ranges(row_ids: Sequence[str]) -> str:

@@ -13,6 +13,7 @@ checks, not calibration: they are summarised apart (`summary.offload_checks`).
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ PARAMS_AS_STATED = frozenset({"llmfoundry_bench"})
 """Sources whose `params_b` is their exact 6N count (llm-foundry's includes learned position
 embeddings, which the planner's model lacks); elsewhere it is a rounded size and N is the model's."""
 BUNDLED = "bundled data/validation/published_runs.csv"
+FIT_JSON = Path(__file__).resolve().parent.parent.parent / "data" / "validation" / "fit.json"
+"""The fit's record (`python -m planner.validation.fit --write`), summarised under `summary.fitted`."""
 ROW_KEYS: tuple[str, ...] = ("row_id", "source_id", "gpu_type", "metric", "measured", "predicted", "error", "reason",
                              "assumptions")
 """`assumptions`: what was filled or searched for the row (configure.py [Note: what a row states])."""
@@ -75,8 +78,6 @@ class ValidationReport:
     filters: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        from planner.validation.fit import fitted_summary  # fit.py imports this module
-
         calibration = [r for r in self.results if not r.offload]
         return {
             "method": METHODS[self.method],
@@ -194,6 +195,23 @@ def group_summary(results: list[RowResult]) -> dict[str, Any]:
         "p90_abs_error": percentile(absolute, 0.9) if absolute else None,
         "median_error": statistics.median(errors) if errors else None,
     }
+
+
+def fitted_summary(fit_json: Path = FIT_JSON) -> dict[str, Any]:
+    """Per generation, from the last `--write`: the fitted parameters, the in-sample error (fitted
+    rows, labelled so) and the leave-one-source-out error, pooled and per held-out source."""
+    if not fit_json.exists():
+        return {}
+    out = {}
+    for generation, result in json.loads(fit_json.read_text()).items():
+        loso = result.get("leave_one_source_out", {})
+        out[generation] = {
+            "params": result["params"], "fitted_rows": len(result["rows"]), "prior_in_sample": result["prior_in_sample"],
+            "in_sample": result["in_sample"], "leave_one_source_out": loso.get("summary"),
+            "leave_one_source_out_by_source": {source: {k: v for k, v in held.items() if k not in ("errors", "params")}
+                                               for source, held in loso.get("by_source", {}).items()},
+        }
+    return out
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
