@@ -13,7 +13,7 @@ import streamlit as st
 from app.state import Inputs, node_spec, search_request
 from planner.search.max_size import max_size
 from planner.search.search import SearchResult, predict, search
-from planner.spec.plan import Plan
+from planner.specs.plan import Plan
 
 CACHE_ENTRIES = 64
 

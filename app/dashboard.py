@@ -12,10 +12,10 @@ from app import compute
 from app.panels import bandwidth, history, memory, scale, strategies, timeline, verdict
 from app.sidebar import read_sidebar
 from app.state import Inputs, model_spec, node_spec
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.plan import Plan
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
 
 TABS = ("Memory per tier", "Strategies", "Timeline", "Bandwidth (eq. 6)", "Largest model", "Predicted vs measured")
 

@@ -160,9 +160,9 @@ def reanalyse(work_dir: Path) -> dict:
     from planner.calibration.compare import compare
     from planner.calibration.probe_reference import REFERENCE_RUNS
     from planner.sim.report import simulate
-    from planner.spec.hardware import NodeSpec
-    from planner.spec.plan import load_plan
-    from planner.spec.profile import load_profile
+    from planner.specs.hardware import NodeSpec
+    from planner.specs.plan import load_plan
+    from planner.specs.profile import load_profile
 
     doc = json.loads((work_dir / "loop_check.json").read_text())
     for r, rnd in enumerate(doc["rounds"]):

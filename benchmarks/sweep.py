@@ -47,9 +47,9 @@ sys.path.insert(0, str(ROOT))
 
 from planner.calibration.probe_reference import pinned_plan  # noqa: E402
 from planner.sim.report import simulate  # noqa: E402
-from planner.spec.hardware import NodeSpec  # noqa: E402
-from planner.spec.plan import TIERS, Plan  # noqa: E402
-from planner.spec.profile import Profile, load_profile  # noqa: E402
+from planner.specs.hardware import NodeSpec  # noqa: E402
+from planner.specs.plan import TIERS, Plan  # noqa: E402
+from planner.specs.profile import Profile, load_profile  # noqa: E402
 from runtime.launch import WARMUP_STEPS  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

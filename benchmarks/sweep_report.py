@@ -8,8 +8,8 @@ from pathlib import Path
 
 import results_md  # benchmarks/ is on sys.path when a script runs
 
-from planner.spec.hardware import NodeSpec
-from planner.spec.plan import TIERS
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import TIERS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from planner.spec.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.collectives import Comm, Reduced, reduce_scatter_flat
 from runtime.flat_param import FlatLayout
 from runtime.ledger import MemoryLedger, nbytes

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from planner.spec.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.collectives import Comm, Gathered, all_gather_flat
 from runtime.flat_param import FlatLayout
 from runtime.gradients import GradientSink

@@ -37,10 +37,10 @@ import torch
 import torch.distributed as dist
 
 from planner.cost.feasibility import check_plan
-from planner.spec.errors import PlannerError
-from planner.spec.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
-from planner.spec.profile import Profile, StepSample
-from planner.spec.units import TFLOP
+from planner.specs.errors import PlannerError
+from planner.specs.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
+from planner.specs.profile import Profile, StepSample
+from planner.specs.units import TFLOP
 from runtime.host_malloc import keep_freed_memory_mapped
 from runtime.plan_io import PlanNotExecutable, check_executable, check_memory
 from runtime.profiler import process_peak_rss_bytes

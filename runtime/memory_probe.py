@@ -18,7 +18,7 @@ import torch
 
 import runtime
 from planner.cost.memory import memory_bill
-from planner.spec.plan import Plan
+from planner.specs.plan import Plan
 from runtime.gpt import GPT, GPTConfig
 from runtime.sharding import state_of
 

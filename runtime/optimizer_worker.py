@@ -60,7 +60,7 @@ from typing import TypeVar
 import torch
 
 from planner.cost.memory import IN_BACKWARD_QUEUED_UPDATES, IN_BACKWARD_STAGED_GRADIENTS
-from planner.spec.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger
 
 MAX_QUEUED_UPDATES = IN_BACKWARD_QUEUED_UPDATES  # planner/cost/memory.py bills the staging this bounds

@@ -239,7 +239,7 @@ def staging_pool_for(plan, copier, ledger) -> StagingPool | None:  # noqa: ANN00
     charged to `ledger`; None where no host-tier state crosses to the device (the CPU machine, or
     every state on the device or NVMe)."""
     from planner.cost.memory import host_state_crosses_link, pinned_staging_pool
-    from planner.spec.memory_terms import MemoryTerm
+    from planner.specs.memory_terms import MemoryTerm
 
     if not copier.separate_memory or not host_state_crosses_link(plan):
         return None

@@ -1,4 +1,4 @@
-"""From a plan (path, dict or `planner.spec.plan.Plan`) to the runtime's own frozen config.
+"""From a plan (path, dict or `planner.specs.plan.Plan`) to the runtime's own frozen config.
 
 Everything the runtime cannot execute is rejected here, before any training starts, with a
 one-line reason (DESIGN.md principle: "A plan the runtime cannot execute is rejected with the
@@ -16,9 +16,9 @@ import torch
 
 from planner.cost.feasibility import check_plan
 from planner.cost.memory import stores_gradients
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Placement, Plan, load_plan
-from planner.spec.units import GIB
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Placement, Plan, load_plan
+from planner.specs.units import GIB
 from runtime.plan_check import executable_problem
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,7 +43,7 @@ class RuntimeConfig:
     device: torch.device
     """The compute device: `cuda:LOCAL_RANK` when CUDA is present, else the CPU."""
     optimizer_step: str = "after_backward"
-    """`after_backward` or `in_backward` (`planner.spec.plan.Plan.optimizer_step`)."""
+    """`after_backward` or `in_backward` (`planner.specs.plan.Plan.optimizer_step`)."""
     stores_gradients: bool = True
     """False when each unit's gradient goes straight into the in-backward update and is never stored
     (`planner.cost.memory.stores_gradients`)."""

@@ -1,4 +1,4 @@
-"""`planner probe`: measure this machine and write a hardware spec (`planner.spec.hardware.NodeSpec`).
+"""`planner probe`: measure this machine and write a hardware spec (`planner.specs.hardware.NodeSpec`).
 
 Every number here is measured on the spot, side by side, with warm-up and the median of repeats:
 
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from planner.calibration.fitted_gpus import fitted_compute
-from planner.spec.units import GB, GIB, MIB, TFLOP
+from planner.specs.units import GB, GIB, MIB, TFLOP
 from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, SwapStore
 from runtime.process_exit import leave
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.spec.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.gradients import FinalGradient
 from runtime.group import ParamUnit
 from runtime.ledger import nbytes

@@ -63,8 +63,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.plan import Plan
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Plan
 from runtime.collectives import Comm, Reduced, make_comm
 from runtime.events import UnitListener
 from runtime.group import ParamUnit, UnitState

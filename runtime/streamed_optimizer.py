@@ -75,7 +75,7 @@ from typing import Any
 
 import torch
 
-from planner.spec.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.chunk_read_ahead import REGIONS, Chunk, ChunkReadAhead, chunk_numel_for
 from runtime.gradients import FinalGradient
 from runtime.group import ParamUnit

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from planner.cost.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.plan import Plan
-from planner.spec.units import round_up_4kib
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Plan
+from planner.specs.units import round_up_4kib
 from runtime.collectives import Comm
 from runtime.flat_param import FlatLayout, flatten_shard
 from runtime.gradients import GradientSink

@@ -18,7 +18,7 @@ from planner.output import report
 from planner.output.deepspeed_config import deepspeed_config
 from planner.search.max_size import max_size
 from planner.search.search import SearchRequest, predict, search
-from planner.spec.catalog import resolve_hardware, resolve_model
+from planner.specs.catalog import resolve_hardware, resolve_model
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "app" / "dashboard.py")
 DOWNLOADS: dict[str, bytes] = {}

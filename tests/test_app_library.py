@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from planner.cost.throughput import arithmetic_intensity, efficiency, estimate, state_bandwidths
 from planner.search.max_size import MAX_PARAMS, MIN_PARAMS, RELATIVE_PRECISION, _request, max_size
 from planner.search.search import SearchRequest, any_fits, best_by_strategy, search
-from planner.spec.catalog import resolve_hardware, resolve_model, shape_for_params
-from planner.spec.errors import PlannerError
-from planner.spec.plan import STRATEGY_TABLE, Plan
-from planner.spec.units import GB, GIB
+from planner.specs.catalog import resolve_hardware, resolve_model, shape_for_params
+from planner.specs.errors import PlannerError
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GB, GIB
 
 
 def request(model="1T", hardware="dgx2-v100", gpus=16, **kw):
@@ -153,7 +153,7 @@ def test_estimate_efficiencies_use_the_same_intensities_and_bandwidths():
 
 
 def test_a_model_too_wide_for_the_most_tiles_is_rejected_with_its_reason():
-    # 64K hidden on a 1 MiB largest free block needs 16 Ki tiles; plans allow 4096 (planner.spec.plan.MAX_TILING_FACTOR)
+    # 64K hidden on a 1 MiB largest free block needs 16 Ki tiles; plans allow 4096 (planner.specs.plan.MAX_TILING_FACTOR)
     node = resolve_hardware("dgx2-v100").replace(gpu_max_alloc_bytes=1024**2)
     req = SearchRequest(model=resolve_model("10T"), node=node, num_gpus=16, strategy="zero-inf-nvme", micro_batch_per_gpu=1)
     result = search(req)

@@ -16,7 +16,7 @@ PLANNER_FORBIDS = ("torch", "runtime", "tierwise", "app")
 """Top-level packages `planner/` must never import: torch and the runtime are heavy and optional
 (the `runtime` extra), `tierwise` is the composition root above it and `app` the dashboard."""
 PLANNER_LAYERS: tuple[str, ...] = (
-    "planner.spec",  # the documents and their vocabularies
+    "planner.specs",  # the documents and their vocabularies
     "planner.cost",  # the analytic cost models, and whether they can price a plan
     "planner.sim",  # the discrete-event simulator
     "planner.search",  # the placement search
@@ -165,9 +165,9 @@ def _layer(module: str) -> int | None:
 
 
 def test_layer_finder_reads_packages_not_prefixes():
-    assert _layer("planner.spec.plan") == 0 and _layer("planner.cost") == 1
+    assert _layer("planner.specs.plan") == 0 and _layer("planner.cost") == 1
     assert _layer("planner.output.report") == len(PLANNER_LAYERS) - 1
-    assert _layer("planner.specio") is None and _layer("planner") is None
+    assert _layer("planner.costly") is None and _layer("planner") is None
 
 
 def test_every_planner_module_is_in_a_layer():

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.calibration.calibrate import _nnls, calibrate
-from planner.spec.plan import load_plan
-from planner.spec.profile import load_profile
+from planner.specs.plan import load_plan
+from planner.specs.profile import load_profile
 from tierwise.cli import app
 
 runner = CliRunner()

@@ -12,10 +12,10 @@ import pytest
 
 from planner.calibration.fitted_gpus import FITTED_KEYS, fitted_compute
 from planner.sim.report import simulate
-from planner.spec.catalog import resolve_hardware
-from planner.spec.hardware import NodeSpec
-from planner.spec.plan import Plan
-from planner.spec.units import GIB
+from planner.specs.catalog import resolve_hardware
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import Plan
+from planner.specs.units import GIB
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_RUN = ROOT / "benchmarks" / "gpu" / "runs" / "2026-11-26-h200.json"

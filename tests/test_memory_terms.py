@@ -1,5 +1,5 @@
 """One memory vocabulary and one phase vocabulary: the bill, the simulator and the runtime name the
-same terms (planner/spec/memory_terms.py [Note: adding a memory buffer]), and every phase is a `Phase`."""
+same terms (planner/specs/memory_terms.py [Note: adding a memory buffer]), and every phase is a `Phase`."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
 from planner.cost.throughput import estimate
 from planner.sim.engine import Simulation
 from planner.sim.report import simulate
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.memory_terms import MemoryTerm, describe
-from planner.spec.model import ModelSpec
-from planner.spec.phases import PHASES, Phase
-from planner.spec.plan import TIERS, Placement, Plan
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm, describe
+from planner.specs.model import ModelSpec
+from planner.specs.phases import PHASES, Phase
+from planner.specs.plan import TIERS, Placement, Plan
 
 SMALL = ModelSpec(name="small", num_layers=4, hidden_size=256, num_heads=4, seq_len=64, vocab_size=512)
 ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")

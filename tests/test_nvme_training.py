@@ -23,7 +23,7 @@ from runtime_support import (
     plan_doc,
 )
 
-from planner.spec.errors import PlannerError
+from planner.specs.errors import PlannerError
 from runtime.process_exit import leave
 
 ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
@@ -290,7 +290,7 @@ def test_gradient_write_buffers_are_the_bills(depth: int, tmp_path: Path) -> Non
     min(depth, 3) + 1 with parameters on NVMe ([Note: gradient write buffers])."""
     import runtime
     from planner.cost.memory import gradient_write_buffers, memory_bill
-    from planner.spec.plan import Plan
+    from planner.specs.plan import Plan
     from runtime.sharding import state_of
 
     doc = plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path), prefetch_depth=depth, **SMALL_CHUNKS)

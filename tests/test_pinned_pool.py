@@ -18,10 +18,10 @@ from runtime_support import ALL_CPU, ALL_DEVICE, HARDWARE, batches, build_model,
 
 import runtime
 from planner.cost.memory import PinnedPoolShape, largest_unit_params, memory_bill, pinned_staging_pool
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.plan import Placement, Plan
-from planner.spec.units import round_up_4kib
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Placement, Plan
+from planner.specs.units import round_up_4kib
 from runtime.ckpt.rank_state import save_rank
 from runtime.pinned_pool import StagingPool, _StagedCopy
 from runtime.stores import CopyEngine, HostStore

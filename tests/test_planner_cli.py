@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from planner.spec.catalog import resolve_hardware
+from planner.specs.catalog import resolve_hardware
 
 
 def planner(*args, cwd=None):

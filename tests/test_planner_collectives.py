@@ -17,9 +17,9 @@ from planner.cost.collectives import (
     latency_s,
     tensor_parallel_ring,
 )
-from planner.spec.catalog import hardware_presets
-from planner.spec.model import ModelSpec
-from planner.spec.plan import Plan
+from planner.specs.catalog import hardware_presets
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
 
 GB = 1e9
 H100 = hardware_presets()["dgx-h100"]  # NVLink 360 GB/s per GPU, 400 GB/s of network per node

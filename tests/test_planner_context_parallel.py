@@ -12,10 +12,10 @@ from planner.cost.kernels import block_cost
 from planner.cost.memory import memory_bill
 from planner.cost.throughput import estimate
 from planner.sim.fast import predict
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.errors import PlannerError
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.plan import STRATEGY_TABLE, Plan
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import STRATEGY_TABLE, Plan
 from runtime.plan_check import executable_problem
 
 NODE = resolve_hardware("dgx-h100")

@@ -4,7 +4,7 @@ import pytest
 
 from planner.output.deepspeed_config import deepspeed_config
 from planner.search.search import SearchRequest, search
-from planner.spec.catalog import resolve_hardware, resolve_model
+from planner.specs.catalog import resolve_hardware, resolve_model
 
 deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
 

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from planner.output.exports import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Placement, Plan, strategy_named
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Placement, Plan, strategy_named
 
 CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
 

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from planner.cost.feasibility import check_plan
 from planner.search.pins import apply_pins
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.errors import PlannerError
-from planner.spec.plan import STRATEGY_TABLE, Plan, load_plan
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.plan import STRATEGY_TABLE, Plan, load_plan
 from tierwise.cli import calibrate, compare, run, simulate
 
 H100, V100 = resolve_hardware("dgx-h100"), resolve_hardware("dgx2-v100")

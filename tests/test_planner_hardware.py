@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from planner.spec.catalog import hardware_presets, resolve_hardware
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import Cluster, NodeSpec
-from planner.spec.units import GB, GIB
+from planner.specs.catalog import hardware_presets, resolve_hardware
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import Cluster, NodeSpec
+from planner.specs.units import GB, GIB
 
 
 def test_required_presets_exist_and_round_trip():

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from planner.search.search import predict
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.errors import PlannerError
-from planner.spec.history import COLUMN_NAMES, RunHistory
-from planner.spec.plan import STRATEGY_TABLE, Plan
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.history import COLUMN_NAMES, RunHistory
+from planner.specs.plan import STRATEGY_TABLE, Plan
 
 
 def _plan():
@@ -62,8 +62,8 @@ def test_compare_history_and_dashboard_share_one_error_definition(tmp_path):
     import sys
 
     from app.history import read_history
-    from planner.spec.plan import Prediction
-    from planner.spec.profile import Profile
+    from planner.specs.plan import Prediction
+    from planner.specs.profile import Profile
 
     plan = _plan()
     measured = plan.prediction.iteration_time_s * 4  # the planner predicted a quarter: -75.0%

@@ -14,12 +14,12 @@ from planner.cost.kernels import (
 from planner.cost.memory import activation_working_bytes, memory_bill, paper_quantities
 from planner.cost.throughput import estimate
 from planner.sim.report import simulate
-from planner.spec.catalog import hardware_presets, resolve_model
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.plan import Plan
-from planner.spec.units import GB, GIB, TFLOP
+from planner.specs.catalog import hardware_presets, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
+from planner.specs.units import GB, GIB, TFLOP
 
 # hd 1024, 8 heads, seq 2048, ffn 4096: round numbers for every formula below.
 GPT = ModelSpec(name="gpt", num_layers=2, hidden_size=1024, num_heads=8, seq_len=2048)
@@ -160,7 +160,7 @@ def test_the_fused_kernel_runs_at_its_rate_for_the_sequence_length():
     # query length of one kernel call, scales the fused kernel's rate in the estimate and the
     # simulator alike; the matmuls and the memory-bound kernels do not move.
     from planner.cost.kernels import fused_attention_flops_per_s
-    from planner.spec.hardware import EfficiencyCurve
+    from planner.specs.hardware import EfficiencyCurve
 
     curve = EfficiencyCurve(((512.0, 0.4), (2048.0, 1.0)))
     p = plan(attention="flash", checkpoint_interval=0)

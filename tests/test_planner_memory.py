@@ -3,10 +3,10 @@
 import pytest
 
 from planner.cost.memory import memory_bill, min_tiling_factor, paper_quantities
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.plan import STRATEGY_TABLE, Placement, Plan
-from planner.spec.units import GIB
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import STRATEGY_TABLE, Placement, Plan
+from planner.specs.units import GIB
 
 
 def plan_for(model="1T", hardware="dgx2-v100", gpus=16, strategy="zero3", **kw):

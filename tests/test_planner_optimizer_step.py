@@ -16,9 +16,9 @@ from planner.cost.memory import (
 from planner.cost.throughput import estimate
 from planner.output.deepspeed_config import deepspeed_config
 from planner.search.search import SearchRequest, search
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Placement, Plan
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Placement, Plan
 
 NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
 CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
@@ -201,7 +201,7 @@ def test_the_step_times_its_host_copies_with_adam_in_estimate_and_simulator():
     # Adam's parameters at its rate plus 18 bytes of copies per parameter at the host's memory
     # bandwidth, in the estimate exactly and in the simulator's chunk pipeline alike.
     from planner.sim.report import simulate
-    from planner.spec.units import GB
+    from planner.specs.units import GB
 
     node = resolve_hardware("dgx-h100").replace(
         num_gpus_per_node=1, host_is_device=True, cpu_adam_params_per_s=1e9, host_memory_bytes_per_s=9 * GB,

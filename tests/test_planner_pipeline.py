@@ -20,13 +20,13 @@ from planner.cost.pipeline import (
 )
 from planner.cost.throughput import estimate, model_compute
 from planner.sim.fast import predict
-from planner.spec.catalog import hardware_presets
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import NodeSpec
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.model import ModelSpec
-from planner.spec.plan import STRATEGY_TABLE, Placement, Plan
-from planner.spec.units import GB, GIB
+from planner.specs.catalog import hardware_presets
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Placement, Plan
+from planner.specs.units import GB, GIB
 
 NODE = NodeSpec(name="round", num_gpus_per_node=4, gpu_memory_bytes=64 * GIB, gpu_flops_per_s=1e12,
                 gpu_hbm_bytes_per_s=1000 * GB, cpu_memory_bytes=512 * GIB, nvme_capacity_bytes=4096 * GIB,

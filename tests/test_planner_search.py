@@ -4,8 +4,8 @@ import pytest
 
 from planner.cost.memory import memory_bill
 from planner.search.search import SearchRequest, candidate_placements, search
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.errors import PlannerError
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
 
 
 def request(model="1T", hardware="dgx2-v100", gpus=16, **kw):

@@ -3,10 +3,10 @@
 import pytest
 
 from planner.cost.throughput import bandwidths, efficiency, estimate
-from planner.spec.hardware import NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.plan import STRATEGY_TABLE, Plan
-from planner.spec.units import GB, GIB
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GB, GIB
 
 # A round-number node: 1 TFLOP/s GPUs, 10 GB/s host links, NVMe 4 GB/s per node, 100 GB/s NVLink.
 NODE = NodeSpec(

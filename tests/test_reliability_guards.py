@@ -15,8 +15,8 @@ from reliability_support import ALL_NVME, ROOT, in_small_tmpfs, worker_env, writ
 from runtime_support import ALL_CPU
 
 from planner.cost.memory import memory_bill
-from planner.spec.plan import load_plan
-from planner.spec.units import GIB
+from planner.specs.plan import load_plan
+from planner.specs.units import GIB
 from runtime.plan_io import cgroup_headroom_bytes
 
 

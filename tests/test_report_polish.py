@@ -63,7 +63,7 @@ def test_timeline_titles_and_legends_cover_no_ticks_or_bars(monkeypatch, tmp_pat
     from planner.output.timeline import draw
     from planner.search.search import SearchRequest, search
     from planner.sim import simulate
-    from planner.spec.catalog import resolve_hardware, resolve_model
+    from planner.specs.catalog import resolve_hardware, resolve_model
 
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to measure it
@@ -87,7 +87,7 @@ def test_analytic_runner_ups_are_bounds_beside_a_simulated_winner():
     from planner.output.report import bound_note, candidates_table, is_bound
     from planner.search.refine import refine
     from planner.search.search import SearchRequest, search
-    from planner.spec.catalog import resolve_hardware, resolve_model
+    from planner.specs.catalog import resolve_hardware, resolve_model
 
     result = refine(search(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16)))
     winner, runners = result.best, result.runners_up()

@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.search.search import predict
-from planner.spec.catalog import resolve_hardware, resolve_model
-from planner.spec.errors import PlannerError
-from planner.spec.plan import STRATEGY_TABLE, Plan
-from planner.spec.units import GIB
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GIB
 from tierwise.cli import app, machine
 from tierwise.cli.run import with_swap_directory
 

@@ -24,8 +24,8 @@ from runtime_support import HARDWARE, run_distributed
 
 import runtime
 from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.plan import Plan
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Plan
 from runtime.gpt import GPT, GPTConfig
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, BATCH = 2, 256, 4, 32, 256, 2

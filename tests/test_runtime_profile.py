@@ -13,9 +13,9 @@ from runtime_support import ALL_CPU, plan_doc
 
 from planner.calibration.compare import compare
 from planner.search.search import predict
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan, Prediction
-from planner.spec.profile import Profile, StepSample, load_profile
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan, Prediction
+from planner.specs.profile import Profile, StepSample, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,10 +16,10 @@ from planner.sim import simulate
 from planner.sim.fast import predict
 from planner.sim.periodic import simulate_periodic
 from planner.sim.workload import optimizer_params_per_rank
-from planner.spec.catalog import hardware_presets, resolve_hardware, resolve_model
-from planner.spec.model import ModelSpec
-from planner.spec.plan import Placement, Plan
-from planner.spec.profile import Profile
+from planner.specs.catalog import hardware_presets, resolve_hardware, resolve_model
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Placement, Plan
+from planner.specs.profile import Profile
 from tierwise.cli.simulate import register
 
 STATES_ON_NVME = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="gpu")

@@ -8,9 +8,9 @@ from planner.sim import simulate
 from planner.sim.engine import Simulation, stage_lookaheads
 from planner.sim.optimizer import _run, chunked_step
 from planner.sim.workload import OpShape, Step, build_workload
-from planner.spec.hardware import NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.plan import Placement, Plan
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Placement, Plan
 
 
 def tiny_node(**overrides) -> NodeSpec:
@@ -197,7 +197,7 @@ def _running(changes):
 def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement):
     # [Note: representative rank]: nodes of 4 GPUs, every transfer kind, efficiency curves, checkpoints
     # on CPU; with two nodes the all-gathers and reduce-scatters also cross the network port.
-    from planner.spec.catalog import hardware_presets
+    from planner.specs.catalog import hardware_presets
 
     node = hardware_presets()["dgx2-v100"].replace(num_gpus_per_node=4)
     model = ModelSpec(name="small", num_layers=3, hidden_size=256, num_heads=4, seq_len=64)
@@ -232,7 +232,7 @@ def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci
     # [Note: periodic layers]: the fast path samples 2 shallower models and extrapolates exactly.
     from planner.sim.fast import predict
     from planner.sim.periodic import sample_units
-    from planner.spec.catalog import hardware_presets
+    from planner.specs.catalog import hardware_presets
 
     model = ModelSpec(name="deep", num_layers=layers, hidden_size=hidden, num_heads=8, seq_len=128, vocab_size=1000)
     plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=gpus, placement=placement,
@@ -271,7 +271,7 @@ def test_all_gather_across_nodes_is_capped_by_the_network_port():
 def test_refine_ranks_by_simulated_throughput_and_keeps_the_analytic_numbers():
     from planner.search.refine import refine
     from planner.search.search import SearchRequest, search
-    from planner.spec.catalog import hardware_presets, resolve_model
+    from planner.specs.catalog import hardware_presets, resolve_model
 
     result = search(SearchRequest(model=resolve_model("13B"), node=hardware_presets()["dgx2-v100"], num_gpus=16))
     refined = refine(result, top=4)
@@ -287,7 +287,7 @@ def test_refine_ranks_by_simulated_throughput_and_keeps_the_analytic_numbers():
 def test_refine_keeps_the_analytic_prediction_when_the_simulator_cannot_time_a_plan():
     from planner.search.refine import refine
     from planner.search.search import SearchRequest, search
-    from planner.spec.catalog import hardware_presets, resolve_model
+    from planner.specs.catalog import hardware_presets, resolve_model
 
     node = hardware_presets()["dgx2-v100"].replace(gpu_hbm_bytes_per_s=0.0)  # GPU Adam needs the HBM rate
     result = search(SearchRequest(model=resolve_model("1.4B"), node=node, num_gpus=16, strategy="zero3"))

@@ -16,8 +16,8 @@ from planner.cost.throughput import (
     efficiency,
     state_bandwidths,
 )
-from planner.spec.plan import Plan
-from planner.spec.units import GB
+from planner.specs.plan import Plan
+from planner.specs.units import GB
 
 CURVE_POINTS = 61
 MIN_GB_PER_S, MAX_GB_PER_S = 0.1, 1000.0

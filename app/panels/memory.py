@@ -7,9 +7,9 @@ import pandas as pd
 import streamlit as st
 
 from planner.output.report import TIER_UNIT, fmt_bytes
-from planner.spec.memory_terms import describe
-from planner.spec.plan import TIERS, Plan
-from planner.spec.units import GIB
+from planner.specs.memory_terms import describe
+from planner.specs.plan import TIERS, Plan
+from planner.specs.units import GIB
 
 
 def tier_label(tier: str) -> str:

@@ -8,7 +8,7 @@ import streamlit as st
 
 from planner.output import report
 from planner.search.search import SearchResult, best_by_strategy
-from planner.spec.plan import STRATEGY_TABLE
+from planner.specs.plan import STRATEGY_TABLE
 
 DOES_NOT_FIT = "does not fit"
 NUMBER_FORMATS = {

@@ -13,8 +13,8 @@ from planner.output import report
 from planner.output.timeline import PHASE_COLORS, busy_bins, zoom_spans
 from planner.sim import SimResult
 from planner.sim.periodic import simulate_periodic
-from planner.spec.plan import TIERS, Plan, Prediction
-from planner.spec.units import GIB
+from planner.specs.plan import TIERS, Plan, Prediction
+from planner.specs.units import GIB
 
 GANTT_BINS = 300
 """Bins of the full-iteration chart: finer than the chart's width in pixels is not readable."""

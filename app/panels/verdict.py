@@ -10,8 +10,8 @@ import streamlit as st
 from planner.output import report
 from planner.output.deepspeed_config import deepspeed_config
 from planner.search.search import SearchResult
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
 
 METHOD_CAPTIONS = {
     "analytic": "Predicted by the analytic estimate (paper §4). Turn on *Rank the top plans by simulation* in the "

@@ -188,7 +188,7 @@ class FrameSampler:
 def sampled(plan_path: Path, steps: int, sampled_steps: int) -> dict:
     """Train the plan `steps` steps (the reference GPT, synthetic tokens); sample the last `sampled_steps`."""
     import runtime
-    from planner.spec.plan import load_plan
+    from planner.specs.plan import load_plan
     from runtime.host_malloc import keep_freed_memory_mapped
     from runtime.launch import batch_for, bind_device, build_model
 

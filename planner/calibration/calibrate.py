@@ -71,11 +71,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.cost.feasibility import check_plan
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import EfficiencyCurve, NodeSpec, document_key
-from planner.spec.phases import Phase
-from planner.spec.plan import Plan
-from planner.spec.profile import Profile
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import EfficiencyCurve, NodeSpec, document_key
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
+from planner.specs.profile import Profile
 
 FEATURES = ("compute_s", "backward_matmul_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
 RATES: dict[str, tuple[str, ...]] = {

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
-from planner.spec.errors import PlannerError
-from planner.spec.plan import LINKS, PHASES, TIERS, Plan
-from planner.spec.profile import Profile
+from planner.specs.errors import PlannerError
+from planner.specs.plan import LINKS, PHASES, TIERS, Plan
+from planner.specs.profile import Profile
 
 ERROR_DEFINITION = "error = (predicted - measured) / measured"
 """The one definition of a prediction's error (compare, history, the dashboard): positive when the

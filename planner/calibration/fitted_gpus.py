@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from planner.spec.catalog import hardware_presets
-from planner.spec.units import GIB
+from planner.specs.catalog import hardware_presets
+from planner.specs.units import GIB
 from planner.validation.fit import GENERATIONS
 
 FITTED_KEYS: tuple[str, ...] = ("gpu_peak_tflops", "gpu_nominal_tflops", "gpu_hbm_gb_per_s", "hbm_achievable_fraction",

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.calibration.calibrate import Calibration, calibrate
-from planner.spec.hardware import NodeSpec
-from planner.spec.plan import Plan
-from planner.spec.profile import Profile
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import Plan
+from planner.specs.profile import Profile
 
 REFERENCE_VOCAB = 256
 REFERENCE_STEPS = 8

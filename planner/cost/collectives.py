@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.spec.hardware import NodeSpec
-from planner.spec.plan import Plan
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import Plan
 
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce"]
 

@@ -32,11 +32,11 @@ import math
 from typing import TYPE_CHECKING
 
 from planner.cost.kernels import block_cost, fused_attention_flops_per_s
-from planner.spec.errors import PlannerError
-from planner.spec.units import COMPUTE_BYTES
+from planner.specs.errors import PlannerError
+from planner.specs.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
-    from planner.spec.plan import Plan
+    from planner.specs.plan import Plan
 
 RING_BUFFER_BLOCKS = 4
 """KV blocks the ring holds besides the GPU's own: two KV (one received while one is used) and, in

@@ -1,6 +1,6 @@
 """Whether the cost models can price a plan: the checks a `Plan` does not make of itself.
 
-A `Plan` (planner/spec/plan.py) only describes: it checks its own fields (types, choices, ranges,
+A `Plan` (planner/specs/plan.py) only describes: it checks its own fields (types, choices, ranges,
 whole nodes, the placement rules) and knows no cost model. Whether the hardware has the rate the plan
 asks for and whether a context-parallel layout splits as ring attention needs are the cost models'
 knowledge; `check_plan` applies it. Every place that builds a plan from outside input (a plan file, a
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from planner.cost.context_parallel import check_context_parallel
 from planner.cost.fp8 import fp8_speedup
-from planner.spec.plan import Plan
+from planner.specs.plan import Plan
 
 
 def check_plan(plan: Plan) -> Plan:

@@ -11,8 +11,8 @@ given size reaches the same fraction of either peak. Only GPUs listed here have 
 
 from __future__ import annotations
 
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import NodeSpec
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
 
 FP8_DENSE_TFLOPS: dict[str, tuple[float, float, str]] = {
     "dgx-h100": (1979.0, 989.0, "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: FP8 3,958 and BF16 1,979 "

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.spec.units import COMPUTE_BYTES
+from planner.specs.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
-    from planner.spec.plan import Plan
+    from planner.specs.plan import Plan
 
 GRADIENT_COPY_BYTES = 8
 """The fp32 gradient copied from host memory into the chunk buffer: 4 bytes read, 4 written."""

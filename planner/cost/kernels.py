@@ -67,11 +67,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.spec.units import COMPUTE_BYTES
+from planner.specs.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
-    from planner.spec.hardware import NodeSpec
-    from planner.spec.plan import Plan
+    from planner.specs.hardware import NodeSpec
+    from planner.specs.plan import Plan
 
 HBM_ACHIEVABLE_FRACTION = 0.83
 """Share of the datasheet HBM bandwidth a streaming kernel reaches: 750 of 900 GB/s measured on a

@@ -1,7 +1,7 @@
 """Memory model: bytes per tier for a plan, as a sum of named terms (paper eq. 1-5 plus buffers).
 
 Units: the `gpu` tier is per GPU, `cpu` and `nvme` are per node (what one node must hold), all in
-bytes. The terms are `planner.spec.memory_terms.MemoryTerm`, each with a one-line formula that `planner
+bytes. The terms are `planner.specs.memory_terms.MemoryTerm`, each with a one-line formula that `planner
 memory` prints; [Note: adding a memory buffer] there says how to add one.
 
 [Note: what the runtime holds beyond the paper]
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from planner.cost.context_parallel import ring_buffer_bytes
 from planner.cost.kernels import recomputed_score_bytes, stored_score_bytes_per_token
 from planner.cost.pipeline import in_flight_micro_batches, stage_plan
-from planner.spec.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
-from planner.spec.plan import TIERS, Plan
-from planner.spec.units import COMPUTE_BYTES, GIB, round_up_4kib
+from planner.specs.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
+from planner.specs.plan import TIERS, Plan
+from planner.specs.units import COMPUTE_BYTES, GIB, round_up_4kib
 
 # bytes per parameter of each model state as eq. 2 writes them (2 + 2 + 16 = 20 for mixed precision,
 # where the optimizer's 16 are the fp32 master weights, momentum, variance and the fp32 gradient

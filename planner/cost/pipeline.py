@@ -33,9 +33,9 @@ import math
 from typing import NamedTuple
 
 from planner.cost.collectives import NCCL_BASE_LATENCY_S, NETWORK_STEP_S, intra_node_step_s
-from planner.spec.model import ModelSpec
-from planner.spec.plan import Plan
-from planner.spec.units import COMPUTE_BYTES
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
+from planner.specs.units import COMPUTE_BYTES
 
 REDUCES_ONCE_PER_STEP = frozenset({"dp", "3d"})
 """Strategies whose gradients are all-reduced once per optimizer step (Megatron's data parallel and

@@ -36,8 +36,8 @@ from planner.cost.kernels import (
     loss_bytes,
 )
 from planner.cost.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
-from planner.spec.phases import PHASES
-from planner.spec.plan import LINKS, Plan
+from planner.specs.phases import PHASES
+from planner.specs.plan import LINKS, Plan
 
 # A GPU Adam step streams params, grads and 12 bytes of optimizer state in and out: ~36 bytes/param.
 GPU_ADAM_BYTES_PER_PARAM = 36

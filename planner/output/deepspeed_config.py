@@ -15,8 +15,8 @@ import math
 from typing import Any
 
 from planner.cost.memory import BYTES_PER_PARAM
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
 
 PARAM_SWAP_BUFFER_COUNT = 5  # DeepSpeed's default; we size each buffer to hold one operator
 OPTIMIZER_SWAP_BUFFER_COUNT = 4

@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
 
 ACCELERATE_DOCS = "https://huggingface.co/docs/accelerate/usage_guides/fsdp"
 FSDP2_DOCS = "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner.spec.memory_terms import describe
-from planner.spec.model import format_param_count
-from planner.spec.plan import TIERS, Plan
-from planner.spec.units import GIB, TIB
+from planner.specs.memory_terms import describe
+from planner.specs.model import format_param_count
+from planner.specs.plan import TIERS, Plan
+from planner.specs.units import GIB, TIB
 
 TIER_UNIT = {"gpu": "per GPU", "cpu": "per node", "nvme": "per node"}
 

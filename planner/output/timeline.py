@@ -12,9 +12,9 @@ from pathlib import Path
 
 from planner.output.report import bottleneck_label
 from planner.sim.report import SimResult
-from planner.spec.errors import PlannerError
-from planner.spec.phases import Phase
-from planner.spec.units import GIB
+from planner.specs.errors import PlannerError
+from planner.specs.phases import Phase
+from planner.specs.units import GIB
 
 PHASE_COLORS = {Phase.FORWARD: "#4C72B0", Phase.RECOMPUTE: "#DD8452", Phase.BACKWARD: "#55A868", Phase.OPTIMIZER: "#C44E52"}
 ROW_ORDER = ("gpu_compute", "gpu_gpu", "h2d", "d2h", "host_memory", "nvme", "nvme_read", "nvme_write",

@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass
 
 from planner.search.search import PIPELINED_STRATEGIES, SearchRequest, any_fits, search
-from planner.spec.catalog import shape_for_params
-from planner.spec.hardware import NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.plan import Plan
+from planner.specs.catalog import shape_for_params
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
 
 MIN_PARAMS = 10**7
 MAX_PARAMS = 10**17

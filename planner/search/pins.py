@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from planner.cost.feasibility import check_plan
-from planner.spec.plan import OPTIMIZER_STEPS, Placement, Plan, parse_placement_pins
-from planner.spec.specio import string
+from planner.specs.plan import OPTIMIZER_STEPS, Placement, Plan, parse_placement_pins
+from planner.specs.specio import string
 
 
 def optimizer_step_pin(text: str | None) -> str | None:

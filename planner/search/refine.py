@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from planner.search.search import SearchResult
 from planner.sim.fast import predict
-from planner.spec.errors import PlannerError
-from planner.spec.plan import STATES, Plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import STATES, Plan
 
 DEFAULT_TOP = 8
 

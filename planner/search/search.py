@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from planner.cost.feasibility import check_plan
 from planner.cost.memory import memory_bill, min_tiling_factor
 from planner.cost.throughput import estimate
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import Cluster, NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.plan import (
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import Cluster, NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import (
     MAX_TILING_FACTOR,
     STATES,
     STRATEGIES,

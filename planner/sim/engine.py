@@ -48,9 +48,9 @@ from planner.sim.workload import (
     step_flops,
     step_fused_flops,
 )
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.phases import Phase
-from planner.spec.plan import Plan
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]

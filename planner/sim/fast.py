@@ -19,7 +19,7 @@ from __future__ import annotations
 from planner.cost.pipeline import is_composed
 from planner.sim.periodic import NotPeriodic, extend, verified_samples
 from planner.sim.report import composed_prediction, prediction_from, simulate
-from planner.spec.plan import Plan, Prediction
+from planner.specs.plan import Plan, Prediction
 
 
 def predict(plan: Plan) -> Prediction:

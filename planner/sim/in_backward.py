@@ -45,14 +45,14 @@ import simpy
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.memory import optimizer_chunk_buffer_bytes
 from planner.sim.optimizer import gpu_step_seconds
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.phases import Phase
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
 
 if TYPE_CHECKING:
     from planner.sim.network import Network
     from planner.sim.resources import NodeResources, RankLinks
     from planner.sim.workload import Workload
-    from planner.spec.plan import Plan
+    from planner.specs.plan import Plan
 
 Proc = Generator[Any, Any, Any]
 STATE_BYTES_PER_PARAM = 12

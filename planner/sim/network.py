@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from planner.spec.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 # A flow this close to done (in seconds at its current rate) is done: float residue of rate * time
 # would otherwise leave a remainder too small to move the clock, and the timer would spin.

@@ -29,11 +29,11 @@ from planner.cost.throughput import GPU_ADAM_BYTES_PER_PARAM
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
 from planner.sim.workload import Workload
-from planner.spec.errors import PlannerError
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.phases import Phase
-from planner.spec.plan import Plan
-from planner.spec.units import COMPUTE_BYTES
+from planner.specs.errors import PlannerError
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
+from planner.specs.units import COMPUTE_BYTES
 
 Proc = Generator[Any, Any, Any]
 _PERIODIC_TOLERANCE = 1e-9

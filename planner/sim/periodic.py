@@ -51,9 +51,9 @@ from planner.sim.report import (
     simulate,
 )
 from planner.sim.samples import Sample, simulate_samples
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.phases import Phase
-from planner.spec.plan import Plan
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
 
 MIN_BLOCKS = 4
 """Blocks of the shorter sample at least (units of one block: the prefetch pipeline must fill)."""

@@ -27,9 +27,9 @@ from planner.cost.pipeline import (
 from planner.cost.throughput import composed_link_bytes
 from planner.sim.engine import Ranks, Simulation
 from planner.sim.network import Link
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.phases import Phase
-from planner.spec.plan import LINKS, Plan, Prediction
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import LINKS, Plan, Prediction
 
 MAX_TIMELINE_POINTS = 400
 """Memory curves in the JSON are downsampled to this many points (each keeps its bucket's peak)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.sim.network import Link
-from planner.spec.plan import Plan
+from planner.specs.plan import Plan
 
 Hops = tuple[tuple[Link, float], ...]
 

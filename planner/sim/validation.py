@@ -27,11 +27,11 @@ from pathlib import Path
 
 from planner.sim.fast import predict
 from planner.sim.report import simulate
-from planner.spec.catalog import hardware_presets, model_presets
-from planner.spec.model import ModelSpec
-from planner.spec.phases import PHASES
-from planner.spec.plan import STRATEGY_TABLE, Placement, Plan, Prediction
-from planner.spec.units import GIB
+from planner.specs.catalog import hardware_presets, model_presets
+from planner.specs.model import ModelSpec
+from planner.specs.phases import PHASES
+from planner.specs.plan import STRATEGY_TABLE, Placement, Plan, Prediction
+from planner.specs.units import GIB
 
 HARDWARE = "dgx2-v100"
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from planner.cost.kernels import block_cost, loss_bytes, recomputed_score_bytes
 from planner.cost.memory import ACTIVATION_BYTES, BYTES_PER_PARAM, block_activation_bytes
-from planner.spec.phases import Phase
-from planner.spec.plan import Plan
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
 
 _TP_ALL_REDUCE_AFTER = frozenset({"attn_out", "mlp_down"})
 

@@ -27,7 +27,7 @@ it cannot be one.
 - context parallelism from the note's `CP=k` (NeMo, Megatron-Bridge) or what the stated degrees leave
   over (GPUs / (TP x PP x DP)): planner/cost/context_parallel.py;
 - the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor, context and pipeline
-  degrees (planner.spec.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
+  degrees (planner.specs.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
   `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
   (pipeline bubble, one gradient reduction per step: planner/cost/pipeline.py);
 - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
@@ -46,12 +46,12 @@ from dataclasses import dataclass
 
 from planner.cost.feasibility import check_plan
 from planner.search.search import DEFAULT_MAX_MICRO_BATCH
-from planner.spec.catalog import hardware_presets, model_presets
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.plan import STRATEGY_TABLE, Plan
-from planner.spec.units import GIB
+from planner.specs.catalog import hardware_presets, model_presets
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GIB
 from planner.validation.corpus import CorpusRow
 from planner.validation.unstated import (
     SEARCHED_RECOMPUTES,

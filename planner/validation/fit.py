@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.cost.kernels import HBM_ACHIEVABLE_FRACTION
-from planner.spec.hardware import EfficiencyCurve, NodeSpec
+from planner.specs.hardware import EfficiencyCurve, NodeSpec
 from planner.validation.configure import RowPlan, row_plan
 from planner.validation.corpus import CorpusRow, load_corpus
 from planner.validation.report import FIT_JSON, percentile, predict_row
@@ -85,7 +85,7 @@ BOUNDS: dict[str, tuple[float, float]] = {"plateau": (0.1, 1.0), "half_gflop": (
 """`hbm` at most 0.92: streaming copies reach 0.83-0.90 of the datasheet (planner/cost/kernels.py
 HBM_ACHIEVABLE_FRACTION's sources), so a higher fraction would be a fudge, not a bandwidth."""
 MATMUL_GFLOP_POINTS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
-"""Where the fitted curve is sampled; it holds flat below 0.1 GFLOP (planner.spec.hardware.EfficiencyCurve),
+"""Where the fitted curve is sampled; it holds flat below 0.1 GFLOP (planner.specs.hardware.EfficiencyCurve),
 where a kernel's launch, not its size, sets its time."""
 LOSS_CAP = math.log(1.5)
 STEPS: tuple[float, ...] = (0.3, 0.1, 0.03)

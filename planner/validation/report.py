@@ -21,8 +21,8 @@ from typing import Any
 
 from planner.cost.throughput import estimate
 from planner.sim.fast import predict
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
 from planner.validation.configure import RowPlan, node_for_row, row_plan
 from planner.validation.corpus import GPU_TYPES, CorpusRow, load_corpus
 from planner.validation.flops import accounting_for, flops_per_token, from_tokens_per_s

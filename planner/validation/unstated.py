@@ -24,8 +24,8 @@ from planner.cost.memory import memory_bill
 from planner.cost.throughput import estimate
 from planner.search.search import DEFAULT_MAX_MICRO_BATCH, DEFAULT_MICRO_BATCHES_PER_STAGE, largest_batch
 from planner.sim.fast import predict
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
 
 SEARCHED_RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 MEGATRON_SOURCES = frozenset({"megatron2019", "narayanan2021_t1", "narayanan2021_t2", "megatron_lm_readme",

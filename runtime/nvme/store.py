@@ -60,8 +60,8 @@ from typing import ClassVar, TypeVar
 import torch
 
 from planner.cost.memory import WRITE_STAGING_BUFFERS
-from planner.spec.memory_terms import MemoryTerm
-from planner.spec.units import round_up_4kib
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.units import round_up_4kib
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.mixed_add import add_into
 from runtime.nvme import (

@@ -16,16 +16,16 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cost.feasibility import check_plan
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan
-from planner.spec.profile import load_profile
-from planner.spec.specio import write_json_atomic
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
+from planner.specs.profile import load_profile
+from planner.specs.specio import write_json_atomic
 from tierwise.cli import options as o
 
 
 def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | None) -> dict:
     from planner.calibration.calibrate import calibrate
-    from planner.spec.catalog import resolve_hardware
+    from planner.specs.catalog import resolve_hardware
 
     runs = []
     for path in profiles:

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from planner.calibration.compare import ERROR_DEFINITION, compare
 from planner.cost.feasibility import check_plan
-from planner.spec.plan import load_plan
-from planner.spec.profile import load_profile
+from planner.specs.plan import load_plan
+from planner.specs.profile import load_profile
 from tierwise.cli import options as o
 
 
@@ -29,7 +29,7 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
     rows = [r.to_dict() for r in compare(plan, profile)]
     if hardware is not None:
         from planner.sim import simulate
-        from planner.spec.catalog import resolve_hardware
+        from planner.specs.catalog import resolve_hardware
 
         calibrated = check_plan(plan.replace(node=resolve_hardware(hardware), prediction=None))
         after = {r.metric: r.to_dict() for r in compare(calibrated.replace(prediction=simulate(calibrated).prediction),
@@ -43,7 +43,7 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
 def hardware_used(plan_path: Path, profile_path: Path, hardware: str | None = None) -> dict[str, str]:
     """The hardware spec each prediction was made for (the plan's, and the calibrated one if given)
     and the device the run measured on, when the profile says."""
-    from planner.spec.catalog import resolve_hardware
+    from planner.specs.catalog import resolve_hardware
 
     out = {"predicted": load_plan(plan_path).node.name}
     if hardware is not None:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from planner.spec.errors import PlannerError
+from planner.specs.errors import PlannerError
 from tierwise.cli import options as o
 
 
@@ -47,8 +47,8 @@ def fit(
     from planner.search.pins import optimizer_step_pin
     from planner.search.refine import refine
     from planner.search.search import SearchRequest, search
-    from planner.spec.plan import parse_placement_pins
-    from planner.spec.specio import number, string, write_text_atomic
+    from planner.specs.plan import parse_placement_pins
+    from planner.specs.specio import number, string, write_text_atomic
 
     string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
     step = optimizer_step_pin(optimizer_step) or "after_backward"
@@ -108,7 +108,7 @@ def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noq
         chosen.save(out)
     if deepspeed_out is not None:
         from planner.output.deepspeed_config import deepspeed_config
-        from planner.spec.specio import write_json_atomic
+        from planner.specs.specio import write_json_atomic
 
         write_json_atomic(deepspeed_out, deepspeed_config(chosen), "DeepSpeed config")
         if chosen.optimizer_step == "in_backward":  # stderr: --json keeps stdout a document
@@ -123,7 +123,7 @@ def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: P
     node = result.request.node
     where = f"{gpus} GPU(s) of {node.name} ({chosen.num_nodes} node(s) of {node.num_gpus_per_node})"
     con.print(f"[bold]Model[/bold]  {report.model_line(chosen)}")
-    if chosen.node.share_line():  # part of a node: say what it bills (planner/spec/hardware.py [Note: part of a node])
+    if chosen.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
         con.print(chosen.node.share_line())
     if result.best is None:
         con.print(f"[bold red]Verdict: does not fit[/bold red] on {where}")

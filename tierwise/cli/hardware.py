@@ -17,7 +17,7 @@ def hardware_command(
     from rich.table import Table
 
     from planner.output import report
-    from planner.spec.catalog import hardware_presets
+    from planner.specs.catalog import hardware_presets
 
     if name is None:
         table = Table(title="Hardware presets", title_justify="left")

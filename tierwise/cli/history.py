@@ -18,7 +18,7 @@ def history(
     """Runs recorded by `planner run`: predicted vs measured, newest last."""
     from planner.calibration.compare import ERROR_DEFINITION, relative_error
     from planner.output import report
-    from planner.spec.history import RunHistory
+    from planner.specs.history import RunHistory
 
     runs = RunHistory(store)
     frame = runs.to_frame().tail(max(0, last))

@@ -12,9 +12,9 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan
-from planner.spec.units import GIB
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
+from planner.specs.units import GIB
 
 RUNTIME_MODULES = ("torch", "numpy", "psutil")
 INSTALL_RUNTIME = ("pip install torch==2.13.0 (first, or pip picks a CUDA build on a CPU-only machine), "

@@ -19,8 +19,8 @@ def max_size_command(
     """Largest model a strategy can train on the hardware (shapes by the documented shape rule)."""
     from planner.output import report
     from planner.search.max_size import max_size
-    from planner.spec.plan import strategy_named
-    from planner.spec.specio import number
+    from planner.specs.plan import strategy_named
+    from planner.specs.specio import number
 
     strategy_named(strategy)
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from planner.spec.errors import PlannerError
+from planner.specs.errors import PlannerError
 from tierwise.cli import options as o
 
 PAPER_EQUATIONS = {"model_states": "eq. 2 (whole model)", "activation_checkpoints_per_gpu": "eq. 3",
@@ -38,7 +38,7 @@ def memory(
     from planner.cost.memory import paper_quantities
     from planner.search.pins import optimizer_step_pin
     from planner.search.search import best_model_parallel, predict
-    from planner.spec.plan import Plan
+    from planner.specs.plan import Plan
 
     chosen_strategy, place = _placement(strategy, placement)
     degree = o.model_parallel(model_parallel)
@@ -68,7 +68,7 @@ def memory(
 
 def _placement(strategy: str | None, placement: str | None):  # noqa: ANN202
     """(strategy name, placement) to bill: a named strategy's, or a free one ("custom")."""
-    from planner.spec.plan import Placement, parse_placement_pins, strategy_named
+    from planner.specs.plan import Placement, parse_placement_pins, strategy_named
 
     if strategy is not None and placement is not None:
         raise PlannerError("give --strategy or --placement, not both")
@@ -99,7 +99,7 @@ def _print_bill(plan, quantities: dict) -> None:  # noqa: ANN001
 
     con = report.console()
     con.print(f"[bold]Model[/bold]  {report.model_line(plan)}")
-    if plan.node.share_line():  # part of a node: say what it bills (planner/spec/hardware.py [Note: part of a node])
+    if plan.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
         con.print(plan.node.share_line())
     table = Table(title="Paper quantities (docs/method.md §2)", title_justify="left")
     for col in ("quantity", "bytes", "", "equation"):

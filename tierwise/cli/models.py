@@ -8,8 +8,8 @@ import typer
 def models() -> None:
     """List the model presets and their aliases."""
     from planner.output import report
-    from planner.spec.catalog import model_presets
-    from planner.spec.model import format_param_count
+    from planner.specs.catalog import model_presets
+    from planner.specs.model import format_param_count
 
     presets = list(model_presets().items())
     columns = [

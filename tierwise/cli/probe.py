@@ -17,11 +17,11 @@ from typing import Annotated
 import typer
 
 from planner.calibration.probe_reference import ReferenceRun
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import NodeSpec
-from planner.spec.profile import Profile, load_profile
-from planner.spec.specio import number
-from planner.spec.units import GIB
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.profile import Profile, load_profile
+from planner.specs.specio import number
+from planner.specs.units import GIB
 from tierwise.cli.machine import INSTALL_RUNTIME, require_runtime
 
 

@@ -38,10 +38,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from planner.cost.feasibility import check_plan
-from planner.spec import catalog, hf_config
-from planner.spec.errors import PlannerError
-from planner.spec.plan import Plan, load_plan
-from planner.spec.specio import load_document
+from planner.specs import catalog, hf_config
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan, load_plan
+from planner.specs.specio import load_document
 from tierwise.cli import machine
 from tierwise.cli import options as o
 
@@ -251,7 +251,7 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
         if profile_out is not None:
             console.print(f"profile written to {profile_out}")
         if record_history and written.exists():
-            from planner.spec.history import RunHistory
+            from planner.specs.history import RunHistory
 
             run_id = RunHistory(history_store).append(plan, json.loads(written.read_text()))
             console.print(f"recorded as run {run_id} in the run history")

@@ -12,8 +12,8 @@ from typing import Annotated
 
 import typer
 
-from planner.spec.plan import Plan, load_plan
-from planner.spec.units import GIB
+from planner.specs.plan import Plan, load_plan
+from planner.specs.units import GIB
 from tierwise.cli import options as o
 
 
@@ -72,7 +72,7 @@ def print_prediction(plan: Plan) -> None:
     step = ", optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}{step}: "
                   f"{verdict}")
-    if plan.node.share_line():  # part of a node: say what it bills (planner/spec/hardware.py [Note: part of a node])
+    if plan.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
         console.print(plan.node.share_line())
     console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "
                   f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{report.bottleneck_label(p.bottleneck)}[/]")

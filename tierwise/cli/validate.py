@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from planner.spec.errors import PlannerError
+from planner.specs.errors import PlannerError
 from tierwise.cli import options as o
 
 

@@ -2,7 +2,7 @@
 
 `measured` has exactly the shape of a plan's `prediction` block (DESIGN.md "JSON keys"), so that
 `planner compare` can put the two side by side metric by metric; `samples` keeps every step and
-`losses` one loss per step. Reading is strict, like `planner.spec.plan`: unknown keys and wrong types
+`losses` one loss per step. Reading is strict, like `planner.specs.plan`: unknown keys and wrong types
 are one-line `PlannerError`s.
 """
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.spec.errors import PlannerError
-from planner.spec.plan import LINKS, PHASES, TIERS, Prediction
-from planner.spec.specio import check_keys, load_document, number, write_json_atomic
+from planner.specs.errors import PlannerError
+from planner.specs.plan import LINKS, PHASES, TIERS, Prediction
+from planner.specs.specio import check_keys, load_document, number, write_json_atomic
 
 SCHEMA = "tierwise.profile/1"
 

@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import Cluster, NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.phases import PHASES
-from planner.spec.specio import check_keys, load_document, number, string, write_json_atomic
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import Cluster, NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.phases import PHASES
+from planner.specs.specio import check_keys, load_document, number, string, write_json_atomic
 
 SCHEMA = "tierwise.plan/1"
 
@@ -286,7 +286,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         number(self.num_gpus, "num_gpus", minimum=1, maximum=1_000_000, integer=True)
-        # Part of a node bills its GPUs' share of the node (planner/spec/hardware.py [Note: part of a node]).
+        # Part of a node bills its GPUs' share of the node (planner/specs/hardware.py [Note: part of a node]).
         object.__setattr__(self, "node", self.node.for_gpus(self.num_gpus))
         string(self.strategy, "strategy", choices=STRATEGIES)
         string(self.precision, "precision", choices=PRECISIONS)

@@ -2,7 +2,7 @@
 
 Resolution order for a MODEL argument (documented in README "Model sizes"):
 1. an existing file path -> the model document in it: the planner's own form, or a Hugging Face
-   `config.json` (planner/spec/hf_config.py), told apart by their keys;
+   `config.json` (planner/specs/hf_config.py), told apart by their keys;
 2. a preset name (case-insensitive) or a preset's alias (`1T` is the paper's 1T configuration);
 3. a size shorthand (`70B`, `2.5T`) -> [Note: size shorthands].
 
@@ -36,12 +36,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.spec import hf_config
-from planner.spec.errors import PlannerError
-from planner.spec.hardware import NodeSpec
-from planner.spec.model import ModelSpec
-from planner.spec.specio import check_keys, load_document
-from planner.spec.units import PARAM_SUFFIXES
+from planner.specs import hf_config
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.specio import check_keys, load_document
+from planner.specs.units import PARAM_SUFFIXES
 
 DEFAULT_HARDWARE = "dgx-h100"
 _SHORTHAND = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbtKMBT])\s*$")

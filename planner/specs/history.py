@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from planner.spec.errors import PlannerError
-from planner.spec.plan import TIERS, Plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import TIERS, Plan
 
 SCHEMA_VERSION = 1
 _COLUMNS: tuple[tuple[str, str], ...] = (

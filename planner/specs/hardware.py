@@ -23,9 +23,9 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-from planner.spec.errors import PlannerError
-from planner.spec.specio import MAX_MAGNITUDE, check_keys, number, string
-from planner.spec.units import GB, GIB, MIB, TFLOP
+from planner.specs.errors import PlannerError
+from planner.specs.specio import MAX_MAGNITUDE, check_keys, number, string
+from planner.specs.units import GB, GIB, MIB, TFLOP
 
 Provenance = str
 PROVENANCES: tuple[str, ...] = ("nominal", "paper", "measured", "estimate")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from planner.spec.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 # Larger than any quantity a real spec holds (bytes, flop/s, params), small enough to stay exact.
 MAX_MAGNITUDE = 1e30

@@ -34,9 +34,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from planner.spec.errors import PlannerError
-from planner.spec.model import ModelSpec
-from planner.spec.specio import number
+from planner.specs.errors import PlannerError
+from planner.specs.model import ModelSpec
+from planner.specs.specio import number
 
 HF_MAX_SEQ_LEN = 8192
 """[Note: planned sequence]"""

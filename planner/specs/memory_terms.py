@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from planner.spec.plan import TIERS
+from planner.specs.plan import TIERS
 
 ALLOCATOR_SLACK_FRACTION = 0.10
 """Share of the transient GPU terms the caching allocator loses to rounding and fragmentation."""

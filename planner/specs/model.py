@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from planner.spec.errors import PlannerError
-from planner.spec.specio import check_keys, number, string
+from planner.specs.errors import PlannerError
+from planner.specs.specio import check_keys, number, string
 
 MAX_LAYERS = 100_000
 MAX_HIDDEN = 10_000_000
@@ -91,7 +91,7 @@ class ModelSpec:
     attention: str = ""
     """The attention kernel the model's source trained with, pinning the plan's (`eager` for the
     paper's configurations, whose eq. 5 bills the stored scores); empty leaves the plan's default,
-    flash where the GPU has it (planner/spec/plan.py `Plan.attention`)."""
+    flash where the GPU has it (planner/specs/plan.py `Plan.attention`)."""
     source: str = field(default="", compare=False)
     """Citation for presets (where the shape comes from)."""
 
