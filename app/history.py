@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.calibration.compare import relative_error
 from planner.specs.history import COLUMN_NAMES, default_store_path
 from planner.specs.plan import TIERS
+from planner.specs.profile import relative_error
 
 HISTORY_ENV = "TIERWISE_HISTORY"
 """Overrides the default store (the user's cache directory), like `planner history --store`."""

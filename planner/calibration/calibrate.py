@@ -70,7 +70,6 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.cost.feasibility import check_plan
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import EfficiencyCurve, NodeSpec, document_key
 from planner.specs.phases import Phase
@@ -137,6 +136,7 @@ def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
 
 
 def _phase_times(plan: Plan, node: NodeSpec) -> dict[str, float]:
+    from planner.cost.feasibility import check_plan
     from planner.sim.report import simulate
 
     # `node` may be another machine's spec (`planner calibrate --hardware`): the plan is checked on it.

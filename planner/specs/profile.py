@@ -116,6 +116,11 @@ def _loss(value: Any, where: str) -> float:
     return float(number(value, where, minimum=-1e30))
 
 
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: an unbounded prediction (a missing link) is written as null."""
+    return value if math.isfinite(value) else None
+
+
 def _loss_json(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -123,3 +128,33 @@ def _loss_json(value: float) -> float | None:
 def _table(doc: Any, names: tuple[str, ...], where: str, *, integer: bool) -> dict[str, Any]:
     check_keys(doc, set(names), where)
     return {k: number(v, f"{where}.{k}", minimum=0, integer=integer) for k, v in doc.items()}
+
+
+# -- compare ---------------------------------------------------------------------------------
+ERROR_DEFINITION = "error = (predicted - measured) / measured"
+"""The one definition of a prediction's error (compare, history, the dashboard): positive when the
+planner over-predicts, in units of what was measured."""
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured; None when either is missing or infinite, or nothing was measured."""
+    if predicted is None or measured is None or not math.isfinite(predicted) or not math.isfinite(measured):
+        return None
+    return None if measured == 0 else (predicted - measured) / measured
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MetricComparison:
+    metric: str
+    """Dotted key of the prediction block (`iteration_time_s`, `peak_bytes.gpu`, ...)."""
+    predicted: float
+    measured: float
+
+    @property
+    def relative_error(self) -> float | None:
+        """See `ERROR_DEFINITION`."""
+        return relative_error(self.predicted, self.measured)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "predicted": _finite(self.predicted), "measured": _finite(self.measured),
+                "relative_error": self.relative_error}

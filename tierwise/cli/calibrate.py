@@ -15,7 +15,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cost.feasibility import check_plan
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
 from planner.specs.profile import load_profile
@@ -25,6 +24,7 @@ from tierwise.cli import options as o
 
 def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | None) -> dict:
     from planner.calibration.calibrate import calibrate
+    from planner.cost.feasibility import check_plan
     from planner.specs.catalog import resolve_hardware
 
     runs = []

@@ -10,16 +10,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.calibration.compare import ERROR_DEFINITION, compare
-from planner.cost.feasibility import check_plan
 from planner.specs.plan import load_plan
-from planner.specs.profile import load_profile
+from planner.specs.profile import ERROR_DEFINITION, load_profile
 from tierwise.cli import options as o
 
 
 def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = None) -> list[dict]:
     """Predicted vs measured per metric; with `hardware` (a calibrated spec) the plan is simulated
     again on it and every row also carries the prediction and error after calibration."""
+    from planner.calibration.compare import compare
+    from planner.cost.feasibility import check_plan
+
     plan = check_plan(load_plan(plan_path))
     if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
         from planner.search.search import predict

@@ -37,7 +37,6 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from planner.cost.feasibility import check_plan
 from planner.specs import catalog, hf_config
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan, load_plan
@@ -217,6 +216,8 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
              torchrun_args: list[str], console: Console, history_store: Path | None = None,
              record_history: bool = True, checkpoints: CheckpointOptions | None = None,
              nvme_path: Path | None = None, model: str | None = None, init_from: Path | None = None) -> int:
+    from planner.cost.feasibility import check_plan  # the cost models load with the verb, not at start
+
     checkpoints = checkpoints or CheckpointOptions()
     checkpoints.check()
     hf = hf_model_of(model, init_from)
