@@ -4,8 +4,9 @@ A `Plan` (planner/specs/plan.py) only describes: it checks its own fields (types
 whole nodes, the placement rules) and knows no cost model. Whether the hardware has the rate the plan
 asks for and whether a context-parallel layout splits as ring attention needs are the cost models'
 knowledge; `check_plan` applies it. Every place that builds a plan from outside input (a plan file, a
-profile's plan, the user's pins, the search's request, a corpus row, a probed machine, the runtime's
-plan reader) calls it, so such a plan is refused with the same one-line message wherever it enters.
+profile's plan, the user's pins, the search's request, a corpus row, another machine's spec laid over
+a plan, the runtime's plan reader) calls it, so such a plan is refused with the same one-line message
+wherever it enters.
 """
 
 from __future__ import annotations
