@@ -12,10 +12,10 @@ from app import compute
 from app.panels import bandwidth, history, memory, scale, strategies, timeline, verdict
 from app.sidebar import read_sidebar
 from app.state import Inputs, model_spec, node_spec
-from planner.errors import PlannerError
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import Plan
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
 
 TABS = ("Memory per tier", "Strategies", "Timeline", "Bandwidth (eq. 6)", "Largest model", "Predicted vs measured")
 

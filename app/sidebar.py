@@ -18,8 +18,8 @@ from app.state import (
     pins_from,
     preset_document,
 )
-from planner.catalog import DEFAULT_HARDWARE, hardware_presets, known_model_names
-from planner.plan import PRECISIONS, STATES, STRATEGY_TABLE, TIERS
+from planner.specs.catalog import DEFAULT_HARDWARE, hardware_presets, known_model_names
+from planner.specs.plan import PRECISIONS, STATES, STRATEGY_TABLE, TIERS
 
 AUTO = "auto"
 MODEL_MODES = ("size or preset", "explicit shape")

@@ -163,9 +163,9 @@ def write_results(doc: dict) -> None:
         "Over the target (worst case): "
         + (", ".join(f"{label} ({v['median_s']:.2f} s median)" for label, v in doc["interactions"].items()
                      if v["worst_s"] > TARGET_S) or "none") + ".",
-        "The page ranks the top placements by simulation by default (`planner.sim.refine.refine`, what",
+        "The page ranks the top placements by simulation by default (`planner.search.refine.refine`, what",
         "`planner fit` reports), cached per question; the Timeline panel's Gantt chart is the simulator's",
-        "binned data (`planner.sim.timeline.busy_bins`, `zoom_spans`) drawn by the browser (Vega-Lite).",
+        "binned data (`planner.output.timeline.busy_bins`, `zoom_spans`) drawn by the browser (Vega-Lite).",
         "`python benchmarks/app_speed.py --repeats 5 --write-results` reproduces this section.",
         "",
     ]

@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_runtime import BATCH, BLOCKS, FFN, HIDDEN, TOKENS, build_model, deepspeed_step, ours_step  # noqa: E402
 from bench_runtime import plan_doc as cpu_plan_doc  # noqa: E402
 
-from planner.phase_budget import phase_budget  # noqa: E402
+from planner.calibration.phase_budget import phase_budget  # noqa: E402
 
 CONFIGS = {"io-bound": (1, 16), "design": (BATCH, TOKENS)}
 """name -> (batch, tokens per sample)."""

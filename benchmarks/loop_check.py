@@ -4,7 +4,7 @@
 
 Each round does what a new user does (docs/calibration.md, "Doing it yourself"), through the CLI:
 one `planner probe --out hw.json` (on a CPU-only machine it calibrates itself on its reference
-runs, planner/probe_reference.py), then per configuration of `CONFIGS` `planner fit` with shape,
+runs, planner/calibration/probe_reference.py), then per configuration of `CONFIGS` `planner fit` with shape,
 batch and placement pinned (the planner picks the rest), `planner run --steps 8` (two warm-up
 steps) and `planner compare --json`. The configurations are neither the probe's reference runs
 nor the sweep's (benchmarks/sweep.py CONFIGS, all at seq 256 and hidden 512-1024): they span small
@@ -156,12 +156,13 @@ def reanalyse(work_dir: Path) -> dict:
     probe's bare spec recalibrated on its kept reference runs, the plans as `fit` chose them (knobs
     kept), the measured profiles as they were. For trying a change to the model on the same runs."""
     sys.path.insert(0, str(ROOT))
-    from planner.calibrate import calibrate
-    from planner.hardware import NodeSpec
-    from planner.plan import load_plan
-    from planner.probe_reference import REFERENCE_RUNS
-    from planner.profile import compare, load_profile
+    from planner.calibration.calibrate import calibrate
+    from planner.calibration.compare import compare
+    from planner.calibration.probe_reference import REFERENCE_RUNS
     from planner.sim.report import simulate
+    from planner.specs.hardware import NodeSpec
+    from planner.specs.plan import load_plan
+    from planner.specs.profile import load_profile
 
     doc = json.loads((work_dir / "loop_check.json").read_text())
     for r, rnd in enumerate(doc["rounds"]):

@@ -4,7 +4,7 @@
 
 Every round does exactly what docs/calibration.md tells a new user to do, through the CLI:
 `planner probe --out hw.json` (which, on a CPU-only machine, calibrates on its own reference runs:
-planner/probe_reference.py), then for each model in `MODELS`: `planner fit` with the model's shape
+planner/calibration/probe_reference.py), then for each model in `MODELS`: `planner fit` with the model's shape
 and placement pinned (the planner picks the rest), `planner run --steps 10` (two warm-up steps), and
 `planner compare --json`. The models are neither the probe's reference runs nor the sweep's
 configurations (benchmarks/sweep.py), so the spec has never seen them. A round probes afresh, as a

@@ -37,7 +37,7 @@ def main() -> None:
     fit = base + ["fit", "1T", "--gpus", "16"]
     samples = time_command(fit, args.repeats)
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, tierwise.cli, planner.search; print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys, tierwise.cli, planner.search.search; print('torch' in sys.modules)"],
         capture_output=True, text=True, check=True,
     )
     result = {

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import results_md  # benchmarks/ is on sys.path when a script runs
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.plan import Placement, Plan
 from planner.sim import fast, samples, simulate
 from planner.sim.periodic import simulate_periodic
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.plan import Placement, Plan
 
 SECTION = "## Simulator speed (benchmarks/sim_speed.py)"
 

@@ -59,7 +59,7 @@ def soak(*, steps: int, sample_every: int, save_every: int, work_dir: Path, laye
     import torch
 
     import runtime
-    from planner.plan import Plan
+    from planner.specs.plan import Plan
     from runtime.ckpt import Checkpointer
     from runtime.gpt import GPT, GPTConfig, init_weights
     from runtime.launch import batch_for

@@ -4,7 +4,7 @@
 
 1. `planner probe` (quick: 256 MiB of NVMe traffic) writes this machine's hardware spec, unless
    `--hardware FILE` gives one. Without CUDA the probe calibrates itself on four reference runs of
-   the runtime, none of them a configuration below (planner/probe_reference.py), so the "probe
+   the runtime, none of them a configuration below (planner/calibration/probe_reference.py), so the "probe
    spec" predictions are of plans the spec never saw.
 2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on
    device, cpu and nvme; three model sizes; micro-batch; checkpoint interval; tiling) is planned
@@ -45,11 +45,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.hardware import NodeSpec  # noqa: E402
-from planner.plan import TIERS, Plan  # noqa: E402
-from planner.probe_reference import pinned_plan  # noqa: E402
-from planner.profile import Profile, load_profile  # noqa: E402
+from planner.calibration.probe_reference import pinned_plan  # noqa: E402
 from planner.sim.report import simulate  # noqa: E402
+from planner.specs.hardware import NodeSpec  # noqa: E402
+from planner.specs.plan import TIERS, Plan  # noqa: E402
+from planner.specs.profile import Profile, load_profile  # noqa: E402
 from runtime.launch import WARMUP_STEPS  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -219,8 +219,8 @@ def main() -> int:
 
 
 def analyse(plans: dict[str, Plan], profiles: dict[str, list[Profile]], node: NodeSpec) -> dict:
-    from planner.calibrate import calibrate, calibration_rows
-    from planner.memory import memory_bill, runtime_buffer_peak_bytes
+    from planner.calibration.calibrate import calibrate, calibration_rows
+    from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
 
     train = [n for n in plans if n in CALIBRATION]
     fit = calibrate([(plans[n], p) for n in train for p in profiles[n]], node) if train else None

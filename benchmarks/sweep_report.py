@@ -8,8 +8,8 @@ from pathlib import Path
 
 import results_md  # benchmarks/ is on sys.path when a script runs
 
-from planner.hardware import NodeSpec
-from planner.plan import TIERS
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import TIERS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -40,7 +40,7 @@ def summary(report: dict) -> str:
     s = report["summary"]
     out = []
     # The probe calibrates on its own reference runs, none of them a sweep configuration, so every
-    # configuration is one the probe's spec never saw (planner/probe_reference.py).
+    # configuration is one the probe's spec never saw (planner/calibration/probe_reference.py).
     for key, label in (("predicted_all", "probe spec, every configuration (none run by the probe)"),
                        ("predicted_held_out", "probe spec, held out"), ("calibrated_held_out", "calibrated, held out"),
                        ("calibrated_calibration", "calibrated, calibration set")):
@@ -110,10 +110,10 @@ def write_results(report: dict, node: NodeSpec) -> None:
 """
     results_md.write_section("sweep", body)
     doc = f"""`python benchmarks/sweep.py --write-results` probes the machine it runs on (`planner probe`, which on a CPU-only machine calibrates itself on
-four reference runs of the runtime that are not sweep configurations: planner/probe_reference.py
+four reference runs of the runtime that are not sweep configurations: planner/calibration/probe_reference.py
 [Note: probe reference runs]), plans every configuration of `benchmarks/sweep.py` with the probed
 spec, trains each with the real runtime (`planner run`), fits the spec's efficiency parameters
-further on four of them (`planner calibrate`, planner/calibrate.py [Note: the calibration model])
+further on four of them (`planner calibrate`, planner/calibration/calibrate.py [Note: the calibration model])
 and predicts the rest again with that calibrated spec. Peak bytes are the runtime's own ledger per tier against
 the memory bill over the terms that ledger tracks (`runtime_buffer_peak_bytes`: the bill without
 autograd's activations, logits and allocator slack).

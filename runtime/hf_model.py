@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import PlannerError
-from planner.specio import load_document
+from planner.specs.errors import PlannerError
+from planner.specs.specio import load_document
 
 INSTALL_HF = "pip install 'tierwise[hf]'"
 SINGLE_FILE = "model.safetensors"

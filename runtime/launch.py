@@ -36,10 +36,11 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from planner.errors import PlannerError
-from planner.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
-from planner.profile import Profile, StepSample
-from planner.units import TFLOP
+from planner.cost.feasibility import check_plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
+from planner.specs.profile import Profile, StepSample
+from planner.specs.units import TFLOP
 from runtime.host_malloc import keep_freed_memory_mapped
 from runtime.plan_io import PlanNotExecutable, check_executable, check_memory
 from runtime.profiler import process_peak_rss_bytes
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if world_size > 1:
         init_process_group(rank=rank, world_size=world_size)
     try:
-        plan = load_plan(args.plan)
+        plan = check_plan(load_plan(args.plan))
         check_executable(plan, world_size=world_size)
         check_memory(plan)
         if args.steps < 1:

@@ -2,7 +2,7 @@
 
 Each rank updates only its shards (ZeRO-3): master weights, momentum and variance sit in the
 optimizer store (device or host memory, or NVMe), the gradients were reduce-scattered into the
-gradient store of the same tier (placement rules in `planner.plan.Placement`), or go straight into
+gradient store of the same tier (placement rules in `planner.specs.plan.Placement`), or go straight into
 the update in backward, and the updated master is written back into the parameter store (cast to
 the compute precision) when it is a separate copy. `AdamW` is torch's optimizer interface over an
 engine (`ResidentAdamW`, `StreamedAdamW`) and a schedule (`AfterBackward`, `InBackward`): see

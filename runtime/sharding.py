@@ -63,7 +63,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from planner.plan import Plan
+from planner.specs.plan import Plan
 from runtime.ledger import MemoryLedger
 from runtime.model_check import check_model
 from runtime.optim.loss_scaling import DynamicLossScaler, output_tensors

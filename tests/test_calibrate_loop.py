@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from planner.calibrate import _nnls, calibrate
-from planner.plan import load_plan
-from planner.profile import load_profile
+from planner.calibration.calibrate import _nnls, calibrate
+from planner.specs.plan import load_plan
+from planner.specs.profile import load_profile
 from tierwise.cli import app
 
 runner = CliRunner()

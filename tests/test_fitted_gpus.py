@@ -1,4 +1,4 @@
-"""A probed GPU takes its generation's published-run fit (planner/fitted_gpus.py), checked against the
+"""A probed GPU takes its generation's published-run fit (planner/calibration/fitted_gpus.py), checked against the
 first run of the runtime on a GPU (an H200, kept in benchmarks/gpu/runs/)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from planner.catalog import resolve_hardware
-from planner.fitted_gpus import FITTED_KEYS, fitted_compute
-from planner.hardware import NodeSpec
-from planner.plan import Plan
+from planner.calibration.fitted_gpus import FITTED_KEYS, fitted_compute
 from planner.sim.report import simulate
-from planner.units import GIB
+from planner.specs.catalog import resolve_hardware
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import Plan
+from planner.specs.units import GIB
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_RUN = ROOT / "benchmarks" / "gpu" / "runs" / "2026-11-26-h200.json"

@@ -1,5 +1,5 @@
 """One memory vocabulary and one phase vocabulary: the bill, the simulator and the runtime name the
-same terms (planner/memory_terms.py [Note: adding a memory buffer]), and every phase is a `Phase`."""
+same terms (planner/specs/memory_terms.py [Note: adding a memory buffer]), and every phase is a `Phase`."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.memory import memory_bill, runtime_buffer_peak_bytes
-from planner.memory_terms import MemoryTerm, describe
-from planner.model import ModelSpec
-from planner.phases import PHASES, Phase
-from planner.plan import TIERS, Placement, Plan
+from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
+from planner.cost.throughput import estimate
 from planner.sim.engine import Simulation
 from planner.sim.report import simulate
-from planner.throughput import estimate
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm, describe
+from planner.specs.model import ModelSpec
+from planner.specs.phases import PHASES, Phase
+from planner.specs.plan import TIERS, Placement, Plan
 
 SMALL = ModelSpec(name="small", num_layers=4, hidden_size=256, num_heads=4, seq_len=64, vocab_size=512)
 ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
@@ -37,7 +37,7 @@ def _plans() -> dict[str, Plan]:
         "small-nvme": Plan(model=SMALL, node=node, num_gpus=8, strategy="custom", placement=ALL_NVME, prefetch_depth=3),
         "small-nvme-in-backward": Plan(model=SMALL, node=node, num_gpus=8, strategy="custom", placement=ALL_NVME,
                                        prefetch_depth=3, optimizer_step="in_backward"),
-        # Context parallel: the ring attention's KV blocks (planner/context_parallel.py).
+        # Context parallel: the ring attention's KV blocks (planner/cost/context_parallel.py).
         "cp2-flash": Plan(model=resolve_model("llama-3-8b"), node=node, num_gpus=8, strategy="3d",
                           placement=Placement(), micro_batch_per_gpu=0.5, checkpoint_interval=0,
                           context_parallel_degree=2),

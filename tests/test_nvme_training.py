@@ -23,7 +23,7 @@ from runtime_support import (
     plan_doc,
 )
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from runtime.process_exit import leave
 
 ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
@@ -289,8 +289,8 @@ def test_gradient_write_buffers_are_the_bills(depth: int, tmp_path: Path) -> Non
     """The runtime stages as many gradient writes as the memory bill holds buffers for: 2, or
     min(depth, 3) + 1 with parameters on NVMe ([Note: gradient write buffers])."""
     import runtime
-    from planner.memory import gradient_write_buffers, memory_bill
-    from planner.plan import Plan
+    from planner.cost.memory import gradient_write_buffers, memory_bill
+    from planner.specs.plan import Plan
     from runtime.sharding import state_of
 
     doc = plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path), prefetch_depth=depth, **SMALL_CHUNKS)
@@ -345,7 +345,7 @@ def test_the_backward_reads_no_shard_the_forward_kept(tmp_path: Path) -> None:
             kept = {forward[-1], forward[-2], forward[-5]}
             in_backward = [key for phase, key in reads if phase == "BACKWARD"]
             assert sorted(in_backward) == sorted(set(forward) - kept)
-            # The bill's host swap buffers (planner/memory.py, for this model): two of the largest shard.
+            # The bill's host swap buffers (planner/cost/memory.py, for this model): two of the largest shard.
             largest = -(-max(u.layout.shard_numel for u in st.units) * 4 // 4096) * 4096
             peaks = st.ledger.usage("cpu").term_peaks
             assert largest < peaks["param_swap_buffers"] <= 2 * largest

@@ -1,5 +1,5 @@
 """The pinned staging pool (issue 25 item 1; [Note: staged host copies] in runtime/transfer/pinned_pool.py and
-[Note: the pinned staging pool] in planner/memory.py): CPU-tier state is pageable, every host<->device
+[Note: the pinned staging pool] in planner/cost/memory.py): CPU-tier state is pageable, every host<->device
 copy of it goes through a few reused buffers, their number and size come from the plan, and the bill
 charges exactly what the runtime holds.
 
@@ -17,11 +17,11 @@ import torch
 from runtime_support import ALL_CPU, ALL_DEVICE, HARDWARE, batches, build_model, plan_doc, run_distributed
 
 import runtime
-from planner.catalog import resolve_hardware, resolve_model
-from planner.memory import PinnedPoolShape, largest_unit_params, memory_bill, pinned_staging_pool
-from planner.memory_terms import MemoryTerm
-from planner.plan import Placement, Plan
-from planner.units import round_up_4kib
+from planner.cost.memory import PinnedPoolShape, largest_unit_params, memory_bill, pinned_staging_pool
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Placement, Plan
+from planner.specs.units import round_up_4kib
 from runtime.ckpt.rank_state import save_rank
 from runtime.transfer.pinned_pool import StagingPool, _StagedCopy
 from runtime.transfer.stores import CopyEngine, HostStore

@@ -2,9 +2,9 @@
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.deepspeed_config import deepspeed_config
-from planner.search import SearchRequest, search
+from planner.output.deepspeed_config import deepspeed_config
+from planner.search.search import SearchRequest, search
+from planner.specs.catalog import resolve_hardware, resolve_model
 
 deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
 

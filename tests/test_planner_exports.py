@@ -1,4 +1,4 @@
-"""Plan exports beyond DeepSpeed: an accelerate (FSDP2) config and a `fully_shard` snippet (planner/exports.py)."""
+"""Plan exports beyond DeepSpeed: an accelerate (FSDP2) config and a `fully_shard` snippet (planner/output/exports.py)."""
 
 import json
 import os
@@ -9,10 +9,10 @@ import textwrap
 import pytest
 import yaml
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.errors import PlannerError
-from planner.exports import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
-from planner.plan import Placement, Plan, strategy_named
+from planner.output.exports import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Placement, Plan, strategy_named
 
 CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
 

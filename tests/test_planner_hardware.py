@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from planner.catalog import hardware_presets, resolve_hardware
-from planner.errors import PlannerError
-from planner.hardware import Cluster, NodeSpec
-from planner.units import GB, GIB
+from planner.specs.catalog import hardware_presets, resolve_hardware
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import Cluster, NodeSpec
+from planner.specs.units import GB, GIB
 
 
 def test_required_presets_exist_and_round_trip():

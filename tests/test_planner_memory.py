@@ -2,11 +2,11 @@
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.memory import memory_bill, min_tiling_factor, paper_quantities
-from planner.memory_terms import MemoryTerm
-from planner.plan import STRATEGY_TABLE, Placement, Plan
-from planner.units import GIB
+from planner.cost.memory import memory_bill, min_tiling_factor, paper_quantities
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import STRATEGY_TABLE, Placement, Plan
+from planner.specs.units import GIB
 
 
 def plan_for(model="1T", hardware="dgx2-v100", gpus=16, strategy="zero3", **kw):
@@ -141,7 +141,7 @@ def test_in_backward_host_updates_bill_their_gradient_staging():
     """The in-backward update of optimizer states on NVMe runs on the host: each unit's gradient
     shard is copied into one of IN_BACKWARD_STAGED_GRADIENTS pinned buffers (the worker's update and
     the one being filled, runtime/optim/optimizer_worker.py), billed as gradient_swap_buffers."""
-    from planner.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params
+    from planner.cost.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params
 
     nvme = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
     p = plan_for(model="0.1T", strategy="custom", placement=nvme, optimizer_step="in_backward", precision="bf16")

@@ -2,11 +2,11 @@
 
 import pytest
 
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.throughput import bandwidths, efficiency, estimate
-from planner.units import GB, GIB
+from planner.cost.throughput import bandwidths, efficiency, estimate
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GB, GIB
 
 # A round-number node: 1 TFLOP/s GPUs, 10 GB/s host links, NVMe 4 GB/s per node, 100 GB/s NVLink.
 NODE = NodeSpec(
@@ -29,7 +29,7 @@ MODEL = ModelSpec(num_layers=1, hidden_size=1024, num_heads=8)  # P = 12 * 1024^
 P = 12 * 1024**2
 # One block at bsz 1, seq 1024 = hd, eager attention (the round node has no flash kernel), bf16:
 # matmuls 2 x tokens x P plus QK^T and AV over the whole square (4 seq^2 hd); memory-bound kernels
-# (planner/kernels.py) forward: norms 2 x 2 x 2, residual 2 x 3 x 2, GeLU 2 x 2 x 4hd -> 36 hd bytes
+# (planner/cost/kernels.py) forward: norms 2 x 2 x 2, residual 2 x 3 x 2, GeLU 2 x 2 x 4hd -> 36 hd bytes
 # per token, softmax 2 x 2 x heads x seq = 32 seq; backward 12 + 12 + 24 = 48 hd and 3 x 2 x 8 = 48 seq.
 # With full recompute the backward runs the forward again.
 FWD_FLOPS = 2 * 1024 * P + 4 * 1024**3
@@ -107,7 +107,7 @@ def test_eq6_efficiency():
 
 @pytest.mark.parametrize("checkpoint_interval", [0, 1])
 def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(checkpoint_interval):
-    # [Note: the backward's own matmul rate] in planner/calibrate.py: at half the forward's rate the
+    # [Note: the backward's own matmul rate] in planner/calibration/calibrate.py: at half the forward's rate the
     # backward's own matmuls (2 x FWD_FLOPS here) take twice as long, in the estimate and in the
     # simulator alike; the forward and the recompute's forward keep the forward's rate.
     from planner.sim.report import simulate

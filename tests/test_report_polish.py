@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from planner.report import RESOURCE_LABELS, WORK_LABELS, bottleneck_label
-from planner.sim.timeline import ROW_ORDER
+from planner.output.report import RESOURCE_LABELS, WORK_LABELS, bottleneck_label
+from planner.output.timeline import ROW_ORDER
 
 
 def fit_output(columns: str | None) -> str:
@@ -60,10 +60,10 @@ def test_fit_tables_show_display_labels_not_json_values():
 def test_timeline_titles_and_legends_cover_no_ticks_or_bars(monkeypatch, tmp_path, model, hardware, gpus):
     import matplotlib.pyplot as plt
 
-    from planner.catalog import resolve_hardware, resolve_model
-    from planner.search import SearchRequest, search
+    from planner.output.timeline import draw
+    from planner.search.search import SearchRequest, search
     from planner.sim import simulate
-    from planner.sim.timeline import draw
+    from planner.specs.catalog import resolve_hardware, resolve_model
 
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to measure it
@@ -84,10 +84,10 @@ def test_timeline_titles_and_legends_cover_no_ticks_or_bars(monkeypatch, tmp_pat
 
 
 def test_analytic_runner_ups_are_bounds_beside_a_simulated_winner():
-    from planner.catalog import resolve_hardware, resolve_model
-    from planner.report import bound_note, candidates_table, is_bound
-    from planner.search import SearchRequest, search
-    from planner.sim.refine import refine
+    from planner.output.report import bound_note, candidates_table, is_bound
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.catalog import resolve_hardware, resolve_model
 
     result = refine(search(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16)))
     winner, runners = result.best, result.runners_up()

@@ -1,6 +1,6 @@
 """The runtime's own accounting per tier and term against the planner's memory bill, same plan.
 
-The bill follows the runtime where eq. 2-3 and the runtime differ (planner/memory.py [Note: runtime
+The bill follows the runtime where eq. 2-3 and the runtime differ (planner/cost/memory.py [Note: runtime
 bytes per parameter]; `planner memory` still reports the paper's quantities as written):
 - mixed precision: no 16-bit gradient shard; the fp32 gradient copy (4 B/param, term
   `optimizer_states`, in the gradients' tier) plus master, momentum, variance (12 B/param);
@@ -23,9 +23,9 @@ import torch
 from runtime_support import HARDWARE, run_distributed
 
 import runtime
-from planner.memory import memory_bill, runtime_buffer_peak_bytes
-from planner.memory_terms import MemoryTerm
-from planner.plan import Plan
+from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Plan
 from runtime.gpt import GPT, GPTConfig
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, BATCH = 2, 256, 4, 32, 256, 2
@@ -126,7 +126,7 @@ def gpu_term_peaks(tiling: int, depth: int, rank: int = 0, world_size: int = 1) 
 def test_gathering_buffers_on_two_ranks_match_the_memory_bill(tmp_path) -> None:  # noqa: ANN001
     """2 ranks: the per-operator buffers the bill names (eq. 4 and the runtime's own) against the
     ledger's peak of each term, `mswm` included (the unit's bias, its gradient buffer and the tied
-    embedding are billed: planner/memory.py [Note: gathered working memory])."""
+    embedding are billed: planner/cost/memory.py [Note: gathered working memory])."""
     cases = [(1, 1), (2, 1), (1, 2)]
     results = run_distributed("gpu_term_peaks", cases, tmp_path, world_size=2, module="test_runtime_memory")
     for (tiling, _), r in zip(cases, results, strict=True):

@@ -6,13 +6,13 @@ parallelism, several nodes, and GPU / CPU / NVMe placements."""
 import numpy as np
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.model import ModelSpec
-from planner.plan import Placement, Plan
+from planner.output.timeline import busy_bins, zoom_spans
 from planner.sim import fast, samples, simulate
 from planner.sim.periodic import NotPeriodic, check_equal, sample_units, simulate_periodic
 from planner.sim.report import timelines_of
-from planner.sim.timeline import busy_bins, zoom_spans
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Placement, Plan
 
 NVME_PARAMS = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
 ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")

@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import Placement, Plan
 from planner.sim import simulate
 from planner.sim.engine import Simulation, stage_lookaheads
 from planner.sim.optimizer import _run, chunked_step
 from planner.sim.workload import OpShape, Step, build_workload
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Placement, Plan
 
 
 def tiny_node(**overrides) -> NodeSpec:
@@ -128,7 +128,7 @@ def _optimizer_plan(buffers: int, nvme: str) -> Plan:
     # gradient). The runtime reads and writes the 12 B/param in the optimizer's tier (the gradient
     # stays on the CPU here): 3072 B per chunk, 2 s alone each way; updating it: 1 s. Host memory
     # fast enough that the step's host copies take no time: the chunk pipeline alone here
-    # (test_sim_in_backward's timelines time them, planner/host_work.py).
+    # (test_sim_in_backward's timelines time them, planner/cost/host_work.py).
     model = ModelSpec(name="tiny-768", num_layers=1, hidden_size=8, num_heads=1, seq_len=1)
     node = tiny_node(nvme_read_bytes_per_s=1536.0, nvme_write_bytes_per_s=1536.0, cpu_adam_params_per_s=256.0,
                      nvme_read_write=nvme, host_memory_bytes_per_s=2.0**60)
@@ -197,7 +197,7 @@ def _running(changes):
 def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement):
     # [Note: representative rank]: nodes of 4 GPUs, every transfer kind, efficiency curves, checkpoints
     # on CPU; with two nodes the all-gathers and reduce-scatters also cross the network port.
-    from planner.catalog import hardware_presets
+    from planner.specs.catalog import hardware_presets
 
     node = hardware_presets()["dgx2-v100"].replace(num_gpus_per_node=4)
     model = ModelSpec(name="small", num_layers=3, hidden_size=256, num_heads=4, seq_len=64)
@@ -230,9 +230,9 @@ def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement
 ])
 def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci, placement, mp, tiling, gpus, periodic):
     # [Note: periodic layers]: the fast path samples 2 shallower models and extrapolates exactly.
-    from planner.catalog import hardware_presets
     from planner.sim.fast import predict
     from planner.sim.periodic import sample_units
+    from planner.specs.catalog import hardware_presets
 
     model = ModelSpec(name="deep", num_layers=layers, hidden_size=hidden, num_heads=8, seq_len=128, vocab_size=1000)
     plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=gpus, placement=placement,
@@ -269,9 +269,9 @@ def test_all_gather_across_nodes_is_capped_by_the_network_port():
 
 
 def test_refine_ranks_by_simulated_throughput_and_keeps_the_analytic_numbers():
-    from planner.catalog import hardware_presets, resolve_model
-    from planner.search import SearchRequest, search
-    from planner.sim.refine import refine
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.catalog import hardware_presets, resolve_model
 
     result = search(SearchRequest(model=resolve_model("13B"), node=hardware_presets()["dgx2-v100"], num_gpus=16))
     refined = refine(result, top=4)
@@ -285,9 +285,9 @@ def test_refine_ranks_by_simulated_throughput_and_keeps_the_analytic_numbers():
 
 
 def test_refine_keeps_the_analytic_prediction_when_the_simulator_cannot_time_a_plan():
-    from planner.catalog import hardware_presets, resolve_model
-    from planner.search import SearchRequest, search
-    from planner.sim.refine import refine
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.catalog import hardware_presets, resolve_model
 
     node = hardware_presets()["dgx2-v100"].replace(gpu_hbm_bytes_per_s=0.0)  # GPU Adam needs the HBM rate
     result = search(SearchRequest(model=resolve_model("1.4B"), node=node, num_gpus=16, strategy="zero3"))

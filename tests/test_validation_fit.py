@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from planner.catalog import hardware_presets
-from planner.errors import PlannerError
-from planner.hardware import FITTED_PROVENANCE, NodeSpec
+from planner.specs.catalog import hardware_presets
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import FITTED_PROVENANCE, NodeSpec
 from planner.validation import fit as fitting
 from planner.validation.corpus import load_corpus
 from planner.validation.report import measured_metric, predict_row

@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from planner.validation.configure import row_plan
 from planner.validation.corpus import load_corpus
 from planner.validation.docs import BEGIN, END, write_docs

@@ -9,15 +9,15 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from planner.plan import Plan
-from planner.throughput import (
+from planner.cost.throughput import (
     EFFICIENCY_STATES,
     arithmetic_intensity,
     bandwidths,
     efficiency,
     state_bandwidths,
 )
-from planner.units import GB
+from planner.specs.plan import Plan
+from planner.specs.units import GB
 
 CURVE_POINTS = 61
 MIN_GB_PER_S, MAX_GB_PER_S = 0.1, 1000.0

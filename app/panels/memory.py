@@ -6,10 +6,10 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from planner.memory_terms import describe
-from planner.plan import TIERS, Plan
-from planner.report import TIER_UNIT, fmt_bytes
-from planner.units import GIB
+from planner.output.report import TIER_UNIT, fmt_bytes
+from planner.specs.memory_terms import describe
+from planner.specs.plan import TIERS, Plan
+from planner.specs.units import GIB
 
 
 def tier_label(tier: str) -> str:

@@ -61,7 +61,7 @@ def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> d
 
 
 def _micro(unit_numel: int, units: int, device: torch.device, reps: int) -> dict:
-    from planner.memory import PinnedPoolShape, _aligned
+    from planner.cost.memory import PinnedPoolShape, _aligned
     from runtime.transfer.mixed_add import add_into
     from runtime.transfer.pinned_pool import StagingPool
     from runtime.transfer.stores import CopyEngine
@@ -188,7 +188,7 @@ class FrameSampler:
 def sampled(plan_path: Path, steps: int, sampled_steps: int) -> dict:
     """Train the plan `steps` steps (the reference GPT, synthetic tokens); sample the last `sampled_steps`."""
     import runtime
-    from planner.plan import load_plan
+    from planner.specs.plan import load_plan
     from runtime.host_malloc import keep_freed_memory_mapped
     from runtime.launch import batch_for, bind_device, build_model
 

@@ -30,14 +30,11 @@ from typing import Any, Literal
 
 import simpy
 
-from planner.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
-from planner.context_parallel import exposed_per_layer_s
-from planner.fp8 import linear_speedup
-from planner.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
-from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import Plan
+from planner.cost.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
+from planner.cost.context_parallel import exposed_per_layer_s
+from planner.cost.fp8 import linear_speedup
+from planner.cost.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
+from planner.cost.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
 from planner.sim.in_backward import BackwardUpdates
 from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
@@ -51,6 +48,9 @@ from planner.sim.workload import (
     step_flops,
     step_fused_flops,
 )
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
@@ -203,13 +203,13 @@ class RankProgram:
         self.backward_matmul_slowdown = node.backward_matmul_slowdown
         dp_ring = data_parallel_ring(plan)
         self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
-        """Each data-parallel collective's latency (planner/collectives.py [Note: the alpha-beta collective])."""
+        """Each data-parallel collective's latency (planner/cost/collectives.py [Note: the alpha-beta collective])."""
         self.tp_latency_s = latency_s(tensor_parallel_ring(plan), "all_reduce", node)
         self.ring_exposed_s = exposed_per_layer_s(plan)  # (forward, backward) per layer, context parallel
-        """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/fp8.py); 1 without."""
+        """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/cost/fp8.py); 1 without."""
         placement = plan.placement
         self.host_is_device = node.host_is_device
-        """[Note: the CPU machine] in runtime/stores.py: host memory is the device's, nothing is copied."""
+        """[Note: the CPU machine] in runtime/transfer/stores.py: host memory is the device's, nothing is copied."""
         self.stages: list[str] = []
         if "params" in plan.partitioned:
             if placement.params == "nvme":
@@ -239,7 +239,7 @@ class RankProgram:
         """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
 
     # -- transfers ---------------------------------------------------------------------------
-    def _move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
+    def move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
         """Transfer `nbytes` at the link rates scaled by the size's efficiency."""
         self.sim.count(self.rank, category, nbytes)
         if nbytes <= 0:
@@ -250,7 +250,7 @@ class RankProgram:
                  op_params: float = 0.0, fused_flops: float = 0.0) -> simpy.Event:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
         operator's memory-bound work at the achievable memory bandwidth ([Note: elementwise work])
-        and its fused attention at that kernel's rate (planner/kernels.py), and the runtime's fixed
+        and its fused attention at that kernel's rate (planner/cost/kernels.py), and the runtime's fixed
         cost per operator (`NodeSpec.operator_overhead_s`). In fp8 the linears' share of `flops`
         (`op_params` weights) runs at the fp8 rate; the attention core does not."""
         if self.fp8_speedup != 1.0 and flops > 0:
@@ -276,7 +276,7 @@ class RankProgram:
 
     def _collective(self, nbytes: float, hops: Any, category: str, label: str, latency: float) -> simpy.Event:
         """A collective: its latency, then its bytes at the route's rates. The latency replaces the
-        size-keyed transfer efficiency the copies pay (planner/collectives.py)."""
+        size-keyed transfer efficiency the copies pay (planner/cost/collectives.py)."""
         self.sim.count(self.rank, category, nbytes)
         return self.net.transfer(nbytes, hops, label, delay_s=latency)
 
@@ -319,14 +319,14 @@ class RankProgram:
                     sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
                 else:  # read straight into memory the compute uses (host is the device)
                     sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-                yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
+                yield self.move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
             elif stage == "h2d":
                 # The shard lands in a shard-sized buffer; without a gather (dp = 1) it is the slice.
                 if gathers:
                     sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
                 else:
                     sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-                yield self._move(shard_bytes, self.res.h2d(rank), "h2d", label)
+                yield self.move(shard_bytes, self.res.h2d(rank), "h2d", label)
                 if "nvme" in self.stages:
                     sim.cpu_remove(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
             else:
@@ -342,7 +342,7 @@ class RankProgram:
     def iteration(self) -> Proc:
         sim, steps, updates = self.sim, self.sim.work.steps, self.updates
         # The runtime starts the in-backward update's read-ahead once the forward has started the
-        # fetch of its last operator (runtime/streamed_optimizer.py), else when the backward begins.
+        # fetch of its last operator (runtime/optim/streamed_optimizer.py), else when the backward begins.
         last_forward = max((s.index for s in steps if s.phase is Phase.FORWARD), default=-1)
         depth = sim.plan.prefetch_depth
         backward_begun = False
@@ -395,7 +395,7 @@ class RankProgram:
         yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params,
                             step_fused_flops(step))
         if step_fused_flops(step) and self.ring_exposed_s != (0.0, 0.0):
-            # The ring's KV sends beyond the attention core they overlap (planner/context_parallel.py).
+            # The ring's KV sends beyond the attention core they overlap (planner/cost/context_parallel.py).
             yield self.env.timeout(self.ring_exposed_s[1 if phase is Phase.BACKWARD else 0])
         if op.tp_all_reduce:
             activation = sim.work.tp_all_reduce_bytes
@@ -476,7 +476,7 @@ class RankProgram:
             return
 
         def offload() -> Proc:
-            yield self._move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
+            yield self.move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
             sim.gpu_remove(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
             sim.cpu_add(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
 
@@ -495,7 +495,7 @@ class RankProgram:
     def _fetch_checkpoint(self) -> Proc:
         sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
         sim.gpu_add(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
-        yield self._move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
+        yield self.move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
         sim.cpu_remove(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
 
     # -- gradients -----------------------------------------------------------------------------
@@ -518,12 +518,12 @@ class RankProgram:
         shard = slice_bytes / self.dp
         if not self.host_is_device:
             sim.gpu_add(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
-            yield self._move(shard, self.res.d2h(rank), "d2h", label)
+            yield self.move(shard, self.res.d2h(rank), "d2h", label)
             sim.gpu_remove(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
         if tier == "nvme":  # staged and written as the fp32 shard the step reads back
             stored = shard * STORED_GRADIENT_BYTES / self.b
             sim.cpu_add(MemoryTerm.GRADIENT_SWAP_BUFFERS, stored)
-            yield self._move(stored, self.res.nvme_write(), "nvme_write", label)
+            yield self.move(stored, self.res.nvme_write(), "nvme_write", label)
             sim.cpu_remove(MemoryTerm.GRADIENT_SWAP_BUFFERS, stored)
 
     # -- optimizer -----------------------------------------------------------------------------

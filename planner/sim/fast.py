@@ -16,16 +16,15 @@ model is too shallow to gain anything, the full model is simulated instead.
 
 from __future__ import annotations
 
-from planner.pipeline import is_composed
-from planner.plan import Plan, Prediction
+from planner.cost.pipeline import is_composed
 from planner.sim.periodic import NotPeriodic, extend, verified_samples
-from planner.sim.pipeline import composed_prediction
-from planner.sim.report import prediction_from, simulate
+from planner.sim.report import composed_prediction, prediction_from, simulate
+from planner.specs.plan import Plan, Prediction
 
 
 def predict(plan: Plan) -> Prediction:
     """The simulated prediction of `plan`, by [Note: periodic layers] where it applies; a pipelined
-    or accumulating plan from its stage's micro-batch ([Note: the 1F1B step] in planner/pipeline.py)."""
+    or accumulating plan from its stage's micro-batch ([Note: the 1F1B step] in planner/cost/pipeline.py)."""
     if is_composed(plan):
         return composed_prediction(plan, predict)
     verified = verified_samples(plan)

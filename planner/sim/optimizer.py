@@ -23,16 +23,17 @@ from typing import Any
 
 import simpy
 
-from planner.errors import PlannerError
-from planner.host_work import step_cpu_params_per_param
-from planner.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import Plan
+from planner.cost.host_work import step_cpu_params_per_param
+from planner.cost.memory import optimizer_chunk_buffer_bytes
+from planner.cost.throughput import GPU_ADAM_BYTES_PER_PARAM
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
 from planner.sim.workload import Workload
-from planner.throughput import GPU_ADAM_BYTES_PER_PARAM
+from planner.specs.errors import PlannerError
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
+from planner.specs.units import COMPUTE_BYTES
 
 Proc = Generator[Any, Any, Any]
 _PERIODIC_TOLERANCE = 1e-9
@@ -70,7 +71,7 @@ def chunked_step(plan: Plan, work: Workload, num_ranks: int, *, detail: bool = T
     """
     params = work.params_per_rank
     # The runtime cuts chunks of `optimizer_chunk_bytes / 16` fp32 elements (master, momentum,
-    # variance, gradient: runtime/streamed_optimizer.py), in either precision.
+    # variance, gradient: runtime/optim/streamed_optimizer.py), in either precision.
     chunk_params = optimizer_chunk_buffer_bytes(plan) / 16
     num_full = max(0, math.ceil(params / chunk_params) - 1)
     last = params - chunk_params * num_full
@@ -118,7 +119,7 @@ class _Pipeline:
         # Read per parameter: master (unless the fp32 parameter shard is the master and lives
         # elsewhere... it then lives in the same tier), momentum, variance from the optimizer's tier,
         # the fp32 gradient from the gradients' tier; written back: the same minus the gradient,
-        # plus the 16-bit compute copy of the parameter (runtime/streamed_optimizer.py).
+        # plus the 16-bit compute copy of the parameter (runtime/optim/streamed_optimizer.py).
         state = 12
         separate_params = self.plan.precision != "fp32" or placement.params != placement.optimizer_states
         buffers = simpy.Container(env, capacity=self.plan.num_optimizer_buffers, init=self.plan.num_optimizer_buffers)

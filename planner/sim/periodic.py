@@ -40,9 +40,6 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import Plan
 from planner.sim.engine import resident_terms
 from planner.sim.report import (
     MemoryCurve,
@@ -54,6 +51,9 @@ from planner.sim.report import (
     simulate,
 )
 from planner.sim.samples import Sample, simulate_samples
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
 
 MIN_BLOCKS = 4
 """Blocks of the shorter sample at least (units of one block: the prefetch pipeline must fill)."""

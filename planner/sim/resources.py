@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.plan import Plan
 from planner.sim.network import Link
+from planner.specs.plan import Plan
 
 Hops = tuple[tuple[Link, float], ...]
 
@@ -67,7 +67,7 @@ class NodeResources:
         # node and spreads it over one channel per NIC, so a ring crosses each node boundary once
         # per pass and the node's NICs share that crossing: the node's network carries X per ring,
         # and the node holds `mp` rings (one per tensor-parallel index), so mp * X, the
-        # hierarchical ring (planner/collectives.py [Note: the alpha-beta collective], with
+        # hierarchical ring (planner/cost/collectives.py [Note: the alpha-beta collective], with
         # nccl-tests' inter-node bus bandwidths as the evidence). The representative rank's flow
         # weighs mp on the port; each of `gpus` explicit ranks weighs mp / gpus.
         self._inter_weight = min(plan.model_parallel_degree, gpus) / num_ranks

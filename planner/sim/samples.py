@@ -12,11 +12,11 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from planner.plan import Plan
 from planner.sim.engine import Simulation
 from planner.sim.optimizer import chunked_step
 from planner.sim.report import Summary, Timelines, summarize, timelines_of
 from planner.sim.workload import build_workload, optimizer_params_per_rank
+from planner.specs.plan import Plan
 
 
 @dataclass(frozen=True, slots=True)

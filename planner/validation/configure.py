@@ -25,13 +25,13 @@ it cannot be one.
   unstated micro-batch of an unpipelined row with a stated global batch means no accumulation
   (`micro = global / dp`);
 - context parallelism from the note's `CP=k` (NeMo, Megatron-Bridge) or what the stated degrees leave
-  over (GPUs / (TP x PP x DP)): planner/context_parallel.py;
+  over (GPUs / (TP x PP x DP)): planner/cost/context_parallel.py;
 - the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor, context and pipeline
-  degrees (planner.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
+  degrees (planner.specs.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
   `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
-  (pipeline bubble, one gradient reduction per step: planner/pipeline.py);
+  (pipeline bubble, one gradient reduction per step: planner/cost/pipeline.py);
 - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
-- fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/fp8.py); on a
+- fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/cost/fp8.py); on a
   GPU without an fp8 rate the planner refuses them, naming the hardware;
 - a GPU family's preset (HARDWARE_FOR), or its multi-GPU node where the row spans more GPUs than the
   preset has in a node (NODE_FOR_GPUS_PER_NODE: hgx-h200).
@@ -44,13 +44,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from planner.catalog import hardware_presets, model_presets
-from planner.errors import PlannerError
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.search import DEFAULT_MAX_MICRO_BATCH
-from planner.units import GIB
+from planner.cost.feasibility import check_plan
+from planner.search.search import DEFAULT_MAX_MICRO_BATCH
+from planner.specs.catalog import hardware_presets, model_presets
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GIB
 from planner.validation.corpus import CorpusRow
 from planner.validation.unstated import (
     SEARCHED_RECOMPUTES,
@@ -100,13 +101,13 @@ SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
                          ("narayanan2021_t2", "arXiv:2104.04473 (2021)"))
 }
 """source_id -> (attention kernel, why): sources that predate fused attention kernels. Every other row
-gets the plan's default, flash where the GPU has it (planner/kernels.py [Note: attention kernels])."""
+gets the plan's default, flash where the GPU has it (planner/cost/kernels.py [Note: attention kernels])."""
 SOURCE_DROPOUT: dict[str, str] = {
     source: "Megatron-LM's defaults --hidden-dropout 0.1 --attention-dropout 0.1 (megatron/arguments.py), the code "
             "these benchmarks ran"
     for source in ("megatron2019", "narayanan2021_t1", "narayanan2021_t2")
 }
-"""source_id -> why its blocks train with dropout (planner/kernels.py: the dropout kernels and masks)."""
+"""source_id -> why its blocks train with dropout (planner/cost/kernels.py: the dropout kernels and masks)."""
 _GPT_FAMILY = re.compile(r"^(gpt|mpt|turing|opt)", re.I)
 _LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
 _GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
@@ -170,6 +171,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
                     fp8_matmuls=uses_fp8(precision_text))
+        check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 
     plan, searched_notes, why = search_unstated(build, options, searched)
@@ -285,7 +287,7 @@ def uses_fp8(text: str) -> bool:
 def _precision(text: str, reasons: list[str]) -> str:
     lowered = text.lower()
     if uses_fp8(text):
-        return "bf16"  # the 16-bit format of everything but the linears' matmuls (planner/fp8.py)
+        return "bf16"  # the 16-bit format of everything but the linears' matmuls (planner/cost/fp8.py)
     if "bf16" in lowered:
         return "bf16"
     elif "fp16" in lowered or "16-bit" in lowered:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 CORPUS_FILE = "published_runs.csv"
 SHARDINGS: tuple[str, ...] = ("", "none", "zero1", "zero2", "zero3", "fsdp")
@@ -89,7 +89,7 @@ COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(CorpusRow) if f.name != 
 
 def default_corpus_path() -> Any:
     """The bundled corpus: data/validation/ in a checkout, planner/_data/validation in a wheel."""
-    from planner.catalog import _data_root
+    from planner.specs.catalog import _data_root
 
     return _data_root() / "validation" / CORPUS_FILE
 

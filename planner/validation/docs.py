@@ -43,7 +43,7 @@ def corpus_section(scatter_path: Path, scatter_link: str) -> tuple[str, float]:
             "tables are in-sample; the leave-one-source-out table is the prediction error. `planner validate [--corpus FILE] [--source ID] [--gpu TYPE] [--json] "
             "[--out report.md]` gives the same tables, the JSON rows, or this report for a subset.", ""]
     compare = ["", "### The analytic estimate on the same rows", "",
-               "The search's first stage (planner.throughput.estimate), for comparison with the simulator above:", ""]
+               "The search's first stage (planner.cost.throughput.estimate), for comparison with the simulator above:", ""]
     compare += _table("GPU", {"all": analytic["all"], **analytic["by_gpu_type"]})
     return "\n".join(head) + "\n" + body + "\n".join(compare) + "\n", wall_s
 

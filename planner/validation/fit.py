@@ -14,7 +14,7 @@ row or per source:
 - `flash`: the fused attention kernel's achieved rate as a fraction of the datasheet peak
   (`flash_attention_tflops`; none on V100, which has no flash kernel);
 - `hbm`: the share of the datasheet HBM bandwidth memory-bound kernels stream at
-  (`hbm_achievable_fraction`, planner/kernels.py).
+  (`hbm_achievable_fraction`, planner/cost/kernels.py).
 A per-layer framework overhead is not fitted: tried as a fifth number (the simulator's
 `operator_overhead_ms`) on H100 it traded off against the matmul curve (427 us per operator with a
 0.07 GFLOP half size, the same in-sample error as without it), so the rows do not show one apart
@@ -65,15 +65,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.hardware import EfficiencyCurve, NodeSpec
-from planner.kernels import HBM_ACHIEVABLE_FRACTION
+from planner.cost.kernels import HBM_ACHIEVABLE_FRACTION
+from planner.specs.hardware import EfficiencyCurve, NodeSpec
 from planner.validation.configure import RowPlan, row_plan
 from planner.validation.corpus import CorpusRow, load_corpus
-from planner.validation.report import percentile, predict_row
+from planner.validation.report import FIT_JSON, percentile, predict_row
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HARDWARE_DIR = ROOT / "data" / "hardware"
-FIT_JSON = ROOT / "data" / "validation" / "fit.json"
 GENERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "V100": (("V100",), ("dgx2-v100",)),
     "A100": (("A100",), ("dgx-a100-40g", "dgx-a100-80g")),
@@ -83,10 +82,10 @@ GENERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 PARAMS: tuple[str, ...] = ("plateau", "half_gflop", "flash", "hbm")
 BOUNDS: dict[str, tuple[float, float]] = {"plateau": (0.1, 1.0), "half_gflop": (0.01, 1000.0), "flash": (0.05, 1.0),
                                           "hbm": (0.5, 0.92)}
-"""`hbm` at most 0.92: streaming copies reach 0.83-0.90 of the datasheet (planner/kernels.py
+"""`hbm` at most 0.92: streaming copies reach 0.83-0.90 of the datasheet (planner/cost/kernels.py
 HBM_ACHIEVABLE_FRACTION's sources), so a higher fraction would be a fudge, not a bandwidth."""
 MATMUL_GFLOP_POINTS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
-"""Where the fitted curve is sampled; it holds flat below 0.1 GFLOP (planner.hardware.EfficiencyCurve),
+"""Where the fitted curve is sampled; it holds flat below 0.1 GFLOP (planner.specs.hardware.EfficiencyCurve),
 where a kernel's launch, not its size, sets its time."""
 LOSS_CAP = math.log(1.5)
 STEPS: tuple[float, ...] = (0.3, 0.1, 0.03)
@@ -109,7 +108,7 @@ PRIOR: dict[str, Params] = {
 """The hand-set presets before fitting, the search's fixed starting point (so `--write` run twice
 writes the same numbers): the paper's 70 of 125 TFLOPS and the same 64 % on A100 and H100 (600
 of 989), FlashAttention-2's published 156 TFLOPS on A100 and FlashAttention-3's 346 on H100
-(planner/kernels.py [Note: attention kernels]), each curve's size at which it reached half its
+(planner/cost/kernels.py [Note: attention kernels]), each curve's size at which it reached half its
 plateau, and the V100 microbenchmark's HBM fraction."""
 
 
@@ -353,23 +352,6 @@ def _row_order(row_id: str) -> tuple[str, int]:
     return (match.group(1), int(match.group(2))) if match else (row_id, 0)
 
 
-def fitted_summary(fit_json: Path = FIT_JSON) -> dict[str, Any]:
-    """Per generation, from the last `--write`: the fitted parameters, the in-sample error (fitted
-    rows, labelled so) and the leave-one-source-out error, pooled and per held-out source."""
-    if not fit_json.exists():
-        return {}
-    out = {}
-    for generation, result in json.loads(fit_json.read_text()).items():
-        loso = result.get("leave_one_source_out", {})
-        out[generation] = {
-            "params": result["params"], "fitted_rows": len(result["rows"]), "prior_in_sample": result["prior_in_sample"],
-            "in_sample": result["in_sample"], "leave_one_source_out": loso.get("summary"),
-            "leave_one_source_out_by_source": {source: {k: v for k, v in held.items() if k not in ("errors", "params")}
-                                               for source, held in loso.get("by_source", {}).items()},
-        }
-    return out
-
-
 def row_ranges(row_ids: Sequence[str]) -> str:
     """`p001-p003, p007`: consecutive ids as ranges, for the provenance strings."""
     parts: list[list[str]] = []
@@ -425,7 +407,7 @@ def _unfitted(citation: str, value: Any, source: str) -> str:
     marker = "; before fitting: "
     if marker in citation:
         return citation.split(marker, 1)[1]
-    return f"{value} ({source})" if value is not None else "unset (planner/kernels.py HBM_ACHIEVABLE_FRACTION, 0.83)"
+    return f"{value} ({source})" if value is not None else "unset (planner/cost/kernels.py HBM_ACHIEVABLE_FRACTION, 0.83)"
 
 
 def write(results: dict[str, dict[str, Any]], hardware_dir: Path = HARDWARE_DIR, fit_json: Path = FIT_JSON) -> list[Path]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.specio import check_keys, number, string
+from planner.specs.specio import check_keys, number, string
 from runtime.ckpt.errors import CheckpointError, CheckpointMismatch
 from runtime.ckpt.files import FileDigest, atomic_file, file_digest, fsync_dir
 

@@ -6,7 +6,7 @@ both engines alike; configuration and swap-directory problems the user can fix a
 every `planner` command prints them as one line and exits 1.
 """
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 
 class NvmeError(PlannerError):

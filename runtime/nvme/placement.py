@@ -9,7 +9,7 @@ from typing import Any
 def nvme_placement_problem(plan: Any) -> str | None:
     """A one-line reason why the runtime cannot run this plan's NVMe placement, or None.
 
-    `plan` is a `planner.plan.Plan` (duck-typed: this package imports only the planner's leaf
+    `plan` is a `planner.specs.plan.Plan` (duck-typed: this package imports only the planner's leaf
     modules, `errors` and `units`)."""
     place = plan.placement
     if place.activation_checkpoints == "nvme":

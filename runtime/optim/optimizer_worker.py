@@ -59,11 +59,11 @@ from typing import TypeVar
 
 import torch
 
-from planner.memory import IN_BACKWARD_QUEUED_UPDATES, IN_BACKWARD_STAGED_GRADIENTS
-from planner.memory_terms import MemoryTerm
+from planner.cost.memory import IN_BACKWARD_QUEUED_UPDATES, IN_BACKWARD_STAGED_GRADIENTS
+from planner.specs.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger
 
-MAX_QUEUED_UPDATES = IN_BACKWARD_QUEUED_UPDATES  # planner/memory.py bills the staging this bounds
+MAX_QUEUED_UPDATES = IN_BACKWARD_QUEUED_UPDATES  # planner/cost/memory.py bills the staging this bounds
 """Updates waiting beyond the one running: enough for unit k's update to overlap the backward of
 unit k-1, and the gradients held for the worker stay at two units'."""
 
@@ -221,7 +221,7 @@ class GradientStaging:
     """Pinned host buffers that the in-backward hook copies device gradients into (CUDA), reused: one
     per update the worker may hold (running or queued) and one being filled, each the size of the
     largest gradient staged so far. Charged to the host's `gradient_swap_buffers`, which the plan's
-    bill holds for these too (planner.memory.staged_in_backward)."""
+    bill holds for these too (planner.cost.memory.staged_in_backward)."""
 
     def __init__(self, ledger: MemoryLedger, count: int = IN_BACKWARD_STAGED_GRADIENTS) -> None:
         self.ledger = ledger

@@ -9,7 +9,7 @@ device-to-host copy into a leased buffer is queued on the copy stream, and once 
 completed the piece is copied (or added) into its pageable destination and the buffer returned.
 Transfers larger than a buffer go through it in pieces, one lease each.
 
-The pool has `num_buffers` buffers of `buffer_bytes` (planner.memory.pinned_staging_pool: what the
+The pool has `num_buffers` buffers of `buffer_bytes` (planner.cost.memory.pinned_staging_pool: what the
 bill charges) and never grows: a lease that finds every buffer out waits for the oldest copy in
 flight and finishes it (its event, then its host side), in the order the copies were queued on the
 one copy stream. Finished copies are also reaped at every lease, so a buffer returns as soon as its
@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from planner.memory import PinnedPoolShape
+from planner.cost.memory import PinnedPoolShape
 from runtime.nvme.buffers import AlignedBuffer, BufferPool
 
 
@@ -238,8 +238,8 @@ def staging_pool_for(plan, copier, ledger) -> StagingPool | None:  # noqa: ANN00
     """The rank's pool, sized by the plan (the bill's `pinned_staging_pool`, one source of truth),
     charged to `ledger`; None where no host-tier state crosses to the device (the CPU machine, or
     every state on the device or NVMe)."""
-    from planner.memory import host_state_crosses_link, pinned_staging_pool
-    from planner.memory_terms import MemoryTerm
+    from planner.cost.memory import host_state_crosses_link, pinned_staging_pool
+    from planner.specs.memory_terms import MemoryTerm
 
     if not copier.separate_memory or not host_state_crosses_link(plan):
         return None

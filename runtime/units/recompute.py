@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop_context_fn
 
-from planner.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.transfer.stores import CopyEngine
 

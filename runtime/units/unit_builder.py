@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
-from planner.memory_terms import MemoryTerm
-from planner.plan import Plan
-from planner.units import round_up_4kib
+from planner.cost.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Plan
+from planner.specs.units import round_up_4kib
 from runtime.plan_io import RuntimeConfig, local_world_size
 from runtime.profiler import Profiler
 from runtime.transfer.collectives import Comm

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from tierwise.cli import options as o
 
 
@@ -44,11 +44,11 @@ def fit(
     as_json: o.JsonOpt = False,
 ) -> None:
     """Find the fastest placement that fits MODEL on the hardware, and say why."""
-    from planner.pins import optimizer_step_pin
-    from planner.plan import parse_placement_pins
-    from planner.search import SearchRequest, search
-    from planner.sim.refine import refine
-    from planner.specio import number, string, write_text_atomic
+    from planner.search.pins import optimizer_step_pin
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.plan import parse_placement_pins
+    from planner.specs.specio import number, string, write_text_atomic
 
     string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
     step = optimizer_step_pin(optimizer_step) or "after_backward"
@@ -93,7 +93,7 @@ def fit(
 
 def _exports(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001
     """Path -> (text, what) for the FSDP2 exports asked for; a plan they cannot express is refused here."""
-    from planner.exports import accelerate_yaml, fsdp2_snippet
+    from planner.output.exports import accelerate_yaml, fsdp2_snippet
 
     exports = {}
     if accelerate_out is not None:
@@ -107,8 +107,8 @@ def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noq
     if out is not None:
         chosen.save(out)
     if deepspeed_out is not None:
-        from planner.deepspeed_config import deepspeed_config
-        from planner.specio import write_json_atomic
+        from planner.output.deepspeed_config import deepspeed_config
+        from planner.specs.specio import write_json_atomic
 
         write_json_atomic(deepspeed_out, deepspeed_config(chosen), "DeepSpeed config")
         if chosen.optimizer_step == "in_backward":  # stderr: --json keeps stdout a document
@@ -117,13 +117,13 @@ def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noq
 
 
 def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
-    from planner import report
+    from planner.output import report
 
     con = report.console()
     node = result.request.node
     where = f"{gpus} GPU(s) of {node.name} ({chosen.num_nodes} node(s) of {node.num_gpus_per_node})"
     con.print(f"[bold]Model[/bold]  {report.model_line(chosen)}")
-    if chosen.node.share_line():  # part of a node: say what it bills (planner/hardware.py [Note: part of a node])
+    if chosen.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
         con.print(chosen.node.share_line())
     if result.best is None:
         con.print(f"[bold red]Verdict: does not fit[/bold red] on {where}")

@@ -12,9 +12,9 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from planner.errors import PlannerError
-from planner.plan import Plan
-from planner.units import GIB
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
+from planner.specs.units import GIB
 
 RUNTIME_MODULES = ("torch", "numpy", "psutil")
 INSTALL_RUNTIME = ("pip install torch==2.13.0 (first, or pip picks a CUDA build on a CPU-only machine), "
@@ -71,7 +71,7 @@ def check(plan: Plan, machine: Machine, nproc: int) -> str | None:
         return None
     said = f"{'; '.join(problems)}; the plan is for {hardware_line(plan)}"
     if not plan.node.host_is_device and machine.cuda_devices == 0:
-        from planner.memory import memory_bill
+        from planner.cost.memory import memory_bill
 
         peak = memory_bill(plan).peak_bytes
         host_need = peak["cpu"] + peak["gpu"] * nproc  # without CUDA every rank's GPU tier is host memory

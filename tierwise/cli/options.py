@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 # -- the model: every verb that takes one takes all of these --------------------------------------
 ModelArg = Annotated[str | None, typer.Argument(help="size shorthand (1T, 175B, 13b), preset name or model JSON file")]
@@ -98,13 +98,13 @@ def is_auto(text: str | None) -> bool:
 
 
 def model(name, layers, hidden, heads, seq, vocab):  # noqa: ANN001, ANN201
-    from planner.catalog import resolve_model
+    from planner.specs.catalog import resolve_model
 
     return resolve_model(name, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab)
 
 
 def node(hardware: str | None, max_alloc_gib: float | None = None):  # noqa: ANN201
-    from planner.catalog import resolve_hardware
+    from planner.specs.catalog import resolve_hardware
 
     spec = resolve_hardware(hardware)
     return spec if max_alloc_gib is None else spec.with_max_alloc_gib(max_alloc_gib)

@@ -37,10 +37,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from planner import catalog, hf_config
-from planner.errors import PlannerError
-from planner.plan import Plan, load_plan
-from planner.specio import load_document
+from planner.specs import catalog, hf_config
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan, load_plan
+from planner.specs.specio import load_document
 from tierwise.cli import machine
 from tierwise.cli import options as o
 
@@ -216,10 +216,12 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
              torchrun_args: list[str], console: Console, history_store: Path | None = None,
              record_history: bool = True, checkpoints: CheckpointOptions | None = None,
              nvme_path: Path | None = None, model: str | None = None, init_from: Path | None = None) -> int:
+    from planner.cost.feasibility import check_plan  # the cost models load with the verb, not at start
+
     checkpoints = checkpoints or CheckpointOptions()
     checkpoints.check()
     hf = hf_model_of(model, init_from)
-    loaded = load_plan(plan_path)
+    loaded = check_plan(load_plan(plan_path))
     plan = with_swap_directory(loaded, nvme_path)
     nnodes = _nnodes(torchrun_args)
     nproc = nproc or plan.num_gpus // nnodes
@@ -250,7 +252,7 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
         if profile_out is not None:
             console.print(f"profile written to {profile_out}")
         if record_history and written.exists():
-            from planner.history import RunHistory
+            from planner.specs.history import RunHistory
 
             run_id = RunHistory(history_store).append(plan, json.loads(written.read_text()))
             console.print(f"recorded as run {run_id} in the run history")
