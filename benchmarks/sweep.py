@@ -11,9 +11,9 @@
    with that spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`, two
    warm-up steps, runtime/launch.py WARMUP_STEPS, then `--steps - 2` measured ones).
    [Note: sweep rounds] A shared machine can change speed by 2x and more from one minute to the
-   next (docs/notes/2026-11-22-benchmark-runs-kept-by-hand.md), so one pass would compare a prediction with whatever state the machine was in. The sweep runs in
-   `--rounds` rounds; every round probes the machine and then runs every configuration once, in an
-   order rotated each round. The spec is the median of the rounds' probes, a configuration's
+   next (docs/notes/2026-11-22-benchmark-runs-kept-by-hand.md), so one pass would compare a
+   prediction with whatever state the machine was in. The sweep runs in `--rounds` rounds; every
+   round probes the machine and then runs every configuration once, in an order rotated each round. The spec is the median of the rounds' probes, a configuration's
    measurement is the median of all its measured steps over the rounds, and the calibration fits
    every round's profile: prediction and measurement sample the same spread of machine states.
    The measurement runs at the highest CPU and I/O priority, in a scheduler group of its own, its
