@@ -65,7 +65,11 @@ class DiskFacts:
 
     @classmethod
     def of(cls, directory: str | Path) -> DiskFacts:
-        directory = str(Path(directory).resolve())
+        """`directory`, or its nearest existing parent when the run has yet to create it."""
+        path = Path(directory).resolve()
+        while not path.exists():
+            path = path.parent
+        directory = str(path)
         found = subprocess.run(["findmnt", "-no", "FSTYPE,SOURCE", "--target", directory],
                                capture_output=True, text=True).stdout.split()
         device = os.stat(directory).st_dev
@@ -133,7 +137,8 @@ class MachineFacts:
                  f"{self.arch}, Linux {self.kernel}, Python {self.python}"]
         if self.torch:
             gpu = f"CUDA device {self.gpu}" if self.gpu else "no CUDA device"
-            parts.append(f"torch {self.torch} ({self.torch_threads} threads), {gpu}")
+            threads = f"{self.torch_threads} thread{'' if self.torch_threads == 1 else 's'}"
+            parts.append(f"torch {self.torch} ({threads}), {gpu}")
         parts += [version if version.startswith(name) else f"{name} {version}" for name, version in self.versions.items()]
         if self.disk:
             parts.append(f"disk {self.disk.describe()}")

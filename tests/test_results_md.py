@@ -142,3 +142,7 @@ def test_machine_facts_round_trip_and_say_what_was_measured(tmp_path):
 def test_spread_is_largest_over_smallest():
     assert results_md.spread([2.0, 1.0, 4.0]) == 4.0
     assert results_md.spread([3.0]) == 1.0
+
+
+def test_disk_facts_of_a_directory_not_made_yet_are_its_parents(tmp_path):
+    assert results_md.DiskFacts.of(tmp_path / "made" / "later") == results_md.DiskFacts.of(tmp_path)
