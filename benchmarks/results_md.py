@@ -70,8 +70,11 @@ class DiskFacts:
         while not path.exists():
             path = path.parent
         directory = str(path)
-        found = subprocess.run(["findmnt", "-no", "FSTYPE,SOURCE", "--target", directory],
-                               capture_output=True, text=True).stdout.split()
+        try:
+            found = subprocess.run(["findmnt", "-no", "FSTYPE,SOURCE", "--target", directory],
+                                   capture_output=True, text=True, timeout=30).stdout.split()
+        except (OSError, subprocess.TimeoutExpired):  # no util-linux: the file system goes unnamed
+            found = []
         device = os.stat(directory).st_dev
         block = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}")
         block = block.resolve() if block.exists() else None
