@@ -3,10 +3,10 @@ ZeRO-3 with `offload_param` and `offload_optimizer` on NVMe, and vs the step's I
 
 The DESIGN.md model (8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), fp32, AdamW),
 the same as benchmarks/bench_runtime.py, at two batch shapes (CONFIGS): `design` (4 x 128 tokens,
-DESIGN.md's; on this 2-core CPU-only machine its compute alone outlasts the I/O) and `io-bound`
+DESIGN.md's; on a machine whose CPU computes the step, its compute alone can outlast the I/O) and `io-bound`
 (1 x 16 tokens: compute is small next to the NVMe traffic, which does not depend on the batch).
 All systems of a config live in one process and alternate step by step (the order flips each
-iteration), so that noise from other jobs on the machine hits them alike; `ours-cpu` (everything in
+iteration), so that noise from other processes on the machine hits them alike; `ours-cpu` (everything in
 host memory) runs alongside as the compute-only reference.
 
 [Note: the I/O roofline]
@@ -18,9 +18,9 @@ written, 64 MiB requests) once concurrently (all requests in flight together) an
 the other (reads, then writes, each timed). The roofline is the faster way the drive moved those
 bytes, scaled to the step's bytes: min(R / read_bw + W / write_bw, concurrent-mix time).
 
-Adjacent form (the headline ratio). The project VM's virtual disk is bimodal (the same fio read
-runs at ~0.9 or ~1.9 GB/s, switching within minutes) and other jobs share it, so a bandwidth probed
-minutes away from a step says little about that step. Each measured ours-nvme step therefore gets
+Adjacent form (the headline ratio). A drive's bandwidth can drift within minutes (a shared virtual
+disk, docs/notes/2026-11-22-nvme-step-roofline.md), so a bandwidth probed minutes away from a step
+says little about that step. Each measured ours-nvme step therefore gets
 its own probe of the step's mix, run right next to it in the same process: before the step in even
 iterations and after it in odd ones (the systems' order flips each iteration, and the probe sits
 next to ours-nvme in that order). The ratio is per step (step time / its adjacent roofline); the
@@ -40,9 +40,8 @@ A roofline probe sits next to each block, as above, sized to one step's bytes.
 Whole-run form (kept for comparison with earlier results): `planner probe`'s measurement
 (`runtime.probe.measure_nvme`, 1 GiB written and read 3 times) before and after the whole run, the
 median of the two, and one `measure_mixed` after the run; every step is divided by that one roofline.
-On the project VM reads and writes in flight together take about as long as one after the other
-(within +-15% either way from run to run: they share the virtio disk's bandwidth rather than adding
-up); the JSON records both forms.
+Whether reads and writes in flight together add up or share the drive's bandwidth is the drive's
+(docs/notes/2026-11-22-nvme-step-roofline.md); the JSON records both forms.
 
     python benchmarks/bench_nvme_step.py --nvme-path DIR --rounds 2 --steps 3 --warmup 1 [--block 3] [--write-results]
         [--ds-queue-depths 16,64,128 --ds-threads 1,4,8 --sweep-steps 2] [--device cuda] [--json-out FILE]
@@ -57,7 +56,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -387,6 +385,7 @@ def main() -> None:
     if unknown or not nvme_systems:
         raise SystemExit(f"--systems takes a comma-separated subset of {','.join(NVME_SYSTEMS)}, not {args.systems!r}")
     settings = [(int(q), int(t)) for q in args.ds_queue_depths.split(",") for t in args.ds_threads.split(",")]
+    machine = results_md.measure_machine(torch=True, versions=("deepspeed",), disk=args.nvme_path or tempfile.gettempdir())
     with tempfile.TemporaryDirectory(dir=args.nvme_path) as nvme_path:
         probe_before = measure_nvme(nvme_path)
         sweep = deepspeed_sweep(settings, nvme_path, configs[0], args)
@@ -423,9 +422,7 @@ def main() -> None:
                       "io_bytes_per_step": {n: sorted({tuple(b) for r in runs[c] for b in r["io_bytes"][n]})
                                             for n in nvme_systems}}
     doc = {"benchmark": "full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline",
-           "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.1f}",
-           "cpu": _cpu_model(),
+           "machine": machine.finish().to_dict(),
            "model": f"{BLOCKS} x (LayerNorm + Linear({HIDDEN},{FFN}) + Linear({FFN},{HIDDEN})), fp32, AdamW",
            "rounds": args.rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup, "block": args.block,
            "probe": {"read_bytes_per_s": read_bw, "write_bytes_per_s": write_bw, "direct": probe_before.direct,
@@ -438,7 +435,7 @@ def main() -> None:
     if args.json_out:
         args.json_out.write_text(json.dumps(doc, indent=2))
     if args.write_results:
-        write_results(doc)
+        write_results(doc, machine)
 
 
 def deepspeed_sweep(settings: list[tuple[int, int]], nvme_path: str, config: str, args: argparse.Namespace) -> list[dict]:
@@ -461,23 +458,24 @@ def deepspeed_sweep(settings: list[tuple[int, int]], nvme_path: str, config: str
     return out
 
 
-def _cpu_model() -> str:
-    """The CPU's model name (as `planner probe` reports it) and whether it has AVX-512 (this VM kind
-    comes with either; the step's compute, and so its ratio to the roofline, depends on it: docs/nvme.md)."""
-    from runtime.probe import cpu_model
+def _compute_bound(doc: dict) -> str:
+    """Which configs' compute alone (ours-cpu) outlasts the first NVMe system's whole-run roofline here."""
+    roofline = next(iter(doc["rooflines"].values()))["io_roofline_s"]
+    over = {name: r["summary"]["ours-cpu"]["median_step_time_s"] / roofline for name, r in doc["configs"].items()}
+    longer = [f"{name} ({x:.2f}x)" for name, x in over.items() if x > 1]
+    if not longer:
+        return ("On every config here the compute of the step alone (ours-cpu) is shorter than the roofline, so the "
+                "roofline ratio measures the I/O schedule.")
+    return ("On the " + ", ".join(longer) + " config here the compute of the step alone (ours-cpu) is longer than "
+            "the roofline, which bounds the ratio from below (the compute-alone rows); the roofline ratio is "
+            "meaningful where it is shorter.")
 
-    try:
-        avx512 = " avx512f" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return cpu_model()
-    return f"{cpu_model()}, {'AVX-512' if avx512 else 'no AVX-512'}"
 
-
-def write_results(doc: dict) -> None:
+def write_results(doc: dict, machine: results_md.MachineFacts) -> None:
     probe = doc["probe"]
     lines = ["## Full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline", "",
-             f"`python benchmarks/bench_nvme_step.py --write-results` on {doc['machine']} ({doc['cpu']}), "
-             f"{doc['when']}; model: {doc['model']}; "
+             f"`python benchmarks/bench_nvme_step.py --write-results`. {machine.describe()} "
+             f"Model: {doc['model']}; "
              f"{doc['rounds']} rounds x {doc['steps_per_round']} blocks of {doc['block']} consecutive steps after "
              f"{doc['warmup_steps']} warm-up block per config, systems alternating block by block in one process; "
              "ours' block ends when all its I/O did ([Note: blocks of steps]), and each figure is per step (the "
@@ -531,9 +529,7 @@ def write_results(doc: dict) -> None:
               "chunks' states ahead. In backward (`ours-nvme-ib`), the forward reads P, the backward reads K + 3P "
               "and writes 3P and the optimizer phase is the tail of those writes, so the two are one row.", "",
               "Targets (issues 5 and 25): ours / deepspeed-nvme at its best <= 0.6 and ours step / I/O roofline <= 1.2. "
-              "The roofline ratio is meaningful on the io-bound config; on the design config the compute of the "
-              "step alone (ours-cpu) is longer than the roofline on this 2-core CPU-only machine, which bounds the "
-              "ratio from below (the compute-alone rows). The losses of `ours-nvme`, `ours-nvme-ib` and `ours-cpu` "
+              + _compute_bound(doc) + " The losses of `ours-nvme`, `ours-nvme-ib` and `ours-cpu` "
               "agree bit for bit (also pinned by tests/test_nvme_training.py)."]
     ds = doc.get("deepspeed")
     if ds and ds["sweep"]:

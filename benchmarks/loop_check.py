@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -82,7 +80,7 @@ def run_config(work: Path, hw: Path, nvme_path: str, index: int, config: tuple) 
 
 def one_round(work: Path, nvme_path: str, only: set[str] | None) -> dict:
     hw = work / "hw.json"
-    load = os.getloadavg()
+    load = results_md.load_now()
     started = time.perf_counter()
     planner("probe", "--out", str(hw), "--nvme-path", nvme_path, "--keep-runs", str(work / "probe"))
     probe_s = time.perf_counter() - started
@@ -129,7 +127,7 @@ def main() -> int:
             write_results(doc, reanalysed=True)
         return 0
     priority = take_priority()
-    started, load_before = time.perf_counter(), os.getloadavg()
+    machine = results_md.measure_machine(torch=True)
     only = set(args.only.split(",")) if args.only else None
     rounds = []
     with tempfile.TemporaryDirectory(prefix="tierwise-loop-") as tmp:
@@ -140,9 +138,7 @@ def main() -> int:
             s = summary(rounds[-1]["rows"])
             print(f"round {r}: median {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}", file=sys.stderr)
     doc = {"rounds": rounds, "summary": summary([row for rnd in rounds for row in rnd["rows"]]),
-           "machine": {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
-                       "load_average_after": os.getloadavg(), "wall_s": time.perf_counter() - started, "priority": priority,
-                       "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
+           "machine": machine.finish().to_dict(), "priority": priority}
     print(json.dumps(doc, indent=2))
     if args.work_dir is not None:
         (args.work_dir / "loop_check.json").write_text(json.dumps(doc, indent=2))
@@ -196,14 +192,12 @@ def _cell(entry: dict | None) -> str:
 
 
 def write_results(doc: dict, *, reanalysed: bool = False) -> None:
-    m, s = doc["machine"], doc["summary"]
+    machine, s = results_md.MachineFacts.from_dict(doc["machine"]), doc["summary"]
     again = (" Predictions made again with this checkout's model from the run's kept reference runs, plans and "
              "profiles (`--reanalyse --write-results`), the measurements as they were.") if reanalysed else ""
     lines = ["## The loop outside the sweep (`benchmarks/loop_check.py`)", "",
              f"`flock /work/bench.lock python benchmarks/loop_check.py --rounds {len(doc['rounds'])} --write-results` "
-             f"({m['host']}, {m['cpus']} CPUs shared with other work, load average {m['load_average_before'][0]:.2f} "
-             f"before / {m['load_average_after'][0]:.2f} after, {m['wall_s']:.0f} s, measured {m['measured_utc']}; "
-             f"{m['priority']}). "
+             f"({doc['priority']}). {machine.describe()} "
              "Each round: one `planner probe` (calibrated on its reference runs), then per configuration `planner fit` "
              f"(shape, batch and placement pinned), `planner run --steps {STEPS}` (2 warm-up), `planner compare`. "
              "No configuration is a sweep configuration or a probe reference run." + again, "",

@@ -10,11 +10,10 @@
    device, cpu and nvme; three model sizes; micro-batch; checkpoint interval; tiling) is planned
    with that spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`, two
    warm-up steps, runtime/launch.py WARMUP_STEPS, then `--steps - 2` measured ones).
-   [Note: sweep rounds] This shared 2-vCPU VM changes speed by 2x and more from one minute to the
-   next (the same bf16 matmul measures 0.3 or 0.7 TFLOPS minutes apart, with nothing else running),
-   so one pass would compare a prediction with whatever state the machine was in. The sweep runs in
-   `--rounds` rounds; every round probes the machine and then runs every configuration once, in an
-   order rotated each round. The spec is the median of the rounds' probes, a configuration's
+   [Note: sweep rounds] A shared machine can change speed by 2x and more from one minute to the
+   next (docs/notes/2026-11-22-benchmark-runs-kept-by-hand.md), so one pass would compare a
+   prediction with whatever state the machine was in. The sweep runs in `--rounds` rounds; every
+   round probes the machine and then runs every configuration once, in an order rotated each round. The spec is the median of the rounds' probes, a configuration's
    measurement is the median of all its measured steps over the rounds, and the calibration fits
    every round's profile: prediction and measurement sample the same spread of machine states.
    The measurement runs at the highest CPU and I/O priority, in a scheduler group of its own, its
@@ -25,7 +24,7 @@
 4. Prints JSON; with `--write-results` writes docs/calibration.md, docs/sweep-scatter.png and the
    "Simulator vs runtime (sweep)" section of benchmarks/RESULTS.md.
 
-Runs take ~5-10 minutes on the 2-core development machine; `--reuse` skips configurations whose
+A run's wall time is in its RESULTS section; `--reuse` skips configurations whose
 profile is already in `--work-dir` (for re-analysis only: timings should come from one session).
 """
 
@@ -33,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -53,6 +50,7 @@ from planner.specs.profile import Profile, load_profile  # noqa: E402
 from runtime.launch import WARMUP_STEPS  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import results_md  # noqa: E402
 from priority import take_priority  # noqa: E402
 
 SIZES = {"S": (4, 512, 8), "M": (6, 768, 12), "L": (8, 1024, 16)}
@@ -167,8 +165,7 @@ def main() -> int:
     priority = "" if args.reuse else take_priority()
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
-    started = time.perf_counter()
+    facts = results_md.measure_machine(torch=True)
     configs = [c for c in CONFIGS if args.only is None or c.name in args.only.split(",")]
     probes: list[Path] = []
     profiles: dict[str, list[Profile]] = {c.name: [] for c in configs}
@@ -200,11 +197,11 @@ def main() -> int:
     collection = work / "collection.json"
     if args.reuse and collection.exists():
         machine = json.loads(collection.read_text())
+        if "facts" not in machine:
+            raise SystemExit(f"{collection} was written by an older sweep.py (no machine facts): run without --reuse")
     else:
-        machine = {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
-                   "load_average_after": os.getloadavg(), "sweep_wall_s": time.perf_counter() - started,
-                   "steps_per_config": args.steps, "warmup_steps": WARMUP_STEPS, "rounds": args.rounds, "priority": priority,
-                   "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        machine = {"facts": facts.finish().to_dict(), "steps_per_config": args.steps, "warmup_steps": WARMUP_STEPS,
+                   "rounds": args.rounds, "priority": priority}
         collection.write_text(json.dumps(machine))
     if args.collect_only:
         return 0

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 
 import results_md  # benchmarks/ is on sys.path when a script runs
@@ -87,21 +86,19 @@ def scatter(report: dict, path: Path) -> None:
 
 def write_results(report: dict, node: NodeSpec) -> None:
     m = report["machine"]
-    when = m.get("measured_utc") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    machine = (f"{m['host']}, {m['cpus']} CPUs, load average {m['load_average_before'][0]:.2f} before / "
-               f"{m['load_average_after'][0]:.2f} after, {m.get('rounds', 1)} rounds of {m['steps_per_config']} steps "
-               f"({m.get('warmup_steps', 1)} warm-up) per configuration, "
-               f"sweep {m['sweep_wall_s']:.0f} s, measured {when}")
+    facts = results_md.MachineFacts.from_dict(m["facts"])
+    machine = (f"{m['rounds']} rounds of {m['steps_per_config']} steps ({m['warmup_steps']} warm-up) per "
+               f"configuration, {m['priority'] or 'priority as started'}. {facts.describe()}")
     cal = report["calibration"]
     residual = f"{cal['residual']:.1%}" if cal else "n/a"
     factors = ", ".join(f"{k} {v:.4g}" for k, v in cal["factors"].items()) if cal else "none"
-    probe = (f"probed spec: {node.gpu_flops_per_s / 1e12:.3f} TFLOPS, CPU AdamW {node.cpu_adam_params_per_s / 1e9:.2f} "
+    probe = (f"Probed spec: {node.gpu_flops_per_s / 1e12:.3f} TFLOPS, CPU AdamW {node.cpu_adam_params_per_s / 1e9:.2f} "
              f"G params/s, NVMe {node.nvme_read_bytes_per_s / 1e9:.2f} / {node.nvme_write_bytes_per_s / 1e9:.2f} GB/s, "
              f"{node.operator_overhead_s * 1e3:.2f} ms per operator")
     scatter(report, DOCS / "sweep-scatter.png")
     body = f"""## Simulator vs runtime (sweep)
 
-`{COMMAND}` ({machine}). {probe}. Calibration factors (fit on the calibration set, residual
+`{COMMAND}`: {machine} {probe}. Calibration factors (fit on the calibration set, residual
 {residual}): {factors}.
 
 {summary(report)}
@@ -118,7 +115,7 @@ and predicts the rest again with that calibrated spec. Peak bytes are the runtim
 the memory bill over the terms that ledger tracks (`runtime_buffer_peak_bytes`: the bill without
 autograd's activations, logits and allocator slack).
 
-Run: {machine}. {probe}.
+Run: {machine} {probe}.
 
 {summary(report)}
 
