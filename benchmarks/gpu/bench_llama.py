@@ -519,6 +519,9 @@ def main() -> int:
     ap.add_argument("--probe-bytes", type=int, default=2 << 30, help="bytes each adjacent roofline probe moves")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    from runtime.host_malloc import keep_freed_memory_mapped
+
+    keep_freed_memory_mapped()  # as `planner run` does for a rank; process-wide, so every system gets it
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         from runtime.stores import CopyEngine

@@ -125,6 +125,17 @@ def aio_extension(out: Path) -> dict:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+def libcuda_dirs() -> list[str]:
+    """Folders with a `libcuda.so` for the async_io op's `-lcuda` at link time: the CUDA toolkit's
+    stubs, and the driver's folders on LD_LIBRARY_PATH (the linker does not search that variable)."""
+    nvcc = shutil.which("nvcc")
+    home = Path(nvcc).resolve().parents[1] if nvcc else None
+    candidates = [home / "lib64" / "stubs", home / "targets" / "x86_64-linux" / "lib" / "stubs"] if home else []
+    candidates += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    candidates += [Path("/usr/local/nvidia/lib64"), Path("/usr/lib/x86_64-linux-gnu")]
+    return list(dict.fromkeys(str(c) for c in candidates if (c / "libcuda.so").exists()))
+
+
 def build_wheel(sdist: Path, work: Path) -> Path:
     """DeepSpeed's wheel with the ops of BUILD_VARS prebuilt and their debug information stripped."""
     raw, unpacked, packed = work / "raw", work / "unpacked", work / "built"
@@ -133,6 +144,9 @@ def build_wheel(sdist: Path, work: Path) -> Path:
     env = {**os.environ, **BUILD_VARS, "MAX_JOBS": str(os.cpu_count() or 1)}
     if shutil.which("nvcc"):
         env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # Hopper; these ops compile no CUDA kernels anyway
+    link = os.pathsep.join(libcuda_dirs() + [p for p in env.get("LIBRARY_PATH", "").split(os.pathsep) if p])
+    if link:
+        env["LIBRARY_PATH"] = link
     proc = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                 "--no-cache-dir", "-w", str(raw), str(sdist)], env)
     wheels = sorted(raw.glob("deepspeed-*.whl"))

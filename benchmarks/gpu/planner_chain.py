@@ -4,7 +4,8 @@
     python benchmarks/gpu/planner_chain.py --work DIR [--nvme-path DIR] [--profile gpu|dry] [--chains cpu,nvme]
                                            [--hardware SPEC] [--out planner.json]
 
-One probe (none with `--hardware`); then per chain, in order and while the stage has time for it
+One probe (none with `--hardware`: the dry run fits on the CPU preset, `planner probe` taking minutes
+on a small shared CPU machine); then per chain, in order and while the stage has time for it
 (GPUKIT_DEADLINE, [Note: results survive a cut] in call.py), a plan fitted to the probed hardware
 for the model and first shape that bench_llama.py measures in the same tier (the 1.1 B Llama for the
 host and device plans, its 4-layer cut for NVMe), a short `planner run --model` of it, and the
@@ -90,7 +91,7 @@ def main() -> int:
     ap.add_argument("--profile", choices=("gpu", "dry"), default="gpu")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: each chain's)")
     ap.add_argument("--chains", default=",".join(CHAINS))
-    ap.add_argument("--hardware", type=Path, help="a hardware spec to use instead of probing this machine")
+    ap.add_argument("--hardware", type=Path, help="a hardware spec file or preset to use instead of probing this machine")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -101,7 +102,7 @@ def main() -> int:
                  "ok": False, "partial": True}
     if probe is not None and (probe.returncode or not hardware.exists()):
         return emit(doc | {"error": f"probe: {(probe.stderr or probe.stdout)[-2500:]}"}, args.out)
-    doc["hardware"] = json.loads(hardware.read_text())
+    doc["hardware"] = json.loads(hardware.read_text()) if hardware.is_file() else str(hardware)
     last_s = PROBE_S
     for name in args.chains.split(","):
         if doc["chains"] and last_s * 1.1 > deadline_left_s():

@@ -144,7 +144,8 @@ stage_nvme() {
 }
 
 stage_planner() {  # GPUKIT_PLANNER_CHAINS: a comma list of planner_chain.CHAINS (default all, in order)
-  "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --profile "$PROFILE" \
+  local hw=(); [ "$DRY" = 1 ] && hw=(--hardware cpu-dev-2core)  # the probe takes minutes on a small CPU machine
+  "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --profile "$PROFILE" "${hw[@]}" \
     --out "$WORK/planner.json" ${GPUKIT_PLANNER_CHAINS:+--chains "$GPUKIT_PLANNER_CHAINS"} >/dev/null
 }
 
