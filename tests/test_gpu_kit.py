@@ -199,8 +199,9 @@ def test_the_call_runs_its_stages_in_order_and_merges_each_into_out_as_it_ends(t
 
 def test_the_budget_comes_from_the_caller_and_stages_that_no_longer_fit_are_skipped_by_name(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each stage taking its planned H200 seconds (a simulated clock): 420 s hold install, build,
-    offload and nvme (390 s), then 20 s are left: staged starts (it needs 20), the others are named."""
+    """Each stage taking its planned H200 seconds (a simulated clock): after install, build and
+    offload (330 s) nvme starts with the 80 s left of 420 (less the finishing margin), and the
+    stages after it are skipped and named."""
     assert call.call_budget_s({}) == kit.CALL_BUDGET_S == 420
     assert call.call_budget_s({"CALL_BUDGET_S": "300"}) == 300
     with pytest.raises(SystemExit, match="CALL_BUDGET_S='7 min' is not a number of seconds"):
@@ -218,13 +219,18 @@ def test_the_budget_comes_from_the_caller_and_stages_that_no_longer_fit_are_skip
     monkeypatch.setattr(call, "run_stage", fake_stage)
     budget = call.call_budget_s({"CALL_BUDGET_S": "420"})
     record = call.run_call(list(kit.STAGES), budget, tmp_path, tmp_path / "out", ["stage"], {}, clock=lambda: now[0])
-    assert list(record["ran"]) == ["install", "build", "offload", "nvme", "staged"]
-    assert record["skipped"] == ["planner", "pytest", "parity", "device"]
-    assert limits["install"] == kit.STAGES["install"].cap_s and limits["staged"] == 20
+    assert list(record["ran"]) == ["install", "build", "offload", "nvme"]
+    assert record["skipped"] == ["planner", "staged", "pytest", "parity", "device"]
+    assert limits["install"] == kit.STAGES["install"].cap_s and limits["nvme"] == 80
     log = (tmp_path / "out" / "run.log").read_text()
-    assert "== stage planner: skipped, 20 s left of the call and it needs 60 s" in log
-    assert "skipped, the call's budget of 420 s was spent: planner pytest parity device" in log
+    assert "== stage planner: skipped, 0 s left of the call and it needs 60 s" in log
+    assert "skipped, the call's budget of 420 s was spent: planner staged pytest parity device" in log
     assert json.loads((tmp_path / "out" / "gpu-results.json").read_text())["kit"]["skipped"] == record["skipped"]
+    # With the built ops carried (build in seconds), the planner chains start too.
+    now[0] = 0.0
+    monkeypatch.setitem(kit.STAGES, "build", kit.STAGES["build"]._replace(h200_s=5))
+    record = call.run_call(list(kit.STAGES), budget, tmp_path, tmp_path / "out2", ["stage"], {}, clock=lambda: now[0])
+    assert list(record["ran"])[:5] == ["install", "build", "offload", "nvme", "planner"]
 
 
 def test_a_stage_past_its_limit_is_stopped_and_what_it_published_is_kept(tmp_path: Path,

@@ -113,7 +113,7 @@ STAGES = {
     "install": Stage("install the carried wheels (.whl/) and the project (editable, for `planner`); the carried "
                      "io_uring extension into runtime/", 40, 20, 150),
     "build": Stage("runtime._aio_ext and DeepSpeed's cpu_adam, async_io and pin_memory ops prebuilt into a "
-                   "DeepSpeed wheel (returned in OUT; a carried one is only checked): no JIT build later", 110, 45, 300),
+                   "DeepSpeed wheel (returned in OUT; a carried one is only checked): no JIT build later", 150, 45, 300),
     "offload": Stage("the host-memory tier vs FSDP2 CPUOffloadPolicy and DeepSpeed ZeRO-3 CPU offload, and "
                      "all-on-GPU (ours, plain torch), the 1.1 B Llama in bf16 at seq 4096 and 2048", 140, 90, 240),
     "nvme": Stage("the NVMe tier vs DeepSpeed ZeRO-Infinity (aio qd 128 x 1 thread) and the step's NVMe "
@@ -133,10 +133,12 @@ One call on a fresh machine has CALL_BUDGET_S (420 s by default: the device's 15
 start, one 7-minute call and a second, shorter call). `h200_s` is the plan, from the first H200 run
 (docs/notes/2026-11-26-first-gpu-run.md: install 37 s, pytest 34 s, parity 13 s, the MLP device
 comparison 42 s, planner with two 1.2 B chains 61 s, the MLP offload comparison 109 s of which a JIT
-build of cpu_adam was about half) and the sizes of benchmarks/gpu/bench_llama.py: `build` is 110 s
-the first time (three DeepSpeed ops and the extension compiled with 16 cores) and about 5 s once its
-outputs are carried. A fresh call with nothing carried runs install, build, offload and nvme
-(about 390 s) and skips the rest, by name; with the built ops carried, the planner chains fit too.
+build of cpu_adam was about half) and the sizes of benchmarks/gpu/bench_llama.py. `build` is about
+150 s the first time (DeepSpeed's setup.py compiles its three ops one after the other, cpu_adam's
+two heavy files alone about a minute; then the wheel, stripped, installed and loaded) and about 5 s
+once its outputs are carried. A fresh call with nothing carried runs install, build and offload,
+starts nvme with about 80 s (its first shape fits; the second is left out and named) and skips the
+rest by name; with the built ops carried, nvme runs whole and the planner chains fit too.
 """
 
 CALL_BUDGET_S = 420

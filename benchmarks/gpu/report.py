@@ -164,6 +164,8 @@ def must_shows(doc: dict) -> list[MustShow]:
     p = doc.get("pytest")
     if p is None or "passed" not in p:
         shows.append(MustShow("pytest -m gpu", "all pass", "not run", None))
+    elif p.get("no_gpu"):
+        shows.append(MustShow("pytest -m gpu", "all pass", f"no GPU: {p['skipped']} skipped, {p['failed']} failed", None))
     else:
         shows.append(MustShow("pytest -m gpu", "all pass", f"{p['passed']} passed, {p['failed']} failed, "
                               f"{p['errors']} errors", p["passed"] > 0 and not p["failed"] and not p["errors"]))
@@ -192,6 +194,8 @@ def _did_not_run(title: str, doc: dict) -> list[str]:
 
 
 def _shapes(title: str, doc: dict) -> list[str]:
+    if "summary" in doc and "shapes" not in doc:  # a run of the kit before the Llama (runs/2026-11-26-h200.json)
+        return _timing(title, doc)
     if not doc.get("shapes"):
         return _did_not_run(title, doc)
     lines = [f"**{title}** ({doc['model']}; {doc['warmup_steps']} warm-up + {doc['measured_steps']} measured steps, "
@@ -207,11 +211,15 @@ def _shapes(title: str, doc: dict) -> list[str]:
             moved = shape["nvme_bytes_per_step"]
             lines.append(f"| {ROOFLINE} (median over the measured steps; each step's probe right after it) | "
                          f"{shape[ROOFLINE]['median']:.3f} |")
-            lines += ["", f"Our step moves {moved['read'] / 1e9:.2f} GB read + {moved['write'] / 1e9:.2f} GB written on NVMe."]
+            lines += ["", f"Our step moves {_size(moved['read'])} read + {_size(moved['write'])} written on NVMe."]
         lines.append("")
     if doc.get("skipped_shapes"):
         lines += [f"Shapes left out for time: {', '.join(doc['skipped_shapes'])}.", ""]
     return lines
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.2f} MB"
 
 
 def _timing(title: str, doc: dict) -> list[str]:
@@ -306,7 +314,8 @@ SECTIONS = (
 
 def markdown(doc: dict) -> str:
     e = doc.get("env", {})
-    gpu = e.get("gpu") or e.get("nvidia_smi", "unknown GPU")
+    dry = doc.get("kit", {}).get("dry_run")
+    gpu = e.get("gpu") or ("none, a dry run on the CPU" if dry else e.get("nvidia_smi", "unknown GPU"))
     lines = ["## On a GPU: `bash benchmarks/gpu/run.sh`", "",
              f"GPU: **{gpu}** (nvidia-smi: {e.get('nvidia_smi')}); torch {e.get('torch')}, CUDA {e.get('cuda')}, "
              f"Python {e.get('python')}, {e.get('cpu_count')} CPUs, kernel {e.get('kernel')}. Every ratio is measured "

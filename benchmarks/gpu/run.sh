@@ -79,7 +79,12 @@ check() {
 gpu_env() {
   export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions  # DeepSpeed's JIT cache: unused once its ops are prebuilt
-  [ "$DRY" = 1 ] && export DS_ACCELERATOR=cpu
+  if [ "$DRY" = 1 ]; then
+    # DeepSpeed's setup.py builds async_io for its CPU accelerator with the CUDA op's builder, whose
+    # link flags without CUDA leave out -laio (the CPU builder's JIT flags have it): the prebuilt op
+    # then lacks io_submit. The GPU build links it; the dry run preloads libaio.
+    export DS_ACCELERATOR=cpu LD_PRELOAD=libaio.so.1${LD_PRELOAD:+:$LD_PRELOAD}
+  fi
   # Where pip puts console scripts (`planner`): the environment's own bin, not the interpreter's
   # resolved path (a venv's python links to the base one, whose bin holds another python).
   local bindir; bindir=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')

@@ -48,7 +48,8 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _rate(nbytes: float, seconds: float) -> float:
-    return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("inf")
+    """GB/s to three significant digits (a slow path on a small shard is not rounded to 0)."""
+    return float(f"{nbytes / seconds / 1e9:.3g}") if seconds > 0 else float("inf")
 
 
 def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> dict:
