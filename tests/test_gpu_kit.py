@@ -233,6 +233,21 @@ def test_the_budget_comes_from_the_caller_and_stages_that_no_longer_fit_are_skip
     assert list(record["ran"])[:5] == ["install", "build", "offload", "nvme", "planner"]
 
 
+def test_a_dry_run_gives_the_build_its_cpu_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    limits: dict[str, float] = {}
+
+    def fake_stage(cmd: list[str], limit_s: float, env: dict, log: call.Log) -> tuple[int, float]:
+        limits[cmd[-1]] = limit_s
+        return 0, 1.0
+
+    monkeypatch.setattr(call, "run_stage", fake_stage)
+    call.run_call(["build"], 2400, tmp_path, tmp_path / "out", ["stage"], {}, clock=lambda: 0.0)
+    assert kit.STAGES["build"].dry_cap_s > 2400 > kit.STAGES["build"].cap_s
+    assert limits["build"] == kit.STAGES["build"].cap_s  # the second call, on the GPU: its cap
+    call.run_call(["build"], 2400, tmp_path, tmp_path / "out", ["stage"], {"GPUKIT_DRY_RUN": "1"}, clock=lambda: 0.0)
+    assert limits["build"] == 2400 - kit.FINISH_MARGIN_S  # the dry run: what is left of its budget
+
+
 def test_a_stage_past_its_limit_is_stopped_and_what_it_published_is_kept(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(kit.STAGES, "offload", kit.Stage("sleeps", 1, 0, 1))

@@ -112,8 +112,8 @@ def stage_doc(work: Path, stage: str, code: int | None, seconds: float) -> dict:
     return doc
 
 
-def plan(stages: list[str], budget_s: float) -> dict:
-    return {"budget_s": budget_s, "stages": stages, "dry_run": os.environ.get("GPUKIT_DRY_RUN") == "1",
+def plan(stages: list[str], budget_s: float, environ: dict[str, str]) -> dict:
+    return {"budget_s": budget_s, "stages": stages, "dry_run": environ.get("GPUKIT_DRY_RUN") == "1",
             "expected_h200_s": {s: kit.STAGES[s].h200_s for s in stages}, "ran": {}, "skipped": []}
 
 
@@ -123,7 +123,7 @@ def run_call(stages: list[str], budget_s: float, work: Path, out: Path, stage_cm
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     log = Log(out / "run.log")
-    record = plan(stages, budget_s)
+    record = plan(stages, budget_s, environ)
     start = clock()
     try:
         for stage in stages:
@@ -134,7 +134,8 @@ def run_call(stages: list[str], budget_s: float, work: Path, out: Path, stage_cm
                 log.line(f"== stage {stage}: skipped, {max(left, 0):.0f} s left of the call and it needs {spec.min_s} s")
                 report.publish(out, "kit", record)
                 continue
-            limit = min(left, spec.cap_s)
+            cap = spec.dry_cap_s if record["dry_run"] and spec.dry_cap_s else spec.cap_s
+            limit = min(left, cap)
             env = {**environ, "GPUKIT_DEADLINE": f"{time.time() + limit:.0f}", "GPUKIT_STAGE": stage}
             log.line(f"== stage {stage}: {time.strftime('%H:%M:%S', time.gmtime())} UTC, limit {limit:.0f} s "
                      f"(expected on an H200: {spec.h200_s} s)")

@@ -202,6 +202,8 @@ def _shapes(title: str, doc: dict) -> list[str]:
              "systems alternating step by step in one process):", ""]
     if doc.get("build_errors"):
         lines += ["Not built: " + "; ".join(f"`{n}`: {e[-200:]}" for n, e in doc["build_errors"].items()), ""]
+    if doc.get("left_out"):
+        lines += ["Left out: " + "; ".join(f"`{n}`: {why}" for n, why in doc["left_out"].items()), ""]
     for name, shape in doc["shapes"].items():
         lines += [f"{name}:", "", "| system | median step (s) | min step (s) | tokens/s | optimizer |", "|---|---|---|---|---|"]
         lines += [f"| {k} | {v['median_step_time_s']:.4f} | {v['min_step_time_s']:.4f} | {v['tokens_per_s']:,.0f} | "
