@@ -355,7 +355,7 @@ def paired(times: dict[str, list[float]], a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
 
 
-def summarise(raw: dict, optimizers: dict[str, str]) -> dict:
+def summarise(raw: dict, optimizers: dict[str, str], rates: dict | None = None) -> dict:
     """Per system: median and minimum step, tokens per second; the ratios the must-shows read."""
     times = raw["step_time_s"]
     summary = {n: {"median_step_time_s": statistics.median(t), "min_step_time_s": min(t), "step_times_s": t,
@@ -372,15 +372,21 @@ def summarise(raw: dict, optimizers: dict[str, str]) -> dict:
         ratios[report.GPU_SHARE] = summary["ours-cpu"]["tokens_per_s"] / max(gpu)
     doc = {k: raw[k] for k in ("seq", "batch", "tokens_per_step")} | {"summary": summary, "ratios": ratios}
     if raw["adjacent_rooflines"]:
-        doc |= roofline_summary(raw, times["ours-nvme"])
+        doc |= roofline_summary(raw, times["ours-nvme"], rates)
     return doc
 
 
-def roofline_summary(raw: dict, ours_times: list[float]) -> dict:
+def roofline_summary(raw: dict, ours_times: list[float], rates: dict | None) -> dict:
+    """Our step over its NVMe roofline: per measured step, over the adjacent probe of its own mix
+    (the must-show's), and over its bytes at the rates measured before the systems were built."""
     adjacent = [t / r["roofline_s"] for t, r in zip(ours_times, raw["adjacent_rooflines"], strict=True)]
     read, write = raw["nvme_bytes_per_step"][-1]
-    return {"nvme_bytes_per_step": {"read": read, "write": write}, "adjacent_rooflines": raw["adjacent_rooflines"],
-            report.ROOFLINE: {"median": statistics.median(adjacent), "all": adjacent}}
+    doc = {"nvme_bytes_per_step": {"read": read, "write": write}, "adjacent_rooflines": raw["adjacent_rooflines"],
+           report.ROOFLINE: {"median": statistics.median(adjacent), "all": adjacent}}
+    if rates:
+        serial_s = read / rates["read_bytes_per_s"] + write / rates["write_bytes_per_s"]
+        doc[report.PROBED_ROOFLINE] = {"roofline_s": serial_s, "median": statistics.median(ours_times) / serial_s}
+    return doc
 
 
 def deadline_left_s() -> float:
@@ -480,7 +486,7 @@ def measure(mode: str, args: argparse.Namespace, device: torch.device, aio: tupl
                 continue
             began = time.perf_counter()
             raw = measure_shape(steps, shape, sizing, device, int(model_config(sizing.overrides)["vocab_size"]), probe)
-            doc["shapes"][f"seq {shape.seq} x batch {shape.batch}"] = summarise(raw, optimizers)
+            doc["shapes"][f"seq {shape.seq} x batch {shape.batch}"] = summarise(raw, optimizers, doc.get("nvme_probe"))
             last_s = time.perf_counter() - began
             publish(doc, args.out, mode)
     finally:

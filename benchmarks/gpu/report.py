@@ -96,6 +96,7 @@ RATIO = "{} / {} step time (median of paired ratios)"
 """The key of a paired step-time ratio in a shape's `ratios` (benchmarks/gpu/bench_llama.py)."""
 GPU_SHARE = "ours-cpu throughput / all-on-GPU throughput (the faster of ours-gpu and plain)"
 ROOFLINE = "ours-nvme step / adjacent NVMe roofline"
+PROBED_ROOFLINE = "ours-nvme step / NVMe roofline at the probed read and write rates"
 PHASE_TOLERANCE = 0.15
 """The planner's per-phase prediction within 15 % of the run (the must-show)."""
 PLANNER_CHAINS = ("cpu", "nvme", "device")
@@ -213,6 +214,9 @@ def _shapes(title: str, doc: dict) -> list[str]:
             moved = shape["nvme_bytes_per_step"]
             lines.append(f"| {ROOFLINE} (median over the measured steps; each step's probe right after it) | "
                          f"{shape[ROOFLINE]['median']:.3f} |")
+            if PROBED_ROOFLINE in shape:
+                lines.append(f"| {PROBED_ROOFLINE} (bytes read / read rate + bytes written / write rate, "
+                             f"{shape[PROBED_ROOFLINE]['roofline_s']:.3f} s) | {shape[PROBED_ROOFLINE]['median']:.3f} |")
             lines += ["", f"Our step moves {_size(moved['read'])} read + {_size(moved['write'])} written on NVMe."]
         lines.append("")
     if doc.get("skipped_shapes"):
