@@ -282,7 +282,7 @@ def verify(folder: Path) -> dict:
                  if f".cpython-{GPU_PYTHON_TAG.removeprefix('cp')}-" not in p]
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     return {"ok": not problems, "folder": str(folder), "wheels": sum(len(v) for v in found.values()),
-            "debs": debs, "prebuilt": sorted(prebuilt), "ops": ops, "bytes": size, "problems": problems}
+            "debs": debs, "binary_wheels": sorted(prebuilt), "ops": ops, "bytes": size, "problems": problems}
 
 
 def main(argv: list[str]) -> int:
