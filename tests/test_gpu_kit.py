@@ -385,3 +385,29 @@ def test_the_offload_stage_on_the_cpu_measures_every_shape_and_publishes_after_e
                                                      "activation_checkpoints": "cpu"}
     published = json.loads((out_dir / "gpu-results.json").read_text())["offload"]
     assert list(published["shapes"]) == list(doc["shapes"])
+
+
+def test_a_system_whose_step_fails_is_dropped_by_name_and_the_others_are_measured() -> None:
+    import bench_llama
+    import torch
+
+    calls = {"a": 0}
+
+    def steady(tokens: torch.Tensor) -> float:
+        return 1.0
+
+    def breaks_in_the_second_measured_step(tokens: torch.Tensor) -> float:
+        calls["a"] += 1
+        if calls["a"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return 2.0
+
+    sizing = bench_llama.Sizing({}, (bench_llama.Shape(8, 2),), warmup=1, steps=3, hardware="cpu-dev-2core")
+    steps = {"ours-cpu": steady, "plain": breaks_in_the_second_measured_step, "fsdp2-cpu": steady}
+    raw = bench_llama.measure_shape(steps, sizing.shapes[0], sizing, torch.device("cpu"), vocab=16)
+    assert raw["failed"] == {"plain": "OutOfMemoryError: CUDA out of memory"}
+    doc = bench_llama.summarise(raw, {})
+    assert set(doc["summary"]) == {"ours-cpu", "fsdp2-cpu"} and len(doc["summary"]["ours-cpu"]["step_times_s"]) == 3
+    assert list(doc["ratios"]) == [report.RATIO.format("ours-cpu", "fsdp2-cpu")]
+    assert "`plain`: OutOfMemoryError" in report.markdown({"offload": {"model": "m", "warmup_steps": 1, "measured_steps": 3,
+                                                                         "shapes": {"seq 8 x batch 2": doc}}})

@@ -310,7 +310,7 @@ def build_systems(names: list[str], sizing: Sizing, device: torch.device, nvme_p
                 steps[name] = plain(reference, device)
             else:
                 raise SystemExit(f"unknown system {name!r}: use one of {sorted(set(OURS) | {'fsdp2-cpu', 'plain'})}")
-        except (ImportError, RuntimeError, OSError, ValueError, AssertionError) as exc:
+        except Exception as exc:  # one system's failure is reported by name; the others are measured
             errors[name] = f"{type(exc).__name__}: {exc}"[-1500:]
     return steps, errors
 
@@ -320,34 +320,48 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed_step(step: Any, tokens: torch.Tensor, device: torch.device) -> tuple[float, float]:
+    """(loss, seconds) of one step, the device idle before and after it."""
+    synchronize(device)
+    start = time.perf_counter()
+    loss = step(tokens)
+    synchronize(device)
+    return loss, time.perf_counter() - start
+
+
 def measure_shape(steps: dict, shape: Shape, sizing: Sizing, device: torch.device, vocab: int,
                   probe: Any = None) -> dict:
-    """`warmup + steps` rounds of every system in alternating order on one batch of `shape`."""
+    """`warmup + steps` rounds of every system in alternating order on one batch of `shape`. A system
+    whose step fails (out of memory, say) is dropped, named with its error; the others go on."""
     g = torch.Generator().manual_seed(shape.seq * 7 + shape.batch)
     tokens = torch.randint(0, vocab, (shape.batch, shape.seq + 1), generator=g).to(device)
     names = list(steps)
     times: dict[str, list[float]] = {n: [] for n in names}
     losses: dict[str, list[float]] = {n: [] for n in names}
+    failed: dict[str, str] = {}
     nvme_bytes: list[tuple[int, int]] = []
     rooflines: list[dict] = []
     for i in range(sizing.warmup + sizing.steps):
-        measured = i >= sizing.warmup
-        for name in names if i % 2 == 0 else reversed(names):
+        for name in [n for n in (names if i % 2 == 0 else reversed(names)) if n not in failed]:
             counter = getattr(steps[name], "nvme_bytes", None)
             before = counter() if counter else None
-            synchronize(device)
-            start = time.perf_counter()
-            losses[name].append(steps[name](tokens))
-            synchronize(device)
-            elapsed = time.perf_counter() - start
-            if not measured:
+            try:
+                loss, elapsed = timed_step(steps[name], tokens, device)
+            except Exception as exc:  # one system's failure is reported by name; the others are measured
+                failed[name] = f"{type(exc).__name__}: {exc}"[-1500:]
+                times[name] = []
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            losses[name].append(loss)
+            if i < sizing.warmup:
                 continue
             times[name].append(elapsed)
             if counter and probe is not None:
                 after = counter()
                 nvme_bytes.append((after[0] - before[0], after[1] - before[1]))
                 rooflines.append(probe(*nvme_bytes[-1]))  # the adjacent roofline of this step's own mix
-    return {"seq": shape.seq, "batch": shape.batch, "tokens_per_step": shape.seq * shape.batch,
+    return {"seq": shape.seq, "batch": shape.batch, "tokens_per_step": shape.seq * shape.batch, "failed": failed,
             "step_time_s": times, "losses": losses, "nvme_bytes_per_step": nvme_bytes, "adjacent_rooflines": rooflines}
 
 
@@ -370,8 +384,8 @@ def summarise(raw: dict, optimizers: dict[str, str], rates: dict | None = None) 
     gpu = [summary[n]["tokens_per_s"] for n in ("ours-gpu", "plain") if n in summary]
     if "ours-cpu" in summary and gpu:
         ratios[report.GPU_SHARE] = summary["ours-cpu"]["tokens_per_s"] / max(gpu)
-    doc = {k: raw[k] for k in ("seq", "batch", "tokens_per_step")} | {"summary": summary, "ratios": ratios}
-    if raw["adjacent_rooflines"]:
+    doc = {k: raw[k] for k in ("seq", "batch", "tokens_per_step", "failed")} | {"summary": summary, "ratios": ratios}
+    if raw["adjacent_rooflines"] and summary.get("ours-nvme"):
         doc |= roofline_summary(raw, times["ours-nvme"], rates)
     return doc
 
@@ -492,7 +506,8 @@ def measure(mode: str, args: argparse.Namespace, device: torch.device, aio: tupl
     finally:
         if probe is not None:
             probe.close()
-    doc |= {"ok": not doc["build_errors"] and bool(doc["shapes"]), "partial": bool(doc["skipped_shapes"])}
+    failed = any(shape["failed"] for shape in doc["shapes"].values())
+    doc |= {"ok": not doc["build_errors"] and not failed and bool(doc["shapes"]), "partial": bool(doc["skipped_shapes"])}
     return doc
 
 

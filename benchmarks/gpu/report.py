@@ -206,6 +206,8 @@ def _shapes(title: str, doc: dict) -> list[str]:
     if doc.get("left_out"):
         lines += ["Left out: " + "; ".join(f"`{n}`: {why}" for n, why in doc["left_out"].items()), ""]
     for name, shape in doc["shapes"].items():
+        if shape.get("failed"):
+            lines += [f"{name}: failed: " + "; ".join(f"`{n}`: {e[-200:]}" for n, e in shape["failed"].items()), ""]
         lines += [f"{name}:", "", "| system | median step (s) | min step (s) | tokens/s | optimizer |", "|---|---|---|---|---|"]
         lines += [f"| {k} | {v['median_step_time_s']:.4f} | {v['min_step_time_s']:.4f} | {v['tokens_per_s']:,.0f} | "
                   f"{v.get('optimizer')} |" for k, v in shape["summary"].items()]
