@@ -231,6 +231,9 @@ def test_the_budget_comes_from_the_caller_and_stages_that_no_longer_fit_are_skip
     monkeypatch.setitem(kit.STAGES, "build", kit.STAGES["build"]._replace(h200_s=5))
     record = call.run_call(list(kit.STAGES), budget, tmp_path, tmp_path / "out2", ["stage"], {}, clock=lambda: now[0])
     assert list(record["ran"])[:5] == ["install", "build", "offload", "nvme", "planner"]
+    # The budget counts from run.sh's start: what went before call.py is spent.
+    record = call.run_call(["install"], budget, tmp_path, tmp_path / "out3", ["stage"], {}, clock=lambda: 0.0, spent_s=400)
+    assert record["skipped"] == ["install"]
 
 
 def test_a_dry_run_gives_the_build_its_cpu_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

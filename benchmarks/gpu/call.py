@@ -5,8 +5,9 @@ so it runs before the install stage).
     python benchmarks/gpu/call.py [STAGE...]
 
 Environment (run.sh sets it): CALL_BUDGET_S, the seconds the whole call may take (default
-kit.CALL_BUDGET_S); GPUKIT_WORK, the stages' work folder; GPUKIT_OUT, the results folder; GPUKIT_STAGE_CMD,
-the command a stage name is appended to (`bash benchmarks/gpu/run.sh --stage`).
+kit.CALL_BUDGET_S), counted from GPUKIT_CALL_START (run.sh's start); GPUKIT_WORK, the stages' work
+folder; GPUKIT_OUT, the results folder; GPUKIT_STAGE_CMD, the command a stage name is appended to
+(`bash benchmarks/gpu/run.sh --stage`).
 
 [Note: results survive a cut]
 The device returns what is under OUT when its command ends, also when it is killed at its time
@@ -118,13 +119,14 @@ def plan(stages: list[str], budget_s: float, environ: dict[str, str]) -> dict:
 
 
 def run_call(stages: list[str], budget_s: float, work: Path, out: Path, stage_cmd: list[str],
-             environ: dict[str, str], clock=time.monotonic) -> dict:  # noqa: ANN001 - () -> float
-    """Every stage in order under what is left of `budget_s`; returns the `kit` record (also in OUT)."""
+             environ: dict[str, str], clock=time.monotonic, spent_s: float = 0.0) -> dict:  # noqa: ANN001 - () -> float
+    """Every stage in order under what is left of `budget_s`, of which `spent_s` went before (run.sh's
+    own start); returns the `kit` record (also in OUT)."""
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     log = Log(out / "run.log")
     record = plan(stages, budget_s, environ)
-    start = clock()
+    start = clock() - spent_s
     try:
         for stage in stages:
             spec = kit.STAGES[stage]
@@ -170,7 +172,9 @@ def main(argv: list[str]) -> int:
     work = Path(environ.get("GPUKIT_WORK", "/tmp/gpukit"))
     out = Path(environ.get("GPUKIT_OUT") or environ.get("OUT") or kit.ROOT / "out" / "gpu")
     stage_cmd = shlex.split(environ.get("GPUKIT_STAGE_CMD", f"bash {kit.KIT / 'run.sh'} --stage"))
-    record = run_call(stages, budget, work, out, stage_cmd, environ)
+    # The budget counts from run.sh's start (GPUKIT_CALL_START, seconds since the epoch), not this one's.
+    spent = max(0.0, time.time() - float(environ.get("GPUKIT_CALL_START", time.time())))
+    record = run_call(stages, budget, work, out, stage_cmd, environ, spent_s=spent)
     bad = record["skipped"] or [s for s, r in record["ran"].items() if r["status"] != "ok"]
     return 1 if bad else 0
 

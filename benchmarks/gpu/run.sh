@@ -18,6 +18,7 @@
 # run.log, and what `build` built (a DeepSpeed wheel with its ops, runtime/_aio_ext*.so). Here:
 #   python benchmarks/gpu/report.py md FILES.../gpu-results.json --write-results
 set -uo pipefail
+export GPUKIT_CALL_START=${GPUKIT_CALL_START:-$(date +%s)}  # the call's budget counts from here (call.py)
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 KIT=benchmarks/gpu
