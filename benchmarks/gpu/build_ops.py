@@ -39,6 +39,8 @@ from kit import ROOT, emit
 
 DEEPSPEED_OPS = {"cpu_adam": "CPUAdamBuilder", "async_io": "AsyncIOBuilder", "pin_memory": "PinMemoryBuilder"}
 """The ops the kit's DeepSpeed systems load -> their builder class in deepspeed.ops.op_builder."""
+RETURNED_FILE_BYTES = 16 * 2**20
+"""The largest file the device returns from OUT."""
 BUILD_VARS = {"DS_BUILD_OPS": "0", "DS_BUILD_CPU_ADAM": "1", "DS_BUILD_AIO": "1", "DS_BUILD_PIN_MEMORY": "1"}
 """setup.py's switches: no op but these three."""
 
@@ -157,7 +159,9 @@ def build_wheel(sdist: Path, work: Path) -> Path:
         raise RuntimeError(f"wheel unpack failed: {proc.stderr.strip()[-800:]}")
     tree = next(unpacked.iterdir())
     for so in tree.rglob("*.so"):
-        run(["strip", "--strip-debug", str(so)])
+        stripped = run(["strip", "--strip-debug", str(so)])
+        if stripped.returncode != 0:
+            raise RuntimeError(f"strip {so.name} failed (the wheel would be too large to return): {stripped.stderr[-400:]}")
     packed.mkdir(parents=True, exist_ok=True)
     for old in packed.glob("deepspeed-*.whl"):
         old.unlink()
@@ -197,7 +201,9 @@ def deepspeed_ops(wheels: Path, work: Path, out: Path, site: Path | None) -> dic
             wheel = build_wheel(sdists[0], work)
             install(wheel, site)
             shutil.copy2(wheel, out / wheel.name)
-            doc["wheel"] = wheel.name
+            doc |= {"wheel": wheel.name, "wheel_bytes": wheel.stat().st_size}
+            if wheel.stat().st_size > RETURNED_FILE_BYTES:
+                doc["error"] = f"{wheel.name} is {wheel.stat().st_size / 2**20:.1f} MiB, over what a call returns per file"
             probe = probe_ops(env)
     except RuntimeError as exc:
         doc["error"] = str(exc)
