@@ -105,8 +105,8 @@ def test_eq6_efficiency():
     assert round(efficiency(1024, 3e9, 70e12), 3) == 0.042
 
 
-@pytest.mark.parametrize("checkpoint_interval", [0, 1])
-def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(checkpoint_interval):
+@pytest.mark.parametrize("recompute_interval", [0, 1])
+def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(recompute_interval):
     # [Note: the backward's own matmul rate] in planner/calibration/calibrate.py: at half the forward's rate the
     # backward's own matmuls (2 x FWD_FLOPS here) take twice as long, in the estimate and in the
     # simulator alike; the forward and the recompute's forward keep the forward's rate.
@@ -114,7 +114,7 @@ def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(chec
 
     def one_gpu(node):
         return Plan(model=MODEL, node=node, num_gpus=1, strategy="dp", placement=STRATEGY_TABLE["dp"].placement,
-                    checkpoint_interval=checkpoint_interval, prefetch_depth=0)
+                    recompute_interval=recompute_interval, prefetch_depth=0)
 
     same, slow = one_gpu(NODE), one_gpu(NODE.replace(backward_matmul_flops_per_s=0.5e12))
     assert NODE.backward_matmul_rate == 1e12 and slow.node.backward_matmul_rate == 0.5e12

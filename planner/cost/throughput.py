@@ -35,7 +35,7 @@ from planner.cost.kernels import (
     fused_attention_flops_per_s,
     loss_bytes,
 )
-from planner.cost.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, checkpoint_bytes, stores_gradients
+from planner.cost.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, recompute_input_bytes, stores_gradients
 from planner.specs.phases import PHASES
 from planner.specs.plan import LINKS, Plan
 
@@ -93,7 +93,7 @@ def _divide(nbytes: float, rate: float) -> float:
 
 def paper_flops_per_gpu(plan: Plan) -> float:
     """Eq. 7/8: 8 x tokens x params with recompute, 6 x tokens x params without; per GPU."""
-    factor = 8 if plan.checkpoint_interval else 6
+    factor = 8 if plan.recompute_interval else 6
     return factor * plan.micro_batch_per_gpu * plan.model.seq_len * plan.model.num_params * plan.micro_batches_per_step
 
 
@@ -147,7 +147,7 @@ def estimate(plan: Plan) -> Estimate:
     compute = _compute(plan)
     params = _param_fetch(plan, bw, links)
     grads_time = _gradient_traffic_s(plan, bw, links)
-    ckpt = _checkpoint_traffic(plan, bw, links)
+    ckpt = _recompute_input_traffic(plan, bw, links)
     tp = _tensor_parallel(plan, bw)
     ring_fwd, ring_bwd = ring_passes_s(plan)  # context parallel: on the critical path, like tp's
     step = _optimizer_step(plan, bw, links)
@@ -156,7 +156,7 @@ def estimate(plan: Plan) -> Estimate:
         "compute": compute.forward_s + compute.backward_s,
         f"params ({place.params})": params.forward_s + params.backward_s,
         f"gradients ({place.gradients})": grads_time,
-        f"checkpoints ({place.activation_checkpoints})": ckpt.forward_s + ckpt.backward_s,
+        f"recompute inputs ({place.recompute_inputs})": ckpt.forward_s + ckpt.backward_s,
         "tensor parallel": tp.forward_s + tp.backward_s,
         f"optimizer ({place.optimizer_states})": step.total_s,
     }
@@ -243,7 +243,7 @@ def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes
         return _Passes(0.0, 0.0)
     tier, dp = plan.placement.params, plan.data_parallel_degree
     param_bytes = _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["params"]
-    passes_bwd = 2 if plan.checkpoint_interval > 0 else 1
+    passes_bwd = 2 if plan.recompute_interval > 0 else 1
     gather = param_bytes * (dp - 1) / dp
     slow_bw = {"gpu": float("inf"), "cpu": bw.h2d, "nvme": bw.nvme_read}[tier]
     shard = param_bytes / dp if tier != "gpu" else 0.0
@@ -284,12 +284,12 @@ def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> 
     return grads_time
 
 
-def _checkpoint_traffic(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:
+def _recompute_input_traffic(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:
     """Activation checkpoints written in forward and read back in backward (eq. 11)."""
-    tier = plan.placement.activation_checkpoints
-    if tier == "gpu" or plan.checkpoint_interval == 0:
+    tier = plan.placement.recompute_inputs
+    if tier == "gpu" or plan.recompute_interval == 0:
         return _Passes(0.0, 0.0)
-    ckpt = checkpoint_bytes(plan)
+    ckpt = recompute_input_bytes(plan)
     links["d2h"] += ckpt
     links["h2d"] += ckpt
     ckpt_fwd, ckpt_bwd = _divide(ckpt, bw.d2h), _divide(ckpt, bw.h2d)
@@ -308,7 +308,7 @@ def _tensor_parallel(plan: Plan, bw: Bandwidths) -> _Passes:
         return _Passes(0.0, 0.0)
     m, tokens = plan.model, plan.micro_batch_per_gpu * plan.model.seq_len
     per_allreduce = 2 * (mp - 1) / mp * ACTIVATION_ALLREDUCE_BYTES * tokens * mp * m.hidden_size
-    recompute = 2 if plan.checkpoint_interval > 0 else 0
+    recompute = 2 if plan.recompute_interval > 0 else 0
     one = per_allreduce / bw.tensor_parallel + bw.tensor_parallel_latency_s
     return _Passes(2 * m.num_layers * one, (2 + recompute) * m.num_layers * one)
 
@@ -413,10 +413,10 @@ def _in_backward_backward(plan: Plan, update_s: float, update_compute_s: float, 
     return max(compute, update_s, nvme_s, *others) + tp_bwd
 
 
-EFFICIENCY_STATES: tuple[str, ...] = ("params_and_gradients", "optimizer_states", "activation_checkpoints")
+EFFICIENCY_STATES: tuple[str, ...] = ("params_and_gradients", "optimizer_states", "recompute_inputs")
 """The three kinds of traffic of paper §4 (Fig. 2 a-c), in the order the paper plots them."""
 _TIER_OF = {"params_and_gradients": "params", "optimizer_states": "optimizer_states",
-            "activation_checkpoints": "activation_checkpoints"}
+            "recompute_inputs": "recompute_inputs"}
 
 
 def arithmetic_intensity(plan: Plan) -> dict[str, float]:
@@ -425,7 +425,7 @@ def arithmetic_intensity(plan: Plan) -> dict[str, float]:
     return {
         "params_and_gradients": tokens,  # eq. 9: seq x bsz
         "optimizer_states": tokens / 4,  # eq. 10: seq x bsz / 4
-        "activation_checkpoints": 24 * plan.model.hidden_size * max(1, plan.checkpoint_interval),  # eq. 11
+        "recompute_inputs": 24 * plan.model.hidden_size * max(1, plan.recompute_interval),  # eq. 11
     }
 
 
