@@ -1,8 +1,9 @@
 """The plan document: what to run (model, hardware, placement, knobs) and what we predict.
 
 Key names are a contract (DESIGN.md "JSON keys"): other tools read `placement.params`,
-`prediction.iteration_time_s`, ... Extend, never rename. A profile written by the runtime carries the
-same `prediction`-shaped block under `measured`.
+`prediction.iteration_time_s`, ... Extend rather than rename; a renamed key keeps its old spelling
+readable ([Note: old spellings]). A profile written by the runtime carries the same
+`prediction`-shaped block under `measured`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.phases import PHASES
-from planner.specs.specio import check_keys, load_document, number, string, write_json_atomic
+from planner.specs.specio import check_keys, load_document, number, renamed_keys, string, write_json_atomic
 
 SCHEMA = "tierwise.plan/1"
 
@@ -34,6 +35,20 @@ ATTENTION_KERNELS: tuple[str, ...] = ("flash", "eager")
 """What each costs: planner/cost/kernels.py [Note: attention kernels]."""
 RECOMPUTES: tuple[str, ...] = ("none", "full", "selective")
 """What each recomputes: planner/cost/kernels.py [Note: recompute]."""
+
+# [Note: old spellings]
+# Activation checkpoints are called recompute inputs, and their interval the recompute interval
+# (docs/architecture.md, Conventions): "checkpoint" means a training checkpoint only. Documents
+# written before the rename (plans, the profiles' `plan` and `measured` blocks, run histories) still
+# load: each old spelling below is read as its new one, and a document giving both is refused.
+# Documents are written with the new spellings only.
+OLD_PLAN_KEYS = {"checkpoint_interval": "recompute_interval"}
+OLD_PLACEMENT_KEYS = {"activation_checkpoints": "recompute_inputs"}
+OLD_MEMORY_TERMS = {"activation_checkpoints": "recompute_inputs",
+                    "checkpoint_offload_staging": "recompute_input_offload_staging"}
+"""`prediction.memory_terms` keys (`planner.specs.memory_terms.MemoryTerm` values)."""
+OLD_BOTTLENECKS = {f"checkpoints ({tier})": f"recompute inputs ({tier})" for tier in TIERS}
+"""`prediction.bottleneck` values of the analytic estimate (planner/cost/throughput.py's work names)."""
 
 # Runtime defaults a plan carries explicitly so that the simulator and the runtime share them.
 DEFAULT_OPTIMIZER_CHUNK_BYTES = 256 * 1024**2
@@ -53,7 +68,8 @@ class Placement:
     optimizer_states: Tier = "gpu"
     """fp32 master weights, Adam momentum and variance (and the fp32 gradient copy)."""
     recompute_inputs: Tier = "gpu"
-    """Block inputs saved at each checkpoint."""
+    """The input of each recompute segment (the block input kept in forward and recomputed from in
+    backward; the paper's activation checkpoints)."""
 
     def __post_init__(self) -> None:
         for state in STATES:
@@ -72,6 +88,7 @@ class Placement:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "placement") -> Placement:
+        doc = renamed_keys(doc, OLD_PLACEMENT_KEYS, where)
         check_keys(doc, set(STATES), where)
         return cls(**{k: string(v, f"{where}.{k}", choices=TIERS) for k, v in doc.items()})
 
@@ -84,7 +101,7 @@ def parse_placement_pins(text: str | None) -> dict[str, str]:
     if not text:
         return {}
     aliases = {"optimizer": "optimizer_states", "grads": "gradients", "checkpoints": "recompute_inputs",
-               "activations": "recompute_inputs", "param": "params"}
+               "activations": "recompute_inputs", "param": "params", **OLD_PLACEMENT_KEYS}
     pins: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
@@ -180,6 +197,7 @@ class Prediction:
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "prediction") -> Prediction:
         check_keys(doc, {f.name for f in fields(cls)}, where)
+        doc = _with_new_names(doc, where)
         if "feasible" not in doc or not isinstance(doc["feasible"], bool):
             raise PlannerError(f"{where}.feasible must be true or false")
         kwargs: dict[str, Any] = {"feasible": doc["feasible"]}
@@ -212,6 +230,18 @@ class Prediction:
         return cls(**kwargs)
 
 
+def _with_new_names(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """A prediction-shaped block with the memory-term and bottleneck names of [Note: old spellings]."""
+    doc = dict(doc)
+    terms = doc.get("memory_terms")
+    if isinstance(terms, dict):
+        doc["memory_terms"] = {tier: renamed_keys(by_name, OLD_MEMORY_TERMS, f"{where}.memory_terms.{tier}")
+                               if isinstance(by_name, dict) else by_name for tier, by_name in terms.items()}
+    if doc.get("bottleneck") in OLD_BOTTLENECKS:
+        doc["bottleneck"] = OLD_BOTTLENECKS[doc["bottleneck"]]
+    return doc
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
     """One executable configuration. The simulator and the runtime read exactly these fields.
@@ -229,7 +259,8 @@ class Plan:
     micro_batch_per_gpu: float = 1
     """Global batch / number of GPUs (paper's batch/GPU); fractional only with model parallelism."""
     recompute_interval: int = 1
-    """Blocks between activation checkpoints (`ci`); 0 disables checkpointing (no recompute)."""
+    """Blocks per recompute segment (the paper's `ci`): each segment keeps only its input and runs
+    its blocks' forward again in backward; 0: no block is recomputed (`recompute` none or selective)."""
     tiling_factor: int = 1
     """Each large linear is split into this many tiles, gathered one at a time."""
     prefetch_depth: int = 3
@@ -278,9 +309,10 @@ class Plan:
     (`NodeSpec.flash_attention_flops_per_s`: A100, H100, H200), eager elsewhere (V100, the paper's DGX-2).
     planner/cost/kernels.py [Note: attention kernels]."""
     recompute: str = ""
-    """`none`, `full` (every block's forward again from its checkpoint; `recompute_interval` >= 1)
-    or `selective` (only the attention core's seq^2 part, all else stored; `recompute_interval` 0).
-    Empty means what `recompute_interval` says: `full` with checkpoints, `none` without.
+    """`none`, `full` (every block's forward again from its segment's recompute input;
+    `recompute_interval` >= 1) or `selective` (only the attention core's seq^2 part, all else stored;
+    `recompute_interval` 0). Empty means what `recompute_interval` says: `full` with recompute
+    segments, `none` without.
     planner/cost/kernels.py [Note: recompute]."""
     prediction: Prediction | None = None
 
@@ -357,7 +389,8 @@ class Plan:
         if (self.recompute == "full") != (self.recompute_interval > 0):
             raise PlannerError(f"recompute {self.recompute} needs recompute_interval "
                                f"{'>= 1' if self.recompute == 'full' else '0'}, got {self.recompute_interval}: "
-                               "full recompute runs from block checkpoints, none and selective store the blocks")
+                               "full recompute runs from each segment's recompute input, none and selective store "
+                               "the blocks")
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -428,6 +461,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "plan") -> Plan:
+        doc = renamed_keys(doc, OLD_PLAN_KEYS, where)
         scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "recompute_interval", "tiling_factor",
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",

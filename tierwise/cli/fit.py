@@ -144,4 +144,4 @@ def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: P
 
 
 def register(app: typer.Typer) -> None:
-    app.command("fit")(fit)
+    app.command("fit", cls=o.RenamedFlags)(fit)

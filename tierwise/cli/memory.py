@@ -115,4 +115,4 @@ def _print_bill(plan, quantities: dict) -> None:  # noqa: ANN001
 
 
 def register(app: typer.Typer) -> None:
-    app.command("memory")(memory)
+    app.command("memory", cls=o.RenamedFlags)(memory)

@@ -98,5 +98,5 @@ def print_prediction(plan: Plan) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("simulate")(simulate_command)
+    app.command("simulate", cls=o.RenamedFlags)(simulate_command)
 
