@@ -93,8 +93,8 @@ def test_first_stage_holds_min_p_m_micro_batches_of_activations():
     assert in_flight_micro_batches(p) == 4
     assert in_flight_micro_batches(p.replace(micro_batches_per_step=2)) == 2
     stage_bill, bill = memory_bill(stage_plan(p)), memory_bill(p)
-    ckpt = MemoryTerm.RECOMPUTE_INPUTS
-    assert bill.terms["gpu"][ckpt] == 4 * stage_bill.terms["gpu"][ckpt]
+    inputs = MemoryTerm.RECOMPUTE_INPUTS
+    assert bill.terms["gpu"][inputs] == 4 * stage_bill.terms["gpu"][inputs]
     assert bill.terms["gpu"][MemoryTerm.AWM] == stage_bill.terms["gpu"][MemoryTerm.AWM]
     no_recompute = p.replace(recompute_interval=0)
     assert memory_bill(no_recompute).terms["gpu"][MemoryTerm.AWM] == 4 * memory_bill(stage_plan(no_recompute)).terms["gpu"][MemoryTerm.AWM]

@@ -109,8 +109,8 @@ def candidate_placements(strategy: str | None, pins: dict[str, str]) -> list[tup
         (name, s.placement) for name, s in STRATEGY_TABLE.items() if name in ("dp", "zero2", "zero-offload", "3d")
     ]
     recompute_input_tiers = ("gpu", "cpu", "nvme") if pins.get("recompute_inputs") == "nvme" else ("gpu", "cpu")
-    for params, (opt, grads), ckpt in itertools.product(("gpu", "cpu", "nvme"), _OPTIMIZER_GRADIENTS, recompute_input_tiers):
-        placement = Placement(params=params, gradients=grads, optimizer_states=opt, recompute_inputs=ckpt)
+    for params, (opt, grads), inputs in itertools.product(("gpu", "cpu", "nvme"), _OPTIMIZER_GRADIENTS, recompute_input_tiers):
+        placement = Placement(params=params, gradients=grads, optimizer_states=opt, recompute_inputs=inputs)
         out.append((by_placement.get(placement, "custom"), placement))
     kept = [(name, p) for name, p in out if all(getattr(p, k) == v for k, v in pins.items())]
     if not kept:

@@ -234,7 +234,7 @@ class RankProgram:
         self._ready: dict[int, simpy.Event] = {}
         self._rs_done: list[simpy.Event] = []
         self._grad_done: list[simpy.Event] = []
-        self._ckpt_ready: dict[int, simpy.Event] = {}
+        self._inputs_ready: dict[int, simpy.Event] = {}
         self.updates = BackwardUpdates(self) if plan.optimizer_step == "in_backward" else None
         """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
 
@@ -486,11 +486,11 @@ class RankProgram:
         """Wait for this segment's checkpoint on the GPU; start fetching the previous segment's."""
         if self.sim.plan.placement.recompute_inputs == "gpu" or self.host_is_device:
             return
-        if segment not in self._ckpt_ready:
-            self._ckpt_ready[segment] = self.env.process(self._fetch_recompute_input())
+        if segment not in self._inputs_ready:
+            self._inputs_ready[segment] = self.env.process(self._fetch_recompute_input())
         if segment > 0:
-            self._ckpt_ready[segment - 1] = self.env.process(self._fetch_recompute_input())
-        yield self._ckpt_ready.pop(segment)
+            self._inputs_ready[segment - 1] = self.env.process(self._fetch_recompute_input())
+        yield self._inputs_ready.pop(segment)
 
     def _fetch_recompute_input(self) -> Proc:
         sim, nbytes = self.sim, self.sim.work.recompute_input_bytes
