@@ -1,7 +1,7 @@
 """Simulator speed: the two targets of issue 3, measured on this machine.
 
 1. Simulating one iteration of the paper's 1T configuration (128 layers, hd 25600, batch/GPU 7,
-   everything offloaded to NVMe, checkpoints on the CPU) on 16 GPUs of `dgx2-v100` in under 0.5 s.
+   everything offloaded to NVMe, recompute inputs on the CPU) on 16 GPUs of `dgx2-v100` in under 0.5 s.
 2. `planner fit 1T --gpus 16` (default hardware dgx-h100, and with `--hardware dgx2-v100`),
    including the simulated refinement of the analytic search's best candidates, in under 2 s wall
    time (a fresh process, start-up included).

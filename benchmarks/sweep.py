@@ -64,7 +64,7 @@ class Config:
     params: str
     optimizer: str
     gradients: str
-    checkpoints: str
+    recompute_inputs: str
     batch: int
     recompute_interval: int
     tiling: int = 1
@@ -101,7 +101,7 @@ def plan_for(config: Config, node: NodeSpec, nvme_path: str) -> Plan:
     model = {"name": config.size, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
              "seq_len": SEQ, "vocab_size": VOCAB}
     placement = {"params": config.params, "gradients": config.gradients, "optimizer_states": config.optimizer,
-                 "recompute_inputs": config.checkpoints}
+                 "recompute_inputs": config.recompute_inputs}
     return pinned_plan(node, model, placement, micro_batch_per_gpu=config.batch,
                        recompute_interval=config.recompute_interval, tiling_factor=config.tiling, nvme_path=nvme_path)
 

@@ -36,7 +36,7 @@ class RuntimeConfig:
     precision: str
     """`fp32` (end to end), `bf16` or `fp16` (16-bit compute copies, fp32 master and Adam states)."""
     recompute_interval: int
-    """Blocks per recompute segment; 0 disables checkpointing."""
+    """Blocks per recompute segment; 0: no block is recomputed."""
     tiling_factor: int
     """Tiles per large Linear (1: no tiling)."""
     prefetch_depth: int

@@ -26,7 +26,7 @@ def _plans() -> dict[str, Plan]:
     """Between them, plans that bill every term (a new term needs a plan here that bills it)."""
     node = resolve_hardware("dgx-h100")
     return {
-        # bf16 on 8 GPUs, states and checkpoints on the host, depth 2: the GPU's staging and working terms.
+        # bf16 on 8 GPUs, states and recompute inputs on the host, depth 2: the GPU's staging and working terms.
         "bf16-cpu-depth2": Plan(model=resolve_model("gpt3-1.3b"), node=node, num_gpus=8, strategy="custom",
                                 placement=ALL_CPU, prefetch_depth=2),
         # fp32 on NVMe, depth 3: the fp32 gradient shard and every host swap buffer.
@@ -72,7 +72,7 @@ SIMULATED = {MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.RECOMPUT
              MemoryTerm.GRADIENT_OFFLOAD_STAGING, MemoryTerm.PARAM_SWAP_BUFFERS, MemoryTerm.OPTIMIZER_SWAP_BUFFERS,
              MemoryTerm.GRADIENT_SWAP_BUFFERS}
 """What the simulator schedules of the small plans (bf16: no `gradients`). It charges every gathered
-operator to `mswm` (prefetched or in use), a checkpoint's GPU copy to `recompute_inputs`, and
+operator to `mswm` (prefetched or in use), a recompute input's GPU copy to `recompute_inputs`, and
 leaves out the logits, the allocator's slack and the runtime's bookkeeping."""
 
 

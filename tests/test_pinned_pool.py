@@ -56,9 +56,9 @@ def test_no_pool_without_host_state_crossing_a_link() -> None:
     cpu_machine = Plan.from_dict(plan_doc(placement=ALL_CPU))  # the host is the device
     for plan in (on_device, on_nvme, cpu_machine):
         assert MemoryTerm.PINNED_STAGING_POOL not in memory_bill(plan).terms["cpu"]
-    only_checkpoints = _dgx_plan(Placement(params="gpu", gradients="gpu", optimizer_states="gpu",
-                                           recompute_inputs="cpu"), recompute_interval=1)
-    assert MemoryTerm.PINNED_STAGING_POOL in memory_bill(only_checkpoints).terms["cpu"]
+    only_recompute_inputs = _dgx_plan(Placement(params="gpu", gradients="gpu", optimizer_states="gpu",
+                                                recompute_inputs="cpu"), recompute_interval=1)
+    assert MemoryTerm.PINNED_STAGING_POOL in memory_bill(only_recompute_inputs).terms["cpu"]
 
 
 # -- the pool's bound -----------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ PLACEMENTS = {
     "all-cpu": ALL_CPU,
     "params-on-host": {**ALL_DEVICE, "params": "cpu"},
     "states-on-host": {**ALL_CPU, "params": "gpu", "recompute_inputs": "gpu"},
-    "checkpoints-on-host": {**ALL_DEVICE, "recompute_inputs": "cpu"},
+    "recompute-inputs-on-host": {**ALL_DEVICE, "recompute_inputs": "cpu"},
 }
 
 
@@ -288,9 +288,9 @@ def test_cuda_cpu_offload_step_pins_only_the_billed_pool(name: str) -> None:
 @gpu
 @pytest.mark.parametrize("placement", [{**ALL_DEVICE, "params": "cpu", "recompute_inputs": "cpu"},
                                        {**ALL_DEVICE, "recompute_inputs": "cpu"}],
-                         ids=["params-and-checkpoints-on-host", "checkpoints-on-host"])
-def test_cuda_host_params_and_checkpoints_train_bitwise_like_the_device(placement: dict) -> None:
-    """Property: parameters and checkpoints staged through the pool on the copy stream (asynchronous,
+                         ids=["params-and-recompute-inputs-on-host", "recompute-inputs-on-host"])
+def test_cuda_host_params_and_recompute_inputs_train_bitwise_like_the_device(placement: dict) -> None:
+    """Property: parameters and recompute inputs staged through the pool on the copy stream (asynchronous,
     buffers reused as soon as their copies complete) reach the compute bit for bit: with the
     gradients and optimizer on the device the math is the device placement's, and so are the losses
     (attention on the math backend: the fused backends' backward may accumulate in any order)."""

@@ -112,7 +112,7 @@ def test_prefetch_depth_zero_holds_no_prefetch_buffers():
     assert "prefetch_gathered_params" not in gpu and "prefetch_shard_staging" not in gpu
 
 
-def test_no_checkpointing_keeps_every_layer():
+def test_no_recompute_keeps_every_layer():
     plan = plan_for("paper-1.4b", gpus=1, hardware="h200-x1", recompute_interval=0)
     q = paper_quantities(plan)
     assert q["recompute_inputs_per_gpu"] == 0

@@ -173,7 +173,7 @@ def test_bad_optimizer_step_is_one_line_exit_1(args, needle):
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_deepspeed_export_of_the_papers_step_is_unchanged():
+def test_deepspeed_config_of_the_papers_step_is_unchanged():
     assert "optimizer_step" not in deepspeed_config(plan_1t())["tierwise"]
 
 

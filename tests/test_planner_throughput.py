@@ -59,13 +59,13 @@ def test_zero_inf_cpu_serial_iteration():
     param_bytes = 2 * P
     per_pass = max(param_bytes * 3 / 4 / (100 * GB), param_bytes / 4 / (10 * GB))  # all-gather vs own shard
     grads = max(2 * P * 3 / 4 / (100 * GB), 2 * P / 4 / (10 * GB))
-    inputs = 2 * 1024 * 1024 * 1  # eq. 3: one checkpoint of one block
-    ckpts = inputs / (10 * GB) + inputs / (10 * GB)
+    inputs = 2 * 1024 * 1024 * 1  # eq. 3: one recompute input of one block
+    inputs_s = inputs / (10 * GB) + inputs / (10 * GB)
     optimizer = max(P / 4 * 4 / 1e9, 0.0)  # CPU Adam over the node's 4 shards
     assert est.phase_time_s["forward"] == pytest.approx(COMPUTE_FWD + per_pass + inputs / (10 * GB))
     assert est.phase_time_s["backward"] == pytest.approx(COMPUTE_BWD + 2 * per_pass + grads + inputs / (10 * GB))
     assert est.phase_time_s["optimizer"] == pytest.approx(optimizer)
-    assert est.iteration_time_s == pytest.approx(COMPUTE_FWD + COMPUTE_BWD + 3 * per_pass + grads + ckpts + optimizer)
+    assert est.iteration_time_s == pytest.approx(COMPUTE_FWD + COMPUTE_BWD + 3 * per_pass + grads + inputs_s + optimizer)
     assert est.tflops_per_gpu == pytest.approx(8 * 1024 * P / est.iteration_time_s / 1e12)
     assert est.link_bytes["h2d"] == int(3 * param_bytes / 4 + inputs)
 

@@ -343,15 +343,15 @@ def test_host_tier_gradients_wait_once_per_unit(monkeypatch: pytest.MonkeyPatch)
     assert batched_waits <= num_units < reference_waits
 
 
-# -- 9. activation checkpoints offloaded asynchronously ([Note: asynchronous checkpoint offload]) -----
+# -- 9. recompute inputs offloaded asynchronously ([Note: asynchronous recompute-input offload]) -------
 
 
 @gpu
-def test_checkpoint_offload_is_asynchronous_with_one_segment_of_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Property: with activation checkpoints in host memory, neither the offload nor the reload
+def test_recompute_input_offload_is_asynchronous_with_one_segment_of_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: with recompute inputs in host memory, neither the offload nor the reload
     waits on the host; the reload of the segment recomputed next is issued when the current
     segment's recompute starts (one segment of prefetch); and the losses are bitwise those of the
-    same run with the checkpoints on the GPU (the bytes travel unchanged, the kernels are the same)."""
+    same run with the recompute inputs on the GPU (the bytes travel unchanged, the kernels are the same)."""
     from runtime_support import ALL_DEVICE, batches, build_model, plan_doc
 
     import runtime

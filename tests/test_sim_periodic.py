@@ -1,6 +1,6 @@
 """The Timeline panel's extrapolated timelines equal the whole simulation's (planner/sim/periodic.py,
 [Note: periodic timelines]): every busy interval, every memory step, the Gantt chart's bins and zoom,
-and the prediction, on plans with tiling, a partial top segment, no checkpointing, tensor
+and the prediction, on plans with tiling, a partial top segment, no recompute, tensor
 parallelism, several nodes, and GPU / CPU / NVMe placements."""
 
 import numpy as np
@@ -32,7 +32,7 @@ PLANS = {
                                      micro_batch_per_gpu=4, recompute_interval=4),
     "all nvme, ci 1, vocab, 2 nodes": Plan(model=small(12, vocab_size=32000), node=resolve_hardware("dgx-a100-80g"),
                                            num_gpus=16, placement=ALL_NVME, micro_batch_per_gpu=2, recompute_interval=1),
-    "no checkpointing, gpu optimizer, mp 2": Plan(model=small(10), node=resolve_hardware("dgx-h100"), num_gpus=8,
+    "no recompute, gpu optimizer, mp 2": Plan(model=small(10), node=resolve_hardware("dgx-h100"), num_gpus=8,
                                                   placement=GPU_OPTIMIZER, micro_batch_per_gpu=1, recompute_interval=0,
                                                   model_parallel_degree=2),
 }

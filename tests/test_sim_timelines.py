@@ -35,7 +35,7 @@ def rounded(log, keep):
 def test_one_layer_known_bandwidths_give_known_iteration_time():
     # One block of a width-1 model, bf16, batch 1, seq 1: linears qkv 3, attn_out 1, mlp_up 4, mlp_down
     # 4 weights (6, 2, 8, 8 bytes); forward flops 2 * params, attn_out also 4 attention flops. PCIe
-    # 2 B/s each way, 2 flop/s, CPU Adam 4 params/s. Depth 0, no checkpointing: every step is
+    # 2 B/s each way, 2 flop/s, CPU Adam 4 params/s. Depth 0, no recompute: every step is
     # fetch -> compute (-> gradient offload), in sequence.
     plan = Plan(model=ONE_LAYER, node=tiny_node(), num_gpus=1, placement=CPU_OFFLOAD, recompute_interval=0,
                 prefetch_depth=0)
@@ -195,8 +195,8 @@ def _running(changes):
     (8, 2, Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")),  # 2 nodes
 ])
 def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement):
-    # [Note: representative rank]: nodes of 4 GPUs, every transfer kind, efficiency curves, checkpoints
-    # on CPU; with two nodes the all-gathers and reduce-scatters also cross the network port.
+    # [Note: representative rank]: nodes of 4 GPUs, every transfer kind, efficiency curves, recompute
+    # inputs on CPU; with two nodes the all-gathers and reduce-scatters also cross the network port.
     from planner.specs.catalog import hardware_presets
 
     node = hardware_presets()["dgx2-v100"].replace(num_gpus_per_node=4)
@@ -222,7 +222,7 @@ def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement
     (512, 17, 0, Placement(), 1, 1, 16, True),
     (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu"), 4, 1, 32,
      True),
-    # Tiny transfers: with the hand-set A100 rates the checkpoint offloads drifted against the fetches
+    # Tiny transfers: with the hand-set A100 rates the recompute-input offloads drifted against the fetches
     # and the fast path fell back to every block; with the fitted rates (issue 24 item 4: slower small
     # matmuls) compute hides them and the blocks repeat.
     (512, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu"), 1, 1,

@@ -80,7 +80,7 @@ def memory_chart(frame: pd.DataFrame) -> alt.FacetChart:
 
 
 def gantt_frames(result: SimResult) -> tuple[pd.DataFrame, tuple[float, float], pd.DataFrame]:
-    """planner.output.timeline's data: busy fraction per resource and time bin, and one checkpoint
+    """planner.output.timeline's data: busy fraction per resource and time bin, and one recompute
     segment of the backward pass span by span."""
     window, spans = zoom_spans(result)
     return pd.DataFrame(busy_bins(result, GANTT_BINS)), window, pd.DataFrame(spans)

@@ -12,7 +12,7 @@ recompute interval. A real ZeRO-3 runtime also holds, at the worst moment of the
 - one operator's full gradients being reduce-scattered while the previous operator's backward runs;
 - pinned host staging: NVMe->CPU read buffers for the parameter shards fetched ahead (depth >= 3
   reads i+3 while i+2 crosses PCIe), the streamed optimizer's chunk buffers, and double buffers for
-  gradient shards on their way to NVMe and for checkpoints on their way to CPU;
+  gradient shards on their way to NVMe and for recompute inputs on their way to CPU;
 - the loss's logits (vocab-sized) and their gradient, when the model has embeddings;
 - allocator slack: the caching allocator rounds and fragments; we charge a fixed fraction of the
   transient GPU bytes (`ALLOCATOR_SLACK_FRACTION`, the terms marked `transient`).
@@ -161,8 +161,9 @@ def num_operators(plan: Plan) -> int:
 
 
 def recompute_input_bytes(plan: Plan, element_bytes: int | None = None) -> int:
-    """Eq. 3 per GPU: one block input per checkpoint, in the compute precision (eq. 3 writes fp16:
-    `element_bytes=ACTIVATION_BYTES`; an fp32 run holds 4-byte checkpoints). 0 without checkpointing."""
+    """Eq. 3 per GPU: one block input per recompute segment, in the compute precision (eq. 3 writes
+    fp16: `element_bytes=ACTIVATION_BYTES`; an fp32 run holds 4-byte recompute inputs). 0 without
+    recompute segments."""
     m, ci = plan.model, plan.recompute_interval
     if ci == 0:
         return 0
@@ -172,7 +173,7 @@ def recompute_input_bytes(plan: Plan, element_bytes: int | None = None) -> int:
 
 
 def activation_working_bytes(plan: Plan) -> int:
-    """Eq. 5: memory to recompute (or, without checkpointing, to keep) `ci` blocks' activations.
+    """Eq. 5: memory to recompute (or, without recompute, to keep) `ci` blocks' activations.
 
     Eq. 5 bills the eager attention scores (`2 heads seq` bytes per token and block); with
     `attention: flash` they are never stored (flash keeps `4 heads` bytes of softmax statistics
@@ -243,7 +244,7 @@ def memory_bill(plan: Plan) -> MemoryBill:
 def _pipeline_stage_bill(plan: Plan) -> MemoryBill:
     """A pipelined plan's bill: its heaviest stage's (planner/cost/pipeline.py stage_plan: `L / p` of the
     weights), with the first stage's 1F1B activations of `min(p, m)` micro-batches in flight: their
-    checkpoints with recompute, their whole activations without ([Note: the 1F1B step])."""
+    recompute inputs with recompute, their whole activations without ([Note: the 1F1B step])."""
     bill = memory_bill(stage_plan(plan))
     extra = in_flight_micro_batches(plan) - 1
     held = MemoryTerm.RECOMPUTE_INPUTS if plan.recompute_interval else MemoryTerm.AWM
@@ -377,7 +378,7 @@ class PinnedPoolShape:
 def host_state_crosses_link(plan: Plan) -> bool:
     """Whether some state placed on `cpu` is copied between host and device memory in a step (on
     hardware whose host is not the device): parameters read for the compute, gradients written off
-    the device, checkpoints offloaded, or master weights written back to device parameters."""
+    the device, recompute inputs offloaded, or master weights written back to device parameters."""
     place = plan.placement
     return (place.params == "cpu" or place.optimizer_states == "cpu"
             or (place.gradients == "cpu" and stores_gradients(plan))
@@ -389,7 +390,7 @@ def pinned_staging_pool(plan: Plan) -> PinnedPoolShape:
     reused pinned buffers instead of pinning the state itself (pinned memory the size of the model
     is what runs the host out of memory). A buffer holds the largest unit's shard at the widest
     element a step moves (fp32 gradients and masters), so a unit's transfer is one lease; larger
-    transfers (checkpoints) go through it in pieces. Buffers: one per parameter read in flight ahead
+    transfers (recompute inputs) go through it in pieces. Buffers: one per parameter read in flight ahead
     (the prefetch depth, at least 1) plus a double buffer for the device-to-host direction. The
     runtime sizes its pool with this function, and the bill charges `num_buffers x buffer_bytes`."""
     unit_shard = largest_unit_params(plan) / plan.data_parallel_degree

@@ -285,7 +285,7 @@ def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> 
 
 
 def _recompute_input_traffic(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:
-    """Activation checkpoints written in forward and read back in backward (eq. 11)."""
+    """Recompute inputs written in forward and read back in backward (eq. 11)."""
     tier = plan.placement.recompute_inputs
     if tier == "gpu" or plan.recompute_interval == 0:
         return _Passes(0.0, 0.0)
@@ -405,7 +405,7 @@ def _in_backward_backward(plan: Plan, update_s: float, update_compute_s: float, 
     compute. One NVMe array serves the backward's reads and the state traffic (`nvme_s`, both
     together). The optimizer phase keeps only what must follow the backward (the caller's: the
     ZeRO-2 all-gather; the last unit's write tail is left out). `others` are the backward's other
-    traffic times (parameters, gradients, checkpoints); `update_compute_s` is the update's own
+    traffic times (parameters, gradients, recompute inputs); `update_compute_s` is the update's own
     arithmetic (the CPU or HBM-bound Adam), the part of `update_s` that is not I/O."""
     if plan.prefetch_depth == 0:  # nothing overlaps
         return compute_bwd + sum(others) + tp_bwd + update_s

@@ -71,7 +71,7 @@ def plan_line(plan: Plan) -> str:
     step = " | optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     return (
         f"strategy {plan.strategy}: params={p.params} gradients={p.gradients} optimizer={p.optimizer_states} "
-        f"checkpoints={p.recompute_inputs} | batch/GPU {plan.micro_batch_per_gpu:g} | recompute interval "
+        f"recompute_inputs={p.recompute_inputs} | batch/GPU {plan.micro_batch_per_gpu:g} | recompute interval "
         f"{plan.recompute_interval} | tiling {plan.tiling_factor} | prefetch depth {plan.prefetch_depth} | "
         f"model parallel {plan.model_parallel_degree}{_pipeline_label(plan)} | {plan.precision}"
         f"{' + fp8 matmuls' if plan.fp8_matmuls else ''}{step}"

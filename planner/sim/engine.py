@@ -16,8 +16,8 @@ Mechanisms, each as the runtime does it:
   and the all-gather assembles the slice;
 - backward: while operator i computes, the reduce-scatter of the operator before it and the offload
   of the one before that run (at most two gradient buckets in flight, §4.3);
-- activation checkpoints: one block input saved every `recompute_interval` blocks (eq. 3), copied
-  to the CPU when placed there and fetched back one segment ahead of its recompute;
+- recompute inputs: one block input saved every `recompute_interval` blocks (eq. 3), copied to
+  the CPU when placed there and fetched back one segment ahead of its recompute;
 - the optimizer step streams chunks through `num_optimizer_buffers` pinned buffers: read k+1,
   update k, write k-1 at once (§4.3); with `optimizer_step: in_backward` each unit is updated
   during the backward instead, as soon as its gradient is final (in_backward.py).
@@ -83,7 +83,7 @@ class Simulation:
         self.phase_end_s: dict[Phase, float] = {}
         self.unit_start_s: dict[tuple[Phase, int], float] = {}
         """When rank 0's compute starts on each repeating unit of blocks (a recompute segment, or a
-        block without checkpointing), keyed (FORWARD | BACKWARD, unit): the marks the periodic
+        block without recompute), keyed (FORWARD | BACKWARD, unit): the marks the periodic
         extrapolation of the timelines cuts at ([Note: periodic timelines] in periodic.py)."""
         self.largest_gpu_allocation_bytes = 0.0
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
@@ -221,7 +221,7 @@ class RankProgram:
         depth = plan.prefetch_depth
         self.layers = plan.model.num_layers
         self.unit = plan.recompute_interval or 1
-        """Blocks per repeating unit: a recompute segment, or a block without checkpointing."""
+        """Blocks per repeating unit: a recompute segment, or a block without recompute."""
         self.unit_opening = Phase.RECOMPUTE if plan.recompute_interval else Phase.BACKWARD
         """A unit's work in the backward pass starts with this."""
         self.slice_factor = self.b / self.mp
@@ -409,7 +409,7 @@ class RankProgram:
             self._close_block(step)
 
     def _open_block(self, step: Step) -> Proc:
-        """A block's forward (saving its checkpoint first) or recompute (restoring it first) takes
+        """A block's forward (saving its recompute input first) or recompute (restoring it first) takes
         the block's activations."""
         ci, work = self.sim.plan.recompute_interval, self.sim.work
         if step.phase is Phase.FORWARD:
@@ -424,7 +424,7 @@ class RankProgram:
             self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.recomputed_score_bytes)
 
     def _close_block(self, step: Step) -> None:
-        """A block's backward frees its activations and its checkpoint; a checkpointed forward
+        """A block's backward frees its activations and its recompute input; a forward with recompute
         frees the activations (the recompute makes them again)."""
         sim, plan, work = self.sim, self.sim.plan, self.sim.work
         ci = plan.recompute_interval
@@ -465,7 +465,7 @@ class RankProgram:
         if self.rank == 0 and phase not in self.sim.phase_end_s:
             self.sim.phase_end_s[phase] = self.env.now
 
-    # -- activation checkpoints ----------------------------------------------------------------
+    # -- recompute inputs ----------------------------------------------------------------------
     def _save_recompute_input(self, segment: int) -> None:
         sim, nbytes = self.sim, self.sim.work.recompute_input_bytes
         if sim.plan.placement.recompute_inputs != "gpu" and self.host_is_device:
@@ -483,7 +483,7 @@ class RankProgram:
         self.env.process(offload())
 
     def _restore_recompute_input(self, segment: int) -> Proc:
-        """Wait for this segment's checkpoint on the GPU; start fetching the previous segment's."""
+        """Wait for this segment's recompute input on the GPU; start fetching the previous segment's."""
         if self.sim.plan.placement.recompute_inputs == "gpu" or self.host_is_device:
             return
         if segment not in self._inputs_ready:

@@ -12,9 +12,9 @@ Run: `python -m planner.sim.validation --out docs/validation.md`
 Choices the table leaves open, made once here:
 - models are the presets of data/models/paper.json (widths in the paper's K = 1024, 18K = 18432);
 - gradients follow the optimizer (GPU with a GPU optimizer, NVMe when parameters are on NVMe, CPU
-  otherwise); activation checkpoints on the GPU when everything else is and they fit, on the CPU
+  otherwise); recompute inputs on the GPU when everything else is and they fit, on the CPU
   otherwise; the smallest tiling factor that fits (memory-centric tiling, docs/method.md §4.4);
-  one checkpoint per block (ci = 1); prefetch depth 3; bf16; the plan's default optimizer chunk
+  one recompute segment per block (ci = 1); prefetch depth 3; bf16; the plan's default optimizer chunk
   (256 MiB) and 3 buffers.
 """
 
@@ -66,11 +66,11 @@ EXPERIMENTS: tuple[Experiment, ...] = (
 
 
 def experiment_plan(exp: Experiment) -> Plan:
-    """The configuration with the first checkpoint tier (GPU, then CPU) and the smallest tiling
+    """The configuration with the first recompute-input tier (GPU, then CPU) and the smallest tiling
     factor (1, 2, 4, ... 64) whose simulated memory fits; the last one tried when none does."""
     candidates = [
-        _plan(exp, checkpoints, tiling)
-        for checkpoints in (("gpu", "cpu") if exp.params_on == exp.optimizer_on == "gpu" else ("cpu",))
+        _plan(exp, inputs_on, tiling)
+        for inputs_on in (("gpu", "cpu") if exp.params_on == exp.optimizer_on == "gpu" else ("cpu",))
         for tiling in (1, 2, 4, 8, 16, 32, 64)
     ]
     for plan in candidates:
@@ -79,13 +79,13 @@ def experiment_plan(exp: Experiment) -> Plan:
     return candidates[-1]
 
 
-def _plan(exp: Experiment, checkpoints: str, tiling: int) -> Plan:
+def _plan(exp: Experiment, inputs_on: str, tiling: int) -> Plan:
     node = hardware_presets()[HARDWARE]
     model = model_presets()[exp.preset][0]
     assert (model.hidden_size, model.num_layers) == (exp.hidden, exp.layers), exp
     grads = "gpu" if exp.optimizer_on == "gpu" else ("nvme" if exp.params_on == "nvme" else "cpu")
     placement = Placement(params=exp.params_on, gradients=grads, optimizer_states=exp.optimizer_on,
-                          recompute_inputs=checkpoints)
+                          recompute_inputs=inputs_on)
     return Plan(model=model, node=node, num_gpus=exp.nodes * node.num_gpus_per_node, placement=placement,
                 micro_batch_per_gpu=exp.batch_per_gpu, recompute_interval=1, model_parallel_degree=exp.mp,
                 tiling_factor=tiling)

@@ -15,7 +15,7 @@ node) and data-parallel degree `dp = N / mp`:
   forward (eq. 7), twice that backward;
 - the Megatron all-reduces (after the attention output and the MLP down projection, forward and
   backward) carry the replica's `batch_per_gpu * mp * seq * hd` activations;
-- activation checkpoints are partitioned over the tensor-parallel group (DeepSpeed's
+- recompute inputs are partitioned over the tensor-parallel group (DeepSpeed's
   `partition_activations`), so a GPU holds eq. 3 with its own `batch_per_gpu`.
 """
 
@@ -72,7 +72,7 @@ class Step:
     block: int
     """Transformer block, -1 for the embedding, num_layers for the head."""
     segment: int
-    """Recompute segment of the block; -1 outside the checkpointed blocks."""
+    """Recompute segment of the block; -1 outside the recomputed blocks."""
 
 
 def step_elementwise_bytes(step: Step) -> float:
@@ -105,7 +105,7 @@ class Workload:
     """Optimizer-state bytes per parameter: 16 in mixed precision (eq. 2; read and written once, eq. 10)."""
     tokens_per_gpu: float
     recompute_input_bytes: float
-    """One checkpoint (one block input), per GPU (eq. 3 per checkpoint)."""
+    """One recompute input (one block input), per GPU (eq. 3 per recompute segment)."""
     block_activation_bytes: float
     """Activations of one block while it runs with gradients (eq. 5 with ci = 1, the attention core
     as the plan keeps it: memory.block_activation_bytes), per GPU."""
