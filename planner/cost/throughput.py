@@ -35,7 +35,12 @@ from planner.cost.kernels import (
     fused_attention_flops_per_s,
     loss_bytes,
 )
-from planner.cost.memory import BYTES_PER_PARAM, STORED_GRADIENT_BYTES, recompute_input_bytes, stores_gradients
+from planner.cost.memory import (
+    BYTES_PER_PARAM,
+    STORED_GRADIENT_BYTES,
+    recompute_input_bytes,
+    stores_gradients,
+)
 from planner.specs.phases import PHASES
 from planner.specs.plan import LINKS, Plan
 
