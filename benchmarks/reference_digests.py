@@ -23,11 +23,13 @@ from pathlib import Path
 import tomllib
 
 PLACEMENTS = {
-    "device": {"params": "gpu", "gradients": "gpu", "optimizer_states": "gpu", "activation_checkpoints": "gpu"},
-    "cpu": {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"},
-    "opt-nvme": {"params": "cpu", "gradients": "cpu", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
-    "nvme": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
+    "device": {"params": "gpu", "gradients": "gpu", "optimizer_states": "gpu", "recompute_inputs": "gpu"},
+    "cpu": {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu", "recompute_inputs": "cpu"},
+    "opt-nvme": {"params": "cpu", "gradients": "cpu", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
+    "nvme": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
 }
+OLD_SPELLINGS = {"recompute_interval": "checkpoint_interval", "recompute_inputs": "activation_checkpoints"}
+"""New plan key -> the key a checkout from before the recompute renames reads (newer ones read both)."""
 SCHEDULES = ("after_backward", "in_backward")
 STEPS = 4
 
@@ -41,9 +43,19 @@ def cli_command(checkout: Path) -> list[str]:
 
 def plan_doc(checkout: Path, *, world: int, placement: dict[str, str], schedule: str, nvme: Path) -> dict:
     hardware = json.loads((checkout / "data" / "hardware" / "cpu-dev-2core.json").read_text())
+    if not any("recompute_interval" in p.read_text() for p in checkout.glob("planner/**/plan.py")):
+        return _old_spellings(_plan_doc(hardware, world, placement, schedule, nvme))
+    return _plan_doc(hardware, world, placement, schedule, nvme)
+
+
+def _old_spellings(doc: dict) -> dict:
+    return {OLD_SPELLINGS.get(k, k): _old_spellings(v) if isinstance(v, dict) else v for k, v in doc.items()}
+
+
+def _plan_doc(hardware: dict, world: int, placement: dict[str, str], schedule: str, nvme: Path) -> dict:
     return {
         "model": {"num_layers": 3, "hidden_size": 64, "num_heads": 4, "seq_len": 32, "vocab_size": 128},
-        "hardware": hardware, "num_gpus": world, "precision": "fp32", "checkpoint_interval": 1,
+        "hardware": hardware, "num_gpus": world, "precision": "fp32", "recompute_interval": 1,
         "micro_batch_per_gpu": 2, "placement": placement, "optimizer_step": schedule, "nvme_path": str(nvme),
     }
 

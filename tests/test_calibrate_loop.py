@@ -43,8 +43,8 @@ def test_new_user_probe_fit_run_compare_calibrate(tmp_path: Path) -> None:
     probed = json.loads(hw.read_text())
     assert probed["host_is_device"] is True  # no CUDA here, so the probe calibrated on its reference runs
     assert "Calibrated on 4 reference runs of the runtime" in probed["notes"]
-    _cli("fit", *MODEL, "--hardware", str(hw), "--batch-per-gpu", "2", "--checkpoint-interval", "1",
-         "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu,activation_checkpoints=cpu",
+    _cli("fit", *MODEL, "--hardware", str(hw), "--batch-per-gpu", "2", "--recompute-interval", "1",
+         "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu,recompute_inputs=cpu",
          "--tiling-factor", "1", "--prefetch-depth", "2", "--out", str(plan_path))
     _cli("run", str(plan_path), "--steps", "3", "--profile-out", str(profile_path), "--store", str(tmp_path / "h.sqlite"))
 
@@ -54,7 +54,7 @@ def test_new_user_probe_fit_run_compare_calibrate(tmp_path: Path) -> None:
         err = by_metric[metric]["relative_error"]
         assert err is not None and math.isfinite(err), metric
     # The host store holds exactly what the bill says the runtime holds (model states as the
-    # runtime keeps them, checkpoints); the device tier holds no runtime buffer on one CPU rank.
+    # runtime keeps them, recompute inputs); the device tier holds no runtime buffer on one CPU rank.
     assert by_metric["runtime_buffer_peak_bytes.cpu"]["relative_error"] == pytest.approx(0, abs=0.03)
     assert by_metric["runtime_buffer_peak_bytes.gpu"]["predicted"] == by_metric["runtime_buffer_peak_bytes.gpu"]["measured"] == 0
     assert by_metric["link_bytes.h2d"]["predicted"] == by_metric["link_bytes.h2d"]["measured"] == 0

@@ -235,7 +235,7 @@ def test_recycler_pins_each_fresh_buffer_once_and_unpins_before_unmapping() -> N
     assert hook.pinned == {} and recycler.pinned_bytes == 0
 
 
-NVME_PARAMS = {"params": "nvme", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"}
+NVME_PARAMS = {"params": "nvme", "gradients": "cpu", "optimizer_states": "cpu", "recompute_inputs": "cpu"}
 
 
 def _slow_kernel_and_events(store):  # noqa: ANN001, ANN202
@@ -343,15 +343,15 @@ def test_host_tier_gradients_wait_once_per_unit(monkeypatch: pytest.MonkeyPatch)
     assert batched_waits <= num_units < reference_waits
 
 
-# -- 9. activation checkpoints offloaded asynchronously ([Note: asynchronous checkpoint offload]) -----
+# -- 9. recompute inputs offloaded asynchronously ([Note: asynchronous recompute-input offload]) -------
 
 
 @gpu
-def test_checkpoint_offload_is_asynchronous_with_one_segment_of_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Property: with activation checkpoints in host memory, neither the offload nor the reload
+def test_recompute_input_offload_is_asynchronous_with_one_segment_of_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: with recompute inputs in host memory, neither the offload nor the reload
     waits on the host; the reload of the segment recomputed next is issued when the current
     segment's recompute starts (one segment of prefetch); and the losses are bitwise those of the
-    same run with the checkpoints on the GPU (the bytes travel unchanged, the kernels are the same)."""
+    same run with the recompute inputs on the GPU (the bytes travel unchanged, the kernels are the same)."""
     from runtime_support import ALL_DEVICE, batches, build_model, plan_doc
 
     import runtime
@@ -360,8 +360,8 @@ def test_checkpoint_offload_is_asynchronous_with_one_segment_of_prefetch(monkeyp
 
     def losses(tier: str, log: list[str] | None = None) -> list[float]:
         torch.manual_seed(0)
-        placement = {**ALL_DEVICE, "activation_checkpoints": tier}
-        model = runtime.shard(build_model("gpt"), plan_doc(placement=placement, checkpoint_interval=1))
+        placement = {**ALL_DEVICE, "recompute_inputs": tier}
+        model = runtime.shard(build_model("gpt"), plan_doc(placement=placement, recompute_interval=1))
         opt = runtime.AdamW(model, lr=1e-3)
         segments = runtime.state_of(model).segments
         if log is not None:

@@ -80,7 +80,7 @@ def memory_chart(frame: pd.DataFrame) -> alt.FacetChart:
 
 
 def gantt_frames(result: SimResult) -> tuple[pd.DataFrame, tuple[float, float], pd.DataFrame]:
-    """planner.output.timeline's data: busy fraction per resource and time bin, and one checkpoint
+    """planner.output.timeline's data: busy fraction per resource and time bin, and one recompute
     segment of the backward pass span by span."""
     window, spans = zoom_spans(result)
     return pd.DataFrame(busy_bins(result, GANTT_BINS)), window, pd.DataFrame(spans)
@@ -106,7 +106,7 @@ def gantt_chart(bins: pd.DataFrame, spans: pd.DataFrame, window: tuple[float, fl
         color=alt.Color("phase:N", scale=_PHASE_SCALE, title="phase"),
         tooltip=["label", "phase", alt.Tooltip("start_s:Q", format=",.5g"), alt.Tooltip("end_s:Q", format=",.5g")],
     ).properties(height=28 * max(1, spans["label"].nunique()), width=760,
-                 title=f"zoom {lo:.4g}-{hi:.4g} s: one checkpoint segment of the backward pass (recompute, then backward)")
+                 title=f"zoom {lo:.4g}-{hi:.4g} s: one recompute segment of the backward pass (recompute, then backward)")
     return alt.vconcat(full, zoom)
 
 

@@ -4,7 +4,7 @@
 holds `seq / cp` tokens of every sequence, and a replica spans `tp x cp x pp` GPUs (Megatron's order:
 tensor, context, data, pipeline). The plan's `micro_batch_per_gpu` is the replica's micro-batch over
 `tp x cp x pp`, so whatever the planner counts per token of a GPU (`micro_batch_per_gpu x seq`: the
-linears, memory-bound kernels, activations, checkpoints, logits, tensor-parallel all-reduces and
+linears, memory-bound kernels, activations, recompute inputs, logits, tensor-parallel all-reduces and
 pipeline sends) is the GPU's `seq / cp` share with no other change. The attention core: every local
 query attends to the keys of the whole sequence; under the causal mask Megatron cuts the sequence
 into `2 cp` chunks and gives GPU i chunks i and `2 cp - 1 - i`, so every GPU does `1 / cp` of the

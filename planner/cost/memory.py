@@ -6,13 +6,13 @@ memory` prints; [Note: adding a memory buffer] there says how to add one.
 
 [Note: what the runtime holds beyond the paper]
 The paper's quantities (eq. 2-5) are the *states* and the *working memory* of one operator and one
-checkpoint interval. A real ZeRO-3 runtime also holds, at the worst moment of the iteration:
+recompute interval. A real ZeRO-3 runtime also holds, at the worst moment of the iteration:
 - the next operator's gathered parameters, fetched while the current one computes (prefetch depth
   >= 1), and the one after that's shard staged on the GPU (depth >= 2);
 - one operator's full gradients being reduce-scattered while the previous operator's backward runs;
 - pinned host staging: NVMe->CPU read buffers for the parameter shards fetched ahead (depth >= 3
   reads i+3 while i+2 crosses PCIe), the streamed optimizer's chunk buffers, and double buffers for
-  gradient shards on their way to NVMe and for checkpoints on their way to CPU;
+  gradient shards on their way to NVMe and for recompute inputs on their way to CPU;
 - the loss's logits (vocab-sized) and their gradient, when the model has embeddings;
 - allocator slack: the caching allocator rounds and fragments; we charge a fixed fraction of the
   transient GPU bytes (`ALLOCATOR_SLACK_FRACTION`, the terms marked `transient`).
@@ -160,19 +160,20 @@ def num_operators(plan: Plan) -> int:
     return plan.model.num_layers * (NORMS_PER_LAYER + linears) + 3
 
 
-def checkpoint_bytes(plan: Plan, element_bytes: int | None = None) -> int:
-    """Eq. 3 per GPU: one block input per checkpoint, in the compute precision (eq. 3 writes fp16:
-    `element_bytes=ACTIVATION_BYTES`; an fp32 run holds 4-byte checkpoints). 0 without checkpointing."""
-    m, ci = plan.model, plan.checkpoint_interval
+def recompute_input_bytes(plan: Plan, element_bytes: int | None = None) -> int:
+    """Eq. 3 per GPU: one block input per recompute segment, in the compute precision (eq. 3 writes
+    fp16: `element_bytes=ACTIVATION_BYTES`; an fp32 run holds 4-byte recompute inputs). 0 without
+    recompute segments."""
+    m, ci = plan.model, plan.recompute_interval
     if ci == 0:
         return 0
     element = COMPUTE_BYTES[plan.precision] if element_bytes is None else element_bytes
-    num_checkpoints = math.ceil(m.num_layers / ci)
-    return math.ceil(element * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size * num_checkpoints)
+    num_recompute_inputs = math.ceil(m.num_layers / ci)
+    return math.ceil(element * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size * num_recompute_inputs)
 
 
 def activation_working_bytes(plan: Plan) -> int:
-    """Eq. 5: memory to recompute (or, without checkpointing, to keep) `ci` blocks' activations.
+    """Eq. 5: memory to recompute (or, without recompute, to keep) `ci` blocks' activations.
 
     Eq. 5 bills the eager attention scores (`2 heads seq` bytes per token and block); with
     `attention: flash` they are never stored (flash keeps `4 heads` bytes of softmax statistics
@@ -180,7 +181,7 @@ def activation_working_bytes(plan: Plan) -> int:
     (planner/cost/kernels.py [Note: attention kernels], [Note: recompute]). Eager and no selective
     recompute is eq. 5 to the byte."""
     m = plan.model
-    blocks = plan.checkpoint_interval or m.num_layers
+    blocks = plan.recompute_interval or m.num_layers
     return math.ceil(plan.micro_batch_per_gpu * m.seq_len * blocks * _activation_bytes_per_token(plan)
                      + recomputed_score_bytes(plan))
 
@@ -189,7 +190,7 @@ def eq5_activation_bytes(plan: Plan) -> int:
     """Eq. 5 as the paper writes it (eager scores stored), whatever the plan's attention kernel:
     the paper quantity `planner memory` reports."""
     m = plan.model
-    blocks = plan.checkpoint_interval or m.num_layers
+    blocks = plan.recompute_interval or m.num_layers
     return math.ceil(plan.micro_batch_per_gpu * m.seq_len * blocks * (16 * m.hidden_size + 2 * m.num_heads * m.seq_len))
 
 
@@ -243,10 +244,10 @@ def memory_bill(plan: Plan) -> MemoryBill:
 def _pipeline_stage_bill(plan: Plan) -> MemoryBill:
     """A pipelined plan's bill: its heaviest stage's (planner/cost/pipeline.py stage_plan: `L / p` of the
     weights), with the first stage's 1F1B activations of `min(p, m)` micro-batches in flight: their
-    checkpoints with recompute, their whole activations without ([Note: the 1F1B step])."""
+    recompute inputs with recompute, their whole activations without ([Note: the 1F1B step])."""
     bill = memory_bill(stage_plan(plan))
     extra = in_flight_micro_batches(plan) - 1
-    held = MemoryTerm.ACTIVATION_CHECKPOINTS if plan.checkpoint_interval else MemoryTerm.AWM
+    held = MemoryTerm.RECOMPUTE_INPUTS if plan.recompute_interval else MemoryTerm.AWM
     gpu = dict(bill.terms["gpu"])
     if extra and held in gpu:
         gpu[held] += extra * gpu[held]
@@ -264,7 +265,7 @@ def _per_gpu_terms(plan: Plan) -> dict[str, dict[MemoryTerm, float]]:
     # -- resident states (eq. 2 as the runtime holds them, eq. 3) ------------------------------
     for tier, term, nbytes in resident_state_terms(plan):
         tiers[tier][term] = tiers[tier].get(term, 0) + nbytes
-    tiers[plan.placement.activation_checkpoints][MemoryTerm.ACTIVATION_CHECKPOINTS] = checkpoint_bytes(plan)
+    tiers[plan.placement.recompute_inputs][MemoryTerm.RECOMPUTE_INPUTS] = recompute_input_bytes(plan)
     # -- working memory (eq. 4, eq. 5) and the runtime's buffers ------------------------------
     for term, nbytes in (*_gpu_buffers(plan).items(), *_host_buffers(plan).items()):
         (tier,) = term.tiers
@@ -302,8 +303,8 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
         gpu[MemoryTerm.REDUCE_SCATTER_BUFFER] = largest_unit_params(plan) * compute
     if copies and place.gradients != "gpu" and stores_gradients(plan):
         gpu[MemoryTerm.GRADIENT_OFFLOAD_STAGING] = 2 * unit_param_bytes / dp
-    if copies and place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
-        gpu[MemoryTerm.CHECKPOINT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
+    if copies and place.recompute_inputs != "gpu" and plan.recompute_interval:
+        gpu[MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
     if plan.context_parallel_degree > 1:
         gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
     if m.vocab_size:
@@ -377,11 +378,11 @@ class PinnedPoolShape:
 def host_state_crosses_link(plan: Plan) -> bool:
     """Whether some state placed on `cpu` is copied between host and device memory in a step (on
     hardware whose host is not the device): parameters read for the compute, gradients written off
-    the device, checkpoints offloaded, or master weights written back to device parameters."""
+    the device, recompute inputs offloaded, or master weights written back to device parameters."""
     place = plan.placement
     return (place.params == "cpu" or place.optimizer_states == "cpu"
             or (place.gradients == "cpu" and stores_gradients(plan))
-            or (place.activation_checkpoints == "cpu" and plan.checkpoint_interval > 0))
+            or (place.recompute_inputs == "cpu" and plan.recompute_interval > 0))
 
 
 def pinned_staging_pool(plan: Plan) -> PinnedPoolShape:
@@ -389,7 +390,7 @@ def pinned_staging_pool(plan: Plan) -> PinnedPoolShape:
     reused pinned buffers instead of pinning the state itself (pinned memory the size of the model
     is what runs the host out of memory). A buffer holds the largest unit's shard at the widest
     element a step moves (fp32 gradients and masters), so a unit's transfer is one lease; larger
-    transfers (checkpoints) go through it in pieces. Buffers: one per parameter read in flight ahead
+    transfers (recompute inputs) go through it in pieces. Buffers: one per parameter read in flight ahead
     (the prefetch depth, at least 1) plus a double buffer for the device-to-host direction. The
     runtime sizes its pool with this function, and the bill charges `num_buffers x buffer_bytes`."""
     unit_shard = largest_unit_params(plan) / plan.data_parallel_degree
@@ -472,8 +473,8 @@ def paper_quantities(plan: Plan) -> dict[str, int]:
         "num_params": m.num_params,
         "num_params_eq1": m.num_params_eq1,
         "model_states": m.num_params * sum(per_param.values()),
-        "activation_checkpoints_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES),
-        "activations_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES) + eq5_activation_bytes(plan),
+        "recompute_inputs_per_gpu": recompute_input_bytes(plan, ACTIVATION_BYTES),
+        "activations_per_gpu": recompute_input_bytes(plan, ACTIVATION_BYTES) + eq5_activation_bytes(plan),
         "mswm_per_gpu": math.ceil(m.largest_operator_params * (per_param["params"] + per_param["gradients"])),
         "awm_per_gpu": eq5_activation_bytes(plan),
     }

@@ -1,12 +1,13 @@
-"""Export a plan as a DeepSpeed (0.19) config, for users who run DeepSpeed rather than our runtime.
+"""A framework config: the plan as a DeepSpeed (0.19) config, for users who run DeepSpeed rather than our
+runtime (the others are in framework_configs.py).
 
 Mapping (DeepSpeed's ZeRO-3 names): params -> `offload_param`, optimizer states -> `offload_optimizer`
-(gradients follow the optimizer in DeepSpeed), activation checkpoints on CPU -> `cpu_checkpointing`,
+(gradients follow the optimizer in DeepSpeed), recompute inputs on CPU -> `cpu_checkpointing`,
 our NVMe request size -> `aio.block_size`. Buffer counts and sizes are sized from the plan's model
 so that one gathered operator fits in a swap buffer. DeepSpeed has no tiling knob in its config
 (it tiles with `deepspeed.zero.TiledLinear` in the model code), so a tiling factor > 1 is reported in
 `tierwise.tiling_factor` for the user to apply. Nor has it an optimizer step in backward: an
-`in_backward` plan exports as DeepSpeed's after-backward step, noted in `tierwise.optimizer_step`.
+`in_backward` plan gets DeepSpeed's after-backward step, noted in `tierwise.optimizer_step`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ DEFAULT_NVME_PATH = "/local_nvme"
 def deepspeed_config(plan: Plan) -> dict[str, Any]:
     if plan.pipeline_parallel_degree > 1:
         raise PlannerError("a pipelined plan has no DeepSpeed config here: DeepSpeed pipelines need the model as a "
-                           "PipelineModule; export pipeline_parallel_degree 1, or run it with Megatron-LM")
+                           "PipelineModule; plan with pipeline_parallel_degree 1, or run it with Megatron-LM")
     if plan.strategy == "dp":
         stage = 0
     elif plan.strategy == "3d":
@@ -83,12 +84,12 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
             "single_submit": False,
             "overlap_events": True,
         }
-    if plan.checkpoint_interval:
+    if plan.recompute_interval:
         doc["activation_checkpointing"] = {
             "partition_activations": plan.model_parallel_degree > 1,
-            "cpu_checkpointing": plan.placement.activation_checkpoints != "gpu",
+            "cpu_checkpointing": plan.placement.recompute_inputs != "gpu",
             "contiguous_memory_optimization": False,
-            "number_checkpoints": math.ceil(plan.model.num_layers / plan.checkpoint_interval),
+            "number_checkpoints": math.ceil(plan.model.num_layers / plan.recompute_interval),
         }
     # DeepSpeed ignores keys it does not know only at the top level; ours go in one namespaced block
     # that it tolerates, so the file records what the config cannot express.

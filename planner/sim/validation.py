@@ -12,9 +12,9 @@ Run: `python -m planner.sim.validation --out docs/validation.md`
 Choices the table leaves open, made once here:
 - models are the presets of data/models/paper.json (widths in the paper's K = 1024, 18K = 18432);
 - gradients follow the optimizer (GPU with a GPU optimizer, NVMe when parameters are on NVMe, CPU
-  otherwise); activation checkpoints on the GPU when everything else is and they fit, on the CPU
+  otherwise); recompute inputs on the GPU when everything else is and they fit, on the CPU
   otherwise; the smallest tiling factor that fits (memory-centric tiling, docs/method.md §4.4);
-  one checkpoint per block (ci = 1); prefetch depth 3; bf16; the plan's default optimizer chunk
+  one recompute segment per block (ci = 1); prefetch depth 3; bf16; the plan's default optimizer chunk
   (256 MiB) and 3 buffers.
 """
 
@@ -66,11 +66,11 @@ EXPERIMENTS: tuple[Experiment, ...] = (
 
 
 def experiment_plan(exp: Experiment) -> Plan:
-    """The configuration with the first checkpoint tier (GPU, then CPU) and the smallest tiling
+    """The configuration with the first recompute-input tier (GPU, then CPU) and the smallest tiling
     factor (1, 2, 4, ... 64) whose simulated memory fits; the last one tried when none does."""
     candidates = [
-        _plan(exp, checkpoints, tiling)
-        for checkpoints in (("gpu", "cpu") if exp.params_on == exp.optimizer_on == "gpu" else ("cpu",))
+        _plan(exp, inputs_on, tiling)
+        for inputs_on in (("gpu", "cpu") if exp.params_on == exp.optimizer_on == "gpu" else ("cpu",))
         for tiling in (1, 2, 4, 8, 16, 32, 64)
     ]
     for plan in candidates:
@@ -79,15 +79,15 @@ def experiment_plan(exp: Experiment) -> Plan:
     return candidates[-1]
 
 
-def _plan(exp: Experiment, checkpoints: str, tiling: int) -> Plan:
+def _plan(exp: Experiment, inputs_on: str, tiling: int) -> Plan:
     node = hardware_presets()[HARDWARE]
     model = model_presets()[exp.preset][0]
     assert (model.hidden_size, model.num_layers) == (exp.hidden, exp.layers), exp
     grads = "gpu" if exp.optimizer_on == "gpu" else ("nvme" if exp.params_on == "nvme" else "cpu")
     placement = Placement(params=exp.params_on, gradients=grads, optimizer_states=exp.optimizer_on,
-                          activation_checkpoints=checkpoints)
+                          recompute_inputs=inputs_on)
     return Plan(model=model, node=node, num_gpus=exp.nodes * node.num_gpus_per_node, placement=placement,
-                micro_batch_per_gpu=exp.batch_per_gpu, checkpoint_interval=1, model_parallel_degree=exp.mp,
+                micro_batch_per_gpu=exp.batch_per_gpu, recompute_interval=1, model_parallel_degree=exp.mp,
                 tiling_factor=tiling)
 
 
@@ -153,7 +153,7 @@ def strategy_table() -> str:
         cells = []
         for name in STRATEGIES:
             plan = Plan(model=model, node=node, num_gpus=node.num_gpus_per_node, strategy=name,
-                        placement=STRATEGY_TABLE[name].placement, micro_batch_per_gpu=batch, checkpoint_interval=1,
+                        placement=STRATEGY_TABLE[name].placement, micro_batch_per_gpu=batch, recompute_interval=1,
                         model_parallel_degree=mp)
             plan, p = _smallest_fitting_tiling(plan)
             over = [t for t in ("gpu", "cpu", "nvme") if p.peak_bytes[t] > p.capacity_bytes[t]]
@@ -173,7 +173,7 @@ def tiling_table() -> str:
     for hidden in TILING_STUDY_HIDDEN:
         model = ModelSpec(name=f"one-layer-{hidden // K}k", num_layers=1, hidden_size=hidden, num_heads=hidden // 128)
         plan = Plan(model=model, node=node, num_gpus=16, strategy="zero-inf-cpu",
-                    placement=STRATEGY_TABLE["zero-inf-cpu"].placement, micro_batch_per_gpu=1, checkpoint_interval=1)
+                    placement=STRATEGY_TABLE["zero-inf-cpu"].placement, micro_batch_per_gpu=1, recompute_interval=1)
         untiled = predict(plan)
         tiled, p = _smallest_fitting_tiling(plan)
         largest = model.largest_operator_params * 2 / GIB

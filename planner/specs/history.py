@@ -17,7 +17,8 @@ from typing import Any
 from planner.specs.errors import PlannerError
 from planner.specs.plan import TIERS, Plan
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the columns of OLD_COLUMNS renamed ([Note: old spellings] in planner/specs/plan.py)."""
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("recorded_at", "TEXT NOT NULL"),
     ("model_name", "TEXT"),
@@ -28,9 +29,9 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("params_tier", "TEXT"),
     ("gradients_tier", "TEXT"),
     ("optimizer_states_tier", "TEXT"),
-    ("activation_checkpoints_tier", "TEXT"),
+    ("recompute_inputs_tier", "TEXT"),
     ("micro_batch_per_gpu", "REAL"),
-    ("checkpoint_interval", "INTEGER"),
+    ("recompute_interval", "INTEGER"),
     ("tiling_factor", "INTEGER"),
     ("prefetch_depth", "INTEGER"),
     ("precision", "TEXT"),
@@ -45,6 +46,16 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("profile_json", "TEXT NOT NULL"),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in _COLUMNS)
+OLD_COLUMNS = {"activation_checkpoints_tier": "recompute_inputs_tier", "checkpoint_interval": "recompute_interval"}
+"""Columns of a history of schema version 1, renamed in place when it is opened."""
+
+
+def _rename_old_columns(con: sqlite3.Connection) -> None:
+    """A history written before the recompute renames keeps its rows; its columns take the new names."""
+    have = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
+    for old, new in OLD_COLUMNS.items():
+        if old in have and new not in have:
+            con.execute(f"ALTER TABLE runs RENAME COLUMN {old} TO {new}")
 
 
 def default_store_path() -> Path:
@@ -63,6 +74,7 @@ class RunHistory:
             with self._connect() as con:
                 columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS)
                 con.execute(f"CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, {columns})")
+                _rename_old_columns(con)
                 con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except (OSError, sqlite3.Error) as exc:
             raise PlannerError(f"cannot open run history {self.path}: {exc}") from None
@@ -83,7 +95,7 @@ class RunHistory:
             "strategy": plan.strategy,
             **{f"{state}_tier": tier for state, tier in plan.placement.to_dict().items()},
             "micro_batch_per_gpu": plan.micro_batch_per_gpu,
-            "checkpoint_interval": plan.checkpoint_interval,
+            "recompute_interval": plan.recompute_interval,
             "tiling_factor": plan.tiling_factor,
             "prefetch_depth": plan.prefetch_depth,
             "precision": plan.precision,

@@ -1,7 +1,7 @@
 """The phase vocabulary: what one training iteration is doing at a given moment.
 
 `PHASES` are the three timed phases (`phase_time_s` keys in every plan and profile: a contract,
-DESIGN.md "JSON keys"); within the backward phase a checkpointed block's forward runs again first
+DESIGN.md "JSON keys"); within the backward phase a recomputed block's forward runs again first
 (`RECOMPUTE`). Trace steps, busy intervals (the Gantt chart's colours) and calibration's rows all
 use these members, each of which *is* its value (`str`).
 """
@@ -14,7 +14,7 @@ from enum import Enum
 class Phase(str, Enum):
     FORWARD = "forward"
     RECOMPUTE = "recompute"
-    """The forward of a checkpointed segment again, just before its backward (eq. 7's extra 2)."""
+    """The forward of a recompute segment again, just before its backward (eq. 7's extra 2)."""
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
 

@@ -1,8 +1,9 @@
 """The plan document: what to run (model, hardware, placement, knobs) and what we predict.
 
 Key names are a contract (DESIGN.md "JSON keys"): other tools read `placement.params`,
-`prediction.iteration_time_s`, ... Extend, never rename. A profile written by the runtime carries the
-same `prediction`-shaped block under `measured`.
+`prediction.iteration_time_s`, ... Extend rather than rename; a renamed key keeps its old spelling
+readable ([Note: old spellings]). A profile written by the runtime carries the same
+`prediction`-shaped block under `measured`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.phases import PHASES
-from planner.specs.specio import check_keys, load_document, number, string, write_json_atomic
+from planner.specs.specio import check_keys, load_document, number, renamed_keys, string, write_json_atomic
 
 SCHEMA = "tierwise.plan/1"
 
 Tier = Literal["gpu", "cpu", "nvme"]
 TIERS: tuple[str, ...] = ("gpu", "cpu", "nvme")
-STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states", "activation_checkpoints")
+STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states", "recompute_inputs")
 MODEL_STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states")
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
@@ -34,6 +35,20 @@ ATTENTION_KERNELS: tuple[str, ...] = ("flash", "eager")
 """What each costs: planner/cost/kernels.py [Note: attention kernels]."""
 RECOMPUTES: tuple[str, ...] = ("none", "full", "selective")
 """What each recomputes: planner/cost/kernels.py [Note: recompute]."""
+
+# [Note: old spellings]
+# Activation checkpoints are called recompute inputs, and their interval the recompute interval
+# (docs/architecture.md, Conventions): "checkpoint" means a training checkpoint only. Documents
+# written before the rename (plans, the profiles' `plan` and `measured` blocks, run histories) still
+# load: each old spelling below is read as its new one, and a document giving both is refused.
+# Documents are written with the new spellings only.
+OLD_PLAN_KEYS = {"checkpoint_interval": "recompute_interval"}
+OLD_PLACEMENT_KEYS = {"activation_checkpoints": "recompute_inputs"}
+OLD_MEMORY_TERMS = {"activation_checkpoints": "recompute_inputs",
+                    "checkpoint_offload_staging": "recompute_input_offload_staging"}
+"""`prediction.memory_terms` keys (`planner.specs.memory_terms.MemoryTerm` values)."""
+OLD_BOTTLENECKS = {f"checkpoints ({tier})": f"recompute inputs ({tier})" for tier in TIERS}
+"""`prediction.bottleneck` values of the analytic estimate (planner/cost/throughput.py's work names)."""
 
 # Runtime defaults a plan carries explicitly so that the simulator and the runtime share them.
 DEFAULT_OPTIMIZER_CHUNK_BYTES = 256 * 1024**2
@@ -52,8 +67,9 @@ class Placement:
     """Gradient shards after reduce-scatter."""
     optimizer_states: Tier = "gpu"
     """fp32 master weights, Adam momentum and variance (and the fp32 gradient copy)."""
-    activation_checkpoints: Tier = "gpu"
-    """Block inputs saved at each checkpoint."""
+    recompute_inputs: Tier = "gpu"
+    """The input of each recompute segment (the block input kept in forward and recomputed from in
+    backward; the paper's activation checkpoints)."""
 
     def __post_init__(self) -> None:
         for state in STATES:
@@ -72,6 +88,7 @@ class Placement:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "placement") -> Placement:
+        doc = renamed_keys(doc, OLD_PLACEMENT_KEYS, where)
         check_keys(doc, set(STATES), where)
         return cls(**{k: string(v, f"{where}.{k}", choices=TIERS) for k, v in doc.items()})
 
@@ -83,8 +100,8 @@ def parse_placement_pins(text: str | None) -> dict[str, str]:
     """`"params=nvme,optimizer_states=nvme"` -> {"params": "nvme", ...}; partial pins are allowed."""
     if not text:
         return {}
-    aliases = {"optimizer": "optimizer_states", "grads": "gradients", "checkpoints": "activation_checkpoints",
-               "activations": "activation_checkpoints", "param": "params"}
+    aliases = {"optimizer": "optimizer_states", "grads": "gradients", "checkpoints": "recompute_inputs",
+               "activations": "recompute_inputs", "param": "params", **OLD_PLACEMENT_KEYS}
     pins: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
@@ -123,10 +140,10 @@ STRATEGY_TABLE: dict[str, Strategy] = {
         Strategy(name="zero3", placement=Placement(), partitioned=_ALL,
                  description="ZeRO-3: all model states partitioned on the GPUs"),
         Strategy(name="zero-inf-cpu", placement=Placement(params="cpu", gradients="cpu", optimizer_states="cpu",
-                                                          activation_checkpoints="cpu"), partitioned=_ALL,
+                                                          recompute_inputs="cpu"), partitioned=_ALL,
                  description="ZeRO-Infinity: all model states partitioned in CPU memory"),
         Strategy(name="zero-inf-nvme", placement=Placement(params="nvme", gradients="nvme", optimizer_states="nvme",
-                                                           activation_checkpoints="cpu"), partitioned=_ALL,
+                                                           recompute_inputs="cpu"), partitioned=_ALL,
                  description="ZeRO-Infinity: parameters and optimizer states partitioned on NVMe"),
         # The paper's baseline (Megatron-LM, Narayanan et al. 2021): tensor x pipeline x data parallel,
         # everything on the GPUs, the optimizer states partitioned over data parallel (ZeRO-1, Megatron's
@@ -180,6 +197,7 @@ class Prediction:
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "prediction") -> Prediction:
         check_keys(doc, {f.name for f in fields(cls)}, where)
+        doc = _with_new_names(doc, where)
         if "feasible" not in doc or not isinstance(doc["feasible"], bool):
             raise PlannerError(f"{where}.feasible must be true or false")
         kwargs: dict[str, Any] = {"feasible": doc["feasible"]}
@@ -212,6 +230,18 @@ class Prediction:
         return cls(**kwargs)
 
 
+def _with_new_names(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """A prediction-shaped block with the memory-term and bottleneck names of [Note: old spellings]."""
+    doc = dict(doc)
+    terms = doc.get("memory_terms")
+    if isinstance(terms, dict):
+        doc["memory_terms"] = {tier: renamed_keys(by_name, OLD_MEMORY_TERMS, f"{where}.memory_terms.{tier}")
+                               if isinstance(by_name, dict) else by_name for tier, by_name in terms.items()}
+    if doc.get("bottleneck") in OLD_BOTTLENECKS:
+        doc["bottleneck"] = OLD_BOTTLENECKS[doc["bottleneck"]]
+    return doc
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
     """One executable configuration. The simulator and the runtime read exactly these fields.
@@ -228,8 +258,9 @@ class Plan:
     placement: Placement = field(default_factory=Placement)
     micro_batch_per_gpu: float = 1
     """Global batch / number of GPUs (paper's batch/GPU); fractional only with model parallelism."""
-    checkpoint_interval: int = 1
-    """Blocks between activation checkpoints (`ci`); 0 disables checkpointing (no recompute)."""
+    recompute_interval: int = 1
+    """Blocks per recompute segment (the paper's `ci`): each segment keeps only its input and runs
+    its blocks' forward again in backward; 0: no block is recomputed (`recompute` none or selective)."""
     tiling_factor: int = 1
     """Each large linear is split into this many tiles, gathered one at a time."""
     prefetch_depth: int = 3
@@ -278,9 +309,10 @@ class Plan:
     (`NodeSpec.flash_attention_flops_per_s`: A100, H100, H200), eager elsewhere (V100, the paper's DGX-2).
     planner/cost/kernels.py [Note: attention kernels]."""
     recompute: str = ""
-    """`none`, `full` (every block's forward again from its checkpoint; `checkpoint_interval` >= 1)
-    or `selective` (only the attention core's seq^2 part, all else stored; `checkpoint_interval` 0).
-    Empty means what `checkpoint_interval` says: `full` with checkpoints, `none` without.
+    """`none`, `full` (every block's forward again from its segment's recompute input;
+    `recompute_interval` >= 1) or `selective` (only the attention core's seq^2 part, all else stored;
+    `recompute_interval` 0). Empty means what `recompute_interval` says: `full` with recompute
+    segments, `none` without.
     planner/cost/kernels.py [Note: recompute]."""
     prediction: Prediction | None = None
 
@@ -295,7 +327,7 @@ class Plan:
             raise PlannerError("optimizer_step in_backward cannot run with precision fp16: the loss scaler must see "
                                "every gradient before any update; use bf16 or fp32, or optimizer_step after_backward")
         number(self.micro_batch_per_gpu, "micro_batch_per_gpu", exclusive_minimum=0, maximum=1_000_000)
-        number(self.checkpoint_interval, "checkpoint_interval", minimum=0, maximum=self.model.num_layers, integer=True)
+        number(self.recompute_interval, "recompute_interval", minimum=0, maximum=self.model.num_layers, integer=True)
         number(self.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
         number(self.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
         number(self.model_parallel_degree, "model_parallel_degree", minimum=1, maximum=1024, integer=True)
@@ -352,12 +384,13 @@ class Plan:
             raise PlannerError(f"attention flash needs a GPU with a fused attention kernel (Ampere or newer); hardware "
                                f"{self.node.name!r} has none (no flash_attention_tflops): use attention eager")
         if not self.recompute:
-            object.__setattr__(self, "recompute", "full" if self.checkpoint_interval else "none")
+            object.__setattr__(self, "recompute", "full" if self.recompute_interval else "none")
         string(self.recompute, "recompute", choices=RECOMPUTES)
-        if (self.recompute == "full") != (self.checkpoint_interval > 0):
-            raise PlannerError(f"recompute {self.recompute} needs checkpoint_interval "
-                               f"{'>= 1' if self.recompute == 'full' else '0'}, got {self.checkpoint_interval}: "
-                               "full recompute runs from block checkpoints, none and selective store the blocks")
+        if (self.recompute == "full") != (self.recompute_interval > 0):
+            raise PlannerError(f"recompute {self.recompute} needs recompute_interval "
+                               f"{'>= 1' if self.recompute == 'full' else '0'}, got {self.recompute_interval}: "
+                               "full recompute runs from each segment's recompute input, none and selective store "
+                               "the blocks")
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -403,7 +436,7 @@ class Plan:
             "strategy": self.strategy,
             "placement": self.placement.to_dict(),
             "micro_batch_per_gpu": self.micro_batch_per_gpu,
-            "checkpoint_interval": self.checkpoint_interval,
+            "recompute_interval": self.recompute_interval,
             "tiling_factor": self.tiling_factor,
             "prefetch_depth": self.prefetch_depth,
             "model_parallel_degree": self.model_parallel_degree,
@@ -428,7 +461,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "plan") -> Plan:
-        scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "checkpoint_interval", "tiling_factor",
+        doc = renamed_keys(doc, OLD_PLAN_KEYS, where)
+        scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "recompute_interval", "tiling_factor",
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
@@ -441,7 +475,7 @@ class Plan:
                 raise PlannerError(f"{where}: missing required key {key!r}")
         # Only nvme_path may be null; any other null reaches its validator and is refused there.
         kwargs: dict[str, Any] = {k: doc[k] for k in scalar if k in doc}
-        for key in ("num_gpus", "checkpoint_interval", "tiling_factor", "prefetch_depth", "model_parallel_degree",
+        for key in ("num_gpus", "recompute_interval", "tiling_factor", "prefetch_depth", "model_parallel_degree",
                     "optimizer_chunk_bytes", "num_optimizer_buffers", "nvme_block_bytes", "pipeline_parallel_degree",
                     "pipeline_virtual_stages", "micro_batches_per_step", "context_parallel_degree"):
             if key in kwargs:
@@ -458,12 +492,12 @@ class Plan:
         return plan
 
     def replace(self, **changes: Any) -> Plan:
-        """A copy with `changes`; `recompute` is derived again from a new `checkpoint_interval`
+        """A copy with `changes`; `recompute` is derived again from a new `recompute_interval`
         unless it was selective or is changed too, and `attention` from a new node's kernel unless
         it is changed too or the new node has the same."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        if "checkpoint_interval" in changes and "recompute" not in changes and not (
-                self.recompute == "selective" and changes["checkpoint_interval"] == 0):
+        if "recompute_interval" in changes and "recompute" not in changes and not (
+                self.recompute == "selective" and changes["recompute_interval"] == 0):
             doc["recompute"] = ""
         if "node" in changes and "attention" not in changes and bool(changes["node"].flash_attention_flops_per_s) != bool(
                 self.node.flash_attention_flops_per_s):

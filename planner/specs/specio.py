@@ -78,6 +78,20 @@ def check_keys(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
         raise PlannerError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
 
 
+def renamed_keys(doc: Mapping[str, Any], old_names: Mapping[str, str], where: str) -> dict[str, Any]:
+    """`doc` with each key of an old spelling (`old_names`: old -> new) under its new one; a document
+    giving both spellings of one key is refused (which one would it mean?)."""
+    if not isinstance(doc, Mapping):
+        raise PlannerError(f"{where} must be an object, got {type(doc).__name__}")
+    out = dict(doc)
+    for old, new in old_names.items():
+        if old in out:
+            if new in out:
+                raise PlannerError(f"{where}: give {new} or its old spelling {old}, not both")
+            out[new] = out.pop(old)
+    return out
+
+
 def number(
     value: Any,
     where: str,

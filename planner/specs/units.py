@@ -15,7 +15,7 @@ TB = 10**12
 TFLOP = 10**12
 
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-"""Bytes per element of parameters, activations and checkpoints in the plan's compute precision
+"""Bytes per element of parameters, activations and recompute inputs in the plan's compute precision
 (the memory bill's and the kernels' one table)."""
 
 PAGE_BYTES = 4 * KIB

@@ -8,7 +8,7 @@ it cannot be one.
   arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are GPT blocks (4h GELU MLP unless
   `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a name with no preset and no
   shape columns (Nemotron-8B/22B, "GPT-2-like 1.4B") keeps a reason;
-- recompute: `full` (every block from its checkpoint), `selective` (the attention core's seq^2 part
+- recompute: `full` (every block from its segment's recompute input), `selective` (the attention core's seq^2 part
   only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200) unless the
   source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train with its
   default dropout (SOURCE_DROPOUT);
@@ -166,7 +166,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
         placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
                     micro_batch_per_gpu=(micro or 1) / (tp * cp * pp), recompute=choice["activation_recompute"],
-                    checkpoint_interval=1 if choice["activation_recompute"] == "full" else 0, attention=attention,
+                    recompute_interval=1 if choice["activation_recompute"] == "full" else 0, attention=attention,
                     model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=_virtual_stages(row),
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,

@@ -1,7 +1,7 @@
 """The rank's pinned staging pool: every host<->device copy of CPU-tier state goes through it.
 
 [Note: staged host copies]
-CPU-tier shards, offloaded checkpoints and host gradient shards are ordinary pageable memory. A
+CPU-tier shards, offloaded recompute inputs and host gradient shards are ordinary pageable memory. A
 copy to the device takes a buffer from this pool, copies the piece into it on the host (a memcpy),
 queues the asynchronous host-to-device copy on the copy stream and records an event; the buffer
 goes back to the pool when that event has completed. A copy off the device is the reverse: the
@@ -14,7 +14,7 @@ bill charges) and never grows: a lease that finds every buffer out waits for the
 flight and finishes it (its event, then its host side), in the order the copies were queued on the
 one copy stream. Finished copies are also reaped at every lease, so a buffer returns as soon as its
 copy is done without anybody waiting for it. A device-to-host copy brought back to the device
-before it landed (an offloaded checkpoint reloaded early, `back_to_device`) goes from its buffer,
+before it landed (an offloaded recompute input reloaded early, `back_to_device`) goes from its buffer,
 which then returns after that copy too: the host waits for neither direction.
 
 On a machine without CUDA the buffers are ordinary memory, copies complete in the call and every
@@ -99,7 +99,7 @@ class HostTransfer:
 
 class StagingPool:
     """`num_buffers` reused buffers of `buffer_bytes`, pinned with `pin_hook` (cudaHostRegister) on
-    CUDA ([Note: staged host copies]). `acquire`/`release` lend a whole buffer (checkpoint saves);
+    CUDA ([Note: staged host copies]). `acquire`/`release` lend a whole buffer (training-checkpoint saves);
     `to_device`/`to_host` stage a copy through them."""
 
     def __init__(self, shape: PinnedPoolShape, pin_hook=None) -> None:  # noqa: ANN001 - runtime.nvme.PinHook
@@ -133,7 +133,7 @@ class StagingPool:
                 oldest = self._in_flight.popleft() if self._in_flight else None
             if oldest is not None:
                 oldest.finish()
-            else:  # every buffer is lent whole (another thread's checkpoint chunk): wait for it
+            else:  # every buffer is lent whole (another thread's training-checkpoint chunk): wait for it
                 self.buffers.release(self.buffers.acquire())
 
     def release(self, buffer: AlignedBuffer) -> None:

@@ -1,20 +1,21 @@
-"""Activation checkpoints and their recompute: a checkpoint every `checkpoint_interval` blocks,
-optionally offloaded, the blocks between recomputed in backward. (Training checkpoints, the files a
-run resumes from, are runtime/ckpt.)
+"""Recompute: segments of `recompute_interval` blocks whose forward runs again in backward, each
+keeping only its input (its recompute input, optionally offloaded). (Training checkpoints, the files
+a run resumes from, are runtime/ckpt.)
 
 The blocks of the model (the elements of its largest `nn.ModuleList`) are grouped into segments of
 `ci` consecutive blocks. Each block is wrapped, in place in its list, by a `RecomputedBlock`;
-the model's own loop calls them unchanged. Only the segment's input is kept (the checkpoint, eq. 3);
+the model's own loop calls them unchanged. Only the segment's input is kept (eq. 3);
 everything inside is recomputed in backward (working memory eq. 5).
 
-[Note: segment checkpointing without owning the loop]
+[Note: segment recompute without owning the loop]
 The model calls the blocks one by one, so no single call spans a segment. We therefore drive torch's
-non-reentrant checkpoint frame by hand: the first block of a segment opens it, the last one closes
-it, and every tensor autograd saves in between is replaced by a recompute handle. The recompute
+non-reentrant recompute frame (`torch.utils.checkpoint`, torch's name for it) by hand: the first
+block of a segment opens it, the last one closes it, and every tensor autograd saves in between is
+replaced by a recompute handle. The recompute
 function replays the segment from the stored input, calling each block with the extra arguments it
 received in forward (masks, rotary embeddings, ...) and the previous block's first output as its
 hidden state. The frame's only tensor argument is an empty device marker; the real input lives in
-our checkpoint store, so offloading it needs no cooperation from torch.
+our recompute-input store, so offloading it needs no cooperation from torch.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from runtime.ledger import MemoryLedger, nbytes
 from runtime.transfer.stores import CopyEngine
 
 
-class ActivationCheckpointStore:
+class RecomputeInputStore:
     """Holds segment inputs on the compute device (`gpu` placement)."""
 
     tier = "gpu"
@@ -40,7 +41,7 @@ class ActivationCheckpointStore:
         self.copier = copier
 
     def save(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(x))
+        self.ledger.add(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(x))
         return x.detach(), None
 
     def prefetch(self, held: torch.Tensor, event: Any) -> Any:  # noqa: ARG002
@@ -51,15 +52,15 @@ class ActivationCheckpointStore:
         return held
 
     def drop(self, held: torch.Tensor) -> None:
-        self.ledger.sub(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(held))
+        self.ledger.sub(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(held))
 
 
-class HostActivationCheckpointStore(ActivationCheckpointStore):
+class HostRecomputeInputStore(RecomputeInputStore):
     """Holds segment inputs in pageable host memory (`cpu` placement), copied through the rank's
     pinned staging pool on the side stream on CUDA. On a CPU-only machine the input already is in
     host memory and is held as it is.
 
-    [Note: asynchronous checkpoint offload]
+    [Note: asynchronous recompute-input offload]
     On CUDA both directions run on the copy stream through the staging pool ([Note: staged host
     copies] in runtime/transfer/pinned_pool.py): `save` queues the input's device-to-host copy and returns;
     each piece lands in the held host tensor once its copy is done (at a later lease of the pool at
@@ -77,7 +78,7 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
         flat = host.view(-1)
         transfer = self.copier.to_host(x.detach().reshape(-1),
                                        lambda piece, at: flat[at : at + piece.numel()].copy_(piece))
-        self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(host))
+        self.ledger.add(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(host))
         return host, transfer
 
     def prefetch(self, held: torch.Tensor, event: Any) -> Any:
@@ -97,19 +98,19 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
         return staged
 
 
-ACTIVATION_CHECKPOINT_STORES: dict[str, type[ActivationCheckpointStore]] = {
-    "gpu": ActivationCheckpointStore, "cpu": HostActivationCheckpointStore}
-"""Placement tier of `activation_checkpoints` -> where segment inputs are held."""
+RECOMPUTE_INPUT_STORES: dict[str, type[RecomputeInputStore]] = {
+    "gpu": RecomputeInputStore, "cpu": HostRecomputeInputStore}
+"""Placement tier of `recompute_inputs` -> where segment inputs are held."""
 
 
 class RecomputeSegment:
-    """`ci` consecutive blocks sharing one checkpoint; state of the current forward pass."""
+    """`ci` consecutive blocks sharing one recompute input; state of the current forward pass."""
 
-    def __init__(self, blocks: list[nn.Module], store: ActivationCheckpointStore) -> None:
+    def __init__(self, blocks: list[nn.Module], store: RecomputeInputStore) -> None:
         self.blocks = blocks
         self.store = store
         self.recomputing = False
-        self._frame = None  # the open checkpoint generator between the first and last block
+        self._frame = None  # torch's open frame (a generator) between the first and last block
         self._input: tuple[torch.Tensor, Any] | None = None
         self._input_requires_grad = False
         self._calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -119,7 +120,7 @@ class RecomputeSegment:
         forward): its input is prefetched when this recompute starts."""
 
     def prefetch_input(self) -> None:
-        """Start bringing the checkpoint back for the recompute ([Note: asynchronous checkpoint offload])."""
+        """Start bringing the input back for the recompute ([Note: asynchronous recompute-input offload])."""
         if self._input is not None:
             held, event = self._input
             self._input = (held, self.store.prefetch(held, event))
@@ -137,7 +138,7 @@ class RecomputeSegment:
 
     @property
     def awaits_recompute(self) -> bool:
-        """Its checkpoint is saved and its recompute has not run yet."""
+        """Its input is saved and its recompute has not run yet."""
         return self._input is not None
 
     def record(self, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -150,10 +151,10 @@ class RecomputeSegment:
             next(frame)
         except StopIteration:
             return
-        raise AssertionError("torch's checkpoint frame did not finish")
+        raise AssertionError("torch's recompute frame did not finish")
 
     def _replay(self, marker: torch.Tensor) -> None:  # noqa: ARG002 - the device marker
-        assert self._input is not None, "recompute of a segment whose checkpoint was released"
+        assert self._input is not None, "recompute of a segment whose input was released"
         # Same requires_grad as in forward: kernels (e.g. SDPA's backend) may choose by it, and the
         # recompute must save exactly what the forward saved.
         x = self.store.load(*self._input).detach().requires_grad_(self._input_requires_grad)
@@ -170,7 +171,7 @@ class RecomputeSegment:
             self.release()  # the frame now holds everything backward needs
 
     def release(self) -> None:
-        """Drop the checkpoint (after its recompute, or at the end of the step)."""
+        """Drop the input (after its recompute, or at the end of the step)."""
         if self._input is not None:
             self.store.drop(self._input[0])
             self._input = None
@@ -178,7 +179,7 @@ class RecomputeSegment:
 
 
 class RecomputedBlock(nn.Module):
-    """A block wrapped in place: opens/closes its segment's checkpoint frame around the call."""
+    """A block wrapped in place: opens/closes its segment's recompute frame around the call."""
 
     def __init__(self, block: nn.Module, segment: RecomputeSegment, position: int) -> None:
         super().__init__()
@@ -218,7 +219,7 @@ def find_blocks(model: nn.Module) -> nn.ModuleList | None:
 
 
 def apply_recompute(
-    blocks: nn.ModuleList, interval: int, store: ActivationCheckpointStore
+    blocks: nn.ModuleList, interval: int, store: RecomputeInputStore
 ) -> list[RecomputeSegment]:
     """Wrap `blocks` in place into segments of `interval` blocks."""
     segments = []

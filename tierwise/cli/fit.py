@@ -24,7 +24,7 @@ def fit(
     batch_per_gpu: o.BatchOpt = None,
     placement: o.PlacementOpt = None,
     strategy: o.StrategyOpt = None,
-    checkpoint_interval: o.CheckpointIntervalOpt = None,
+    recompute_interval: o.RecomputeIntervalOpt = None,
     tiling_factor: o.TilingOpt = None,
     prefetch_depth: o.PrefetchOpt = None,
     model_parallel: o.ModelParallelOpt = None,
@@ -36,11 +36,12 @@ def fit(
     optimizer_step: o.OptimizerStepOpt = None,
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
-    deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config here")] = None,
+    deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config for this plan here")] = None,
     accelerate_out: Annotated[Path | None, typer.Option(
-        "--accelerate-config", help="write an accelerate (FSDP2) config here, for `accelerate launch --config_file`")] = None,
+        "--accelerate-config", help="write an accelerate (FSDP2) config for this plan here, for `accelerate launch "
+                              "--config_file`")] = None,
     fsdp2_out: Annotated[Path | None, typer.Option(
-        "--fsdp2-snippet", help="write a Python snippet applying the plan with FSDP2 fully_shard here")] = None,
+        "--fsdp2-snippet", help="write a Python snippet applying this plan with FSDP2 fully_shard here")] = None,
     as_json: o.JsonOpt = False,
 ) -> None:
     """Find the fastest placement that fits MODEL on the hardware, and say why."""
@@ -63,7 +64,7 @@ def fit(
         strategy=strategy,
         placement_pins=parse_placement_pins(placement),
         micro_batch_per_gpu=batch_per_gpu,
-        checkpoint_interval=checkpoint_interval,
+        recompute_interval=recompute_interval,
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
         # Not given: 1, except for `3d`, whose point is to search tensor and pipeline degrees.
@@ -79,28 +80,29 @@ def fit(
     chosen = result.best or (result.rejected[0] if result.rejected else None)
     if chosen is None:
         raise PlannerError("no candidate plan could be formed; check the pinned options")
-    exports = _exports(chosen, accelerate_out, fsdp2_out)  # refused before anything is written
+    configs = _framework_configs(chosen, accelerate_out, fsdp2_out)  # refused before anything is written
     _write(chosen, out, deepspeed_out)
-    for path, (text, what) in exports.items():
+    for path, (text, what) in configs.items():
         write_text_atomic(path, text, what)
     if as_json:
         o.print_json(chosen.to_dict())
         return
     _print_verdict(result, chosen, gpus, out, deepspeed_out)
-    for path, (_, what) in exports.items():
+    for path, (_, what) in configs.items():
         typer.echo(f"{what} written to {path}")
 
 
-def _exports(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001
-    """Path -> (text, what) for the FSDP2 exports asked for; a plan they cannot express is refused here."""
-    from planner.output.exports import accelerate_yaml, fsdp2_snippet
+def _framework_configs(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001
+    """Path -> (text, what) for the FSDP2 framework configs asked for; a plan they cannot express is
+    refused here."""
+    from planner.output.framework_configs import accelerate_yaml, fsdp2_snippet
 
-    exports = {}
+    configs = {}
     if accelerate_out is not None:
-        exports[accelerate_out] = (accelerate_yaml(chosen), "accelerate config")
+        configs[accelerate_out] = (accelerate_yaml(chosen), "accelerate config")
     if fsdp2_out is not None:
-        exports[fsdp2_out] = (fsdp2_snippet(chosen), "FSDP2 snippet")
-    return exports
+        configs[fsdp2_out] = (fsdp2_snippet(chosen), "FSDP2 snippet")
+    return configs
 
 
 def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
@@ -112,7 +114,7 @@ def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noq
 
         write_json_atomic(deepspeed_out, deepspeed_config(chosen), "DeepSpeed config")
         if chosen.optimizer_step == "in_backward":  # stderr: --json keeps stdout a document
-            sys.stderr.write("note: DeepSpeed steps the optimizer after backward; the exported config runs the "
+            sys.stderr.write("note: DeepSpeed steps the optimizer after backward; the DeepSpeed config runs the "
                              "plan's placement with DeepSpeed's own after-backward step\n")
 
 
@@ -144,4 +146,4 @@ def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: P
 
 
 def register(app: typer.Typer) -> None:
-    app.command("fit")(fit)
+    app.command("fit", cls=o.RenamedFlags)(fit)

@@ -1,23 +1,25 @@
-"""Export a plan for Hugging Face accelerate (its FSDP2 plugin) or as a torch FSDP2 `fully_shard` snippet.
+"""Framework configs beyond DeepSpeed: a plan as a Hugging Face accelerate config (its FSDP2 plugin) or
+as a torch FSDP2 `fully_shard` snippet (the DeepSpeed config is deepspeed_config.py).
 
 [Note: what FSDP2 can express] FSDP2 (`torch.distributed.fsdp.fully_shard`) shards every parameter,
 its gradient and (through the optimizer built on the sharded parameters) its optimizer states
 together, on the GPU or, with `CPUOffloadPolicy`, all three in CPU memory, the optimizer stepping
-there (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html). So a plan exports
-when its parameters, gradients and optimizer states share one tier, gpu or cpu; a checkpointed
-block's input may sit in CPU memory (`offload_wrapper` around `checkpoint_wrapper`, which is what
+there (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html). So a plan has an
+FSDP2 config when its parameters, gradients and optimizer states share one tier, gpu or cpu; a
+recomputed block's input may sit in CPU memory (`offload_wrapper` around `checkpoint_wrapper`, which is what
 accelerate's `fsdp_activation_checkpointing_offload` does). It cannot place anything on NVMe, split
 the optimizer from the parameters (ZeRO-Offload: optimizer states on CPU, parameters on the GPU),
 tile a linear into pieces gathered one at a time, or shard a block across GPUs (tensor
 parallelism needs a model-specific plan): those are refused in one line naming what it cannot
-express, with the DeepSpeed export as the way out where DeepSpeed can run the plan.
+express, with the DeepSpeed config as the way out where DeepSpeed can run the plan.
 
 Mapping: ZeRO-3 placements -> `reshard_after_forward=True` (parameters freed after each block's
 forward, gathered again for backward); ZeRO-2 -> `False` (kept gathered from forward to backward, as
 ZeRO-2 keeps whole parameters); plain data parallel is no sharding at all: accelerate's `MULTI_GPU`
-(DistributedDataParallel), not `fully_shard`. Checkpointing is per block, the granularity accelerate
-and `fully_shard` wrap at: a plan checkpointing every k > 1 blocks exports as every block, which
-recomputes the same forward once and keeps less. Key names follow accelerate 1.15.0 (its
+(DistributedDataParallel), not `fully_shard`. Recompute is per block, the granularity accelerate
+and `fully_shard` wrap at (they call it activation checkpointing): a plan with k > 1 blocks per
+recompute segment is written as one block per segment, which recomputes the same forward once and
+keeps less. Key names follow accelerate 1.15.0 (its
 `accelerate launch` options `--fsdp_version`, `--fsdp_offload_params`, `--fsdp_reshard_after_forward`,
 `--fsdp_activation_checkpointing`, `--fsdp_activation_checkpointing_offload`, ...;
 https://huggingface.co/docs/accelerate/usage_guides/fsdp); without `fsdp_transformer_layer_cls_to_wrap`
@@ -72,13 +74,13 @@ def _header(plan: Plan, what: str, docs: str) -> list[str]:
     """Comment lines: what the file is for, and what of the plan it does not carry as the plan says."""
     lines = [f"{what} for: {plan.model.name} on {plan.num_gpus} GPU(s) of {plan.node.name}",
              f"placement {plan.placement.label()}, strategy {plan.strategy}, batch/GPU {plan.micro_batch_per_gpu:g}, "
-             f"checkpoint interval {plan.checkpoint_interval}, {plan.precision}",
-             f"Written by `planner fit` (planner/output/exports.py [Note: what FSDP2 can express]); see {docs}"]
-    if plan.checkpoint_interval > 1:
-        lines.append(f"Activation checkpoints per block (the plan: every {plan.checkpoint_interval} blocks): "
+             f"recompute interval {plan.recompute_interval}, {plan.precision}",
+             f"Written by `planner fit` (planner/output/framework_configs.py [Note: what FSDP2 can express]); see {docs}"]
+    if plan.recompute_interval > 1:
+        lines.append(f"Recompute segments of one block (the plan: {plan.recompute_interval} blocks each): "
                      "the same recompute, less kept")
     if plan.optimizer_step == "in_backward":
-        lines.append("The plan steps the optimizer in backward; this export steps it after backward")
+        lines.append("The plan steps the optimizer in backward; this config steps it after backward")
     return lines
 
 
@@ -108,7 +110,7 @@ def accelerate_config(plan: Plan) -> dict[str, Any]:
 
 
 def _fsdp_config(plan: Plan) -> dict[str, Any]:
-    checkpointing = plan.checkpoint_interval > 0
+    recompute = plan.recompute_interval > 0
     fsdp: dict[str, Any] = {
         "fsdp_version": 2,
         "fsdp_offload_params": plan.placement.params == "cpu",
@@ -116,9 +118,9 @@ def _fsdp_config(plan: Plan) -> dict[str, Any]:
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_cpu_ram_efficient_loading": True,
-        "fsdp_activation_checkpointing": checkpointing,
+        "fsdp_activation_checkpointing": recompute,
     }
-    if checkpointing and plan.placement.activation_checkpoints == "cpu":
+    if recompute and plan.placement.recompute_inputs == "cpu":
         fsdp["fsdp_activation_checkpointing_offload"] = True
     return fsdp
 
@@ -137,14 +139,14 @@ def fsdp2_snippet(plan: Plan) -> str:
     _refuse(what, fsdp2_refusal(plan))
     if plan.strategy == "dp":
         _refuse(what, "plain data parallel replicates every state, which is DistributedDataParallel, not "
-                      "fully_shard; use --accelerate-config (it exports the plan as MULTI_GPU)")
+                      "fully_shard; use --accelerate-config (it writes the plan as MULTI_GPU)")
     if plan.precision == "fp16":
         _refuse(what, "fp16 needs a loss scaler this snippet does not set up; use --accelerate-config or bf16")
     header = _header(plan, what, FSDP2_DOCS)
     header.append("Run under torchrun, one process per GPU, after init_process_group")
-    wrappers = ["checkpoint_wrapper"] + (["offload_wrapper"] if plan.placement.activation_checkpoints == "cpu" else [])
+    wrappers = ["checkpoint_wrapper"] + (["offload_wrapper"] if plan.placement.recompute_inputs == "cpu" else [])
     lines = ["".join(f"# {line}\n" for line in header) + "import torch"]
-    if plan.checkpoint_interval:
+    if plan.recompute_interval:
         lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import " + ", ".join(wrappers))
     policy = "CPUOffloadPolicy" if plan.placement.params == "cpu" else "OffloadPolicy"
     lines += [f"from torch.distributed.fsdp import {policy}, MixedPrecisionPolicy, fully_shard",
@@ -174,10 +176,10 @@ def _apply_plan_function(plan: Plan) -> list[str]:
         "    }",
         "    for index, block in enumerate(blocks):",
     ]
-    if plan.checkpoint_interval:
+    if plan.recompute_interval:
         body.append("        block = checkpoint_wrapper(block)  # recompute the block's forward in backward")
-        if plan.placement.activation_checkpoints == "cpu":
-            body.append("        block = offload_wrapper(block)  # the checkpointed input waits in CPU memory")
+        if plan.placement.recompute_inputs == "cpu":
+            body.append("        block = offload_wrapper(block)  # the segment's input waits in CPU memory")
         body.append("        blocks[index] = block")
     body += ["        fully_shard(block, **fsdp)", "    fully_shard(model, **fsdp)", "    return model"]
     return body

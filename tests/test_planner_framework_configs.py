@@ -1,4 +1,5 @@
-"""Plan exports beyond DeepSpeed: an accelerate (FSDP2) config and a `fully_shard` snippet (planner/output/exports.py)."""
+"""Framework configs beyond DeepSpeed: an accelerate (FSDP2) config and a `fully_shard` snippet
+(planner/output/framework_configs.py)."""
 
 import json
 import os
@@ -9,18 +10,18 @@ import textwrap
 import pytest
 import yaml
 
-from planner.output.exports import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
+from planner.output.framework_configs import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Placement, Plan, strategy_named
 
-CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
+CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
 
 
 def plan(strategy="zero-inf-cpu", **changes):
     fields = dict(model=resolve_model("1.4B"), node=resolve_hardware("dgx-h100"), num_gpus=16, strategy=strategy,
                   placement=strategy_named(strategy).placement if strategy != "custom" else CPU_OFFLOAD,
-                  micro_batch_per_gpu=4, checkpoint_interval=1)
+                  micro_batch_per_gpu=4, recompute_interval=1)
     return Plan(**(fields | changes))
 
 
@@ -44,7 +45,7 @@ def test_cpu_offload_plan_as_accelerate_yaml():
 
 
 def test_accelerate_maps_each_expressible_strategy():
-    zero2 = accelerate_config(plan("zero2", checkpoint_interval=0, precision="fp32", num_gpus=8))
+    zero2 = accelerate_config(plan("zero2", recompute_interval=0, precision="fp32", num_gpus=8))
     assert zero2["fsdp_config"]["fsdp_reshard_after_forward"] is False
     assert zero2["fsdp_config"]["fsdp_offload_params"] is False
     assert zero2["fsdp_config"]["fsdp_activation_checkpointing"] is False
@@ -70,9 +71,9 @@ def test_accelerate_maps_each_expressible_strategy():
 def test_plans_fsdp2_cannot_express_are_refused_in_one_line(changes, named, way_out):
     refused = plan(**changes)
     assert named in fsdp2_refusal(refused)
-    for export in (accelerate_config, fsdp2_snippet):
+    for write_config in (accelerate_config, fsdp2_snippet):
         with pytest.raises(PlannerError) as info:
-            export(refused)
+            write_config(refused)
         message = str(info.value)
         assert "\n" not in message and named in message and way_out in message
 
@@ -158,7 +159,7 @@ def _fit(*args, cwd):
                           timeout=300, cwd=cwd, env={**os.environ, "COLUMNS": "200"})
 
 
-def test_fit_writes_the_exports(tmp_path):
+def test_fit_writes_the_framework_configs(tmp_path):
     result = _fit("1.4B", "--gpus", "8", "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu",
                   "--tiling-factor", "1", "--accelerate-config", "acc.yaml", "--fsdp2-snippet", "shard.py", "--json",
                   cwd=tmp_path)
@@ -166,11 +167,11 @@ def test_fit_writes_the_exports(tmp_path):
     plan_doc = json.loads(result.stdout)
     doc = yaml.safe_load((tmp_path / "acc.yaml").read_text())
     assert doc["fsdp_config"]["fsdp_offload_params"] is True and doc["num_processes"] == 8
-    assert doc["fsdp_config"]["fsdp_activation_checkpointing"] == (plan_doc["checkpoint_interval"] > 0)
+    assert doc["fsdp_config"]["fsdp_activation_checkpointing"] == (plan_doc["recompute_interval"] > 0)
     compile((tmp_path / "shard.py").read_text(), "shard.py", "exec")
 
 
-def test_fit_refuses_an_nvme_export_before_writing_anything(tmp_path):
+def test_fit_refuses_an_nvme_framework_config_before_writing_anything(tmp_path):
     result = _fit("1T", "--gpus", "16", "--out", "plan.json", "--accelerate-config", "acc.yaml", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith("error: the accelerate config cannot express this plan: NVMe placement")
