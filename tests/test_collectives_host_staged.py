@@ -86,7 +86,7 @@ def test_two_ranks_train_to_plain_pytorch_with_host_staged_collectives(tmp_path:
     device tier and in host memory, on two gloo ranks, give plain PyTorch's losses (the world-2
     parity bar, tests/test_runtime_parity.py)."""
     cases = [("gpt", plan_doc(world_size=2, placement=ALL_DEVICE)),
-             ("gpt", plan_doc(world_size=2, placement=ALL_CPU, checkpoint_interval=1, tiling_factor=2))]
+             ("gpt", plan_doc(world_size=2, placement=ALL_CPU, recompute_interval=1, tiling_factor=2))]
     results = run_distributed("staged_training_losses", cases, tmp_path, module="test_collectives_host_staged")
     ref = reference_losses("gpt")
     for (_, plan), losses in zip(cases, results, strict=True):

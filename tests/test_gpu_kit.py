@@ -385,7 +385,7 @@ def test_the_offload_stage_on_the_cpu_measures_every_shape_and_publishes_after_e
         assert len(firsts) == 1  # one starting model for every system
         assert report.GPU_SHARE in shape["ratios"] and report.RATIO.format("ours-cpu", "plain") in shape["ratios"]
     assert doc["plans"]["ours-cpu"]["placement"] == {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu",
-                                                     "activation_checkpoints": "cpu"}
+                                                     "recompute_inputs": "cpu"}
     published = json.loads((out_dir / "gpu-results.json").read_text())["offload"]
     assert list(published["shapes"]) == list(doc["shapes"])
 

@@ -87,7 +87,7 @@ def test_two_ranks_sharing_the_gpu_over_gloo_match_plain_pytorch(tmp_path) -> No
     staged through host shards (all in host memory), train the reference GPT to plain PyTorch's
     losses on the global batch, within the CPU-vs-CUDA bar of the world-1 test above."""
     cases = [("gpt", plan_doc(world_size=2, placement=ALL_DEVICE)),
-             ("gpt", plan_doc(world_size=2, placement=ALL_CPU, checkpoint_interval=1, tiling_factor=2))]
+             ("gpt", plan_doc(world_size=2, placement=ALL_CPU, recompute_interval=1, tiling_factor=2))]
     results = run_distributed("cuda_shared_losses", cases, tmp_path)
     ref = reference_losses("gpt")
     for (_, plan), losses in zip(cases, results, strict=True):

@@ -25,7 +25,7 @@ Systems (`offload`: the host-memory tier, its baselines and all-on-GPU; `nvme`: 
 - `deepspeed-nvme`: ZeRO-Infinity, both offloads on NVMe, pinned, optimizer swapping pipelined, aio at
   queue depth 128 x 1 thread (`--ds-aio`; `--sweep` tries 16/64/128 x 1/4/8 first and keeps the fastest);
 - `plain`: torch, fp32 parameters, bf16 autocast, fused AdamW, all on the GPU.
-No system checkpoints activations (the plans' checkpoint interval 0). The step's NVMe roofline
+No system checkpoints activations (the plans' recompute interval 0). The step's NVMe roofline
 ([Note: the I/O roofline] in benchmarks/bench_nvme_step.py): our step's bytes read and written on NVMe
 (the runtime's link counters) over the rates of a probe of the same read/write mix through the same
 engine, run right after each measured step, and over the rates `planner probe` measures
@@ -87,10 +87,10 @@ SIZINGS = {
 """(mode, profile) -> what runs. 16 Ki tokens a step on the GPU: the host tier's CPU Adam over 1.1 B
 parameters (about 0.3-0.5 s) against about 0.4 s of GPU work, the regime the all-on-GPU must-show is about."""
 
-TIERS = ("params", "gradients", "optimizer_states", "activation_checkpoints")
+TIERS = ("params", "gradients", "optimizer_states", "recompute_inputs")
 HOST = dict.fromkeys(TIERS, "cpu")
 DEVICE = dict.fromkeys(TIERS, "gpu")
-NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
+NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
 OURS = {
     "ours-cpu": {"placement": HOST},
     "ours-gpu": {"placement": DEVICE},
@@ -146,7 +146,7 @@ def fitted_plan(system: str, config_path: Path, shape: Shape, sizing: Sizing, nv
     out = Path(os.environ.get("GPUKIT_WORK", "/tmp")) / f"plan-{system}.json"
     cmd = [sys.executable, "-m", "tierwise", "fit", str(config_path), "--seq", str(shape.seq), "--batch-per-gpu",
            str(shape.batch), "--gpus", "1", "--hardware", sizing.hardware, "--precision", "bf16",
-           "--checkpoint-interval", "0", "--placement", ",".join(f"{k}={v}" for k, v in placement.items()),
+           "--recompute-interval", "0", "--placement", ",".join(f"{k}={v}" for k, v in placement.items()),
            "--out", str(out)]
     if nvme_path:
         cmd += ["--nvme-path", nvme_path]

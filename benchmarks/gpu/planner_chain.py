@@ -29,7 +29,7 @@ from kit import emit
 CHAINS = {
     "cpu": (["--strategy", "zero-inf-cpu"], "offload", 4),
     "nvme": (["--strategy", "zero-inf-nvme"], "nvme", 3),
-    "device": (["--placement", "params=gpu,gradients=gpu,optimizer_states=gpu,activation_checkpoints=gpu"], "offload", 4),
+    "device": (["--placement", "params=gpu,gradients=gpu,optimizer_states=gpu,recompute_inputs=gpu"], "offload", 4),
 }
 """Chain -> (what `fit` is pinned to, the bench_llama mode whose model and first shape it plans, steps
 run). In the order the must-show needs them: the host and NVMe plans first, the device plan if time is left."""
