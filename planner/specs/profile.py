@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.specs.errors import PlannerError
-from planner.specs.plan import LINKS, PHASES, TIERS, Prediction
+from planner.specs.plan import LINKS, PHASES, Prediction
+from planner.specs.tiers import TIERS
 from planner.specs.specio import check_keys, load_document, number, write_json_atomic
 
 SCHEMA = "tierwise.profile/1"
