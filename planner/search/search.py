@@ -154,17 +154,17 @@ def predict(plan: Plan) -> Plan:
 def largest_batch(base: Plan, cap: int) -> Plan | None:
     """Largest micro-batch in [unit, cap] that fits, using the bill's linearity in the batch."""
     unit = 1 / base.gpus_per_replica  # one sample per model replica
-    lo = base.replace(micro_batch_per_gpu=unit)
-    if not memory_bill(lo).fits:
+    a = memory_bill(base.replace(micro_batch_per_gpu=unit))
+    if not a.fits:
         return None
     # Every term is affine in the batch, so two points give the exact line for each tier.
-    hi_probe = base.replace(micro_batch_per_gpu=2 * unit)
-    a, b = memory_bill(lo), memory_bill(hi_probe)
+    b = memory_bill(base.replace(micro_batch_per_gpu=2 * unit))
+    peak_a, peak_b = a.peak_bytes, b.peak_bytes
     limit = cap / unit
     for tier, capacity in a.capacity_bytes.items():
-        slope = b.peak_bytes[tier] - a.peak_bytes[tier]
+        slope = peak_b[tier] - peak_a[tier]
         if slope > 0:
-            limit = min(limit, 1 + (capacity - a.peak_bytes[tier]) / slope)
+            limit = min(limit, 1 + (capacity - peak_a[tier]) / slope)
     slope = b.largest_alloc_bytes - a.largest_alloc_bytes
     if slope > 0:
         limit = min(limit, 1 + (a.max_alloc_bytes - a.largest_alloc_bytes) / slope)
