@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
 from planner.specs.errors import PlannerError
-from planner.specs.plan import LINKS, PHASES, TIERS, Plan
+from planner.specs.plan import LINKS, PHASES, Plan
+from planner.specs.tiers import TIERS
 from planner.specs.profile import MetricComparison, Profile
 
 
