@@ -7,7 +7,7 @@
    the runtime, none of them a configuration below (planner/calibration/probe_reference.py), so the "probe
    spec" predictions are of plans the spec never saw.
 2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on
-   device, cpu and nvme; three model sizes; micro-batch; checkpoint interval; tiling) is planned
+   device, cpu and nvme; three model sizes; micro-batch; recompute interval; tiling) is planned
    with that spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`, two
    warm-up steps, runtime/launch.py WARMUP_STEPS, then `--steps - 2` measured ones).
    [Note: sweep rounds] A shared machine can change speed by 2x and more from one minute to the
@@ -66,7 +66,7 @@ class Config:
     gradients: str
     checkpoints: str
     batch: int
-    checkpoint_interval: int
+    recompute_interval: int
     tiling: int = 1
 
 
@@ -101,9 +101,9 @@ def plan_for(config: Config, node: NodeSpec, nvme_path: str) -> Plan:
     model = {"name": config.size, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
              "seq_len": SEQ, "vocab_size": VOCAB}
     placement = {"params": config.params, "gradients": config.gradients, "optimizer_states": config.optimizer,
-                 "activation_checkpoints": config.checkpoints}
+                 "recompute_inputs": config.checkpoints}
     return pinned_plan(node, model, placement, micro_batch_per_gpu=config.batch,
-                       checkpoint_interval=config.checkpoint_interval, tiling_factor=config.tiling, nvme_path=nvme_path)
+                       recompute_interval=config.recompute_interval, tiling_factor=config.tiling, nvme_path=nvme_path)
 
 
 def step_times_s(profile: Profile) -> list[float]:

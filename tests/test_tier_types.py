@@ -14,7 +14,7 @@ import pytest
 from planner.cost.memory import memory_bill
 from planner.cost.throughput import estimate
 from planner.output.deepspeed_config import deepspeed_config
-from planner.output.exports import fsdp2_refusal
+from planner.output.framework_configs import fsdp2_refusal
 from planner.search.search import SearchRequest, candidate_placements, predict, search
 from planner.sim.report import simulate
 from planner.specs import history
@@ -58,7 +58,7 @@ SMALL = ModelSpec(name="small", num_layers=4, hidden_size=1024, num_heads=16, se
 
 def _plan(tier: str, node: NodeSpec, model: ModelSpec = SMALL) -> Plan:
     """ZeRO-Infinity's placement with `tier` where it puts NVMe: parameters, gradients and optimizer states."""
-    placement = Placement(params=tier, gradients=tier, optimizer_states=tier, activation_checkpoints="cpu")
+    placement = Placement(params=tier, gradients=tier, optimizer_states=tier, recompute_inputs="cpu")
     return Plan(model=model, node=node, num_gpus=1, placement=placement, nvme_path="/tmp/swap")
 
 
@@ -93,17 +93,17 @@ def test_the_builtin_tiers_are_the_plan_vocabulary():
 
 def test_a_placement_holds_tiers_and_writes_their_names():
     placement = Placement.from_dict({"params": "nvme", "gradients": "cpu", "optimizer_states": "nvme"})
-    assert placement.params is NVME and placement.gradients is HOST and placement.activation_checkpoints is GPU
+    assert placement.params is NVME and placement.gradients is HOST and placement.recompute_inputs is GPU
     assert placement.to_dict() == {"params": "nvme", "gradients": "cpu", "optimizer_states": "nvme",
-                                   "activation_checkpoints": "gpu"}
+                                   "recompute_inputs": "gpu"}
     assert parse_placement_pins("params=nvme") == {"params": NVME}
     with pytest.raises(PlannerError, match="placement.params must be one of gpu, cpu, nvme, got 'tape'"):
         Placement.from_dict({"params": "tape"})
 
 
-def test_one_uses_nvme_counts_activation_checkpoints():
+def test_one_uses_nvme_counts_recompute_inputs():
     node = resolve_hardware("dgx-h100")
-    checkpoints_only = Placement(activation_checkpoints="nvme")
+    checkpoints_only = Placement(recompute_inputs="nvme")
     assert checkpoints_only.uses_nvme and not checkpoints_only.model_states_on_nvme
     states = STRATEGY_TABLE["zero-inf-nvme"].placement
     assert states.uses_nvme and states.model_states_on_nvme
@@ -196,9 +196,9 @@ def test_the_search_can_choose_the_new_tier(cxl):
     assert 0 < best.prediction.peak_bytes["cxl"] <= CXL_CAPACITY_BYTES
     assert any(p.params == cxl for _, p in candidate_placements(None, {}))
     # Activation checkpoints go there only when pinned, as on NVMe.
-    assert not any(p.activation_checkpoints == cxl for _, p in candidate_placements(None, {}))
-    assert all(p.activation_checkpoints == cxl
-               for _, p in candidate_placements(None, {"activation_checkpoints": cxl}))
+    assert not any(p.recompute_inputs == cxl for _, p in candidate_placements(None, {}))
+    assert all(p.recompute_inputs == cxl
+               for _, p in candidate_placements(None, {"recompute_inputs": cxl}))
 
 
 def test_the_run_history_takes_a_tier_added_after_its_file_was_written(cxl, tmp_path):

@@ -54,7 +54,7 @@ it takes 0.64 of it, runtime/probe.py [Note: the CPU's fused attention]). The sp
 rate (`fused_attention_flops_per_s`); the probe measures it, the GPU presets have none (no public
 curve for the fitted rate: flat).
 
-[Note: recompute] `recompute: full` (checkpoint_interval >= 1) runs each block's forward again in
+[Note: recompute] `recompute: full` (recompute_interval >= 1) runs each block's forward again in
 backward: its flops and kernel bytes once more. `recompute: selective` (Korthikanti et al. 2022,
 arXiv:2205.05198 Sec. 5) stores every activation but the attention core's seq^2 tensors and
 recomputes those in backward: under eager the `QK^T` matmul, the softmax and the attention dropout
