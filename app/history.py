@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from planner.specs.history import COLUMN_NAMES, default_store_path
-from planner.specs.plan import TIERS
 from planner.specs.profile import relative_error
+from planner.specs.tiers import TIERS
 
 HISTORY_ENV = "TIERWISE_HISTORY"
 """Overrides the default store (the user's cache directory), like `planner history --store`."""

@@ -19,7 +19,8 @@ from app.state import (
     preset_document,
 )
 from planner.specs.catalog import DEFAULT_HARDWARE, hardware_presets, known_model_names
-from planner.specs.plan import PRECISIONS, STATES, STRATEGY_TABLE, TIERS
+from planner.specs.plan import PRECISIONS, STATES, STRATEGY_TABLE
+from planner.specs.tiers import TIERS
 
 AUTO = "auto"
 MODEL_MODES = ("size or preset", "explicit shape")
@@ -84,7 +85,7 @@ def read_sidebar() -> Inputs:
     bar.header("Placement")
     strategy = bar.selectbox("Strategy", (AUTO, *STRATEGY_TABLE), key="strategy",
                              help="Pin a named strategy, or leave it to the search")
-    pins = {state: bar.selectbox(state.replace("_", " "), (AUTO, *TIERS), key=f"pin:{state}") for state in STATES}
+    pins = {state: bar.selectbox(state.replace("_", " "), (AUTO, *map(str, TIERS)), key=f"pin:{state}") for state in STATES}
     return Inputs(
         model=model or None,  # an empty field is "no model named": the library says what to give
         num_layers=_whole(layers),

@@ -265,3 +265,60 @@ def test_no_function_over_80_lines(package):
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "\n".join(long)
+
+
+TIER_MODULES = ("planner/specs/tiers.py",)
+"""Where tier names may be compared: the tier types and their registry ([Note: tiers as types])."""
+TIER_DECIDING_PACKAGES = ("planner", "app", "tierwise")
+
+
+def _names_a_tier(node: ast.AST, names: frozenset[str]) -> bool:
+    """A string literal that is a tier's name, or a tuple, list or set literal holding one."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value in names
+    return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(_names_a_tier(e, names) for e in node.elts)
+
+
+def _tier_name_decisions(tree: ast.AST, names: frozenset[str]) -> list[int]:
+    """Lines that decide by a tier's name: a comparison or membership test with it (`tier == "gpu"`,
+    `"nvme" in ...`), `startswith`/`endswith`/`get` with it, or a subscript by it (`peak["cpu"]`)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            found = any(_names_a_tier(operand, names) for operand in (node.left, *node.comparators))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            found = node.func.attr in ("startswith", "endswith", "get") and any(
+                _names_a_tier(arg, names) for arg in node.args)
+        elif isinstance(node, ast.Subscript):
+            found = _names_a_tier(node.slice, names)
+        else:
+            found = False
+        if found:
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_tier_name_finder_sees_comparisons_membership_and_lookups():
+    names = frozenset({"gpu", "cpu", "nvme"})
+    source = ('a == "gpu"\n"nvme" in b\nc in ("cpu", "x")\nd.startswith(("cpu",))\ne["nvme"]\nf.get("gpu")\n'
+              'g = "gpu"\nh(params="cpu")\ni == "gpus"\nj.placement.params.on_device\n')
+    assert _tier_name_decisions(ast.parse(source), names) == [1, 2, 3, 4, 5, 6]
+
+
+def test_no_decision_by_tier_name_outside_the_tier_types():
+    # A tier is an object that answers for itself (planner/specs/tiers.py [Note: tiers as types]):
+    # code asks it (`tier.on_device`, `tier.staged`, `tier.capacity_bytes(node)`) or names it by its
+    # constant (`GPU`, `HOST`, `NVME`), never by comparing its JSON name. A literal that names
+    # something else (a torch device, the `--gpu` filter) is a named constant of its own vocabulary.
+    from planner.specs.tiers import TIERS
+
+    names = frozenset(str(tier) for tier in TIERS)
+    offences = []
+    for package in TIER_DECIDING_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in TIER_MODULES:
+                continue
+            for line in _tier_name_decisions(ast.parse(path.read_text(), filename=str(path)), names):
+                offences.append(f"{rel}:{line}")
+    assert not offences, "decisions by a tier's name outside the tier types:\n" + "\n".join(offences)

@@ -80,7 +80,7 @@ def test_simulator_terms_are_in_the_vocabulary():
     held: set[MemoryTerm] = set()
     for name in (name for name in PLANS if name.startswith("small")):
         sim = Simulation(PLANS[name]).run()
-        for tracker in (sim.gpu, sim.cpu, sim.nvme):
+        for tracker in sim.trackers.values():
             for term in set(tracker.by_term) | {t for _, terms in tracker.windows for t in terms}:
                 assert isinstance(term, MemoryTerm), (name, tracker.name, term)
                 assert tracker.name in term.tiers, (name, tracker.name, term)

@@ -6,6 +6,7 @@ from planner.cost.throughput import bandwidths, efficiency, estimate
 from planner.specs.hardware import NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.tiers import NVME
 from planner.specs.units import GB, GIB
 
 # A round-number node: 1 TFLOP/s GPUs, 10 GB/s host links, NVMe 4 GB/s per node, 100 GB/s NVLink.
@@ -48,8 +49,8 @@ def plan(strategy, gpus=4, **kw):
 def test_per_gpu_bandwidths_share_the_node_aggregates():
     bw = bandwidths(plan("zero-inf-nvme"))
     assert bw.h2d == 10 * GB  # 40 GB/s node aggregate / 4 GPUs = 10, equal to the link
-    assert bw.nvme_read == 1 * GB  # 4 GB/s / 4 GPUs
-    assert bw.nvme_write == 0.5 * GB
+    assert bw.reads[NVME] == 1 * GB  # 4 GB/s / 4 GPUs
+    assert bw.writes[NVME] == 0.5 * GB
     assert bw.all_gather == 100 * GB
 
 

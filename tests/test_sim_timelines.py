@@ -5,12 +5,13 @@ import dataclasses
 import pytest
 
 from planner.sim import simulate
-from planner.sim.engine import Simulation, stage_lookaheads
+from planner.sim.engine import Simulation, stage_lookahead
 from planner.sim.optimizer import _run, chunked_step
 from planner.sim.workload import OpShape, Step, build_workload
 from planner.specs.hardware import NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Placement, Plan
+from planner.specs.tiers import HOST, NVME
 
 
 def tiny_node(**overrides) -> NodeSpec:
@@ -92,10 +93,14 @@ def _depth_plan(depth: int) -> Plan:
 
 
 def test_stage_lookaheads_follow_method_4_3():
-    assert stage_lookaheads(3) == {"nvme": 3, "h2d": 2, "gather": 1}
-    assert stage_lookaheads(0) == {"nvme": 0, "h2d": 0, "gather": 0}
-    assert stage_lookaheads(1) == {"nvme": 1, "h2d": 1, "gather": 1}
-    assert stage_lookaheads(5) == {"nvme": 5, "h2d": 4, "gather": 3}
+    # (NVMe read: 2 hops from the GPU, host copy: 1 hop, all-gather) operators ahead, by depth.
+    def ahead(depth):
+        return tuple(stage_lookahead(depth, hops) for hops in (NVME.hops_to_gpu, HOST.hops_to_gpu, 0))
+
+    assert ahead(3) == (3, 2, 1)
+    assert ahead(0) == (0, 0, 0)
+    assert ahead(1) == (1, 1, 1)
+    assert ahead(5) == (5, 4, 3)
 
 
 def test_prefetch_depth_0_vs_3_on_a_transfer_bound_case():

@@ -13,7 +13,8 @@ from planner.output import report
 from planner.output.timeline import PHASE_COLORS, busy_bins, zoom_spans
 from planner.sim import SimResult
 from planner.sim.periodic import simulate_periodic
-from planner.specs.plan import TIERS, Plan, Prediction
+from planner.specs.plan import Plan, Prediction
+from planner.specs.tiers import TIERS
 from planner.specs.units import GIB
 
 GANTT_BINS = 300

@@ -242,7 +242,7 @@ def step_overlaps_forward(plan: Plan) -> bool:
     state I/O. Which of the two phases holds it depends on how the contention falls, not on a
     rate, so calibration fits their sum: per phase it would ask the forward's features to explain
     the step's Adam and I/O, and the optimizer phase's to explain almost nothing."""
-    return (plan.optimizer_step == "after_backward" and plan.placement.optimizer_states == "nvme"
+    return (plan.optimizer_step == "after_backward" and plan.placement.optimizer_states.staged
             and plan.node.host_is_device)
 
 

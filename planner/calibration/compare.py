@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
 from planner.specs.errors import PlannerError
-from planner.specs.plan import LINKS, PHASES, TIERS, Plan
+from planner.specs.plan import LINKS, PHASES, Plan
 from planner.specs.profile import MetricComparison, Profile
+from planner.specs.tiers import TIERS
 
 
 def compare(plan: Plan, profile: Profile) -> list[MetricComparison]:

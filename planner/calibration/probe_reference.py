@@ -42,7 +42,7 @@ from pathlib import Path
 
 from planner.calibration.calibrate import Calibration, calibrate
 from planner.specs.hardware import NodeSpec
-from planner.specs.plan import Plan
+from planner.specs.plan import Placement, Plan
 from planner.specs.profile import Profile
 
 REFERENCE_VOCAB = 256
@@ -87,10 +87,11 @@ def pinned_plan(node: NodeSpec, model: dict, placement: dict[str, str], *, micro
                 where: str = "plan") -> Plan:
     """A one-GPU plan with every knob pinned, as the runtime is asked to train it here: the probe's
     reference runs and benchmarks/sweep.py's configurations."""
+    uses_nvme = Placement.from_dict(placement, f"{where}.placement").uses_nvme
     return Plan.from_dict({
         "model": model, "hardware": node.to_dict(), "num_gpus": 1, "precision": precision, "placement": placement,
         "micro_batch_per_gpu": micro_batch_per_gpu, "recompute_interval": recompute_interval,
-        "tiling_factor": tiling_factor, "nvme_path": nvme_path if "nvme" in placement.values() else None,
+        "tiling_factor": tiling_factor, "nvme_path": nvme_path if uses_nvme else None,
     }, where)
 
 

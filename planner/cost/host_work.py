@@ -35,17 +35,16 @@ MASTER_BYTES = 4
 def step_host_copy_bytes_per_param(plan: Plan) -> float:
     """Host memory bytes the streamed step's copies move per parameter ([Note: the step's host copies]);
     0 unless the optimizer states are on NVMe."""
-    place = plan.placement
-    if place.optimizer_states != "nvme":
+    place, node = plan.placement, plan.node
+    if not place.optimizer_states.staged:
         return 0.0
-    host_is_device = plan.node.host_is_device
     e = COMPUTE_BYTES[plan.precision]
     nbytes = 0.0
-    if place.gradients == "cpu" or (place.gradients == "gpu" and host_is_device):
+    if place.gradients.in_host_memory(node):
         nbytes += GRADIENT_COPY_BYTES
     if plan.precision != "fp32" or place.params != place.optimizer_states:
         nbytes += MASTER_BYTES + e  # the cast to the compute precision
-        if place.params != "gpu" or host_is_device:
+        if not place.params.on_device or node.host_is_device:
             nbytes += 2 * e  # staged for the drive, or copied into a host-memory shard
     return nbytes
 

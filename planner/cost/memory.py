@@ -1,7 +1,7 @@
 """Memory model: bytes per tier for a plan, as a sum of named terms (paper eq. 1-5 plus buffers).
 
-Units: the `gpu` tier is per GPU, `cpu` and `nvme` are per node (what one node must hold), all in
-bytes. The terms are `planner.specs.memory_terms.MemoryTerm`, each with a one-line formula that `planner
+Units: each tier's `scope` (planner/specs/tiers.py): the GPU's memory per GPU, host memory and NVMe
+per node (what one node must hold), all in bytes. The terms are `planner.specs.memory_terms.MemoryTerm`, each with a one-line formula that `planner
 memory` prints; [Note: adding a memory buffer] there says how to add one.
 
 [Note: what the runtime holds beyond the paper]
@@ -28,7 +28,8 @@ from planner.cost.context_parallel import ring_buffer_bytes
 from planner.cost.kernels import recomputed_score_bytes, stored_score_bytes_per_token
 from planner.cost.pipeline import in_flight_micro_batches, stage_plan
 from planner.specs.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
-from planner.specs.plan import TIERS, Plan
+from planner.specs.plan import Plan
+from planner.specs.tiers import GPU, HOST, TIERS, Tier
 from planner.specs.units import COMPUTE_BYTES, GIB, round_up_4kib
 
 # bytes per parameter of each model state as eq. 2 writes them (2 + 2 + 16 = 20 for mixed precision,
@@ -58,16 +59,16 @@ docs/runtime.md, Limits), rounded up."""
 class MemoryBill:
     """Bytes per tier for one plan; `terms[tier][name]`, in `peak_bytes` units."""
 
-    terms: dict[str, dict[MemoryTerm, int]]
-    capacity_bytes: dict[str, int]
+    terms: dict[Tier, dict[MemoryTerm, int]]
+    capacity_bytes: dict[Tier, int]
     largest_alloc_bytes: int
     """Largest single GPU allocation (one gathered operator, or the largest activation tensor)."""
     max_alloc_bytes: int
-    over: dict[str, int] = field(default_factory=dict)
+    over: dict[Tier, int] = field(default_factory=dict)
     """tier -> bytes over capacity (only tiers that do not fit)."""
 
     @property
-    def peak_bytes(self) -> dict[str, int]:
+    def peak_bytes(self) -> dict[Tier, int]:
         return {tier: sum(self.terms[tier].values()) for tier in TIERS}
 
     @property
@@ -77,8 +78,8 @@ class MemoryBill:
     def reason(self) -> str:
         """One line saying what does not fit, or ''."""
         problems = [
-            f"{tier.upper()} needs {self.peak_bytes[tier] / GIB:,.1f} GiB of {self.capacity_bytes[tier] / GIB:,.1f} GiB"
-            + (" per GPU" if tier == "gpu" else " per node")
+            f"{tier.upper()} needs {self.peak_bytes[tier] / GIB:,.1f} GiB of {self.capacity_bytes[tier] / GIB:,.1f} GiB "
+            + tier.scope
             for tier in TIERS
             if tier in self.over
         ]
@@ -90,7 +91,7 @@ class MemoryBill:
         return "; ".join(problems)
 
 
-def resident_state_terms(plan: Plan) -> list[tuple[str, MemoryTerm, int]]:
+def resident_state_terms(plan: Plan) -> list[tuple[Tier, MemoryTerm, int]]:
     """(tier, term, bytes per GPU) of the model states as the runtime holds them.
 
     [Note: runtime bytes per parameter] Where eq. 2 and the runtime differ, the bill follows the
@@ -129,16 +130,16 @@ def stores_gradients(plan: Plan) -> bool:
     """Whether gradient shards are kept in the gradients' tier until the optimizer reads them. Not
     with `optimizer_step: in_backward` and the optimizer states on NVMe: each unit's gradient goes
     from its reduce-scatter (or, on one rank, from autograd) straight into the streamed update's
-    chunk buffers, so no gradient shard, gradient swap file or gradient staging exists
+    chunk buffers, so no gradient shard, gradient swap file or gradient staging exists (the same
+    for any `staged` tier: its states are streamed)
     ([Note: the optimizer step in backward] in runtime/optim/streamed_optimizer.py). With the states in
     memory an in-backward step reads the gradient shard where it lies, as after backward."""
-    return not (plan.optimizer_step == "in_backward" and plan.placement.optimizer_states == "nvme")
+    return not (plan.optimizer_step == "in_backward" and plan.placement.optimizer_states.staged)
 
 
 def params_on_compute_device(plan: Plan) -> bool:
     """Whether the compute uses the parameter shard where it lies (no copy, no fresh buffer)."""
-    place = plan.placement.params
-    return place == "gpu" or (place == "cpu" and plan.node.host_is_device)
+    return plan.placement.params.is_compute_memory(plan.node)
 
 
 def gathers_params(plan: Plan) -> bool:
@@ -224,13 +225,9 @@ def memory_bill(plan: Plan) -> MemoryBill:
         return _pipeline_stage_bill(plan)
     node = plan.node
     per_node = plan.cluster.gpus_per_node  # host and NVMe tiers are shared by the node's GPUs
-    terms = {tier: {term: math.ceil(v) * (1 if tier == "gpu" else per_node) for term, v in per_gpu.items()}
+    terms = {tier: {term: math.ceil(v) * (1 if tier.per_gpu else per_node) for term, v in per_gpu.items()}
              for tier, per_gpu in _per_gpu_terms(plan).items()}
-    capacity = {
-        "gpu": int(node.gpu_memory_bytes),
-        "cpu": int(node.cpu_memory_bytes),
-        "nvme": int(node.nvme_capacity_bytes),
-    }
+    capacity = {tier: int(tier.capacity_bytes(node)) for tier in TIERS}
     peak = {tier: sum(t.values()) for tier, t in terms.items()}
     return MemoryBill(
         terms=terms,
@@ -248,20 +245,20 @@ def _pipeline_stage_bill(plan: Plan) -> MemoryBill:
     bill = memory_bill(stage_plan(plan))
     extra = in_flight_micro_batches(plan) - 1
     held = MemoryTerm.RECOMPUTE_INPUTS if plan.recompute_interval else MemoryTerm.AWM
-    gpu = dict(bill.terms["gpu"])
+    gpu = dict(bill.terms[GPU])
     if extra and held in gpu:
         gpu[held] += extra * gpu[held]
-    terms = dict(bill.terms, gpu=gpu)
+    terms = {**bill.terms, GPU: gpu}
     peak = {tier: sum(t.values()) for tier, t in terms.items()}
     return MemoryBill(terms=terms, capacity_bytes=bill.capacity_bytes, largest_alloc_bytes=bill.largest_alloc_bytes,
                       max_alloc_bytes=bill.max_alloc_bytes,
                       over=_over_capacity(peak, bill.capacity_bytes, host_is_device=plan.node.host_is_device))
 
 
-def _per_gpu_terms(plan: Plan) -> dict[str, dict[MemoryTerm, float]]:
-    """tier -> term -> bytes for one GPU (what the bill scales to per node for `cpu` and `nvme`):
+def _per_gpu_terms(plan: Plan) -> dict[Tier, dict[MemoryTerm, float]]:
+    """tier -> term -> bytes for one GPU (what the bill scales to per node for the per-node tiers):
     the resident states where the placement puts them, every buffer in its term's tier."""
-    tiers: dict[str, dict[MemoryTerm, float]] = {tier: {} for tier in TIERS}
+    tiers: dict[Tier, dict[MemoryTerm, float]] = {tier: {} for tier in TIERS}
     # -- resident states (eq. 2 as the runtime holds them, eq. 3) ------------------------------
     for tier, term, nbytes in resident_state_terms(plan):
         tiers[tier][term] = tiers[tier].get(term, 0) + nbytes
@@ -296,14 +293,14 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
         gpu[MemoryTerm.MSWM] = op_working
         if depth >= 1:
             gpu[MemoryTerm.PREFETCH_GATHERED_PARAMS] = unit_param_bytes
-        if depth >= 2 and not params_on_compute_device(plan) and place.params != "nvme":
-            # A shard read from NVMe waits in a host swap buffer instead, until its all-gather.
+        if depth >= 2 and not params_on_compute_device(plan) and not place.params.staged:
+            # A shard read from a staged tier (NVMe) waits in a host swap buffer instead, until its all-gather.
             gpu[MemoryTerm.PREFETCH_SHARD_STAGING] = unit_param_bytes / dp
     if "gradients" in plan.partitioned and dp > 1:
         gpu[MemoryTerm.REDUCE_SCATTER_BUFFER] = largest_unit_params(plan) * compute
-    if copies and place.gradients != "gpu" and stores_gradients(plan):
+    if copies and not place.gradients.on_device and stores_gradients(plan):
         gpu[MemoryTerm.GRADIENT_OFFLOAD_STAGING] = 2 * unit_param_bytes / dp
-    if copies and place.recompute_inputs != "gpu" and plan.recompute_interval:
+    if copies and not place.recompute_inputs.on_device and plan.recompute_interval:
         gpu[MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
     if plan.context_parallel_degree > 1:
         gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
@@ -315,18 +312,19 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
 
 
 def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
-    """One GPU's share of the host buffers: NVMe staging of the largest shard per state
-    (runtime/transfer/nvme_store.py) and the runtime's per-operator objects."""
+    """One GPU's share of the host buffers: the staging of the largest shard per state on a staged
+    tier (NVMe: runtime/transfer/nvme_store.py) and the runtime's per-operator objects."""
     place, depth = plan.placement, plan.prefetch_depth
     unit_shard = largest_unit_params(plan) / plan.data_parallel_degree
     cpu: dict[MemoryTerm, float] = {}
-    if place.params == "nvme" and "params" in plan.partitioned and depth >= 2:
+    if place.params.staged and "params" in plan.partitioned and depth >= 2:
         # Shards read ahead of operator i+1 (i+2, and i+3 at depth 3) wait here (runtime/units/group.py).
         cpu[MemoryTerm.PARAM_SWAP_BUFFERS] = (min(depth, 3) - 1) * _aligned(unit_shard * COMPUTE_BYTES[plan.precision])
-    if place.optimizer_states == "nvme":
+    if place.optimizer_states.staged:
         cpu[MemoryTerm.OPTIMIZER_SWAP_BUFFERS] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
-    if place.gradients == "nvme" and stores_gradients(plan):
-        buffers = gradient_write_buffers(depth, params_on_nvme=place.params == "nvme")
+    if place.gradients.staged and stores_gradients(plan):
+        # The gradients' writes queue behind the parameter reads when both use the one drive.
+        buffers = gradient_write_buffers(depth, params_on_nvme=place.params == place.gradients)
         cpu[MemoryTerm.GRADIENT_SWAP_BUFFERS] = buffers * _aligned(unit_shard * STORED_GRADIENT_BYTES)
     elif staged_in_backward(plan):
         cpu[MemoryTerm.GRADIENT_SWAP_BUFFERS] = IN_BACKWARD_STAGED_GRADIENTS * _aligned(
@@ -338,16 +336,13 @@ def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     return cpu
 
 
-def _over_capacity(peak: dict[str, int], capacity: dict[str, int], *, host_is_device: bool) -> dict[str, int]:
-    """tier -> bytes over capacity, for the tiers that do not fit."""
-    if host_is_device:  # one memory: the host store's bytes and the device's add up
-        joint = peak["gpu"] + peak["cpu"]
-        over = {tier: joint - capacity[tier] for tier in ("gpu", "cpu") if joint > capacity[tier]}
-    else:
-        over = {tier: peak[tier] - capacity[tier] for tier in ("gpu", "cpu") if peak[tier] > capacity[tier]}
-    if peak["nvme"] > capacity["nvme"]:
-        over["nvme"] = peak["nvme"] - capacity["nvme"]
-    return over
+def _over_capacity(peak: dict[Tier, int], capacity: dict[Tier, int], *, host_is_device: bool) -> dict[Tier, int]:
+    """tier -> bytes over capacity, for the tiers that do not fit. Where the host is the device, the
+    GPU's memory and host memory are one: each is charged the bytes of both."""
+    need = dict(peak)
+    if host_is_device:
+        need[GPU] = need[HOST] = peak[GPU] + peak[HOST]
+    return {tier: nbytes - capacity[tier] for tier, nbytes in need.items() if nbytes > capacity[tier]}
 
 
 def largest_alloc_bytes(plan: Plan) -> int:
@@ -361,7 +356,7 @@ def largest_alloc_bytes(plan: Plan) -> int:
     return math.ceil(max(largest_weight, largest_activation))
 
 
-def runtime_buffer_peak_bytes(bill: MemoryBill) -> dict[str, int]:
+def runtime_buffer_peak_bytes(bill: MemoryBill) -> dict[Tier, int]:
     """The bill's peak per tier over the terms the runtime's own ledger tracks (`MemoryTerm.ledgered`:
     what a profile's `peak_bytes` measures; on CUDA the allocator's peak is recorded beside it)."""
     return {tier: sum(v for term, v in terms.items() if MemoryTerm(term).ledgered) for tier, terms in bill.terms.items()}
@@ -376,13 +371,13 @@ class PinnedPoolShape:
 
 
 def host_state_crosses_link(plan: Plan) -> bool:
-    """Whether some state placed on `cpu` is copied between host and device memory in a step (on
-    hardware whose host is not the device): parameters read for the compute, gradients written off
-    the device, recompute inputs offloaded, or master weights written back to device parameters."""
+    """Whether some state placed in host memory is copied between host and device memory in a step
+    (on hardware whose host is not the device): parameters read for the compute, gradients written
+    off the device, recompute inputs offloaded, or master weights written back to device parameters."""
     place = plan.placement
-    return (place.params == "cpu" or place.optimizer_states == "cpu"
-            or (place.gradients == "cpu" and stores_gradients(plan))
-            or (place.recompute_inputs == "cpu" and plan.recompute_interval > 0))
+    return (place.params == HOST or place.optimizer_states == HOST
+            or (place.gradients == HOST and stores_gradients(plan))
+            or (place.recompute_inputs == HOST and plan.recompute_interval > 0))
 
 
 def pinned_staging_pool(plan: Plan) -> PinnedPoolShape:
@@ -413,7 +408,7 @@ host (`GradientStaging`): the worker's update(s) and the one being filled; the h
 def staged_in_backward(plan: Plan) -> bool:
     """In-backward updates on the host from a separate device: each unit's gradient shard is copied
     device-to-host into pinned staging (runtime/optim/step_schedule.py, the streamed NVMe optimizer)."""
-    return (plan.optimizer_step == "in_backward" and plan.placement.optimizer_states == "nvme"
+    return (plan.optimizer_step == "in_backward" and plan.placement.optimizer_states.staged
             and not plan.node.host_is_device)
 
 

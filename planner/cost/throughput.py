@@ -43,6 +43,7 @@ from planner.cost.memory import (
 )
 from planner.specs.phases import PHASES
 from planner.specs.plan import LINKS, Plan
+from planner.specs.tiers import TIERS, Tier
 
 # A GPU Adam step streams params, grads and 12 bytes of optimizer state in and out: ~36 bytes/param.
 GPU_ADAM_BYTES_PER_PARAM = 36
@@ -54,9 +55,13 @@ class Bandwidths:
     """Per-GPU bandwidths (bytes/s) that one plan's traffic can use."""
 
     h2d: float
+    """The GPU's share of its host link, host to device (capped by its share of host memory)."""
     d2h: float
-    nvme_read: float
-    nvme_write: float
+    reads: dict[Tier, float]
+    """Per tier: the bandwidth one GPU's reads from it reach, the slowest share on its way to the GPU
+    (host memory: `h2d`; NVMe: its share of the drives, capped by `h2d`; the GPU's own: infinite)."""
+    writes: dict[Tier, float]
+    """Per tier: the same for writes into it."""
     all_gather: float
     """Per-GPU data-parallel collective bandwidth: NVLink, capped across nodes by the ring's share of
     the node's network (planner/cost/collectives.py [Note: the alpha-beta collective])."""
@@ -77,11 +82,17 @@ def bandwidths(plan: Plan) -> Bandwidths:
     collective = bus_bytes_per_s(ring, node, data_parallel_rings_per_node(plan))
     h2d = min(node.host_to_gpu_bytes_per_s, host_share)
     d2h = min(node.gpu_to_host_bytes_per_s, host_share)
+    reads: dict[Tier, float] = {}
+    writes: dict[Tier, float] = {}
+    for tier in TIERS:  # each tier after the one it is reached through (`Tier.via`)
+        share, via = tier.link_share(node, gpus), tier.via
+        reads[tier] = min(share.read_bytes_per_s, reads[via] if via is not None else float("inf"))
+        writes[tier] = min(share.write_bytes_per_s, writes[via] if via is not None else float("inf"))
     return Bandwidths(
         h2d=h2d,
         d2h=d2h,
-        nvme_read=min(h2d, node.nvme_read_bytes_per_s / gpus),
-        nvme_write=min(d2h, node.nvme_write_bytes_per_s / gpus),
+        reads=reads,
+        writes=writes,
         all_gather=collective,
         tensor_parallel=node.gpu_gpu_intra_node_bytes_per_s or node.gpu_hbm_bytes_per_s,
         all_gather_latency_s=latency_s(ring, "all_gather", node),
@@ -128,8 +139,10 @@ class _Passes(NamedTuple):
 
     forward_s: float
     backward_s: float
-    backward_nvme_read_s: float = 0.0
-    """The backward's own NVMe reads (an in-backward optimizer step shares the drive with them)."""
+    staged_tier: Tier | None = None
+    """The staged tier (NVMe) the work reads from in backward, if any."""
+    backward_staged_read_s: float = 0.0
+    """The backward's own reads from `staged_tier` (an in-backward optimizer step shares its link with them)."""
 
 
 class _OptimizerStep(NamedTuple):
@@ -137,7 +150,8 @@ class _OptimizerStep(NamedTuple):
     """The step after the backward, ZeRO-2's all-gather of the updated parameters included."""
     update_compute_s: float
     """The update's own arithmetic (the CPU or HBM-bound Adam): the part of the step that is not I/O."""
-    nvme_s: float
+    staged_s: dict[Tier, float]
+    """Seconds of the step's traffic on each staged tier's links (NVMe: the states and the parameters written)."""
     gather_after_s: float
     on_compute_device: bool
 
@@ -171,7 +185,7 @@ def estimate(plan: Plan) -> Estimate:
     forward, backward, optimizer = _phase_times(plan, compute, params, grads_time, inputs, tp, step)
     iteration = forward + backward + optimizer
     bottleneck = max(components, key=lambda k: components[k])
-    ait, state_bw = arithmetic_intensity(plan), state_bandwidths(plan)
+    ait, state_bw = arithmetic_intensity(plan), _state_bandwidths(plan, bw)
     eff = {state: efficiency(ait[state], state_bw[state], node.gpu_flops_per_s) for state in EFFICIENCY_STATES}
     return Estimate(
         iteration_time_s=iteration,
@@ -250,18 +264,17 @@ def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes
     param_bytes = _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["params"]
     passes_bwd = 2 if plan.recompute_interval > 0 else 1
     gather = param_bytes * (dp - 1) / dp
-    slow_bw = {"gpu": float("inf"), "cpu": bw.h2d, "nvme": bw.nvme_read}[tier]
-    shard = param_bytes / dp if tier != "gpu" else 0.0
+    shard = param_bytes / dp if not tier.on_device else 0.0
     gather_s = _divide(gather, bw.all_gather) + (collectives_per_pass(plan) * bw.all_gather_latency_s if dp > 1 else 0.0)
-    per_pass = max(gather_s, _divide(shard, slow_bw))
+    per_pass = max(gather_s, _divide(shard, bw.reads[tier]))
     links["all_gather"] += (1 + passes_bwd) * gather
-    if tier in ("cpu", "nvme"):
-        links["h2d"] += (1 + passes_bwd) * shard
-    nvme_read_bwd = 0.0
-    if tier == "nvme":
-        links["nvme_read"] += (1 + passes_bwd) * shard
-        nvme_read_bwd = _divide(passes_bwd * shard, bw.nvme_read)
-    return _Passes(per_pass, passes_bwd * per_pass, nvme_read_bwd)
+    hop: Tier | None = tier
+    while hop is not None and hop.read_link:  # each link on the shard's way to the GPU
+        links[hop.read_link] += (1 + passes_bwd) * shard
+        hop = hop.via
+    if tier.staged:
+        return _Passes(per_pass, passes_bwd * per_pass, tier, _divide(passes_bwd * shard, bw.reads[tier]))
+    return _Passes(per_pass, passes_bwd * per_pass)
 
 
 def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> float:
@@ -276,34 +289,35 @@ def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> 
     links["reduce_scatter"] += reduce
     latency = bw.all_gather_latency_s if rounds == 1 else bw.all_reduce_latency_s
     grads_time = _divide(reduce, bw.all_gather) + (collectives_per_pass(plan) * latency if dp > 1 else 0.0)
-    if place.gradients != "gpu":
+    tier = place.gradients
+    if not tier.on_device:
         # Not stored (in-backward step, optimizer on NVMe): the shard still crosses to the host,
         # into the update's chunk buffer, but is never written to NVMe.
         out = grad_bytes / dp
         links["d2h"] += out
         grads_time = max(grads_time, _divide(out, bw.d2h))
-        if place.gradients == "nvme" and stores_gradients(plan):  # the fp32 shard the step reads back
+        if tier.staged and stores_gradients(plan):  # the fp32 shard the step reads back
             written = _params_per_gpu(plan) * STORED_GRADIENT_BYTES / dp
-            links["nvme_write"] += written
-            grads_time = max(grads_time, _divide(written, bw.nvme_write))
+            links[tier.write_link] += written
+            grads_time = max(grads_time, _divide(written, bw.writes[tier]))
     return grads_time
 
 
 def _recompute_input_traffic(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes:
     """Recompute inputs written in forward and read back in backward (eq. 11)."""
     tier = plan.placement.recompute_inputs
-    if tier == "gpu" or plan.recompute_interval == 0:
+    if tier.on_device or plan.recompute_interval == 0:
         return _Passes(0.0, 0.0)
     inputs = recompute_input_bytes(plan)
     links["d2h"] += inputs
     links["h2d"] += inputs
     inputs_fwd, inputs_bwd = _divide(inputs, bw.d2h), _divide(inputs, bw.h2d)
-    if tier != "nvme":
+    if not tier.staged:
         return _Passes(inputs_fwd, inputs_bwd)
-    links["nvme_write"] += inputs
-    links["nvme_read"] += inputs
-    return _Passes(max(inputs_fwd, _divide(inputs, bw.nvme_write)), max(inputs_bwd, _divide(inputs, bw.nvme_read)),
-                   _divide(inputs, bw.nvme_read))
+    links[tier.write_link] += inputs
+    links[tier.read_link] += inputs
+    return _Passes(max(inputs_fwd, _divide(inputs, bw.writes[tier])), max(inputs_bwd, _divide(inputs, bw.reads[tier])),
+                   tier, _divide(inputs, bw.reads[tier]))
 
 
 def _tensor_parallel(plan: Plan, bw: Bandwidths) -> _Passes:
@@ -321,38 +335,39 @@ def _tensor_parallel(plan: Plan, bw: Bandwidths) -> _Passes:
 def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _OptimizerStep:
     """The optimizer step: not overlapped with forward/backward in the paper's design."""
     place, node, dp = plan.placement, plan.node, plan.data_parallel_degree
+    states, params = place.optimizer_states, place.params
     shard_params = _params_per_gpu(plan) / dp
-    on_compute_device = place.optimizer_states == "gpu" or node.host_is_device
-    optimizer_nvme = 0.0  # the step's NVMe time
-    if place.optimizer_states == "gpu" and not node.host_is_device:
+    on_compute_device = states.on_device or node.host_is_device
+    staged_s: dict[Tier, float] = {}  # the step's time on each staged tier's links
+    if states.on_device and not node.host_is_device:
         optimizer = update_compute = _divide(shard_params * GPU_ADAM_BYTES_PER_PARAM, node.gpu_hbm_bytes_per_s)
     else:
         # With the states on NVMe the worker's host copies take the CPU too ([Note: the step's host copies]).
         cpu_update = update_compute = _divide(shard_params * plan.cluster.gpus_per_node * step_cpu_params_per_param(plan),
                                               node.cpu_adam_params_per_s)
         io = 0.0
-        if place.optimizer_states == "nvme":
+        if states.staged:
             # eq. 10 reads and writes 16 bytes/param once; the runtime's streamed step reads the
             # fp32 master, momentum, variance (12) and the fp32 gradient (4, from NVMe when the
             # gradients live there and are stored) and writes back only the 12
             # (runtime/optim/streamed_optimizer.py).
-            read = shard_params * (12 + (4 if place.gradients == "nvme" and stores_gradients(plan) else 0))
+            read = shard_params * (12 + (4 if place.gradients.staged and stores_gradients(plan) else 0))
             written = shard_params * 12
-            links["nvme_read"] += read
-            links["nvme_write"] += written
-            io = _divide(read, bw.nvme_read) + _divide(written, bw.nvme_write)
-            optimizer_nvme = io
+            links[states.read_link] += read
+            links[states.write_link] += written
+            io = _divide(read, bw.reads[states]) + _divide(written, bw.writes[states])
+            staged_s[states] = io
         # updated parameters go back to where the parameters live
         updated = shard_params * BYTES_PER_PARAM[plan.precision]["params"]
-        if place.params == "gpu":
+        if params.on_device:
             links["h2d"] += updated
             io = max(io, _divide(updated, bw.h2d))
-        elif place.params == "nvme" and (plan.precision != "fp32" or place.optimizer_states != "nvme"):
+        elif params.staged and (plan.precision != "fp32" or params != states):
             # (fp32 parameters on NVMe beside the states are their own master: written with the states,
             # as the simulator and runtime/optim/streamed_optimizer.py do.)
-            links["nvme_write"] += updated
-            io += _divide(updated, bw.nvme_write)
-            optimizer_nvme += _divide(updated, bw.nvme_write)
+            links[params.write_link] += updated
+            io += _divide(updated, bw.writes[params])
+            staged_s[params] = staged_s.get(params, 0.0) + _divide(updated, bw.writes[params])
         optimizer = max(cpu_update, io)
     gather_after = 0.0
     if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned:
@@ -361,7 +376,7 @@ def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Opt
         links["all_gather"] += gather
         gather_after = _divide(gather, bw.all_gather) + (bw.all_gather_latency_s if dp > 1 else 0.0)
         optimizer += gather_after
-    return _OptimizerStep(optimizer, update_compute, optimizer_nvme, gather_after, on_compute_device)
+    return _OptimizerStep(optimizer, update_compute, staged_s, gather_after, on_compute_device)
 
 
 def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: float, inputs: _Passes, tp: _Passes,
@@ -372,7 +387,7 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
     if plan.optimizer_step == "in_backward":
         backward = _in_backward_backward(
             plan, step.total_s - step.gather_after_s, step.update_compute_s, on_compute_device=step.on_compute_device,
-            nvme_s=step.nvme_s + (params.backward_nvme_read_s + inputs.backward_nvme_read_s),
+            staged_s=_busiest_staged_tier_s(step.staged_s, params, inputs),
             compute_bwd=compute.backward_s, others=(params.backward_s, grads_time, inputs.backward_s),
             tp_bwd=tp.backward_s)
         optimizer = step.gather_after_s
@@ -385,6 +400,16 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
     else:
         forward = compute.forward_s + params.forward_s + inputs.forward_s + tp.forward_s
     return forward, backward, optimizer
+
+
+def _busiest_staged_tier_s(step_s: dict[Tier, float], *passes: _Passes) -> float:
+    """The most time any staged tier's links spend in an in-backward step: the step's traffic there
+    and the backward's own reads from it (one drive array serves both)."""
+    reads: dict[Tier, float] = {}
+    for work in passes:
+        if work.staged_tier is not None:
+            reads[work.staged_tier] = reads.get(work.staged_tier, 0.0) + work.backward_staged_read_s
+    return max((step_s.get(tier, 0.0) + reads.get(tier, 0.0) for tier in {**step_s, **reads}), default=0.0)
 
 
 def collectives_per_pass(plan: Plan) -> int:
@@ -402,20 +427,20 @@ def _params_per_gpu(plan: Plan) -> float:
 
 
 def _in_backward_backward(plan: Plan, update_s: float, update_compute_s: float, *, on_compute_device: bool,
-                          nvme_s: float, compute_bwd: float, others: tuple[float, ...], tp_bwd: float) -> float:
+                          staged_s: float, compute_bwd: float, others: tuple[float, ...], tp_bwd: float) -> float:
     """The backward with `optimizer_step: in_backward`: each unit is updated while the rest of the
     backward runs (planner/sim/in_backward.py), so the optimizer's work (`update_s`) overlaps the
     backward instead of following it. On the compute device (a GPU optimizer, or any optimizer when
     the host is the device) the updates take turns with compute; a CPU optimizer overlaps GPU
-    compute. One NVMe array serves the backward's reads and the state traffic (`nvme_s`, both
-    together). The optimizer phase keeps only what must follow the backward (the caller's: the
+    compute. One NVMe array serves the backward's reads and the state traffic (`staged_s`, both
+    together, on the busiest staged tier). The optimizer phase keeps only what must follow the backward (the caller's: the
     ZeRO-2 all-gather; the last unit's write tail is left out). `others` are the backward's other
     traffic times (parameters, gradients, recompute inputs); `update_compute_s` is the update's own
     arithmetic (the CPU or HBM-bound Adam), the part of `update_s` that is not I/O."""
     if plan.prefetch_depth == 0:  # nothing overlaps
         return compute_bwd + sum(others) + tp_bwd + update_s
     compute = compute_bwd + (update_compute_s if on_compute_device else 0.0)
-    return max(compute, update_s, nvme_s, *others) + tp_bwd
+    return max(compute, update_s, staged_s, *others) + tp_bwd
 
 
 EFFICIENCY_STATES: tuple[str, ...] = ("params_and_gradients", "optimizer_states", "recompute_inputs")
@@ -436,13 +461,16 @@ def arithmetic_intensity(plan: Plan) -> dict[str, float]:
 
 def state_bandwidths(plan: Plan) -> dict[str, float]:
     """Per-GPU bandwidth (bytes/s) each kind of traffic gets on the tier its state lives on (GPU: inf)."""
-    bw = bandwidths(plan)
+    return _state_bandwidths(plan, bandwidths(plan))
+
+
+def _state_bandwidths(plan: Plan, bw: Bandwidths) -> dict[str, float]:
     return {state: _state_bandwidth(getattr(plan.placement, _TIER_OF[state]), bw) for state in EFFICIENCY_STATES}
 
 
-def _state_bandwidth(tier: str, bw: Bandwidths) -> float:
+def _state_bandwidth(tier: Tier, bw: Bandwidths) -> float:
     """Per-GPU bandwidth a state on `tier` is served at (GPU: HBM, effectively unbounded here)."""
-    return {"gpu": float("inf"), "cpu": min(bw.h2d, bw.d2h), "nvme": min(bw.nvme_read, bw.nvme_write)}[tier]
+    return min(bw.reads[tier], bw.writes[tier])
 
 
 def optimizer_link_bytes(plan: Plan) -> dict[str, float]:

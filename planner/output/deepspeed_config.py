@@ -18,16 +18,28 @@ from typing import Any
 from planner.cost.memory import BYTES_PER_PARAM
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
+from planner.specs.tiers import HOST, NVME
 
+DEEPSPEED_OFFLOAD_TIERS = (HOST, NVME)
+"""The tiers DeepSpeed offloads to: its `offload_*.device` values are their names."""
 PARAM_SWAP_BUFFER_COUNT = 5  # DeepSpeed's default; we size each buffer to hold one operator
 OPTIMIZER_SWAP_BUFFER_COUNT = 4
 DEFAULT_NVME_PATH = "/local_nvme"
+
+
+def _check_offload_tiers(plan: Plan) -> None:
+    """Refuse a state on a tier DeepSpeed has no offload device for."""
+    for state, tier in plan.placement.to_dict().items():
+        if not tier.on_device and tier not in DEEPSPEED_OFFLOAD_TIERS:
+            raise PlannerError(f"DeepSpeed cannot place {state} on {tier}: it offloads to "
+                               f"{' or '.join(DEEPSPEED_OFFLOAD_TIERS)} only; pin --placement {state}=cpu")
 
 
 def deepspeed_config(plan: Plan) -> dict[str, Any]:
     if plan.pipeline_parallel_degree > 1:
         raise PlannerError("a pipelined plan has no DeepSpeed config here: DeepSpeed pipelines need the model as a "
                            "PipelineModule; plan with pipeline_parallel_degree 1, or run it with Megatron-LM")
+    _check_offload_tiers(plan)
     if plan.strategy == "dp":
         stage = 0
     elif plan.strategy == "3d":
@@ -50,16 +62,16 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
                 "stage3_param_persistence_threshold": 0,
             }
         )
-        if plan.placement.params != "gpu":
-            param: dict[str, Any] = {"device": plan.placement.params, "pin_memory": True}
-            if plan.placement.params == "nvme":
+        if not plan.placement.params.on_device:  # DeepSpeed's offload devices are named as our tiers
+            param: dict[str, Any] = {"device": str(plan.placement.params), "pin_memory": True}
+            if plan.placement.params == NVME:
                 param.update({"nvme_path": nvme_path, "buffer_count": PARAM_SWAP_BUFFER_COUNT, "buffer_size": op_params})
             zero["offload_param"] = param
-    if plan.placement.optimizer_states != "gpu":
+    if not plan.placement.optimizer_states.on_device:
         if stage == 0:
             raise PlannerError("plain data parallel (strategy dp) cannot offload the optimizer in DeepSpeed")
-        opt: dict[str, Any] = {"device": plan.placement.optimizer_states, "pin_memory": True}
-        if plan.placement.optimizer_states == "nvme":
+        opt: dict[str, Any] = {"device": str(plan.placement.optimizer_states), "pin_memory": True}
+        if plan.placement.optimizer_states == NVME:
             opt.update({"nvme_path": nvme_path, "buffer_count": OPTIMIZER_SWAP_BUFFER_COUNT, "pipeline_read": True, "pipeline_write": True})
         zero["offload_optimizer"] = opt
     micro = plan.micro_batch_per_gpu * plan.model_parallel_degree
@@ -87,7 +99,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
     if plan.recompute_interval:
         doc["activation_checkpointing"] = {
             "partition_activations": plan.model_parallel_degree > 1,
-            "cpu_checkpointing": plan.placement.recompute_inputs != "gpu",
+            "cpu_checkpointing": not plan.placement.recompute_inputs.on_device,
             "contiguous_memory_optimization": False,
             "number_checkpoints": math.ceil(plan.model.num_layers / plan.recompute_interval),
         }

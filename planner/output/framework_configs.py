@@ -34,6 +34,7 @@ import yaml
 
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
+from planner.specs.tiers import HOST
 
 ACCELERATE_DOCS = "https://huggingface.co/docs/accelerate/usage_guides/fsdp"
 FSDP2_DOCS = "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html"
@@ -46,11 +47,12 @@ _DEEPSPEED_WAY_OUT = "use --deepspeed-config (DeepSpeed runs every placement)"
 def fsdp2_refusal(plan: Plan) -> str:
     """Why FSDP2 cannot run this plan and the way out ([Note: what FSDP2 can express]); empty when it can."""
     placement = plan.placement.to_dict()
-    on_nvme = [state for state, tier in placement.items() if tier == "nvme"]
+    beyond_host = {state: tier for state, tier in placement.items() if tier.staged}
     cpu_pin = "or pin --placement params=cpu,gradients=cpu,optimizer_states=cpu"
-    if on_nvme:
-        return (f"NVMe placement ({', '.join(f'{s}=nvme' for s in on_nvme)}): FSDP2 offloads to CPU memory only; "
-                f"{_DEEPSPEED_WAY_OUT} {cpu_pin}")
+    if beyond_host:
+        where = " and ".join(dict.fromkeys(tier.label for tier in beyond_host.values()))
+        return (f"{where} placement ({', '.join(f'{s}={t}' for s, t in beyond_host.items())}): FSDP2 offloads to "
+                f"CPU memory only; {_DEEPSPEED_WAY_OUT} {cpu_pin}")
     states = {state: placement[state] for state in ("params", "gradients", "optimizer_states")}
     if len(set(states.values())) > 1:
         where = ", ".join(f"{s}={t}" for s, t in states.items())
@@ -113,14 +115,14 @@ def _fsdp_config(plan: Plan) -> dict[str, Any]:
     recompute = plan.recompute_interval > 0
     fsdp: dict[str, Any] = {
         "fsdp_version": 2,
-        "fsdp_offload_params": plan.placement.params == "cpu",
+        "fsdp_offload_params": plan.placement.params == HOST,
         "fsdp_reshard_after_forward": plan.strategy != "zero2",
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_cpu_ram_efficient_loading": True,
         "fsdp_activation_checkpointing": recompute,
     }
-    if recompute and plan.placement.recompute_inputs == "cpu":
+    if recompute and plan.placement.recompute_inputs == HOST:
         fsdp["fsdp_activation_checkpointing_offload"] = True
     return fsdp
 
@@ -144,11 +146,11 @@ def fsdp2_snippet(plan: Plan) -> str:
         _refuse(what, "fp16 needs a loss scaler this snippet does not set up; use --accelerate-config or bf16")
     header = _header(plan, what, FSDP2_DOCS)
     header.append("Run under torchrun, one process per GPU, after init_process_group")
-    wrappers = ["checkpoint_wrapper"] + (["offload_wrapper"] if plan.placement.recompute_inputs == "cpu" else [])
+    wrappers = ["checkpoint_wrapper"] + (["offload_wrapper"] if plan.placement.recompute_inputs == HOST else [])
     lines = ["".join(f"# {line}\n" for line in header) + "import torch"]
     if plan.recompute_interval:
         lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import " + ", ".join(wrappers))
-    policy = "CPUOffloadPolicy" if plan.placement.params == "cpu" else "OffloadPolicy"
+    policy = "CPUOffloadPolicy" if plan.placement.params == HOST else "OffloadPolicy"
     lines += [f"from torch.distributed.fsdp import {policy}, MixedPrecisionPolicy, fully_shard",
               "", f"MICRO_BATCH_PER_GPU = {max(1, round(plan.micro_batch_per_gpu))}  # the plan's batch per GPU",
               "", "", *_apply_plan_function(plan)]
@@ -160,7 +162,7 @@ def _apply_plan_function(plan: Plan) -> list[str]:
         mixed = "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),"
     else:
         mixed = "MixedPrecisionPolicy(),  # fp32: no casts"
-    if plan.placement.params == "cpu":  # with gradients and optimizer states ([Note: what FSDP2 can express])
+    if plan.placement.params == HOST:  # with gradients and optimizer states ([Note: what FSDP2 can express])
         offload = "CPUOffloadPolicy(pin_memory=torch.cuda.is_available()),  # params, grads, optimizer in CPU memory"
     else:
         offload = "OffloadPolicy(),  # every state on the GPU"
@@ -178,7 +180,7 @@ def _apply_plan_function(plan: Plan) -> list[str]:
     ]
     if plan.recompute_interval:
         body.append("        block = checkpoint_wrapper(block)  # recompute the block's forward in backward")
-        if plan.placement.recompute_inputs == "cpu":
+        if plan.placement.recompute_inputs == HOST:
             body.append("        block = offload_wrapper(block)  # the segment's input waits in CPU memory")
         body.append("        blocks[index] = block")
     body += ["        fully_shard(block, **fsdp)", "    fully_shard(model, **fsdp)", "    return model"]

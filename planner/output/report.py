@@ -7,34 +7,45 @@ from rich.table import Table
 
 from planner.specs.memory_terms import describe
 from planner.specs.model import format_param_count
-from planner.specs.plan import TIERS, Plan
+from planner.specs.plan import Plan
+from planner.specs.tiers import TIERS
 from planner.specs.units import GIB, TIB
-
-TIER_UNIT = {"gpu": "per GPU", "cpu": "per node", "nvme": "per node"}
 
 
 # [Note: bottleneck labels] The analytic estimate names the work that takes longest
 # (`prediction.bottleneck` "optimizer (nvme)", "compute"...); the simulator names the busiest resource
 # ("nvme", "gpu_compute"...). Both JSON vocabularies are a contract; people read one: the resource,
 # then (when the analytic estimate says it) whose traffic.
-RESOURCE_LABELS = {
-    "gpu_compute": "GPU compute", "gpu_gpu": "GPU-GPU link", "h2d": "PCIe host->GPU", "d2h": "PCIe GPU->host",
-    "host_memory": "host memory", "nvme": "NVMe", "nvme_read": "NVMe read", "nvme_write": "NVMe write",
-    "cpu_optimizer": "CPU optimizer", "inter_node": "network",
-}
-WORK_LABELS = {
-    "compute": "GPU compute", "tensor parallel": "GPU-GPU link (tensor parallel)",
-    "params (gpu)": "GPU-GPU link (params)", "params (cpu)": "PCIe host->GPU (params)", "params (nvme)": "NVMe (params)",
-    "gradients (gpu)": "GPU-GPU link (gradients)", "gradients (cpu)": "PCIe GPU->host (gradients)",
-    "gradients (nvme)": "NVMe (gradients)", "recompute inputs (gpu)": "GPU compute", "recompute inputs (cpu)": "PCIe (recompute inputs)",
-    "recompute inputs (nvme)": "NVMe (recompute inputs)", "optimizer (gpu)": "GPU compute (optimizer)",
-    "optimizer (cpu)": "CPU optimizer", "optimizer (nvme)": "NVMe (optimizer)",
-}
+def resource_labels() -> dict[str, str]:
+    """Simulator resource -> label; a staged tier's links are named after the tier (NVMe's: `nvme`
+    when reads and writes share one budget, else `nvme_read` and `nvme_write`)."""
+    stores = {name: f"{tier.label}{suffix}" for tier in TIERS if tier.staged
+              for name, suffix in ((str(tier), ""), (tier.read_link, " read"), (tier.write_link, " write"))}
+    return {"gpu_compute": "GPU compute", "gpu_gpu": "GPU-GPU link", "h2d": "PCIe host->GPU", "d2h": "PCIe GPU->host",
+            "host_memory": "host memory", **stores, "cpu_optimizer": "CPU optimizer", "inter_node": "network"}
+
+
+def work_labels() -> dict[str, str]:
+    """The analytic estimate's work -> label: the resource it waits on, then whose traffic it is."""
+    work = ("params", "gradients", "checkpoints", "optimizer")
+    stores = {f"{kind} ({tier})": f"{tier.label} ({kind})" for tier in TIERS if tier.staged for kind in work}
+    return {
+        "compute": "GPU compute", "tensor parallel": "GPU-GPU link (tensor parallel)",
+        "params (gpu)": "GPU-GPU link (params)", "params (cpu)": "PCIe host->GPU (params)",
+        "gradients (gpu)": "GPU-GPU link (gradients)", "gradients (cpu)": "PCIe GPU->host (gradients)",
+        "recompute inputs (gpu)": "GPU compute", "recompute inputs (cpu)": "PCIe (recompute inputs)",
+        "optimizer (gpu)": "GPU compute (optimizer)", "optimizer (cpu)": "CPU optimizer", **stores,
+    }
+
+
+RESOURCE_LABELS = resource_labels()
+"""The built-in tiers' resource labels (`resource_labels()` reads a registered tier's too)."""
+WORK_LABELS = work_labels()
 
 
 def bottleneck_label(bottleneck: str) -> str:
     """The display label of a `prediction.bottleneck` value, analytic or simulated (unknown: as is)."""
-    return RESOURCE_LABELS.get(bottleneck) or WORK_LABELS.get(bottleneck) or bottleneck
+    return resource_labels().get(bottleneck) or work_labels().get(bottleneck) or bottleneck
 
 
 def fmt_bytes(nbytes: float) -> str:
@@ -90,7 +101,7 @@ def memory_table(plan: Plan, title: str = "Memory per tier") -> Table:
         use = f"{need / cap:.0%}" if cap else ("-" if not need else "no capacity")
         style = "red" if need > cap else ""
         table.add_row(
-            f"{tier} ({TIER_UNIT[tier]})",
+            f"{tier} ({tier.scope})",
             fmt_bytes(need),
             fmt_bytes(cap),
             use,
@@ -108,7 +119,7 @@ def terms_table(plan: Plan) -> Table:
         table.add_column(col, justify="right" if col == "bytes" else "left", overflow="fold")
     for tier in TIERS:
         for name, nbytes in pred.memory_terms.get(tier, {}).items():
-            table.add_row(f"{tier} ({TIER_UNIT[tier]})", name, f"{nbytes:,}", describe(name))
+            table.add_row(f"{tier} ({tier.scope})", name, f"{nbytes:,}", describe(name))
     return table
 
 

@@ -14,17 +14,22 @@ from planner.output.report import bottleneck_label
 from planner.sim.report import SimResult
 from planner.specs.errors import PlannerError
 from planner.specs.phases import Phase
+from planner.specs.tiers import GPU, HOST, TIERS
 from planner.specs.units import GIB
 
 PHASE_COLORS = {Phase.FORWARD: "#4C72B0", Phase.RECOMPUTE: "#DD8452", Phase.BACKWARD: "#55A868", Phase.OPTIMIZER: "#C44E52"}
-ROW_ORDER = ("gpu_compute", "gpu_gpu", "h2d", "d2h", "host_memory", "nvme", "nvme_read", "nvme_write",
-             "cpu_optimizer", "inter_node")
-ROW_LABELS = {
-    "gpu_compute": "GPU compute", "gpu_gpu": "GPU-GPU (all-gather / reduce-scatter)", "h2d": "host->GPU (PCIe)",
-    "d2h": "GPU->host (PCIe)", "host_memory": "host memory fabric (node)", "nvme": "NVMe read+write (node)",
-    "nvme_read": "NVMe read (node)", "nvme_write": "NVMe write (node)", "cpu_optimizer": "CPU optimizer (node)",
-    "inter_node": "network (node)",
-}
+def row_labels() -> dict[str, str]:
+    """The chart's rows, in order, with their labels; a staged tier's links are named after the tier."""
+    stores = {name: f"{tier.label}{what} (node)" for tier in TIERS if tier.staged
+              for name, what in ((str(tier), " read+write"), (tier.read_link, " read"), (tier.write_link, " write"))}
+    return {"gpu_compute": "GPU compute", "gpu_gpu": "GPU-GPU (all-gather / reduce-scatter)", "h2d": "host->GPU (PCIe)",
+            "d2h": "GPU->host (PCIe)", "host_memory": "host memory fabric (node)", **stores,
+            "cpu_optimizer": "CPU optimizer (node)", "inter_node": "network (node)"}
+
+
+ROW_LABELS = row_labels()
+"""The built-in tiers' rows (`row_labels()` reads a registered tier's too)."""
+ROW_ORDER = tuple(ROW_LABELS)
 PIXELS = 1800
 BINS = 500
 """The full-iteration chart shows busy fraction per bin: finer than this is not readable anyway."""
@@ -41,7 +46,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
 
     tl, prediction = result.timelines, result.prediction
     total = tl.iteration_time_s
-    rows = gantt_rows(result)
+    rows, labels = gantt_rows(result), row_labels()
     fig, (full, zoom, gpu_ax, cpu_ax) = _figure(plt, len(rows))
 
     window, spans = zoom_spans(result)
@@ -60,7 +65,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
                 zoom.broken_barh(mine, (y - 0.38, 0.76), facecolors=PHASE_COLORS.get(label, "grey"), linewidth=0)
     for ax, (lo, hi) in ((full, (0.0, total)), (zoom, window)):
         ax.set_yticks(range(len(rows)))
-        ax.set_yticklabels([f"{ROW_LABELS[n]}  {prediction.details['resources'][n]['busy_fraction']:.0%}" for n in rows])
+        ax.set_yticklabels([f"{labels[n]}  {prediction.details['resources'][n]['busy_fraction']:.0%}" for n in rows])
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_xlim(lo, hi)
         ax.grid(axis="x", alpha=0.3)
@@ -73,7 +78,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
     zoom.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()], loc="lower right",
                 bbox_to_anchor=(1.0, 1.0), fontsize=8, ncols=4, frameon=False, borderaxespad=0.2)
 
-    for ax, tracker in ((gpu_ax, tl.memory["gpu"]), (cpu_ax, tl.memory["cpu"])):
+    for ax, tracker in ((gpu_ax, tl.memory[GPU]), (cpu_ax, tl.memory[HOST])):
         times = [t for t, _ in tracker.points] + [total]
         used = [b / GIB for _, b in tracker.points]
         used.append(used[-1] if used else 0.0)
@@ -90,9 +95,9 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncols=3, frameon=False, borderaxespad=0.2)
         _phase_lines(ax, tl.phase_end_s)
-    nvme = tl.memory["nvme"]
-    cpu_ax.set_xlabel(f"seconds   (NVMe holds {nvme.peak_bytes / GIB:,.0f} of {nvme.capacity_bytes / GIB:,.0f} GiB per node "
-                      "for the whole iteration)")
+    held = "; ".join(f"{tier.label} holds {tl.memory[tier].peak_bytes / GIB:,.0f} of "
+                     f"{tl.memory[tier].capacity_bytes / GIB:,.0f} GiB per node" for tier in TIERS if tier.staged)
+    cpu_ax.set_xlabel(f"seconds   ({held} for the whole iteration)")
     path = Path(path)
     try:
         fig.savefig(path, dpi=dpi)
@@ -147,7 +152,7 @@ def _zoom_window(result: SimResult) -> tuple[float, float]:
 def gantt_rows(result: SimResult) -> list[str]:
     """The resources that were ever busy, in the chart's order."""
     intervals = result.timelines.intervals
-    return [name for name in ROW_ORDER if intervals.get(name)]
+    return [name for name in row_labels() if intervals.get(name)]
 
 
 def busy_bins(result: SimResult, bins: int = BINS) -> list[dict[str, object]]:
@@ -159,12 +164,13 @@ def busy_bins(result: SimResult, bins: int = BINS) -> list[dict[str, object]]:
     edges = np.linspace(0.0, total, bins + 1)
     intervals = result.timelines.intervals
     shares = {name: _binned(intervals[name], edges) for name in gantt_rows(result)}
+    labels = row_labels()
     phases = list(dict.fromkeys(p for row in shares.values() for p in row))
     out = []
     for name, row in shares.items():
         busy = sum(row.values())
         for i in np.flatnonzero(busy > 0):
-            out.append({"resource": name, "label": ROW_LABELS[name], "start_s": float(edges[i]), "end_s": float(edges[i + 1]),
+            out.append({"resource": name, "label": labels[name], "start_s": float(edges[i]), "end_s": float(edges[i + 1]),
                         "busy": float(min(busy[i], 1.0)), "phase": max(row, key=lambda p: row[p][i]),
                         **{f"{p}_share": float(row[p][i]) if p in row else 0.0 for p in phases}})
     return out
@@ -174,8 +180,8 @@ def zoom_spans(result: SimResult, pixels: int = PIXELS) -> tuple[tuple[float, fl
     """One recompute segment of the backward pass, operator by operator: the window and its spans
     (same-phase spans closer than a pixel merged)."""
     lo, hi = _zoom_window(result)
-    intervals = result.timelines.intervals
-    spans = [{"resource": name, "label": ROW_LABELS[name], "phase": phase, "start_s": a, "end_s": a + width}
+    intervals, labels = result.timelines.intervals, row_labels()
+    spans = [{"resource": name, "label": labels[name], "phase": phase, "start_s": a, "end_s": a + width}
              for name in gantt_rows(result)
              for phase, pairs in _merged(intervals[name], lo, hi, (hi - lo) / pixels).items()
              for a, width in pairs]

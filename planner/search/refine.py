@@ -67,5 +67,5 @@ def _simulated(plan: Plan) -> Plan:
 def _rank_key(plan: Plan) -> tuple[float, ...]:
     pred = plan.prediction
     assert pred is not None
-    off_gpu = sum(getattr(plan.placement, s) != "gpu" for s in STATES)
+    off_gpu = sum(not getattr(plan.placement, s).on_device for s in STATES)
     return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)

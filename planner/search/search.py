@@ -29,6 +29,7 @@ from planner.specs.plan import (
     Prediction,
     strategy_named,
 )
+from planner.specs.tiers import TIERS, Tier
 
 RECOMPUTE_INTERVALS = (1, 2, 4, 0)
 PREFETCH_DEPTHS = (3, 2, 1, 0)
@@ -37,8 +38,12 @@ DEFAULT_MAX_MICRO_BATCH = 32
 PIPELINED_STRATEGIES = frozenset({"3d"})
 DEFAULT_MICRO_BATCHES_PER_STAGE = 4
 """m = 4 p micro-batches per step keeps the 1F1B bubble (p - 1) / m under 25 % (planner/cost/pipeline.py)."""
-# Valid (optimizer_states, gradients) pairs: gradients land where the optimizer steps (plan.Placement).
-_OPTIMIZER_GRADIENTS = (("gpu", "gpu"), ("cpu", "cpu"), ("nvme", "cpu"), ("nvme", "nvme"))
+
+
+def _optimizer_gradient_tiers() -> list[tuple[Tier, Tier]]:
+    """Valid (optimizer_states, gradients) pairs: gradients land where the optimizer steps, or beside
+    its states (`Tier.gradient_tiers`, which `Placement` checks)."""
+    return [(opt, grads) for opt in TIERS for grads in opt.gradient_tiers]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,7 +53,7 @@ class SearchRequest:
     num_gpus: int
     strategy: str | None = None
     """Pin a named strategy (placement and partitioning)."""
-    placement_pins: dict[str, str] = field(default_factory=dict)
+    placement_pins: dict[str, Tier] = field(default_factory=dict)
     micro_batch_per_gpu: float | None = None
     recompute_interval: int | None = None
     tiling_factor: int | None = None
@@ -96,7 +101,7 @@ class SearchResult:
         return out
 
 
-def candidate_placements(strategy: str | None, pins: dict[str, str]) -> list[tuple[str, Placement]]:
+def candidate_placements(strategy: str | None, pins: dict[str, Tier]) -> list[tuple[str, Placement]]:
     """(strategy name, placement) pairs consistent with the pins; free placements are ZeRO-3."""
     if strategy is not None:
         placement = strategy_named(strategy).placement
@@ -108,8 +113,9 @@ def candidate_placements(strategy: str | None, pins: dict[str, str]) -> list[tup
     out: list[tuple[str, Placement]] = [
         (name, s.placement) for name, s in STRATEGY_TABLE.items() if name in ("dp", "zero2", "zero-offload", "3d")
     ]
-    recompute_input_tiers = ("gpu", "cpu", "nvme") if pins.get("recompute_inputs") == "nvme" else ("gpu", "cpu")
-    for params, (opt, grads), inputs in itertools.product(("gpu", "cpu", "nvme"), _OPTIMIZER_GRADIENTS, recompute_input_tiers):
+    # Checkpoints go where the runtime can hold them, or where they are pinned.
+    recompute_input_tiers = [t for t in TIERS if t.checkpoints_searched or pins.get("recompute_inputs") == t]
+    for params, (opt, grads), inputs in itertools.product(TIERS, _optimizer_gradient_tiers(), recompute_input_tiers):
         placement = Placement(params=params, gradients=grads, optimizer_states=opt, recompute_inputs=inputs)
         out.append((by_placement.get(placement, "custom"), placement))
     kept = [(name, p) for name, p in out if all(getattr(p, k) == v for k, v in pins.items())]
@@ -148,17 +154,17 @@ def predict(plan: Plan) -> Plan:
 def largest_batch(base: Plan, cap: int) -> Plan | None:
     """Largest micro-batch in [unit, cap] that fits, using the bill's linearity in the batch."""
     unit = 1 / base.gpus_per_replica  # one sample per model replica
-    lo = base.replace(micro_batch_per_gpu=unit)
-    if not memory_bill(lo).fits:
+    a = memory_bill(base.replace(micro_batch_per_gpu=unit))
+    if not a.fits:
         return None
     # Every term is affine in the batch, so two points give the exact line for each tier.
-    hi_probe = base.replace(micro_batch_per_gpu=2 * unit)
-    a, b = memory_bill(lo), memory_bill(hi_probe)
+    b = memory_bill(base.replace(micro_batch_per_gpu=2 * unit))
+    peak_a, peak_b = a.peak_bytes, b.peak_bytes
     limit = cap / unit
     for tier, capacity in a.capacity_bytes.items():
-        slope = b.peak_bytes[tier] - a.peak_bytes[tier]
+        slope = peak_b[tier] - peak_a[tier]
         if slope > 0:
-            limit = min(limit, 1 + (capacity - a.peak_bytes[tier]) / slope)
+            limit = min(limit, 1 + (capacity - peak_a[tier]) / slope)
     slope = b.largest_alloc_bytes - a.largest_alloc_bytes
     if slope > 0:
         limit = min(limit, 1 + (a.max_alloc_bytes - a.largest_alloc_bytes) / slope)
@@ -258,7 +264,7 @@ def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placemen
         pipeline_parallel_degree=pp,
         micro_batches_per_step=request.micro_batches_per_step or default_m,
         precision=request.precision,
-        nvme_path=request.nvme_path if "nvme" in placement.to_dict().values() else None,
+        nvme_path=request.nvme_path if placement.uses_nvme else None,
         optimizer_step=request.optimizer_step,
     )
     return check_plan(plan)
@@ -267,7 +273,7 @@ def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placemen
 def _rank_key(plan: Plan) -> tuple[float, ...]:
     pred = plan.prediction
     assert pred is not None and pred.feasible
-    off_gpu = sum(getattr(plan.placement, s) != "gpu" for s in STATES)
+    off_gpu = sum(not getattr(plan.placement, s).on_device for s in STATES)
     # Highest throughput first; on ties prefer fewer slow tiers, less tiling, deeper prefetch.
     return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)
 

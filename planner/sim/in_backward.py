@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from planner.sim.resources import NodeResources, RankLinks
     from planner.sim.workload import Workload
     from planner.specs.plan import Plan
+    from planner.specs.tiers import Tier
 
 Proc = Generator[Any, Any, Any]
 STATE_BYTES_PER_PARAM = 12
@@ -112,9 +113,10 @@ class BackwardUpdates:
         self.host_is_device = program.host_is_device
         self.cpu_params = step_cpu_params_per_param(plan)
         """CPU Adam's parameters per parameter updated: Adam and its host copies (planner/cost/host_work.py)."""
-        self.on_gpu = place.optimizer_states == "gpu" and not self.host_is_device
+        self.on_gpu = place.optimizer_states.on_device and not self.host_is_device
         """HBM-bound Adam on the compute stream (a `gpu` optimizer on a CPU machine is the CPU's)."""
-        self.streamed = place.optimizer_states == "nvme"
+        self.states = place.optimizer_states
+        self.streamed = self.states.staged
         self.inline = self.on_gpu or self.host_is_device
         """The update runs on the compute device's thread, between operators."""
         chunk_params = optimizer_chunk_buffer_bytes(plan) / 16
@@ -124,10 +126,11 @@ class BackwardUpdates:
         """Unit k's gradient is final (reduced, and stored where the optimizer reads it)."""
         separate_params = plan.precision != "fp32" or place.params != place.optimizer_states
         self.param_bytes = program.b
-        self.write_params_to = ("nvme" if place.params == "nvme" and separate_params
-                                else "h2d" if place.params == "gpu" and not self.host_is_device and not self.on_gpu
-                                else None)
-        """Where the updated 16-bit parameters go (as the after-backward step's writer)."""
+        params = place.params
+        written = (params.staged and separate_params) or (params.on_device and not self.host_is_device and not self.on_gpu)
+        self.write_params_to: Tier | None = params if written else None
+        """The tier the updated 16-bit parameters are written into over its link (as the after-backward
+        step's writer): a staged tier's own, or the GPU's host link."""
         self.buffers = simpy.Container(self.env, capacity=plan.num_optimizer_buffers, init=plan.num_optimizer_buffers)
         self.reads: simpy.Store = simpy.Store(self.env)
         """Each chunk's read (an event), in chunk order."""
@@ -208,7 +211,8 @@ class BackwardUpdates:
             for n in sizes:
                 yield self.buffers.get(1)
                 sim.cpu_add(MemoryTerm.OPTIMIZER_SWAP_BUFFERS, n * 16)
-                read = program.move(n * STATE_BYTES_PER_PARAM, program.res.nvme_read(), "nvme_read", LABEL)
+                read = program.move(n * STATE_BYTES_PER_PARAM, program.res.read(self.states, program.rank),
+                                    self.states.read_link, LABEL)
                 yield self.reads.put(read)
                 yield read
 
@@ -218,11 +222,13 @@ class BackwardUpdates:
             n = yield self.to_write.get()
             writes = []
             if self.streamed:
-                writes.append(program.move(n * STATE_BYTES_PER_PARAM, res.nvme_write(), "nvme_write", LABEL))
-            if self.write_params_to == "nvme":
-                writes.append(program.move(n * self.param_bytes, res.nvme_write(), "nvme_write", LABEL))
-            elif self.write_params_to == "h2d":
-                writes.append(program.move(n * self.param_bytes, res.h2d(program.rank), "h2d", LABEL))
+                writes.append(program.move(n * STATE_BYTES_PER_PARAM, res.write(self.states, program.rank),
+                                           self.states.write_link, LABEL))
+            if self.write_params_to is not None:
+                target = self.write_params_to
+                route, link = ((res.h2d(program.rank), "h2d") if target.on_device
+                               else (res.write(target, program.rank), target.write_link))
+                writes.append(program.move(n * self.param_bytes, route, link, LABEL))
             if writes:
                 yield self.env.all_of(writes)
             if self.streamed:

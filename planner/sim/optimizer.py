@@ -113,7 +113,8 @@ class _Pipeline:
     def _rank(self, rank: int) -> Proc:
         env, res, placement = self.env, self.res, self.plan.placement
         b = COMPUTE_BYTES[self.plan.precision]
-        on_nvme = placement.optimizer_states == "nvme"
+        states, grads, params = placement.optimizer_states, placement.gradients, placement.params
+        streamed = states.staged  # the states stream through the chunk buffers from their tier's links
         copies = not self.plan.node.host_is_device
         cpu_params = step_cpu_params_per_param(self.plan)  # Adam and its host copies, per parameter
         # Read per parameter: master (unless the fp32 parameter shard is the master and lives
@@ -121,7 +122,7 @@ class _Pipeline:
         # the fp32 gradient from the gradients' tier; written back: the same minus the gradient,
         # plus the 16-bit compute copy of the parameter (runtime/optim/streamed_optimizer.py).
         state = 12
-        separate_params = self.plan.precision != "fp32" or placement.params != placement.optimizer_states
+        separate_params = self.plan.precision != "fp32" or params != states
         buffers = simpy.Container(env, capacity=self.plan.num_optimizer_buffers, init=self.plan.num_optimizer_buffers)
         to_update: simpy.Store = simpy.Store(env)
         to_write: simpy.Store = simpy.Store(env)
@@ -131,11 +132,11 @@ class _Pipeline:
                 yield buffers.get(1)
                 if rank == 0:
                     self.chunk_start_s.append(env.now)
-                if on_nvme:
+                if streamed:
                     self._cpu(n * 16)
-                    reads = [self._move(rank, n * state, res.nvme_read(), "nvme_read")]
-                    if placement.gradients == "nvme":
-                        reads.append(self._move(rank, n * 4, res.nvme_read(), "nvme_read"))
+                    reads = [self._move(rank, n * state, res.read(states, rank), states.read_link)]
+                    if grads.staged:
+                        reads.append(self._move(rank, n * 4, res.read(grads, rank), grads.read_link))
                     yield env.all_of(reads)
                 yield to_update.put(n)
 
@@ -149,15 +150,15 @@ class _Pipeline:
             for _ in self.sizes:
                 n = yield to_write.get()
                 writes = []
-                if on_nvme:
-                    writes.append(self._move(rank, n * state, res.nvme_write(), "nvme_write"))
-                if placement.params == "nvme" and separate_params:
-                    writes.append(self._move(rank, n * b, res.nvme_write(), "nvme_write"))
-                elif placement.params == "gpu" and copies:
+                if streamed:
+                    writes.append(self._move(rank, n * state, res.write(states, rank), states.write_link))
+                if params.staged and separate_params:
+                    writes.append(self._move(rank, n * b, res.write(params, rank), params.write_link))
+                elif params.on_device and copies:
                     writes.append(self._move(rank, n * b, res.h2d(rank), "h2d"))
                 if writes:
                     yield env.all_of(writes)
-                if on_nvme:
+                if streamed:
                     self._cpu(-n * 16)
                 yield buffers.put(1)
 

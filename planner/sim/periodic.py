@@ -54,6 +54,7 @@ from planner.sim.samples import Sample, simulate_samples
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
+from planner.specs.tiers import TIERS
 
 MIN_BLOCKS = 4
 """Blocks of the shorter sample at least (units of one block: the prefetch pipeline must fill)."""
@@ -196,7 +197,7 @@ def _by_label(term: MemoryTerm) -> str:
 
 def _resident_growth(sample: Plan, deeper: Plan) -> dict[str, float]:
     """Per tier, how many more bytes of resident model states the deeper model keeps all along."""
-    growth = dict.fromkeys(("gpu", "cpu", "nvme"), 0.0)
+    growth = dict.fromkeys(TIERS, 0.0)
     for sign, plan in ((-1, sample), (1, deeper)):
         for tier, _, nbytes in resident_terms(plan):
             growth[tier] += sign * nbytes

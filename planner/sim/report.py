@@ -59,7 +59,7 @@ class Timelines:
     intervals: dict[str, list[tuple[float, float, str]]]
     """Busy (start, end, label) of every resource, rank 0's links and the node's, in `rank0_links` order."""
     memory: dict[str, MemoryCurve]
-    """gpu (per GPU), cpu and nvme (per node)."""
+    """Per tier, in its scope (the GPU's per GPU, the others per node)."""
 
     @property
     def iteration_time_s(self) -> float:
@@ -94,7 +94,7 @@ def timelines_of(sim: Simulation) -> Timelines:
         intervals={link.name: list(link.intervals) for link in rank0_links(sim)},
         memory={t.name: MemoryCurve(name=t.name, capacity_bytes=t.capacity_bytes, scope=t.scope, points=list(t.timeline),
                                     peak_bytes=t.peak_bytes, peak_time_s=t.peak_time_s)
-                for t in (sim.gpu, sim.cpu, sim.nvme)},
+                for t in sim.trackers.values()},
     )
 
 
@@ -125,7 +125,7 @@ class Summary:
 
 
 def summarize(sim: Simulation, *, timelines: bool = True) -> Summary:
-    trackers = (sim.gpu, sim.cpu, sim.nvme)
+    trackers = sim.trackers.values()
     total = sim.iteration_time_s
     return Summary(
         phase_end_s=dict(sim.phase_end_s),

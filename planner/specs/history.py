@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from planner.specs.errors import PlannerError
-from planner.specs.plan import TIERS, Plan
+from planner.specs.plan import Plan
+from planner.specs.tiers import TIERS
 
 SCHEMA_VERSION = 2
 """2: the columns of OLD_COLUMNS renamed ([Note: old spellings] in planner/specs/plan.py)."""
+_PEAK_TIERS = tuple(TIERS)
+"""The tiers whose peaks have columns: those defined with the planner (a tier a test registers later
+is in the JSON columns only)."""
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("recorded_at", "TEXT NOT NULL"),
     ("model_name", "TEXT"),
@@ -40,8 +44,8 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("measured_iteration_time_s", "REAL"),
     ("predicted_tflops_per_gpu", "REAL"),
     ("measured_tflops_per_gpu", "REAL"),
-    *((f"predicted_peak_{tier}_bytes", "INTEGER") for tier in TIERS),
-    *((f"measured_peak_{tier}_bytes", "INTEGER") for tier in TIERS),
+    *((f"predicted_peak_{tier}_bytes", "INTEGER") for tier in _PEAK_TIERS),
+    *((f"measured_peak_{tier}_bytes", "INTEGER") for tier in _PEAK_TIERS),
     ("plan_json", "TEXT NOT NULL"),
     ("profile_json", "TEXT NOT NULL"),
 )
@@ -75,6 +79,11 @@ class RunHistory:
                 columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS)
                 con.execute(f"CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, {columns})")
                 _rename_old_columns(con)
+                # A file written before a tier was added lacks its peak columns: add them (empty for old runs).
+                present = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
+                for name, kind in _COLUMNS:
+                    if name not in present:
+                        con.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
                 con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except (OSError, sqlite3.Error) as exc:
             raise PlannerError(f"cannot open run history {self.path}: {exc}") from None
@@ -107,7 +116,7 @@ class RunHistory:
             "plan_json": json.dumps(plan.to_dict()),
             "profile_json": json.dumps(dict(profile)),
         }
-        for tier in TIERS:
+        for tier in _PEAK_TIERS:
             row[f"predicted_peak_{tier}_bytes"] = pred.peak_bytes.get(tier) if pred else None
             row[f"measured_peak_{tier}_bytes"] = (measured.get("peak_bytes") or {}).get(tier)
         names = ", ".join(row)

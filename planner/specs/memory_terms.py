@@ -20,15 +20,16 @@ dict look-ups by the plain string keep working.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 
-from planner.specs.plan import TIERS
+from planner.specs.tiers import GPU, HOST, TIERS
 
 ALLOCATOR_SLACK_FRACTION = 0.10
 """Share of the transient GPU terms the caching allocator loses to rounding and fragmentation."""
 
-_GPU = ("gpu",)
-_HOST = ("cpu",)
+_GPU = (GPU,)
+_HOST = (HOST,)
 # (transient, ledgered) of the members that are not held all iteration by the runtime:
 _TRANSIENT = (True, True)  # a GPU buffer of the runtime's that comes and goes
 _AUTOGRAD = (True, False)  # transient GPU tensors autograd owns: the ledger does not see them
@@ -38,8 +39,8 @@ _ALLOCATOR = (False, False)  # the caching allocator's own loss
 class MemoryTerm(str, Enum):
     """A named amount of memory in the bill, the simulator and the runtime's ledger."""
 
-    tiers: tuple[str, ...]
-    """Tiers the term can lie in: a model state where the placement puts it, a buffer in one."""
+    tiers: Sequence[str]
+    """Tiers the term can lie in: a model state where the placement puts it (any of `TIERS`), a buffer in one."""
     label: str
     """The simulator's name for it: `details.simulated_memory_terms` keys (a contract, so the model
     states keep their keys), unique within each tier."""
@@ -50,7 +51,7 @@ class MemoryTerm(str, Enum):
     ledgered: bool
     """The runtime's ledger tracks it; not autograd's tensors or allocator behaviour."""
 
-    def __new__(cls, value: str, tiers: tuple[str, ...], label: str, doc: str, transient: bool = False,
+    def __new__(cls, value: str, tiers: Sequence[str], label: str, doc: str, transient: bool = False,
                 ledgered: bool = True) -> MemoryTerm:
         member = str.__new__(cls, value)
         member._value_ = value

@@ -9,6 +9,7 @@ readable ([Note: old spellings]). A profile written by the runtime carries the s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -18,17 +19,41 @@ from planner.specs.hardware import Cluster, NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.phases import PHASES
 from planner.specs.specio import check_keys, load_document, number, renamed_keys, string, write_json_atomic
+from planner.specs.tiers import GPU, NVME, TIERS, Tier
 
 SCHEMA = "tierwise.plan/1"
 
-Tier = Literal["gpu", "cpu", "nvme"]
-TIERS: tuple[str, ...] = ("gpu", "cpu", "nvme")
 STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states", "recompute_inputs")
 MODEL_STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states")
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 STRATEGIES: tuple[str, ...] = ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d", "custom")
-LINKS: tuple[str, ...] = ("nvme_read", "nvme_write", "h2d", "d2h", "all_gather", "reduce_scatter")
+COLLECTIVE_LINKS: tuple[str, ...] = ("all_gather", "reduce_scatter")
+
+
+class _LinkNames(Sequence[str]):
+    """`prediction.link_bytes` keys: every tier's links (`TIERS.link_names`: nvme_read, nvme_write, h2d,
+    d2h), then the data-parallel collectives; read at use, so a registered tier's links are among them."""
+
+    _tier_links: tuple[str, ...] = ()
+    _all: tuple[str, ...] = COLLECTIVE_LINKS
+
+    def _names(self) -> tuple[str, ...]:
+        if TIERS.link_names is not self._tier_links:  # a tier was registered since: read them again
+            self._tier_links, self._all = TIERS.link_names, (*TIERS.link_names, *COLLECTIVE_LINKS)
+        return self._all
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204 (Sequence's int-or-slice signature)
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+
+LINKS: Sequence[str] = _LinkNames()
 OptimizerStep = Literal["after_backward", "in_backward"]
 OPTIMIZER_STEPS: tuple[str, ...] = ("after_backward", "in_backward")
 ATTENTION_KERNELS: tuple[str, ...] = ("flash", "eager")
@@ -61,48 +86,58 @@ MAX_TILING_FACTOR = 4096
 class Placement:
     """Which memory tier holds each partitioned state (the Infinity offload engine's map)."""
 
-    params: Tier = "gpu"
+    params: Tier = GPU
     """fp16/bf16 parameter shards (fp32 when precision is fp32)."""
-    gradients: Tier = "gpu"
+    gradients: Tier = GPU
     """Gradient shards after reduce-scatter."""
-    optimizer_states: Tier = "gpu"
+    optimizer_states: Tier = GPU
     """fp32 master weights, Adam momentum and variance (and the fp32 gradient copy)."""
-    recompute_inputs: Tier = "gpu"
+    recompute_inputs: Tier = GPU
     """The input of each recompute segment (the block input kept in forward and recomputed from in
     backward; the paper's activation checkpoints)."""
 
     def __post_init__(self) -> None:
+        # A tier's name (a document's, a test's) becomes the tier ([Note: tiers as types]).
         for state in STATES:
-            string(getattr(self, state), f"placement.{state}", choices=TIERS)
+            object.__setattr__(self, state, TIERS.named(getattr(self, state), f"placement.{state}"))
         # Where the optimizer steps decides where its gradients must land.
         opt, grads = self.optimizer_states, self.gradients
-        if opt == "gpu" and grads != "gpu":
-            raise PlannerError(f"placement: optimizer_states=gpu steps on the GPU, so gradients must be gpu, not {grads}")
-        if opt == "cpu" and grads != "cpu":
-            raise PlannerError(f"placement: optimizer_states=cpu steps on the CPU, so gradients must be cpu, not {grads}")
-        if opt == "nvme" and grads == "gpu":
-            raise PlannerError("placement: optimizer_states=nvme steps on the CPU, so gradients must be cpu or nvme, not gpu")
+        if grads not in opt.gradient_tiers:
+            raise PlannerError(f"placement: optimizer_states={opt} steps on the {opt.optimizer_memory.label}, so "
+                               f"gradients must be {' or '.join(opt.gradient_tiers)}, not {grads}")
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, Tier]:
         return {state: getattr(self, state) for state in STATES}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "placement") -> Placement:
         doc = renamed_keys(doc, OLD_PLACEMENT_KEYS, where)
         check_keys(doc, set(STATES), where)
-        return cls(**{k: string(v, f"{where}.{k}", choices=TIERS) for k, v in doc.items()})
+        return cls(**{k: TIERS.named(v, f"{where}.{k}") for k, v in doc.items()})
+
+    @property
+    def uses_nvme(self) -> bool:
+        """Whether any state, activation checkpoints included, lies on NVMe: the plan then needs
+        `nvme_path`, the directory of its swap files."""
+        return NVME in (self.params, self.gradients, self.optimizer_states, self.recompute_inputs)
+
+    @property
+    def model_states_on_nvme(self) -> bool:
+        """Whether parameters, gradients or optimizer states lie on NVMe: the swap files the runtime
+        opens (it keeps activation checkpoints on the GPU or in host memory, and refuses them on NVMe)."""
+        return NVME in (self.params, self.gradients, self.optimizer_states)
 
     def label(self) -> str:
         return " ".join(f"{short}={getattr(self, state)}" for short, state in zip(("P", "G", "O", "A"), STATES, strict=True))
 
 
-def parse_placement_pins(text: str | None) -> dict[str, str]:
+def parse_placement_pins(text: str | None) -> dict[str, Tier]:
     """`"params=nvme,optimizer_states=nvme"` -> {"params": "nvme", ...}; partial pins are allowed."""
     if not text:
         return {}
     aliases = {"optimizer": "optimizer_states", "grads": "gradients", "checkpoints": "recompute_inputs",
                "activations": "recompute_inputs", "param": "params", **OLD_PLACEMENT_KEYS}
-    pins: dict[str, str] = {}
+    pins: dict[str, Tier] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
         key, value = key.strip().lower(), value.strip().lower()
@@ -111,7 +146,7 @@ def parse_placement_pins(text: str | None) -> dict[str, str]:
             raise PlannerError(
                 f"--placement item {item.strip()!r} is not STATE=TIER; states: {', '.join(STATES)}; tiers: {', '.join(TIERS)}"
             )
-        pins[key] = value
+        pins[key] = TIERS.named(value)
     return pins
 
 
@@ -419,7 +454,8 @@ class Plan:
 
     @property
     def uses_nvme(self) -> bool:
-        return "nvme" in self.placement.to_dict().values()
+        """Any state on NVMe, activation checkpoints included (`Placement.uses_nvme`)."""
+        return self.placement.uses_nvme
 
     @property
     def tokens_per_iteration(self) -> float:

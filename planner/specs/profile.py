@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from planner.specs.errors import PlannerError
-from planner.specs.plan import LINKS, PHASES, TIERS, Prediction
+from planner.specs.plan import LINKS, PHASES, Prediction
 from planner.specs.specio import check_keys, load_document, number, write_json_atomic
+from planner.specs.tiers import TIERS
 
 SCHEMA = "tierwise.profile/1"
 

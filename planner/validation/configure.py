@@ -302,12 +302,14 @@ def _precision(text: str, reasons: list[str]) -> str:
 def _shardings(row: CorpusRow, replicas: set[int], reasons: list[str]) -> tuple[str, ...]:
     """Sharding options (corpus names, SHARDING_STRATEGY): the stated one, or those the row's framework
     offers (unstated.SHARDINGS_OFFERED) when the row has more than one replica."""
-    if row.offload != "none":
-        params_off = row.params_on.startswith(("cpu", "nvme"))
-        tier = row.offload
-        name = {("cpu", True): "zero-inf-cpu", ("nvme", True): "zero-inf-nvme"}.get((tier, params_off), "zero-offload")
-        if name == "zero-offload" and tier == "nvme":
-            reasons.append("optimizer-only NVMe offload with parameters on the GPU: no planner strategy")
+    tier = row.offload_tier
+    if tier is not None:
+        # ZeRO-Infinity's strategy for the tier (parameters and optimizer states there), or ZeRO-Offload's.
+        infinity = next((name for name, s in STRATEGY_TABLE.items()
+                         if s.placement.params == tier == s.placement.optimizer_states), None)
+        name = infinity if row.params_offloaded and infinity is not None else "zero-offload"
+        if name == "zero-offload" and tier != STRATEGY_TABLE[name].placement.optimizer_states:
+            reasons.append(f"optimizer-only {tier.label} offload with parameters on the GPU: no planner strategy")
         return (name,)
     if row.sharding:
         return (row.sharding,)

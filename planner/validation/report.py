@@ -35,6 +35,8 @@ PARAMS_AS_STATED = frozenset({"llmfoundry_bench"})
 """Sources whose `params_b` is their exact 6N count (llm-foundry's includes learned position
 embeddings, which the planner's model lacks); elsewhere it is a rounded size and N is the model's."""
 BUNDLED = "bundled data/validation/published_runs.csv"
+GPU_TYPE_FILTER = "gpu"
+"""The `filters` key of `--gpu` (a GPU type such as H100, not a memory tier)."""
 FIT_JSON = Path(__file__).resolve().parent.parent.parent / "data" / "validation" / "fit.json"
 """The fit's record (`python -m planner.validation.fit --write`), summarised under `summary.fitted`."""
 ROW_KEYS: tuple[str, ...] = ("row_id", "source_id", "gpu_type", "metric", "measured", "predicted", "error", "reason",
@@ -95,9 +97,10 @@ class ValidationReport:
 
     def _fitted(self, fitted: dict[str, Any]) -> dict[str, Any]:
         """The fit's record, for the filtered GPU type's generation only (H200 shares H100's)."""
-        if "gpu" not in self.filters:
+        if GPU_TYPE_FILTER not in self.filters:
             return fitted
-        generation = "H100" if self.filters["gpu"] == "H200" else self.filters["gpu"]
+        gpu_type = self.filters[GPU_TYPE_FILTER]
+        generation = "H100" if gpu_type == "H200" else gpu_type
         return {g: v for g, v in fitted.items() if g == generation}
 
 
@@ -118,7 +121,7 @@ def validate(corpus_path: str | Path | None = None, *, source: str | None = None
         present = sorted({r.gpu_family for r in rows})
         if family is None or family not in present:
             raise PlannerError(f"unknown --gpu {gpu!r}; the rows have GPU types {', '.join(present)}")
-        rows, filters["gpu"] = tuple(r for r in rows if r.gpu_family == family), family
+        rows, filters[GPU_TYPE_FILTER] = tuple(r for r in rows if r.gpu_family == family), family
     name = str(corpus_path) if corpus_path is not None else BUNDLED
     results = tuple(predict_row(r, method=method) for r in rows)
     return ValidationReport(corpus=name, results=results, method=method, filters=filters)

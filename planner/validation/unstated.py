@@ -26,6 +26,7 @@ from planner.search.search import DEFAULT_MAX_MICRO_BATCH, DEFAULT_MICRO_BATCHES
 from planner.sim.fast import predict
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
+from planner.specs.tiers import GPU
 
 SEARCHED_RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 MEGATRON_SOURCES = frozenset({"megatron2019", "narayanan2021_t1", "narayanan2021_t2", "megatron_lm_readme",
@@ -63,7 +64,7 @@ def fastest(candidates: Sequence[Candidate]) -> tuple[Candidate, bool]:
     fitting = sorted(((estimate(c.plan).tokens_per_s, i, c) for i, (c, b) in enumerate(bills) if b.fits),
                      key=lambda t: (-t[0], t[1]))
     if not fitting:
-        return min(bills, key=lambda cb: cb[1].peak_bytes["gpu"])[0], False
+        return min(bills, key=lambda cb: cb[1].peak_bytes[GPU])[0], False
     if len(fitting) == 1:
         return fitting[0][2], True
     best, best_rate = fitting[0][2], -1.0

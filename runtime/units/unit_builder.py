@@ -181,7 +181,7 @@ def nvme_space(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan)
     unit (a module's own parameters), rounded to 4 KiB extents. The preflight checks the node's
     total (every local rank's files), so a too-small `nvme_path` is refused before training."""
     place = config.placement
-    if "nvme" not in (place.params, place.gradients, place.optimizer_states):
+    if not place.model_states_on_nvme:
         return None
     numels, seen = [], set()
     for m in module.modules():

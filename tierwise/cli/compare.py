@@ -14,6 +14,9 @@ from planner.specs.plan import load_plan
 from planner.specs.profile import ERROR_DEFINITION, load_profile
 from tierwise.cli import options as o
 
+TORCH_CPU_DEVICE = "cpu"
+"""torch's device type of a run on the host CPU (`measured_device` "cpu"; a CUDA run's is "cuda:N")."""
+
 
 def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = None) -> list[dict]:
     """Predicted vs measured per metric; with `hardware` (a calibrated spec) the plan is simulated
@@ -60,7 +63,7 @@ def hardware_caption(plan_path: Path, used: dict[str, str]) -> str:
     if "measured_device" in used:
         said.append(f"measured on device {used['measured_device']}")
     lines = [", ".join(said)]
-    if used.get("measured_device", "").startswith("cpu") and not load_plan(plan_path).node.host_is_device:
+    if used.get("measured_device", "").startswith(TORCH_CPU_DEVICE) and not load_plan(plan_path).node.host_is_device:
         lines.append(f"the run used the CPU but the prediction is for {used['predicted']}'s GPUs: "
                      "the errors compare different machines")
     return "\n".join([*lines, ERROR_DEFINITION])

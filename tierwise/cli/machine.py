@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
+from planner.specs.tiers import GPU, HOST
 from planner.specs.units import GIB
 
 RUNTIME_MODULES = ("torch", "numpy", "psutil")
@@ -74,7 +75,7 @@ def check(plan: Plan, machine: Machine, nproc: int) -> str | None:
         from planner.cost.memory import memory_bill
 
         peak = memory_bill(plan).peak_bytes
-        host_need = peak["cpu"] + peak["gpu"] * nproc  # without CUDA every rank's GPU tier is host memory
+        host_need = peak[HOST] + peak[GPU] * nproc  # without CUDA every rank's GPU tier is host memory
         if host_need > machine.host_memory_bytes:
             raise PlannerError(f"{said}: here its GPU tier would live in host memory, {host_need / GIB:,.1f} GiB in all; "
                                "run it on that hardware, or plan for this machine (planner probe --out hw.json, "

@@ -49,8 +49,7 @@ ERROR = "TIERWISE_ERROR"
 
 def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     """What can be refused without starting a process (the workers check memory themselves)."""
-    on_nvme = "nvme" in (plan.placement.params, plan.placement.gradients, plan.placement.optimizer_states)
-    if on_nvme and not plan.nvme_path:
+    if plan.placement.model_states_on_nvme and not plan.nvme_path:
         raise PlannerError("the plan places states on nvme but sets no nvme_path; pass --nvme-path DIR (a directory "
                            "on an NVMe drive)")
     if nproc * nnodes != plan.num_gpus:  # named by the options that start the processes
@@ -207,8 +206,9 @@ def with_swap_directory(plan: Plan, nvme_path: Path | None) -> Plan:
     """The plan with `--nvme-path` (when given) as its swap directory, created if it is missing."""
     if nvme_path is not None:
         plan = plan.replace(nvme_path=str(nvme_path))
-    on_nvme = "nvme" in (plan.placement.params, plan.placement.gradients, plan.placement.optimizer_states)
-    return plan.replace(nvme_path=swap_directory(plan.nvme_path)) if on_nvme and plan.nvme_path else plan
+    if plan.placement.model_states_on_nvme and plan.nvme_path:
+        return plan.replace(nvme_path=swap_directory(plan.nvme_path))
+    return plan
 
 
 def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
