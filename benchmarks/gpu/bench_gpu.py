@@ -46,7 +46,7 @@ from bench_runtime import (  # noqa: E402
 from kit import emit  # noqa: E402
 
 SIZES = {"small": (1024, 4096, 8, 4, 128), "large": (2048, 8192, 8, 8, 512)}
-"""name -> (hidden, ffn, blocks, batch, tokens): small is DESIGN.md's (67 M params), large 268 M."""
+"""name -> (hidden, ffn, blocks, batch, tokens): small is bench_runtime.py's reference MLP (67 M params), large 268 M."""
 MODES = {"parity": ["plain", "ours-device", "ours-cpu"], "device": ["ours-device", "plain"],
          "offload": ["ours-cpu", "deepspeed-cpu", "fsdp2-cpu"]}
 """Mode -> its systems; ours come first: built before any process group exists, as in `planner run`."""

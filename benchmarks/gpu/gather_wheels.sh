@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with pip's registry), not on the GPU machine: fills DIR (default .whl/ at the
+# Run on a machine that reaches pip's registry, not on the GPU machine: fills DIR (default .whl/ at the
 # repo root, ignored by git) with what the GPU image lacks ([Note: the GPU image] in kit.py):
-#   - the wheels of kit.WHEELS, for CPython 3.12 on manylinux x86-64 (the device README's recipe);
+#   - the wheels of kit.WHEELS, for CPython 3.12 on manylinux x86-64 (`pip download --only-binary`);
 #   - DeepSpeed (kit.BUILT_WHEELS) built into a wheel from its sdist, with no ops;
 #   - libaio's .debs (kit.DEBS) in DIR/deb/, for DeepSpeed's async_io op;
 # then checks the folder (kit.py verify DIR: one wheel per name, every Requires-Dist covered).
 #     bash benchmarks/gpu/gather_wheels.sh [DIR]
-# The run names the folder in `carry`: `run(command="bash benchmarks/gpu/run.sh ...", carry=[".whl"])`.
+# The folder travels to the GPU machine with the repository (benchmarks/gpu/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${1:-.whl}

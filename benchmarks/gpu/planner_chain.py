@@ -24,7 +24,8 @@ MODEL = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "1024",
 CHAINS = {"searched": ([], 5), "zero-inf-cpu": (["--strategy", "zero-inf-cpu"], 5),
           "zero-inf-nvme": (["--strategy", "zero-inf-nvme"], 3)}
 """Chain -> (what `fit` is pinned to, steps run). Searched: the planner's own choice (all on the GPU
-for this model); full NVMe: 3 steps, its plan predicts about 28 s each on the lent machines' spec."""
+for this model); full NVMe: 3 steps, its plan predicts about 28 s each on a probed
+one-GPU H100 or H200 machine."""
 
 
 def planner(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:

@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
 # The GPU kit: run the project's GPU checks and measurements on a one-GPU machine with no network
-# (the device's H100/H200 image, [Note: the GPU image] in kit.py).
+# (an H100 or H200 with a CUDA image, [Note: the GPU image] in kit.py).
 #
 #   bash benchmarks/gpu/run.sh --check                 # here or in CI, no GPU: verify the kit, exit 0 if complete
 #   bash benchmarks/gpu/run.sh --list                  # the stages, in order
 #   bash benchmarks/gpu/run.sh [--out DIR] [STAGE...]  # on the GPU machine; no STAGE: all of them
 #
-# From this repo (after `bash benchmarks/gpu/gather_wheels.sh` here), one call per group of stages
-# (a fresh machine installs first, 1-2 min; DeepSpeed's ops JIT-build on first use, 1-2 min):
-#   run(command="bash benchmarks/gpu/run.sh install build pytest parity", carry=[".whl"])
-#   run(command="bash benchmarks/gpu/run.sh device offload", carry=[".whl"])
-#   run(command="bash benchmarks/gpu/run.sh nvme", carry=[".whl"])
-#   run(command="bash benchmarks/gpu/run.sh planner report", carry=[".whl"])
-# With 15 minutes of device time (2026-11), two calls, the second at once (a machine is given back 30 s
-# after a call; a fresh one reinstalls and rebuilds): `install pytest parity device planner staged offload`
-# with GPUKIT_PLANNER_CHAINS=searched,zero-inf-cpu (about 330 s on an H200 without `staged`, which
-# trains the planner stage's CPU-tier plan 5 steps more), then `nvme`.
-# A call ends inside CALL_BUDGET_S (590 s): each stage runs under what is left of it (at most
+# Fill .whl/ with `bash benchmarks/gpu/gather_wheels.sh` on a machine that reaches pip's registry,
+# copy the repository with .whl/ to the GPU machine, and run the stages there in groups (a fresh
+# machine installs first; DeepSpeed's ops JIT-build on first use):
+#   bash benchmarks/gpu/run.sh install build pytest parity
+#   bash benchmarks/gpu/run.sh device offload
+#   bash benchmarks/gpu/run.sh nvme
+#   bash benchmarks/gpu/run.sh planner report
+# Where the machine is held only briefly, two invocations cover the kit: `install pytest parity device
+# planner staged offload` with GPUKIT_PLANNER_CHAINS=searched,zero-inf-cpu (`staged` trains the planner
+# stage's CPU-tier plan 5 steps more), then `nvme`.
+# An invocation ends inside CALL_BUDGET_S (590 s): each stage runs under what is left of it (at most
 # STAGE_TIMEOUT_S, 570 s), and the stages that no longer fit are skipped and named. Results: each stage
-# writes WORK/STAGE.json (WORK: /tmp/gpukit, kept while the machine stays warm); after the stages,
+# writes WORK/STAGE.json (WORK: /tmp/gpukit, kept while the machine is); after the stages,
 # OUT (--out, else $OUT, else out/gpu) gets gpu-results.json (every stage so far), gpu-results.md (the
-# section for benchmarks/RESULTS.md, naming the GPU) and run.log. Here, on the fetched files:
+# section for benchmarks/RESULTS.md, naming the GPU) and run.log. Back in the repository, on those files:
 #   python benchmarks/gpu/report.py md FILES.../gpu-results.json --write-results
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -84,12 +84,12 @@ gpu_env() {
 
 stage_install() {
   if [ -f "$WORK/installed" ]; then echo "install: done on this machine already"; return 0; fi
-  compgen -G "$WHEELS/*.whl" >/dev/null || { echo "install: no wheels in $WHEELS: run benchmarks/gpu/gather_wheels.sh here and name .whl in carry" >&2; return 1; }
+  compgen -G "$WHEELS/*.whl" >/dev/null || { echo "install: no wheels in $WHEELS: run benchmarks/gpu/gather_wheels.sh where pip reaches its registry and bring .whl/ along" >&2; return 1; }
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$WHEELS"/*.whl || return 1
   # The project itself, editable, for the `planner` console script (whatever module it points to).
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" || return 1
   local libaio=system
-  if [ ! -e /usr/include/libaio.h ]; then  # unpacked under WORK, never into / (device README)
+  if [ ! -e /usr/include/libaio.h ]; then  # unpacked under WORK, never into /
     libaio=carried
     for deb in "$WHEELS"/deb/*.deb; do dpkg -x "$deb" "$WORK/libaio" || return 1; done
   fi

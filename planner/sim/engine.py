@@ -79,7 +79,7 @@ class Simulation:
         self.cpu = TierTracker("cpu", node.cpu_memory_bytes, "per node")
         self.nvme = TierTracker("nvme", node.nvme_capacity_bytes, "per node")
         self.link_bytes: dict[str, float] = {}
-        """Bytes per GPU per link category (DESIGN.md `prediction.link_bytes`), from rank 0."""
+        """Bytes per GPU per link category (`prediction.link_bytes`, docs/plan-format.md), from rank 0."""
         self.phase_end_s: dict[Phase, float] = {}
         self.unit_start_s: dict[tuple[Phase, int], float] = {}
         """When rank 0's compute starts on each repeating unit of blocks (a checkpoint segment, or a

@@ -1,7 +1,7 @@
 """Option types and parsers every `planner` verb shares: one definition per option, so a flag means
 the same thing, takes the same values and says the same help on every verb that has it.
 
-"Checkpoint" names two different things here (DESIGN.md "CLI"):
+"Checkpoint" names two different things here (docs/conventions.md):
 - activation checkpoints: block inputs kept during forward and recomputed from in backward
   (`--checkpoint-interval`, the placement's `activation_checkpoints` tier);
 - training checkpoints: the run's saved state on disk (`planner run --save-every`, `--checkpoint-dir`,
