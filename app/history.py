@@ -63,7 +63,7 @@ def read_history(path: Path) -> History:
             "run": run.id, "recorded_at": run.recorded_at, "model": run.model_name, "hardware": run.hardware_name,
             "num_gpus": run.num_gpus, "strategy": run.strategy, "method": run.prediction_method,
             "placement": "/".join((run.params_tier, run.gradients_tier, run.optimizer_states_tier,
-                                   run.activation_checkpoints_tier)),
+                                   run.recompute_inputs_tier)),
         }
         for metric, (predicted, measured) in METRICS.items():
             p, m = getattr(run, predicted), getattr(run, measured)

@@ -47,7 +47,7 @@ OPTIMIZER_CHUNK_BYTES, OPTIMIZER_BUFFERS = 72 * 1024**2, 6
 NVME_SYSTEMS = {"ours-nvme": "after_backward", "ours-nvme-ib": "in_backward"}
 """Our systems with everything on NVMe -> the plan's `optimizer_step` ([Note: the optimizer step in
 backward] in runtime/optim/streamed_optimizer.py)."""
-NVME_PLACEMENT = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
+NVME_PLACEMENT = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
 
 
 DS_QUEUE_DEPTHS, DS_THREADS = (16, 64, 128), (1, 4, 8)

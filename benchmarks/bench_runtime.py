@@ -66,13 +66,13 @@ def plan_doc(placement: str, hardware: str = "cpu-dev-2core") -> dict:
     """The plan our runtime executes: `placement` "cpu" (the cpu tier) or "device" (everything on the
     compute device); `hardware` a preset of data/hardware/ (the GPU kit passes a GPU machine's)."""
     hardware = json.loads((ROOT / "data" / "hardware" / f"{hardware}.json").read_text())
-    tiers = {"cpu": dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"), "cpu"),
-             "device": dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"), "gpu")}
+    tiers = {"cpu": dict.fromkeys(("params", "gradients", "optimizer_states", "recompute_inputs"), "cpu"),
+             "device": dict.fromkeys(("params", "gradients", "optimizer_states", "recompute_inputs"), "gpu")}
     # The MLP's blocks as a spec: an attention of one head 1 wide (a spec has no MLP-only block), so the
     # count is the MLP's within 0.1% and runtime.shard takes the plan as this model's (runtime/model_check.py).
     return {"model": {"name": "design-md-mlp", "num_layers": BLOCKS, "hidden_size": HIDDEN, "num_heads": 1,
                       "head_dim": 1, "seq_len": TOKENS, "vocab_size": 0, "ffn_hidden_size": FFN},
-            "hardware": hardware, "num_gpus": 1, "precision": "fp32", "checkpoint_interval": 0,
+            "hardware": hardware, "num_gpus": 1, "precision": "fp32", "recompute_interval": 0,
             "prefetch_depth": 2, "placement": tiers[placement]}
 
 

@@ -68,7 +68,7 @@ def run_config(work: Path, hw: Path, nvme_path: str, index: int, config: tuple) 
     planner("run", str(plan), "--steps", str(STEPS), "--profile-out", str(profile), "--no-history")
     metrics = {m["metric"]: m for m in json.loads(planner("compare", str(plan), str(profile), "--json"))["metrics"]}
     doc = json.loads(plan.read_text())
-    row = {"config": label, "placement": doc["placement"], "checkpoint_interval": doc.get("checkpoint_interval"),
+    row = {"config": label, "placement": doc["placement"], "recompute_interval": doc.get("recompute_interval"),
            "tiling_factor": doc.get("tiling_factor")}
     for key in ("iteration_time_s", *(f"phase_time_s.{p}" for p in PHASES)):
         m = metrics.get(key)
@@ -207,7 +207,7 @@ def write_results(doc: dict, *, reanalysed: bool = False) -> None:
              "| round | configuration | ci | iteration s pred / meas (error) | forward | backward | optimizer |",
              "|---|---|---|---|---|---|---|"]
     for r, rnd in enumerate(doc["rounds"]):
-        lines += [f"| {r} | {row['config']} | {row['checkpoint_interval']} | {_cell(row.get('iteration_time_s'))} | "
+        lines += [f"| {r} | {row['config']} | {row['recompute_interval']} | {_cell(row.get('iteration_time_s'))} | "
                   + " | ".join(_cell(row.get(p)) for p in PHASES) + " |" for row in rnd["rows"]]
         lines.append(f"| {r} | (probe: load average {rnd['load_average_at_probe'][0]:.2f}, {rnd['probe_s']:.0f} s) "
                      "| | | | | |")

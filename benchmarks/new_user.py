@@ -30,11 +30,11 @@ STEPS = 10
 
 MODELS = (
     ("5 x hd 576, seq 384, batch 3, host memory", ["--layers", "5", "--hidden", "576", "--heads", "9", "--seq", "384"],
-     "3", "params=cpu,gradients=cpu,optimizer_states=cpu,activation_checkpoints=cpu"),
+     "3", "params=cpu,gradients=cpu,optimizer_states=cpu,recompute_inputs=cpu"),
     ("3 x hd 896, seq 192, batch 4, NVMe", ["--layers", "3", "--hidden", "896", "--heads", "14", "--seq", "192"],
-     "4", "params=nvme,gradients=cpu,optimizer_states=nvme,activation_checkpoints=cpu"),
+     "4", "params=nvme,gradients=cpu,optimizer_states=nvme,recompute_inputs=cpu"),
     ("6 x hd 448, seq 320, batch 4, device", ["--layers", "6", "--hidden", "448", "--heads", "7", "--seq", "320"],
-     "4", "params=gpu,gradients=gpu,optimizer_states=gpu,activation_checkpoints=gpu"),
+     "4", "params=gpu,gradients=gpu,optimizer_states=gpu,recompute_inputs=gpu"),
 )
 """(label, shape options, batch per GPU, placement). Vocabulary 256 (byte-level) for all."""
 

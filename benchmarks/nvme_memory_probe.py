@@ -6,7 +6,7 @@ data/hardware/cpu-dev-2core.json. Run it with glibc's mmap threshold fixed, as t
 buffers leave RSS:
 
     MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 python benchmarks/nvme_memory_probe.py \
-        NVME_PATH NUM_LAYERS HIDDEN STEPS [CHECKPOINT_INTERVAL [OPTIMIZER_STEP]]
+        NVME_PATH NUM_LAYERS HIDDEN STEPS [RECOMPUTE_INTERVAL [OPTIMIZER_STEP]]
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ HARDWARE = Path(__file__).resolve().parents[1] / "data" / "hardware" / "cpu-dev-
 
 def main() -> None:
     nvme_path, layers, hidden, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    checkpoint_interval = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    recompute_interval = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     optimizer_step = sys.argv[6] if len(sys.argv) > 6 else "after_backward"
     hardware = json.loads(HARDWARE.read_text())
-    print(json.dumps(nvme_step_host_memory(hardware, nvme_path, layers, hidden, steps, checkpoint_interval,
+    print(json.dumps(nvme_step_host_memory(hardware, nvme_path, layers, hidden, steps, recompute_interval,
                                            optimizer_step)))
 
 

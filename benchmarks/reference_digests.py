@@ -23,10 +23,10 @@ from pathlib import Path
 import tomllib
 
 PLACEMENTS = {
-    "device": {"params": "gpu", "gradients": "gpu", "optimizer_states": "gpu", "activation_checkpoints": "gpu"},
-    "cpu": {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"},
-    "opt-nvme": {"params": "cpu", "gradients": "cpu", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
-    "nvme": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
+    "device": {"params": "gpu", "gradients": "gpu", "optimizer_states": "gpu", "recompute_inputs": "gpu"},
+    "cpu": {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu", "recompute_inputs": "cpu"},
+    "opt-nvme": {"params": "cpu", "gradients": "cpu", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
+    "nvme": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
 }
 SCHEDULES = ("after_backward", "in_backward")
 STEPS = 4
@@ -43,7 +43,7 @@ def plan_doc(checkout: Path, *, world: int, placement: dict[str, str], schedule:
     hardware = json.loads((checkout / "data" / "hardware" / "cpu-dev-2core.json").read_text())
     return {
         "model": {"num_layers": 3, "hidden_size": 64, "num_heads": 4, "seq_len": 32, "vocab_size": 128},
-        "hardware": hardware, "num_gpus": world, "precision": "fp32", "checkpoint_interval": 1,
+        "hardware": hardware, "num_gpus": world, "precision": "fp32", "recompute_interval": 1,
         "micro_batch_per_gpu": 2, "placement": placement, "optimizer_step": schedule, "nvme_path": str(nvme),
     }
 

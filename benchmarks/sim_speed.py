@@ -35,16 +35,16 @@ SECTION = "## Simulator speed (benchmarks/sim_speed.py)"
 
 
 def one_t_plan() -> Plan:
-    placement = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
+    placement = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
     return Plan(model=resolve_model("1T"), node=resolve_hardware("dgx2-v100"), num_gpus=16, placement=placement,
-                micro_batch_per_gpu=7, checkpoint_interval=1)
+                micro_batch_per_gpu=7, recompute_interval=1)
 
 
 def tiled_1t_plan() -> Plan:
     """The dashboard's slowest Timeline: 1T on 32 GPUs of dgx-h100, tiling 8, parameters on NVMe."""
-    placement = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
+    placement = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
     return Plan(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=32, placement=placement,
-                micro_batch_per_gpu=19, checkpoint_interval=4, tiling_factor=8)
+                micro_batch_per_gpu=19, recompute_interval=4, tiling_factor=8)
 
 
 def fresh_periodic(plan: Plan) -> None:

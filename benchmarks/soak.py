@@ -68,8 +68,8 @@ def soak(*, steps: int, sample_every: int, save_every: int, work_dir: Path, laye
     swap_root.mkdir()
     plan = Plan.from_dict({
         "model": {"num_layers": layers, "hidden_size": hidden, "num_heads": 4, "seq_len": 32, "vocab_size": 256},
-        "hardware": hardware, "num_gpus": 1, "precision": "fp32", "checkpoint_interval": 1, "micro_batch_per_gpu": 2,
-        "placement": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
+        "hardware": hardware, "num_gpus": 1, "precision": "fp32", "recompute_interval": 1, "micro_batch_per_gpu": 2,
+        "placement": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
         "nvme_path": str(swap_root), "optimizer_chunk_bytes": 64 * 1024, "num_optimizer_buffers": 3})
     torch.manual_seed(0)
     with torch.device("meta"):

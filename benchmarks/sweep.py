@@ -8,7 +8,7 @@ calibration.
    the runtime, none of them a configuration below (planner/calibration/probe_reference.py), so the
    "probe spec" predictions are of plans the spec never saw.
 2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on device,
-   cpu and nvme; three model sizes; micro-batch; checkpoint interval; tiling) is planned with that
+   cpu and nvme; three model sizes; micro-batch; recompute interval; tiling) is planned with that
    spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`), in `--rounds`
    rounds ([Note: sweep rounds], above `measured_time_s`), at the highest CPU and I/O priority
    allowed (benchmarks/priority.py `take_priority`).
@@ -60,7 +60,7 @@ class Config:
     gradients: str
     checkpoints: str
     batch: int
-    checkpoint_interval: int
+    recompute_interval: int
     tiling: int = 1
 
 
@@ -93,9 +93,9 @@ def plan_for(config: Config, node: NodeSpec, nvme_path: str) -> Plan:
     model = {"name": config.size, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
              "seq_len": SEQ, "vocab_size": VOCAB}
     placement = {"params": config.params, "gradients": config.gradients, "optimizer_states": config.optimizer,
-                 "activation_checkpoints": config.checkpoints}
+                 "recompute_inputs": config.checkpoints}
     return pinned_plan(node, model, placement, micro_batch_per_gpu=config.batch,
-                       checkpoint_interval=config.checkpoint_interval, tiling_factor=config.tiling, nvme_path=nvme_path)
+                       recompute_interval=config.recompute_interval, tiling_factor=config.tiling, nvme_path=nvme_path)
 
 
 def step_times_s(profile: Profile) -> list[float]:

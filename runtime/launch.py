@@ -350,7 +350,7 @@ def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps:
     iteration = statistics.mean(s.step_time_s for s in measured_steps)
     tokens_per_gpu = plan.micro_batch_per_gpu * plan.model.seq_len
     # Paper accounting (eq. 7): 8 * tokens * params with recompute, 6 * tokens * params without.
-    flops_per_token = (8 if plan.checkpoint_interval else 6) * plan.model.num_params
+    flops_per_token = (8 if plan.recompute_interval else 6) * plan.model.num_params
     worst = max(range(len(measured_steps)), key=lambda j: measured_steps[j].peak_bytes["gpu"])
     index = warmup_steps + worst if len(samples) > warmup_steps else worst
     terms = {tier: {k: int(v) * (ranks_per_node if tier != "gpu" else 1) for k, v in

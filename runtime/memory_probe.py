@@ -23,7 +23,7 @@ from runtime.gpt import GPT, GPTConfig
 from runtime.sharding import state_of
 
 SEQ, VOCAB, BATCH = 16, 64, 4
-ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
+ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
 
 
 def anon_rss_bytes() -> int:
@@ -34,12 +34,12 @@ def anon_rss_bytes() -> int:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
-def plan_for(hardware: dict[str, Any], nvme_path: str, layers: int, hidden: int, checkpoint_interval: int = 1,
+def plan_for(hardware: dict[str, Any], nvme_path: str, layers: int, hidden: int, recompute_interval: int = 1,
              optimizer_step: str = "after_backward") -> Plan:
     return Plan.from_dict({
         "model": {"num_layers": layers, "hidden_size": hidden, "num_heads": 4, "seq_len": SEQ, "vocab_size": VOCAB},
         "hardware": hardware, "num_gpus": 1, "micro_batch_per_gpu": BATCH, "precision": "fp32",
-        "checkpoint_interval": checkpoint_interval, "placement": ALL_NVME,
+        "recompute_interval": recompute_interval, "placement": ALL_NVME,
         "nvme_path": nvme_path, "optimizer_chunk_bytes": 1 << 20, "num_optimizer_buffers": 3,
         "optimizer_step": optimizer_step,
     })
@@ -77,7 +77,7 @@ def train(plan: Plan, steps: int, tokens: torch.Tensor, sample: bool) -> dict[st
 
 
 def nvme_step_host_memory(hardware: dict[str, Any], nvme_path: str, layers: int, hidden: int, steps: int,
-                          checkpoint_interval: int = 1, optimizer_step: str = "after_backward") -> dict[str, int]:
+                          recompute_interval: int = 1, optimizer_step: str = "after_backward") -> dict[str, int]:
     """`steps` training steps of a `layers` x `hidden` GPT with its states on NVMe under `nvme_path`:
     `ledger_host_peak_bytes`, `nvme_state_bytes`, `anon_rss_peak_delta_bytes`, `host_budget_bytes`."""
     torch.manual_seed(0)
@@ -85,7 +85,7 @@ def nvme_step_host_memory(hardware: dict[str, Any], nvme_path: str, layers: int,
     # load the code paths before the baseline
     train(plan_for(hardware, nvme_path, 1, 32, optimizer_step=optimizer_step), 2, tokens, sample=False)
     base = anon_rss_bytes()
-    plan = plan_for(hardware, nvme_path, layers, hidden, checkpoint_interval, optimizer_step)
+    plan = plan_for(hardware, nvme_path, layers, hidden, recompute_interval, optimizer_step)
     bill = memory_bill(plan).peak_bytes
     out = train(plan, steps, tokens, sample=True)
     out["anon_rss_peak_delta_bytes"] = out.pop("anon_rss_peak_bytes") - base

@@ -34,8 +34,8 @@ class RuntimeConfig:
     placement: Placement
     precision: str
     """`fp32` (end to end), `bf16` or `fp16` (16-bit compute copies, fp32 master and Adam states)."""
-    checkpoint_interval: int
-    """Blocks per activation-checkpoint segment; 0 disables checkpointing."""
+    recompute_interval: int
+    """Blocks per recompute segment; 0 disables checkpointing."""
     tiling_factor: int
     """Tiles per large Linear (1: no tiling)."""
     prefetch_depth: int
@@ -82,7 +82,7 @@ def runtime_config(plan: Plan, *, world_size: int) -> RuntimeConfig:
     return RuntimeConfig(
         placement=plan.placement,
         precision=plan.precision,
-        checkpoint_interval=plan.checkpoint_interval,
+        recompute_interval=plan.recompute_interval,
         tiling_factor=plan.tiling_factor,
         prefetch_depth=plan.prefetch_depth,
         device=compute_device(),

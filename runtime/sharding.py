@@ -75,7 +75,7 @@ from runtime.units.events import UnitListener
 from runtime.units.group import ParamUnit, UnitState
 from runtime.units.prefetch import Phase, Prefetcher
 from runtime.units.recompute import (
-    ACTIVATION_CHECKPOINT_STORES,
+    RECOMPUTE_INPUT_STORES,
     RecomputeSegment,
     apply_recompute,
     find_blocks,
@@ -465,14 +465,14 @@ def shard(
         for index, p in enumerate(unit.params):
             if p.requires_grad:
                 handles.append(p.register_post_accumulate_grad_hook(state.grad_hook(unit, index)))
-    if config.checkpoint_interval > 0 and blocks is not None:
+    if config.recompute_interval > 0 and blocks is not None:
         # A key/value cache filled in forward would be extended again by the recompute (Hugging
         # Face turns it off under gradient checkpointing for the same reason).
         hf_config = getattr(model, "config", None)
         if getattr(hf_config, "use_cache", False):
             hf_config.use_cache = False
-        store = ACTIVATION_CHECKPOINT_STORES[config.placement.activation_checkpoints](state.ledger, state.copier)
-        state.segments = apply_recompute(blocks, config.checkpoint_interval, store)
+        store = RECOMPUTE_INPUT_STORES[config.placement.recompute_inputs](state.ledger, state.copier)
+        state.segments = apply_recompute(blocks, config.recompute_interval, store)
         units_of = {id(module): indices for module, indices in module_units}
         state.segment_of_unit = {i: seg for seg in state.segments for block in seg.blocks
                                  for module in block.modules() for i in units_of.get(id(module), ())}

@@ -29,7 +29,7 @@ def plan(placement: dict[str, str], *, world_size: int, nvme_path: str | None = 
     """A plan of the tiny Llama's shape for this machine (16 KiB optimizer chunks: units span several)."""
     return {"model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_len": SEQ, "vocab_size": VOCAB,
                       "num_kv_heads": 2, "ffn_hidden_size": 128, "gated_mlp": True},
-            "hardware": HARDWARE, "num_gpus": world_size, "precision": "fp32", "checkpoint_interval": 0,
+            "hardware": HARDWARE, "num_gpus": world_size, "precision": "fp32", "recompute_interval": 0,
             "placement": placement, "micro_batch_per_gpu": BATCH // world_size, "nvme_path": nvme_path,
             "optimizer_chunk_bytes": 16 * 1024, "num_optimizer_buffers": 3, **knobs}
 

@@ -13,7 +13,7 @@ from typing import Any
 from runtime_support import ALL_CPU, plan_doc
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
+ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
 OPTIMIZER_NVME = {**ALL_CPU, "optimizer_states": "nvme"}
 SMALL_CHUNKS = {"optimizer_chunk_bytes": 16 * 1024, "num_optimizer_buffers": 3}
 """1024-element chunks: the test model's larger units span several (streamed step and checkpoint I/O)."""

@@ -23,8 +23,8 @@ STEPS = 10
 BATCH = 4
 SEQ = 16
 VOCAB = 64
-ALL_CPU = {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"}
-ALL_DEVICE = {"params": "gpu", "gradients": "gpu", "optimizer_states": "gpu", "activation_checkpoints": "gpu"}
+ALL_CPU = {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu", "recompute_inputs": "cpu"}
+ALL_DEVICE = {"params": "gpu", "gradients": "gpu", "optimizer_states": "gpu", "recompute_inputs": "gpu"}
 LLAMA_MODEL = {"num_layers": 2, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 64,
                "gated_mlp": True, "tied_embeddings": False, "norm": "rmsnorm", "seq_len": SEQ, "vocab_size": VOCAB}
 """The shape of `build_model("llama")` (GQA, SwiGLU 64 wide, untied): plans for it say so (runtime.shard
@@ -45,7 +45,7 @@ def plan_doc(*, world_size: int = 1, placement: dict[str, str] | None = None, **
         "hardware": HARDWARE,
         "num_gpus": world_size,
         "precision": "fp32",
-        "checkpoint_interval": 0,
+        "recompute_interval": 0,
         "placement": placement or ALL_DEVICE,
     }
     doc.update(knobs)
@@ -134,13 +134,13 @@ _MEMORY_PROBE = ("import json, sys; from runtime.memory_probe import nvme_step_h
                  "print(json.dumps(nvme_step_host_memory(*json.loads(sys.argv[1]))))")
 
 
-def nvme_step_host_memory(nvme_path: Path, layers: int, hidden: int, steps: int, checkpoint_interval: int = 1,
+def nvme_step_host_memory(nvme_path: Path, layers: int, hidden: int, steps: int, recompute_interval: int = 1,
                           optimizer_step: str = "after_backward") -> dict[str, int]:
     """`runtime.memory_probe.nvme_step_host_memory` on this hardware, in its own process (RSS is the
     process's) with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_), so that large freed buffers
     go back to the kernel instead of staying in the heap, which RSS would otherwise count."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    args = [HARDWARE, str(nvme_path), layers, hidden, steps, checkpoint_interval, optimizer_step]
+    args = [HARDWARE, str(nvme_path), layers, hidden, steps, recompute_interval, optimizer_step]
     done = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, json.dumps(args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -136,7 +136,7 @@ def test_timeline_panel_shows_the_simulation(app):
     assert utilisation["encoding"]["x"]["field"] == "busy"
     assert memory_over_time["facet"]["row"]["field"] == "tier"
     # The Gantt chart is planner.output.timeline's data, drawn by the browser: the whole iteration binned,
-    # then one checkpoint segment span by span.
+    # then one recompute segment span by span.
     full, zoom = gantt["vconcat"]
     assert (full["mark"]["type"], zoom["mark"]["type"]) == ("rect", "bar")
     assert full["encoding"]["opacity"]["field"] == "busy"

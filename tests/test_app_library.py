@@ -121,7 +121,7 @@ def test_best_by_strategy_of_a_pinned_search_has_that_strategy_only():
 
 def _plan(strategy="zero-inf-nvme", hardware="dgx-h100", gpus=16, batch=7, ci=1):
     return Plan(model=resolve_model("1T"), node=resolve_hardware(hardware), num_gpus=gpus, strategy=strategy,
-                placement=STRATEGY_TABLE[strategy].placement, micro_batch_per_gpu=batch, checkpoint_interval=ci)
+                placement=STRATEGY_TABLE[strategy].placement, micro_batch_per_gpu=batch, recompute_interval=ci)
 
 
 def test_arithmetic_intensity_is_eq_9_to_11():
@@ -129,9 +129,9 @@ def test_arithmetic_intensity_is_eq_9_to_11():
     assert ait == {
         "params_and_gradients": 7 * 1024,  # eq. 9: seq x bsz
         "optimizer_states": 7 * 1024 / 4,  # eq. 10
-        "activation_checkpoints": 24 * 25600 * 2,  # eq. 11: 24 hd ci
+        "recompute_inputs": 24 * 25600 * 2,  # eq. 11: 24 hd ci
     }
-    assert arithmetic_intensity(_plan(ci=0))["activation_checkpoints"] == 24 * 25600
+    assert arithmetic_intensity(_plan(ci=0))["recompute_inputs"] == 24 * 25600
 
 
 def test_state_bandwidths_follow_the_placement():
@@ -139,7 +139,7 @@ def test_state_bandwidths_follow_the_placement():
     nvme = state_bandwidths(_plan("zero-inf-nvme"))
     assert nvme["params_and_gradients"] == pytest.approx(3.5 * GB)
     assert nvme["optimizer_states"] == pytest.approx(3.5 * GB)
-    assert nvme["activation_checkpoints"] == pytest.approx(25 * GB)
+    assert nvme["recompute_inputs"] == pytest.approx(25 * GB)
     assert state_bandwidths(_plan("zero3")) == dict.fromkeys(nvme, math.inf)
 
 

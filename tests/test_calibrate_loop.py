@@ -43,8 +43,8 @@ def test_new_user_probe_fit_run_compare_calibrate(tmp_path: Path) -> None:
     probed = json.loads(hw.read_text())
     assert probed["host_is_device"] is True  # no CUDA here, so the probe calibrated on its reference runs
     assert "Calibrated on 4 reference runs of the runtime" in probed["notes"]
-    _cli("fit", *MODEL, "--hardware", str(hw), "--batch-per-gpu", "2", "--checkpoint-interval", "1",
-         "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu,activation_checkpoints=cpu",
+    _cli("fit", *MODEL, "--hardware", str(hw), "--batch-per-gpu", "2", "--recompute-interval", "1",
+         "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu,recompute_inputs=cpu",
          "--tiling-factor", "1", "--prefetch-depth", "2", "--out", str(plan_path))
     _cli("run", str(plan_path), "--steps", "3", "--profile-out", str(profile_path), "--store", str(tmp_path / "h.sqlite"))
 

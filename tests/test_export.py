@@ -206,7 +206,7 @@ def test_planner_export_on_the_command_line(tmp_path: Path) -> None:
 def test_tiled_and_recomputed_blocks_export_under_their_own_names(tmp_path: Path) -> None:
     """Tiling splits each Linear into row blocks (`.tiles.i`) and recomputation wraps each block
     (`.block`): the export concatenates the tiles and drops the wrappers' names."""
-    logits = train_and_checkpoint(plan(ALL_CPU, world_size=1, tiling_factor=2, checkpoint_interval=1),
+    logits = train_and_checkpoint(plan(ALL_CPU, world_size=1, tiling_factor=2, recompute_interval=1),
                                   str(tmp_path / "ck"))
     doc = json.loads((tmp_path / "ck" / "step-000000002" / "rank-00000.json").read_text())["model"]
     (k_proj,) = [t for t in doc["tensors"] if t["name"] == "model.layers.1.self_attn.k_proj.weight"]

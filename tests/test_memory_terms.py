@@ -18,8 +18,8 @@ from planner.specs.phases import PHASES, Phase
 from planner.specs.plan import TIERS, Placement, Plan
 
 SMALL = ModelSpec(name="small", num_layers=4, hidden_size=256, num_heads=4, seq_len=64, vocab_size=512)
-ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
-ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="nvme")
+ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
+ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="nvme")
 
 
 def _plans() -> dict[str, Plan]:
@@ -39,7 +39,7 @@ def _plans() -> dict[str, Plan]:
                                        prefetch_depth=3, optimizer_step="in_backward"),
         # Context parallel: the ring attention's KV blocks (planner/cost/context_parallel.py).
         "cp2-flash": Plan(model=resolve_model("llama-3-8b"), node=node, num_gpus=8, strategy="3d",
-                          placement=Placement(), micro_batch_per_gpu=0.5, checkpoint_interval=0,
+                          placement=Placement(), micro_batch_per_gpu=0.5, recompute_interval=0,
                           context_parallel_degree=2),
         "small-cpu-machine": Plan(model=SMALL, node=resolve_hardware("cpu-dev-2core"), num_gpus=1, strategy="custom",
                                   placement=ALL_NVME, prefetch_depth=2),
@@ -67,12 +67,12 @@ def test_bill_json_keys_are_the_values():
     assert f"{MemoryTerm.MSWM}" == str(MemoryTerm.MSWM) == "mswm"
 
 
-SIMULATED = {MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.ACTIVATION_CHECKPOINTS, MemoryTerm.AWM,
+SIMULATED = {MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.RECOMPUTE_INPUTS, MemoryTerm.AWM,
              MemoryTerm.MSWM, MemoryTerm.PREFETCH_SHARD_STAGING, MemoryTerm.REDUCE_SCATTER_BUFFER,
              MemoryTerm.GRADIENT_OFFLOAD_STAGING, MemoryTerm.PARAM_SWAP_BUFFERS, MemoryTerm.OPTIMIZER_SWAP_BUFFERS,
              MemoryTerm.GRADIENT_SWAP_BUFFERS}
 """What the simulator schedules of the small plans (bf16: no `gradients`). It charges every gathered
-operator to `mswm` (prefetched or in use), a checkpoint's GPU copy to `activation_checkpoints`, and
+operator to `mswm` (prefetched or in use), a checkpoint's GPU copy to `recompute_inputs`, and
 leaves out the logits, the allocator's slack and the runtime's bookkeeping."""
 
 

@@ -51,8 +51,8 @@ def test_in_backward_training_is_bitwise_after_backward_training(placement: dict
 
 @pytest.mark.parametrize("ci", [1, 2])
 def test_checkpointed_in_backward_training_is_bitwise(ci: int, tmp_path: Path) -> None:
-    assert_bitwise(train(ALL_CPU, None, checkpoint_interval=ci),
-                   train(ALL_NVME, str(tmp_path), checkpoint_interval=ci, prefetch_depth=3, **IN_BACKWARD))
+    assert_bitwise(train(ALL_CPU, None, recompute_interval=ci),
+                   train(ALL_NVME, str(tmp_path), recompute_interval=ci, prefetch_depth=3, **IN_BACKWARD))
 
 
 def test_bf16_in_backward_training_is_bitwise(tmp_path: Path) -> None:

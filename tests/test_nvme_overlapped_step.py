@@ -13,8 +13,8 @@ import pytest
 import torch
 from runtime_support import batches, build_model, plan_doc
 
-ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
-OPTIMIZER_NVME = {"params": "cpu", "gradients": "cpu", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
+ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
+OPTIMIZER_NVME = {"params": "cpu", "gradients": "cpu", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
 SMALL_CHUNKS = {"optimizer_chunk_bytes": 16 * 1024, "num_optimizer_buffers": 3}
 STEPS = 4
 RELEASE_TIMEOUT_S = 60.0

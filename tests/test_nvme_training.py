@@ -26,7 +26,7 @@ from runtime_support import (
 from planner.specs.errors import PlannerError
 from runtime.process_exit import leave
 
-ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"}
+ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
 OPTIMIZER_NVME = {**ALL_CPU, "gradients": "cpu", "optimizer_states": "nvme"}
 STEPS = 4
 SMALL_CHUNKS = {"optimizer_chunk_bytes": 16 * 1024, "num_optimizer_buffers": 3}
@@ -79,8 +79,8 @@ def test_nvme_training_is_bitwise_cpu_training(placement: dict[str, str], depth:
 def test_checkpointed_nvme_training_is_bitwise_cpu_training(ci: int, tmp_path: Path) -> None:
     """Recompute gathers each unit, frees its buffer in place after the use and refills it for the
     unit's backward ([Note: recompute releases parameters]): the same bits as in host memory."""
-    assert_bitwise(train(ALL_CPU, None, checkpoint_interval=ci),
-                   train(ALL_NVME, str(tmp_path), checkpoint_interval=ci, prefetch_depth=3))
+    assert_bitwise(train(ALL_CPU, None, recompute_interval=ci),
+                   train(ALL_NVME, str(tmp_path), recompute_interval=ci, prefetch_depth=3))
 
 
 def test_one_rank_prefetch_never_waits_for_a_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,8 +112,8 @@ def test_one_rank_prefetch_never_waits_for_a_read(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(group.ParamUnit, "start_gather", tracked_start_gather)
     monkeypatch.setattr(engine.Handle, "wait", tracked_wait)
     for ci in (0, 1):
-        assert_bitwise(train(ALL_CPU, None, checkpoint_interval=ci),
-                       train(ALL_NVME, str(tmp_path), checkpoint_interval=ci, prefetch_depth=3))
+        assert_bitwise(train(ALL_CPU, None, recompute_interval=ci),
+                       train(ALL_NVME, str(tmp_path), recompute_interval=ci, prefetch_depth=3))
     assert waited_ahead == []
 
 
@@ -215,7 +215,7 @@ def test_host_memory_of_an_nvme_step_stays_within_the_plans_budget(layers: int, 
     layers: 18x): the ledger's host peak and the measured anonymous RSS growth during 3 steps both
     stay within that budget, however deep the model (the bill's `runtime_bookkeeping` is what each
     operator's objects cost; without it RSS outgrew the bill with every layer), and however many
-    blocks a checkpoint segment has (before [Note: recompute releases parameters], a segment's
+    blocks a recompute segment has (before [Note: recompute releases parameters], a segment's
     parameters stayed gathered from its recompute to their backward, and at 4 blocks per segment the
     ledger's peak was over the budget: docs/notes/2026-11-22-runtime-source-measurements.md).
 

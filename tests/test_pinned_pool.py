@@ -40,7 +40,7 @@ def _dgx_plan(placement: Placement, **knobs: object) -> Plan:
 
 
 def test_bill_charges_the_pool_the_runtime_sizes() -> None:
-    plan = _dgx_plan(Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu"),
+    plan = _dgx_plan(Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu"),
                      prefetch_depth=2)
     shape = pinned_staging_pool(plan)
     unit_shard_fp32 = largest_unit_params(plan) / plan.data_parallel_degree * 4
@@ -50,14 +50,14 @@ def test_bill_charges_the_pool_the_runtime_sizes() -> None:
 
 
 def test_no_pool_without_host_state_crossing_a_link() -> None:
-    on_device = _dgx_plan(Placement(params="gpu", gradients="gpu", optimizer_states="gpu", activation_checkpoints="gpu"))
+    on_device = _dgx_plan(Placement(params="gpu", gradients="gpu", optimizer_states="gpu", recompute_inputs="gpu"))
     on_nvme = _dgx_plan(Placement(params="nvme", gradients="nvme", optimizer_states="nvme",
-                                  activation_checkpoints="gpu"))
+                                  recompute_inputs="gpu"))
     cpu_machine = Plan.from_dict(plan_doc(placement=ALL_CPU))  # the host is the device
     for plan in (on_device, on_nvme, cpu_machine):
         assert MemoryTerm.PINNED_STAGING_POOL not in memory_bill(plan).terms["cpu"]
     only_checkpoints = _dgx_plan(Placement(params="gpu", gradients="gpu", optimizer_states="gpu",
-                                           activation_checkpoints="cpu"), checkpoint_interval=1)
+                                           recompute_inputs="cpu"), recompute_interval=1)
     assert MemoryTerm.PINNED_STAGING_POOL in memory_bill(only_checkpoints).terms["cpu"]
 
 
@@ -121,8 +121,8 @@ def test_a_transfer_larger_than_a_buffer_goes_in_pieces(dtype: torch.dtype) -> N
 PLACEMENTS = {
     "all-cpu": ALL_CPU,
     "params-on-host": {**ALL_DEVICE, "params": "cpu"},
-    "states-on-host": {**ALL_CPU, "params": "gpu", "activation_checkpoints": "gpu"},
-    "checkpoints-on-host": {**ALL_DEVICE, "activation_checkpoints": "cpu"},
+    "states-on-host": {**ALL_CPU, "params": "gpu", "recompute_inputs": "gpu"},
+    "checkpoints-on-host": {**ALL_DEVICE, "recompute_inputs": "cpu"},
 }
 
 
@@ -167,7 +167,7 @@ def test_a_training_step_stays_within_the_pool_and_is_bitwise_the_cpu_run(
     """Staged through the pool, each placement trains to the bits of the CPU machine's run (copies are
     exact); the pool's leases never exceed its buffers, no allocation asks for pinned memory, host
     shards are plain memory, and the ledger charges the pool exactly what the bill does."""
-    doc = plan_doc(placement=PLACEMENTS[name], precision=precision, checkpoint_interval=1, prefetch_depth=2,
+    doc = plan_doc(placement=PLACEMENTS[name], precision=precision, recompute_interval=1, prefetch_depth=2,
                    hardware=SEPARATE)
     direct, plain_model, _ = _train(doc)
     assert runtime.state_of(plain_model).copier.pool is None  # the CPU machine copies nothing
@@ -190,7 +190,7 @@ def two_rank_worker(emulate: bool, *, rank: int, world_size: int) -> dict:  # no
     """One gloo rank's run of the all-CPU plan, staged through the pool or not (run_distributed)."""
     CopyEngine.separate_memory_on_cpu = emulate
     try:
-        doc = plan_doc(world_size=world_size, placement=ALL_CPU, precision="bf16", checkpoint_interval=1,
+        doc = plan_doc(world_size=world_size, placement=ALL_CPU, precision="bf16", recompute_interval=1,
                        prefetch_depth=2, hardware=SEPARATE)
         losses, model, _ = _train(doc)
     finally:
@@ -209,7 +209,7 @@ def test_two_ranks_through_the_pool_are_bitwise_the_cpu_run(tmp_path: Path) -> N
 
 def test_a_checkpoint_save_leases_from_the_pool_and_writes_the_same_bytes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    doc = plan_doc(placement=ALL_CPU, checkpoint_interval=1, hardware=SEPARATE)
+    doc = plan_doc(placement=ALL_CPU, recompute_interval=1, hardware=SEPARATE)
     files = {}
     for emulate in (False, True):
         monkeypatch.setattr(CopyEngine, "separate_memory_on_cpu", emulate)
@@ -266,7 +266,7 @@ def test_cuda_cpu_offload_step_pins_only_the_billed_pool(name: str) -> None:
     pinned allocator hands out nothing, host shards are pageable, the pool's bound holds."""
     torch.cuda.synchronize()
     before = _pinned_handouts()
-    doc = plan_doc(placement=PLACEMENTS[name], checkpoint_interval=1, prefetch_depth=2)
+    doc = plan_doc(placement=PLACEMENTS[name], recompute_interval=1, prefetch_depth=2)
     model = runtime.shard(build_model("gpt"), doc)
     opt = runtime.AdamW(model, lr=1e-3)
     for tokens in batches(3):
@@ -286,8 +286,8 @@ def test_cuda_cpu_offload_step_pins_only_the_billed_pool(name: str) -> None:
 
 
 @gpu
-@pytest.mark.parametrize("placement", [{**ALL_DEVICE, "params": "cpu", "activation_checkpoints": "cpu"},
-                                       {**ALL_DEVICE, "activation_checkpoints": "cpu"}],
+@pytest.mark.parametrize("placement", [{**ALL_DEVICE, "params": "cpu", "recompute_inputs": "cpu"},
+                                       {**ALL_DEVICE, "recompute_inputs": "cpu"}],
                          ids=["params-and-checkpoints-on-host", "checkpoints-on-host"])
 def test_cuda_host_params_and_checkpoints_train_bitwise_like_the_device(placement: dict) -> None:
     """Property: parameters and checkpoints staged through the pool on the copy stream (asynchronous,
@@ -297,7 +297,7 @@ def test_cuda_host_params_and_checkpoints_train_bitwise_like_the_device(placemen
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def losses(where: dict) -> list[str]:
-        model = runtime.shard(build_model("gpt"), plan_doc(placement=where, checkpoint_interval=1, prefetch_depth=2))
+        model = runtime.shard(build_model("gpt"), plan_doc(placement=where, recompute_interval=1, prefetch_depth=2))
         opt = runtime.AdamW(model, lr=1e-3)
         out = []
         for tokens in batches(5):

@@ -104,14 +104,14 @@ def _plan(**changes: Any) -> Plan:
     fields: dict[str, Any] = {"model": ModelSpec(num_layers=4, hidden_size=1024, num_heads=16, seq_len=512),
                               "node": resolve_hardware("dgx-h100"), "num_gpus": 16,
                               "placement": Placement(params="nvme", gradients="cpu", optimizer_states="nvme",
-                                                     activation_checkpoints="cpu"), "nvme_path": "/tmp/swap"}
+                                                     recompute_inputs="cpu"), "nvme_path": "/tmp/swap"}
     return Plan(**(fields | changes))
 
 
 def test_every_plan_key_is_documented():
     tp, cp = 2, 2
     context_parallel = Plan(model=resolve_model("llama-3-8b"), node=resolve_hardware("dgx-h100"), num_gpus=16,
-                            strategy="3d", placement=STRATEGY_TABLE["3d"].placement, checkpoint_interval=0,
+                            strategy="3d", placement=STRATEGY_TABLE["3d"].placement, recompute_interval=0,
                             micro_batch_per_gpu=2 / (tp * cp), model_parallel_degree=tp, context_parallel_degree=cp)
     documents = [context_parallel.to_dict(), {"model": _every_model_key().to_dict()},
                  {"hardware": _every_hardware_key().to_dict()}]
@@ -124,7 +124,7 @@ def test_every_plan_key_is_documented():
 def test_every_prediction_key_is_documented():
     independent = _plan(node=replace(resolve_hardware("dgx-h100"), nvme_read_write="independent"))
     pipelined = _plan(strategy="3d", placement=STRATEGY_TABLE["3d"].placement, pipeline_parallel_degree=2,
-                      micro_batches_per_step=4, nvme_path=None, checkpoint_interval=1)
+                      micro_batches_per_step=4, nvme_path=None, recompute_interval=1)
     # `planner fit`'s answer: simulated by extrapolation over identical blocks, the analytic estimate beside
     request = SearchRequest(model=resolve_model("gpt3-13b"), node=resolve_hardware("dgx-h100"), num_gpus=8)
     refined = refine(search(request)).best

@@ -30,7 +30,7 @@ def test_fit_json_follows_the_contract(tmp_path):
     doc = json.loads(out)
     assert doc == json.loads(out_path.read_text())
     assert doc["model"]["num_params"] == 12 * 128 * 25600**2
-    assert set(doc["placement"]) == {"params", "gradients", "optimizer_states", "activation_checkpoints"}
+    assert set(doc["placement"]) == {"params", "gradients", "optimizer_states", "recompute_inputs"}
     assert doc["num_gpus"] == 16 and doc["num_nodes"] == 1
     pred = doc["prediction"]
     assert pred["feasible"] is True
@@ -55,7 +55,7 @@ def test_memory_json_keys():
     assert code == 0, err
     doc = json.loads(out)
     assert doc["bytes"]["model_states"] == 240 * 128 * 25600**2
-    for key in ("activation_checkpoints_per_gpu", "activations_per_gpu", "mswm_per_gpu", "awm_per_gpu"):
+    for key in ("recompute_inputs_per_gpu", "activations_per_gpu", "mswm_per_gpu", "awm_per_gpu"):
         assert key in doc["bytes"]
     assert doc["model"]["num_layers"] == 128
 
@@ -95,7 +95,7 @@ def _hardware_file(tmp_path, **changes):
         (("fit", "1T", "--placement", "params=disk"), "is not STATE=TIER"),
         (("fit", "1T", "--strategy", "zero9"), "unknown strategy 'zero9'"),
         (("fit", "1T", "--precision", "fp8"), "--precision must be one of"),
-        (("memory", "1T", "--checkpoint-interval", "-1"), "checkpoint_interval must be at least 0"),
+        (("memory", "1T", "--recompute-interval", "-1"), "recompute_interval must be at least 0"),
         (("max-size", "--strategy", "nope"), "unknown strategy 'nope'"),
         (("memory", "1T", "--strategy", "nope"), "unknown strategy 'nope'"),
         (("fit", "1T", "--model-parallel", "two"), "--model-parallel must be a whole number or 'auto', got 'two'"),

@@ -24,7 +24,7 @@ MODEL = resolve_model("llama-3-8b").replace(seq_len=8192)  # GQA: 8 KV heads of 
 
 def _plan(cp: int = 4, tp: int = 2, gpus: int = 64, replica_batch: int = 2, **changes) -> Plan:
     return Plan(model=MODEL, node=NODE, num_gpus=gpus, strategy="3d", placement=STRATEGY_TABLE["3d"].placement,
-                micro_batch_per_gpu=replica_batch / (tp * cp), checkpoint_interval=0, model_parallel_degree=tp,
+                micro_batch_per_gpu=replica_batch / (tp * cp), recompute_interval=0, model_parallel_degree=tp,
                 context_parallel_degree=cp, **changes)
 
 
@@ -68,7 +68,7 @@ def test_exposed_ring_seconds_are_the_sends_beyond_the_attention_they_overlap():
 def test_estimate_and_simulator_add_the_same_ring_seconds():
     def plan(node):
         return Plan(model=MODEL, node=node, num_gpus=2, strategy="dp", placement=STRATEGY_TABLE["dp"].placement,
-                    micro_batch_per_gpu=0.5, checkpoint_interval=0, context_parallel_degree=2)
+                    micro_batch_per_gpu=0.5, recompute_interval=0, context_parallel_degree=2)
 
     fast, slow = plan(NODE), plan(NODE.replace(gpu_gpu_intra_node_bytes_per_s=2e9))
     ring_fwd_s = ring_passes_s(slow)[0]

@@ -105,7 +105,7 @@ option_values = st.one_of(
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     model=st.one_of(st.sampled_from(["1T", "1.4B", "13b", "gpt3-125m", "0.0001B", "1e3B", "-1B"]), st.text(max_size=6)),
-    option=st.sampled_from(["--gpus", "--batch-per-gpu", "--checkpoint-interval", "--tiling-factor", "--prefetch-depth",
+    option=st.sampled_from(["--gpus", "--batch-per-gpu", "--recompute-interval", "--tiling-factor", "--prefetch-depth",
                             "--model-parallel", "--max-alloc-gib", "--seq", "--layers", "--max-batch-per-gpu"]),
     value=option_values,
 )

@@ -74,8 +74,8 @@ def test_attention_flops_eager_flash_gqa_and_selective():
     square = 4 * 2048**2 * 1024  # QK^T and AV over the whole square, one sample
     assert attention_flops(plan(attention="eager")) == (square, 2 * square)
     assert attention_flops(plan(attention="flash")) == (square / 2, 2.5 * square / 2)  # causal half, recompute
-    assert attention_flops(plan(attention="eager", recompute="selective", checkpoint_interval=0)) == (square, 2.5 * square)
-    assert attention_flops(plan(attention="flash", recompute="selective", checkpoint_interval=0)) == (square / 2, 1.25 * square)
+    assert attention_flops(plan(attention="eager", recompute="selective", recompute_interval=0)) == (square, 2.5 * square)
+    assert attention_flops(plan(attention="flash", recompute="selective", recompute_interval=0)) == (square / 2, 1.25 * square)
     # GQA: the products are over the query width; the kv heads shrink only the qkv projection.
     assert attention_flops(plan(LLAMA, attention="eager"))[0] == square
     assert LLAMA.block_operators()[0].num_params == 1024 * (1024 + 2 * 256)
@@ -103,24 +103,24 @@ def test_attention_defaults_to_flash_where_the_gpu_has_it():
         plan(attention="sdpa")
 
 
-def test_recompute_field_follows_checkpoint_interval():
-    assert (plan().recompute, plan(checkpoint_interval=0).recompute) == ("full", "none")
-    assert plan(checkpoint_interval=0, recompute="selective").replace(checkpoint_interval=1).recompute == "full"
-    assert plan().replace(checkpoint_interval=0).recompute == "none"
-    for kw in ({"recompute": "selective"}, {"recompute": "full", "checkpoint_interval": 0}):
-        with pytest.raises(PlannerError, match="needs checkpoint_interval"):
+def test_recompute_field_follows_recompute_interval():
+    assert (plan().recompute, plan(recompute_interval=0).recompute) == ("full", "none")
+    assert plan(recompute_interval=0, recompute="selective").replace(recompute_interval=1).recompute == "full"
+    assert plan().replace(recompute_interval=0).recompute == "none"
+    for kw in ({"recompute": "selective"}, {"recompute": "full", "recompute_interval": 0}):
+        with pytest.raises(PlannerError, match="needs recompute_interval"):
             plan(**kw)
-    doc = plan(checkpoint_interval=0, recompute="selective", attention="eager").to_dict()
+    doc = plan(recompute_interval=0, recompute="selective", attention="eager").to_dict()
     assert (doc["attention"], doc["recompute"]) == ("eager", "selective")
-    assert Plan.from_dict(doc) == plan(checkpoint_interval=0, recompute="selective", attention="eager")
+    assert Plan.from_dict(doc) == plan(recompute_interval=0, recompute="selective", attention="eager")
 
 
 def test_flash_never_bills_the_scores_and_selective_holds_one_block():
     b_s, hd, heads, seq = 2048, 1024, 8, 2048
-    eager = plan(attention="eager", checkpoint_interval=0)
+    eager = plan(attention="eager", recompute_interval=0)
     assert activation_working_bytes(eager) == b_s * 2 * (16 * hd + 2 * heads * seq)  # eq. 5, ci = nl
-    assert activation_working_bytes(plan(attention="flash", checkpoint_interval=0)) == b_s * 2 * (16 * hd + 4 * heads)
-    selective = plan(attention="eager", checkpoint_interval=0, recompute="selective")
+    assert activation_working_bytes(plan(attention="flash", recompute_interval=0)) == b_s * 2 * (16 * hd + 4 * heads)
+    selective = plan(attention="eager", recompute_interval=0, recompute="selective")
     assert activation_working_bytes(selective) == b_s * 2 * 16 * hd + b_s * 2 * heads * seq
     # The paper quantity stays eq. 5 as written, whatever the kernel.
     assert paper_quantities(plan(attention="flash"))["awm_per_gpu"] == activation_working_bytes(plan(attention="eager"))
@@ -130,9 +130,9 @@ def test_flash_never_bills_the_scores_and_selective_holds_one_block():
 @pytest.mark.parametrize("model, kw", [
     (GPT, {"attention": "eager"}),
     (GPT, {"attention": "flash"}),
-    (GPT.replace(dropout=True), {"attention": "eager", "checkpoint_interval": 0, "recompute": "selective"}),
-    (LLAMA, {"attention": "flash", "checkpoint_interval": 0}),
-    (LLAMA, {"attention": "eager", "checkpoint_interval": 0, "recompute": "selective"}),
+    (GPT.replace(dropout=True), {"attention": "eager", "recompute_interval": 0, "recompute": "selective"}),
+    (LLAMA, {"attention": "flash", "recompute_interval": 0}),
+    (LLAMA, {"attention": "eager", "recompute_interval": 0, "recompute": "selective"}),
 ])
 def test_analytic_estimate_and_simulator_time_the_same_block_terms(model, kw):
     # One GPU, everything on it, flat efficiency curves: forward and backward are pure compute in both.
@@ -143,7 +143,7 @@ def test_analytic_estimate_and_simulator_time_the_same_block_terms(model, kw):
 
 
 def test_memory_bound_kernels_run_at_the_achievable_hbm_fraction():
-    p = plan(attention="flash", checkpoint_interval=0)
+    p = plan(attention="flash", recompute_interval=0)
     cost = block_cost(p)
     slow = p.replace(node=node(gpu_hbm_bytes_per_s=500 * GB))
     extra = 2 * (cost.forward_bytes + cost.backward_bytes) * (1 / (500 * GB) - 1 / (1000 * GB)) / HBM_ACHIEVABLE_FRACTION
@@ -163,7 +163,7 @@ def test_the_fused_kernel_runs_at_its_rate_for_the_sequence_length():
     from planner.specs.hardware import EfficiencyCurve
 
     curve = EfficiencyCurve(((512.0, 0.4), (2048.0, 1.0)))
-    p = plan(attention="flash", checkpoint_interval=0)
+    p = plan(attention="flash", recompute_interval=0)
     slow = p.replace(node=node(attention_efficiency=curve), attention="flash")
     assert fused_attention_flops_per_s(p) == 50 * TFLOP
     assert fused_attention_flops_per_s(slow) == 50 * TFLOP  # seq 2048: the plateau

@@ -23,7 +23,7 @@ def test_paper_equations_1t():
     q = paper_quantities(plan_for())
     assert q["model_states"] == 20_132_659_200_000
     assert round(q["model_states"] / 1024**4, 2) == 18.31
-    assert q["activation_checkpoints_per_gpu"] == 6_710_886_400
+    assert q["recompute_inputs_per_gpu"] == 6_710_886_400
     assert q["mswm_per_gpu"] == 10_485_760_000
     assert q["awm_per_gpu"] == 956_301_312
     assert q["activations_per_gpu"] == 6_710_886_400 + 956_301_312
@@ -42,8 +42,8 @@ def test_paper_equations_1t():
     ],
 )
 def test_paper_equations_batch_and_interval(model, expected):
-    q = paper_quantities(plan_for(model, micro_batch_per_gpu=8, checkpoint_interval=2))
-    assert (q["model_states"], q["activation_checkpoints_per_gpu"], q["mswm_per_gpu"], q["awm_per_gpu"]) == expected
+    q = paper_quantities(plan_for(model, micro_batch_per_gpu=8, recompute_interval=2))
+    assert (q["model_states"], q["recompute_inputs_per_gpu"], q["mswm_per_gpu"], q["awm_per_gpu"]) == expected
 
 
 def test_zero3_partitions_model_states_across_gpus():
@@ -62,13 +62,13 @@ def test_offloaded_states_are_billed_per_node():
     params = 12 * 128 * 25600**2
     assert bill.terms["nvme"]["optimizer_states"] == params * 16 // 16 * 16  # per GPU x 16 GPUs
     assert bill.terms["nvme"]["params"] == params * 2
-    assert bill.terms["cpu"]["activation_checkpoints"] == 2 * 7 * 1024 * 25600 * 128 * 16
+    assert bill.terms["cpu"]["recompute_inputs"] == 2 * 7 * 1024 * 25600 * 128 * 16
     assert "params" not in bill.terms["gpu"]
     # buffers the runtime holds for NVMe traffic are named terms
     for term in ("param_swap_buffers", "optimizer_swap_buffers", "gradient_swap_buffers"):
         assert bill.terms["cpu"][term] > 0
     for term in ("awm", "mswm", "prefetch_gathered_params", "reduce_scatter_buffer",
-                 "gradient_offload_staging", "checkpoint_offload_staging", "allocator_slack"):
+                 "gradient_offload_staging", "recompute_input_offload_staging", "allocator_slack"):
         assert bill.terms["gpu"][term] > 0
     # Shards read ahead from NVMe (i+2, i+3 at depth 3) wait in host swap buffers, not on the GPU.
     assert "prefetch_shard_staging" not in bill.terms["gpu"]
@@ -113,9 +113,9 @@ def test_prefetch_depth_zero_holds_no_prefetch_buffers():
 
 
 def test_no_checkpointing_keeps_every_layer():
-    plan = plan_for("paper-1.4b", gpus=1, hardware="h200-x1", checkpoint_interval=0)
+    plan = plan_for("paper-1.4b", gpus=1, hardware="h200-x1", recompute_interval=0)
     q = paper_quantities(plan)
-    assert q["activation_checkpoints_per_gpu"] == 0
+    assert q["recompute_inputs_per_gpu"] == 0
     assert q["awm_per_gpu"] == 1024 * 40 * (16 * 1536 + 2 * 16 * 1024)
 
 
@@ -143,7 +143,7 @@ def test_in_backward_host_updates_bill_their_gradient_staging():
     the one being filled, runtime/optim/optimizer_worker.py), billed as gradient_swap_buffers."""
     from planner.cost.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params
 
-    nvme = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
+    nvme = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
     p = plan_for(model="0.1T", strategy="custom", placement=nvme, optimizer_step="in_backward", precision="bf16")
     shard = largest_unit_params(p) / p.data_parallel_degree
     per_gpu = IN_BACKWARD_STAGED_GRADIENTS * -(-int(shard * 2) // 4096) * 4096

@@ -20,13 +20,13 @@ from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Placement, Plan
 
-NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
-CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
+NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
+CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
 
 
 def plan_1t(placement: Placement = NVME, **changes) -> Plan:
     doc = dict(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16, placement=placement,
-               micro_batch_per_gpu=32, checkpoint_interval=1)
+               micro_batch_per_gpu=32, recompute_interval=1)
     doc.update(changes)
     return Plan(**doc)
 
@@ -206,8 +206,8 @@ def test_the_step_times_its_host_copies_with_adam_in_estimate_and_simulator():
     node = resolve_hardware("dgx-h100").replace(
         num_gpus_per_node=1, host_is_device=True, cpu_adam_params_per_s=1e9, host_memory_bytes_per_s=9 * GB,
         nvme_read_bytes_per_s=1e15, nvme_write_bytes_per_s=1e15)
-    p = Plan(model=resolve_model("1.3B"), node=node, num_gpus=1, micro_batch_per_gpu=1, checkpoint_interval=1,
-             placement=Placement(params="nvme", gradients="cpu", optimizer_states="nvme", activation_checkpoints="cpu"),
+    p = Plan(model=resolve_model("1.3B"), node=node, num_gpus=1, micro_batch_per_gpu=1, recompute_interval=1,
+             placement=Placement(params="nvme", gradients="cpu", optimizer_states="nvme", recompute_inputs="cpu"),
              nvme_path="/tmp")
     params = p.model.num_params
     expected = params / 1e9 + params * 18 / (9 * GB)

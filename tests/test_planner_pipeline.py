@@ -38,7 +38,7 @@ MODEL = ModelSpec(name="eight", num_layers=8, hidden_size=1024, num_heads=8, seq
 
 def plan(**kw):
     base = dict(model=MODEL, node=NODE, num_gpus=8, strategy="3d", model_parallel_degree=2, pipeline_parallel_degree=2,
-                micro_batches_per_step=8, micro_batch_per_gpu=0.25, checkpoint_interval=1)
+                micro_batches_per_step=8, micro_batch_per_gpu=0.25, recompute_interval=1)
     base.update(kw)
     return Plan(**base)
 
@@ -93,10 +93,10 @@ def test_first_stage_holds_min_p_m_micro_batches_of_activations():
     assert in_flight_micro_batches(p) == 4
     assert in_flight_micro_batches(p.replace(micro_batches_per_step=2)) == 2
     stage_bill, bill = memory_bill(stage_plan(p)), memory_bill(p)
-    ckpt = MemoryTerm.ACTIVATION_CHECKPOINTS
-    assert bill.terms["gpu"][ckpt] == 4 * stage_bill.terms["gpu"][ckpt]
+    inputs = MemoryTerm.RECOMPUTE_INPUTS
+    assert bill.terms["gpu"][inputs] == 4 * stage_bill.terms["gpu"][inputs]
     assert bill.terms["gpu"][MemoryTerm.AWM] == stage_bill.terms["gpu"][MemoryTerm.AWM]
-    no_recompute = p.replace(checkpoint_interval=0)
+    no_recompute = p.replace(recompute_interval=0)
     assert memory_bill(no_recompute).terms["gpu"][MemoryTerm.AWM] == 4 * memory_bill(stage_plan(no_recompute)).terms["gpu"][MemoryTerm.AWM]
     # Weights: a quarter of the blocks per stage, not the whole model.
     whole = p.replace(pipeline_parallel_degree=1, num_gpus=4, micro_batches_per_step=1, micro_batch_per_gpu=0.5)
@@ -138,7 +138,7 @@ def test_tensor_parallel_all_reduces_are_on_the_critical_path_in_both():
     node = NODE.replace(gpu_flops_per_s=1e18)  # compute negligible: the all-reduces are the time
     model = MODEL.replace(vocab_size=0)
     p = Plan(model=model, node=node, num_gpus=2, strategy="dp", model_parallel_degree=2, micro_batch_per_gpu=0.5,
-             checkpoint_interval=1)
+             recompute_interval=1)
     # Each all-reduce also pays NCCL's ring latency: base 8.4 us + 2 (tp - 1) = 2 NVLink steps of 3.4 us.
     per_all_reduce_bytes = 2 * (2 - 1) / 2 * 1 * 512 * 1024 * 2
     per_all_reduce_s = per_all_reduce_bytes / (100 * GB) + 15.2e-6
@@ -155,7 +155,7 @@ def test_cross_node_collectives_are_hierarchical_rings_with_nccl_latency_in_both
     # per pass pays base 8.4 us + 6 NVLink steps x 3.4 us + 1 network step x 14 us = 42.8 us.
     node = NODE.replace(gpu_flops_per_s=1e18)
     p = Plan(model=MODEL.replace(vocab_size=0), node=node, num_gpus=8, strategy="zero3", micro_batch_per_gpu=1,
-             checkpoint_interval=0, prefetch_depth=0)
+             recompute_interval=0, prefetch_depth=0)
     est, sim = estimate(p), predict(p)
     gathered = est.link_bytes["all_gather"]
     assert sim.link_bytes["all_gather"] == pytest.approx(gathered, rel=1e-9)
@@ -170,7 +170,7 @@ def test_fp8_runs_the_linears_at_the_datasheet_ratio():
     assert fp8_speedup(h100) == pytest.approx(1979 / 989)
     assert fp8_speedup(h100.replace(name="dgx-h100 (94 GB part)")) == pytest.approx(1979 / 989)
     big = ModelSpec(name="wide", num_layers=4, hidden_size=8192, num_heads=64, seq_len=2048)
-    base = Plan(model=big, node=h100, num_gpus=1, strategy="dp", micro_batch_per_gpu=1, checkpoint_interval=0)
+    base = Plan(model=big, node=h100, num_gpus=1, strategy="dp", micro_batch_per_gpu=1, recompute_interval=0)
     fp8 = base.replace(fp8_matmuls=True)
     # The estimate: the matmuls' seconds at the fp8 rate, the fused attention and memory-bound kernels not.
     work = model_compute(base)

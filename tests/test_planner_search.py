@@ -41,12 +41,12 @@ def test_chosen_batch_is_the_largest_that_fits():
 
 
 def test_pins_are_honoured():
-    result = search(request(placement_pins={"params": "cpu"}, checkpoint_interval=2, tiling_factor=4, prefetch_depth=2,
+    result = search(request(placement_pins={"params": "cpu"}, recompute_interval=2, tiling_factor=4, prefetch_depth=2,
                             hardware="dgx-h100", model="paper-70b", gpus=8))
     assert result.ranked
     for plan in result.ranked:
         assert plan.placement.params == "cpu"
-        assert (plan.checkpoint_interval, plan.tiling_factor, plan.prefetch_depth) == (2, 4, 2)
+        assert (plan.recompute_interval, plan.tiling_factor, plan.prefetch_depth) == (2, 4, 2)
 
 
 def test_pinned_strategy_and_batch():

@@ -59,15 +59,15 @@ def test_zero_inf_cpu_serial_iteration():
     param_bytes = 2 * P
     per_pass = max(param_bytes * 3 / 4 / (100 * GB), param_bytes / 4 / (10 * GB))  # all-gather vs own shard
     grads = max(2 * P * 3 / 4 / (100 * GB), 2 * P / 4 / (10 * GB))
-    ckpt = 2 * 1024 * 1024 * 1  # eq. 3: one checkpoint of one block
-    ckpts = ckpt / (10 * GB) + ckpt / (10 * GB)
+    inputs = 2 * 1024 * 1024 * 1  # eq. 3: one checkpoint of one block
+    ckpts = inputs / (10 * GB) + inputs / (10 * GB)
     optimizer = max(P / 4 * 4 / 1e9, 0.0)  # CPU Adam over the node's 4 shards
-    assert est.phase_time_s["forward"] == pytest.approx(COMPUTE_FWD + per_pass + ckpt / (10 * GB))
-    assert est.phase_time_s["backward"] == pytest.approx(COMPUTE_BWD + 2 * per_pass + grads + ckpt / (10 * GB))
+    assert est.phase_time_s["forward"] == pytest.approx(COMPUTE_FWD + per_pass + inputs / (10 * GB))
+    assert est.phase_time_s["backward"] == pytest.approx(COMPUTE_BWD + 2 * per_pass + grads + inputs / (10 * GB))
     assert est.phase_time_s["optimizer"] == pytest.approx(optimizer)
     assert est.iteration_time_s == pytest.approx(COMPUTE_FWD + COMPUTE_BWD + 3 * per_pass + grads + ckpts + optimizer)
     assert est.tflops_per_gpu == pytest.approx(8 * 1024 * P / est.iteration_time_s / 1e12)
-    assert est.link_bytes["h2d"] == int(3 * param_bytes / 4 + ckpt)
+    assert est.link_bytes["h2d"] == int(3 * param_bytes / 4 + inputs)
 
 
 def test_overlap_takes_the_max_instead_of_the_sum():
@@ -105,8 +105,8 @@ def test_eq6_efficiency():
     assert round(efficiency(1024, 3e9, 70e12), 3) == 0.042
 
 
-@pytest.mark.parametrize("checkpoint_interval", [0, 1])
-def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(checkpoint_interval):
+@pytest.mark.parametrize("recompute_interval", [0, 1])
+def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(recompute_interval):
     # [Note: the backward's own matmul rate] in planner/calibration/calibrate.py: at half the forward's rate the
     # backward's own matmuls (2 x FWD_FLOPS here) take twice as long, in the estimate and in the
     # simulator alike; the forward and the recompute's forward keep the forward's rate.
@@ -114,7 +114,7 @@ def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(chec
 
     def one_gpu(node):
         return Plan(model=MODEL, node=node, num_gpus=1, strategy="dp", placement=STRATEGY_TABLE["dp"].placement,
-                    checkpoint_interval=checkpoint_interval, prefetch_depth=0)
+                    recompute_interval=recompute_interval, prefetch_depth=0)
 
     same, slow = one_gpu(NODE), one_gpu(NODE.replace(backward_matmul_flops_per_s=0.5e12))
     assert NODE.backward_matmul_rate == 1e12 and slow.node.backward_matmul_rate == 0.5e12

@@ -117,7 +117,7 @@ def test_run_options(refused_plan: Path, option: str, value: str, resume: bool) 
 
 @settings(max_examples=150, **FAST)
 @given(option=st.sampled_from(["--layers", "--hidden", "--heads", "--seq", "--vocab", "--batch-per-gpu",
-                               "--checkpoint-interval", "--gpus", "--tiling-factor", "--prefetch-depth",
+                               "--recompute-interval", "--gpus", "--tiling-factor", "--prefetch-depth",
                                "--model-parallel", "--precision", "--strategy", "--placement", "--hardware"]),
        value=st.one_of(option_values, st.text(max_size=12)))
 def test_memory_options(option: str, value: str) -> None:
@@ -141,7 +141,7 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @settings(max_examples=100, **FAST)
-@given(option=st.sampled_from(["--batch-per-gpu", "--checkpoint-interval", "--tiling-factor", "--prefetch-depth",
+@given(option=st.sampled_from(["--batch-per-gpu", "--recompute-interval", "--tiling-factor", "--prefetch-depth",
                                "--model-parallel", "--max-alloc-gib", "--placement", "--timeline"]),
        value=st.one_of(option_values, hostile_paths))
 def test_simulate_options(plan_file: Path, option: str, value: str) -> None:

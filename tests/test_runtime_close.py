@@ -10,7 +10,7 @@ from runtime_support import _loss, batches, build_model, plan_doc
 
 import runtime
 
-NVME = {"params": "nvme", "gradients": "cpu", "optimizer_states": "nvme", "activation_checkpoints": "gpu"}
+NVME = {"params": "nvme", "gradients": "cpu", "optimizer_states": "nvme", "recompute_inputs": "gpu"}
 
 
 def _trained(plan: dict) -> tuple[object, object]:

@@ -29,7 +29,7 @@ def build_and_measure(rank: int = 0, world_size: int = 1) -> dict:
     from runtime.gpt import GPT, GPTConfig, init_weights
 
     plan = {"model": {"num_layers": LAYERS, "hidden_size": HIDDEN, "num_heads": 8, "seq_len": 64, "vocab_size": 0},
-            "hardware": HARDWARE, "num_gpus": world_size, "precision": "fp32", "checkpoint_interval": 1}
+            "hardware": HARDWARE, "num_gpus": world_size, "precision": "fp32", "recompute_interval": 1}
     cfg = GPTConfig(num_layers=LAYERS, hidden_size=HIDDEN, num_heads=8, seq_len=64)
     with torch.device("meta"):
         GPT(cfg)  # warm up the meta-device code paths outside the measured window

@@ -39,7 +39,7 @@ def test_cuda_fp32_matches_cpu_reference(placement: dict) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ref = reference_losses("gpt")
-    losses = _cuda_losses("gpt", plan_doc(placement=placement, checkpoint_interval=1, tiling_factor=2))
+    losses = _cuda_losses("gpt", plan_doc(placement=placement, recompute_interval=1, tiling_factor=2))
     # CPU vs CUDA kernels differ in summation order: a looser bar than the same-device 1e-5.
     assert max(relative_errors(ref, losses)) <= 1e-4
 
@@ -62,7 +62,7 @@ def test_cuda_profile_records_allocator_peak_and_h2d() -> None:
 
 
 @pytest.mark.parametrize("placement", [
-    {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "activation_checkpoints": "cpu"},
+    {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
     {**ALL_CPU, "params": "gpu"},
 ], ids=["all-nvme", "params-on-gpu"])
 def test_cuda_optimizer_step_in_backward_is_bitwise_after_backward(placement: dict, tmp_path) -> None:  # noqa: ANN001

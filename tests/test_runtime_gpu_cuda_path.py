@@ -236,7 +236,7 @@ def test_recycler_pins_each_fresh_buffer_once_and_unpins_before_unmapping() -> N
     assert hook.pinned == {} and recycler.pinned_bytes == 0
 
 
-NVME_PARAMS = {"params": "nvme", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"}
+NVME_PARAMS = {"params": "nvme", "gradients": "cpu", "optimizer_states": "cpu", "recompute_inputs": "cpu"}
 
 
 def _slow_kernel_and_events(store):  # noqa: ANN001, ANN202
@@ -361,8 +361,8 @@ def test_checkpoint_offload_is_asynchronous_with_one_segment_of_prefetch(monkeyp
 
     def losses(tier: str, log: list[str] | None = None) -> list[float]:
         torch.manual_seed(0)
-        placement = {**ALL_DEVICE, "activation_checkpoints": tier}
-        model = runtime.shard(build_model("gpt"), plan_doc(placement=placement, checkpoint_interval=1))
+        placement = {**ALL_DEVICE, "recompute_inputs": tier}
+        model = runtime.shard(build_model("gpt"), plan_doc(placement=placement, recompute_interval=1))
         opt = runtime.AdamW(model, lr=1e-3)
         segments = runtime.state_of(model).segments
         if log is not None:

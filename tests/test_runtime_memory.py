@@ -31,11 +31,11 @@ from runtime.gpt import GPT, GPTConfig
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, BATCH = 2, 256, 4, 32, 256, 2
 
 
-def _plan(precision: str, placement: dict[str, str], checkpoint_interval: int) -> Plan:
+def _plan(precision: str, placement: dict[str, str], recompute_interval: int) -> Plan:
     return Plan.from_dict({
         "model": {"num_layers": LAYERS, "hidden_size": HIDDEN, "num_heads": HEADS, "seq_len": SEQ, "vocab_size": VOCAB},
         "hardware": HARDWARE, "num_gpus": 1, "precision": precision, "micro_batch_per_gpu": BATCH,
-        "checkpoint_interval": checkpoint_interval, "placement": placement,
+        "recompute_interval": recompute_interval, "placement": placement,
     })
 
 
@@ -63,23 +63,23 @@ def _measure(plan: Plan) -> dict[str, dict[str, int]]:
 
 CASES = {
     # ZeRO-Infinity on CPU, mixed precision, checkpoint every block, offloaded checkpoints.
-    "bf16-all-cpu": (_plan("bf16", dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"),
+    "bf16-all-cpu": (_plan("bf16", dict.fromkeys(("params", "gradients", "optimizer_states", "recompute_inputs"),
                                                  "cpu"), 1),
-                     {"cpu": (MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.ACTIVATION_CHECKPOINTS)}),
+                     {"cpu": (MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.RECOMPUTE_INPUTS)}),
     # ZeRO-Offload-like fp32: parameters on the device, gradients and optimizer on the host.
     "fp32-params-device": (_plan("fp32", {"params": "gpu", "gradients": "cpu", "optimizer_states": "cpu",
-                                          "activation_checkpoints": "gpu"}, 0),
+                                          "recompute_inputs": "gpu"}, 0),
                            {"gpu": (MemoryTerm.PARAMS,), "cpu": (MemoryTerm.GRADIENTS, MemoryTerm.OPTIMIZER_STATES)}),
     # bf16 with gradients and optimizer states on the device, parameters on the host.
     "bf16-params-host": (_plan("bf16", {"params": "cpu", "gradients": "gpu", "optimizer_states": "gpu",
-                                        "activation_checkpoints": "gpu"}, 1),
-                         {"gpu": (MemoryTerm.OPTIMIZER_STATES, MemoryTerm.ACTIVATION_CHECKPOINTS), "cpu": (MemoryTerm.PARAMS,)}),
+                                        "recompute_inputs": "gpu"}, 1),
+                         {"gpu": (MemoryTerm.OPTIMIZER_STATES, MemoryTerm.RECOMPUTE_INPUTS), "cpu": (MemoryTerm.PARAMS,)}),
     # fp32, everything in one tier: the parameter shard is the master (8 B/param of optimizer states);
     # fp32 checkpoints are 4 bytes per element.
-    "fp32-all-cpu": (_plan("fp32", dict.fromkeys(("params", "gradients", "optimizer_states", "activation_checkpoints"),
+    "fp32-all-cpu": (_plan("fp32", dict.fromkeys(("params", "gradients", "optimizer_states", "recompute_inputs"),
                                                  "cpu"), 1),
                      {"cpu": (MemoryTerm.PARAMS, MemoryTerm.GRADIENTS, MemoryTerm.OPTIMIZER_STATES,
-                              MemoryTerm.ACTIVATION_CHECKPOINTS)}),
+                              MemoryTerm.RECOMPUTE_INPUTS)}),
 }
 # Parameters the bill's model leaves out (biases, LayerNorms, position embeddings): ~1.7% here.
 TOLERANCE = 0.025
@@ -115,8 +115,8 @@ def gpu_term_peaks(tiling: int, depth: int, rank: int = 0, world_size: int = 1) 
     plan = Plan.from_dict({
         "model": {"num_layers": LAYERS, "hidden_size": HIDDEN, "num_heads": HEADS, "seq_len": SEQ, "vocab_size": VOCAB},
         "hardware": HARDWARE, "num_gpus": world_size, "precision": "fp32", "micro_batch_per_gpu": BATCH,
-        "checkpoint_interval": 0, "tiling_factor": tiling, "prefetch_depth": depth,
-        "placement": {"params": "gpu", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "gpu"},
+        "recompute_interval": 0, "tiling_factor": tiling, "prefetch_depth": depth,
+        "placement": {"params": "gpu", "gradients": "cpu", "optimizer_states": "cpu", "recompute_inputs": "gpu"},
     })
     model = _trained(plan, 3)
     return {"measured": runtime.state_of(model).ledger.usage("gpu").term_peaks, "bill": memory_bill(plan).terms["gpu"]}
@@ -142,11 +142,11 @@ def test_recompute_holds_one_operator_with_params_on_nvme(depth: int, tmp_path) 
     in use (`mswm`) and the one gathered ahead are all the device holds, as billed. The segment's
     last operator is gathered by its recompute, not when its output's gradient arrives ([Note:
     recompute releases parameters]); that held it through the whole recompute, a second operator."""
-    nvme = {"params": "nvme", "gradients": "cpu", "optimizer_states": "cpu", "activation_checkpoints": "cpu"}
+    nvme = {"params": "nvme", "gradients": "cpu", "optimizer_states": "cpu", "recompute_inputs": "cpu"}
     plan = Plan.from_dict({
         "model": {"num_layers": LAYERS, "hidden_size": HIDDEN, "num_heads": HEADS, "seq_len": SEQ, "vocab_size": VOCAB},
         "hardware": HARDWARE, "num_gpus": 1, "precision": "fp32", "micro_batch_per_gpu": BATCH,
-        "checkpoint_interval": 1, "prefetch_depth": depth, "placement": nvme, "nvme_path": str(tmp_path),
+        "recompute_interval": 1, "prefetch_depth": depth, "placement": nvme, "nvme_path": str(tmp_path),
     })
     model = _trained(plan, 3)
     state = runtime.state_of(model)

@@ -19,7 +19,7 @@ from runtime_support import (
 )
 
 TOL = 1e-5
-OFFLOAD_CHECKPOINTS = {**ALL_DEVICE, "activation_checkpoints": "cpu"}
+OFFLOAD_CHECKPOINTS = {**ALL_DEVICE, "recompute_inputs": "cpu"}
 ZERO_OFFLOAD_PARAMS_ON_DEVICE = {**ALL_CPU, "params": "gpu"}
 
 WORLD1_CASES = {
@@ -27,10 +27,10 @@ WORLD1_CASES = {
     "cpu": ("gpt", dict(placement=ALL_CPU)),
     "params-device-optimizer-cpu": ("gpt", dict(placement=ZERO_OFFLOAD_PARAMS_ON_DEVICE)),
     "tiling": ("gpt", dict(placement=ALL_CPU, tiling_factor=3)),
-    "checkpoint-offload": ("gpt", dict(placement=OFFLOAD_CHECKPOINTS, checkpoint_interval=1)),
-    "checkpoint-2-blocks": ("gpt", dict(placement=ALL_CPU, checkpoint_interval=2)),
-    "llama": ("llama", dict(placement=ALL_CPU, checkpoint_interval=1, tiling_factor=2, model=LLAMA_MODEL)),
-    "gpt2": ("gpt2", dict(placement=ALL_DEVICE, checkpoint_interval=2)),
+    "checkpoint-offload": ("gpt", dict(placement=OFFLOAD_CHECKPOINTS, recompute_interval=1)),
+    "checkpoint-2-blocks": ("gpt", dict(placement=ALL_CPU, recompute_interval=2)),
+    "llama": ("llama", dict(placement=ALL_CPU, recompute_interval=1, tiling_factor=2, model=LLAMA_MODEL)),
+    "gpt2": ("gpt2", dict(placement=ALL_DEVICE, recompute_interval=2)),
 }
 
 
@@ -51,9 +51,9 @@ WORLD2_CASES = {
     "device": ("gpt", plan_doc(world_size=2, placement=ALL_DEVICE)),
     "cpu": ("gpt", plan_doc(world_size=2, placement=ALL_CPU)),
     "tiling+checkpoint-offload": ("gpt", plan_doc(world_size=2, placement=OFFLOAD_CHECKPOINTS, tiling_factor=2,
-                                                   checkpoint_interval=1)),
+                                                   recompute_interval=1)),
     "prefetch-depth-0": ("gpt", plan_doc(world_size=2, placement=ALL_CPU, prefetch_depth=0)),
-    "llama": ("llama", plan_doc(world_size=2, placement=ALL_CPU, checkpoint_interval=1, model=LLAMA_MODEL)),
+    "llama": ("llama", plan_doc(world_size=2, placement=ALL_CPU, recompute_interval=1, model=LLAMA_MODEL)),
     "gpt2": ("gpt2", plan_doc(world_size=2, placement=ALL_DEVICE, tiling_factor=2)),
 }
 
@@ -68,7 +68,7 @@ def test_world2_matches_plain_pytorch(references: dict[str, list[float]], tmp_pa
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_tracks_fp32(precision: str, references: dict[str, list[float]]) -> None:
     """16-bit compute copies, fp32 master weights and Adam states: close to the fp32 run."""
-    losses = sharded_losses("gpt", plan_doc(placement=ALL_CPU, precision=precision, checkpoint_interval=1))
+    losses = sharded_losses("gpt", plan_doc(placement=ALL_CPU, precision=precision, recompute_interval=1))
     assert max(relative_errors(references["gpt"], losses)) <= 2e-2, losses
 
 

@@ -73,8 +73,8 @@ def _planner(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(("knobs", "message"), [
     ({"placement": {**ALL_CPU, "params": "nvme", "optimizer_states": "nvme"}}, "sets no nvme_path"),
-    ({"placement": {**ALL_CPU, "activation_checkpoints": "nvme"}, "nvme_path": "/tmp"},
-     "activation_checkpoints=nvme is not supported"),
+    ({"placement": {**ALL_CPU, "recompute_inputs": "nvme"}, "nvme_path": "/tmp"},
+     "recompute_inputs=nvme is not supported"),
     ({"num_gpus": 2}, "--nproc 1 x 1 node(s) starts 1 process(es)"),
 ])
 def test_run_refuses_what_the_runtime_cannot_execute(tmp_path: Path, knobs: dict, message: str) -> None:
@@ -90,7 +90,7 @@ def test_run_refuses_what_the_runtime_cannot_execute(tmp_path: Path, knobs: dict
 @pytest.mark.slow
 def test_run_two_processes_writes_a_profile_and_compare_reads_it(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
-    doc = plan_doc(world_size=2, placement=ALL_CPU, checkpoint_interval=1, micro_batch_per_gpu=2)
+    doc = plan_doc(world_size=2, placement=ALL_CPU, recompute_interval=1, micro_batch_per_gpu=2)
     doc["model"]["vocab_size"] = 0  # byte-level text: the reference GPT uses 256 tokens
     plan.write_text(json.dumps(doc))
     text = tmp_path / "data.txt"

@@ -23,7 +23,7 @@ runner = CliRunner()
 def plan_file(tmp_path):
     model = resolve_model("paper-1.4b")
     plan = Plan(model=model, node=hardware_presets()["dgx2-v100"], num_gpus=16, strategy="zero-inf-cpu",
-                placement=Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu"))
+                placement=Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu"))
     path = tmp_path / "plan.json"
     plan.save(path)
     return path
@@ -44,14 +44,14 @@ def test_simulate_json_carries_a_simulated_prediction(plan_file):
 
 def test_simulate_pins_override_the_plan(plan_file, tmp_path):
     args = ["simulate", str(plan_file), "--json", "--placement", "params=nvme,optimizer=nvme", "--batch-per-gpu", "2",
-            "--checkpoint-interval", "2", "--tiling-factor", "2", "--prefetch-depth", "1", "--model-parallel", "2",
+            "--recompute-interval", "2", "--tiling-factor", "2", "--prefetch-depth", "1", "--model-parallel", "2",
             "--max-alloc-gib", "1.5"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["placement"]["params"] == "nvme" and doc["placement"]["optimizer_states"] == "nvme"
     assert doc["strategy"] == "custom"
-    assert (doc["micro_batch_per_gpu"], doc["checkpoint_interval"], doc["tiling_factor"], doc["prefetch_depth"],
+    assert (doc["micro_batch_per_gpu"], doc["recompute_interval"], doc["tiling_factor"], doc["prefetch_depth"],
             doc["model_parallel_degree"]) == (2, 2, 2, 1, 2)
     assert doc["hardware"]["gpu_max_alloc_gib"] == 1.5
     assert doc["prediction"]["details"]["tensor_parallel_bytes"] > 0

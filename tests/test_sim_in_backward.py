@@ -22,8 +22,8 @@ from planner.specs.plan import Placement, Plan
 from planner.specs.profile import Profile
 from tierwise.cli.simulate import register
 
-STATES_ON_NVME = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="gpu")
-ALL_ON_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
+STATES_ON_NVME = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", recompute_inputs="gpu")
+ALL_ON_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
 
 
 def nvme_node(**overrides):
@@ -39,7 +39,7 @@ at 1024 B/s, timed with CPU Adam (planner/cost/host_work.py [Note: the step's ho
 
 
 def one_layer(node, placement, step="in_backward"):
-    return Plan(model=ONE_LAYER, node=node, num_gpus=1, placement=placement, checkpoint_interval=0, prefetch_depth=0,
+    return Plan(model=ONE_LAYER, node=node, num_gpus=1, placement=placement, recompute_interval=0, prefetch_depth=0,
                 optimizer_step=step)
 
 
@@ -129,7 +129,7 @@ def test_a_gpu_optimizer_runs_on_the_compute_stream():
 def _a100_plan(placement, step, *, precision="bf16", batch=16):
     model = ModelSpec(name="deep", num_layers=24, hidden_size=2048, num_heads=16, seq_len=2048, vocab_size=1000)
     return Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=8, placement=placement,
-                micro_batch_per_gpu=batch, checkpoint_interval=1, optimizer_chunk_bytes=2**22, precision=precision,
+                micro_batch_per_gpu=batch, recompute_interval=1, optimizer_chunk_bytes=2**22, precision=precision,
                 optimizer_step=step)
 
 
@@ -178,7 +178,7 @@ def test_periodic_extrapolation_matches_the_whole_simulation(hidden, batch, peri
 
 def test_a_1t_plan_stepping_in_backward_simulates():
     plan = Plan(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16, placement=ALL_ON_NVME,
-                micro_batch_per_gpu=32, checkpoint_interval=1, optimizer_step="in_backward")
+                micro_batch_per_gpu=32, recompute_interval=1, optimizer_step="in_backward")
     p = simulate(plan).prediction
     before = estimate(plan.replace(optimizer_step="after_backward"))
     assert p.iteration_time_s == pytest.approx(sum(p.phase_time_s.values()), rel=1e-12)

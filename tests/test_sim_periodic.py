@@ -14,10 +14,10 @@ from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Placement, Plan
 
-NVME_PARAMS = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
-ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")
-ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu")
-GPU_OPTIMIZER = Placement(params="cpu", gradients="gpu", optimizer_states="gpu", activation_checkpoints="gpu")
+NVME_PARAMS = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
+ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
+ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu")
+GPU_OPTIMIZER = Placement(params="cpu", gradients="gpu", optimizer_states="gpu", recompute_inputs="gpu")
 
 
 def small(num_layers: int, **kw) -> ModelSpec:
@@ -27,13 +27,13 @@ def small(num_layers: int, **kw) -> ModelSpec:
 PLANS = {
     # The dashboard's slow case (benchmarks/app_speed.py): 1T on 32 GPUs, tiling 8, parameters on NVMe, the rest on the CPU.
     "1T tiled, nvme params": Plan(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=32,
-                                  placement=NVME_PARAMS, micro_batch_per_gpu=19, checkpoint_interval=4, tiling_factor=8),
+                                  placement=NVME_PARAMS, micro_batch_per_gpu=19, recompute_interval=4, tiling_factor=8),
     "partial top segment, cpu": Plan(model=small(30), node=resolve_hardware("dgx2-v100"), num_gpus=16, placement=ALL_CPU,
-                                     micro_batch_per_gpu=4, checkpoint_interval=4),
+                                     micro_batch_per_gpu=4, recompute_interval=4),
     "all nvme, ci 1, vocab, 2 nodes": Plan(model=small(12, vocab_size=32000), node=resolve_hardware("dgx-a100-80g"),
-                                           num_gpus=16, placement=ALL_NVME, micro_batch_per_gpu=2, checkpoint_interval=1),
+                                           num_gpus=16, placement=ALL_NVME, micro_batch_per_gpu=2, recompute_interval=1),
     "no checkpointing, gpu optimizer, mp 2": Plan(model=small(10), node=resolve_hardware("dgx-h100"), num_gpus=8,
-                                                  placement=GPU_OPTIMIZER, micro_batch_per_gpu=1, checkpoint_interval=0,
+                                                  placement=GPU_OPTIMIZER, micro_batch_per_gpu=1, recompute_interval=0,
                                                   model_parallel_degree=2),
 }
 

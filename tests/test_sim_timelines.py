@@ -25,7 +25,7 @@ def tiny_node(**overrides) -> NodeSpec:
 
 
 ONE_LAYER = ModelSpec(name="one-layer", num_layers=1, hidden_size=1, num_heads=1, seq_len=1)
-CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu")
+CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu")
 
 
 def rounded(log, keep):
@@ -37,7 +37,7 @@ def test_one_layer_known_bandwidths_give_known_iteration_time():
     # 4 weights (6, 2, 8, 8 bytes); forward flops 2 * params, attn_out also 4 attention flops. PCIe
     # 2 B/s each way, 2 flop/s, CPU Adam 4 params/s. Depth 0, no checkpointing: every step is
     # fetch -> compute (-> gradient offload), in sequence.
-    plan = Plan(model=ONE_LAYER, node=tiny_node(), num_gpus=1, placement=CPU_OFFLOAD, checkpoint_interval=0,
+    plan = Plan(model=ONE_LAYER, node=tiny_node(), num_gpus=1, placement=CPU_OFFLOAD, recompute_interval=0,
                 prefetch_depth=0)
     result = simulate(plan)
     log = rounded(result.simulation.log(), {"h2d", "gpu_compute", "d2h", "cpu_optimizer"})
@@ -67,7 +67,7 @@ def test_two_gpus_sharing_the_host_fabric_take_twice_as_long_per_transfer():
     # per-GPU rate when every GPU reads at once is the aggregate over the GPU count).
     def first_h2d(host_memory, ranks):
         node = tiny_node(num_gpus_per_node=2, host_memory_bytes_per_s=host_memory)
-        plan = Plan(model=ONE_LAYER, node=node, num_gpus=2, placement=CPU_OFFLOAD, checkpoint_interval=0, prefetch_depth=0)
+        plan = Plan(model=ONE_LAYER, node=node, num_gpus=2, placement=CPU_OFFLOAD, recompute_interval=0, prefetch_depth=0)
         sim = Simulation(plan, ranks=ranks).run()
         return next((a, b) for name, a, b, _ in sim.log() if name == "h2d")
 
@@ -87,7 +87,7 @@ def _forward_only(plan: Plan, num_steps: int, num_params: int, flops: float):
 def _depth_plan(depth: int) -> Plan:
     node = tiny_node(nvme_read_bytes_per_s=4.0, host_to_gpu_bytes_per_s=16.0, host_memory_bytes_per_s=1024.0,
                      gpu_flops_per_s=8.0)
-    placement = Placement(params="nvme", gradients="gpu", optimizer_states="gpu", activation_checkpoints="gpu")
+    placement = Placement(params="nvme", gradients="gpu", optimizer_states="gpu", recompute_inputs="gpu")
     return Plan(model=ONE_LAYER, node=node, num_gpus=1, placement=placement, prefetch_depth=depth)
 
 
@@ -132,7 +132,7 @@ def _optimizer_plan(buffers: int, nvme: str) -> Plan:
     model = ModelSpec(name="tiny-768", num_layers=1, hidden_size=8, num_heads=1, seq_len=1)
     node = tiny_node(nvme_read_bytes_per_s=1536.0, nvme_write_bytes_per_s=1536.0, cpu_adam_params_per_s=256.0,
                      nvme_read_write=nvme, host_memory_bytes_per_s=2.0**60)
-    placement = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="gpu")
+    placement = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", recompute_inputs="gpu")
     return Plan(model=model, node=node, num_gpus=1, placement=placement, optimizer_chunk_bytes=4096,
                 num_optimizer_buffers=buffers)
 
@@ -191,8 +191,8 @@ def _running(changes):
 
 
 @pytest.mark.parametrize(("num_gpus", "mp", "placement"), [
-    (4, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu")),
-    (8, 2, Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")),  # 2 nodes
+    (4, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")),
+    (8, 2, Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")),  # 2 nodes
 ])
 def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement):
     # [Note: representative rank]: nodes of 4 GPUs, every transfer kind, efficiency curves, checkpoints
@@ -202,7 +202,7 @@ def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement
     node = hardware_presets()["dgx2-v100"].replace(num_gpus_per_node=4)
     model = ModelSpec(name="small", num_layers=3, hidden_size=256, num_heads=4, seq_len=64)
     plan = Plan(model=model, node=node, num_gpus=num_gpus, placement=placement, micro_batch_per_gpu=2,
-                checkpoint_interval=2, model_parallel_degree=mp, optimizer_chunk_bytes=65536)
+                recompute_interval=2, model_parallel_degree=mp, optimizer_chunk_bytes=65536)
     rep, every = simulate(plan).prediction, simulate(plan, ranks="explicit").prediction
     assert every.details["simulated_ranks"] == 4 and rep.details["simulated_ranks"] == 1
     assert rep.iteration_time_s == pytest.approx(every.iteration_time_s, rel=1e-9)
@@ -215,17 +215,17 @@ def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement
     # Across nodes (8 here, 4 for mp 4 below): the all-gathers cross the network port as hierarchical
     # rings with NCCL's latency ([Note: collective routes]). On 4 nodes this plan's gathers and NVMe
     # reads take longer than the sampled units to settle, and the fast path simulates every block.
-    (2048, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu"), 1, 1,
+    (2048, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu"), 1, 1,
      64, True),
-    (512, 23, 3, Placement(params="cpu", gradients="cpu", optimizer_states="nvme", activation_checkpoints="cpu"), 2, 2, 16,
+    (512, 23, 3, Placement(params="cpu", gradients="cpu", optimizer_states="nvme", recompute_inputs="cpu"), 2, 2, 16,
      True),
     (512, 17, 0, Placement(), 1, 1, 16, True),
-    (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", activation_checkpoints="gpu"), 4, 1, 32,
+    (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu"), 4, 1, 32,
      True),
     # Tiny transfers: with the hand-set A100 rates the checkpoint offloads drifted against the fetches
     # and the fast path fell back to every block; with the fitted rates (planner/validation/fit.py: slower
     # small matmuls) compute hides them and the blocks repeat.
-    (512, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", activation_checkpoints="cpu"), 1, 1,
+    (512, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu"), 1, 1,
      16, True),
 ])
 def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci, placement, mp, tiling, gpus, periodic):
@@ -236,7 +236,7 @@ def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci
 
     model = ModelSpec(name="deep", num_layers=layers, hidden_size=hidden, num_heads=8, seq_len=128, vocab_size=1000)
     plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=gpus, placement=placement,
-                micro_batch_per_gpu=2, checkpoint_interval=ci, model_parallel_degree=mp, tiling_factor=tiling,
+                micro_batch_per_gpu=2, recompute_interval=ci, model_parallel_degree=mp, tiling_factor=tiling,
                 optimizer_chunk_bytes=2**20)
     assert sample_units(plan) is not None
     fast, full = predict(plan), simulate(plan).prediction
@@ -260,8 +260,8 @@ def test_all_gather_across_nodes_is_capped_by_the_network_port():
     # per node, one GPU per node ([Note: collective routes]: the node's network caps the ring): 3 s, not
     # 3/1024, after the ring's latency: NCCL's base 8.4 us and one network step of 14 us (n - 1 = 1).
     node = tiny_node(inter_node_bytes_per_s=1.0, gpu_gpu_intra_node_bytes_per_s=1024.0)
-    placement = Placement(params="gpu", gradients="gpu", optimizer_states="gpu", activation_checkpoints="gpu")
-    plan = Plan(model=ONE_LAYER, node=node, num_gpus=2, placement=placement, checkpoint_interval=0, prefetch_depth=0)
+    placement = Placement(params="gpu", gradients="gpu", optimizer_states="gpu", recompute_inputs="gpu")
+    plan = Plan(model=ONE_LAYER, node=node, num_gpus=2, placement=placement, recompute_interval=0, prefetch_depth=0)
     sim = Simulation(plan).run()
     first = next((a, b) for name, a, b, _ in sim.log() if name == "inter_node")
     assert first == pytest.approx((22.4e-6, 3.0 + 22.4e-6), rel=1e-12)

@@ -75,7 +75,7 @@ def test_plans_take_exactly_what_the_row_states(rows):
     plan = p014.plan
     assert plan.model_parallel_degree == 8 and plan.data_parallel_degree == 32
     assert plan.micro_batch_per_gpu == 32 / 8 and p014.grad_accumulation == 1
-    assert plan.checkpoint_interval == 1 and plan.precision == "fp16" and plan.strategy == "dp"
+    assert plan.recompute_interval == 1 and plan.precision == "fp16" and plan.strategy == "dp"
     assert plan.node.name == "dgx-a100-80g" and any("micro_batch" in a for a in p014.assumptions)
     p162 = row_plan(rows["p162"])  # MPT-7b on 8 A100-40GB, FSDP, micro 12, global 384
     assert p162.plan.node.name == "dgx-a100-40g" and p162.plan.strategy == "zero3"
@@ -89,7 +89,7 @@ def test_plans_take_exactly_what_the_row_states(rows):
 def test_rows_state_their_recompute_and_attention_kernel(rows):
     # torchtitan p211 states selective recompute; it is planned as such (no block checkpoints).
     p211 = row_plan(rows["p211"]).plan
-    assert (p211.recompute, p211.checkpoint_interval, p211.attention) == ("selective", 0, "flash")
+    assert (p211.recompute, p211.recompute_interval, p211.attention) == ("selective", 0, "flash")
     assert p211.model.rotary  # a Llama: rotary position embeddings
     # Narayanan et al. 2021 on A100 predates fused attention: eager, said in the assumptions.
     p011 = row_plan(rows["p011"])

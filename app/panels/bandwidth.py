@@ -24,7 +24,7 @@ MIN_GB_PER_S, MAX_GB_PER_S = 0.1, 1000.0
 STATE_LABELS = {
     "params_and_gradients": "parameters and gradients (eq. 9)",
     "optimizer_states": "optimizer states (eq. 10)",
-    "activation_checkpoints": "activation checkpoints (eq. 11)",
+    "recompute_inputs": "recompute inputs (eq. 11)",
 }
 
 
@@ -82,7 +82,7 @@ def render(plan: Plan) -> None:
     st.altair_chart(chart(curves, hardware, points), key="bandwidth_chart")
     st.caption(
         f"Arithmetic intensity at batch {plan.micro_batch_per_gpu:g}, seq {plan.model.seq_len}, hidden "
-        f"{plan.model.hidden_size}, checkpoint interval {plan.checkpoint_interval}: "
+        f"{plan.model.hidden_size}, recompute interval {plan.recompute_interval}: "
         + ", ".join(f"{STATE_LABELS[s]} {ait[s]:,.0f} flops/byte" for s in EFFICIENCY_STATES)
         + f"; achievable peak {plan.node.gpu_flops_per_s / 1e12:,.0f} TFLOPS. Dashed: this hardware's per-GPU "
         "bandwidths; dots: where the chosen placement puts each off-GPU state."

@@ -60,6 +60,6 @@ def render(result: SearchResult) -> None:
         st.info("The search formed no candidate for any strategy.")
         return
     st.altair_chart(chart(frame), key="strategies_chart")
-    st.caption("Each strategy at its best batch, checkpoint interval, tiling and prefetch depth; `custom` is the best "
+    st.caption("Each strategy at its best batch, recompute interval, tiling and prefetch depth; `custom` is the best "
                "free placement. Placement pins in the sidebar do not apply here.")
     st.dataframe(frame, hide_index=True, key="strategies_table", column_config=NUMBER_FORMATS)

@@ -106,7 +106,7 @@ def gantt_chart(bins: pd.DataFrame, spans: pd.DataFrame, window: tuple[float, fl
         color=alt.Color("phase:N", scale=_PHASE_SCALE, title="phase"),
         tooltip=["label", "phase", alt.Tooltip("start_s:Q", format=",.5g"), alt.Tooltip("end_s:Q", format=",.5g")],
     ).properties(height=28 * max(1, spans["label"].nunique()), width=760,
-                 title=f"zoom {lo:.4g}-{hi:.4g} s: one checkpoint segment of the backward pass (recompute, then backward)")
+                 title=f"zoom {lo:.4g}-{hi:.4g} s: one recompute segment of the backward pass (recompute, then backward)")
     return alt.vconcat(full, zoom)
 
 

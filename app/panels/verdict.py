@@ -42,7 +42,7 @@ def candidates_frame(plans: list[Plan], winner: Plan | None = None) -> pd.DataFr
             "strategy": plan.strategy,
             "placement": plan.placement.label(),
             "batch/GPU": plan.micro_batch_per_gpu,
-            "checkpoint interval": plan.checkpoint_interval,
+            "recompute interval": plan.recompute_interval,
             "tiling": plan.tiling_factor,
             "prefetch": plan.prefetch_depth,
             "model parallel": plan.model_parallel_degree,
@@ -78,7 +78,7 @@ def render(result: SearchResult) -> Plan | None:
     )
     st.markdown(f"**Plan** {report.plan_line(plan)}")
     cols = st.columns(4)
-    flops_rule = "8 x tokens x params" if plan.checkpoint_interval else "6 x tokens x params"
+    flops_rule = "8 x tokens x params" if plan.recompute_interval else "6 x tokens x params"
     cols[0].metric("Iteration time", report.fmt_seconds(pred.iteration_time_s))
     cols[1].metric("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}", help=f"paper accounting, eq. 7: {flops_rule}")
     cols[2].metric("Tokens per second", f"{pred.tokens_per_s:,.0f}")

@@ -44,7 +44,7 @@ class ReferenceRun:
     params: str
     gradients: str
     optimizer_states: str
-    checkpoint_interval: int
+    recompute_interval: int
     tiling_factor: int = 1
 
 
@@ -81,13 +81,13 @@ REFERENCE_RUNS = (
 
 
 def pinned_plan(node: NodeSpec, model: dict, placement: dict[str, str], *, micro_batch_per_gpu: int,
-                checkpoint_interval: int, nvme_path: str, tiling_factor: int = 1, precision: str = "bf16",
+                recompute_interval: int, nvme_path: str, tiling_factor: int = 1, precision: str = "bf16",
                 where: str = "plan") -> Plan:
     """A one-GPU plan with every knob pinned, as the runtime is asked to train it here: the probe's
     reference runs and benchmarks/sweep.py's configurations."""
     return Plan.from_dict({
         "model": model, "hardware": node.to_dict(), "num_gpus": 1, "precision": precision, "placement": placement,
-        "micro_batch_per_gpu": micro_batch_per_gpu, "checkpoint_interval": checkpoint_interval,
+        "micro_batch_per_gpu": micro_batch_per_gpu, "recompute_interval": recompute_interval,
         "tiling_factor": tiling_factor, "nvme_path": nvme_path if "nvme" in placement.values() else None,
     }, where)
 
@@ -102,9 +102,9 @@ def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str, precision:
     model = {"name": f"probe-{run.name}", "num_layers": run.num_layers, "hidden_size": run.hidden_size,
              "num_heads": run.num_heads, "seq_len": run.seq_len, "vocab_size": REFERENCE_VOCAB}
     placement = {"params": run.params, "gradients": run.gradients, "optimizer_states": run.optimizer_states,
-                 "activation_checkpoints": "cpu"}
+                 "recompute_inputs": "cpu"}
     return pinned_plan(node, model, placement, micro_batch_per_gpu=run.micro_batch_per_gpu,
-                       checkpoint_interval=run.checkpoint_interval, nvme_path=nvme_path,
+                       recompute_interval=run.recompute_interval, nvme_path=nvme_path,
                        tiling_factor=run.tiling_factor, precision=precision, where=f"reference run {run.name}")
 
 

@@ -133,7 +133,7 @@ def block_cost(plan: Plan) -> BlockCost:
 # arXiv:2407.08608, abstract: 346 TFLOPS, and the same on the H200, whose SMs and clocks are the
 # H100's). Eager attention's two products are batched matmuls at the matmul rate.
 #
-# [Note: recompute] `recompute: full` (checkpoint_interval >= 1) runs each block's forward again in
+# [Note: recompute] `recompute: full` (recompute_interval >= 1) runs each block's forward again in
 # backward: its flops and kernel bytes once more. `recompute: selective` (Korthikanti et al. 2022,
 # arXiv:2205.05198 Sec. 5) stores every activation but the attention core's seq^2 tensors and
 # recomputes those in backward: under eager the `QK^T` matmul, the softmax and the attention dropout

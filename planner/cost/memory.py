@@ -6,7 +6,7 @@ memory` prints; [Note: adding a memory buffer] there says how to add one.
 
 [Note: what the runtime holds beyond the paper]
 The paper's quantities (eq. 2-5) are the *states* and the *working memory* of one operator and one
-checkpoint interval. A real ZeRO-3 runtime also holds, at the worst moment of the iteration:
+recompute interval. A real ZeRO-3 runtime also holds, at the worst moment of the iteration:
 - the next operator's gathered parameters, fetched while the current one computes (prefetch depth
   >= 1), and the one after that's shard staged on the GPU (depth >= 2);
 - one operator's full gradients being reduce-scattered while the previous operator's backward runs;
@@ -160,15 +160,15 @@ def num_operators(plan: Plan) -> int:
     return plan.model.num_layers * (NORMS_PER_LAYER + linears) + 3
 
 
-def checkpoint_bytes(plan: Plan, element_bytes: int | None = None) -> int:
+def recompute_input_bytes(plan: Plan, element_bytes: int | None = None) -> int:
     """Eq. 3 per GPU: one block input per checkpoint, in the compute precision (eq. 3 writes fp16:
     `element_bytes=ACTIVATION_BYTES`; an fp32 run holds 4-byte checkpoints). 0 without checkpointing."""
-    m, ci = plan.model, plan.checkpoint_interval
+    m, ci = plan.model, plan.recompute_interval
     if ci == 0:
         return 0
     element = COMPUTE_BYTES[plan.precision] if element_bytes is None else element_bytes
-    num_checkpoints = math.ceil(m.num_layers / ci)
-    return math.ceil(element * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size * num_checkpoints)
+    num_recompute_inputs = math.ceil(m.num_layers / ci)
+    return math.ceil(element * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size * num_recompute_inputs)
 
 
 def activation_working_bytes(plan: Plan) -> int:
@@ -180,7 +180,7 @@ def activation_working_bytes(plan: Plan) -> int:
     (planner/cost/kernels.py [Note: attention kernels], [Note: recompute]). Eager and no selective
     recompute is eq. 5 to the byte."""
     m = plan.model
-    blocks = plan.checkpoint_interval or m.num_layers
+    blocks = plan.recompute_interval or m.num_layers
     return math.ceil(plan.micro_batch_per_gpu * m.seq_len * blocks * _activation_bytes_per_token(plan)
                      + recomputed_score_bytes(plan))
 
@@ -189,7 +189,7 @@ def eq5_activation_bytes(plan: Plan) -> int:
     """Eq. 5 as the paper writes it (eager scores stored), whatever the plan's attention kernel:
     the paper quantity `planner memory` reports."""
     m = plan.model
-    blocks = plan.checkpoint_interval or m.num_layers
+    blocks = plan.recompute_interval or m.num_layers
     return math.ceil(plan.micro_batch_per_gpu * m.seq_len * blocks * (16 * m.hidden_size + 2 * m.num_heads * m.seq_len))
 
 
@@ -246,7 +246,7 @@ def _pipeline_stage_bill(plan: Plan) -> MemoryBill:
     checkpoints with recompute, their whole activations without ([Note: the 1F1B step])."""
     bill = memory_bill(stage_plan(plan))
     extra = in_flight_micro_batches(plan) - 1
-    held = MemoryTerm.ACTIVATION_CHECKPOINTS if plan.checkpoint_interval else MemoryTerm.AWM
+    held = MemoryTerm.RECOMPUTE_INPUTS if plan.recompute_interval else MemoryTerm.AWM
     gpu = dict(bill.terms["gpu"])
     if extra and held in gpu:
         gpu[held] += extra * gpu[held]
@@ -264,7 +264,7 @@ def _per_gpu_terms(plan: Plan) -> dict[str, dict[MemoryTerm, float]]:
     # -- resident states (eq. 2 as the runtime holds them, eq. 3) ------------------------------
     for tier, term, nbytes in resident_state_terms(plan):
         tiers[tier][term] = tiers[tier].get(term, 0) + nbytes
-    tiers[plan.placement.activation_checkpoints][MemoryTerm.ACTIVATION_CHECKPOINTS] = checkpoint_bytes(plan)
+    tiers[plan.placement.recompute_inputs][MemoryTerm.RECOMPUTE_INPUTS] = recompute_input_bytes(plan)
     # -- working memory (eq. 4, eq. 5) and the runtime's buffers ------------------------------
     for term, nbytes in (*_gpu_buffers(plan).items(), *_host_buffers(plan).items()):
         (tier,) = term.tiers
@@ -302,8 +302,8 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
         gpu[MemoryTerm.REDUCE_SCATTER_BUFFER] = largest_unit_params(plan) * compute
     if copies and place.gradients != "gpu" and stores_gradients(plan):
         gpu[MemoryTerm.GRADIENT_OFFLOAD_STAGING] = 2 * unit_param_bytes / dp
-    if copies and place.activation_checkpoints != "gpu" and plan.checkpoint_interval:
-        gpu[MemoryTerm.CHECKPOINT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
+    if copies and place.recompute_inputs != "gpu" and plan.recompute_interval:
+        gpu[MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
     if plan.context_parallel_degree > 1:
         gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
     if m.vocab_size:
@@ -381,7 +381,7 @@ def host_state_crosses_link(plan: Plan) -> bool:
     place = plan.placement
     return (place.params == "cpu" or place.optimizer_states == "cpu"
             or (place.gradients == "cpu" and stores_gradients(plan))
-            or (place.activation_checkpoints == "cpu" and plan.checkpoint_interval > 0))
+            or (place.recompute_inputs == "cpu" and plan.recompute_interval > 0))
 
 
 def pinned_staging_pool(plan: Plan) -> PinnedPoolShape:
@@ -472,8 +472,8 @@ def paper_quantities(plan: Plan) -> dict[str, int]:
         "num_params": m.num_params,
         "num_params_eq1": m.num_params_eq1,
         "model_states": m.num_params * sum(per_param.values()),
-        "activation_checkpoints_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES),
-        "activations_per_gpu": checkpoint_bytes(plan, ACTIVATION_BYTES) + eq5_activation_bytes(plan),
+        "recompute_inputs_per_gpu": recompute_input_bytes(plan, ACTIVATION_BYTES),
+        "activations_per_gpu": recompute_input_bytes(plan, ACTIVATION_BYTES) + eq5_activation_bytes(plan),
         "mswm_per_gpu": math.ceil(m.largest_operator_params * (per_param["params"] + per_param["gradients"])),
         "awm_per_gpu": eq5_activation_bytes(plan),
     }

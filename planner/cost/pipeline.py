@@ -54,7 +54,7 @@ def stage_plan(plan: Plan) -> Plan:
         return plan
     pp = plan.pipeline_parallel_degree
     return plan.replace(model=stage_model(plan), num_gpus=plan.num_gpus // pp, pipeline_parallel_degree=1,
-                        checkpoint_interval=min(plan.checkpoint_interval, stage_layers(plan)),
+                        recompute_interval=min(plan.recompute_interval, stage_layers(plan)),
                         pipeline_virtual_stages=1, micro_batches_per_step=1, micro_batch_per_gpu=plan.micro_batch_per_gpu * pp, prediction=None)
 
 

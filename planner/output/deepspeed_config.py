@@ -83,12 +83,12 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
             "single_submit": False,
             "overlap_events": True,
         }
-    if plan.checkpoint_interval:
+    if plan.recompute_interval:
         doc["activation_checkpointing"] = {
             "partition_activations": plan.model_parallel_degree > 1,
-            "cpu_checkpointing": plan.placement.activation_checkpoints != "gpu",
+            "cpu_checkpointing": plan.placement.recompute_inputs != "gpu",
             "contiguous_memory_optimization": False,
-            "number_checkpoints": math.ceil(plan.model.num_layers / plan.checkpoint_interval),
+            "number_checkpoints": math.ceil(plan.model.num_layers / plan.recompute_interval),
         }
     # DeepSpeed ignores keys it does not know only at the top level; ours go in one namespaced block
     # that it tolerates, so the file records what the config cannot express.

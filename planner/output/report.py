@@ -26,8 +26,8 @@ WORK_LABELS = {
     "compute": "GPU compute", "tensor parallel": "GPU-GPU link (tensor parallel)",
     "params (gpu)": "GPU-GPU link (params)", "params (cpu)": "PCIe host->GPU (params)", "params (nvme)": "NVMe (params)",
     "gradients (gpu)": "GPU-GPU link (gradients)", "gradients (cpu)": "PCIe GPU->host (gradients)",
-    "gradients (nvme)": "NVMe (gradients)", "checkpoints (gpu)": "GPU compute", "checkpoints (cpu)": "PCIe (checkpoints)",
-    "checkpoints (nvme)": "NVMe (checkpoints)", "optimizer (gpu)": "GPU compute (optimizer)",
+    "gradients (nvme)": "NVMe (gradients)", "recompute inputs (gpu)": "GPU compute", "recompute inputs (cpu)": "PCIe (recompute inputs)",
+    "recompute inputs (nvme)": "NVMe (recompute inputs)", "optimizer (gpu)": "GPU compute (optimizer)",
     "optimizer (cpu)": "CPU optimizer", "optimizer (nvme)": "NVMe (optimizer)",
 }
 
@@ -71,8 +71,8 @@ def plan_line(plan: Plan) -> str:
     step = " | optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     return (
         f"strategy {plan.strategy}: params={p.params} gradients={p.gradients} optimizer={p.optimizer_states} "
-        f"checkpoints={p.activation_checkpoints} | batch/GPU {plan.micro_batch_per_gpu:g} | checkpoint interval "
-        f"{plan.checkpoint_interval} | tiling {plan.tiling_factor} | prefetch depth {plan.prefetch_depth} | "
+        f"checkpoints={p.recompute_inputs} | batch/GPU {plan.micro_batch_per_gpu:g} | recompute interval "
+        f"{plan.recompute_interval} | tiling {plan.tiling_factor} | prefetch depth {plan.prefetch_depth} | "
         f"model parallel {plan.model_parallel_degree}{_pipeline_label(plan)} | {plan.precision}"
         f"{' + fp8 matmuls' if plan.fp8_matmuls else ''}{step}"
     )
@@ -115,7 +115,7 @@ def terms_table(plan: Plan) -> Table:
 def prediction_table(plan: Plan) -> Table:
     pred = plan.prediction
     assert pred is not None and pred.feasible
-    flops_rule = "8 x tokens x params" if plan.checkpoint_interval else "6 x tokens x params"
+    flops_rule = "8 x tokens x params" if plan.recompute_interval else "6 x tokens x params"
     table = Table(title=f"Predicted ({pred.method})", title_justify="left", show_header=False)
     table.add_column("metric", overflow="fold")
     table.add_column("value", justify="right", overflow="fold")
@@ -159,7 +159,7 @@ def candidates_table(plans: list[Plan], title: str, width: int | None = None, *,
         ("iteration", [f"{m}{fmt_seconds(_pred(p).iteration_time_s)}" for m, p in zip(at_least, plans, strict=True)]),
         ("bottleneck", [bottleneck_label(_pred(p).bottleneck) for p in plans]),
         ("batch/GPU", [f"{p.micro_batch_per_gpu:g}" for p in plans]),
-        ("ci/tiling/prefetch", [f"{p.checkpoint_interval}/{p.tiling_factor}/{p.prefetch_depth}" for p in plans]),
+        ("ci/tiling/prefetch", [f"{p.recompute_interval}/{p.tiling_factor}/{p.prefetch_depth}" for p in plans]),
         ("predicted by", [_pred(p).method for p in plans]),
     ]
     return fitted_table(title, columns, width, note=bound_note(plans, winner) if winner and any(at_most) else None)
@@ -195,7 +195,7 @@ def _pred(plan: Plan):  # noqa: ANN202
 
 def _placement_cell(plan: Plan) -> str:
     p = plan.placement
-    return "/".join((p.params, p.gradients, p.optimizer_states, p.activation_checkpoints))
+    return "/".join((p.params, p.gradients, p.optimizer_states, p.recompute_inputs))
 
 
 def rejected_table(plans: list[Plan], title: str = "Why nothing fits (best try per placement)") -> Table:

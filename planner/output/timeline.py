@@ -1,7 +1,7 @@
 """The simulated iteration as a picture: a Gantt chart of every resource with memory curves beneath.
 
 Readable for a 128-layer model: the full-iteration chart merges busy intervals closer than a
-pixel (a 1T iteration has tens of thousands), a second chart zooms on one checkpoint segment of the
+pixel (a 1T iteration has tens of thousands), a second chart zooms on one recompute segment of the
 backward pass where single operators are visible, and the memory curves share the full chart's time
 axis. matplotlib is imported here only, so `planner` starts fast.
 """
@@ -66,7 +66,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
         ax.grid(axis="x", alpha=0.3)
         _phase_lines(ax, tl.phase_end_s)
     full.set_title(title or _title(result), fontsize=11, loc="left")
-    zoom.set_title(f"zoom: {window[0]:.4g}-{window[1]:.4g} s (one checkpoint segment of the backward pass: recompute, "
+    zoom.set_title(f"zoom: {window[0]:.4g}-{window[1]:.4g} s (one recompute segment of the backward pass: recompute, "
                    "then backward)", fontsize=10, loc="left")
     zoom.set_xlabel("seconds")
     # Above the zoom, right of its title: between the charts, over no bar.
@@ -129,13 +129,13 @@ def _figure(plt, num_rows: int):  # noqa: ANN001, ANN202
 def _title(result: SimResult) -> str:
     plan, p = result.plan, result.prediction
     return (f"{plan.model.name} on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}, "
-            f"batch/GPU {plan.micro_batch_per_gpu:g}, ci {plan.checkpoint_interval}, tiling {plan.tiling_factor}, "
+            f"batch/GPU {plan.micro_batch_per_gpu:g}, ci {plan.recompute_interval}, tiling {plan.tiling_factor}, "
             f"prefetch {plan.prefetch_depth}, mp {plan.model_parallel_degree}\nsimulated {p.iteration_time_s:.4g} s/iteration, "
             f"{p.tflops_per_gpu:.3g} TFLOPS/GPU, bottleneck {bottleneck_label(p.bottleneck)}   (bar height and row label: busy fraction)")
 
 
 def _zoom_window(result: SimResult) -> tuple[float, float]:
-    """One checkpoint segment in the middle of the backward pass."""
+    """One recompute segment in the middle of the backward pass."""
     tl = result.timelines
     start, end = tl.phase_end_s[Phase.FORWARD], tl.phase_end_s[Phase.BACKWARD]
     segments = max(1, tl.num_segments)
@@ -171,7 +171,7 @@ def busy_bins(result: SimResult, bins: int = BINS) -> list[dict[str, object]]:
 
 
 def zoom_spans(result: SimResult, pixels: int = PIXELS) -> tuple[tuple[float, float], list[dict[str, object]]]:
-    """One checkpoint segment of the backward pass, operator by operator: the window and its spans
+    """One recompute segment of the backward pass, operator by operator: the window and its spans
     (same-phase spans closer than a pixel merged)."""
     lo, hi = _zoom_window(result)
     intervals = result.timelines.intervals

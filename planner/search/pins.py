@@ -17,7 +17,7 @@ def apply_pins(
     *,
     placement: str | None = None,
     batch_per_gpu: float | None = None,
-    checkpoint_interval: int | None = None,
+    recompute_interval: int | None = None,
     tiling_factor: int | None = None,
     prefetch_depth: int | None = None,
     model_parallel: int | None = None,
@@ -31,7 +31,7 @@ def apply_pins(
         new_placement = Placement(**{**plan.placement.to_dict(), **pins})
         if new_placement != plan.placement:
             changes.update(placement=new_placement, strategy="custom")
-    for key, value in (("micro_batch_per_gpu", batch_per_gpu), ("checkpoint_interval", checkpoint_interval),
+    for key, value in (("micro_batch_per_gpu", batch_per_gpu), ("recompute_interval", recompute_interval),
                        ("tiling_factor", tiling_factor), ("prefetch_depth", prefetch_depth),
                        ("model_parallel_degree", model_parallel)):
         if value is not None:

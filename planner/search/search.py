@@ -1,6 +1,6 @@
 """Placement search: enumerate plans, keep what fits, rank by estimated throughput.
 
-Dimensions: placement (the named strategies and every valid free placement) x checkpoint interval x
+Dimensions: placement (the named strategies and every valid free placement) x recompute interval x
 tiling factor x prefetch depth, each at the largest micro-batch that fits (throughput only grows
 with the batch in this model, so the largest feasible batch is the best one for a given shape of
 plan). Any dimension can be pinned. Infeasible candidates are returned with their reason.
@@ -30,7 +30,7 @@ from planner.specs.plan import (
     strategy_named,
 )
 
-CHECKPOINT_INTERVALS = (1, 2, 4, 0)
+RECOMPUTE_INTERVALS = (1, 2, 4, 0)
 PREFETCH_DEPTHS = (3, 2, 1, 0)
 MAX_TILING_DOUBLINGS = 6
 DEFAULT_MAX_MICRO_BATCH = 32
@@ -50,7 +50,7 @@ class SearchRequest:
     """Pin a named strategy (placement and partitioning)."""
     placement_pins: dict[str, str] = field(default_factory=dict)
     micro_batch_per_gpu: float | None = None
-    checkpoint_interval: int | None = None
+    recompute_interval: int | None = None
     tiling_factor: int | None = None
     prefetch_depth: int | None = None
     model_parallel_degree: int | None = 1
@@ -108,9 +108,9 @@ def candidate_placements(strategy: str | None, pins: dict[str, str]) -> list[tup
     out: list[tuple[str, Placement]] = [
         (name, s.placement) for name, s in STRATEGY_TABLE.items() if name in ("dp", "zero2", "zero-offload", "3d")
     ]
-    checkpoint_tiers = ("gpu", "cpu", "nvme") if pins.get("activation_checkpoints") == "nvme" else ("gpu", "cpu")
-    for params, (opt, grads), ckpt in itertools.product(("gpu", "cpu", "nvme"), _OPTIMIZER_GRADIENTS, checkpoint_tiers):
-        placement = Placement(params=params, gradients=grads, optimizer_states=opt, activation_checkpoints=ckpt)
+    recompute_input_tiers = ("gpu", "cpu", "nvme") if pins.get("recompute_inputs") == "nvme" else ("gpu", "cpu")
+    for params, (opt, grads), inputs in itertools.product(("gpu", "cpu", "nvme"), _OPTIMIZER_GRADIENTS, recompute_input_tiers):
+        placement = Placement(params=params, gradients=grads, optimizer_states=opt, recompute_inputs=inputs)
         out.append((by_placement.get(placement, "custom"), placement))
     kept = [(name, p) for name, p in out if all(getattr(p, k) == v for k, v in pins.items())]
     if not kept:
@@ -178,7 +178,7 @@ def search(request: SearchRequest) -> SearchResult:
     for (strategy, placement), (mp, pp) in _layouts(request, cluster, placements):
         best_for_placement: list[Plan] = []
         first_failure: Plan | None = None
-        for ci in _checkpoint_intervals(request):
+        for ci in _recompute_intervals(request):
             base = _base_plan(request, cluster, strategy, placement, mp, ci, pp)
             for depth in _prefetch_depths(request, strategy):
                 found = False
@@ -212,7 +212,7 @@ def any_fits(request: SearchRequest) -> bool:
     [Note: least-memory candidate]
     Every memory term, and the largest single allocation, is non-decreasing in the prefetch depth
     and in the micro-batch, and non-increasing in the tiling factor (each per-operator buffer is
-    divided by it). So a (placement, model-parallel degree, checkpoint interval) fits at some depth,
+    divided by it). So a (placement, model-parallel degree, recompute interval) fits at some depth,
     tiling and batch the search tries exactly when it fits at the shallowest depth, the largest
     tiling and the smallest batch. `max_size` bisects on this; tests/test_app_library.py checks the
     equivalence with `search`.
@@ -222,7 +222,7 @@ def any_fits(request: SearchRequest) -> bool:
     placements = candidate_placements(request.strategy, request.placement_pins)
     shallowest = min(_prefetch_depths(request))
     for (strategy, placement), (mp, pp) in _layouts(request, cluster, placements):
-        for ci in _checkpoint_intervals(request):
+        for ci in _recompute_intervals(request):
             base = _base_plan(request, cluster, strategy, placement, mp, ci, pp).replace(prefetch_depth=shallowest)
             if memory_bill(base.replace(tiling_factor=max(_tilings(request, base)))).fits:
                 return True
@@ -253,7 +253,7 @@ def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placemen
         strategy=strategy,
         placement=placement,
         micro_batch_per_gpu=request.micro_batch_per_gpu or 1 / (mp * pp),
-        checkpoint_interval=ci,
+        recompute_interval=ci,
         model_parallel_degree=mp,
         pipeline_parallel_degree=pp,
         micro_batches_per_step=request.micro_batches_per_step or default_m,
@@ -315,11 +315,11 @@ def best_model_parallel(plan: Plan) -> Plan:
     return min(feasible, key=_rank_key) if feasible else tried[0]
 
 
-def _checkpoint_intervals(request: SearchRequest) -> Iterable[int]:
-    if request.checkpoint_interval is not None:
-        return (request.checkpoint_interval,)
+def _recompute_intervals(request: SearchRequest) -> Iterable[int]:
+    if request.recompute_interval is not None:
+        return (request.recompute_interval,)
     nl = request.model.num_layers
-    return tuple(ci for ci in CHECKPOINT_INTERVALS if ci <= nl)
+    return tuple(ci for ci in RECOMPUTE_INTERVALS if ci <= nl)
 
 
 def _prefetch_depths(request: SearchRequest, strategy: str | None = None) -> Iterable[int]:

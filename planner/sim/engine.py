@@ -16,7 +16,7 @@ Mechanisms, each as the runtime does it:
   and the all-gather assembles the slice;
 - backward: while operator i computes, the reduce-scatter of the operator before it and the offload
   of the one before that run (at most two gradient buckets in flight, §4.3);
-- activation checkpoints: one block input saved every `checkpoint_interval` blocks (eq. 3), copied
+- activation checkpoints: one block input saved every `recompute_interval` blocks (eq. 3), copied
   to the CPU when placed there and fetched back one segment ahead of its recompute;
 - the optimizer step streams chunks through `num_optimizer_buffers` pinned buffers: read k+1,
   update k, write k-1 at once (§4.3); with `optimizer_step: in_backward` each unit is updated
@@ -82,7 +82,7 @@ class Simulation:
         """Bytes per GPU per link category (`prediction.link_bytes`, docs/plan-format.md), from rank 0."""
         self.phase_end_s: dict[Phase, float] = {}
         self.unit_start_s: dict[tuple[Phase, int], float] = {}
-        """When rank 0's compute starts on each repeating unit of blocks (a checkpoint segment, or a
+        """When rank 0's compute starts on each repeating unit of blocks (a recompute segment, or a
         block without checkpointing), keyed (FORWARD | BACKWARD, unit): the marks the periodic
         extrapolation of the timelines cuts at ([Note: periodic timelines] in periodic.py)."""
         self.largest_gpu_allocation_bytes = 0.0
@@ -220,9 +220,9 @@ class RankProgram:
                 self.stages.append("gather")
         depth = plan.prefetch_depth
         self.layers = plan.model.num_layers
-        self.unit = plan.checkpoint_interval or 1
-        """Blocks per repeating unit: a checkpoint segment, or a block without checkpointing."""
-        self.unit_opening = Phase.RECOMPUTE if plan.checkpoint_interval else Phase.BACKWARD
+        self.unit = plan.recompute_interval or 1
+        """Blocks per repeating unit: a recompute segment, or a block without checkpointing."""
+        self.unit_opening = Phase.RECOMPUTE if plan.recompute_interval else Phase.BACKWARD
         """A unit's work in the backward pass starts with this."""
         self.slice_factor = self.b / self.mp
         """Bytes per parameter of an operator's tensor-parallel slice."""
@@ -234,7 +234,7 @@ class RankProgram:
         self._ready: dict[int, simpy.Event] = {}
         self._rs_done: list[simpy.Event] = []
         self._grad_done: list[simpy.Event] = []
-        self._ckpt_ready: dict[int, simpy.Event] = {}
+        self._inputs_ready: dict[int, simpy.Event] = {}
         self.updates = BackwardUpdates(self) if plan.optimizer_step == "in_backward" else None
         """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
 
@@ -411,14 +411,14 @@ class RankProgram:
     def _open_block(self, step: Step) -> Proc:
         """A block's forward (saving its checkpoint first) or recompute (restoring it first) takes
         the block's activations."""
-        ci, work = self.sim.plan.checkpoint_interval, self.sim.work
+        ci, work = self.sim.plan.recompute_interval, self.sim.work
         if step.phase is Phase.FORWARD:
             if ci and step.block % ci == 0:
-                self._save_checkpoint(step.segment)
+                self._save_recompute_input(step.segment)
             self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
         elif step.phase is Phase.RECOMPUTE:
             if step.block % ci == 0:
-                yield from self._restore_checkpoint(step.segment)
+                yield from self._restore_recompute_input(step.segment)
             self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
         elif step.phase is Phase.BACKWARD and work.recomputed_score_bytes:  # selective recompute's scores
             self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.recomputed_score_bytes)
@@ -427,14 +427,14 @@ class RankProgram:
         """A block's backward frees its activations and its checkpoint; a checkpointed forward
         frees the activations (the recompute makes them again)."""
         sim, plan, work = self.sim, self.sim.plan, self.sim.work
-        ci = plan.checkpoint_interval
+        ci = plan.recompute_interval
         if step.phase is Phase.BACKWARD:
             sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes + work.recomputed_score_bytes)
             if ci and step.block % ci == 0:
-                if self.host_is_device and plan.placement.activation_checkpoints != "gpu":
-                    sim.cpu_remove(MemoryTerm.ACTIVATION_CHECKPOINTS, work.checkpoint_bytes)
+                if self.host_is_device and plan.placement.recompute_inputs != "gpu":
+                    sim.cpu_remove(MemoryTerm.RECOMPUTE_INPUTS, work.recompute_input_bytes)
                 else:
-                    sim.gpu_remove(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, work.checkpoint_bytes)
+                    sim.gpu_remove(self.rank, MemoryTerm.RECOMPUTE_INPUTS, work.recompute_input_bytes)
         elif step.phase is Phase.FORWARD and ci:
             sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
 
@@ -466,37 +466,37 @@ class RankProgram:
             self.sim.phase_end_s[phase] = self.env.now
 
     # -- activation checkpoints ----------------------------------------------------------------
-    def _save_checkpoint(self, segment: int) -> None:
-        sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
-        if sim.plan.placement.activation_checkpoints != "gpu" and self.host_is_device:
-            sim.cpu_add(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)  # saved where it lies: no copy
+    def _save_recompute_input(self, segment: int) -> None:
+        sim, nbytes = self.sim, self.sim.work.recompute_input_bytes
+        if sim.plan.placement.recompute_inputs != "gpu" and self.host_is_device:
+            sim.cpu_add(MemoryTerm.RECOMPUTE_INPUTS, nbytes)  # saved where it lies: no copy
             return
-        sim.gpu_add(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
-        if sim.plan.placement.activation_checkpoints == "gpu":
+        sim.gpu_add(self.rank, MemoryTerm.RECOMPUTE_INPUTS, nbytes)
+        if sim.plan.placement.recompute_inputs == "gpu":
             return
 
         def offload() -> Proc:
             yield self.move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
-            sim.gpu_remove(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
-            sim.cpu_add(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
+            sim.gpu_remove(self.rank, MemoryTerm.RECOMPUTE_INPUTS, nbytes)
+            sim.cpu_add(MemoryTerm.RECOMPUTE_INPUTS, nbytes)
 
         self.env.process(offload())
 
-    def _restore_checkpoint(self, segment: int) -> Proc:
+    def _restore_recompute_input(self, segment: int) -> Proc:
         """Wait for this segment's checkpoint on the GPU; start fetching the previous segment's."""
-        if self.sim.plan.placement.activation_checkpoints == "gpu" or self.host_is_device:
+        if self.sim.plan.placement.recompute_inputs == "gpu" or self.host_is_device:
             return
-        if segment not in self._ckpt_ready:
-            self._ckpt_ready[segment] = self.env.process(self._fetch_checkpoint())
+        if segment not in self._inputs_ready:
+            self._inputs_ready[segment] = self.env.process(self._fetch_recompute_input())
         if segment > 0:
-            self._ckpt_ready[segment - 1] = self.env.process(self._fetch_checkpoint())
-        yield self._ckpt_ready.pop(segment)
+            self._inputs_ready[segment - 1] = self.env.process(self._fetch_recompute_input())
+        yield self._inputs_ready.pop(segment)
 
-    def _fetch_checkpoint(self) -> Proc:
-        sim, nbytes = self.sim, self.sim.work.checkpoint_bytes
-        sim.gpu_add(self.rank, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
+    def _fetch_recompute_input(self) -> Proc:
+        sim, nbytes = self.sim, self.sim.work.recompute_input_bytes
+        sim.gpu_add(self.rank, MemoryTerm.RECOMPUTE_INPUTS, nbytes)
         yield self.move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
-        sim.cpu_remove(MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes)
+        sim.cpu_remove(MemoryTerm.RECOMPUTE_INPUTS, nbytes)
 
     # -- gradients -----------------------------------------------------------------------------
     def _reduce_gradients(self, slice_bytes: float, reduced: simpy.Event, label: Phase) -> Proc:

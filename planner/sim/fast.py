@@ -2,7 +2,7 @@
 
 [Note: periodic layers] A model's blocks are identical, so once the prefetch pipeline is full the
 forward pass repeats block after block with a fixed period, and the backward pass repeats segment
-after segment (recompute then backward of `checkpoint_interval` blocks). Whatever the simulation
+after segment (recompute then backward of `recompute_interval` blocks). Whatever the simulation
 measures (phase end times, busy time and bytes of every link, each phase's memory peak and its
 terms) then grows by the same amount with every whole segment. We simulate the same plan with
 s = 3 and s + 1 units (segments, or blocks without checkpointing; at least 4 blocks; keeping a

@@ -60,7 +60,7 @@ class SamplePair:
 
 def sample_units(plan: Plan, attempt: int = 0) -> SamplePair | None:
     """The `attempt`-th sample pair of `plan`, or None when the model is too shallow for it."""
-    layers, ci = plan.model.num_layers, plan.checkpoint_interval
+    layers, ci = plan.model.num_layers, plan.recompute_interval
     unit = ci or 1
     whole, partial = divmod(layers, unit)
     least = max(FIRST_UNITS, math.ceil(MIN_BLOCKS / unit))
@@ -93,7 +93,7 @@ def verified_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | None:
 # [Note: periodic timelines] [Note: periodic layers] in fast.py extrapolates a deep model's summary
 # numbers; the Gantt chart and the memory curves need every busy interval and every allocation of
 # the iteration, so we extrapolate those too. A model's blocks come in identical *units* (one
-# checkpoint segment, or one block without checkpointing). Once the prefetch pipeline is full, the
+# recompute segment, or one block without checkpointing). Once the prefetch pipeline is full, the
 # forward pass repeats unit after unit with a period `Pf`, and the backward pass (recompute, then
 # backward, from the top unit down) with a period `Pb`. In a sample model of `s` whole units (plus
 # the real model's partial top unit), cut at the marks the engine records when compute starts on a
@@ -119,7 +119,7 @@ def verified_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | None:
 # stretched to the real depth, and the summary numbers (busy seconds, bytes, memory peaks and their terms) are the longer
 # sample's plus `R` times what the extra unit added, each checked against the stretched timelines
 # where they carry it (`extend`); otherwise the whole model is simulated. For 1T (128 blocks,
-# checkpoint interval 4) this simulates 3 + 4 units instead of 32, and tests/test_sim_periodic.py
+# recompute interval 4) this simulates 3 + 4 units instead of 32, and tests/test_sim_periodic.py
 # compares the result with the whole simulation.
 def simulate_periodic(plan: Plan) -> SimResult:
     """`simulate(plan)` for the Timeline panel: the same prediction and timelines, from two short
@@ -132,8 +132,8 @@ def simulate_periodic(plan: Plan) -> SimResult:
     try:
         timelines = stretch(longer.timelines, windows(longer, pair.window_unit), repeats,
                             _resident_growth(longer.plan, plan))
-        # A unit is a checkpoint segment, or a block of the one segment there is without checkpointing.
-        segments = longer.timelines.num_segments + (repeats if plan.checkpoint_interval else 0)
+        # A unit is a recompute segment, or a block of the one segment there is without checkpointing.
+        segments = longer.timelines.num_segments + (repeats if plan.recompute_interval else 0)
         timelines = dataclasses.replace(timelines, num_segments=segments)
         summary = extend(shorter.summary, longer.summary, repeats, timelines)
     except NotPeriodic:

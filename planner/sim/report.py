@@ -149,7 +149,7 @@ def build_prediction(sim: Simulation) -> Prediction:
 def prediction_from(plan: Plan, s: Summary, *, notes: dict[str, Any] | None = None) -> Prediction:
     total_s = s.phase_end_s[Phase.OPTIMIZER]
     forward_end, backward_end = s.phase_end_s[Phase.FORWARD], s.phase_end_s[Phase.BACKWARD]
-    recompute = plan.checkpoint_interval > 0
+    recompute = plan.recompute_interval > 0
     # Paper accounting (eq. 7): 8 * tokens * params with recompute, 6 * tokens * params without.
     flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
     resources = {name: {"busy_fraction": r["busy_s"] / total_s if total_s > 0 else 0.0, **r}
@@ -205,7 +205,7 @@ def composed_prediction(plan: Plan, predict_stage: Callable[[Plan], Prediction])
     step = compose_step(plan, (fp["forward"], fp["backward"], fp["optimizer"]),
                         None if quiet is None else (quiet.phase_time_s["forward"], quiet.phase_time_s["backward"]))
     total_s = step.forward_s + step.backward_s + step.optimizer_s
-    recompute = plan.checkpoint_interval > 0
+    recompute = plan.recompute_interval > 0
     flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
     links = composed_link_bytes(plan, stage, {k: float(v) for k, v in full.link_bytes.items()},
                                 None if quiet is None else {k: float(v) for k, v in quiet.link_bytes.items()})

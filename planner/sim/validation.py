@@ -85,9 +85,9 @@ def _plan(exp: Experiment, checkpoints: str, tiling: int) -> Plan:
     assert (model.hidden_size, model.num_layers) == (exp.hidden, exp.layers), exp
     grads = "gpu" if exp.optimizer_on == "gpu" else ("nvme" if exp.params_on == "nvme" else "cpu")
     placement = Placement(params=exp.params_on, gradients=grads, optimizer_states=exp.optimizer_on,
-                          activation_checkpoints=checkpoints)
+                          recompute_inputs=checkpoints)
     return Plan(model=model, node=node, num_gpus=exp.nodes * node.num_gpus_per_node, placement=placement,
-                micro_batch_per_gpu=exp.batch_per_gpu, checkpoint_interval=1, model_parallel_degree=exp.mp,
+                micro_batch_per_gpu=exp.batch_per_gpu, recompute_interval=1, model_parallel_degree=exp.mp,
                 tiling_factor=tiling)
 
 
@@ -153,7 +153,7 @@ def strategy_table() -> str:
         cells = []
         for name in STRATEGIES:
             plan = Plan(model=model, node=node, num_gpus=node.num_gpus_per_node, strategy=name,
-                        placement=STRATEGY_TABLE[name].placement, micro_batch_per_gpu=batch, checkpoint_interval=1,
+                        placement=STRATEGY_TABLE[name].placement, micro_batch_per_gpu=batch, recompute_interval=1,
                         model_parallel_degree=mp)
             plan, p = _smallest_fitting_tiling(plan)
             over = [t for t in ("gpu", "cpu", "nvme") if p.peak_bytes[t] > p.capacity_bytes[t]]
@@ -173,7 +173,7 @@ def tiling_table() -> str:
     for hidden in TILING_STUDY_HIDDEN:
         model = ModelSpec(name=f"one-layer-{hidden // K}k", num_layers=1, hidden_size=hidden, num_heads=hidden // 128)
         plan = Plan(model=model, node=node, num_gpus=16, strategy="zero-inf-cpu",
-                    placement=STRATEGY_TABLE["zero-inf-cpu"].placement, micro_batch_per_gpu=1, checkpoint_interval=1)
+                    placement=STRATEGY_TABLE["zero-inf-cpu"].placement, micro_batch_per_gpu=1, recompute_interval=1)
         untiled = predict(plan)
         tiled, p = _smallest_fitting_tiling(plan)
         largest = model.largest_operator_params * 2 / GIB

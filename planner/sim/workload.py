@@ -2,7 +2,7 @@
 
 The trace is the order the runtime's prefetcher records on its first iteration (docs/method.md §4.3):
 the embedding (when the model has one), every block's linears in execution order
-(`ModelSpec.block_operators()`), the output head; then, per checkpoint segment from the last to the
+(`ModelSpec.block_operators()`), the output head; then, per recompute segment from the last to the
 first, the segment's recompute (forward again) and its backward in reverse. Every step gathers its
 operator's parameters again, which is why eq. 9 reads parameters three times.
 
@@ -72,7 +72,7 @@ class Step:
     block: int
     """Transformer block, -1 for the embedding, num_layers for the head."""
     segment: int
-    """Checkpoint segment of the block; -1 outside the checkpointed blocks."""
+    """Recompute segment of the block; -1 outside the checkpointed blocks."""
 
 
 def step_elementwise_bytes(step: Step) -> float:
@@ -104,7 +104,7 @@ class Workload:
     optimizer_state_bytes: int
     """Optimizer-state bytes per parameter: 16 in mixed precision (eq. 2; read and written once, eq. 10)."""
     tokens_per_gpu: float
-    checkpoint_bytes: float
+    recompute_input_bytes: float
     """One checkpoint (one block input), per GPU (eq. 3 per checkpoint)."""
     block_activation_bytes: float
     """Activations of one block while it runs with gradients (eq. 5 with ci = 1, the attention core
@@ -146,7 +146,7 @@ def build_workload(plan: Plan) -> Workload:
         head = tuple(dataclasses.replace(op, elementwise_bytes=loss_fwd / len(head_tiles),
                                          backward_elementwise_bytes=loss_bwd / len(head_tiles)) for op in head_tiles)
 
-    ci = plan.checkpoint_interval
+    ci = plan.recompute_interval
     layers = model.num_layers
     segment_of = (lambda blk: blk // ci) if ci else (lambda blk: 0)
     num_segments = math.ceil(layers / ci) if ci else 1
@@ -172,7 +172,7 @@ def build_workload(plan: Plan) -> Workload:
         param_bytes=b,
         optimizer_state_bytes=BYTES_PER_PARAM[plan.precision]["optimizer_states"],
         tokens_per_gpu=tokens,
-        checkpoint_bytes=ACTIVATION_BYTES * bsz * seq * hd,
+        recompute_input_bytes=ACTIVATION_BYTES * bsz * seq * hd,
         block_activation_bytes=block_activation_bytes(plan),
         recomputed_score_bytes=recomputed_score_bytes(plan),
         tp_all_reduce_bytes=b * bsz * mp * seq * hd,

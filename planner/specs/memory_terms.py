@@ -67,7 +67,7 @@ class MemoryTerm(str, Enum):
     GRADIENTS = "gradients", TIERS, "gradients", "gradient shards: P/mp x bytes / dp (replicated: / 1) [eq. 2]"
     OPTIMIZER_STATES = ("optimizer_states", TIERS, "optimizer_states",
                         "fp32 master, momentum, variance, fp32 grad: P/mp x 16 / dp [eq. 2]")
-    ACTIVATION_CHECKPOINTS = ("activation_checkpoints", TIERS, "checkpoints",
+    RECOMPUTE_INPUTS = ("recompute_inputs", TIERS, "recompute inputs",
                               "2 x bsz x seq x hd x ceil(nl / ci) [eq. 3]")
     # -- GPU working memory (eq. 4, eq. 5) and the runtime's GPU buffers ------------------------
     AWM = ("awm", _GPU, "activations", "activation working memory: bsz x seq x ci x (16 hd + 2 heads seq) [eq. 5]; "
@@ -82,7 +82,7 @@ class MemoryTerm(str, Enum):
                              "one operator's full gradients in flight to reduce-scatter", *_TRANSIENT)
     GRADIENT_OFFLOAD_STAGING = ("gradient_offload_staging", _GPU, "gradient staging",
                                 "double buffer of gradient shards on their way off the GPU", *_TRANSIENT)
-    CHECKPOINT_OFFLOAD_STAGING = ("checkpoint_offload_staging", _GPU, "checkpoint staging",
+    RECOMPUTE_INPUT_OFFLOAD_STAGING = ("recompute_input_offload_staging", _GPU, "recompute input staging",
                                   "double buffer of one checkpoint on its way to the CPU", *_TRANSIENT)
     RING_ATTENTION_BUFFERS = ("ring_attention_buffers", _GPU, "ring attention",
                               "context parallel: 4 x one GPU's KV block of a layer (2 KV, 2 dKV in flight), "

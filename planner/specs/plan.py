@@ -22,7 +22,7 @@ SCHEMA = "tierwise.plan/1"
 
 Tier = Literal["gpu", "cpu", "nvme"]
 TIERS: tuple[str, ...] = ("gpu", "cpu", "nvme")
-STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states", "activation_checkpoints")
+STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states", "recompute_inputs")
 MODEL_STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states")
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
@@ -52,7 +52,7 @@ class Placement:
     """Gradient shards after reduce-scatter."""
     optimizer_states: Tier = "gpu"
     """fp32 master weights, Adam momentum and variance (and the fp32 gradient copy)."""
-    activation_checkpoints: Tier = "gpu"
+    recompute_inputs: Tier = "gpu"
     """Block inputs saved at each checkpoint."""
 
     def __post_init__(self) -> None:
@@ -83,8 +83,8 @@ def parse_placement_pins(text: str | None) -> dict[str, str]:
     """`"params=nvme,optimizer_states=nvme"` -> {"params": "nvme", ...}; partial pins are allowed."""
     if not text:
         return {}
-    aliases = {"optimizer": "optimizer_states", "grads": "gradients", "checkpoints": "activation_checkpoints",
-               "activations": "activation_checkpoints", "param": "params"}
+    aliases = {"optimizer": "optimizer_states", "grads": "gradients", "checkpoints": "recompute_inputs",
+               "activations": "recompute_inputs", "param": "params"}
     pins: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
@@ -123,10 +123,10 @@ STRATEGY_TABLE: dict[str, Strategy] = {
         Strategy(name="zero3", placement=Placement(), partitioned=_ALL,
                  description="ZeRO-3: all model states partitioned on the GPUs"),
         Strategy(name="zero-inf-cpu", placement=Placement(params="cpu", gradients="cpu", optimizer_states="cpu",
-                                                          activation_checkpoints="cpu"), partitioned=_ALL,
+                                                          recompute_inputs="cpu"), partitioned=_ALL,
                  description="ZeRO-Infinity: all model states partitioned in CPU memory"),
         Strategy(name="zero-inf-nvme", placement=Placement(params="nvme", gradients="nvme", optimizer_states="nvme",
-                                                           activation_checkpoints="cpu"), partitioned=_ALL,
+                                                           recompute_inputs="cpu"), partitioned=_ALL,
                  description="ZeRO-Infinity: parameters and optimizer states partitioned on NVMe"),
         # The paper's baseline (Megatron-LM, Narayanan et al. 2021): tensor x pipeline x data parallel,
         # everything on the GPUs, the optimizer states partitioned over data parallel (ZeRO-1, Megatron's
@@ -228,7 +228,7 @@ class Plan:
     placement: Placement = field(default_factory=Placement)
     micro_batch_per_gpu: float = 1
     """Global batch / number of GPUs (paper's batch/GPU); fractional only with model parallelism."""
-    checkpoint_interval: int = 1
+    recompute_interval: int = 1
     """Blocks between activation checkpoints (`ci`); 0 disables checkpointing (no recompute)."""
     tiling_factor: int = 1
     """Each large linear is split into this many tiles, gathered one at a time."""
@@ -278,9 +278,9 @@ class Plan:
     (`NodeSpec.flash_attention_flops_per_s`: A100, H100, H200), eager elsewhere (V100, the paper's DGX-2).
     planner/cost/kernels.py [Note: attention kernels]."""
     recompute: str = ""
-    """`none`, `full` (every block's forward again from its checkpoint; `checkpoint_interval` >= 1)
-    or `selective` (only the attention core's seq^2 part, all else stored; `checkpoint_interval` 0).
-    Empty means what `checkpoint_interval` says: `full` with checkpoints, `none` without.
+    """`none`, `full` (every block's forward again from its checkpoint; `recompute_interval` >= 1)
+    or `selective` (only the attention core's seq^2 part, all else stored; `recompute_interval` 0).
+    Empty means what `recompute_interval` says: `full` with checkpoints, `none` without.
     planner/cost/kernels.py [Note: recompute]."""
     prediction: Prediction | None = None
 
@@ -295,7 +295,7 @@ class Plan:
             raise PlannerError("optimizer_step in_backward cannot run with precision fp16: the loss scaler must see "
                                "every gradient before any update; use bf16 or fp32, or optimizer_step after_backward")
         number(self.micro_batch_per_gpu, "micro_batch_per_gpu", exclusive_minimum=0, maximum=1_000_000)
-        number(self.checkpoint_interval, "checkpoint_interval", minimum=0, maximum=self.model.num_layers, integer=True)
+        number(self.recompute_interval, "recompute_interval", minimum=0, maximum=self.model.num_layers, integer=True)
         number(self.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
         number(self.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
         number(self.model_parallel_degree, "model_parallel_degree", minimum=1, maximum=1024, integer=True)
@@ -352,11 +352,11 @@ class Plan:
             raise PlannerError(f"attention flash needs a GPU with a fused attention kernel (Ampere or newer); hardware "
                                f"{self.node.name!r} has none (no flash_attention_tflops): use attention eager")
         if not self.recompute:
-            object.__setattr__(self, "recompute", "full" if self.checkpoint_interval else "none")
+            object.__setattr__(self, "recompute", "full" if self.recompute_interval else "none")
         string(self.recompute, "recompute", choices=RECOMPUTES)
-        if (self.recompute == "full") != (self.checkpoint_interval > 0):
-            raise PlannerError(f"recompute {self.recompute} needs checkpoint_interval "
-                               f"{'>= 1' if self.recompute == 'full' else '0'}, got {self.checkpoint_interval}: "
+        if (self.recompute == "full") != (self.recompute_interval > 0):
+            raise PlannerError(f"recompute {self.recompute} needs recompute_interval "
+                               f"{'>= 1' if self.recompute == 'full' else '0'}, got {self.recompute_interval}: "
                                "full recompute runs from block checkpoints, none and selective store the blocks")
 
     # -- derived ---------------------------------------------------------------------------
@@ -403,7 +403,7 @@ class Plan:
             "strategy": self.strategy,
             "placement": self.placement.to_dict(),
             "micro_batch_per_gpu": self.micro_batch_per_gpu,
-            "checkpoint_interval": self.checkpoint_interval,
+            "recompute_interval": self.recompute_interval,
             "tiling_factor": self.tiling_factor,
             "prefetch_depth": self.prefetch_depth,
             "model_parallel_degree": self.model_parallel_degree,
@@ -428,7 +428,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "plan") -> Plan:
-        scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "checkpoint_interval", "tiling_factor",
+        scalar = {"num_gpus", "strategy", "micro_batch_per_gpu", "recompute_interval", "tiling_factor",
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
@@ -441,7 +441,7 @@ class Plan:
                 raise PlannerError(f"{where}: missing required key {key!r}")
         # Only nvme_path may be null; any other null reaches its validator and is refused there.
         kwargs: dict[str, Any] = {k: doc[k] for k in scalar if k in doc}
-        for key in ("num_gpus", "checkpoint_interval", "tiling_factor", "prefetch_depth", "model_parallel_degree",
+        for key in ("num_gpus", "recompute_interval", "tiling_factor", "prefetch_depth", "model_parallel_degree",
                     "optimizer_chunk_bytes", "num_optimizer_buffers", "nvme_block_bytes", "pipeline_parallel_degree",
                     "pipeline_virtual_stages", "micro_batches_per_step", "context_parallel_degree"):
             if key in kwargs:
@@ -458,12 +458,12 @@ class Plan:
         return plan
 
     def replace(self, **changes: Any) -> Plan:
-        """A copy with `changes`; `recompute` is derived again from a new `checkpoint_interval`
+        """A copy with `changes`; `recompute` is derived again from a new `recompute_interval`
         unless it was selective or is changed too, and `attention` from a new node's kernel unless
         it is changed too or the new node has the same."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        if "checkpoint_interval" in changes and "recompute" not in changes and not (
-                self.recompute == "selective" and changes["checkpoint_interval"] == 0):
+        if "recompute_interval" in changes and "recompute" not in changes and not (
+                self.recompute == "selective" and changes["recompute_interval"] == 0):
             doc["recompute"] = ""
         if "node" in changes and "attention" not in changes and bool(changes["node"].flash_attention_flops_per_s) != bool(
                 self.node.flash_attention_flops_per_s):

@@ -169,7 +169,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
         placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
                     micro_batch_per_gpu=(micro or 1) / (tp * cp * pp), recompute=choice["activation_recompute"],
-                    checkpoint_interval=1 if choice["activation_recompute"] == "full" else 0, attention=attention,
+                    recompute_interval=1 if choice["activation_recompute"] == "full" else 0, attention=attention,
                     model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=_virtual_stages(row),
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,

@@ -176,7 +176,7 @@ def _conversion(row: CorpusRow, planned: RowPlan) -> tuple[float, float]:
     assert plan is not None
     accounting = accounting_for(row.source_id)
     params = row.params_b * 1e9 if row.source_id in PARAMS_AS_STATED and row.params_b is not None else None
-    per_token = flops_per_token(plan.model, accounting, full_recompute=plan.checkpoint_interval > 0, num_params=params)
+    per_token = flops_per_token(plan.model, accounting, full_recompute=plan.recompute_interval > 0, num_params=params)
     node = node_for_row(row)
     assert not isinstance(node, str)
     return per_token, node.gpu_nominal_flops_per_s or node.gpu_flops_per_s

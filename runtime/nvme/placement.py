@@ -12,8 +12,8 @@ def nvme_placement_problem(plan: Any) -> str | None:
     `plan` is a `planner.specs.plan.Plan` (duck-typed: this package imports only the planner's leaf
     modules, `errors` and `units`)."""
     place = plan.placement
-    if place.activation_checkpoints == "nvme":
-        return "placement activation_checkpoints=nvme is not supported by the runtime; use gpu or cpu"
+    if place.recompute_inputs == "nvme":
+        return "placement recompute_inputs=nvme is not supported by the runtime; use gpu or cpu"
     on_nvme = "nvme" in (place.params, place.gradients, place.optimizer_states)
     if on_nvme and not plan.nvme_path:
         return "the plan places states on nvme but sets no nvme_path; set nvme_path to a directory on an NVMe drive"

@@ -1,4 +1,4 @@
-"""Activation checkpoints and their recompute: a checkpoint every `checkpoint_interval` blocks,
+"""Activation checkpoints and their recompute: a checkpoint every `recompute_interval` blocks,
 optionally offloaded, the blocks between recomputed in backward. (Training checkpoints, the files a
 run resumes from, are runtime/ckpt.)
 
@@ -30,7 +30,7 @@ from runtime.ledger import MemoryLedger, nbytes
 from runtime.transfer.stores import CopyEngine
 
 
-class ActivationCheckpointStore:
+class RecomputeInputStore:
     """Holds segment inputs on the compute device (`gpu` placement)."""
 
     tier = "gpu"
@@ -40,7 +40,7 @@ class ActivationCheckpointStore:
         self.copier = copier
 
     def save(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(x))
+        self.ledger.add(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(x))
         return x.detach(), None
 
     def prefetch(self, held: torch.Tensor, event: Any) -> Any:  # noqa: ARG002
@@ -51,10 +51,10 @@ class ActivationCheckpointStore:
         return held
 
     def drop(self, held: torch.Tensor) -> None:
-        self.ledger.sub(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(held))
+        self.ledger.sub(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(held))
 
 
-class HostActivationCheckpointStore(ActivationCheckpointStore):
+class HostRecomputeInputStore(RecomputeInputStore):
     """Holds segment inputs in pageable host memory (`cpu` placement), copied through the rank's
     pinned staging pool on the side stream on CUDA. On a CPU-only machine the input already is in
     host memory and is held as it is.
@@ -77,7 +77,7 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
         flat = host.view(-1)
         transfer = self.copier.to_host(x.detach().reshape(-1),
                                        lambda piece, at: flat[at : at + piece.numel()].copy_(piece))
-        self.ledger.add(self.tier, MemoryTerm.ACTIVATION_CHECKPOINTS, nbytes(host))
+        self.ledger.add(self.tier, MemoryTerm.RECOMPUTE_INPUTS, nbytes(host))
         return host, transfer
 
     def prefetch(self, held: torch.Tensor, event: Any) -> Any:
@@ -97,15 +97,15 @@ class HostActivationCheckpointStore(ActivationCheckpointStore):
         return staged
 
 
-ACTIVATION_CHECKPOINT_STORES: dict[str, type[ActivationCheckpointStore]] = {
-    "gpu": ActivationCheckpointStore, "cpu": HostActivationCheckpointStore}
-"""Placement tier of `activation_checkpoints` -> where segment inputs are held."""
+RECOMPUTE_INPUT_STORES: dict[str, type[RecomputeInputStore]] = {
+    "gpu": RecomputeInputStore, "cpu": HostRecomputeInputStore}
+"""Placement tier of `recompute_inputs` -> where segment inputs are held."""
 
 
 class RecomputeSegment:
     """`ci` consecutive blocks sharing one checkpoint; state of the current forward pass."""
 
-    def __init__(self, blocks: list[nn.Module], store: ActivationCheckpointStore) -> None:
+    def __init__(self, blocks: list[nn.Module], store: RecomputeInputStore) -> None:
         self.blocks = blocks
         self.store = store
         self.recomputing = False
@@ -218,7 +218,7 @@ def find_blocks(model: nn.Module) -> nn.ModuleList | None:
 
 
 def apply_recompute(
-    blocks: nn.ModuleList, interval: int, store: ActivationCheckpointStore
+    blocks: nn.ModuleList, interval: int, store: RecomputeInputStore
 ) -> list[RecomputeSegment]:
     """Wrap `blocks` in place into segments of `interval` blocks."""
     segments = []

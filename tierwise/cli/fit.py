@@ -24,7 +24,7 @@ def fit(
     batch_per_gpu: o.BatchOpt = None,
     placement: o.PlacementOpt = None,
     strategy: o.StrategyOpt = None,
-    checkpoint_interval: o.CheckpointIntervalOpt = None,
+    recompute_interval: o.RecomputeIntervalOpt = None,
     tiling_factor: o.TilingOpt = None,
     prefetch_depth: o.PrefetchOpt = None,
     model_parallel: o.ModelParallelOpt = None,
@@ -63,7 +63,7 @@ def fit(
         strategy=strategy,
         placement_pins=parse_placement_pins(placement),
         micro_batch_per_gpu=batch_per_gpu,
-        checkpoint_interval=checkpoint_interval,
+        recompute_interval=recompute_interval,
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
         # Not given: 1, except for `3d`, whose point is to search tensor and pipeline degrees.
@@ -79,7 +79,7 @@ def fit(
     chosen = result.best or (result.rejected[0] if result.rejected else None)
     if chosen is None:
         raise PlannerError("no candidate plan could be formed; check the pinned options")
-    exports = _exports(chosen, accelerate_out, fsdp2_out)  # refused before anything is written
+    exports = _framework_configs(chosen, accelerate_out, fsdp2_out)  # refused before anything is written
     _write(chosen, out, deepspeed_out)
     for path, (text, what) in exports.items():
         write_text_atomic(path, text, what)
@@ -91,9 +91,9 @@ def fit(
         typer.echo(f"{what} written to {path}")
 
 
-def _exports(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001
+def _framework_configs(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001
     """Path -> (text, what) for the FSDP2 exports asked for; a plan they cannot express is refused here."""
-    from planner.output.exports import accelerate_yaml, fsdp2_snippet
+    from planner.output.framework_configs import accelerate_yaml, fsdp2_snippet
 
     exports = {}
     if accelerate_out is not None:

@@ -42,7 +42,7 @@ def history(
         ("hardware", [row.hardware_name for row in rows]),
         ("GPUs", [str(row.num_gpus) for row in rows]),
         ("placement P/G/O/A", ["/".join((row.params_tier, row.gradients_tier, row.optimizer_states_tier,
-                                         row.activation_checkpoints_tier)) for row in rows]),
+                                         row.recompute_inputs_tier)) for row in rows]),
         ("batch", [f"{row.micro_batch_per_gpu:g}" for row in rows]),
         ("when", [row.recorded_at for row in rows]),
     ]

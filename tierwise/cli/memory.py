@@ -9,7 +9,7 @@ import typer
 from planner.specs.errors import PlannerError
 from tierwise.cli import options as o
 
-PAPER_EQUATIONS = {"model_states": "eq. 2 (whole model)", "activation_checkpoints_per_gpu": "eq. 3",
+PAPER_EQUATIONS = {"model_states": "eq. 2 (whole model)", "recompute_inputs_per_gpu": "eq. 3",
                    "activations_per_gpu": "eq. 3 + eq. 5", "mswm_per_gpu": "eq. 4 (untiled)", "awm_per_gpu": "eq. 5"}
 
 
@@ -21,7 +21,7 @@ def memory(
     seq: o.SeqOpt = None,
     vocab: o.VocabOpt = None,
     batch_per_gpu: o.BatchOpt = 1,
-    checkpoint_interval: o.CheckpointIntervalOpt = 1,
+    recompute_interval: o.RecomputeIntervalOpt = 1,
     gpus: o.GpusOpt = 1,
     hardware: o.HardwareOpt = None,
     strategy: Annotated[str | None, typer.Option("--strategy", help="strategy whose placement to bill (default zero3)")] = None,
@@ -49,7 +49,7 @@ def memory(
         strategy=chosen_strategy,
         placement=place,
         micro_batch_per_gpu=batch_per_gpu,
-        checkpoint_interval=checkpoint_interval,
+        recompute_interval=recompute_interval,
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
         model_parallel_degree=degree or 1,

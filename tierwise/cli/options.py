@@ -3,7 +3,7 @@ the same thing, takes the same values and says the same help on every verb that 
 
 "Checkpoint" names two different things here (docs/conventions.md):
 - activation checkpoints: block inputs kept during forward and recomputed from in backward
-  (`--checkpoint-interval`, the placement's `activation_checkpoints` tier);
+  (`--recompute-interval`, the placement's `recompute_inputs` tier);
 - training checkpoints: the run's saved state on disk (`planner run --save-every`, `--checkpoint-dir`,
   `--keep-checkpoints`, `--resume`).
 """
@@ -38,11 +38,11 @@ StrategyOpt = Annotated[str | None, typer.Option(
     "--strategy", help="pin a strategy: dp, zero2, zero-offload, zero3, zero-inf-cpu, zero-inf-nvme, 3d (tensor x "
                        "pipeline x data parallel, ZeRO-1)")]
 PlacementOpt = Annotated[str | None, typer.Option(
-    "--placement", help="pin tiers, e.g. params=nvme,optimizer_states=nvme (activation_checkpoints: where the "
+    "--placement", help="pin tiers, e.g. params=nvme,optimizer_states=nvme (recompute_inputs: where the "
                         "recompute inputs are kept)")]
 BatchOpt = Annotated[float | None, typer.Option("--batch-per-gpu", help="pin global batch / GPUs")]
-CheckpointIntervalOpt = Annotated[int | None, typer.Option(
-    "--checkpoint-interval",
+RecomputeIntervalOpt = Annotated[int | None, typer.Option(
+    "--recompute-interval",
     help="pin blocks per activation checkpoint, the recompute granularity (0: none; not a training checkpoint)")]
 TilingOpt = Annotated[int | None, typer.Option("--tiling-factor", help="pin the tiling factor")]
 PrefetchOpt = Annotated[int | None, typer.Option("--prefetch-depth", help="pin the prefetch depth")]

@@ -6,7 +6,7 @@ progress bar with step time and loss, and writes the profile. A plan the runtime
 refused before any process starts (model parallelism, unsupported placement, the wrong process
 count) or by the workers before training (memory that is not there), always as one line.
 `--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt; not the activation
-checkpoints of `--checkpoint-interval`) and lets torchrun restart failed workers (`--max-restarts`,
+checkpoints of `--recompute-interval`) and lets torchrun restart failed workers (`--max-restarts`,
 default 3 with checkpoints, 0 without), which resume from the newest complete training checkpoint;
 `--resume` continues a run that was stopped. `--nvme-path DIR` overrides the plan's swap directory
 (created when its parent exists). Before launching, `machine` names a missing runtime extra in one

@@ -23,7 +23,7 @@ def simulate_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan document with the simulated prediction.")] = False,
     placement: o.PlacementOpt = None,
     batch_per_gpu: o.BatchOpt = None,
-    checkpoint_interval: o.CheckpointIntervalOpt = None,
+    recompute_interval: o.RecomputeIntervalOpt = None,
     tiling_factor: o.TilingOpt = None,
     prefetch_depth: o.PrefetchOpt = None,
     model_parallel: o.ModelParallelOpt = None,
@@ -39,7 +39,7 @@ def simulate_command(
         from planner.sim import simulate
 
         plan = apply_pins(check_plan(load_plan(plan_file)), placement=placement, batch_per_gpu=batch_per_gpu,
-                          checkpoint_interval=checkpoint_interval, tiling_factor=tiling_factor,
+                          recompute_interval=recompute_interval, tiling_factor=tiling_factor,
                           prefetch_depth=prefetch_depth, model_parallel=o.model_parallel(model_parallel),
                           max_alloc_gib=max_alloc_gib, optimizer_step=optimizer_step)
         if o.is_auto(model_parallel):

@@ -1,4 +1,4 @@
-"""Plan exports beyond DeepSpeed: an accelerate (FSDP2) config and a `fully_shard` snippet (planner/output/exports.py)."""
+"""Plan exports beyond DeepSpeed: an accelerate (FSDP2) config and a `fully_shard` snippet (planner/output/framework_configs.py)."""
 
 import json
 import os
@@ -9,18 +9,18 @@ import textwrap
 import pytest
 import yaml
 
-from planner.output.exports import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
+from planner.output.framework_configs import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Placement, Plan, strategy_named
 
-CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", activation_checkpoints="cpu")
+CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
 
 
 def plan(strategy="zero-inf-cpu", **changes):
     fields = dict(model=resolve_model("1.4B"), node=resolve_hardware("dgx-h100"), num_gpus=16, strategy=strategy,
                   placement=strategy_named(strategy).placement if strategy != "custom" else CPU_OFFLOAD,
-                  micro_batch_per_gpu=4, checkpoint_interval=1)
+                  micro_batch_per_gpu=4, recompute_interval=1)
     return Plan(**(fields | changes))
 
 
@@ -44,7 +44,7 @@ def test_cpu_offload_plan_as_accelerate_yaml():
 
 
 def test_accelerate_maps_each_expressible_strategy():
-    zero2 = accelerate_config(plan("zero2", checkpoint_interval=0, precision="fp32", num_gpus=8))
+    zero2 = accelerate_config(plan("zero2", recompute_interval=0, precision="fp32", num_gpus=8))
     assert zero2["fsdp_config"]["fsdp_reshard_after_forward"] is False
     assert zero2["fsdp_config"]["fsdp_offload_params"] is False
     assert zero2["fsdp_config"]["fsdp_activation_checkpointing"] is False
@@ -166,7 +166,7 @@ def test_fit_writes_the_exports(tmp_path):
     plan_doc = json.loads(result.stdout)
     doc = yaml.safe_load((tmp_path / "acc.yaml").read_text())
     assert doc["fsdp_config"]["fsdp_offload_params"] is True and doc["num_processes"] == 8
-    assert doc["fsdp_config"]["fsdp_activation_checkpointing"] == (plan_doc["checkpoint_interval"] > 0)
+    assert doc["fsdp_config"]["fsdp_activation_checkpointing"] == (plan_doc["recompute_interval"] > 0)
     compile((tmp_path / "shard.py").read_text(), "shard.py", "exec")
 
 

@@ -72,10 +72,10 @@ def _header(plan: Plan, what: str, docs: str) -> list[str]:
     """Comment lines: what the file is for, and what of the plan it does not carry as the plan says."""
     lines = [f"{what} for: {plan.model.name} on {plan.num_gpus} GPU(s) of {plan.node.name}",
              f"placement {plan.placement.label()}, strategy {plan.strategy}, batch/GPU {plan.micro_batch_per_gpu:g}, "
-             f"checkpoint interval {plan.checkpoint_interval}, {plan.precision}",
-             f"Written by `planner fit` (planner/output/exports.py [Note: what FSDP2 can express]); see {docs}"]
-    if plan.checkpoint_interval > 1:
-        lines.append(f"Activation checkpoints per block (the plan: every {plan.checkpoint_interval} blocks): "
+             f"recompute interval {plan.recompute_interval}, {plan.precision}",
+             f"Written by `planner fit` (planner/output/framework_configs.py [Note: what FSDP2 can express]); see {docs}"]
+    if plan.recompute_interval > 1:
+        lines.append(f"Activation checkpoints per block (the plan: every {plan.recompute_interval} blocks): "
                      "the same recompute, less kept")
     if plan.optimizer_step == "in_backward":
         lines.append("The plan steps the optimizer in backward; this export steps it after backward")
@@ -108,7 +108,7 @@ def accelerate_config(plan: Plan) -> dict[str, Any]:
 
 
 def _fsdp_config(plan: Plan) -> dict[str, Any]:
-    checkpointing = plan.checkpoint_interval > 0
+    checkpointing = plan.recompute_interval > 0
     fsdp: dict[str, Any] = {
         "fsdp_version": 2,
         "fsdp_offload_params": plan.placement.params == "cpu",
@@ -118,7 +118,7 @@ def _fsdp_config(plan: Plan) -> dict[str, Any]:
         "fsdp_cpu_ram_efficient_loading": True,
         "fsdp_activation_checkpointing": checkpointing,
     }
-    if checkpointing and plan.placement.activation_checkpoints == "cpu":
+    if checkpointing and plan.placement.recompute_inputs == "cpu":
         fsdp["fsdp_activation_checkpointing_offload"] = True
     return fsdp
 
@@ -142,9 +142,9 @@ def fsdp2_snippet(plan: Plan) -> str:
         _refuse(what, "fp16 needs a loss scaler this snippet does not set up; use --accelerate-config or bf16")
     header = _header(plan, what, FSDP2_DOCS)
     header.append("Run under torchrun, one process per GPU, after init_process_group")
-    wrappers = ["checkpoint_wrapper"] + (["offload_wrapper"] if plan.placement.activation_checkpoints == "cpu" else [])
+    wrappers = ["checkpoint_wrapper"] + (["offload_wrapper"] if plan.placement.recompute_inputs == "cpu" else [])
     lines = ["".join(f"# {line}\n" for line in header) + "import torch"]
-    if plan.checkpoint_interval:
+    if plan.recompute_interval:
         lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import " + ", ".join(wrappers))
     policy = "CPUOffloadPolicy" if plan.placement.params == "cpu" else "OffloadPolicy"
     lines += [f"from torch.distributed.fsdp import {policy}, MixedPrecisionPolicy, fully_shard",
@@ -174,9 +174,9 @@ def _apply_plan_function(plan: Plan) -> list[str]:
         "    }",
         "    for index, block in enumerate(blocks):",
     ]
-    if plan.checkpoint_interval:
+    if plan.recompute_interval:
         body.append("        block = checkpoint_wrapper(block)  # recompute the block's forward in backward")
-        if plan.placement.activation_checkpoints == "cpu":
+        if plan.placement.recompute_inputs == "cpu":
             body.append("        block = offload_wrapper(block)  # the checkpointed input waits in CPU memory")
         body.append("        blocks[index] = block")
     body += ["        fully_shard(block, **fsdp)", "    fully_shard(model, **fsdp)", "    return model"]
