@@ -1,6 +1,6 @@
 """Tierwise what-if dashboard: `planner dashboard` or `streamlit run app/dashboard.py`.
 
-A thin page over the `planner` library (DESIGN.md principle 9): the sidebar produces one `Inputs`
+A thin page over the `planner` library (docs/conventions.md, "The command line"): the sidebar produces one `Inputs`
 value, cached library calls answer it (app/compute.py), and each panel draws one result.
 """
 

@@ -2,7 +2,7 @@
 sequence, batch and placement. Widgets only; they produce one `Inputs` value.
 
 Number inputs carry no bounds of their own: the library validates every value (`PlannerError`),
-so the page shows the same one-line message the CLI would (requirement 4 of issue 7).
+so the page shows the same one-line message the CLI would, never a traceback (docs/dashboard.md).
 """
 
 from __future__ import annotations

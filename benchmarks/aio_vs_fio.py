@@ -4,7 +4,7 @@ Both move the same file (written once beforehand, so reads hit real blocks) with
 same block size and the same queue depth, fio through its io_uring engine, in its default and in
 its batched-submission mode (see [Note: fio's two submission modes]). Runs alternate
 (fio then engine, engine then fio, ...) so that background load and the drive's drift hit both
-alike; the ratios are of the medians. Target (issue 5): read_ratio and write_ratio >= 0.95.
+alike; the ratios are of the medians. Target: read_ratio and write_ratio >= 0.95.
 
 Usage: python benchmarks/aio_vs_fio.py [--json] [--dir DIR] [--size-gib G] [--repeats N]
        [--block-kib K] [--queue-depth Q] [--backend io_uring|threads|python] [--sweep]

@@ -1,4 +1,4 @@
-"""Dashboard response time (issue 7: every interaction for 1T on 16 GPUs answers within 1 s).
+"""Dashboard response time; target: every interaction for 1T on 16 GPUs answers within 1 s.
 
 Each interaction is one widget change followed by a full script rerun in Streamlit's AppTest (the
 same code path as a browser session, minus the websocket and drawing), timed from `set_value` to
@@ -145,7 +145,7 @@ def write_results(doc: dict, machine: results_md.MachineFacts) -> None:
     lines = [
         HEADING,
         "",
-        f"Target (issue 7): every interaction for 1T on 16 GPUs answers within {TARGET_S:g} s. One widget change plus",
+        f"Target: every interaction for 1T on 16 GPUs answers within {TARGET_S:g} s. One widget change plus",
         "the full rerun in Streamlit's AppTest, each interaction computing what it newly needs (caches cleared",
         f"before each of {doc['repeats']} repetitions). Tabs are lazy: only the open panel runs.",
         machine.describe(),

@@ -5,7 +5,7 @@ scaler's overflow check by sum vs `isfinite(...).all()`.
 in runtime/optim/loss_scaling.py. Three measurements, each pair alternating in one process so that
 machine noise hits both alike:
 - the add alone, at the sizes a unit's gradient comes in, bf16 and fp16 into fp32;
-- the runtime's backward with gradient accumulation: the DESIGN.md MLP's blocks (benchmarks/bench_runtime.py)
+- the runtime's backward with gradient accumulation: the reference MLP's blocks (benchmarks/bench_runtime.py)
   at hidden 2048 and FFN 8192 (16 Mi weights a Linear), bf16, every state in host memory,
   `--micro-batches` backwards per optimizer step, so all but the first add into the shards; the
   same sharded model with the runtime's adds switched to torch's `add_` in between;

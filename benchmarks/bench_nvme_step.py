@@ -1,47 +1,16 @@
 """A full-NVMe training step (params, gradients and optimizer states on NVMe): Tierwise vs DeepSpeed
 ZeRO-3 with `offload_param` and `offload_optimizer` on NVMe, and vs the step's I/O roofline.
 
-The DESIGN.md model (8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), fp32, AdamW),
+The reference MLP (8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), fp32, AdamW),
 the same as benchmarks/bench_runtime.py, at two batch shapes (CONFIGS): `design` (4 x 128 tokens,
-DESIGN.md's; on a machine whose CPU computes the step, its compute alone can outlast the I/O) and `io-bound`
-(1 x 16 tokens: compute is small next to the NVMe traffic, which does not depend on the batch).
-All systems of a config live in one process and alternate step by step (the order flips each
-iteration), so that noise from other processes on the machine hits them alike; `ours-cpu` (everything in
-host memory) runs alongside as the compute-only reference.
-
-[Note: the I/O roofline]
-The roofline is a lower bound on the step time given the bytes the drive must move: our step's
-bytes (the runtime's own link counters `nvme_read`, `nvme_write`) at the bandwidth the drive
-delivers through the same engine on the same directory. Whether reads and writes add up or overlap
-on the drive is measured, not assumed: `MixProbe` moves the step's own read:write mix (R read and W
-written, 64 MiB requests) once concurrently (all requests in flight together) and once one after
-the other (reads, then writes, each timed). The roofline is the faster way the drive moved those
-bytes, scaled to the step's bytes: min(R / read_bw + W / write_bw, concurrent-mix time).
-
-Adjacent form (the headline ratio). A drive's bandwidth can drift within minutes (a shared virtual
-disk, docs/notes/2026-11-22-nvme-step-roofline.md), so a bandwidth probed minutes away from a step
-says little about that step. Each measured ours-nvme step therefore gets
-its own probe of the step's mix, run right next to it in the same process: before the step in even
-iterations and after it in odd ones (the systems' order flips each iteration, and the probe sits
-next to ours-nvme in that order). The ratio is per step (step time / its adjacent roofline); the
-JSON reports their median and spread (min, quartiles, max) over every measured step, none dropped.
-The probe also gives each step's read and write bandwidth, against which each phase of the step is
-compared with the ideal disk time of its bytes (`phase_budget`).
-
-[Note: blocks of steps]
-A step of ours can leave I/O in flight when it returns (until 2026-11-22 it ended by submitting the
-reads of the next step's first optimizer chunks, which in training overlap the next forward). Timed
-alone, such I/O would run on while another system (or a probe) is timed: part of our I/O unpaid.
-Each system therefore runs `--block` consecutive steps (3) as one timed call, which for ours ends by
-waiting for every transfer still in flight (`ShardedModel.wait_io`); the per-step time, bytes and
-phases are the block's divided by its steps.
-A roofline probe sits next to each block, as above, sized to one step's bytes.
-
-Whole-run form (kept for comparison with earlier results): `planner probe`'s measurement
-(`runtime.probe.measure_nvme`, 1 GiB written and read 3 times) before and after the whole run, the
-median of the two, and one `measure_mixed` after the run; every step is divided by that one roofline.
-Whether reads and writes in flight together add up or share the drive's bandwidth is the drive's
-(docs/notes/2026-11-22-nvme-step-roofline.md); the JSON records both forms.
+bench_runtime.py's; on a machine whose CPU computes the step, its compute alone can outlast the
+I/O) and `io-bound` (1 x 16 tokens: compute is small next to the NVMe traffic, which does not
+depend on the batch). All systems of a config live in one process and alternate step by step (the
+order flips each iteration), so that noise from other processes on the machine hits them alike;
+`ours-cpu` (everything in host memory) runs alongside as the compute-only reference. The roofline
+is the bytes the drive must move at the rate it delivers them next to each step ([Note: the I/O
+roofline], above `MixProbe`); each system is timed in blocks of steps ([Note: blocks of steps],
+above `make_step`).
 
     python benchmarks/bench_nvme_step.py --nvme-path DIR --rounds 2 --steps 3 --warmup 1 [--block 3] [--write-results]
         [--ds-queue-depths 16,64,128 --ds-threads 1,4,8 --sweep-steps 2] [--device cuda] [--json-out FILE]
@@ -83,7 +52,7 @@ NVME_PLACEMENT = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nv
 
 DS_QUEUE_DEPTHS, DS_THREADS = (16, 64, 128), (1, 4, 8)
 """DeepSpeed's aio settings swept (queue depth x `intra_op_parallelism`, its I/O threads per
-request; 0.19.8 reads no `thread_count` key, which the benchmark set until 2026-11-25 to no effect):
+request; 0.19.8 reads no `thread_count` key, so the benchmark does not set one):
 the headline run uses the setting whose DeepSpeed step was fastest. Ours runs at its defaults
 (`EngineConfig`: queue depth 128, the depth benchmarks/aio_vs_fio.py's sweep supports)."""
 GPU_HARDWARE = "h200-x1"
@@ -114,6 +83,26 @@ def deepspeed_nvme_config(nvme_path: str, queue_depth: int, threads: int, device
                     "single_submit": False, "overlap_events": True}}
 
 
+# [Note: blocks of steps] A step of ours can leave I/O in flight when it returns (the step's writes,
+# or reads submitted ahead for the next step, which in training overlap the next forward). Timed
+# alone, such I/O would run on while another system (or a probe) is timed: part of our I/O unpaid.
+# Each system therefore runs `--block` consecutive steps (3) as one timed call, which for ours ends by
+# waiting for every transfer still in flight (`ShardedModel.wait_io`); the per-step time, bytes and
+# phases are the block's divided by its steps.
+# A roofline probe sits next to each block, as above, sized to one step's bytes.
+#
+# Whole-run form (kept for comparison with earlier results): `planner probe`'s measurement
+# (`runtime.probe.measure_nvme`, 1 GiB written and read 3 times) before and after the whole run, the
+# median of the two, and one `measure_mixed` after the run; every step is divided by that one roofline.
+# Whether reads and writes in flight together add up or share the drive's bandwidth is the drive's
+# (docs/notes/2026-11-22-nvme-step-roofline.md); the JSON records both forms.
+#
+#     python benchmarks/bench_nvme_step.py --nvme-path DIR --rounds 2 --steps 3 --warmup 1 [--block 3] [--write-results]
+#         [--ds-queue-depths 16,64,128 --ds-threads 1,4,8 --sweep-steps 2] [--device cuda] [--json-out FILE]
+#
+# DeepSpeed runs at its best (`deepspeed_nvme_config`): DeepSpeedCPUAdam, pipelined optimizer swapping,
+# and the aio setting that was fastest in a sweep run first (`deepspeed_sweep`, DS_QUEUE_DEPTHS x
+# DS_THREADS), whose every point the JSON and the RESULTS section report.
 def make_step(system: str, x, y, nvme_path: str, block: int, ds_aio: tuple[int, int] = (128, 8)):  # noqa: ANN001, ANN201 - torch tensors; returns (steps, io_bytes, phases)
     """`block` consecutive training steps of `system` as one call, ending when all their I/O did
     (see [Note: blocks of steps]); also functions returning the link byte counters and the phase
@@ -214,6 +203,23 @@ def worker(systems: list[str], steps: int, warmup: int, nvme_path: str, config: 
     return out
 
 
+# [Note: the I/O roofline] The roofline is a lower bound on the step time given the bytes the drive
+# must move: our step's bytes (the runtime's own link counters `nvme_read`, `nvme_write`) at the bandwidth the drive
+# delivers through the same engine on the same directory. Whether reads and writes add up or overlap
+# on the drive is measured, not assumed: `MixProbe` moves the step's own read:write mix (R read and W
+# written, 64 MiB requests) once concurrently (all requests in flight together) and once one after
+# the other (reads, then writes, each timed). The roofline is the faster way the drive moved those
+# bytes, scaled to the step's bytes: min(R / read_bw + W / write_bw, concurrent-mix time).
+#
+# Adjacent form (the headline ratio). A drive's bandwidth can drift within minutes (a shared virtual
+# disk, docs/notes/2026-11-22-nvme-step-roofline.md), so a bandwidth probed minutes away from a step
+# says little about that step. Each measured ours-nvme step therefore gets
+# its own probe of the step's mix, run right next to it in the same process: before the step in even
+# iterations and after it in odd ones (the systems' order flips each iteration, and the probe sits
+# next to ours-nvme in that order). The ratio is per step (step time / its adjacent roofline); the
+# JSON reports their median and spread (min, quartiles, max) over every measured step, none dropped.
+# The probe also gives each step's read and write bandwidth, against which each phase of the step is
+# compared with the ideal disk time of its bytes (`phase_budget`).
 class MixProbe:
     """Moves a given number of bytes read and written through the engine the runtime uses (64 MiB
     requests, O_DIRECT, `EngineConfig()`: the plan's block size and queue depth) on a file laid out
@@ -528,7 +534,7 @@ def write_results(doc: dict, machine: results_md.MachineFacts) -> None:
               "exposed time), so it can be far below its bytes' ideal; backward also reads the optimizer's first "
               "chunks' states ahead. In backward (`ours-nvme-ib`), the forward reads P, the backward reads K + 3P "
               "and writes 3P and the optimizer phase is the tail of those writes, so the two are one row.", "",
-              "Targets (issues 5 and 25): ours / deepspeed-nvme at its best <= 0.6 and ours step / I/O roofline <= 1.2. "
+              "Targets: ours / deepspeed-nvme at its best <= 0.6 and ours step / I/O roofline <= 1.2. "
               + _compute_bound(doc) + " The losses of `ours-nvme`, `ours-nvme-ib` and `ours-cpu` "
               "agree bit for bit (also pinned by tests/test_nvme_training.py)."]
     ds = doc.get("deepspeed")

@@ -1,6 +1,6 @@
 """Step time and peak RSS: Tierwise runtime vs DeepSpeed ZeRO-3 (CPU offload) vs plain PyTorch.
 
-The DESIGN.md model: 8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), batch 4 x 128
+The reference MLP: 8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), batch 4 x 128
 tokens, fp32, Adam. Step times: the two systems of a comparison live in one process and alternate
 step by step, so that machine noise (other processes on the same cores) hits both alike. Peak RSS: each
 system alone in a fresh process. Reported: median and minimum step times and the ratios.
@@ -33,7 +33,7 @@ LR = 1e-3
 
 
 def build_model(hidden: int = HIDDEN, ffn: int = FFN, blocks: int = BLOCKS):  # noqa: ANN201
-    """The DESIGN.md model (other sizes for the GPU kit, benchmarks/gpu/), seeded: every call
+    """The reference MLP (other sizes for the GPU kit, benchmarks/gpu/), seeded: every call
     returns the same weights."""
     import torch
     from torch import nn
@@ -95,8 +95,8 @@ def ours_step(model, plan: dict, x, y):  # noqa: ANN001, ANN201 - torch objects;
 
 DEEPSPEED_OPTIMIZER = {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}}
 """DeepSpeed at its best: with `offload_optimizer` and no `torch_adam`, ZeRO-3 steps with
-DeepSpeedCPUAdam (its fused AVX C++ Adam, JIT-built with ninja on first use), not torch's Adam
-(about 4.8x slower here, issue 25)."""
+DeepSpeedCPUAdam (its fused AVX C++ Adam, JIT-built with ninja on first use), not torch's single-tensor
+Adam, which is several times slower (docs/notes/2026-11-22-reference-measurements.md)."""
 
 
 def deepspeed_step(model, x, y, *, batch: int, port: str, zero_optimization: dict, device: str = "cpu", **config):  # noqa: ANN001, ANN201

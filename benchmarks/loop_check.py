@@ -1,6 +1,6 @@
-"""The loop outside the sweep: probe -> fit -> run -> compare on shapes nothing was calibrated on (issue 24).
+"""The loop outside the sweep: probe -> fit -> run -> compare on shapes nothing was calibrated on.
 
-    flock /work/bench.lock python benchmarks/loop_check.py [--rounds 1] [--write-results]
+    python benchmarks/loop_check.py [--rounds 1] [--write-results]
 
 Each round does what a new user does (docs/calibration.md, "Doing it yourself"), through the CLI:
 one `planner probe --out hw.json` (on a CPU-only machine it calibrates itself on its reference
@@ -9,8 +9,9 @@ batch and placement pinned (the planner picks the rest), `planner run --steps 8`
 steps) and `planner compare --json`. The configurations are neither the probe's reference runs
 nor the sweep's (benchmarks/sweep.py CONFIGS, all at seq 256 and hidden 512-1024): they span small
 (256-384) and large (1280-1536) hidden sizes, short (64-128) and long (512-1024) sequences and every
-placement of parameters and optimizer states (device, host memory, NVMe), and include issue 24's
-4-layer, hidden-512, seq-128 plan with parameters and optimizer states in host memory. Reported per
+placement of parameters and optimizer states (device, host memory, NVMe), and include the
+4-layer, hidden-512, seq-128 plan with parameters and optimizer states in host memory that
+docs/notes/2026-11-25-calibration-loop-outside-sweep.md follows. Reported per
 configuration: predicted and measured iteration time and phase times, and the median and worst
 |error| of the iteration time (targets: each within 15 %, median within 10 %).
 """
@@ -196,7 +197,7 @@ def write_results(doc: dict, *, reanalysed: bool = False) -> None:
     again = (" Predictions made again with this checkout's model from the run's kept reference runs, plans and "
              "profiles (`--reanalyse --write-results`), the measurements as they were.") if reanalysed else ""
     lines = ["## The loop outside the sweep (`benchmarks/loop_check.py`)", "",
-             f"`flock /work/bench.lock python benchmarks/loop_check.py --rounds {len(doc['rounds'])} --write-results` "
+             f"`python benchmarks/loop_check.py --rounds {len(doc['rounds'])} --write-results` "
              f"({doc['priority']}). {machine.describe()} "
              "Each round: one `planner probe` (calibrated on its reference runs), then per configuration `planner fit` "
              f"(shape, batch and placement pinned), `planner run --steps {STEPS}` (2 warm-up), `planner compare`. "

@@ -1,6 +1,6 @@
-"""A new user's first runs: probe, fit a pinned small model, run it, compare (issue 6's second must-show).
+"""A new user's first runs: probe, fit a pinned small model, run it, compare (docs/calibration.md).
 
-    flock /work/bench.lock python benchmarks/new_user.py [--rounds 2] [--write-results]
+    python benchmarks/new_user.py [--rounds 2] [--write-results]
 
 Every round does exactly what docs/calibration.md tells a new user to do, through the CLI:
 `planner probe --out hw.json` (which, on a CPU-only machine, calibrates on its own reference runs:
@@ -88,7 +88,7 @@ def main() -> int:
 
 def write_results(doc: dict, machine: results_md.MachineFacts) -> None:
     lines = ["## A new user's first runs (`benchmarks/new_user.py`)", "",
-             f"`flock /work/bench.lock python benchmarks/new_user.py --rounds {len(doc['rounds'])} --write-results`. "
+             f"`python benchmarks/new_user.py --rounds {len(doc['rounds'])} --write-results`. "
              f"{machine.describe()} Each round: "
              "a fresh `planner probe` (calibrated on its reference runs), then per model `planner fit` (shape and "
              f"placement pinned), `planner run --steps {STEPS}`, `planner compare`. Iteration time:", "",

@@ -1,4 +1,4 @@
-"""Simulator speed: the two targets of issue 3, measured on this machine.
+"""Simulator speed against its two targets, measured on the machine that runs it.
 
 1. Simulating one iteration of the paper's 1T configuration (128 layers, hd 25600, batch/GPU 7,
    everything offloaded to NVMe, recompute inputs on the CPU) on 16 GPUs of `dgx2-v100` in under 0.5 s.
@@ -41,7 +41,7 @@ def one_t_plan() -> Plan:
 
 
 def tiled_1t_plan() -> Plan:
-    """The dashboard's slowest Timeline (issue 7): 1T on 32 GPUs of dgx-h100, tiling 8, parameters on NVMe."""
+    """The dashboard's slowest Timeline: 1T on 32 GPUs of dgx-h100, tiling 8, parameters on NVMe."""
     placement = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
     return Plan(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=32, placement=placement,
                 micro_batch_per_gpu=19, recompute_interval=4, tiling_factor=8)

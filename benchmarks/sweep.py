@@ -1,31 +1,25 @@
-"""Sweep: the simulator against the real runtime on this machine, before and after calibration.
+"""Sweep: the simulator against the real runtime on the machine that runs it, before and after
+calibration.
 
-    flock /work/bench.lock python benchmarks/sweep.py --write-results
+    python benchmarks/sweep.py --write-results
 
 1. `planner probe` (quick: 256 MiB of NVMe traffic) writes this machine's hardware spec, unless
    `--hardware FILE` gives one. Without CUDA the probe calibrates itself on four reference runs of
-   the runtime, none of them a configuration below (planner/calibration/probe_reference.py), so the "probe
-   spec" predictions are of plans the spec never saw.
-2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on
-   device, cpu and nvme; three model sizes; micro-batch; recompute interval; tiling) is planned
-   with that spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`, two
-   warm-up steps, runtime/launch.py WARMUP_STEPS, then `--steps - 2` measured ones).
-   [Note: sweep rounds] A shared machine can change speed by 2x and more from one minute to the
-   next (docs/notes/2026-11-22-benchmark-runs-kept-by-hand.md), so one pass would compare a
-   prediction with whatever state the machine was in. The sweep runs in `--rounds` rounds; every
-   round probes the machine and then runs every configuration once, in an order rotated each round. The spec is the median of the rounds' probes, a configuration's
-   measurement is the median of all its measured steps over the rounds, and the calibration fits
-   every round's profile: prediction and measurement sample the same spread of machine states.
-   The measurement runs at the highest CPU and I/O priority, in a scheduler group of its own, its
-   runs' worker sessions included, when allowed (benchmarks/priority.py `take_priority`).
+   the runtime, none of them a configuration below (planner/calibration/probe_reference.py), so the
+   "probe spec" predictions are of plans the spec never saw.
+2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on device,
+   cpu and nvme; three model sizes; micro-batch; recompute interval; tiling) is planned with that
+   spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`), in `--rounds`
+   rounds ([Note: sweep rounds], above `measured_time_s`), at the highest CPU and I/O priority
+   allowed (benchmarks/priority.py `take_priority`).
 3. `planner calibrate` fits the spec's efficiency parameters on `CALIBRATION` (4 configurations,
    one per term of the calibration model) and the held-out ones are predicted again with the
    calibrated spec.
 4. Prints JSON; with `--write-results` writes docs/calibration.md, docs/sweep-scatter.png and the
    "Simulator vs runtime (sweep)" section of benchmarks/RESULTS.md.
 
-A run's wall time is in its RESULTS section; `--reuse` skips configurations whose
-profile is already in `--work-dir` (for re-analysis only: timings should come from one session).
+A run's wall time is in its RESULTS section; `--reuse` skips configurations whose profile is already
+in `--work-dir` (for re-analysis only: timings should come from one run).
 """
 
 from __future__ import annotations
@@ -89,10 +83,8 @@ CONFIGS = (
 )
 # One configuration per term of the calibration model, as in the probe's reference runs: memory-bound
 # heavy (all on device, batch 8), NVMe both ways, NVMe optimizer from host parameters, and tiling 4
-# (four times the operators for the same flops). Until 2026-11-23 the set had L-gpu-gpu-t2 and
-# S-cpu-cpu instead: with the per-operator term that set cannot tell the cost of an operator from
-# memory-bound work (in the 21:21 sweep it fitted 2.2 ms per operator and no memory-bound cost, and
-# overpredicted the held-out tiled runs by 27-39%; docs/calibration.md).
+# (four times the operators for the same flops). Without a tiled configuration the per-operator term
+# cannot be told from memory-bound work (docs/notes/2026-11-23-calibration-operator-cost.md).
 CALIBRATION = ("S-gpu-gpu", "M-nvme-nvme", "M-gpu-gpu-t4", "M-cpu-nvme")
 
 
@@ -112,6 +104,15 @@ def step_times_s(profile: Profile) -> list[float]:
     return [s.step_time_s for s in steps]
 
 
+# [Note: sweep rounds] A shared machine's speed can change several-fold from one minute to the next
+# (docs/notes/2026-11-22-benchmark-runs-kept-by-hand.md), so one pass would compare a prediction with
+# whatever state the machine was in. The sweep runs in `--rounds` rounds; every round probes the
+# machine and then runs every configuration once (two warm-up steps, runtime/launch.py WARMUP_STEPS,
+# then `--steps - 2` measured ones), in an order rotated each round. The spec is the median of the
+# rounds' probes, a configuration's measurement is the median of all its measured steps over the
+# rounds, and the calibration fits every round's profile: prediction and measurement sample the same
+# spread of machine states. The measurement runs at the highest CPU and I/O priority, in a scheduler
+# group of its own, its runs' workers included, when allowed (benchmarks/priority.py `take_priority`).
 def measured_time_s(profiles: list[Profile]) -> float:
     """Median of the measured steps of every round ([Note: sweep rounds])."""
     return statistics.median(t for p in profiles for t in step_times_s(p))

@@ -12,7 +12,7 @@ from planner.specs.plan import TIERS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-COMMAND = "flock /work/bench.lock python benchmarks/sweep.py --write-results"
+COMMAND = "python benchmarks/sweep.py --write-results"
 
 
 def _pct(predicted: float, measured: float) -> str:

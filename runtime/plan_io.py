@@ -1,8 +1,7 @@
 """From a plan (path, dict or `planner.specs.plan.Plan`) to the runtime's own frozen config.
 
 Everything the runtime cannot execute is rejected here, before any training starts, with a
-one-line reason (DESIGN.md principle: "A plan the runtime cannot execute is rejected with the
-reason").
+one-line reason: a plan the runtime cannot execute is rejected with the reason (docs/plan-format.md).
 """
 
 from __future__ import annotations

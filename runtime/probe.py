@@ -113,7 +113,7 @@ def read_write_sharing(read_alone_s: float, write_alone_s: float, mixed_s: float
     """[Note: NVMe read/write sharing] If a device serves reads and writes from independent budgets,
     a mix of both takes as long as the longer of the two alone; if from one budget, as long as both
     one after the other. The probe times the mix and picks the model whose prediction is closer (a
-    virtio disk measured 'shared' here: the mix took the serial time, benchmarks/RESULTS.md)."""
+    virtio disk measured 'shared': the mix took the serial time, benchmarks/RESULTS.md)."""
     independent_s, shared_s = max(read_alone_s, write_alone_s), read_alone_s + write_alone_s
     return "shared" if abs(mixed_s - shared_s) < abs(mixed_s - independent_s) else "independent"
 
@@ -121,11 +121,10 @@ def read_write_sharing(read_alone_s: float, write_alone_s: float, mixed_s: float
 # -- host ------------------------------------------------------------------------------------------
 CACHE_MULTIPLE = 4
 """[Note: host measurements beyond the cache] The host's working sets are at least this many times its
-largest CPU cache. On a GPU host (the H200 machine of 2026-11-26: 16 cores of a server Xeon) fused
-AdamW over 16 Mi parameters (256 MiB of parameter, gradient and moments) ran at 6.56 Gparams/s, 184
-GB/s of the 28 bytes it moves per parameter against 70 GB/s for a 256 MiB copy: part of it ran from
-cache. The runtime's step over 1.2 B parameters then took 0.443 s, not the 0.184 s that rate
-predicts, and 0.483 s at the copy bandwidth. Server CPUs carry 100-300 MB of last-level cache, so
+largest CPU cache. On a GPU host with a server CPU a working set
+sized for a small cache partly ran from cache: fused AdamW over 16 Mi parameters moved its 28 bytes
+per parameter faster than a copy of the same size, and predicted the runtime's step over 1.2 B
+parameters less than half as long as it took (docs/notes/2026-11-26-first-gpu-run.md). Server CPUs carry 100-300 MB of last-level cache, so
 the probe sizes both measurements from it; on a machine with a 32 MB cache they stay as they were."""
 
 

@@ -1,4 +1,4 @@
-"""Where the dashboard is served, and what it reads there (issue 27 item 7)."""
+"""Where the dashboard is served, and what it reads there (docs/dashboard.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The layering (issue 26): `planner/` is pure (no torch, no runtime, no composition root, no
+"""The layering (docs/architecture.md): `planner/` is pure (no torch, no runtime, no composition root, no
 dashboard), its packages import downwards only (`PLANNER_LAYERS`), `runtime/`'s files only down its
 layers (`RUNTIME_LAYERS`), and neither `planner/`'s nor `runtime/`'s modules import each other in a
 cycle. All read the source with `ast`, so an import inside a function counts as much as one at the
@@ -256,7 +256,7 @@ MAX_FUNCTION_LINES = 80
 
 @pytest.mark.parametrize("package", ["planner", "runtime", "app", "tierwise"])
 def test_no_function_over_80_lines(package):
-    # Small functions (STYLE.md): a longer one is split where a name explains the part.
+    # Small functions (docs/conventions.md): a longer one is split where a name explains the part.
     long = []
     for path in sorted((ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):

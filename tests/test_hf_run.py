@@ -1,4 +1,4 @@
-"""Your Hugging Face model through `planner run` (issue 27 items 3 and 4's `--init-from`).
+"""Your Hugging Face model through `planner run`, and `--init-from` (README.md).
 
 A tiny Llama config (GQA) goes through `fit` -> `run --model` and trains; `runtime.shard` and `run`
 refuse a model that is not the plan's, in one line; `--init-from` a folder written by transformers'
@@ -49,7 +49,7 @@ def _write_config(folder: Path, **changes: Any) -> Path:
 
 
 def _fit(config: Path, out: Path) -> Path:
-    """`planner fit CONFIG` for the 2-core development machine, fp32, the run's batch and sequence."""
+    """`planner fit CONFIG` for the 2-core CPU preset (`cpu-dev-2core`), fp32, the run's batch and sequence."""
     done = _planner("fit", str(config), "--hardware", "cpu-dev-2core", "--gpus", "1", "--precision", "fp32",
                     "--seq", str(SEQ), "--batch-per-gpu", str(BATCH), "--out", str(out), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -287,7 +287,7 @@ def test_run_init_from_a_sharded_folder_on_two_ranks_starts_from_its_weights(tmp
 
 
 def test_config_in_weights_out_through_the_cli(plan: Path, tmp_path: Path) -> None:
-    """Issue 27's path end to end: a config.json -> `fit` -> `run --model` (checkpointed) -> `export`
+    """A Hugging Face user's path end to end: a config.json -> `fit` -> `run --model` (checkpointed) -> `export`
     -> `from_pretrained` loads it with empty loading info and gives the runtime's logits (the run's
     model restored from the same checkpoint) to 1e-5 in fp32; then `run --init-from` the exported
     folder starts from exactly those weights."""

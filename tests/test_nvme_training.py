@@ -214,10 +214,10 @@ def test_host_memory_of_an_nvme_step_stays_within_the_plans_budget(layers: int, 
     """Models whose states on NVMe are many times the plan's host budget (h=256; 16 layers: 10x, 48
     layers: 18x): the ledger's host peak and the measured anonymous RSS growth during 3 steps both
     stay within that budget, however deep the model (the bill's `runtime_bookkeeping` is what each
-    operator's objects cost; without it RSS outgrew the bill by ~0.26 MB per layer), and however many
+    operator's objects cost; without it RSS outgrew the bill with every layer), and however many
     blocks a recompute segment has (before [Note: recompute releases parameters], a segment's
-    parameters stayed gathered from its recompute to their backward: at 4 blocks per segment the
-    ledger measured 26.8 MB against a budget of 18.9 MB).
+    parameters stayed gathered from its recompute to their backward, and at 4 blocks per segment the
+    ledger's peak was over the budget: docs/notes/2026-11-22-runtime-source-measurements.md).
 
     The probe (runtime/memory_probe.py) runs in its own process with glibc's mmap threshold fixed
     (runtime_support.nvme_step_host_memory)."""

@@ -1,4 +1,4 @@
-"""The pinned staging pool (issue 25 item 1; [Note: staged host copies] in runtime/transfer/pinned_pool.py and
+"""The pinned staging pool ([Note: staged host copies] in runtime/transfer/pinned_pool.py and
 [Note: the pinned staging pool] in planner/cost/memory.py): CPU-tier state is pageable, every host<->device
 copy of it goes through a few reused buffers, their number and size come from the plan, and the bill
 charges exactly what the runtime holds.
@@ -28,7 +28,7 @@ from runtime.transfer.stores import CopyEngine, HostStore
 
 gpu = pytest.mark.gpu
 SEPARATE = {**HARDWARE, "host_is_device": False}
-"""The development machine's numbers with a device memory of its own: the bill charges the pool."""
+"""The 2-core CPU preset's numbers (`cpu-dev-2core`) with a device memory of its own: the bill charges the pool."""
 
 
 # -- the plan's pool and its bill ---------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The reference is transformers itself: each config is built with `AutoModelForCausalLM.from_config`
 on the meta device (no memory) and its parameters summed (tied weights once). The published configs
-are tests/data/hf_configs.json, a copy of /work/shared/models/hf_configs.json (see its README there).
+are tests/data/hf_configs.json, each with its `hf_repo` and the `source` it was read from.
 """
 
 import copy

@@ -1,5 +1,5 @@
 """Presets for machines people own: every number cited, derived numbers follow their stated rule,
-and no preset describes where the project is developed (issue 27 item 6; docs/hardware.md)."""
+and no preset describes where the project is developed (docs/hardware.md)."""
 
 import json
 import re

@@ -1,4 +1,4 @@
-"""Terminal-width tables and the one bottleneck vocabulary (issue 27 item 7)."""
+"""Terminal-width tables and the one bottleneck vocabulary (planner/output/report.py [Note: bottleneck labels])."""
 
 import os
 import subprocess
@@ -106,7 +106,7 @@ def test_analytic_runner_ups_are_bounds_beside_a_simulated_winner():
 def test_fit_marks_runner_up_bounds_and_keeps_its_winner():
     out = fit_output("200")
     # Numbers of the 1T plan on dgx-h100 (eager attention, the paper preset's; memory-bound kernels timed;
-    # the preset's compute rates fitted on the published runs, issue 24 item 4, with NCCL's ring costs; the
+    # the preset's compute rates fitted on the published runs (docs/planner.md, Fitted presets), with NCCL's ring costs; the
     # fit frees only the numbers the rows pin down: plateau 0.577 of 989 TFLOPS, HBM share 0.5).
     assert "<= 294.8" in out and ">= 895.07 s" in out and "Predicted (simulated)" in out and "862.41 s" in out
 

@@ -1,4 +1,4 @@
-"""`planner run` meets the machine: --nvme-path, the missing runtime extra, plan vs machine (issue 27 items 5, 7)."""
+"""`planner run` meets the machine: --nvme-path, the missing runtime extra, plan vs machine (tierwise/cli/machine.py)."""
 
 from __future__ import annotations
 

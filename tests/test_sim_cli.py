@@ -119,7 +119,7 @@ def test_efficiency_curve_interpolates_in_log_size_and_clamps():
 def test_presets_round_trip_with_curves(name):
     node = hardware_presets()[name]
     # Presets that cite every number (docs/hardware.md) have no curves: no public per-size curve exists for them.
-    # Fitted presets (issue 24 item 4) have curves and cite their fitted numbers' rows.
+    # Fitted presets (planner/validation/fit.py) have curves and cite their fitted numbers' rows.
     fitted = node.provenance("efficiency").startswith("fitted: published_runs")
     assert bool(node.transfer_efficiency.points and node.matmul_efficiency.points) == (not node.citations or fitted)
     again = NodeSpec.from_dict(json.loads(json.dumps(node.to_dict())))

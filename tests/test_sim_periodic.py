@@ -25,7 +25,7 @@ def small(num_layers: int, **kw) -> ModelSpec:
 
 
 PLANS = {
-    # The dashboard's slow case (issue 7): 1T on 32 GPUs, tiling 8, parameters on NVMe, the rest on the CPU.
+    # The dashboard's slow case (benchmarks/app_speed.py): 1T on 32 GPUs, tiling 8, parameters on NVMe, the rest on the CPU.
     "1T tiled, nvme params": Plan(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=32,
                                   placement=NVME_PARAMS, micro_batch_per_gpu=19, recompute_interval=4, tiling_factor=8),
     "partial top segment, cpu": Plan(model=small(30), node=resolve_hardware("dgx2-v100"), num_gpus=16, placement=ALL_CPU,

@@ -228,8 +228,8 @@ def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement
     (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu"), 4, 1, 32,
      True),
     # Tiny transfers: with the hand-set A100 rates the recompute-input offloads drifted against the fetches
-    # and the fast path fell back to every block; with the fitted rates (issue 24 item 4: slower small
-    # matmuls) compute hides them and the blocks repeat.
+    # and the fast path fell back to every block; with the fitted rates (planner/validation/fit.py: slower
+    # small matmuls) compute hides them and the blocks repeat.
     (512, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu"), 1, 1,
      16, True),
 ])

@@ -1,4 +1,4 @@
-"""Fitted presets (issue 24 item 4): the fitter recovers known numbers, leave-one-source-out never
+"""Fitted presets (docs/planner.md, Fitted presets): the fitter recovers known numbers, leave-one-source-out never
 sees its held-out source, every fitted number says where it came from, and fitting is deterministic."""
 
 import dataclasses

@@ -14,22 +14,7 @@ weights (one seeded model, copied) and trains on the same batch; systems alterna
 (the order flips every step) after `warmup` steps; medians and the median of paired ratios are
 reported after each shape, as they are measured ([Note: results survive a cut] in call.py).
 
-Systems (`offload`: the host-memory tier, its baselines and all-on-GPU; `nvme`: the NVMe tier):
-- `ours-*`: `runtime.shard` executing a plan `planner fit` makes for the pinned placement of OURS
-  (the table is the place to add a plan option to compare, e.g. a host pinning mode);
-- `fsdp2-cpu`: `fully_shard` per decoder layer and at the root, `CPUOffloadPolicy(pin_memory=True)`,
-  `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, `torch.optim.AdamW(fused=True)` on its
-  CPU shards (foreach where fused refuses them; the JSON says which);
-- `deepspeed-cpu`: ZeRO-3 with `offload_param` and `offload_optimizer` on CPU, pinned, `overlap_comm`,
-  bf16, DeepSpeedCPUAdam (prebuilt by the build stage);
-- `deepspeed-nvme`: ZeRO-Infinity, both offloads on NVMe, pinned, optimizer swapping pipelined, aio at
-  queue depth 128 x 1 thread (`--ds-aio`; `--sweep` tries 16/64/128 x 1/4/8 first and keeps the fastest);
-- `plain`: torch, fp32 parameters, bf16 autocast, fused AdamW, all on the GPU.
-No system checkpoints activations (the plans' recompute interval 0). The step's NVMe roofline
-([Note: the I/O roofline] in benchmarks/bench_nvme_step.py): our step's bytes read and written on NVMe
-(the runtime's link counters) over the rates of a probe of the same read/write mix through the same
-engine, run right after each measured step, and over the rates `planner probe` measures
-(`runtime.probe.measure_nvme`).
+The systems compared, and the NVMe roofline: [Note: the systems compared], above `OURS`.
 
 `--profile dry` runs the same code on the CPU at a few thousand parameters: the emulated device
 (`CopyEngine.separate_memory_on_cpu`), FSDP2 and DeepSpeed on the host (`run.sh --dry-run`).
@@ -91,6 +76,22 @@ TIERS = ("params", "gradients", "optimizer_states", "recompute_inputs")
 HOST = dict.fromkeys(TIERS, "cpu")
 DEVICE = dict.fromkeys(TIERS, "gpu")
 NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
+# [Note: the systems compared] Systems (`offload`: the host-memory tier, its baselines and all-on-GPU; `nvme`: the NVMe tier):
+# - `ours-*`: `runtime.shard` executing a plan `planner fit` makes for the pinned placement of OURS
+#   (the table is the place to add a plan option to compare, e.g. a host pinning mode);
+# - `fsdp2-cpu`: `fully_shard` per decoder layer and at the root, `CPUOffloadPolicy(pin_memory=True)`,
+#   `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, `torch.optim.AdamW(fused=True)` on its
+#   CPU shards (foreach where fused refuses them; the JSON says which);
+# - `deepspeed-cpu`: ZeRO-3 with `offload_param` and `offload_optimizer` on CPU, pinned, `overlap_comm`,
+#   bf16, DeepSpeedCPUAdam (prebuilt by the build stage);
+# - `deepspeed-nvme`: ZeRO-Infinity, both offloads on NVMe, pinned, optimizer swapping pipelined, aio at
+#   queue depth 128 x 1 thread (`--ds-aio`; `--sweep` tries 16/64/128 x 1/4/8 first and keeps the fastest);
+# - `plain`: torch, fp32 parameters, bf16 autocast, fused AdamW, all on the GPU.
+# No system checkpoints activations (the plans' recompute interval 0). The step's NVMe roofline
+# ([Note: the I/O roofline] in benchmarks/bench_nvme_step.py): our step's bytes read and written on NVMe
+# (the runtime's link counters) over the rates of a probe of the same read/write mix through the same
+# engine, run right after each measured step, and over the rates `planner probe` measures
+# (`runtime.probe.measure_nvme`).
 OURS = {
     "ours-cpu": {"placement": HOST},
     "ours-gpu": {"placement": DEVICE},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (a machine with pip's registry), not on the GPU machine: fills DIR (default .whl/ at the
 # repo root, ignored by git) with what the GPU image lacks ([Note: the GPU image] in kit.py):
-#   - the wheels of kit.WHEELS, for CPython 3.12 on manylinux x86-64 (the device README's recipe);
+#   - the wheels of kit.WHEELS, for CPython 3.12 on manylinux x86-64 (`pip download --only-binary`);
 #   - DeepSpeed's sdist (kit.BUILT_WHEELS) in DIR/src/, from which the GPU's build stage builds its ops,
 #     and a wheel of it with no ops, unless one with its ops prebuilt (from a GPU call) is there;
 #   - libaio's .debs (kit.DEBS) in DIR/deb/, for DeepSpeed's async_io op;

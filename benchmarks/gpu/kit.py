@@ -6,19 +6,19 @@
     python benchmarks/gpu/kit.py stages     # STAGE<TAB>what it does, in run order
 
 [Note: the GPU image]
-The GPU machine (device README, KINDS.md) runs Python 3.12 from the image 'cuda' and reaches no
-network: IMAGE_PACKAGES is its package list as KINDS.md records it (read 2026-11-17). Whatever the
-project imports that is not there travels as a wheel in `.whl/` (gather_wheels.sh builds the folder
-here; the run names it in `carry`). Versions are the ones this project's venv runs its tests with,
+The GPU machine the kit is for runs Python 3.12 from a CUDA image ('cuda') and reaches no network:
+IMAGE_PACKAGES is that image's package list. Whatever the project imports that is not there travels
+as a wheel in `.whl/`, which gather_wheels.sh fills on a machine that reaches pip's registry and the
+run takes along. Versions are the ones this project's venv runs its tests with,
 so the GPU machine runs the same code paths. Two of them are in the image too but travel anyway,
-because our wheels need newer versions than an image of that date may hold: typing-extensions
+because our wheels need newer versions than the image may hold: typing-extensions
 (pydantic 2.14 needs >= 4.16) and narwhals (altair 6.3 needs >= 2.4). DeepSpeed has no wheel on PyPI:
 its sdist travels (`.whl/src/`), with a wheel built from it here with no ops (DS_BUILD_OPS=0); the
 GPU machine's build stage builds its ops (cpu_adam, async_io, pin_memory) into a wheel there once
 and returns it, and `gather_wheels.sh --built` puts it in place of the one without
 ([Note: what DeepSpeed loads] in build_ops.py), with the io_uring extension it built (`.whl/ops/`).
 Its NVMe op needs libaio, which the image may lack: libaio1 and libaio-dev travel as .debs,
-unpacked under /tmp, never into / (device README).
+unpacked under /tmp, never into /.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug whe
 zipp
 """
 IMAGE_PACKAGES = frozenset(_IMAGE_LIST.split())
-"""The GPU image's distributions (KINDS.md, 2026-11-17)."""
+"""The GPU image's distributions ([Note: the GPU image])."""
 
 WHEELS = {
     # the planner's own needs (pyproject dependencies)

@@ -127,7 +127,7 @@ stage_install() {
   # The io_uring extension a build stage returned (gather_wheels.sh --built): the build stage then only checks it.
   local ext; for ext in "$WHEELS"/ops/_aio_ext.*.so; do [ -f "$ext" ] && cp "$ext" "$ROOT/runtime/"; done
   local libaio=system
-  if [ ! -e /usr/include/libaio.h ]; then  # unpacked under WORK, never into / (device README)
+  if [ ! -e /usr/include/libaio.h ]; then  # unpacked under WORK, never into /
     libaio=carried
     for deb in "$WHEELS"/deb/*.deb; do dpkg -x "$deb" "$WORK/libaio" || return 1; done
   fi

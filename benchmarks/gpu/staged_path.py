@@ -9,9 +9,9 @@ A `--plan` that does not exist yet is fitted first: the planner chain's host-mem
 file or preset). `--model` is the Hugging Face config the plan is for (none: the reference GPT).
 
 [Note: why the staged path is timed alone] On the first GPU run (docs/notes/2026-11-26-first-gpu-run.md)
-a 1.2 B GPT with every state in host memory took 0.16 s forward and 0.40 s backward where the
-simulator predicted 0.05 and 0.07: its parameters cross the link at 15 GB/s against a probed
-50 GB/s, and nothing in that run said whether the host memcpy into the pinned staging pool, the DMA,
+a 1.2 B GPT with every state in host memory trained several times slower forward and backward than
+the simulator predicted, its parameters crossing the link far below the probed rate, and nothing in
+that run said whether the host memcpy into the pinned staging pool, the DMA,
 the pool's waits, the gradients' landing in fp32 host shards, or the optimizer step running beside
 the forward sets the pace. So this stage measures each on its own with the runtime's classes
 (`micro`), then trains the plan while a sampler records, every millisecond, the innermost frame of

@@ -1,65 +1,11 @@
 """Calibration: fit a hardware spec's efficiency parameters to measured profiles (`planner calibrate`).
 
-[Note: the calibration model] For every profiled plan the simulator is run on the *base* spec with
-its matmul efficiency curve and per-operator cost removed, and again with each fitted rate slowed by
-1 % (`SLOWED_BY`); how much each phase's simulated time (forward; backward = recompute + backward;
-optimizer, as the profile times them) grows says how many of its seconds that rate carries:
-
-    compute_s      gpu_peak_tflops (and flash_attention_tflops): the forward's and the recompute's
-    backward_matmul_s  backward_matmul_tflops                 (the backward's matmuls, below)
-    memory_s       gpu_hbm_gb_per_s                           (planner/sim/workload.py [Note: elementwise work])
-    cpu_adam_s     cpu_adam_gparams_per_s                     (CPU Adam on the CPU optimizer)
-    nvme_s         the NVMe read and write rates
-    operators      the per-operator cost, counted per second  (the operators on the phase's critical path)
-    fixed_s        the rest of the phase: what no fitted rate carries (host copies, PCIe, collectives)
-
-The measured phase time is modelled as `fixed_s + sum_f theta_f * feature_f` with every
-`theta >= 0` (non-negative least squares, each row divided by its measured time so that every phase
-of every profile weighs the same relative error). The features are the simulated phase time's
-derivatives in its rates (times the rate): a rate whose work hides behind another's (NVMe reads
-behind the compute they prefetch for, CPU Adam behind the chunk reads of an I/O-bound step) carries
-none of the phase's time, as in the simulator, and where the simulator is right `theta = 1`
-reproduces its phase times exactly (a phase time is the sum of its critical path's pieces, each a
-rate's work over the rate). Busy times, which the fit took before 2026-11-26, add what the
-simulator overlaps: fitted on an NVMe run whose step is I/O-bound they priced its CPU Adam and its
-reads as a sum, and the simulator then predicted other plans with NVMe rates fitted up to 2x faster
-than measured (docs/notes/2026-11-26-calibration-loop-quiet-machine.md). The fitted spec is the
-base spec with
-- `gpu_peak_tflops / theta_compute` (and `flash_attention_tflops`), `gpu_hbm_gb_per_s / theta_memory`,
-  and no matmul efficiency curve (the features were taken without one),
-- `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`,
-- `operator_overhead_ms = 1000 * theta_operators` (absolute: the feature counts operators).
-
-[Note: the backward's own matmul rate] The backward's matmuls (input and weight gradients, twice
-the forward's flops) have a rate of their own, `backward_matmul_tflops`, which the spec leaves
-unset (the forward's) until a fit sets it: on a CPU they run slower per flop than the forward's,
-while a recomputed forward runs faster than the forward (torch.profiler over a 2 x hd 1280 plan:
-the forward's linears 6.3 ms per call, the recompute's 5.3, the backward's 19 matmuls 106 ms a
-step either way: docs/notes/2026-11-26-calibration-sensitivities.md). With one compute factor the
-reference runs, which all recomputed, fitted the two errors against each other (a fast recompute
-and a slow backward in one row) and every plan without recompute came out 7-15 % fast in
-backward. With the backward's rate apart, and one reference run without recompute whose
-backward row is the backward alone (planner/calibration/probe_reference.py), the backward gets its own
-factor. GPU presets have none: cuBLAS runs both passes' GEMMs at the same rate, and the
-published runs pin one compute rate.
-
-`operators` is the runtime's fixed cost per operator (one unit gathered, its hooks run, released;
-the framework's dispatch), fitted in seconds per operator as `operator_overhead_ms`. It is what
-tiling costs: tiling `t` runs `t` operators where one ran, with the same flops and bytes, which no
-other feature charges. Fitted on runs that never vary the operator count apart from the bytes it is
-noise, so the probe's reference runs include a tiled one (planner/calibration/probe_reference.py) and the fit
-can tell the cost from the rates (tests/test_calibrate_probe.py fits a known cost back from
-simulated reference runs). Measurements: docs/notes/2026-11-23-calibration-operator-cost.md.
-A feature no profile exercises (all zeros) keeps the base value. The model is linear about the
-base spec: a fitted factor far from 1 can move which resource bounds a phase, which the features
-taken at the base do not see; the simulator with the fitted spec does. `residual` is the fit's
-relative RMS error over all rows; `planner compare --hardware` shows the simulator's own error
-before and after.
-`standard_errors` are each fitted factor's (the least-squares covariance of the factors the fit
-kept, scaled by the residual): a factor whose error is a large share of its value is one the
-profiles do not pin down. Profiles that never change one term independently of another (untiled
-runs only: operators and memory-bound bytes both grow with layers and tokens) can trade one for
-the other; calibrate on runs that vary each term, as the probe's reference runs do.
+Each profiled plan is simulated on the base spec, and again with each fitted rate slowed a little;
+what each phase's simulated time owes each rate is a feature, and a non-negative least-squares fit
+of the measured phase times on those features gives one factor per rate ([Note: the calibration
+model], above `calibrate`). The fitted spec is the base spec with its rates divided by those
+factors; `residual` and `standard_errors` say how well the profiles pin them down. The backward's
+matmuls have a factor of their own ([Note: the backward's own matmul rate], above `phase_features`).
 """
 
 from __future__ import annotations
@@ -117,6 +63,16 @@ OPERATOR_PROBE_S = 1e-5
 """The per-operator cost, in seconds, whose effect on each phase counts the operators on its critical path."""
 
 
+# [Note: the backward's own matmul rate] The backward's matmuls (input and weight gradients, twice
+# the forward's flops) have a rate of their own, `backward_matmul_tflops`, which the spec leaves
+# unset (the forward's) until a fit sets it: on a CPU they run slower per flop than the forward's,
+# while a recomputed forward runs faster than the forward (torch.profiler,
+# docs/notes/2026-11-26-calibration-sensitivities.md). With one compute factor the reference runs,
+# which all recomputed, fitted the two errors against each other (a fast recompute and a slow
+# backward in one row) and every plan without recompute came out fast in backward. With the
+# backward's rate apart, and one reference run without recompute whose backward row is the backward
+# alone (planner/calibration/probe_reference.py), the backward gets its own factor. GPU presets have
+# none: cuBLAS runs both passes' GEMMs at the same rate, and the published runs pin one compute rate.
 def phase_features(plan: Plan, node: NodeSpec) -> dict[str, dict[str, float]]:
     """Per phase, the seconds of its simulated time under `node` (no matmul curve, no per-operator
     cost) each fitted rate carries, `fixed_s` the rest ([Note: the calibration model])."""
@@ -184,6 +140,53 @@ def _nnls(rows: list[list[float]], targets: list[float]) -> tuple[list[float], f
     return best, best_err
 
 
+# [Note: the calibration model] For every profiled plan the simulator is run on the *base* spec with
+# its matmul efficiency curve and per-operator cost removed, and again with each fitted rate slowed by
+# 1 % (`SLOWED_BY`); how much each phase's simulated time (forward; backward = recompute + backward;
+# optimizer, as the profile times them) grows says how many of its seconds that rate carries:
+#
+#     compute_s      gpu_peak_tflops (and flash_attention_tflops): the forward's and the recompute's
+#     backward_matmul_s  backward_matmul_tflops                 (the backward's matmuls, below)
+#     memory_s       gpu_hbm_gb_per_s                           (planner/sim/workload.py [Note: elementwise work])
+#     cpu_adam_s     cpu_adam_gparams_per_s                     (CPU Adam on the CPU optimizer)
+#     nvme_s         the NVMe read and write rates
+#     operators      the per-operator cost, counted per second  (the operators on the phase's critical path)
+#     fixed_s        the rest of the phase: what no fitted rate carries (host copies, PCIe, collectives)
+#
+# The measured phase time is modelled as `fixed_s + sum_f theta_f * feature_f` with every
+# `theta >= 0` (non-negative least squares, each row divided by its measured time so that every phase
+# of every profile weighs the same relative error). The features are the simulated phase time's
+# derivatives in its rates (times the rate): a rate whose work hides behind another's (NVMe reads
+# behind the compute they prefetch for, CPU Adam behind the chunk reads of an I/O-bound step) carries
+# none of the phase's time, as in the simulator, and where the simulator is right `theta = 1`
+# reproduces its phase times exactly (a phase time is the sum of its critical path's pieces, each a
+# rate's work over the rate). Busy times would add what the
+# simulator overlaps: fitted on an NVMe run whose step is I/O-bound they price its CPU Adam and its
+# reads as a sum, and the simulator then predicts other plans with NVMe rates fitted faster than the
+# drive (docs/notes/2026-11-26-calibration-loop-quiet-machine.md). The fitted spec is the
+# base spec with
+# - `gpu_peak_tflops / theta_compute` (and `flash_attention_tflops`), `gpu_hbm_gb_per_s / theta_memory`,
+#   and no matmul efficiency curve (the features were taken without one),
+# - `cpu_adam_gparams_per_s / theta_cpu_adam`, NVMe read and write rates `/ theta_nvme`,
+# - `operator_overhead_ms = 1000 * theta_operators` (absolute: the feature counts operators).
+#
+# `operators` is the runtime's fixed cost per operator (one unit gathered, its hooks run, released;
+# the framework's dispatch), fitted in seconds per operator as `operator_overhead_ms`. It is what
+# tiling costs: tiling `t` runs `t` operators where one ran, with the same flops and bytes, which no
+# other feature charges. Fitted on runs that never vary the operator count apart from the bytes it is
+# noise, so the probe's reference runs include a tiled one (planner/calibration/probe_reference.py) and the fit
+# can tell the cost from the rates (tests/test_calibrate_probe.py fits a known cost back from
+# simulated reference runs). Measurements: docs/notes/2026-11-23-calibration-operator-cost.md.
+# A feature no profile exercises (all zeros) keeps the base value. The model is linear about the
+# base spec: a fitted factor far from 1 can move which resource bounds a phase, which the features
+# taken at the base do not see; the simulator with the fitted spec does. `residual` is the fit's
+# relative RMS error over all rows; `planner compare --hardware` shows the simulator's own error
+# before and after.
+# `standard_errors` are each fitted factor's (the least-squares covariance of the factors the fit
+# kept, scaled by the residual): a factor whose error is a large share of its value is one the
+# profiles do not pin down. Profiles that never change one term independently of another (untiled
+# runs only: operators and memory-bound bytes both grow with layers and tokens) can trade one for
+# the other; calibrate on runs that vary each term, as the probe's reference runs do.
 def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     """Fit `node`'s efficiency parameters to the runs (see [Note: the calibration model])."""
     if not runs:
@@ -226,8 +229,8 @@ def factor_floors(node: NodeSpec) -> dict[str, float]:
     chunk reads and writes cannot move bytes faster. A reference run whose phases took less than
     the simulator's NVMe time says that part of it overlapped something the simulator runs apart
     (the overlapped step, [Note: the overlapped step is one row with the forward]), not that the
-    drive sped up; fitted freely, one such run priced every other plan's NVMe traffic 1.3-2x faster
-    than the drive (docs/notes/2026-11-26-calibration-sensitivities.md). So where the rates
+    drive sped up; fitted freely, one such run priced every other plan's NVMe traffic faster than the
+    drive (docs/notes/2026-11-26-calibration-sensitivities.md). So where the rates
     are `measured`, `theta_nvme >= 1`: the fit may find the runtime slower, never faster."""
     measured = node.sources.get("nvme_read_gb_per_s") == node.sources.get("nvme_write_gb_per_s") == "measured"
     return {"nvme_s": 1.0} if measured else {}

@@ -4,17 +4,17 @@
 `planner probe` on a CUDA machine times a block's matmuls at hd 8192 (the GPU's best) and a device
 copy. Those are the rates of bare kernels at their best shapes; a training step runs smaller
 matmuls, memory-bound kernels below copy speed and a fused attention kernel at its own rate. The
-first run on a GPU (an H200, 2026-11-26, benchmarks/gpu/runs/) showed how far apart they are: the
-probed spec (811 TFLOPS, no matmul curve, no attention rate, so the fit planned `eager`) predicted
-a 1.2 B GPT's all-on-GPU step at 0.060 s, the runtime took 0.121 s. The generation's published-run
-fit (planner/validation/fit.py: peak, matmul curve, attention rate and HBM fraction fitted on 67
-H100 rows, never on our runs) with the probe's own links predicts 0.114 s (-6 %).
+first run on a GPU showed how far apart they are (docs/notes/2026-11-26-first-gpu-run.md): the
+probed spec (no matmul curve, no attention rate, so the fit planned `eager`) predicted a 1.2 B GPT's
+all-on-GPU step at half the time the runtime took, and the generation's published-run fit
+(planner/validation/fit.py: peak, matmul curve, attention rate and HBM fraction fitted on published
+H100 rows, never on our runs) with the probe's own links predicts it within a few percent.
 
 So the probe keeps what it measures of the machine (GPU memory, host links, host memory, NVMe, CPU
 Adam, collectives) and takes the compute model of the preset fitted for its GPU: the generation
 whose GPU families the device's name contains (`GENERATIONS`), and within it the preset whose GPU
-memory is closest to the device's (an H200 is not an H100: 4.8 against 3.35 TB/s of HBM, which the
-fitted HBM fraction multiplies). A GPU of no fitted generation keeps the bare-kernel rates, with a
+memory is closest to the device's (an H200 is not an H100: its datasheet HBM bandwidth, which the
+fitted HBM fraction multiplies, is larger). A GPU of no fitted generation keeps the bare-kernel rates, with a
 note that says they predict fast.
 """
 

@@ -1,36 +1,10 @@
 """Reference runs: `planner probe` calibrates the spec it measured on the bundled runtime itself.
 
-[Note: probe reference runs]
-A spec made only of bare-kernel rates (a block's matmuls, a tensor copy, fused AdamW, 64 MiB O_DIRECT
-requests) predicts the runtime far too fast where the CPU is the compute device
-(docs/notes/2026-11-22-planner-source-measurements.md). Most of the gap is the memory-bound work of
-a block: torch's layer norm, GELU, softmax and bf16 casts run far below copy bandwidth on a CPU, and
-timing those kernels one by one is not stable, because their cost depends on the shapes and
-kernels around them. What is stable is the runtime's own step. So, where the CPU is the compute
-device, the probe trains `REFERENCE_RUNS` (four small GPTs with the runtime, `planner run`,
-`runtime.launch.WARMUP_STEPS` warm-up steps, the rest measured; each `REFERENCE_REPEATS` times) and
-fits the spec's efficiency parameters to the median run of each with `planner calibrate`'s model
-(planner/calibration/calibrate.py [Note: the calibration model]).
-
-The four runs cover the six fitted terms: an all-on-device run with long sequences (memory-bound
-heavy), a wide one with parameters and optimizer states in host memory (matmul heavy, CPU Adam)
-that does not recompute, so that its backward is the backward alone (what tells the backward's
-matmul rate from the forward's: planner/calibration/calibrate.py [Note: the backward's own matmul rate]), one
-with parameters and optimizer states on NVMe (the swap engine), and a tiled one (tiling 4: four
-times the operators for the same flops and bytes, which is what tells the per-operator cost from
-the rates; without it the fit charges tiling nothing and predicts tiled plans too fast). Their shapes are not those
-of benchmarks/sweep.py, which checks the result on configurations the probe never ran. On a CUDA
-machine these small models would measure launch overhead rather than the GPU, so the probe does not
-run them unless asked (`--calibrate`); its compute model there is the published-run fit of the GPU's
-generation (planner/calibration/fitted_gpus.py [Note: a probed GPU takes its generation's fit]): bare-kernel
-rates predicted an H200's training step 2x fast.
-
-[Note: reference runs in the probed precision]
-The runs train in the precision whose matmul rate the probe measured as the spec's compute rate (on
-a CPU the faster of fp32 and bf16, runtime/probe.py), so the fit scales the rate the spec holds, and
-the runs take what the spec says they take. A CPU without bf16 instructions emulates bf16 matmuls
-orders of magnitude slower than fp32, so a bf16 reference run there would outlast the whole probe
-many times over (docs/notes/2026-11-25-calibration-bf16-emulation.md).
+Where the CPU is the compute device, bare-kernel rates predict the runtime far too fast, and the
+runtime's own step is what is stable to measure: the probe trains four small GPTs with the
+runtime and fits the spec to them ([Note: probe reference runs], above `REFERENCE_RUNS`), in the
+precision whose rate the spec holds ([Note: reference runs in the probed precision], above
+`reference_plan`).
 """
 
 from __future__ import annotations
@@ -74,6 +48,30 @@ class ReferenceRun:
     tiling_factor: int = 1
 
 
+# [Note: probe reference runs]
+# A spec made only of bare-kernel rates (a block's matmuls, a tensor copy, fused AdamW, 64 MiB O_DIRECT
+# requests) predicts the runtime far too fast where the CPU is the compute device
+# (docs/notes/2026-11-22-planner-source-measurements.md). Most of the gap is the memory-bound work of
+# a block: torch's layer norm, GELU, softmax and bf16 casts run far below copy bandwidth on a CPU, and
+# timing those kernels one by one is not stable, because their cost depends on the shapes and
+# kernels around them. What is stable is the runtime's own step. So, where the CPU is the compute
+# device, the probe trains `REFERENCE_RUNS` (four small GPTs with the runtime, `planner run`,
+# `runtime.launch.WARMUP_STEPS` warm-up steps, the rest measured; each `REFERENCE_REPEATS` times) and
+# fits the spec's efficiency parameters to the median run of each with `planner calibrate`'s model
+# (planner/calibration/calibrate.py [Note: the calibration model]).
+#
+# The four runs cover the six fitted terms: an all-on-device run with long sequences (memory-bound
+# heavy), a wide one with parameters and optimizer states in host memory (matmul heavy, CPU Adam)
+# that does not recompute, so that its backward is the backward alone (what tells the backward's
+# matmul rate from the forward's: planner/calibration/calibrate.py [Note: the backward's own matmul rate]), one
+# with parameters and optimizer states on NVMe (the swap engine), and a tiled one (tiling 4: four
+# times the operators for the same flops and bytes, which is what tells the per-operator cost from
+# the rates; without it the fit charges tiling nothing and predicts tiled plans too fast). Their shapes are not those
+# of benchmarks/sweep.py, which checks the result on configurations the probe never ran. On a CUDA
+# machine these small models would measure launch overhead rather than the GPU, so the probe does not
+# run them unless asked (`--calibrate`); its compute model there is the published-run fit of the GPU's
+# generation (planner/calibration/fitted_gpus.py [Note: a probed GPU takes its generation's fit]), since
+# bare-kernel rates predict a GPU's training step far too fast there.
 REFERENCE_RUNS = (
     ReferenceRun("device-long-seq", 4, 384, 6, 512, 2, "gpu", "gpu", "gpu", 1),
     ReferenceRun("host-wide", 4, 1024, 16, 128, 8, "cpu", "cpu", "cpu", 0),
@@ -95,6 +93,12 @@ def pinned_plan(node: NodeSpec, model: dict, placement: dict[str, str], *, micro
     }, where)
 
 
+# [Note: reference runs in the probed precision]
+# The runs train in the precision whose matmul rate the probe measured as the spec's compute rate (on
+# a CPU the faster of fp32 and bf16, runtime/probe.py), so the fit scales the rate the spec holds, and
+# the runs take what the spec says they take. A CPU without bf16 instructions emulates bf16 matmuls
+# orders of magnitude slower than fp32, so a bf16 reference run there would outlast the whole probe
+# many times over (docs/notes/2026-11-25-calibration-bf16-emulation.md).
 def reference_plan(run: ReferenceRun, node: NodeSpec, nvme_path: str, precision: str = "bf16") -> Plan:
     model = {"name": f"probe-{run.name}", "num_layers": run.num_layers, "hidden_size": run.hidden_size,
              "num_heads": run.num_heads, "seq_len": run.seq_len, "vocab_size": REFERENCE_VOCAB}

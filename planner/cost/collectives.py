@@ -1,32 +1,9 @@
 """NCCL's cost of one collective: a latency per ring step plus bytes over the ring's narrowest link.
 
-[Note: the alpha-beta collective] NCCL prices a ring collective as (src/graph/tuning.cc, the table
-its tuner picks algorithms with) a base latency, a per-step latency for each of the ring's steps
-(NVLink or PCIe inside a node, the network between nodes) and the bytes each rank receives at the
-ring's bus bandwidth:
-
-    t = base + intra_steps x intra_step + inter_steps x inter_step + received / bus_bandwidth
-
-- steps: a ring all-gather or reduce-scatter over n ranks takes n - 1 steps, an all-reduce
-  2 (n - 1) (reduce-scatter then all-gather); of each pass, `nodes - 1` cross the network
-  (NCCL's nInterSteps); the rest are NVLink hops;
-- received: (n - 1) / n of the tensor per rank for an all-gather or reduce-scatter, twice that
-  for an all-reduce (nccl-tests doc/PERFORMANCE.md: busbw = algbw x (n - 1) / n and
-  algbw x 2 (n - 1) / n, the factors that make bus bandwidth comparable to a link's rate);
-- bus bandwidth, hierarchical: NCCL lays a data-parallel ring out node by node and spreads it over
-  channels, one per NIC (rail), so each ring crosses a node boundary once per pass and the node's
-  NICs share that crossing; inside the node every rank receives its bytes over NVLink. The `mp`
-  tensor-parallel ranks of a node belong to `mp` different data-parallel rings, which share the
-  node's network: per ring, `inter_node / mp`. A rank's time is its bytes over the smaller of its
-  NVLink rate and that network share (planner/sim/resources.py [Note: collective routes]).
-  nccl-tests bear this out on the presets' machines: all-reduce bus bandwidth across DGX nodes is
-  about the NICs' aggregate, 180-190 GB/s on DGX A100 (8 x HDR 200 Gb/s = 200 GB/s) and 350-390
-  GB/s on DGX H100 (8 x NDR 400 Gb/s = 400 GB/s), not one NIC's 25 or 50 GB/s.
-
-The latencies are NCCL's own (tuning.cc, NCCL 2.18, Ring with the Simple protocol, the one it runs
-for the megabyte-and-up tensors of training): base 8.4 us, 3.4 us per NVLink step, 5.7 us per PCIe
-step, 14 us per network step. Tree all-reduce and the LL/LL128 protocols, which NCCL picks for
-small messages, are not modelled: every collective here is a ring.
+Every collective is a ring: a base latency, a latency per step of the ring (NVLink, PCIe or the
+network) and each rank's received bytes at the ring's bus bandwidth, the narrower of its NVLink
+rate and its share of the node's network ([Note: the alpha-beta collective], above the latency
+constants, which are NCCL's own).
 """
 
 from __future__ import annotations
@@ -39,6 +16,33 @@ from planner.specs.plan import Plan
 
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce"]
 
+# [Note: the alpha-beta collective] NCCL prices a ring collective as (src/graph/tuning.cc, the table
+# its tuner picks algorithms with) a base latency, a per-step latency for each of the ring's steps
+# (NVLink or PCIe inside a node, the network between nodes) and the bytes each rank receives at the
+# ring's bus bandwidth:
+#
+#     t = base + intra_steps x intra_step + inter_steps x inter_step + received / bus_bandwidth
+#
+# - steps: a ring all-gather or reduce-scatter over n ranks takes n - 1 steps, an all-reduce
+#   2 (n - 1) (reduce-scatter then all-gather); of each pass, `nodes - 1` cross the network
+#   (NCCL's nInterSteps); the rest are NVLink hops;
+# - received: (n - 1) / n of the tensor per rank for an all-gather or reduce-scatter, twice that
+#   for an all-reduce (nccl-tests doc/PERFORMANCE.md: busbw = algbw x (n - 1) / n and
+#   algbw x 2 (n - 1) / n, the factors that make bus bandwidth comparable to a link's rate);
+# - bus bandwidth, hierarchical: NCCL lays a data-parallel ring out node by node and spreads it over
+#   channels, one per NIC (rail), so each ring crosses a node boundary once per pass and the node's
+#   NICs share that crossing; inside the node every rank receives its bytes over NVLink. The `mp`
+#   tensor-parallel ranks of a node belong to `mp` different data-parallel rings, which share the
+#   node's network: per ring, `inter_node / mp`. A rank's time is its bytes over the smaller of its
+#   NVLink rate and that network share (planner/sim/resources.py [Note: collective routes]).
+#   nccl-tests bear this out on the presets' machines: all-reduce bus bandwidth across DGX nodes is
+#   about the NICs' aggregate, 180-190 GB/s on DGX A100 (8 x HDR 200 Gb/s = 200 GB/s) and 350-390
+#   GB/s on DGX H100 (8 x NDR 400 Gb/s = 400 GB/s), not one NIC's 25 or 50 GB/s.
+#
+# The latencies are NCCL's own (tuning.cc, NCCL 2.18, Ring with the Simple protocol, the one it runs
+# for the megabyte-and-up tensors of training): base 8.4 us, 3.4 us per NVLink step, 5.7 us per PCIe
+# step, 14 us per network step. Tree all-reduce and the LL/LL128 protocols, which NCCL picks for
+# small messages, are not modelled: every collective here is a ring.
 NCCL_BASE_LATENCY_S = 8.4e-6
 """NCCL tuning.cc baseLat[Ring][Simple]: the fixed cost of launching one ring collective."""
 NVLINK_STEP_S = 3.4e-6

@@ -1,29 +1,9 @@
-"""Context parallelism: one sequence split across GPUs, Megatron-Core's ring attention (issue 24).
+"""Context parallelism: one sequence split across GPUs, Megatron-Core's ring attention.
 
-[Note: context parallelism] With `cp = Plan.context_parallel_degree`, each GPU of a model replica
-holds `seq / cp` tokens of every sequence, and a replica spans `tp x cp x pp` GPUs (Megatron's order:
-tensor, context, data, pipeline). The plan's `micro_batch_per_gpu` is the replica's micro-batch over
-`tp x cp x pp`, so whatever the planner counts per token of a GPU (`micro_batch_per_gpu x seq`: the
-linears, memory-bound kernels, activations, recompute inputs, logits, tensor-parallel all-reduces and
-pipeline sends) is the GPU's `seq / cp` share with no other change. The attention core: every local
-query attends to the keys of the whole sequence; under the causal mask Megatron cuts the sequence
-into `2 cp` chunks and gives GPU i chunks i and `2 cp - 1 - i`, so every GPU does `1 / cp` of the
-causal work, again `micro_batch_per_gpu x seq^2` per GPU.
-
-Keys and values travel around the CP ring (`kv_block_bytes`: the GPU's `seq / cp` tokens x keys and
-values x the KV width over the tensor-parallel group). Per layer, the forward sends the GPU's KV block
-`cp - 1` times; the backward sends KV and returns their gradients dKV (twice the bytes); a full
-recompute repeats the forward. Each send overlaps the attention core of the block the GPU already
-holds, `1 / cp` of the layer's attention time, so per layer only `(cp - 1) x max(0, send - attention
-/ cp)` shows (`exposed_per_layer_s`). The ring runs on NVLink while `tp x cp` fits in a node, else at
-the GPU's share of the node's network (every GPU sends at once). Both the analytic estimate
-(planner/cost/throughput.py) and the simulator (planner/sim/engine.py) add exactly these seconds.
-
-Gradients are reduced, and partitioned states shared, over data parallel x cp
-(`Plan.data_parallel_degree`). Memory: the KV block being received while the held one is used, in
-forward two KV blocks and in backward two KV and two dKV blocks (`ring_buffer_bytes`, the bill's
-`ring_attention_buffers`). Megatron runs ring attention on a fused kernel (Transformer Engine), so
-a CP plan's attention is flash. The runtime does not run CP (runtime/plan_check.py).
+Each GPU of a replica holds `seq / cp` tokens of every sequence, so everything the planner counts
+per token of a GPU is its share with no other change; keys and values travel around the CP ring,
+overlapping the attention core, and only what the overlap does not hide is added ([Note: context
+parallelism], above `kv_block_bytes`). The runtime does not run CP (runtime/plan_check.py).
 """
 
 from __future__ import annotations
@@ -58,6 +38,30 @@ def check_context_parallel(plan: Plan) -> None:
                            f"{plan.attention} cannot: use attention flash on a GPU that has it")
 
 
+# [Note: context parallelism] With `cp = Plan.context_parallel_degree`, each GPU of a model replica
+# holds `seq / cp` tokens of every sequence, and a replica spans `tp x cp x pp` GPUs (Megatron's order:
+# tensor, context, data, pipeline). The plan's `micro_batch_per_gpu` is the replica's micro-batch over
+# `tp x cp x pp`, so whatever the planner counts per token of a GPU (`micro_batch_per_gpu x seq`: the
+# linears, memory-bound kernels, activations, recompute inputs, logits, tensor-parallel all-reduces and
+# pipeline sends) is the GPU's `seq / cp` share with no other change. The attention core: every local
+# query attends to the keys of the whole sequence; under the causal mask Megatron cuts the sequence
+# into `2 cp` chunks and gives GPU i chunks i and `2 cp - 1 - i`, so every GPU does `1 / cp` of the
+# causal work, again `micro_batch_per_gpu x seq^2` per GPU.
+#
+# Keys and values travel around the CP ring (`kv_block_bytes`: the GPU's `seq / cp` tokens x keys and
+# values x the KV width over the tensor-parallel group). Per layer, the forward sends the GPU's KV block
+# `cp - 1` times; the backward sends KV and returns their gradients dKV (twice the bytes); a full
+# recompute repeats the forward. Each send overlaps the attention core of the block the GPU already
+# holds, `1 / cp` of the layer's attention time, so per layer only `(cp - 1) x max(0, send - attention
+# / cp)` shows (`exposed_per_layer_s`). The ring runs on NVLink while `tp x cp` fits in a node, else at
+# the GPU's share of the node's network (every GPU sends at once). Both the analytic estimate
+# (planner/cost/throughput.py) and the simulator (planner/sim/engine.py) add exactly these seconds.
+#
+# Gradients are reduced, and partitioned states shared, over data parallel x cp
+# (`Plan.data_parallel_degree`). Memory: the KV block being received while the held one is used, in
+# forward two KV blocks and in backward two KV and two dKV blocks (`ring_buffer_bytes`, the bill's
+# `ring_attention_buffers`). Megatron runs ring attention on a fused kernel (Transformer Engine), so
+# a CP plan's attention is flash. The runtime does not run CP (runtime/plan_check.py).
 def kv_block_bytes(plan: Plan) -> float:
     """One GPU's keys and values of one layer: its tokens (`micro_batch_per_gpu x seq`, the `seq / cp`
     share over the tensor-parallel group) x keys and values x the KV width."""

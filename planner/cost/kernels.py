@@ -2,64 +2,10 @@
 memory-bound kernels, forward, backward and recompute (docs/planner.md, "Per-block compute").
 
 Both the analytic estimate (planner/cost/throughput.py) and the simulator's operator trace
-(planner/sim/workload.py) take their block costs from here, so they agree on every term.
-
-[Note: attention kernels] `attention: eager` is the paper's and Megatron-LM's attention: the
-scores `QK^T` (bsz x heads x seq x seq) are written to memory, softmaxed (and dropped out) by
-memory-bound kernels, stored for the backward (eq. 5's `2 heads seq` bytes per token) and
-multiplied by V; both matmuls cover the whole seq x seq square, the causal mask only zeroes half.
-`attention: flash` (FlashAttention-2, Dao 2023, arXiv:2307.08691) fuses scores, mask, softmax,
-dropout and the product with V in one kernel that keeps the scores on chip: no seq^2 bytes move or
-stay, it skips the masked half of a causal square, and its backward recomputes the scores
-(5 matmuls of the forward's 2: 2.5 x the forward's flops, Sec. 3.1.2 of that paper). Only the
-softmax statistics (one fp32 log-sum-exp per head and token) are kept for the backward. The fused
-kernel runs at its own published rate (`NodeSpec.flash_attention_flops_per_s`), not the matmul
-rate: FlashAttention-2 reaches 50-73 % of the A100's 312 TFLOPS (Dao 2023, abstract; the presets
-take the low end, 156 TFLOPS, since its backward, the larger part of the training flops, is the
-slower pass) and only 35 % of the H100's 989 on Hopper (Shah et al. 2024, FlashAttention-3,
-arXiv:2407.08608, abstract: 346 TFLOPS, and the same on the H200, whose SMs and clocks are the
-H100's). Eager attention's two products are batched matmuls at the matmul rate.
-
-[Note: memory-bound kernels] Each kernel reads its inputs and writes its outputs once from HBM
-(per token, in the compute precision `e`; a mask is 1 byte per element):
-- norms (`norms_per_block` of them): forward reads x, writes y (2 hd e); backward reads x and dy,
-  writes dx (3 hd e);
-- residual adds (2): read two hd-vectors, write one (3 hd e), forward; the backward adds the two
-  gradient branches (3 hd e);
-- activation: GeLU reads and writes the ffn-wide hidden (2 ffn e; backward reads x and dy, writes
-  dx: 3 ffn e); SwiGLU reads gate and up, writes their product (3 ffn e; backward reads gate, up
-  and dy, writes both gradients: 5 ffn e);
-- rotary (`rotary`): rotates queries and keys in place (2 (q + kv) e, forward and backward);
-- dropout (`dropout`): the two hidden dropouts read x, write y and the mask ((2 e + 1) hd each;
-  backward reads dy and the mask, writes dx: the same);
-- eager attention only: the fused scale-mask-softmax reads the scores and writes the probabilities
-  (2 heads seq e; backward reads probabilities and their gradient, writes the scores' gradient:
-  3 heads seq e), and with `dropout` the attention dropout ((2 e + 1) heads seq both ways).
-Under tensor parallelism (Megatron, no sequence parallelism) the kernels on the hd-wide residual
-stream (norms, residual adds, hidden dropout) run on every rank over the whole replica batch, while
-the ffn-, head- and query-wide ones are split `1 / mp`. Their time is bytes over the achievable
-HBM bandwidth (`achievable_hbm_bytes_per_s`). The loss reads the vocabulary-wide logits: forward
-it upcasts them to fp32 and reads that copy (e + 4 + 4 bytes per logit), backward writes the fp32
-gradient, reads it and writes its downcast (4 + 4 + e), as `F.cross_entropy(logits.float())` does
-(the memory bill's `logits` term holds the same two tensors).
-
-[Note: the fused kernel's rate by sequence length] A causal fused kernel walks the key sequence in
-blocks and computes the block the diagonal cuts through whole, masking the part above it: the flops
-counted here (half the square) are a smaller share of what it computes when the sequence is short.
-FlashAttention-2's own measurements rise with the sequence the same way (Dao 2023, Fig. 4-7: causal
-forward and backward at 512 tokens well below those at 4K-16K). torch's CPU flash kernel computes
-key blocks of up to 512 (at 128-512 tokens a causal call takes as long as a non-causal one; at 2K
-it takes 0.64 of it, runtime/probe.py [Note: the CPU's fused attention]). The spec's
-`attention_efficiency` curve, keyed by the query length of one kernel call, scales the kernel's
-rate (`fused_attention_flops_per_s`); the probe measures it, the GPU presets have none (no public
-curve for the fitted rate: flat).
-
-[Note: recompute] `recompute: full` (recompute_interval >= 1) runs each block's forward again in
-backward: its flops and kernel bytes once more. `recompute: selective` (Korthikanti et al. 2022,
-arXiv:2205.05198 Sec. 5) stores every activation but the attention core's seq^2 tensors and
-recomputes those in backward: under eager the `QK^T` matmul, the softmax and the attention dropout
-run again; under flash nothing is added (its backward recomputes the scores anyway, and it stores
-none), so selective recompute is no recompute there.
+(planner/sim/workload.py) take their block costs from here, so they agree on every term. The
+reasoning is in the notes beside the code: [Note: attention kernels] and [Note: recompute] above
+`attention_flops`, [Note: memory-bound kernels] above `kernel_bytes`, [Note: the fused kernel's rate
+by sequence length] above `fused_attention_flops_per_s`.
 """
 
 from __future__ import annotations
@@ -74,11 +20,11 @@ if TYPE_CHECKING:
     from planner.specs.plan import Plan
 
 HBM_ACHIEVABLE_FRACTION = 0.83
-"""Share of the datasheet HBM bandwidth a streaming kernel reaches: 750 of 900 GB/s measured on a
-V100 (Jia, Maggioni, Staiger, Scarpazza, "Dissecting the NVIDIA Volta GPU Architecture via
-Microbenchmarking", arXiv:1804.06826, 2018, global-memory throughput). A device copy measured on
-this workplace's H200 reached 4.3 of its 4.8 TB/s (0.90, data/hardware/h200-x1.json), so 0.83 is
-the conservative end of what STREAM-like copies reach. Not fitted to any training run."""
+"""Share of the datasheet HBM bandwidth a streaming kernel reaches: the published 750 of 900 GB/s of
+a V100 (Jia, Maggioni, Staiger, Scarpazza, "Dissecting the NVIDIA Volta GPU Architecture via
+Microbenchmarking", arXiv:1804.06826, 2018, global-memory throughput). A device copy on an H200
+reaches a larger share (the measurement in data/hardware/h200-x1.json's notes), so 0.83 is the
+conservative end of what STREAM-like copies reach. Not fitted to any training run."""
 DROPOUT_MASK_BYTES = 1
 LOSS_FORWARD_FP32_BYTES = 8
 """fp32 bytes per logit the loss moves forward beyond reading the e-byte logits: writes the fp32
@@ -142,6 +88,16 @@ class BlockCost:
         return sum(self.kernel_backward_bytes.values())
 
 
+# [Note: the fused kernel's rate by sequence length] A causal fused kernel walks the key sequence in
+# blocks and computes the block the diagonal cuts through whole, masking the part above it: the flops
+# counted here (half the square) are a smaller share of what it computes when the sequence is short.
+# FlashAttention-2's own measurements rise with the sequence the same way (Dao 2023, Fig. 4-7: causal
+# forward and backward at 512 tokens well below those at 4K-16K). torch's CPU flash kernel computes
+# key blocks of up to 512, so up to 512 tokens a causal call costs a non-causal one and beyond it
+# less (runtime/probe.py [Note: the CPU's fused attention]). The spec's
+# `attention_efficiency` curve, keyed by the query length of one kernel call, scales the kernel's
+# rate (`fused_attention_flops_per_s`); the probe measures it, the GPU presets have none (no public
+# curve for the fitted rate: flat).
 def fused_attention_flops_per_s(plan: Plan) -> float:
     """The fused attention kernel's rate for `plan`'s kernel calls ([Note: the fused kernel's rate by
     sequence length]): each covers `seq / context_parallel_degree` queries (ring attention's blocks)."""
@@ -161,6 +117,28 @@ def block_cost(plan: Plan) -> BlockCost:
                      kernel_forward_bytes=fwd, kernel_backward_bytes=bwd, fused_attention=plan.attention == "flash")
 
 
+# [Note: attention kernels] `attention: eager` is the paper's and Megatron-LM's attention: the
+# scores `QK^T` (bsz x heads x seq x seq) are written to memory, softmaxed (and dropped out) by
+# memory-bound kernels, stored for the backward (eq. 5's `2 heads seq` bytes per token) and
+# multiplied by V; both matmuls cover the whole seq x seq square, the causal mask only zeroes half.
+# `attention: flash` (FlashAttention-2, Dao 2023, arXiv:2307.08691) fuses scores, mask, softmax,
+# dropout and the product with V in one kernel that keeps the scores on chip: no seq^2 bytes move or
+# stay, it skips the masked half of a causal square, and its backward recomputes the scores
+# (5 matmuls of the forward's 2: 2.5 x the forward's flops, Sec. 3.1.2 of that paper). Only the
+# softmax statistics (one fp32 log-sum-exp per head and token) are kept for the backward. The fused
+# kernel runs at its own published rate (`NodeSpec.flash_attention_flops_per_s`), not the matmul
+# rate: FlashAttention-2 reaches 50-73 % of the A100's 312 TFLOPS (Dao 2023, abstract; the presets
+# take the low end, 156 TFLOPS, since its backward, the larger part of the training flops, is the
+# slower pass) and only 35 % of the H100's 989 on Hopper (Shah et al. 2024, FlashAttention-3,
+# arXiv:2407.08608, abstract: 346 TFLOPS, and the same on the H200, whose SMs and clocks are the
+# H100's). Eager attention's two products are batched matmuls at the matmul rate.
+#
+# [Note: recompute] `recompute: full` (recompute_interval >= 1) runs each block's forward again in
+# backward: its flops and kernel bytes once more. `recompute: selective` (Korthikanti et al. 2022,
+# arXiv:2205.05198 Sec. 5) stores every activation but the attention core's seq^2 tensors and
+# recomputes those in backward: under eager the `QK^T` matmul, the softmax and the attention dropout
+# run again; under flash nothing is added (its backward recomputes the scores anyway, and it stores
+# none), so selective recompute is no recompute there.
 def attention_flops(plan: Plan) -> tuple[float, float]:
     """(forward, backward) flops of one block's `QK^T` and `softmax(.) V` on one GPU.
 
@@ -176,6 +154,28 @@ def attention_flops(plan: Plan) -> tuple[float, float]:
     return square, backward
 
 
+# [Note: memory-bound kernels] Each kernel reads its inputs and writes its outputs once from HBM
+# (per token, in the compute precision `e`; a mask is 1 byte per element):
+# - norms (`norms_per_block` of them): forward reads x, writes y (2 hd e); backward reads x and dy,
+#   writes dx (3 hd e);
+# - residual adds (2): read two hd-vectors, write one (3 hd e), forward; the backward adds the two
+#   gradient branches (3 hd e);
+# - activation: GeLU reads and writes the ffn-wide hidden (2 ffn e; backward reads x and dy, writes
+#   dx: 3 ffn e); SwiGLU reads gate and up, writes their product (3 ffn e; backward reads gate, up
+#   and dy, writes both gradients: 5 ffn e);
+# - rotary (`rotary`): rotates queries and keys in place (2 (q + kv) e, forward and backward);
+# - dropout (`dropout`): the two hidden dropouts read x, write y and the mask ((2 e + 1) hd each;
+#   backward reads dy and the mask, writes dx: the same);
+# - eager attention only: the fused scale-mask-softmax reads the scores and writes the probabilities
+#   (2 heads seq e; backward reads probabilities and their gradient, writes the scores' gradient:
+#   3 heads seq e), and with `dropout` the attention dropout ((2 e + 1) heads seq both ways).
+# Under tensor parallelism (Megatron, no sequence parallelism) the kernels on the hd-wide residual
+# stream (norms, residual adds, hidden dropout) run on every rank over the whole replica batch, while
+# the ffn-, head- and query-wide ones are split `1 / mp`. Their time is bytes over the achievable
+# HBM bandwidth (`achievable_hbm_bytes_per_s`). The loss reads the vocabulary-wide logits: forward
+# it upcasts them to fp32 and reads that copy (e + 4 + 4 bytes per logit), backward writes the fp32
+# gradient, reads it and writes its downcast (4 + 4 + e), as `F.cross_entropy(logits.float())` does
+# (the memory bill's `logits` term holds the same two tensors).
 def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
     """(forward, backward) bytes per memory-bound kernel of one block on one GPU ([Note:
     memory-bound kernels]); kernels the block does not run are left out."""

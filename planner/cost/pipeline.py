@@ -1,30 +1,10 @@
-"""Pipeline parallelism and the optimizer step of several micro-batches (issue 24; docs/planner.md
+"""Pipeline parallelism and the optimizer step of several micro-batches (docs/planner.md
 "Pipeline parallelism and the step of m micro-batches").
 
-[Note: the 1F1B step] A plan with `p = pipeline_parallel_degree` stages and `m =
-micro_batches_per_step` micro-batches per model replica runs Megatron's 1F1B schedule (Narayanan
-et al. 2021, §2.2.1): every stage does one forward and one backward per micro-batch, and the
-pipeline fills and drains once per step, so with equal stages of `t` seconds per micro-batch the
-step's forward and backward take `(m + p - 1) t` instead of `m t`: a bubble of `(p - 1) / m`
-(`(p - 1) / (v m)` with `v` interleaved model chunks per GPU, each micro-batch then crossing `v`
-times as many boundaries). Every
-stage is billed as the heaviest one, `ceil(L / p)` blocks plus one vocabulary matrix (the embedding
-on the first stage, the output layer on the last; `stage_plan`), so the analytic estimate and the
-simulator time one stage's micro-batch (`stage_plan`) and compose the step here from it:
-- each micro-batch sends its activations to the next stage and their gradients back: `b s h`
-  elements of the replica's micro-batch, split over the tensor-parallel group (Megatron's
-  scatter/gather of pipeline tensors), on NVLink inside a node and at the GPU's share of the node's
-  network across nodes (`p2p_s`), not overlapped (1F1B waits for them);
-- data-parallel gradients: Megatron (strategies `dp` and `3d`, REDUCES_ONCE_PER_STEP) reduces once
-  per step, after the last micro-batch, so the other `m + p - 2` micro-batch slots are timed without
-  any data-parallel traffic (`quiet_plan`); FSDP / ZeRO-2 / ZeRO-3 gather and reduce in every
-  micro-batch, so every slot is the stage's full micro-batch;
-- the optimizer step once, on the stage's share of the parameters;
-- memory (planner.cost.memory.memory_bill): the stage's weights, and on the first stage the activations
-  of `min(p, m)` micro-batches in flight (1F1B starts at most `p` forwards before the first
-  backward), which is what the bill multiplies (`in_flight_micro_batches`).
-With `p = 1` and `m = 1` every function here is the identity: plans without pipelining or
-accumulation are priced exactly as before.
+The analytic estimate and the simulator time one micro-batch of the heaviest stage (`stage_plan`)
+and compose the 1F1B step here from it: the bubble, the point-to-point sends, the data-parallel
+reductions once per step or per micro-batch, the optimizer step once ([Note: the 1F1B step], above
+`compose_step`). With one stage and one micro-batch every function here is the identity.
 """
 
 from __future__ import annotations
@@ -150,6 +130,30 @@ class StepTimes(NamedTuple):
     """Boundary sends per micro-batch (forward + backward)."""
 
 
+# [Note: the 1F1B step] A plan with `p = pipeline_parallel_degree` stages and `m =
+# micro_batches_per_step` micro-batches per model replica runs Megatron's 1F1B schedule (Narayanan
+# et al. 2021, §2.2.1): every stage does one forward and one backward per micro-batch, and the
+# pipeline fills and drains once per step, so with equal stages of `t` seconds per micro-batch the
+# step's forward and backward take `(m + p - 1) t` instead of `m t`: a bubble of `(p - 1) / m`
+# (`(p - 1) / (v m)` with `v` interleaved model chunks per GPU, each micro-batch then crossing `v`
+# times as many boundaries). Every
+# stage is billed as the heaviest one, `ceil(L / p)` blocks plus one vocabulary matrix (the embedding
+# on the first stage, the output layer on the last; `stage_plan`), so the analytic estimate and the
+# simulator time one stage's micro-batch (`stage_plan`) and compose the step here from it:
+# - each micro-batch sends its activations to the next stage and their gradients back: `b s h`
+#   elements of the replica's micro-batch, split over the tensor-parallel group (Megatron's
+#   scatter/gather of pipeline tensors), on NVLink inside a node and at the GPU's share of the node's
+#   network across nodes (`p2p_s`), not overlapped (1F1B waits for them);
+# - data-parallel gradients: Megatron (strategies `dp` and `3d`, REDUCES_ONCE_PER_STEP) reduces once
+#   per step, after the last micro-batch, so the other `m + p - 2` micro-batch slots are timed without
+#   any data-parallel traffic (`quiet_plan`); FSDP / ZeRO-2 / ZeRO-3 gather and reduce in every
+#   micro-batch, so every slot is the stage's full micro-batch;
+# - the optimizer step once, on the stage's share of the parameters;
+# - memory (planner.cost.memory.memory_bill): the stage's weights, and on the first stage the activations
+#   of `min(p, m)` micro-batches in flight (1F1B starts at most `p` forwards before the first
+#   backward), which is what the bill multiplies (`in_flight_micro_batches`).
+# With `p = 1` and `m = 1` every function here is the identity: plans without pipelining or
+# accumulation are priced exactly as before.
 def compose_step(plan: Plan, full: tuple[float, float, float], quiet: tuple[float, float] | None) -> StepTimes:
     """The step of `plan` from one stage micro-batch's (forward, backward, optimizer) seconds with
     its data-parallel traffic (`full`) and without it (`quiet`, None to use `full`): [Note: the 1F1B step]."""

@@ -1,29 +1,8 @@
 """Framework configs beyond DeepSpeed: a plan as a Hugging Face accelerate config (its FSDP2 plugin) or
 as a torch FSDP2 `fully_shard` snippet (the DeepSpeed config is deepspeed_config.py).
 
-[Note: what FSDP2 can express] FSDP2 (`torch.distributed.fsdp.fully_shard`) shards every parameter,
-its gradient and (through the optimizer built on the sharded parameters) its optimizer states
-together, on the GPU or, with `CPUOffloadPolicy`, all three in CPU memory, the optimizer stepping
-there (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html). So a plan has an
-FSDP2 config when its parameters, gradients and optimizer states share one tier, gpu or cpu; a
-recomputed block's input may sit in CPU memory (`offload_wrapper` around `checkpoint_wrapper`, which is what
-accelerate's `fsdp_activation_checkpointing_offload` does). It cannot place anything on NVMe, split
-the optimizer from the parameters (ZeRO-Offload: optimizer states on CPU, parameters on the GPU),
-tile a linear into pieces gathered one at a time, or shard a block across GPUs (tensor
-parallelism needs a model-specific plan): those are refused in one line naming what it cannot
-express, with the DeepSpeed config as the way out where DeepSpeed can run the plan.
-
-Mapping: ZeRO-3 placements -> `reshard_after_forward=True` (parameters freed after each block's
-forward, gathered again for backward); ZeRO-2 -> `False` (kept gathered from forward to backward, as
-ZeRO-2 keeps whole parameters); plain data parallel is no sharding at all: accelerate's `MULTI_GPU`
-(DistributedDataParallel), not `fully_shard`. Recompute is per block, the granularity accelerate
-and `fully_shard` wrap at (they call it activation checkpointing): a plan with k > 1 blocks per
-recompute segment is written as one block per segment, which recomputes the same forward once and
-keeps less. Key names follow accelerate 1.15.0 (its
-`accelerate launch` options `--fsdp_version`, `--fsdp_offload_params`, `--fsdp_reshard_after_forward`,
-`--fsdp_activation_checkpointing`, `--fsdp_activation_checkpointing_offload`, ...;
-https://huggingface.co/docs/accelerate/usage_guides/fsdp); without `fsdp_transformer_layer_cls_to_wrap`
-accelerate wraps the model's `_no_split_modules` (every transformers model's decoder layer class).
+What FSDP2 can express, and how a plan maps onto its options: [Note: what FSDP2 can express]
+and [Note: the FSDP2 mapping], below the imports.
 """
 
 from __future__ import annotations
@@ -35,6 +14,30 @@ import yaml
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
 from planner.specs.tiers import HOST
+
+# [Note: what FSDP2 can express] FSDP2 (`torch.distributed.fsdp.fully_shard`) shards every parameter,
+# its gradient and (through the optimizer built on the sharded parameters) its optimizer states
+# together, on the GPU or, with `CPUOffloadPolicy`, all three in CPU memory, the optimizer stepping
+# there (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html). So a plan has an
+# FSDP2 config when its parameters, gradients and optimizer states share one tier, gpu or cpu; a
+# recomputed block's input may sit in CPU memory (`offload_wrapper` around `checkpoint_wrapper`, which is what
+# accelerate's `fsdp_activation_checkpointing_offload` does). It cannot place anything on NVMe, split
+# the optimizer from the parameters (ZeRO-Offload: optimizer states on CPU, parameters on the GPU),
+# tile a linear into pieces gathered one at a time, or shard a block across GPUs (tensor
+# parallelism needs a model-specific plan): those are refused in one line naming what it cannot
+# express, with the DeepSpeed config as the way out where DeepSpeed can run the plan.
+#
+# [Note: the FSDP2 mapping] ZeRO-3 placements -> `reshard_after_forward=True` (parameters freed after each block's
+# forward, gathered again for backward); ZeRO-2 -> `False` (kept gathered from forward to backward, as
+# ZeRO-2 keeps whole parameters); plain data parallel is no sharding at all: accelerate's `MULTI_GPU`
+# (DistributedDataParallel), not `fully_shard`. Recompute is per block, the granularity accelerate
+# and `fully_shard` wrap at (they call it activation checkpointing): a plan with k > 1 blocks per
+# recompute segment is written as one block per segment, which recomputes the same forward once and
+# keeps less. Key names follow accelerate 1.15.0 (its
+# `accelerate launch` options `--fsdp_version`, `--fsdp_offload_params`, `--fsdp_reshard_after_forward`,
+# `--fsdp_activation_checkpointing`, `--fsdp_activation_checkpointing_offload`, ...;
+# https://huggingface.co/docs/accelerate/usage_guides/fsdp); without `fsdp_transformer_layer_cls_to_wrap`
+# accelerate wraps the model's `_no_split_modules` (every transformers model's decoder layer class).
 
 ACCELERATE_DOCS = "https://huggingface.co/docs/accelerate/usage_guides/fsdp"
 FSDP2_DOCS = "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html"

@@ -1,7 +1,7 @@
-"""Discrete-event simulator (SimPy) of one offloaded training iteration (issue 3).
+"""Discrete-event simulator (SimPy) of one offloaded training iteration.
 
 `simulate(plan)` runs the schedule in `engine.py` over the links in `resources.py` and returns the
-DESIGN.md `prediction` block with method `simulated`; `fast.predict` extrapolates it over identical
+plan's `prediction` block (docs/plan-format.md) with method `simulated`; `fast.predict` extrapolates it over identical
 blocks for ranking. The search re-ranks by it (planner/search/refine.py) and planner/output/timeline.py
 draws its Gantt chart.
 """

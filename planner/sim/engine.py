@@ -94,7 +94,7 @@ class Simulation:
         self.gpu, self.cpu = self.trackers[GPU], self.trackers[HOST]
         """The trackers buffers are charged to: the GPU's memory (rank 0's) and host memory (the node's)."""
         self.link_bytes: dict[str, float] = {}
-        """Bytes per GPU per link category (DESIGN.md `prediction.link_bytes`), from rank 0."""
+        """Bytes per GPU per link category (`prediction.link_bytes`, docs/plan-format.md), from rank 0."""
         self.phase_end_s: dict[Phase, float] = {}
         self.unit_start_s: dict[tuple[Phase, int], float] = {}
         """When rank 0's compute starts on each repeating unit of blocks (a recompute segment, or a

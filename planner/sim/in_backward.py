@@ -1,37 +1,9 @@
 """The optimizer step in backward (`optimizer_step: in_backward`): each unit is updated as soon as
 its gradient is final, while the rest of the backward runs.
 
-[Note: the optimizer step in backward, simulated] What the runtime does (runtime/optim/streamed_optimizer.py
-[Note: the optimizer step in backward]), per simulated rank:
-- optimizer states on NVMe (the streamed update): once the forward has started fetching its last
-  operator (prefetch depth > 0; else when the backward begins), a reader fills the
-  plan's `num_optimizer_buffers` chunk buffers with the fp32 master, momentum and variance (12 B per
-  parameter) of the chunks of the units in backward order, one read after another (the I/O
-  engine serves its queue in order), taking a buffer as soon as one is free; it never holds up the
-  backward. When a unit's gradient is final (its reduce-scatter done; at once with one rank), the
-  updater takes the unit's chunks in order: waits for the chunk's read, copies the gradient chunk
-  into the buffer (GPU -> host, 16-bit, unless the host is the device), runs the CPU AdamW, and
-  queues the chunk's writes (12 B of states, plus the 16-bit compute copy of the parameters to
-  their tier when that is a separate copy), which free the buffer when they land. The gradient is
-  never written to NVMe nor read back (`planner.cost.memory.stores_gradients`).
-- optimizer states in memory (`cpu`): the gradient is offloaded as after backward; once it has
-  landed, the unit's CPU AdamW runs and the updated parameters go back to their tier.
-- optimizer states on the GPU: the unit's HBM-bound Adam (`gpu_step_seconds`) runs on the compute
-  stream.
-Where the update runs on the compute device's own thread (a GPU optimizer, or every optimizer when
-the host is the device: [Note: the CPU machine] in runtime/transfer/stores.py) it is *inline*: the rank's
-backward loop runs it before its next operator, so it competes with compute, as the runtime's
-backward hook does. Elsewhere the CPU optimizer is a process of its own that overlaps GPU compute.
-
-The backward ends when the last unit's update has been computed (and every gradient has been
-reduced); the optimizer phase is what `optimizer.step()` waits for: the writes still in flight.
-Update traffic is labelled `optimizer` (the Gantt chart shows it overlapping the backward);
-planner/calibration/calibrate.py attributes it by time for such plans.
-
-Chunks are the runtime's: each unit's shard is cut into `optimizer_chunk_bytes / 16`-element
-chunks from its own start (a unit smaller than a chunk is one short chunk). Units are the trace's
-operators (their tiles); a block's norms and biases ride along with its linears (the bill and
-`ModelSpec.num_params` count them there too).
+The simulation follows what the runtime does, per simulated rank and per optimizer tier; the backward
+ends when the last unit's update has been computed, and the optimizer phase is the writes still in
+flight ([Note: the optimizer step in backward, simulated], above `BackwardUpdates`).
 """
 
 from __future__ import annotations
@@ -103,6 +75,37 @@ def chunk_sizes(params: float, chunk_params: float) -> list[float]:
     return [chunk_params] * (count - 1) + [params - chunk_params * (count - 1)]
 
 
+# [Note: the optimizer step in backward, simulated] What the runtime does (runtime/optim/streamed_optimizer.py
+# [Note: the optimizer step in backward]), per simulated rank:
+# - optimizer states on NVMe (the streamed update): once the forward has started fetching its last
+#   operator (prefetch depth > 0; else when the backward begins), a reader fills the
+#   plan's `num_optimizer_buffers` chunk buffers with the fp32 master, momentum and variance (12 B per
+#   parameter) of the chunks of the units in backward order, one read after another (the I/O
+#   engine serves its queue in order), taking a buffer as soon as one is free; it never holds up the
+#   backward. When a unit's gradient is final (its reduce-scatter done; at once with one rank), the
+#   updater takes the unit's chunks in order: waits for the chunk's read, copies the gradient chunk
+#   into the buffer (GPU -> host, 16-bit, unless the host is the device), runs the CPU AdamW, and
+#   queues the chunk's writes (12 B of states, plus the 16-bit compute copy of the parameters to
+#   their tier when that is a separate copy), which free the buffer when they land. The gradient is
+#   never written to NVMe nor read back (`planner.cost.memory.stores_gradients`).
+# - optimizer states in memory (`cpu`): the gradient is offloaded as after backward; once it has
+#   landed, the unit's CPU AdamW runs and the updated parameters go back to their tier.
+# - optimizer states on the GPU: the unit's HBM-bound Adam (`gpu_step_seconds`) runs on the compute
+#   stream.
+# Where the update runs on the compute device's own thread (a GPU optimizer, or every optimizer when
+# the host is the device: [Note: the CPU machine] in runtime/transfer/stores.py) it is *inline*: the rank's
+# backward loop runs it before its next operator, so it competes with compute, as the runtime's
+# backward hook does. Elsewhere the CPU optimizer is a process of its own that overlaps GPU compute.
+#
+# The backward ends when the last unit's update has been computed (and every gradient has been
+# reduced); the optimizer phase is what `optimizer.step()` waits for: the writes still in flight.
+# Update traffic is labelled `optimizer` (the Gantt chart shows it overlapping the backward);
+# planner/calibration/calibrate.py attributes it by time for such plans.
+#
+# Chunks are the runtime's: each unit's shard is cut into `optimizer_chunk_bytes / 16`-element
+# chunks from its own start (a unit smaller than a chunk is one short chunk). Units are the trace's
+# operators (their tiles); a block's norms and biases ride along with its linears (the bill and
+# `ModelSpec.num_params` count them there too).
 class BackwardUpdates:
     """One rank's in-backward updates (see [Note: the optimizer step in backward, simulated])."""
 

@@ -1,4 +1,4 @@
-"""Turn a finished simulation into the DESIGN.md `prediction` block (method `simulated`); `simulate`
+"""Turn a finished simulation into the plan's `prediction` block (method `simulated`); `simulate`
 runs one, and composes a pipelined or accumulating plan's step from its stage's (`composed_prediction`).
 
 [Note: two memory views] Whether a plan fits is decided by the memory bill (`planner.cost.memory`), the

@@ -4,26 +4,8 @@ Resolution order for a MODEL argument (documented in README "Model sizes"):
 1. an existing file path -> the model document in it: the planner's own form, or a Hugging Face
    `config.json` (planner/specs/hf_config.py), told apart by their keys;
 2. a preset name (case-insensitive) or a preset's alias (`1T` is the paper's 1T configuration);
-3. a size shorthand (`70B`, `2.5T`) -> [Note: size shorthands].
-
-[Note: size shorthands] A size means a model of about that size. An alias is the label a source gives
-its configuration (the paper's `1T`, `0.5T`, `13B`; GPT-3's `175B`) and is kept only where the
-configuration has that many parameters within SIZE_TOLERANCE, 10% (tests/test_planner_model.py checks
-each); the paper's `70B` (100.7 B) and `1.4B` (1.13 B) configurations are reachable by their preset
-names only. Any other size goes to the published model (a preset made from its config.json) nearest
-in parameter count, if one is within 10% (`70B` -> llama-3.1-70b, 70.55 B), and the spec's name says
-so; 10% because publishers round their labels that far (Qwen2.5 14B has 14.77 B). Otherwise the
-shape rule below sizes a model to the request.
-
-[Note: shape rule] The shape the paper's configurations and GPT-3 follow: width grows with depth at
-`hidden / layers ~= 128` (GPT-3 175B: 12288/96 = 128; paper 0.1T: 10240/80 = 128). From eq. 1
-(`P = 12 * nl * hd^2`) with `nl = hd / 128`: `hd = (128 * P / 12)^(1/3)`, taken to the nearest (in
-ratio) of 128, 256, 512, a multiple of 512 below 4096 or a multiple of 1024 from 4096 up. Heads are
-`hd / 128` (head dim 128), so 1, 2, 4, a multiple of 4 below 4096 wide and of 8 from there: the
-search only tries tensor-parallel degrees that divide the heads, and 2 and 4 always do, 8 (a node)
-from 4096 wide (about 7 B) up. The old rule (any multiple of 128) gave 7B 33 heads, which allow none.
-Then `nl = round(P / (12 * hd^2))`, `seq = 1024`, embeddings ignored (vocab 0). The result's eq. 1
-count is within a few percent of the request; `name` records the request and shape.
+3. a size shorthand (`70B`, `2.5T`) -> a model of about that size ([Note: size shorthands], above
+   `resolve_model`; [Note: shape rule], above `shape_for_params`).
 """
 
 from __future__ import annotations
@@ -116,6 +98,15 @@ def parse_param_count(text: str) -> int | None:
     return round(float(match.group(1)) * PARAM_SUFFIXES[match.group(2).lower()])
 
 
+# [Note: shape rule] The shape the paper's configurations and GPT-3 follow: width grows with depth at
+# `hidden / layers ~= 128` (GPT-3 175B: 12288/96 = 128; paper 0.1T: 10240/80 = 128). From eq. 1
+# (`P = 12 * nl * hd^2`) with `nl = hd / 128`: `hd = (128 * P / 12)^(1/3)`, taken to the nearest (in
+# ratio) of 128, 256, 512, a multiple of 512 below 4096 or a multiple of 1024 from 4096 up. Heads are
+# `hd / 128` (head dim 128), so 1, 2, 4, a multiple of 4 below 4096 wide and of 8 from there: the
+# search only tries tensor-parallel degrees that divide the heads, and 2 and 4 always do, 8 (a node)
+# from 4096 wide (about 7 B) up. The old rule (any multiple of 128) gave 7B 33 heads, which allow none.
+# Then `nl = round(P / (12 * hd^2))`, `seq = 1024`, embeddings ignored (vocab 0). The result's eq. 1
+# count is within a few percent of the request; `name` records the request and shape.
 def shape_for_params(num_params: int, *, seq_len: int = 1024, label: str | None = None) -> ModelSpec:
     """The [Note: shape rule] shape for a requested parameter count."""
     if num_params < 12 * 128**2:
@@ -141,6 +132,14 @@ def known_model_names() -> str:
     return ", ".join(sorted(presets))
 
 
+# [Note: size shorthands] A size means a model of about that size. An alias is the label a source gives
+# its configuration (the paper's `1T`, `0.5T`, `13B`; GPT-3's `175B`) and is kept only where the
+# configuration has that many parameters within SIZE_TOLERANCE, 10% (tests/test_planner_model.py checks
+# each); the paper's `70B` (100.7 B) and `1.4B` (1.13 B) configurations are reachable by their preset
+# names only. Any other size goes to the published model (a preset made from its config.json) nearest
+# in parameter count, if one is within 10% (`70B` -> llama-3.1-70b, 70.55 B), and the spec's name says
+# so; 10% because publishers round their labels that far (Qwen2.5 14B has 14.77 B). Otherwise the
+# shape rule below sizes a model to the request.
 def resolve_model(
     arg: str | None,
     *,

@@ -205,7 +205,7 @@ class NodeSpec:
     """Fixed time the runtime spends per operator beyond its matmuls and memory-bound work: the
     unit's gather, hooks and release, and the framework's dispatch of a smaller matmul. Nominal 0
     (on a GPU node the host queues work ahead of the stream, so it shows only for tiny operators,
-    which is not measured here); `planner probe` fits it where the CPU is the device
+    which no GPU preset states); `planner probe` fits it where the CPU is the device
     (planner/calibration/calibrate.py [Note: the calibration model]), and it is what tiling costs there."""
     host_is_device: bool = False
     """The compute device *is* the host (a CPU-only machine, as `planner probe` finds without CUDA):

@@ -20,13 +20,6 @@ applies when a key is absent (transformers 4.4x-5.x agree on these):
 Every family adds one final norm. Keys that do not change the count (rope, dropout, sliding window,
 `rotary_pct`, token ids) are ignored. Other model types (mixture-of-experts, encoder-decoder,
 vision) are refused by name rather than counted wrongly.
-
-[Note: planned sequence] A config states the longest context the model serves
-(`max_position_embeddings`; for a long-context extension its `rope_scaling` keeps the pre-training
-length as `original_max_position_embeddings`), not the length one trains at. Planning at 128K tokens
-would make activations dwarf everything, so `seq_len` is that context capped at HF_MAX_SEQ_LEN, 8192
-(Llama 3's pre-training length); `--seq` overrides, and the spec's name says when the cap applied.
-A config without the key plans at the planner's default, 1024.
 """
 
 from __future__ import annotations
@@ -38,8 +31,14 @@ from planner.specs.errors import PlannerError
 from planner.specs.model import ModelSpec
 from planner.specs.specio import number
 
+# [Note: planned sequence] A config states the longest context the model serves
+# (`max_position_embeddings`; for a long-context extension its `rope_scaling` keeps the pre-training
+# length as `original_max_position_embeddings`), not the length one trains at. Planning at 128K tokens
+# would make activations dwarf everything, so `seq_len` is that context capped at HF_MAX_SEQ_LEN, 8192
+# (Llama 3's pre-training length); `--seq` overrides, and the spec's name says when the cap applied.
+# A config without the key plans at the planner's default, 1024.
 HF_MAX_SEQ_LEN = 8192
-"""[Note: planned sequence]"""
+"""The longest sequence a Hugging Face config is planned at ([Note: planned sequence])."""
 
 # model_type -> (defaults transformers' config class applies to count-relevant keys, fixed traits).
 _LLAMA_LIKE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {

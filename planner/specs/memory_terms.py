@@ -3,7 +3,7 @@
 The memory bill (`planner/cost/memory.py`) is keyed by these terms, the simulator's tier trackers
 (`planner/sim/`) hold them, and the runtime's ledger (`runtime/ledger.py`) refuses any other name, so a
 profile's peak, a simulated peak and the bill compare term by term. Values are the bill's JSON keys
-(`memory_terms`, a contract: DESIGN.md "JSON keys"); a member *is* its value (`str`), so JSON and
+(`memory_terms`, a contract: docs/plan-format.md); a member *is* its value (`str`), so JSON and
 dict look-ups by the plain string keep working.
 
 [Note: adding a memory buffer]

@@ -1,7 +1,7 @@
 """The phase vocabulary: what one training iteration is doing at a given moment.
 
 `PHASES` are the three timed phases (`phase_time_s` keys in every plan and profile: a contract,
-DESIGN.md "JSON keys"); within the backward phase a recomputed block's forward runs again first
+docs/plan-format.md); within the backward phase a recomputed block's forward runs again first
 (`RECOMPUTE`). Trace steps, busy intervals (the Gantt chart's colours) and calibration's rows all
 use these members, each of which *is* its value (`str`).
 """

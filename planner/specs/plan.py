@@ -1,6 +1,6 @@
 """The plan document: what to run (model, hardware, placement, knobs) and what we predict.
 
-Key names are a contract (DESIGN.md "JSON keys"): other tools read `placement.params`,
+Key names are a contract (docs/plan-format.md, every key with its unit): other tools read `placement.params`,
 `prediction.iteration_time_s`, ... Extend rather than rename; a renamed key keeps its old spelling
 readable ([Note: old spellings]). A profile written by the runtime carries the same
 `prediction`-shaped block under `measured`.
@@ -203,7 +203,7 @@ def partitioned_states(strategy: str) -> frozenset[str]:
 
 @dataclass(kw_only=True, slots=True)
 class Prediction:
-    """What the planner expects one training iteration to cost (DESIGN.md `prediction.*`)."""
+    """What the planner expects one training iteration to cost (`prediction.*` in docs/plan-format.md)."""
 
     feasible: bool
     reason: str = ""

@@ -1,6 +1,6 @@
 """The profile document the runtime writes: what one training run measured, in the plan's vocabulary.
 
-`measured` has exactly the shape of a plan's `prediction` block (DESIGN.md "JSON keys"), so that
+`measured` has exactly the shape of a plan's `prediction` block (docs/plan-format.md), so that
 `planner compare` can put the two side by side metric by metric; `samples` keeps every step and
 `losses` one loss per step. Reading is strict, like `planner.specs.plan`: unknown keys and wrong types
 are one-line `PlannerError`s.

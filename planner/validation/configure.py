@@ -1,42 +1,9 @@
 """A corpus row -> the planner's Plan under exactly the configuration the row states, or the reasons
 it cannot be one.
 
-[Note: what a row states] The planner is given what the source states and nothing fitted to the row:
-- shape from the row's columns; GQA, SwiGLU, embedding tying and rotary embeddings from the model's
-  published config (the project's presets, data/models/: Llama, GPT-3 and NeMo's GPT-3 5B/20B,
-  OPT, Qwen2.5, Nemotron-4 340B, matched by name: _NAMED), rotary for Llama (Touvron et al. 2023,
-  arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are GPT blocks (4h GELU MLP unless
-  `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a name with no preset and no
-  shape columns (Nemotron-8B/22B, "GPT-2-like 1.4B") keeps a reason;
-- recompute: `full` (every block from its segment's recompute input), `selective` (the attention core's seq^2 part
-  only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200) unless the
-  source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train with its
-  default dropout (SOURCE_DROPOUT);
-- an unstated shape, sequence, vocabulary or precision is filled only from what the source itself
-  says elsewhere (SOURCE_DEFAULTS, each with its citation); otherwise the row gets a reason;
-- an unstated tuning knob is searched as `planner fit` searches what a user leaves unpinned
-  (planner/validation/unstated.py [Note: unstated settings are searched]): recompute, data-parallel
-  sharding (among what the row's framework offers), the tensor x pipeline split of a stated
-  model-parallel size (an FSDP/ZeRO row with no pipeline degree: 1, the planner pipelines only
-  `3d`), the micro-batch of a pipelined row given its global batch, and with no batch at all the
-  largest micro-batch that fits (no accumulation, or `planner fit`'s 4 per stage when pipelined);
-  stated values are never searched, and `assumptions` names every searched knob and its choice;
-- micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
-  unstated micro-batch of an unpipelined row with a stated global batch means no accumulation
-  (`micro = global / dp`);
-- context parallelism from the note's `CP=k` (NeMo, Megatron-Bridge) or what the stated degrees leave
-  over (GPUs / (TP x PP x DP)): planner/cost/context_parallel.py;
-- the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor, context and pipeline
-  degrees (planner.specs.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
-  `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
-  (pipeline bubble, one gradient reduction per step: planner/cost/pipeline.py);
-- interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
-- fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/cost/fp8.py); on a
-  GPU without an fp8 rate the planner refuses them, naming the hardware;
-- a GPU family's preset (HARDWARE_FOR), or its multi-GPU node where the row spans more GPUs than the
-  preset has in a node (NODE_FOR_GPUS_PER_NODE: hgx-h200).
-A reason names the missing planner feature (a GPU with no preset, a model with no published shape)
-or the missing statement (sequence length not stated); such rows count as misses.
+The planner is given what the source states and nothing fitted to the row; an unstated tuning knob
+is searched as `planner fit` searches an unpinned one, and a row that lacks what the planner needs
+keeps a reason naming it and counts as a miss ([Note: what a row states], above `row_plan`).
 """
 
 from __future__ import annotations
@@ -132,6 +99,42 @@ class RowPlan:
     fit leaves such rows out: it calibrates on configurations the sources state."""
 
 
+# [Note: what a row states] The planner is given what the source states and nothing fitted to the row:
+# - shape from the row's columns; GQA, SwiGLU, embedding tying and rotary embeddings from the model's
+#   published config (the bundled presets, data/models/: Llama, GPT-3 and NeMo's GPT-3 5B/20B,
+#   OPT, Qwen2.5, Nemotron-4 340B, matched by name: _NAMED), rotary for Llama (Touvron et al. 2023,
+#   arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are GPT blocks (4h GELU MLP unless
+#   `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a name with no preset and no
+#   shape columns (Nemotron-8B/22B, "GPT-2-like 1.4B") keeps a reason;
+# - recompute: `full` (every block from its segment's recompute input), `selective` (the attention core's seq^2 part
+#   only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200) unless the
+#   source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train with its
+#   default dropout (SOURCE_DROPOUT);
+# - an unstated shape, sequence, vocabulary or precision is filled only from what the source itself
+#   says elsewhere (SOURCE_DEFAULTS, each with its citation); otherwise the row gets a reason;
+# - an unstated tuning knob is searched as `planner fit` searches what a user leaves unpinned
+#   (planner/validation/unstated.py [Note: unstated settings are searched]): recompute, data-parallel
+#   sharding (among what the row's framework offers), the tensor x pipeline split of a stated
+#   model-parallel size (an FSDP/ZeRO row with no pipeline degree: 1, the planner pipelines only
+#   `3d`), the micro-batch of a pipelined row given its global batch, and with no batch at all the
+#   largest micro-batch that fits (no accumulation, or `planner fit`'s 4 per stage when pipelined);
+#   stated values are never searched, and `assumptions` names every searched knob and its choice;
+# - micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
+#   unstated micro-batch of an unpipelined row with a stated global batch means no accumulation
+#   (`micro = global / dp`);
+# - context parallelism from the note's `CP=k` (NeMo, Megatron-Bridge) or what the stated degrees leave
+#   over (GPUs / (TP x PP x DP)): planner/cost/context_parallel.py;
+# - the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor, context and pipeline
+#   degrees (planner.specs.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
+#   `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
+#   (pipeline bubble, one gradient reduction per step: planner/cost/pipeline.py);
+# - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
+# - fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/cost/fp8.py); on a
+#   GPU without an fp8 rate the planner refuses them, naming the hardware;
+# - a GPU family's preset (HARDWARE_FOR), or its multi-GPU node where the row spans more GPUs than the
+#   preset has in a node (NODE_FOR_GPUS_PER_NODE: hgx-h200).
+# A reason names the missing planner feature (a GPU with no preset, a model with no published shape)
+# or the missing statement (sequence length not stated); such rows count as misses.
 def row_plan(row: CorpusRow) -> RowPlan:
     """The plan for `row`, or its reasons (every one found, not just the first); unstated settings are
     searched (planner/validation/unstated.py [Note: unstated settings are searched])."""

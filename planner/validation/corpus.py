@@ -77,7 +77,7 @@ class CorpusRow:
 
     @property
     def is_offload(self) -> bool:
-        """CPU/NVMe offload rows are checks, not calibration (issue 24 item 5)."""
+        """CPU/NVMe offload rows are checks, not calibration (docs/validation.md)."""
         return self.offload != NO_OFFLOAD
 
     @property

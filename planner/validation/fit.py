@@ -1,54 +1,14 @@
 """Fit each GPU generation's compute numbers on the published-runs corpus, and say how well the fit
-predicts a source it never saw (issue 24 item 4).
+predicts a source it never saw.
 
 Run: `python -m planner.validation.fit` (report) or `... --write` (write the presets and
 data/validation/fit.json, which `planner validate` reports from).
 
-[Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100, whose numbers the H200
-shares: its corpus rows are not predictable), four physically meaningful numbers and nothing per
-row or per source:
-- `plateau`: the matmul rate a large GEMM sustains in training, as a fraction of the datasheet
-  peak (`gpu_peak_tflops = plateau x gpu_nominal_tflops`);
-- `half_gflop`: the matmul size reaching half the plateau; the preset's matmul efficiency curve is
-  `size / (size + half_gflop)` sampled per decade from 0.1 GFLOP (MATMUL_GFLOP_POINTS);
-- `flash`: the fused attention kernel's achieved rate as a fraction of the datasheet peak
-  (`flash_attention_tflops`; none on V100, which has no flash kernel);
-- `hbm`: the share of the datasheet HBM bandwidth memory-bound kernels stream at
-  (`hbm_achievable_fraction`, planner/cost/kernels.py).
-A per-layer framework overhead is not fitted: tried as a fifth number (the simulator's
-`operator_overhead_ms`) on H100 it traded off against the matmul curve (427 us per operator with a
-0.07 GFLOP half size, the same in-sample error as without it), so the rows do not show one apart
-from the curve. Memory is never fitted: only rates change, so every memory bill stays.
-
-The loss is the mean over the generation's predicted, non-offload rows of the squared log ratio
-predicted / measured, capped at LOSS_CAP (a row the model cannot describe, such as a missing
-network term, weighs no more than a 50 % miss). The search is a deterministic coordinate search in
-log space from the hand-set preset (PRIOR), within BOUNDS, with the simulated prediction
-(`planner.sim.fast.predict`, what `planner validate` and `planner fit` report): the analytic
-estimate has no matmul efficiency curve, so it cannot fit one.
-
-[Note: which parameters the rows free] A fit frees only the parameters its rows pin down; the rest
-keep the prior's value. Freeing all four on any rows lets a few rows set numbers they barely
-constrain: rows of one source whose predictions scale with the attention kernel's rate and the HBM
-share almost exactly as with the plateau (torchtitan's few H100 rows) moved all four, and the
-held-out sources paid for it (docs/validation.md, Where this stands). The rule is
-forward selection by a t-test on the rows linearised around the current fit (finite differences,
-JACOBIAN_STEP): for each parameter not yet freed, the least-squares step of the log residuals on the
-columns of the freed parameters and its own, its standard error from the residual scatter with
-n - k degrees of freedom, and whether the step differs from zero at SIGNIFICANCE (Student's t, so
-that 5 rows cannot carry 4 numbers); of the significant ones the one the rows hold most information
-on (its column's part that the freed ones do not explain) is freed, the search refits every freed
-parameter, and the test repeats from there. A parameter collinear with those freed has no
-information and is never freed; one the rows show at the prior's value stays there, which is the
-same. Rows past LOSS_CAP carry no gradient in the loss and are left out of the test as well. The
-test treats rows as independent, though rows of one source share its software: their standard
-errors are if anything understated, so the rule errs towards freeing a number, never against.
-
-[Note: leave one source out] For each source with rows of a generation, the same search from the
-same prior runs on the other sources' rows only, and predicts the held-out source's rows. The
-pooled held-out errors are the generation's prediction error; the in-sample error (all rows
-fitted) is reported beside it, labelled so. A held-out source whose generation has no other
-source is predicted with the prior (nothing to fit on).
+Per GPU generation four physically meaningful numbers are fitted, nothing per row or per source,
+and memory never ([Note: what is fitted], above `fit`); a fit frees only the numbers its rows pin
+down ([Note: which parameters the rows free], above `significant_parameter`), and each source is
+also predicted from a fit on the others ([Note: leave one source out], above
+`leave_one_source_out`).
 """
 
 from __future__ import annotations
@@ -91,8 +51,8 @@ LOSS_CAP = math.log(1.5)
 STEPS: tuple[float, ...] = (0.3, 0.1, 0.03)
 """Log-space step sizes of the coordinate search, coarse to fine."""
 MAX_EVALUATIONS = 100
-"""Each search stops after this many loss evaluations (each simulates every row once, about 0.3-0.6 s
-for a generation's rows): a bounded, deterministic cost per fit."""
+"""Each search stops after this many loss evaluations (each simulates every row of the generation
+once): a bounded, deterministic cost per fit."""
 SIGNIFICANCE = 0.05
 """A parameter leaves the prior only where the rows move it significantly at this level, two-sided
 (Student's t: [Note: which parameters the rows free])."""
@@ -134,7 +94,7 @@ class FitRow:
 
 
 def fit_rows(generation: str, rows: Sequence[CorpusRow] | None = None) -> list[FitRow]:
-    """The generation's rows that calibrate: not offload (checks, issue 24 item 5), with a plan whose
+    """The generation's rows that calibrate: not offload (those are checks), with a plan whose
     settings the source states (none searched)."""
     families = GENERATIONS[generation][0]
     out = []
@@ -167,6 +127,27 @@ def loss(errs: dict[str, float]) -> float:
     return sum(min(abs(math.log1p(e)), LOSS_CAP) ** 2 for e in errs.values()) / len(errs)
 
 
+# [Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100, whose numbers the H200
+# shares: its corpus rows are not predictable), four physically meaningful numbers and nothing per
+# row or per source:
+# - `plateau`: the matmul rate a large GEMM sustains in training, as a fraction of the datasheet
+#   peak (`gpu_peak_tflops = plateau x gpu_nominal_tflops`);
+# - `half_gflop`: the matmul size reaching half the plateau; the preset's matmul efficiency curve is
+#   `size / (size + half_gflop)` sampled per decade from 0.1 GFLOP (MATMUL_GFLOP_POINTS);
+# - `flash`: the fused attention kernel's achieved rate as a fraction of the datasheet peak
+#   (`flash_attention_tflops`; none on V100, which has no flash kernel);
+# - `hbm`: the share of the datasheet HBM bandwidth memory-bound kernels stream at
+#   (`hbm_achievable_fraction`, planner/cost/kernels.py).
+# A per-layer framework overhead is not fitted: tried as a fifth number (the simulator's
+# `operator_overhead_ms`) on H100 it traded off against the matmul curve at the same in-sample
+# error, so the rows do not show one apart from the curve. Memory is never fitted: only rates change, so every memory bill stays.
+#
+# The loss is the mean over the generation's predicted, non-offload rows of the squared log ratio
+# predicted / measured, capped at LOSS_CAP (a row the model cannot describe, such as a missing
+# network term, weighs no more than a 50 % miss). The search is a deterministic coordinate search in
+# log space from the hand-set preset (PRIOR), within BOUNDS, with the simulated prediction
+# (`planner.sim.fast.predict`, what `planner validate` and `planner fit` report): the analytic
+# estimate has no matmul efficiency curve, so it cannot fit one.
 def fit(rows: Sequence[FitRow], start: Params, seen: Callable[[str], None] | None = None) -> tuple[Params, int]:
     """[Note: which parameters the rows free]: forward selection from `start`, each freed parameter
     refitted by coordinate search in log space with those freed before it; (params, evaluations).
@@ -212,6 +193,22 @@ def _search(rows: Sequence[FitRow], start: Params, free: Sequence[str],
     return best, evaluations
 
 
+# [Note: which parameters the rows free] A fit frees only the parameters its rows pin down; the rest
+# keep the prior's value. Freeing all four on any rows lets a few rows set numbers they barely
+# constrain: rows of one source whose predictions scale with the attention kernel's rate and the HBM
+# share almost exactly as with the plateau (torchtitan's few H100 rows) moved all four, and the
+# held-out sources paid for it (docs/validation.md, Where this stands). The rule is
+# forward selection by a t-test on the rows linearised around the current fit (finite differences,
+# JACOBIAN_STEP): for each parameter not yet freed, the least-squares step of the log residuals on the
+# columns of the freed parameters and its own, its standard error from the residual scatter with
+# n - k degrees of freedom, and whether the step differs from zero at SIGNIFICANCE (Student's t, so
+# that 5 rows cannot carry 4 numbers); of the significant ones the one the rows hold most information
+# on (its column's part that the freed ones do not explain) is freed, the search refits every freed
+# parameter, and the test repeats from there. A parameter collinear with those freed has no
+# information and is never freed; one the rows show at the prior's value stays there, which is the
+# same. Rows past LOSS_CAP carry no gradient in the loss and are left out of the test as well. The
+# test treats rows as independent, though rows of one source share its software: their standard
+# errors are if anything understated, so the rule errs towards freeing a number, never against.
 def significant_parameter(rows: Sequence[FitRow], at: Params, free: Sequence[str], candidates: Sequence[str],
                           seen: Callable[[str], None] | None = None) -> tuple[str | None, int]:
     """Of the candidates the rows move significantly from `at` given those `free`, the one they hold
@@ -283,6 +280,11 @@ Fits = dict[str | None, tuple[Params, int]]
 """Held-out source (None: none) -> (fitted params, evaluations), computed ahead (`--jobs`)."""
 
 
+# [Note: leave one source out] For each source with rows of a generation, the same search from the
+# same prior runs on the other sources' rows only, and predicts the held-out source's rows. The
+# pooled held-out errors are the generation's prediction error; the in-sample error (all rows
+# fitted) is reported beside it, labelled so. A held-out source whose generation has no other
+# source is predicted with the prior (nothing to fit on).
 def leave_one_source_out(rows: Sequence[FitRow], start: Params, fits: Fits | None = None) -> dict[str, Any]:
     """[Note: leave one source out]: per source, the fit without it and its held-out errors."""
     sources = sorted({r.row.source_id for r in rows})

@@ -1,4 +1,4 @@
-"""`planner fit MODEL --gpus N`: the fastest placement that fits, and why (DESIGN.md "CLI")."""
+"""`planner fit MODEL --gpus N`: the fastest placement that fits, and why (docs/conventions.md)."""
 
 from __future__ import annotations
 

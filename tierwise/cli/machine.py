@@ -1,6 +1,6 @@
 """Plan vs machine: what `planner run` can tell, before any worker starts, about a plan made for
-other hardware than this machine (issue 27: a `dgx-h100` plan ran on a CPU-only machine without a
-word, and was then refused with "offload less", the wrong advice).
+other hardware than this machine: without it a `dgx-h100` plan would run on a CPU-only machine
+without a word, and then be refused with "offload less", the wrong advice.
 
 The workers still check free memory themselves (runtime/plan_io.py); this is the cheap first look,
 in the CLI process, whose torch import `planner run` pays anyway.
