@@ -1,6 +1,6 @@
 """Package layout and the optional C++ async I/O extension (everything else is in pyproject.toml).
 
-- data/ sits at the top level (DESIGN.md layout) and ships inside the package as `planner._data`.
+- data/ sits at the top level (docs/architecture.md) and ships inside the package as `planner._data`.
 - csrc/*.cpp build `runtime._aio_ext` with pybind11 (no torch headers). The extension is optional:
   without a compiler the runtime falls back to its pure-Python engine, which behaves the same.
 """

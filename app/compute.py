@@ -11,9 +11,9 @@ import json
 import streamlit as st
 
 from app.state import Inputs, node_spec, search_request
-from planner.max_size import max_size
-from planner.plan import Plan
-from planner.search import SearchResult, predict, search
+from planner.search.max_size import max_size
+from planner.search.search import SearchResult, predict, search
+from planner.specs.plan import Plan
 
 CACHE_ENTRIES = 64
 
@@ -25,7 +25,7 @@ def search_result(inputs_json: str) -> SearchResult:
     inputs = Inputs.from_json(inputs_json)
     result = search(search_request(inputs))
     if inputs.refine:
-        from planner.sim.refine import refine
+        from planner.search.refine import refine
 
         result = refine(result)
     return result

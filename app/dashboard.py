@@ -1,6 +1,6 @@
 """Tierwise what-if dashboard: `planner dashboard` or `streamlit run app/dashboard.py`.
 
-A thin page over the `planner` library (DESIGN.md principle 9): the sidebar produces one `Inputs`
+A thin page over the `planner` library (docs/conventions.md, "The command line"): the sidebar produces one `Inputs`
 value, cached library calls answer it (app/compute.py), and each panel draws one result.
 """
 
@@ -12,10 +12,10 @@ from app import compute
 from app.panels import bandwidth, history, memory, scale, strategies, timeline, verdict
 from app.sidebar import read_sidebar
 from app.state import Inputs, model_spec, node_spec
-from planner.errors import PlannerError
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import Plan
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
 
 TABS = ("Memory per tier", "Strategies", "Timeline", "Bandwidth (eq. 6)", "Largest model", "Predicted vs measured")
 

@@ -1,4 +1,4 @@
-"""Predicted vs measured pairs from the run history that `planner run` records (planner/history.py).
+"""Predicted vs measured pairs from the run history that `planner run` records (planner/specs/history.py).
 
 The dashboard only reads (a read-only SQLite connection to the store's `runs` table): a missing
 file is "no runs recorded yet" (it is not created), and an unreadable one is reported in one line. Nothing measured is ever made up: a metric appears only
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.history import COLUMN_NAMES, default_store_path
-from planner.plan import TIERS
-from planner.profile import relative_error
+from planner.specs.history import COLUMN_NAMES, default_store_path
+from planner.specs.profile import relative_error
+from planner.specs.tiers import TIERS
 
 HISTORY_ENV = "TIERWISE_HISTORY"
 """Overrides the default store (the user's cache directory), like `planner history --store`."""

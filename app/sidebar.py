@@ -2,7 +2,7 @@
 sequence, batch and placement. Widgets only; they produce one `Inputs` value.
 
 Number inputs carry no bounds of their own: the library validates every value (`PlannerError`),
-so the page shows the same one-line message the CLI would (requirement 4 of issue 7).
+so the page shows the same one-line message the CLI would, never a traceback (docs/dashboard.md).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from app.state import (
     pins_from,
     preset_document,
 )
-from planner.catalog import DEFAULT_HARDWARE, hardware_presets, known_model_names
-from planner.plan import PRECISIONS, STATES, STRATEGY_TABLE, TIERS
+from planner.specs.catalog import DEFAULT_HARDWARE, hardware_presets, known_model_names
+from planner.specs.plan import PRECISIONS, STATES, STRATEGY_TABLE
+from planner.specs.tiers import TIERS
 
 AUTO = "auto"
 MODEL_MODES = ("size or preset", "explicit shape")
@@ -84,7 +85,7 @@ def read_sidebar() -> Inputs:
     bar.header("Placement")
     strategy = bar.selectbox("Strategy", (AUTO, *STRATEGY_TABLE), key="strategy",
                              help="Pin a named strategy, or leave it to the search")
-    pins = {state: bar.selectbox(state.replace("_", " "), (AUTO, *TIERS), key=f"pin:{state}") for state in STATES}
+    pins = {state: bar.selectbox(state.replace("_", " "), (AUTO, *map(str, TIERS)), key=f"pin:{state}") for state in STATES}
     return Inputs(
         model=model or None,  # an empty field is "no model named": the library says what to give
         num_layers=_whole(layers),

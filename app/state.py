@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from planner import hf_config
-from planner.catalog import DEFAULT_HARDWARE, hardware_presets, resolve_model
-from planner.errors import PlannerError
-from planner.hardware import NVME_READ_WRITE, NodeSpec
-from planner.model import ModelSpec
-from planner.plan import STATES
-from planner.search import SearchRequest
+from planner.search.search import SearchRequest
+from planner.specs import hf_config
+from planner.specs.catalog import DEFAULT_HARDWARE, hardware_presets, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NVME_READ_WRITE, NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STATES
 
 DEFAULT_MODEL = "1T"
 DEFAULT_GPUS = 16
@@ -94,7 +94,7 @@ def model_spec(inputs: Inputs) -> ModelSpec:
 
 
 def names_a_file(text: str) -> bool:
-    """What `planner.catalog` would read as a file: a document suffix, a path, or an existing file."""
+    """What `planner.specs.catalog` would read as a file: a document suffix, a path, or an existing file."""
     text = text.strip()
     return text.lower().endswith((".json", ".yaml", ".yml")) or "/" in text or os.sep in text or Path(text).exists()
 

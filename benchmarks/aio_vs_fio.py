@@ -4,7 +4,7 @@ Both move the same file (written once beforehand, so reads hit real blocks) with
 same block size and the same queue depth, fio through its io_uring engine, in its default and in
 its batched-submission mode (see [Note: fio's two submission modes]). Runs alternate
 (fio then engine, engine then fio, ...) so that background load and the drive's drift hit both
-alike; the ratios are of the medians. Target (issue 5): read_ratio and write_ratio >= 0.95.
+alike; the ratios are of the medians. Target: read_ratio and write_ratio >= 0.95.
 
 Usage: python benchmarks/aio_vs_fio.py [--json] [--dir DIR] [--size-gib G] [--repeats N]
        [--block-kib K] [--queue-depth Q] [--backend io_uring|threads|python] [--sweep]
@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -133,15 +131,6 @@ def compare(path: Path, *, size: int, block: int, depth: int, threads: int, back
     }
 
 
-def machine() -> str:
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line),
-        platform.processor(),
-    )
-    fio = subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
-    return f"{socket.gethostname()}: {cpu}, {os.cpu_count()} cores, Linux {platform.release()}, {fio}"
-
-
 def _sweep_summary(sweep: list[dict]) -> str:
     """Lowest queue depth per block size at which both ratios met the 0.95 target in the sweep."""
     if not sweep:
@@ -157,23 +146,53 @@ def _sweep_summary(sweep: list[dict]) -> str:
     return " Lowest queue depth meeting 0.95 both ways in the sweep below: " + ", ".join(parts) + "."
 
 
-def write_results(result: dict, sweep: list[dict]) -> None:
+def _spread_sentence(result: dict, sweep: list[dict]) -> str:
+    """How far the repeats of one tool and direction lie apart, from the samples themselves."""
+    samples = result["samples_gb_per_s"]
+    widest = max(samples, key=lambda key: results_md.spread(samples[key]))
+    worst = results_md.spread(samples[widest])
+    steady = min(results_md.spread(v) for v in samples.values())
+    sweep_note = (" The sweep's figures are medians of 3 samples each, so at such a spread they rank settings only "
+                  "roughly." if sweep else "")
+    return (f"Spread of the {result['repeats']} samples of each tool and direction (fastest / slowest): "
+            f"{steady:.2f}x to {worst:.2f}x, widest `{widest}` ({min(samples[widest]):.3f} to "
+            f"{max(samples[widest]):.3f} GB/s); the ratios above are of the medians." + sweep_note)
+
+
+def _why_sentence(machine: results_md.MachineFacts) -> str:
+    """Why the engine's requests can be fewer than fio's, with this device's and kernel's own limits."""
+    disk = machine.disk
+    segments = f"this device allows {disk.max_segments} per request" if disk and disk.max_segments else \
+        "the device's segment limit is not in sysfs"
+    largest = (f"up to max_sectors_kb ({disk.max_sectors_kib} KiB here: {GIB // (disk.max_sectors_kib * 1024)} requests "
+               "per GiB)") if disk and disk.max_sectors_kib else "up to the device's largest request"
+    reserved = machine.reserved_hugepages
+    hugetlb = ("which needs reserved huge pages: none are reserved here (vm.nr_hugepages = 0)" if reserved == 0 else
+               f"which needs reserved huge pages (vm.nr_hugepages = {reserved} here; fio does not use them by default)")
+    return ("Why the engine can beat fio: its buffers are advised onto transparent huge pages (THP mode here: "
+            f"`{machine.transparent_hugepages}`), so a 1 MiB block can be one DMA segment and adjacent blocks merge "
+            f"into requests of {largest}, while fio's buffers are on 4 KiB pages, where a 1 MiB block needs up to 256 "
+            f"segments ({segments}) unless the pages happen to be physically contiguous, so its I/O is split more "
+            "and merged less ([Note: huge-page buffers] in runtime/nvme/buffers.py). Request counts are the device's "
+            "totals while each run lasted, other processes' I/O included (writes especially: the file system's "
+            f"journal). fio could use huge pages only through hugetlbfs (`--iomem=mmaphuge`), {hugetlb}.")
+
+
+def write_results(result: dict, sweep: list[dict], machine: results_md.MachineFacts) -> None:
     m = result["median_gb_per_s"]
     r = result["median_device_requests_per_gib"]
     lines = [
         "## Async I/O engine vs fio (`python benchmarks/aio_vs_fio.py`)",
         "",
-        f"Machine: {result['machine']}. File: {result['file_gib']:g} GiB on {result['filesystem']} "
-        f"(`{result['directory']}`), O_DIRECT, sequential, block {result['block_size_bytes'] // 1024} KiB, "
+        f"`python benchmarks/aio_vs_fio.py --dir {result['directory']} --size-gib {result['file_gib']:g} --repeats {result['repeats']}"
+        f"{' --sweep' if sweep else ''}`. {machine.describe()}",
+        "",
+        f"File: {result['file_gib']:g} GiB, O_DIRECT, sequential, block {result['block_size_bytes'] // 1024} KiB, "
         f"queue depth {result['queue_depth']}; fio uses `--ioengine=io_uring`, the engine its "
         f"`{result['backend']}` backend. The order of the three rotates every round; medians of "
         f"{result['repeats']}. Defaults (`EngineConfig`): {DEFAULTS.block_size_bytes // 1024} KiB blocks (the "
         f"plan's default `nvme_block_bytes`), queue depth {DEFAULTS.queue_depth}, {DEFAULTS.num_threads} threads "
         "for the thread-pool backends." + _sweep_summary(sweep),
-        "",
-        "This virtual disk's bandwidth is bimodal (the same fio read back to back gives ~0.9 or ~1.9 GB/s), so "
-        "single samples swing 2x and the 3-sample sweep below is only indicative; the ratios above are of the "
-        "7-sample medians.",
         "",
         "| | fio GB/s | fio batched GB/s | engine GB/s | engine / best fio | device requests per GiB (fio / batched / engine) |",
         "|---|---|---|---|---|---|",
@@ -182,16 +201,10 @@ def write_results(result: dict, sweep: list[dict]) -> None:
         f"| write | {m['fio_write']:.3f} | {m['fio_batched_write']:.3f} | {m['engine_write']:.3f} | "
         f"**{result['write_ratio']:.3f}** | {r['fio_write']} / {r['fio_batched_write']} / {r['engine_write']} |",
         "",
+        _spread_sentence(result, sweep),
+        "",
         "fio batched: `--iodepth_batch_submit=QD --iodepth_batch_complete_max=QD` (plain fio submits one I/O "
-        "per call); the ratio is against the faster fio. Why the engine can beat fio here: its buffers sit on "
-        "transparent huge pages, so a 1 MiB block is one DMA segment and adjacent blocks merge into requests of "
-        "up to max_sectors_kb (4 MiB: 256 requests per GiB), while fio's buffers are on 4 KiB pages, where a "
-        "1 MiB block needs up to 256 segments (virtio-blk allows 254 per request) unless the pages happen to be "
-        "physically contiguous, so its I/O is split more and merged less ([Note: huge-page buffers] in "
-        "runtime/nvme/buffers.py). Request counts are the device's totals while each run lasted, other "
-        "processes' I/O included (writes especially: journal and other jobs). fio could use huge pages only "
-        "through hugetlbfs (`--iomem=mmaphuge`), which needs reserved huge pages this machine does not have "
-        "(vm.nr_hugepages = 0).",
+        "per call); the ratio is against the faster fio. " + _why_sentence(machine),
         "",
         f"Samples (GB/s): `{json.dumps(result['samples_gb_per_s'])}`",
     ]
@@ -227,6 +240,7 @@ def main() -> None:
         sys.exit("fio is not installed: apt-get install -y fio")
 
     size = int(args.size_gib * GIB) // MIB * MIB
+    machine = results_md.measure_machine(versions=("fio",), disk=args.dir)
     with SwapDirectory(args.dir, needed_bytes=size) as directory:
         path = directory.path / "bench.dat"
         with open_io_file(path, create=True) as file:
@@ -241,15 +255,12 @@ def main() -> None:
                     sweep.append(row)
         result = compare(path, size=size, block=args.block_kib * 1024, depth=args.queue_depth,
                          threads=args.threads, backend=args.backend, repeats=args.repeats)  # fmt: skip
-        filesystem = subprocess.run(
-            ["findmnt", "-no", "FSTYPE,SOURCE", "--target", str(directory.path)], capture_output=True, text=True
-        ).stdout.split()
     result.update(
-        machine=machine(), file_gib=size / GIB, directory=str(Path(args.dir).resolve()), filesystem=" ".join(filesystem),
+        machine=machine.finish().to_dict(), file_gib=size / GIB, directory=str(Path(args.dir).resolve()),
         repeats=args.repeats, target_ratio=0.95,
     )  # fmt: skip
     if not args.no_results:
-        write_results(result, sweep)
+        write_results(result, sweep, machine)
     print(json.dumps(result, indent=None if args.json else 2))
 
 

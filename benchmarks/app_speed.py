@@ -1,4 +1,4 @@
-"""Dashboard response time (issue 7: every interaction for 1T on 16 GPUs answers within 1 s).
+"""Dashboard response time; target: every interaction for 1T on 16 GPUs answers within 1 s.
 
 Each interaction is one widget change followed by a full script rerun in Streamlit's AppTest (the
 same code path as a browser session, minus the websocket and drawing), timed from `set_value` to
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -108,6 +107,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write-results", action="store_true", help="append a section to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    machine = results_md.measure_machine(versions=("streamlit",))
     os.environ["TIERWISE_HISTORY"] = str(Path(tempfile.mkdtemp()) / "none.sqlite")
     one_repetition()  # warm-up: imports, presets, altair
     colds, runs = [], []
@@ -120,8 +120,7 @@ def main() -> None:
         for label, *_ in INTERACTIONS
     }
     doc = {
-        "machine": f"dev box, {os.cpu_count()} cores, Python {platform.python_version()}, streamlit {st.__version__}",
-        "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "machine": machine.finish().to_dict(),
         "repeats": args.repeats,
         "default_view_cold_median_s": statistics.median(colds),
         "interactions": summary,
@@ -135,21 +134,21 @@ def main() -> None:
             print(f"{label:55s} median {v['median_s']:.3f} s  worst {v['worst_s']:.3f} s")
         print(f"default view, cold caches: median {doc['default_view_cold_median_s']:.3f} s")
     if args.write_results:
-        write_results(doc)
+        write_results(doc, machine)
 
 
 HEADING = "## Dashboard response time (`benchmarks/app_speed.py`)"
 
 
-def write_results(doc: dict) -> None:
+def write_results(doc: dict, machine: results_md.MachineFacts) -> None:
     """Replace this benchmark's section of benchmarks/RESULTS.md (or append it); others stay as they are."""
     lines = [
         HEADING,
         "",
-        f"Target (issue 7): every interaction for 1T on 16 GPUs answers within {TARGET_S:g} s. One widget change plus",
+        f"Target: every interaction for 1T on 16 GPUs answers within {TARGET_S:g} s. One widget change plus",
         "the full rerun in Streamlit's AppTest, each interaction computing what it newly needs (caches cleared",
-        f"before each of {doc['repeats']} repetitions). Tabs are lazy: only the open panel runs. Machine:",
-        f"{doc['machine']}, shared with other jobs (load average {doc['load_average']}).",
+        f"before each of {doc['repeats']} repetitions). Tabs are lazy: only the open panel runs.",
+        machine.describe(),
         "",
         "| interaction | median | worst |",
         "|---|---|---|",
@@ -163,10 +162,10 @@ def write_results(doc: dict) -> None:
         "Over the target (worst case): "
         + (", ".join(f"{label} ({v['median_s']:.2f} s median)" for label, v in doc["interactions"].items()
                      if v["worst_s"] > TARGET_S) or "none") + ".",
-        "The page ranks the top placements by simulation by default (`planner.sim.refine.refine`, what",
+        "The page ranks the top placements by simulation by default (`planner.search.refine.refine`, what",
         "`planner fit` reports), cached per question; the Timeline panel's Gantt chart is the simulator's",
-        "binned data (`planner.sim.timeline.busy_bins`, `zoom_spans`) drawn by the browser (Vega-Lite).",
-        "`python benchmarks/app_speed.py --repeats 5 --write-results` reproduces this section.",
+        "binned data (`planner.output.timeline.busy_bins`, `zoom_spans`) drawn by the browser (Vega-Lite).",
+        f"`python benchmarks/app_speed.py --repeats {doc['repeats']} --write-results` reproduces this section.",
         "",
     ]
     results_md.write_section("app_speed", "\n".join(lines))

@@ -5,7 +5,7 @@ scaler's overflow check by sum vs `isfinite(...).all()`.
 in runtime/optim/loss_scaling.py. Three measurements, each pair alternating in one process so that
 machine noise hits both alike:
 - the add alone, at the sizes a unit's gradient comes in, bf16 and fp16 into fp32;
-- the runtime's backward with gradient accumulation: the DESIGN.md MLP's blocks (benchmarks/bench_runtime.py)
+- the runtime's backward with gradient accumulation: the reference MLP's blocks (benchmarks/bench_runtime.py)
   at hidden 2048 and FFN 8192 (16 Mi weights a Linear), bf16, every state in host memory,
   `--micro-batches` backwards per optimizer step, so all but the first add into the shards; the
   same sharded model with the runtime's adds switched to torch's `add_` in between;
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -138,20 +136,19 @@ def main() -> None:
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     keep_freed_memory_mapped()
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    doc = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
-                      f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}", "measured": started,
-           "add": bench_add(args.reps), "accumulation": bench_accumulation(args.steps, args.micro_batches),
+    machine = results_md.measure_machine(torch=True)
+    doc = {"add": bench_add(args.reps), "accumulation": bench_accumulation(args.steps, args.micro_batches),
            "overflow_check": bench_overflow_check(args.reps)}
+    doc["machine"] = machine.finish().to_dict()
     print(json.dumps(doc, indent=1))
     if args.write_results:
-        results_md.write_section("host_add", markdown(doc))
+        results_md.write_section("host_add", markdown(doc, machine))
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: dict, machine: results_md.MachineFacts) -> str:
     acc = doc["accumulation"]
     lines = ["## Host-side passes over gradients (`benchmarks/bench_host_add.py`)", "",
-             f"`python benchmarks/bench_host_add.py --write-results` on {doc['machine']}, {doc['measured']}. "
+             f"`python benchmarks/bench_host_add.py --write-results`. {machine.describe()} "
              "Ours (`runtime/transfer/mixed_add.py`, [Note: a mixed-precision add on the CPU]) against torch's own "
              "`fp32.add_(16-bit)`, alternating in one process, glibc's thresholds as a rank sets them; medians.", "",
              "| source | elements | torch add_ (G elements/s) | ours (G elements/s) | speed-up |", "|---|---|---|---|---|"]

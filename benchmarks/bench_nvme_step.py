@@ -1,48 +1,16 @@
 """A full-NVMe training step (params, gradients and optimizer states on NVMe): Tierwise vs DeepSpeed
 ZeRO-3 with `offload_param` and `offload_optimizer` on NVMe, and vs the step's I/O roofline.
 
-The DESIGN.md model (8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), fp32, AdamW),
+The reference MLP (8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), fp32, AdamW),
 the same as benchmarks/bench_runtime.py, at two batch shapes (CONFIGS): `design` (4 x 128 tokens,
-DESIGN.md's; on this 2-core CPU-only machine its compute alone outlasts the I/O) and `io-bound`
-(1 x 16 tokens: compute is small next to the NVMe traffic, which does not depend on the batch).
-All systems of a config live in one process and alternate step by step (the order flips each
-iteration), so that noise from other jobs on the machine hits them alike; `ours-cpu` (everything in
-host memory) runs alongside as the compute-only reference.
-
-[Note: the I/O roofline]
-The roofline is a lower bound on the step time given the bytes the drive must move: our step's
-bytes (the runtime's own link counters `nvme_read`, `nvme_write`) at the bandwidth the drive
-delivers through the same engine on the same directory. Whether reads and writes add up or overlap
-on the drive is measured, not assumed: `MixProbe` moves the step's own read:write mix (R read and W
-written, 64 MiB requests) once concurrently (all requests in flight together) and once one after
-the other (reads, then writes, each timed). The roofline is the faster way the drive moved those
-bytes, scaled to the step's bytes: min(R / read_bw + W / write_bw, concurrent-mix time).
-
-Adjacent form (the headline ratio). The project VM's virtual disk is bimodal (the same fio read
-runs at ~0.9 or ~1.9 GB/s, switching within minutes) and other jobs share it, so a bandwidth probed
-minutes away from a step says little about that step. Each measured ours-nvme step therefore gets
-its own probe of the step's mix, run right next to it in the same process: before the step in even
-iterations and after it in odd ones (the systems' order flips each iteration, and the probe sits
-next to ours-nvme in that order). The ratio is per step (step time / its adjacent roofline); the
-JSON reports their median and spread (min, quartiles, max) over every measured step, none dropped.
-The probe also gives each step's read and write bandwidth, against which each phase of the step is
-compared with the ideal disk time of its bytes (`phase_budget`).
-
-[Note: blocks of steps]
-A step of ours can leave I/O in flight when it returns (until 2026-11-22 it ended by submitting the
-reads of the next step's first optimizer chunks, which in training overlap the next forward). Timed
-alone, such I/O would run on while another system (or a probe) is timed: part of our I/O unpaid.
-Each system therefore runs `--block` consecutive steps (3) as one timed call, which for ours ends by
-waiting for every transfer still in flight (`ShardedModel.wait_io`); the per-step time, bytes and
-phases are the block's divided by its steps.
-A roofline probe sits next to each block, as above, sized to one step's bytes.
-
-Whole-run form (kept for comparison with earlier results): `planner probe`'s measurement
-(`runtime.probe.measure_nvme`, 1 GiB written and read 3 times) before and after the whole run, the
-median of the two, and one `measure_mixed` after the run; every step is divided by that one roofline.
-On the project VM reads and writes in flight together take about as long as one after the other
-(within +-15% either way from run to run: they share the virtio disk's bandwidth rather than adding
-up); the JSON records both forms.
+bench_runtime.py's; on a machine whose CPU computes the step, its compute alone can outlast the
+I/O) and `io-bound` (1 x 16 tokens: compute is small next to the NVMe traffic, which does not
+depend on the batch). All systems of a config live in one process and alternate step by step (the
+order flips each iteration), so that noise from other processes on the machine hits them alike;
+`ours-cpu` (everything in host memory) runs alongside as the compute-only reference. The roofline
+is the bytes the drive must move at the rate it delivers them next to each step ([Note: the I/O
+roofline], above `MixProbe`); each system is timed in blocks of steps ([Note: blocks of steps],
+above `make_step`).
 
     python benchmarks/bench_nvme_step.py --nvme-path DIR --rounds 2 --steps 3 --warmup 1 [--block 3] [--write-results]
         [--ds-queue-depths 16,64,128 --ds-threads 1,4,8 --sweep-steps 2] [--device cuda] [--json-out FILE]
@@ -57,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -72,7 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_runtime import BATCH, BLOCKS, FFN, HIDDEN, TOKENS, build_model, deepspeed_step, ours_step  # noqa: E402
 from bench_runtime import plan_doc as cpu_plan_doc  # noqa: E402
 
-from planner.phase_budget import phase_budget  # noqa: E402
+from planner.calibration.phase_budget import phase_budget  # noqa: E402
 
 CONFIGS = {"io-bound": (1, 16), "design": (BATCH, TOKENS)}
 """name -> (batch, tokens per sample)."""
@@ -85,7 +52,7 @@ NVME_PLACEMENT = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nv
 
 DS_QUEUE_DEPTHS, DS_THREADS = (16, 64, 128), (1, 4, 8)
 """DeepSpeed's aio settings swept (queue depth x `intra_op_parallelism`, its I/O threads per
-request; 0.19.8 reads no `thread_count` key, which the benchmark set until 2026-11-25 to no effect):
+request; 0.19.8 reads no `thread_count` key, so the benchmark does not set one):
 the headline run uses the setting whose DeepSpeed step was fastest. Ours runs at its defaults
 (`EngineConfig`: queue depth 128, the depth benchmarks/aio_vs_fio.py's sweep supports)."""
 GPU_HARDWARE = "h200-x1"
@@ -116,6 +83,26 @@ def deepspeed_nvme_config(nvme_path: str, queue_depth: int, threads: int, device
                     "single_submit": False, "overlap_events": True}}
 
 
+# [Note: blocks of steps] A step of ours can leave I/O in flight when it returns (the step's writes,
+# or reads submitted ahead for the next step, which in training overlap the next forward). Timed
+# alone, such I/O would run on while another system (or a probe) is timed: part of our I/O unpaid.
+# Each system therefore runs `--block` consecutive steps (3) as one timed call, which for ours ends by
+# waiting for every transfer still in flight (`ShardedModel.wait_io`); the per-step time, bytes and
+# phases are the block's divided by its steps.
+# A roofline probe sits next to each block, as above, sized to one step's bytes.
+#
+# Whole-run form (kept for comparison with earlier results): `planner probe`'s measurement
+# (`runtime.probe.measure_nvme`, 1 GiB written and read 3 times) before and after the whole run, the
+# median of the two, and one `measure_mixed` after the run; every step is divided by that one roofline.
+# Whether reads and writes in flight together add up or share the drive's bandwidth is the drive's
+# (docs/notes/2026-11-22-nvme-step-roofline.md); the JSON records both forms.
+#
+#     python benchmarks/bench_nvme_step.py --nvme-path DIR --rounds 2 --steps 3 --warmup 1 [--block 3] [--write-results]
+#         [--ds-queue-depths 16,64,128 --ds-threads 1,4,8 --sweep-steps 2] [--device cuda] [--json-out FILE]
+#
+# DeepSpeed runs at its best (`deepspeed_nvme_config`): DeepSpeedCPUAdam, pipelined optimizer swapping,
+# and the aio setting that was fastest in a sweep run first (`deepspeed_sweep`, DS_QUEUE_DEPTHS x
+# DS_THREADS), whose every point the JSON and the RESULTS section report.
 def make_step(system: str, x, y, nvme_path: str, block: int, ds_aio: tuple[int, int] = (128, 8)):  # noqa: ANN001, ANN201 - torch tensors; returns (steps, io_bytes, phases)
     """`block` consecutive training steps of `system` as one call, ending when all their I/O did
     (see [Note: blocks of steps]); also functions returning the link byte counters and the phase
@@ -216,6 +203,23 @@ def worker(systems: list[str], steps: int, warmup: int, nvme_path: str, config: 
     return out
 
 
+# [Note: the I/O roofline] The roofline is a lower bound on the step time given the bytes the drive
+# must move: our step's bytes (the runtime's own link counters `nvme_read`, `nvme_write`) at the bandwidth the drive
+# delivers through the same engine on the same directory. Whether reads and writes add up or overlap
+# on the drive is measured, not assumed: `MixProbe` moves the step's own read:write mix (R read and W
+# written, 64 MiB requests) once concurrently (all requests in flight together) and once one after
+# the other (reads, then writes, each timed). The roofline is the faster way the drive moved those
+# bytes, scaled to the step's bytes: min(R / read_bw + W / write_bw, concurrent-mix time).
+#
+# Adjacent form (the headline ratio). A drive's bandwidth can drift within minutes (a shared virtual
+# disk, docs/notes/2026-11-22-nvme-step-roofline.md), so a bandwidth probed minutes away from a step
+# says little about that step. Each measured ours-nvme step therefore gets
+# its own probe of the step's mix, run right next to it in the same process: before the step in even
+# iterations and after it in odd ones (the systems' order flips each iteration, and the probe sits
+# next to ours-nvme in that order). The ratio is per step (step time / its adjacent roofline); the
+# JSON reports their median and spread (min, quartiles, max) over every measured step, none dropped.
+# The probe also gives each step's read and write bandwidth, against which each phase of the step is
+# compared with the ideal disk time of its bytes (`phase_budget`).
 class MixProbe:
     """Moves a given number of bytes read and written through the engine the runtime uses (64 MiB
     requests, O_DIRECT, `EngineConfig()`: the plan's block size and queue depth) on a file laid out
@@ -387,6 +391,7 @@ def main() -> None:
     if unknown or not nvme_systems:
         raise SystemExit(f"--systems takes a comma-separated subset of {','.join(NVME_SYSTEMS)}, not {args.systems!r}")
     settings = [(int(q), int(t)) for q in args.ds_queue_depths.split(",") for t in args.ds_threads.split(",")]
+    machine = results_md.measure_machine(torch=True, versions=("deepspeed",), disk=args.nvme_path or tempfile.gettempdir())
     with tempfile.TemporaryDirectory(dir=args.nvme_path) as nvme_path:
         probe_before = measure_nvme(nvme_path)
         sweep = deepspeed_sweep(settings, nvme_path, configs[0], args)
@@ -423,9 +428,7 @@ def main() -> None:
                       "io_bytes_per_step": {n: sorted({tuple(b) for r in runs[c] for b in r["io_bytes"][n]})
                                             for n in nvme_systems}}
     doc = {"benchmark": "full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline",
-           "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.1f}",
-           "cpu": _cpu_model(),
+           "machine": machine.finish().to_dict(),
            "model": f"{BLOCKS} x (LayerNorm + Linear({HIDDEN},{FFN}) + Linear({FFN},{HIDDEN})), fp32, AdamW",
            "rounds": args.rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup, "block": args.block,
            "probe": {"read_bytes_per_s": read_bw, "write_bytes_per_s": write_bw, "direct": probe_before.direct,
@@ -438,7 +441,7 @@ def main() -> None:
     if args.json_out:
         args.json_out.write_text(json.dumps(doc, indent=2))
     if args.write_results:
-        write_results(doc)
+        write_results(doc, machine)
 
 
 def deepspeed_sweep(settings: list[tuple[int, int]], nvme_path: str, config: str, args: argparse.Namespace) -> list[dict]:
@@ -461,23 +464,24 @@ def deepspeed_sweep(settings: list[tuple[int, int]], nvme_path: str, config: str
     return out
 
 
-def _cpu_model() -> str:
-    """The CPU's model name (as `planner probe` reports it) and whether it has AVX-512 (this VM kind
-    comes with either; the step's compute, and so its ratio to the roofline, depends on it: docs/nvme.md)."""
-    from runtime.probe import cpu_model
+def _compute_bound(doc: dict) -> str:
+    """Which configs' compute alone (ours-cpu) outlasts the first NVMe system's whole-run roofline here."""
+    roofline = next(iter(doc["rooflines"].values()))["io_roofline_s"]
+    over = {name: r["summary"]["ours-cpu"]["median_step_time_s"] / roofline for name, r in doc["configs"].items()}
+    longer = [f"{name} ({x:.2f}x)" for name, x in over.items() if x > 1]
+    if not longer:
+        return ("On every config here the compute of the step alone (ours-cpu) is shorter than the roofline, so the "
+                "roofline ratio measures the I/O schedule.")
+    return ("On the " + ", ".join(longer) + " config here the compute of the step alone (ours-cpu) is longer than "
+            "the roofline, which bounds the ratio from below (the compute-alone rows); the roofline ratio is "
+            "meaningful where it is shorter.")
 
-    try:
-        avx512 = " avx512f" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return cpu_model()
-    return f"{cpu_model()}, {'AVX-512' if avx512 else 'no AVX-512'}"
 
-
-def write_results(doc: dict) -> None:
+def write_results(doc: dict, machine: results_md.MachineFacts) -> None:
     probe = doc["probe"]
     lines = ["## Full-NVMe training step vs DeepSpeed ZeRO-3 NVMe offload and the I/O roofline", "",
-             f"`python benchmarks/bench_nvme_step.py --write-results` on {doc['machine']} ({doc['cpu']}), "
-             f"{doc['when']}; model: {doc['model']}; "
+             f"`python benchmarks/bench_nvme_step.py --write-results`. {machine.describe()} "
+             f"Model: {doc['model']}; "
              f"{doc['rounds']} rounds x {doc['steps_per_round']} blocks of {doc['block']} consecutive steps after "
              f"{doc['warmup_steps']} warm-up block per config, systems alternating block by block in one process; "
              "ours' block ends when all its I/O did ([Note: blocks of steps]), and each figure is per step (the "
@@ -530,10 +534,8 @@ def write_results(doc: dict) -> None:
               "exposed time), so it can be far below its bytes' ideal; backward also reads the optimizer's first "
               "chunks' states ahead. In backward (`ours-nvme-ib`), the forward reads P, the backward reads K + 3P "
               "and writes 3P and the optimizer phase is the tail of those writes, so the two are one row.", "",
-              "Targets (issues 5 and 25): ours / deepspeed-nvme at its best <= 0.6 and ours step / I/O roofline <= 1.2. "
-              "The roofline ratio is meaningful on the io-bound config; on the design config the compute of the "
-              "step alone (ours-cpu) is longer than the roofline on this 2-core CPU-only machine, which bounds the "
-              "ratio from below (the compute-alone rows). The losses of `ours-nvme`, `ours-nvme-ib` and `ours-cpu` "
+              "Targets: ours / deepspeed-nvme at its best <= 0.6 and ours step / I/O roofline <= 1.2. "
+              + _compute_bound(doc) + " The losses of `ours-nvme`, `ours-nvme-ib` and `ours-cpu` "
               "agree bit for bit (also pinned by tests/test_nvme_training.py)."]
     ds = doc.get("deepspeed")
     if ds and ds["sweep"]:

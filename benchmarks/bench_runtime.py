@@ -1,8 +1,8 @@
 """Step time and peak RSS: Tierwise runtime vs DeepSpeed ZeRO-3 (CPU offload) vs plain PyTorch.
 
-The DESIGN.md model: 8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), batch 4 x 128
+The reference MLP: 8 blocks of LayerNorm + Linear(1024, 4096) + Linear(4096, 1024), batch 4 x 128
 tokens, fp32, Adam. Step times: the two systems of a comparison live in one process and alternate
-step by step, so that machine noise (other jobs on the 2 cores) hits both alike. Peak RSS: each
+step by step, so that machine noise (other processes on the same cores) hits both alike. Peak RSS: each
 system alone in a fresh process. Reported: median and minimum step times and the ratios.
 
     python benchmarks/bench_runtime.py --rounds 3 --steps 4 --warmup 2 [--write-results]
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ LR = 1e-3
 
 
 def build_model(hidden: int = HIDDEN, ffn: int = FFN, blocks: int = BLOCKS):  # noqa: ANN201
-    """The DESIGN.md model (other sizes for the GPU kit, benchmarks/gpu/), seeded: every call
+    """The reference MLP (other sizes for the GPU kit, benchmarks/gpu/), seeded: every call
     returns the same weights."""
     import torch
     from torch import nn
@@ -96,8 +95,8 @@ def ours_step(model, plan: dict, x, y):  # noqa: ANN001, ANN201 - torch objects;
 
 DEEPSPEED_OPTIMIZER = {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}}
 """DeepSpeed at its best: with `offload_optimizer` and no `torch_adam`, ZeRO-3 steps with
-DeepSpeedCPUAdam (its fused AVX C++ Adam, JIT-built with ninja on first use), not torch's Adam
-(about 4.8x slower here, issue 25)."""
+DeepSpeedCPUAdam (its fused AVX C++ Adam, JIT-built with ninja on first use), not torch's single-tensor
+Adam, which is several times slower (docs/notes/2026-11-22-reference-measurements.md)."""
 
 
 def deepspeed_step(model, x, y, *, batch: int, port: str, zero_optimization: dict, device: str = "cpu", **config):  # noqa: ANN001, ANN201
@@ -214,6 +213,7 @@ def main() -> None:
         print(json.dumps(worker(args.worker.split(","), args.steps, args.warmup)))
         return
     pairs = [("ours-cpu", "deepspeed"), ("ours-device", "plain")]
+    machine = results_md.measure_machine(torch=True, versions=("deepspeed",))
     # Peak RSS: each system alone in a fresh process (a short run: the peak is reached in step 1).
     alone = {s: run_worker(s, 1, 1) for pair in pairs for s in pair}
     summary: dict[str, dict] = {}
@@ -234,17 +234,21 @@ def main() -> None:
         ratios[f"{key} step time (ratio of minima)"] = summary[a]["min_step_time_s"] / summary[b]["min_step_time_s"]
         ratios[f"{key} peak RSS"] = summary[a]["peak_rss_bytes"] / summary[b]["peak_rss_bytes"]
     doc = {"benchmark": "runtime step time vs DeepSpeed ZeRO-3 CPU offload and plain PyTorch",
-           "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.1f}",
+           "machine": machine.finish().to_dict(),
            "model": f"{BLOCKS} x (LayerNorm + Linear({HIDDEN},{FFN}) + Linear({FFN},{HIDDEN})), batch {BATCH}x{TOKENS}, fp32, AdamW",
            "rounds": args.rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup,
            "summary": summary, "ratios": ratios}
     print(json.dumps(doc, indent=2))
     if args.write_results:
-        write_results(doc)
+        write_results(doc, machine)
 
 
-def write_results(doc: dict) -> None:
+def write_results(doc: dict, machine: results_md.MachineFacts) -> None:
     s = doc["summary"]
+    device = ("the compute device is host memory: torch sees no CUDA device, so \"offloading\" to the CPU moves "
+              "nothing, for us and for DeepSpeed alike" if machine.gpu is None else
+              f"torch sees {machine.gpu}, but the inputs are made on the CPU; read these rows as CPU-only and the "
+              "GPU kit's section for the comparison on the GPU")
     rows = "\n".join(f"| {k} | {v['median_step_time_s']:.3f} | {v['min_step_time_s']:.3f} | "
                      f"{v['peak_rss_bytes'] / 2**30:.2f} |" for k, v in s.items())
     ratio_lines = "\n".join(f"- {k}: **{v:.3f}**" for k, v in doc["ratios"].items())
@@ -252,22 +256,21 @@ def write_results(doc: dict) -> None:
 
 `python benchmarks/bench_runtime.py --rounds {doc['rounds']} --steps {doc['steps_per_round']} --warmup {doc['warmup_steps']} --write-results`
 
-Machine: {doc['machine']} (shared with other jobs while measured).
+{machine.describe()}
 Model: {doc['model']}. `ours-cpu`: params, gradients, optimizer states on the `cpu` tier;
-`ours-device`: everything on the compute device; `deepspeed`: DeepSpeed 0.19.8 ZeRO-3 with
+`ours-device`: everything on the compute device; `deepspeed`: DeepSpeed {machine.versions['deepspeed']} ZeRO-3 with
 `offload_param` and `offload_optimizer` on CPU, stepping with {s['deepspeed'].get('optimizer') or 'its CPU Adam'}
 (its fused C++ Adam, JIT-built with ninja; `torch_adam` off), gloo, CPU accelerator; `plain`: the same
 model with `torch.optim.AdamW(fused=True)`, no runtime.
 
-**What the CPU-offload ratio measures here.** This machine has no GPU, so the compute device is host
-memory: "offloading" to the CPU moves nothing, for us and for DeepSpeed alike. The ours-cpu /
+**What the CPU-offload ratio measures here.** In this script {device}. The ours-cpu /
 deepspeed ratio therefore measures each system's bookkeeping overhead (partitioning, gathers,
 copies into fp32 partitions, hooks) and its optimizer, not the cost of host-device copies. The
 comparison with copies in it runs on a GPU (`bash benchmarks/gpu/run.sh offload`, which also
 measures FSDP2 with `CPUOffloadPolicy`).
 
 The two systems of a comparison are built in one process and their steps alternate (order flipped
-every iteration), so both see the same load from other jobs on the 2 cores; the headline ratio is
+every iteration), so both see the same load from other processes; the headline ratio is
 the median over step pairs of (ours / theirs). Peak RSS comes from each system alone in a fresh
 process.
 

@@ -1,16 +1,17 @@
-"""The loop outside the sweep: probe -> fit -> run -> compare on shapes nothing was calibrated on (issue 24).
+"""The loop outside the sweep: probe -> fit -> run -> compare on shapes nothing was calibrated on.
 
-    flock /work/bench.lock python benchmarks/loop_check.py [--rounds 1] [--write-results]
+    python benchmarks/loop_check.py [--rounds 1] [--write-results]
 
 Each round does what a new user does (docs/calibration.md, "Doing it yourself"), through the CLI:
 one `planner probe --out hw.json` (on a CPU-only machine it calibrates itself on its reference
-runs, planner/probe_reference.py), then per configuration of `CONFIGS` `planner fit` with shape,
+runs, planner/calibration/probe_reference.py), then per configuration of `CONFIGS` `planner fit` with shape,
 batch and placement pinned (the planner picks the rest), `planner run --steps 8` (two warm-up
 steps) and `planner compare --json`. The configurations are neither the probe's reference runs
 nor the sweep's (benchmarks/sweep.py CONFIGS, all at seq 256 and hidden 512-1024): they span small
 (256-384) and large (1280-1536) hidden sizes, short (64-128) and long (512-1024) sequences and every
-placement of parameters and optimizer states (device, host memory, NVMe), and include issue 24's
-4-layer, hidden-512, seq-128 plan with parameters and optimizer states in host memory. Reported per
+placement of parameters and optimizer states (device, host memory, NVMe), and include the
+4-layer, hidden-512, seq-128 plan with parameters and optimizer states in host memory that
+docs/notes/2026-11-25-calibration-loop-outside-sweep.md follows. Reported per
 configuration: predicted and measured iteration time and phase times, and the median and worst
 |error| of the iteration time (targets: each within 15 %, median within 10 %).
 """
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -82,7 +81,7 @@ def run_config(work: Path, hw: Path, nvme_path: str, index: int, config: tuple) 
 
 def one_round(work: Path, nvme_path: str, only: set[str] | None) -> dict:
     hw = work / "hw.json"
-    load = os.getloadavg()
+    load = results_md.load_now()
     started = time.perf_counter()
     planner("probe", "--out", str(hw), "--nvme-path", nvme_path, "--keep-runs", str(work / "probe"))
     probe_s = time.perf_counter() - started
@@ -129,7 +128,7 @@ def main() -> int:
             write_results(doc, reanalysed=True)
         return 0
     priority = take_priority()
-    started, load_before = time.perf_counter(), os.getloadavg()
+    machine = results_md.measure_machine(torch=True)
     only = set(args.only.split(",")) if args.only else None
     rounds = []
     with tempfile.TemporaryDirectory(prefix="tierwise-loop-") as tmp:
@@ -140,9 +139,7 @@ def main() -> int:
             s = summary(rounds[-1]["rows"])
             print(f"round {r}: median {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}", file=sys.stderr)
     doc = {"rounds": rounds, "summary": summary([row for rnd in rounds for row in rnd["rows"]]),
-           "machine": {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
-                       "load_average_after": os.getloadavg(), "wall_s": time.perf_counter() - started, "priority": priority,
-                       "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
+           "machine": machine.finish().to_dict(), "priority": priority}
     print(json.dumps(doc, indent=2))
     if args.work_dir is not None:
         (args.work_dir / "loop_check.json").write_text(json.dumps(doc, indent=2))
@@ -156,12 +153,13 @@ def reanalyse(work_dir: Path) -> dict:
     probe's bare spec recalibrated on its kept reference runs, the plans as `fit` chose them (knobs
     kept), the measured profiles as they were. For trying a change to the model on the same runs."""
     sys.path.insert(0, str(ROOT))
-    from planner.calibrate import calibrate
-    from planner.hardware import NodeSpec
-    from planner.plan import load_plan
-    from planner.probe_reference import REFERENCE_RUNS
-    from planner.profile import compare, load_profile
+    from planner.calibration.calibrate import calibrate
+    from planner.calibration.compare import compare
+    from planner.calibration.probe_reference import REFERENCE_RUNS
     from planner.sim.report import simulate
+    from planner.specs.hardware import NodeSpec
+    from planner.specs.plan import load_plan
+    from planner.specs.profile import load_profile
 
     doc = json.loads((work_dir / "loop_check.json").read_text())
     for r, rnd in enumerate(doc["rounds"]):
@@ -195,14 +193,12 @@ def _cell(entry: dict | None) -> str:
 
 
 def write_results(doc: dict, *, reanalysed: bool = False) -> None:
-    m, s = doc["machine"], doc["summary"]
+    machine, s = results_md.MachineFacts.from_dict(doc["machine"]), doc["summary"]
     again = (" Predictions made again with this checkout's model from the run's kept reference runs, plans and "
              "profiles (`--reanalyse --write-results`), the measurements as they were.") if reanalysed else ""
     lines = ["## The loop outside the sweep (`benchmarks/loop_check.py`)", "",
-             f"`flock /work/bench.lock python benchmarks/loop_check.py --rounds {len(doc['rounds'])} --write-results` "
-             f"({m['host']}, {m['cpus']} CPUs shared with other work, load average {m['load_average_before'][0]:.2f} "
-             f"before / {m['load_average_after'][0]:.2f} after, {m['wall_s']:.0f} s, measured {m['measured_utc']}; "
-             f"{m['priority']}). "
+             f"`python benchmarks/loop_check.py --rounds {len(doc['rounds'])} --write-results` "
+             f"({doc['priority']}). {machine.describe()} "
              "Each round: one `planner probe` (calibrated on its reference runs), then per configuration `planner fit` "
              f"(shape, batch and placement pinned), `planner run --steps {STEPS}` (2 warm-up), `planner compare`. "
              "No configuration is a sweep configuration or a probe reference run." + again, "",

@@ -1,28 +1,26 @@
-"""A new user's first runs: probe, fit a pinned small model, run it, compare (issue 6's second must-show).
+"""A new user's first runs: probe, fit a pinned small model, run it, compare (docs/calibration.md).
 
-    flock /work/bench.lock python benchmarks/new_user.py [--rounds 2] [--write-results]
+    python benchmarks/new_user.py [--rounds 2] [--write-results]
 
 Every round does exactly what docs/calibration.md tells a new user to do, through the CLI:
 `planner probe --out hw.json` (which, on a CPU-only machine, calibrates on its own reference runs:
-planner/probe_reference.py), then for each model in `MODELS`: `planner fit` with the model's shape
+planner/calibration/probe_reference.py), then for each model in `MODELS`: `planner fit` with the model's shape
 and placement pinned (the planner picks the rest), `planner run --steps 10` (two warm-up steps), and
 `planner compare --json`. The models are neither the probe's reference runs nor the sweep's
 configurations (benchmarks/sweep.py), so the spec has never seen them. A round probes afresh, as a
-new user would; rounds are repeated because this VM's speed drifts by 2x within minutes, and every
-round's error is reported, not only the best.
+new user would; rounds are repeated because a shared machine's speed can drift within minutes
+(docs/notes/2026-11-23-calibration-machine-spread.md), and every round's error is reported, not only
+the best.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import results_md  # benchmarks/ is on sys.path when a script runs
@@ -71,7 +69,7 @@ def main() -> int:
     ap.add_argument("--nvme-path", default=None, help="swap directory (default: a temporary one)")
     ap.add_argument("--write-results", action="store_true")
     args = ap.parse_args()
-    started, load_before = time.perf_counter(), os.getloadavg()
+    machine = results_md.measure_machine(torch=True)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="tierwise-new-user-") as tmp:
         for r in range(args.rounds):
@@ -81,21 +79,17 @@ def main() -> int:
             print(f"round {r}: " + ", ".join(f"{row['error']:+.1%}" for row in rounds[-1]), file=sys.stderr)
     errors = sorted(abs(row["error"]) for rows in rounds for row in rows)
     doc = {"rounds": rounds, "median_abs_error": statistics.median(errors), "worst_abs_error": errors[-1],
-           "machine": {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
-                       "load_average_after": os.getloadavg(), "wall_s": time.perf_counter() - started,
-                       "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
+           "machine": machine.finish().to_dict()}
     print(json.dumps(doc, indent=2))
     if args.write_results:
-        write_results(doc)
+        write_results(doc, machine)
     return 0
 
 
-def write_results(doc: dict) -> None:
-    m = doc["machine"]
+def write_results(doc: dict, machine: results_md.MachineFacts) -> None:
     lines = ["## A new user's first runs (`benchmarks/new_user.py`)", "",
-             f"`flock /work/bench.lock python benchmarks/new_user.py --rounds {len(doc['rounds'])} --write-results` "
-             f"({m['host']}, {m['cpus']} CPUs, load average {m['load_average_before'][0]:.2f} before / "
-             f"{m['load_average_after'][0]:.2f} after, {m['wall_s']:.0f} s, measured {m['measured_utc']}). Each round: "
+             f"`python benchmarks/new_user.py --rounds {len(doc['rounds'])} --write-results`. "
+             f"{machine.describe()} Each round: "
              "a fresh `planner probe` (calibrated on its reference runs), then per model `planner fit` (shape and "
              f"placement pinned), `planner run --steps {STEPS}`, `planner compare`. Iteration time:", "",
              f"- median |error| {doc['median_abs_error']:.1%}, worst {doc['worst_abs_error']:.1%} "

@@ -1,8 +1,8 @@
 """Measure host memory during NVMe-placement training steps (runtime.memory_probe).
 
 Prints one JSON line: the plan's host-memory budget, the runtime ledger's host peak, the anonymous
-RSS growth during the steps and the bytes of model states on NVMe, on the 2-core development
-machine's hardware spec. Run it with glibc's mmap threshold fixed, as the tests do, so that freed
+RSS growth during the steps and the bytes of model states on NVMe, planned with the hardware spec
+data/hardware/cpu-dev-2core.json. Run it with glibc's mmap threshold fixed, as the tests do, so that freed
 buffers leave RSS:
 
     MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 python benchmarks/nvme_memory_probe.py \

@@ -28,6 +28,8 @@ PLACEMENTS = {
     "opt-nvme": {"params": "cpu", "gradients": "cpu", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
     "nvme": {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"},
 }
+OLD_SPELLINGS = {"recompute_interval": "checkpoint_interval", "recompute_inputs": "activation_checkpoints"}
+"""New plan key -> the key a checkout from before the recompute renames reads (newer ones read both)."""
 SCHEDULES = ("after_backward", "in_backward")
 STEPS = 4
 
@@ -41,6 +43,16 @@ def cli_command(checkout: Path) -> list[str]:
 
 def plan_doc(checkout: Path, *, world: int, placement: dict[str, str], schedule: str, nvme: Path) -> dict:
     hardware = json.loads((checkout / "data" / "hardware" / "cpu-dev-2core.json").read_text())
+    if not any("recompute_interval" in p.read_text() for p in checkout.glob("planner/**/plan.py")):
+        return _old_spellings(_plan_doc(hardware, world, placement, schedule, nvme))
+    return _plan_doc(hardware, world, placement, schedule, nvme)
+
+
+def _old_spellings(doc: dict) -> dict:
+    return {OLD_SPELLINGS.get(k, k): _old_spellings(v) if isinstance(v, dict) else v for k, v in doc.items()}
+
+
+def _plan_doc(hardware: dict, world: int, placement: dict[str, str], schedule: str, nvme: Path) -> dict:
     return {
         "model": {"num_layers": 3, "hidden_size": 64, "num_heads": 4, "seq_len": 32, "vocab_size": 128},
         "hardware": hardware, "num_gpus": world, "precision": "fp32", "recompute_interval": 1,

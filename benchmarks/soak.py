@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -59,7 +58,7 @@ def soak(*, steps: int, sample_every: int, save_every: int, work_dir: Path, laye
     import torch
 
     import runtime
-    from planner.plan import Plan
+    from planner.specs.plan import Plan
     from runtime.ckpt import Checkpointer
     from runtime.gpt import GPT, GPTConfig, init_weights
     from runtime.launch import batch_for
@@ -122,6 +121,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    import results_md  # benchmarks/ is on sys.path when a script runs
+
+    machine = results_md.measure_machine(torch=True, disk=tempfile.gettempdir())
     with tempfile.TemporaryDirectory(prefix="tierwise-soak-") as tmp:
         result = soak(steps=args.steps, sample_every=args.sample_every, save_every=args.save_every, work_dir=Path(tmp))
     grew = growth(result["samples"], warmup_step=args.save_every)
@@ -131,11 +133,9 @@ def main() -> None:
            "num_params": result["num_params"], "growth_after_warmup": grew, "passed": ok,
            "first_sample": result["samples"][0], "last_sample": result["samples"][-1],
            "loss_first_last": [result["losses"][0], result["losses"][-1]],
-           "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus"}
+           "machine": machine.finish().to_dict()}
     print(json.dumps(doc, indent=2))
     if args.write_results:
-        import results_md  # benchmarks/ is on sys.path when a script runs
-
         rows = ["| step | RSS MiB | anon RSS MiB | open fds | threads | swap files MiB (apparent / allocated) |",
                 "|---:|---:|---:|---:|---:|---:|"]
         for s in result["samples"]:
@@ -145,8 +145,10 @@ def main() -> None:
             "## Soak: NVMe placement with checkpoints, nothing grows",
             "",
             f"`python benchmarks/soak.py --steps {args.steps} --sample-every {args.sample_every} --save-every "
-            f"{args.save_every} --write-results` on {doc['machine']}: GPT of {result['num_params']:,} parameters, "
-            "params, gradients and optimizer states on NVMe (swap files on the local ext4 disk), a checkpoint every "
+            f"{args.save_every} --write-results`. {machine.describe()}",
+            "",
+            f"GPT of {result['num_params']:,} parameters, "
+            "params, gradients and optimizer states on NVMe (swap files in the disk named above), a checkpoint every "
             f"{args.save_every} steps (keep 2), one torch thread, the profiler keeping its last 20 step samples. Growth "
             f"(max over the second half of the samples after step {args.save_every} minus max over the first half): "
             f"RSS {grew['rss_bytes'] / MIB:+.2f} MiB, anonymous RSS {grew['anon_rss_bytes'] / MIB:+.2f} MiB, open fds "

@@ -1,40 +1,31 @@
-"""Sweep: the simulator against the real runtime on this machine, before and after calibration.
+"""Sweep: the simulator against the real runtime on the machine that runs it, before and after
+calibration.
 
-    flock /work/bench.lock python benchmarks/sweep.py --write-results
+    python benchmarks/sweep.py --write-results
 
 1. `planner probe` (quick: 256 MiB of NVMe traffic) writes this machine's hardware spec, unless
    `--hardware FILE` gives one. Without CUDA the probe calibrates itself on four reference runs of
-   the runtime, none of them a configuration below (planner/probe_reference.py), so the "probe
-   spec" predictions are of plans the spec never saw.
-2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on
-   device, cpu and nvme; three model sizes; micro-batch; recompute interval; tiling) is planned
-   with that spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`, two
-   warm-up steps, runtime/launch.py WARMUP_STEPS, then `--steps - 2` measured ones).
-   [Note: sweep rounds] This shared 2-vCPU VM changes speed by 2x and more from one minute to the
-   next (the same bf16 matmul measures 0.3 or 0.7 TFLOPS minutes apart, with nothing else running),
-   so one pass would compare a prediction with whatever state the machine was in. The sweep runs in
-   `--rounds` rounds; every round probes the machine and then runs every configuration once, in an
-   order rotated each round. The spec is the median of the rounds' probes, a configuration's
-   measurement is the median of all its measured steps over the rounds, and the calibration fits
-   every round's profile: prediction and measurement sample the same spread of machine states.
-   The measurement runs at the highest CPU and I/O priority, in a scheduler group of its own, its
-   runs' worker sessions included, when allowed (benchmarks/priority.py `take_priority`).
+   the runtime, none of them a configuration below (planner/calibration/probe_reference.py), so the
+   "probe spec" predictions are of plans the spec never saw.
+2. Every configuration in `CONFIGS` (placements of params / gradients / optimizer states on device,
+   cpu and nvme; three model sizes; micro-batch; recompute interval; tiling) is planned with that
+   spec, simulated (`planner.sim`), and trained by the real runtime (`planner run`), in `--rounds`
+   rounds ([Note: sweep rounds], above `measured_time_s`), at the highest CPU and I/O priority
+   allowed (benchmarks/priority.py `take_priority`).
 3. `planner calibrate` fits the spec's efficiency parameters on `CALIBRATION` (4 configurations,
    one per term of the calibration model) and the held-out ones are predicted again with the
    calibrated spec.
 4. Prints JSON; with `--write-results` writes docs/calibration.md, docs/sweep-scatter.png and the
    "Simulator vs runtime (sweep)" section of benchmarks/RESULTS.md.
 
-Runs take ~5-10 minutes on the 2-core development machine; `--reuse` skips configurations whose
-profile is already in `--work-dir` (for re-analysis only: timings should come from one session).
+A run's wall time is in its RESULTS section; `--reuse` skips configurations whose profile is already
+in `--work-dir` (for re-analysis only: timings should come from one run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -45,14 +36,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.hardware import NodeSpec  # noqa: E402
-from planner.plan import TIERS, Plan  # noqa: E402
-from planner.probe_reference import pinned_plan  # noqa: E402
-from planner.profile import Profile, load_profile  # noqa: E402
+from planner.calibration.probe_reference import pinned_plan  # noqa: E402
 from planner.sim.report import simulate  # noqa: E402
+from planner.specs.hardware import NodeSpec  # noqa: E402
+from planner.specs.plan import TIERS, Plan  # noqa: E402
+from planner.specs.profile import Profile, load_profile  # noqa: E402
 from runtime.launch import WARMUP_STEPS  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import results_md  # noqa: E402
 from priority import take_priority  # noqa: E402
 
 SIZES = {"S": (4, 512, 8), "M": (6, 768, 12), "L": (8, 1024, 16)}
@@ -66,7 +58,7 @@ class Config:
     params: str
     optimizer: str
     gradients: str
-    checkpoints: str
+    recompute_inputs: str
     batch: int
     recompute_interval: int
     tiling: int = 1
@@ -91,10 +83,8 @@ CONFIGS = (
 )
 # One configuration per term of the calibration model, as in the probe's reference runs: memory-bound
 # heavy (all on device, batch 8), NVMe both ways, NVMe optimizer from host parameters, and tiling 4
-# (four times the operators for the same flops). Until 2026-11-23 the set had L-gpu-gpu-t2 and
-# S-cpu-cpu instead: with the per-operator term that set cannot tell the cost of an operator from
-# memory-bound work (in the 21:21 sweep it fitted 2.2 ms per operator and no memory-bound cost, and
-# overpredicted the held-out tiled runs by 27-39%; docs/calibration.md).
+# (four times the operators for the same flops). Without a tiled configuration the per-operator term
+# cannot be told from memory-bound work (docs/notes/2026-11-23-calibration-operator-cost.md).
 CALIBRATION = ("S-gpu-gpu", "M-nvme-nvme", "M-gpu-gpu-t4", "M-cpu-nvme")
 
 
@@ -103,7 +93,7 @@ def plan_for(config: Config, node: NodeSpec, nvme_path: str) -> Plan:
     model = {"name": config.size, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
              "seq_len": SEQ, "vocab_size": VOCAB}
     placement = {"params": config.params, "gradients": config.gradients, "optimizer_states": config.optimizer,
-                 "recompute_inputs": config.checkpoints}
+                 "recompute_inputs": config.recompute_inputs}
     return pinned_plan(node, model, placement, micro_batch_per_gpu=config.batch,
                        recompute_interval=config.recompute_interval, tiling_factor=config.tiling, nvme_path=nvme_path)
 
@@ -114,6 +104,15 @@ def step_times_s(profile: Profile) -> list[float]:
     return [s.step_time_s for s in steps]
 
 
+# [Note: sweep rounds] A shared machine's speed can change several-fold from one minute to the next
+# (docs/notes/2026-11-22-benchmark-runs-kept-by-hand.md), so one pass would compare a prediction with
+# whatever state the machine was in. The sweep runs in `--rounds` rounds; every round probes the
+# machine and then runs every configuration once (two warm-up steps, runtime/launch.py WARMUP_STEPS,
+# then `--steps - 2` measured ones), in an order rotated each round. The spec is the median of the
+# rounds' probes, a configuration's measurement is the median of all its measured steps over the
+# rounds, and the calibration fits every round's profile: prediction and measurement sample the same
+# spread of machine states. The measurement runs at the highest CPU and I/O priority, in a scheduler
+# group of its own, its runs' workers included, when allowed (benchmarks/priority.py `take_priority`).
 def measured_time_s(profiles: list[Profile]) -> float:
     """Median of the measured steps of every round ([Note: sweep rounds])."""
     return statistics.median(t for p in profiles for t in step_times_s(p))
@@ -167,8 +166,7 @@ def main() -> int:
     priority = "" if args.reuse else take_priority()
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
-    started = time.perf_counter()
+    facts = results_md.measure_machine(torch=True)
     configs = [c for c in CONFIGS if args.only is None or c.name in args.only.split(",")]
     probes: list[Path] = []
     profiles: dict[str, list[Profile]] = {c.name: [] for c in configs}
@@ -200,11 +198,11 @@ def main() -> int:
     collection = work / "collection.json"
     if args.reuse and collection.exists():
         machine = json.loads(collection.read_text())
+        if "facts" not in machine:
+            raise SystemExit(f"{collection} was written by an older sweep.py (no machine facts): run without --reuse")
     else:
-        machine = {"host": platform.node(), "cpus": os.cpu_count(), "load_average_before": load_before,
-                   "load_average_after": os.getloadavg(), "sweep_wall_s": time.perf_counter() - started,
-                   "steps_per_config": args.steps, "warmup_steps": WARMUP_STEPS, "rounds": args.rounds, "priority": priority,
-                   "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        machine = {"facts": facts.finish().to_dict(), "steps_per_config": args.steps, "warmup_steps": WARMUP_STEPS,
+                   "rounds": args.rounds, "priority": priority}
         collection.write_text(json.dumps(machine))
     if args.collect_only:
         return 0
@@ -219,8 +217,8 @@ def main() -> int:
 
 
 def analyse(plans: dict[str, Plan], profiles: dict[str, list[Profile]], node: NodeSpec) -> dict:
-    from planner.calibrate import calibrate, calibration_rows
-    from planner.memory import memory_bill, runtime_buffer_peak_bytes
+    from planner.calibration.calibrate import calibrate, calibration_rows
+    from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
 
     train = [n for n in plans if n in CALIBRATION]
     fit = calibrate([(plans[n], p) for n in train for p in profiles[n]], node) if train else None

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 
 import results_md  # benchmarks/ is on sys.path when a script runs
 
-from planner.hardware import NodeSpec
-from planner.plan import TIERS
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import TIERS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-COMMAND = "flock /work/bench.lock python benchmarks/sweep.py --write-results"
+COMMAND = "python benchmarks/sweep.py --write-results"
 
 
 def _pct(predicted: float, measured: float) -> str:
@@ -40,7 +39,7 @@ def summary(report: dict) -> str:
     s = report["summary"]
     out = []
     # The probe calibrates on its own reference runs, none of them a sweep configuration, so every
-    # configuration is one the probe's spec never saw (planner/probe_reference.py).
+    # configuration is one the probe's spec never saw (planner/calibration/probe_reference.py).
     for key, label in (("predicted_all", "probe spec, every configuration (none run by the probe)"),
                        ("predicted_held_out", "probe spec, held out"), ("calibrated_held_out", "calibrated, held out"),
                        ("calibrated_calibration", "calibrated, calibration set")):
@@ -87,21 +86,19 @@ def scatter(report: dict, path: Path) -> None:
 
 def write_results(report: dict, node: NodeSpec) -> None:
     m = report["machine"]
-    when = m.get("measured_utc") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    machine = (f"{m['host']}, {m['cpus']} CPUs, load average {m['load_average_before'][0]:.2f} before / "
-               f"{m['load_average_after'][0]:.2f} after, {m.get('rounds', 1)} rounds of {m['steps_per_config']} steps "
-               f"({m.get('warmup_steps', 1)} warm-up) per configuration, "
-               f"sweep {m['sweep_wall_s']:.0f} s, measured {when}")
+    facts = results_md.MachineFacts.from_dict(m["facts"])
+    machine = (f"{m['rounds']} rounds of {m['steps_per_config']} steps ({m['warmup_steps']} warm-up) per "
+               f"configuration, {m['priority'] or 'priority as started'}. {facts.describe()}")
     cal = report["calibration"]
     residual = f"{cal['residual']:.1%}" if cal else "n/a"
     factors = ", ".join(f"{k} {v:.4g}" for k, v in cal["factors"].items()) if cal else "none"
-    probe = (f"probed spec: {node.gpu_flops_per_s / 1e12:.3f} TFLOPS, CPU AdamW {node.cpu_adam_params_per_s / 1e9:.2f} "
+    probe = (f"Probed spec: {node.gpu_flops_per_s / 1e12:.3f} TFLOPS, CPU AdamW {node.cpu_adam_params_per_s / 1e9:.2f} "
              f"G params/s, NVMe {node.nvme_read_bytes_per_s / 1e9:.2f} / {node.nvme_write_bytes_per_s / 1e9:.2f} GB/s, "
              f"{node.operator_overhead_s * 1e3:.2f} ms per operator")
     scatter(report, DOCS / "sweep-scatter.png")
     body = f"""## Simulator vs runtime (sweep)
 
-`{COMMAND}` ({machine}). {probe}. Calibration factors (fit on the calibration set, residual
+`{COMMAND}`: {machine} {probe}. Calibration factors (fit on the calibration set, residual
 {residual}): {factors}.
 
 {summary(report)}
@@ -110,15 +107,15 @@ def write_results(report: dict, node: NodeSpec) -> None:
 """
     results_md.write_section("sweep", body)
     doc = f"""`python benchmarks/sweep.py --write-results` probes the machine it runs on (`planner probe`, which on a CPU-only machine calibrates itself on
-four reference runs of the runtime that are not sweep configurations: planner/probe_reference.py
+four reference runs of the runtime that are not sweep configurations: planner/calibration/probe_reference.py
 [Note: probe reference runs]), plans every configuration of `benchmarks/sweep.py` with the probed
 spec, trains each with the real runtime (`planner run`), fits the spec's efficiency parameters
-further on four of them (`planner calibrate`, planner/calibrate.py [Note: the calibration model])
+further on four of them (`planner calibrate`, planner/calibration/calibrate.py [Note: the calibration model])
 and predicts the rest again with that calibrated spec. Peak bytes are the runtime's own ledger per tier against
 the memory bill over the terms that ledger tracks (`runtime_buffer_peak_bytes`: the bill without
 autograd's activations, logits and allocator slack).
 
-Run: {machine}. {probe}.
+Run: {machine} {probe}.
 
 {summary(report)}
 

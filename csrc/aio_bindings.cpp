@@ -1,4 +1,4 @@
-// Python binding: one class, `AioHandle`, with submit_read / submit_write / wait (STYLE.md 6).
+// Python binding: one class, `AioHandle`, with submit_read / submit_write / wait (docs/conventions.md).
 // Buffers arrive through the buffer protocol; each stays exported (so it can neither be freed nor
 // resized) until its request has been waited for. Failures become OSError(errno, message, path)
 // carrying `offset` and `nbytes`, the same exception the pure-Python engine raises.

@@ -33,7 +33,7 @@ class GPTConfig:
         return self.ffn_hidden_size or 4 * self.hidden_size
 
     @staticmethod
-    def from_model_spec(spec) -> GPTConfig:  # noqa: ANN001 - planner.model.ModelSpec
+    def from_model_spec(spec) -> GPTConfig:  # noqa: ANN001 - planner.specs.model.ModelSpec
         return GPTConfig(num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_heads=spec.num_heads,
                          seq_len=spec.seq_len, vocab_size=spec.vocab_size or BYTE_VOCAB,
                          ffn_hidden_size=spec.ffn_hidden_size)

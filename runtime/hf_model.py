@@ -9,22 +9,15 @@
 
 `build_model` makes the architecture with `AutoModelForCausalLM.from_config` in fp32 (the runtime
 keeps fp32 masters and casts to the plan's precision itself), parameters on the meta device and
-buffers real ([Note: meta buffers]). `from_safetensors` is a `param_init_fn` that copies each
-parameter from a Hugging Face folder (`model.safetensors`, or shards named by
-`model.safetensors.index.json`) as its unit is materialised: `safe_open` reads one tensor at a
-time, so the whole model is never in host memory. Keys are checked before any unit is built:
+buffers real ([Note: meta buffers], above `materialise_buffers`). `from_safetensors` is a
+`param_init_fn` that copies each parameter from a Hugging Face folder (`model.safetensors`, or
+shards named by `model.safetensors.index.json`) as its unit is materialised: `safe_open` reads one
+tensor at a time, so the whole model is never in host memory. Keys are checked before any unit is built:
 a missing or unexpected key, or a shape that differs, is one line naming it. A tied output
 projection absent from the files is fine (transformers does not save it either).
 
 The model stays the transformers module itself (no wrapper), so its parameter names are the
 state-dict keys and its `config` travels with it (a checkpoint records it, for `planner export`).
-
-[Note: meta buffers]
-Under `torch.device("meta")` the buffers transformers computes at construction (rotary `inv_freq`,
-Gemma's `embed_scale`) are meta too, and `runtime.shard` materialises parameters only. They are
-small and replicated, so `build_model` allocates them on the host and has transformers'
-`_init_weights` (5.x recomputes rotary and scale buffers there) fill them; one it leaves unfilled
-is refused by name rather than trained on as garbage.
 """
 
 from __future__ import annotations
@@ -39,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import PlannerError
-from planner.specio import load_document
+from planner.specs.errors import PlannerError
+from planner.specs.specio import load_document
 
 INSTALL_HF = "pip install 'tierwise[hf]'"
 SINGLE_FILE = "model.safetensors"
@@ -80,6 +73,11 @@ def build_model(config: Mapping[str, Any]) -> nn.Module:
     return model
 
 
+# [Note: meta buffers] Under `torch.device("meta")` the buffers transformers computes at construction
+# (rotary `inv_freq`, Gemma's `embed_scale`) are meta too, and `runtime.shard` materialises parameters
+# only. They are small and replicated, so `build_model` allocates them on the host and has transformers'
+# `_init_weights` (5.x recomputes rotary and scale buffers there) fill them; one it leaves unfilled
+# is refused by name rather than trained on as garbage.
 def materialise_buffers(model: nn.Module) -> None:
     """Host buffers in place of meta ones, filled by transformers' `_init_weights` ([Note: meta buffers])."""
     init = getattr(model, "_init_weights", None)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from planner.units import MIB
+from planner.specs.units import MIB
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3

@@ -36,10 +36,11 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from planner.errors import PlannerError
-from planner.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
-from planner.profile import Profile, StepSample
-from planner.units import TFLOP
+from planner.cost.feasibility import check_plan
+from planner.specs.errors import PlannerError
+from planner.specs.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
+from planner.specs.profile import Profile, StepSample
+from planner.specs.units import TFLOP
 from runtime.host_malloc import keep_freed_memory_mapped
 from runtime.plan_io import PlanNotExecutable, check_executable, check_memory
 from runtime.profiler import process_peak_rss_bytes
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if world_size > 1:
         init_process_group(rank=rank, world_size=world_size)
     try:
-        plan = load_plan(args.plan)
+        plan = check_plan(load_plan(args.plan))
         check_executable(plan, world_size=world_size)
         check_memory(plan)
         if args.steps < 1:
@@ -337,9 +338,9 @@ def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps:
     for i in range(num_steps):
         steps = [rank_samples[i] for rank_samples, _ in per_rank]
         first = steps[0]
-        peak = {"gpu": max(s["peak_bytes"]["gpu"] for s in steps),
-                "cpu": sum(s["peak_bytes"]["cpu"] for s in steps) // plan.num_nodes,
-                "nvme": sum(s["peak_bytes"]["nvme"] for s in steps) // plan.num_nodes}
+        # A per-GPU tier's peak is the worst rank's; a per-node tier's is the node's ranks' sum.
+        peak = {tier: max(s["peak_bytes"][tier] for s in steps) if tier.per_gpu
+                else sum(s["peak_bytes"][tier] for s in steps) // plan.num_nodes for tier in TIERS}
         samples.append(StepSample(step=first_step + i, step_time_s=max(s["step_time_s"] for s in steps), loss=losses[i],
                                   phase_time_s={k: first["phase_time_s"].get(k, 0.0) for k in PHASES},
                                   link_bytes={k: int(first["link_bytes"].get(k, 0)) for k in LINKS},
@@ -352,7 +353,7 @@ def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps:
     flops_per_token = (8 if plan.recompute_interval else 6) * plan.model.num_params
     worst = max(range(len(measured_steps)), key=lambda j: measured_steps[j].peak_bytes["gpu"])
     index = warmup_steps + worst if len(samples) > warmup_steps else worst
-    terms = {tier: {k: int(v) * (ranks_per_node if tier != "gpu" else 1) for k, v in
+    terms = {tier: {k: int(v) * (1 if tier.per_gpu else ranks_per_node) for k, v in
                     raw_measured[0][index].get("terms_at_peak", {}).get(tier, {}).items()} for tier in TIERS}
     measured = Prediction(
         feasible=True,
@@ -361,8 +362,7 @@ def build_profile(plan: Plan, per_rank: list, losses: list[float], warmup_steps:
         tokens_per_s=tokens_per_gpu * plan.num_gpus / iteration,
         bottleneck="",
         peak_bytes={t: max(s.peak_bytes[t] for s in measured_steps) for t in TIERS},
-        capacity_bytes={"gpu": int(plan.node.gpu_memory_bytes), "cpu": int(plan.node.cpu_memory_bytes),
-                        "nvme": int(plan.node.nvme_capacity_bytes)},
+        capacity_bytes={tier: int(tier.capacity_bytes(plan.node)) for tier in TIERS},
         phase_time_s={k: statistics.mean(s.phase_time_s[k] for s in measured_steps) for k in PHASES},
         link_bytes={k: int(statistics.mean(s.link_bytes[k] for s in measured_steps)) for k in LINKS},
         memory_terms=terms,

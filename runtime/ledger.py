@@ -1,6 +1,6 @@
 """Own accounting of every buffer the runtime holds, per memory tier and per named term.
 
-Term names are the planner's memory vocabulary (`planner.memory_terms.MemoryTerm`: `params`,
+Term names are the planner's memory vocabulary (`planner.specs.memory_terms.MemoryTerm`: `params`,
 `optimizer_states`, `mswm`, `prefetch_gathered_params`, ...; a member or its value), so a profile's
 peak can be compared with the plan's memory bill term by term; any other name is a bug. Tier `gpu` means "the
 compute device" (the CPU itself on a machine without CUDA), `cpu` the host store, `nvme` files.
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from planner.memory_terms import MemoryTerm
-from planner.plan import TIERS
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import TIERS
 
 _TERMS = frozenset(MemoryTerm)
 
@@ -42,7 +42,7 @@ class MemoryLedger:
 
     def add(self, tier: str, term: str, num_bytes: int) -> None:
         assert tier in self._tiers, tier
-        assert term in _TERMS, f"{term!r} is not a memory term (planner.memory_terms.MemoryTerm)"
+        assert term in _TERMS, f"{term!r} is not a memory term (planner.specs.memory_terms.MemoryTerm)"
         with self._lock:
             usage = self._tiers[tier]
             usage.current_bytes += num_bytes

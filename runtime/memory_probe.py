@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 import runtime
-from planner.memory import memory_bill
-from planner.plan import Plan
+from planner.cost.memory import memory_bill
+from planner.specs.plan import Plan
 from runtime.gpt import GPT, GPTConfig
 from runtime.sharding import state_of
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import PlannerError
-from planner.model import NORM_PARAMS_PER_ELEMENT, ModelSpec, format_param_count
+from planner.specs.errors import PlannerError
+from planner.specs.model import NORM_PARAMS_PER_ELEMENT, ModelSpec, format_param_count
 
 COUNT_TOLERANCE = 0.01
 """Counted the same way, a model and its own spec agree exactly ([Note: what a spec counts]); 1%

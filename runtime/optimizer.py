@@ -2,13 +2,13 @@
 
 Each rank updates only its shards (ZeRO-3): master weights, momentum and variance sit in the
 optimizer store (device or host memory, or NVMe), the gradients were reduce-scattered into the
-gradient store of the same tier (placement rules in `planner.plan.Placement`), or go straight into
+gradient store of the same tier (placement rules in `planner.specs.plan.Placement`), or go straight into
 the update in backward, and the updated master is written back into the parameter store (cast to
 the compute precision) when it is a separate copy. `AdamW` is torch's optimizer interface over an
 engine (`ResidentAdamW`, `StreamedAdamW`) and a schedule (`AfterBackward`, `InBackward`): see
-[Note: schedules as types] in runtime/units/events.py. The update itself is torch's fused AdamW: on CPU
-it runs at ~1.7 G params/s on 2 threads (DESIGN.md reference measurements), faster than anything
-we would hand-write here.
+[Note: schedules as types] in runtime/units/events.py. The update itself is torch's fused AdamW, the fastest
+Adam torch has on the CPU (its foreach and per-parameter loops are several times slower:
+docs/notes/2026-11-22-reference-measurements.md) and faster than anything we would hand-write.
 """
 
 from __future__ import annotations

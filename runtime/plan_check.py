@@ -13,7 +13,7 @@ ZERO3_PARTITIONED = frozenset({"params", "gradients", "optimizer_states"})
 def executable_problem(plan: Any, *, world_size: int) -> str | None:
     """A one-line reason why this runtime cannot run `plan` on `world_size` processes, or None.
 
-    `plan` is a `planner.plan.Plan` (duck-typed, as in `runtime.nvme.placement`)."""
+    `plan` is a `planner.specs.plan.Plan` (duck-typed, as in `runtime.nvme.placement`)."""
     if plan.model_parallel_degree != 1:
         return (f"model_parallel_degree {plan.model_parallel_degree} is not supported: this runtime is data parallel "
                 "(ZeRO-3) only; set model_parallel_degree to 1")

@@ -1,8 +1,7 @@
-"""From a plan (path, dict or `planner.plan.Plan`) to the runtime's own frozen config.
+"""From a plan (path, dict or `planner.specs.plan.Plan`) to the runtime's own frozen config.
 
 Everything the runtime cannot execute is rejected here, before any training starts, with a
-one-line reason (DESIGN.md principle: "A plan the runtime cannot execute is rejected with the
-reason").
+one-line reason: a plan the runtime cannot execute is rejected with the reason (docs/plan-format.md).
 """
 
 from __future__ import annotations
@@ -14,10 +13,11 @@ from typing import Any
 
 import torch
 
-from planner.errors import PlannerError
-from planner.memory import stores_gradients
-from planner.plan import Placement, Plan, load_plan
-from planner.units import GIB
+from planner.cost.feasibility import check_plan
+from planner.cost.memory import stores_gradients
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Placement, Plan, load_plan
+from planner.specs.units import GIB
 from runtime.plan_check import executable_problem
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,17 +35,17 @@ class RuntimeConfig:
     precision: str
     """`fp32` (end to end), `bf16` or `fp16` (16-bit compute copies, fp32 master and Adam states)."""
     recompute_interval: int
-    """Blocks per recompute segment; 0 disables checkpointing."""
+    """Blocks per recompute segment; 0: no block is recomputed."""
     tiling_factor: int
     """Tiles per large Linear (1: no tiling)."""
     prefetch_depth: int
     device: torch.device
     """The compute device: `cuda:LOCAL_RANK` when CUDA is present, else the CPU."""
     optimizer_step: str = "after_backward"
-    """`after_backward` or `in_backward` (`planner.plan.Plan.optimizer_step`)."""
+    """`after_backward` or `in_backward` (`planner.specs.plan.Plan.optimizer_step`)."""
     stores_gradients: bool = True
     """False when each unit's gradient goes straight into the in-backward update and is never stored
-    (`planner.memory.stores_gradients`)."""
+    (`planner.cost.memory.stores_gradients`)."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -59,11 +59,11 @@ class RuntimeConfig:
 
 def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
     if isinstance(plan, Plan):
-        return plan
+        return check_plan(plan)
     if isinstance(plan, dict):
-        return Plan.from_dict(plan)
+        return check_plan(Plan.from_dict(plan))
     if isinstance(plan, str | Path):
-        return load_plan(plan)
+        return check_plan(load_plan(plan))
     raise PlannerError(f"plan must be a path, a dict or a planner Plan, not {type(plan).__name__}")
 
 
@@ -107,7 +107,7 @@ def check_memory(plan: Plan) -> None:
     and host memory within every limit that would otherwise end the run halfway (see
     [Note: host memory limits])."""
     try:
-        from planner.memory import memory_bill
+        from planner.cost.memory import memory_bill
     except ImportError:  # the memory model is not part of this build
         return
     local_ranks = local_world_size()

@@ -1,4 +1,4 @@
-"""`planner probe`: measure this machine and write a hardware spec (`planner.hardware.NodeSpec`).
+"""`planner probe`: measure this machine and write a hardware spec (`planner.specs.hardware.NodeSpec`).
 
 Every number here is measured on the spot, side by side, with warm-up and the median of repeats:
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from planner.fitted_gpus import fitted_compute
-from planner.units import GB, GIB, MIB, TFLOP
+from planner.calibration.fitted_gpus import fitted_compute
+from planner.specs.units import GB, GIB, MIB, TFLOP
 from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, SwapStore
 from runtime.process_exit import leave
 
@@ -113,7 +113,7 @@ def read_write_sharing(read_alone_s: float, write_alone_s: float, mixed_s: float
     """[Note: NVMe read/write sharing] If a device serves reads and writes from independent budgets,
     a mix of both takes as long as the longer of the two alone; if from one budget, as long as both
     one after the other. The probe times the mix and picks the model whose prediction is closer (a
-    virtio disk measured 'shared' here: the mix took the serial time, benchmarks/RESULTS.md)."""
+    virtio disk measured 'shared': the mix took the serial time, benchmarks/RESULTS.md)."""
     independent_s, shared_s = max(read_alone_s, write_alone_s), read_alone_s + write_alone_s
     return "shared" if abs(mixed_s - shared_s) < abs(mixed_s - independent_s) else "independent"
 
@@ -121,11 +121,10 @@ def read_write_sharing(read_alone_s: float, write_alone_s: float, mixed_s: float
 # -- host ------------------------------------------------------------------------------------------
 CACHE_MULTIPLE = 4
 """[Note: host measurements beyond the cache] The host's working sets are at least this many times its
-largest CPU cache. On a GPU host (the H200 machine of 2026-11-26: 16 cores of a server Xeon) fused
-AdamW over 16 Mi parameters (256 MiB of parameter, gradient and moments) ran at 6.56 Gparams/s, 184
-GB/s of the 28 bytes it moves per parameter against 70 GB/s for a 256 MiB copy: part of it ran from
-cache. The runtime's step over 1.2 B parameters then took 0.443 s, not the 0.184 s that rate
-predicts, and 0.483 s at the copy bandwidth. Server CPUs carry 100-300 MB of last-level cache, so
+largest CPU cache. On a GPU host with a server CPU a working set
+sized for a small cache partly ran from cache: fused AdamW over 16 Mi parameters moved its 28 bytes
+per parameter faster than a copy of the same size, and predicted the runtime's step over 1.2 B
+parameters less than half as long as it took (docs/notes/2026-11-26-first-gpu-run.md). Server CPUs carry 100-300 MB of last-level cache, so
 the probe sizes both measurements from it; on a machine with a 32 MB cache they stay as they were."""
 
 
@@ -251,7 +250,7 @@ ATTENTION_HEADS, ATTENTION_HEAD_DIM = 16, 64
 = 16 heads of 64)."""
 ATTENTION_SEQ_LENS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)
 """Sequence lengths it is timed at ([Note: the fused kernel's rate by sequence length] in
-planner/kernels.py), each over `ATTENTION_TOKENS` tokens, so each takes about as many key blocks.
+planner/cost/kernels.py), each over `ATTENTION_TOKENS` tokens, so each takes about as many key blocks.
 Every doubling up to 512: below a key block the kernel's rate grows about in proportion to the
 sequence, which the curve, flat below its first point and log-linear between points, would
 otherwise miss by up to 1.6x (measurements: docs/notes/2026-11-26-calibration-sensitivities.md)."""
@@ -272,7 +271,7 @@ class AttentionThroughput:
 def measure_causal_attention(device: torch.device, dtype: torch.dtype, *, repeats: int = 3) -> AttentionThroughput:
     """The runtime's attention core (`F.scaled_dot_product_attention(is_causal=True)`, runtime/gpt.py),
     forward and backward, at each of `ATTENTION_SEQ_LENS`, in flops per second as the planner counts a
-    fused kernel's: half the seq x seq square forward, 2.5 x that backward (planner/kernels.py [Note:
+    fused kernel's: half the seq x seq square forward, 2.5 x that backward (planner/cost/kernels.py [Note:
     attention kernels]).
 
     [Note: the CPU's fused attention] On a CPU torch dispatches that call to its flash kernel
@@ -303,14 +302,14 @@ def measure_block_kernels(device: torch.device, dtype: torch.dtype, *, hidden: i
                           repeats: int = 3) -> float:
     """A GPT block's memory-bound kernels (runtime/gpt.py: two LayerNorms, GELU over the 4 hd hidden,
     two residual adds), forward and backward, in bytes per second as the planner counts their bytes
-    (planner/kernels.py [Note: memory-bound kernels]: norms 2 + 3 hd e, residual adds 3 + 3 hd e,
+    (planner/cost/kernels.py [Note: memory-bound kernels]: norms 2 + 3 hd e, residual adds 3 + 3 hd e,
     GELU 2 + 3 ffn e per token, forward + backward).
 
     [Note: the CPU's memory-bound kernels] On a CPU these run far below copy bandwidth (torch's
     LayerNorm and GELU backward in bf16 are compute loops, not streams), so the copy bandwidth
     times them many-fold too fast. Timed here at a block's shape, right after the matmuls and the
     attention, their rate is the third of the three the CPU's training runs at, and calibration
-    fits one factor for all three (planner/calibrate.py [Note: one factor for the CPU's kernels])."""
+    fits one factor for all three (planner/calibration/calibrate.py [Note: one factor for the CPU's kernels])."""
     import torch.nn.functional as F
 
     ffn = 4 * hidden
@@ -547,7 +546,7 @@ def _probe_cuda_device(found: _Findings, *, host: str, cores: int, log: Log) -> 
 
 def _take_generation_fit(found: _Findings, properties: Any) -> None:
     """The compute model of the preset fitted for this GPU's generation over the bare-kernel rates just
-    measured (planner/fitted_gpus.py [Note: a probed GPU takes its generation's fit]); the measured
+    measured (planner/calibration/fitted_gpus.py [Note: a probed GPU takes its generation's fit]); the measured
     links stay. A GPU of no fitted generation keeps the bare rates, and its notes say so."""
     fitted = fitted_compute(properties.name, properties.total_memory / GIB)
     if fitted is None:
@@ -562,7 +561,7 @@ def _take_generation_fit(found: _Findings, properties: Any) -> None:
         f"Compute model: preset {fitted.preset}'s, fitted on published runs of its generation (peak, matmul curve, "
         f"fused attention rate, HBM fraction of the datasheet bandwidth); the bare kernels measured here, "
         + ", ".join(f"{key} {value:.4g}" for key, value in bare.items())
-        + ", predict a training step fast (planner/fitted_gpus.py).")
+        + ", predict a training step fast (planner/calibration/fitted_gpus.py).")
 
 
 def _probe_nccl(found: _Findings, num_gpus: int, *, log: Log) -> None:

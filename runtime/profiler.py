@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from planner.phases import PHASES
+from planner.specs.phases import PHASES
 from runtime.ledger import TIERS, MemoryLedger
 
 MAX_SAMPLES = 10_000

@@ -10,7 +10,7 @@ forward:  module pre-hook -> prefetch ahead, gather; module post-hook -> reshard
           outputs so that their gradient (the start of this module's backward) re-gathers.
 backward: output-gradient hook -> prefetch ahead, gather; each parameter's post-accumulate-grad hook
           files its gradient; the unit's last one starts the reduce-scatter and reshards the unit.
-          Recomputation (activation checkpointing) re-enters the forward hooks during backward:
+          Recompute (runtime/units/recompute.py) re-enters the forward hooks during backward:
           those gather, and release the buffer's memory in place after the use
           ([Note: recompute releases parameters]).
 end of backward (autograd callback): finish reduce-scatters, reshard everything left, phase IDLE.
@@ -21,19 +21,19 @@ unit's reduce-scatter is a collective that all ranks issue in the same order.
 [Note: saved parameters]
 Autograd saves what backward needs, and an operator's weight is among it (a Linear's grad input is
 grad_output @ W). What it saves holds the tensor's *storage*: setting `p.data` to an empty tensor at
-reshard does not free the gathered buffer a forward view came from, so without checkpointing every
+reshard does not free the gathered buffer a forward view came from, so without recompute every
 unit's buffer (a read from NVMe, an all-gather output, a cast) stayed alive from its forward to its
 backward, the whole model's parameters at the end of forward, which no memory bill holds. While a
 forward runs, saved tensors therefore go through `saved_tensors_hooks` (pushed outermost, for the
 root's forward): a view of a transient gathered buffer is packed as (unit, offset, size, stride)
 and unpacked as the same view of the buffer the unit is gathered into for its backward (FSDP keeps
 the storage object and refills it instead; a recycled direct-I/O buffer cannot be resized in place).
-Views of a shard that lives in memory (the unit gathers nothing) are saved as they are. Checkpointed
+Views of a shard that lives in memory (the unit gathers nothing) are saved as they are. Recompute
 segments push torch's own hooks inside ours, so only the tensors saved outside them reach ours, and
 the recompute in backward runs without ours.
 
 [Note: recompute releases parameters]
-A checkpointed segment's backward first re-runs its forward, and torch's checkpoint frame keeps what
+A recompute segment's backward first re-runs its forward, and torch's recompute frame keeps what
 that recompute saved (views of the units' gathered buffers) until each operator's backward. Holding
 the buffers that long would keep a whole segment's parameters gathered at once, where the paper's
 schedule (eq. 4) and the memory bill hold one operator; so after its recompute use a unit `hollow`s
@@ -63,7 +63,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from planner.plan import Plan
+from planner.specs.plan import Plan
 from runtime.ledger import MemoryLedger
 from runtime.model_check import check_model
 from runtime.optim.loss_scaling import DynamicLossScaler, output_tensors
@@ -131,7 +131,7 @@ class ShardedModel:
         self.segments: list[RecomputeSegment] = []
         self.recompute_input_store: RecomputeInputStore | None = None
         self.segment_of_unit: dict[int, RecomputeSegment] = {}
-        """Unit index -> the checkpointed segment whose blocks use it."""
+        """Unit index -> the recompute segment whose blocks use it."""
         self.prefetcher: Prefetcher | None = None
         self.phase = StepPhase.IDLE
         self.loss_scaler: Any = None

@@ -125,6 +125,35 @@ def sharded_losses(kind: str, plan: dict[str, Any], steps: int = STEPS, rank: in
     return out
 
 
+def cuda_shared_losses(kind: str, plan: dict[str, Any], steps: int = STEPS, rank: int = 0,
+                       world_size: int = 1) -> list[float]:
+    """`sharded_losses` on CUDA with every rank on the one GPU, cuda:0 (a gloo group: NCCL refuses two
+    ranks on one device, and collectives go through host memory, [Note: gloo and device tensors]),
+    TF32 off; the loss is averaged over the ranks on the host."""
+    import torch.distributed as dist
+
+    import runtime
+
+    os.environ["LOCAL_RANK"] = "0"  # the runtime's compute device: the GPU every rank shares
+    torch.cuda.set_device(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = runtime.shard(build_model(kind), plan)
+    assert runtime.state_of(model).comm.host_staged
+    opt = runtime.AdamW(model, lr=1e-3, weight_decay=0.1)
+    out = []
+    for tokens in batches(steps):
+        loss = _loss(model, tokens.chunk(world_size)[rank].cuda())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        value = loss.detach().cpu()
+        dist.all_reduce(value)
+        out.append(value.item() / world_size)
+    opt.close()
+    return out
+
+
 def relative_errors(a: list[float], b: list[float]) -> list[float]:
     assert len(a) == len(b)
     return [abs(x - y) / abs(x) for x, y in zip(a, b, strict=True)]

@@ -14,11 +14,11 @@ from streamlit.testing.v1 import app_test as app_test_module
 from app.dashboard import TABS
 from app.panels import timeline
 from app.panels.strategies import strategies_frame
-from planner import report
-from planner.catalog import resolve_hardware, resolve_model
-from planner.deepspeed_config import deepspeed_config
-from planner.max_size import max_size
-from planner.search import SearchRequest, predict, search
+from planner.output import report
+from planner.output.deepspeed_config import deepspeed_config
+from planner.search.max_size import max_size
+from planner.search.search import SearchRequest, predict, search
+from planner.specs.catalog import resolve_hardware, resolve_model
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "app" / "dashboard.py")
 DOWNLOADS: dict[str, bytes] = {}
@@ -43,7 +43,7 @@ def app(monkeypatch, tmp_path):
 def expected_best(model="1T", hardware="dgx-h100", gpus=16, node=None, **kw):
     node = node or resolve_hardware(hardware)
     # The page ranks by simulation by default, as `planner fit` does.
-    from planner.sim.refine import refine
+    from planner.search.refine import refine
 
     return refine(search(SearchRequest(model=resolve_model(model), node=node, num_gpus=gpus, **kw))).best
 
@@ -111,7 +111,7 @@ def test_strategies_panel_shows_every_strategy(app):
     assert len(panel.get("vega_lite_chart")) == 1
     table = panel.dataframe[0].value
     node = resolve_hardware("dgx-h100")
-    from planner.sim.refine import refine
+    from planner.search.refine import refine
 
     expected = strategies_frame(refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16))))
     assert list(table["strategy"]) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d", "custom"]
@@ -135,7 +135,7 @@ def test_timeline_panel_shows_the_simulation(app):
     utilisation, gantt, memory_over_time = (json.loads(c.proto.spec) for c in panel.get("vega_lite_chart"))
     assert utilisation["encoding"]["x"]["field"] == "busy"
     assert memory_over_time["facet"]["row"]["field"] == "tier"
-    # The Gantt chart is planner.sim.timeline's data, drawn by the browser: the whole iteration binned,
+    # The Gantt chart is planner.output.timeline's data, drawn by the browser: the whole iteration binned,
     # then one recompute segment span by span.
     full, zoom = gantt["vconcat"]
     assert (full["mark"]["type"], zoom["mark"]["type"]) == ("rect", "bar")
@@ -143,7 +143,7 @@ def test_timeline_panel_shows_the_simulation(app):
 
 
 def test_gantt_chart_data_is_the_simulators(app):
-    from planner.sim.timeline import ROW_LABELS, busy_bins, zoom_spans
+    from planner.output.timeline import ROW_LABELS, busy_bins, zoom_spans
 
     tab(app, "Timeline")
     result = timeline.simulation(json.dumps(expected_best().to_dict()))
@@ -217,7 +217,7 @@ def test_twice_the_nvme_write_bandwidth_changes_the_answer(app):
 
 
 def test_ranking_by_simulation_reports_what_planner_fit_reports(app):
-    from planner.sim.refine import refine
+    from planner.search.refine import refine
 
     # Default: ranked by simulation, as `planner fit`; switched off, the analytic estimate ranks.
     app.sidebar.toggle(key="refine").set_value(False).run()
@@ -263,7 +263,7 @@ def test_explicit_shape_and_sequence_length(app):
     no_errors(app)
     assert "custom (40 layers x hidden 5120): 40 layers x hidden 5120, 40 heads, seq 2048" in app.caption[0].value
     model = resolve_model(None, layers=40, hidden=5120, heads=40, seq=2048)
-    from planner.sim.refine import refine
+    from planner.search.refine import refine
 
     best = refine(search(SearchRequest(model=model, node=resolve_hardware("dgx-h100"), num_gpus=16))).best
     assert metrics(app)["TFLOPS per GPU"] == f"{best.prediction.tflops_per_gpu:,.1f}"

@@ -1,4 +1,4 @@
-"""The dashboard's view of the run history (planner/history.py): read, never created or invented."""
+"""The dashboard's view of the run history (planner/specs/history.py): read, never created or invented."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.history import default_history_path, read_history
-from planner.catalog import resolve_hardware, resolve_model
-from planner.history import RunHistory, default_store_path
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.search import predict
+from planner.search.search import predict
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.history import RunHistory, default_store_path
+from planner.specs.plan import STRATEGY_TABLE, Plan
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "app" / "dashboard.py")
 PROFILE = {"measured": {"iteration_time_s": 2.2, "tflops_per_gpu": 0.45, "peak_bytes": {"gpu": 1100, "cpu": 1900, "nvme": 0}}}

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.catalog import resolve_hardware, resolve_model, shape_for_params
-from planner.errors import PlannerError
-from planner.max_size import MAX_PARAMS, MIN_PARAMS, RELATIVE_PRECISION, _request, max_size
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.search import SearchRequest, any_fits, best_by_strategy, search
-from planner.throughput import arithmetic_intensity, efficiency, estimate, state_bandwidths
-from planner.units import GB, GIB
+from planner.cost.throughput import arithmetic_intensity, efficiency, estimate, state_bandwidths
+from planner.search.max_size import MAX_PARAMS, MIN_PARAMS, RELATIVE_PRECISION, _request, max_size
+from planner.search.search import SearchRequest, any_fits, best_by_strategy, search
+from planner.specs.catalog import resolve_hardware, resolve_model, shape_for_params
+from planner.specs.errors import PlannerError
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GB, GIB
 
 
 def request(model="1T", hardware="dgx2-v100", gpus=16, **kw):
@@ -97,7 +97,7 @@ def test_max_size_matches_the_full_search_bisection(strategy, hardware, gpus):
 def test_max_size_without_plan_has_the_model_only():
     result = max_size("zero3", resolve_hardware("dgx-h100"), 16, with_plan=False)
     assert result.plan is None
-    # 18 bytes/param as the runtime holds them (planner/memory.py [Note: runtime bytes per parameter])
+    # 18 bytes/param as the runtime holds them (planner/cost/memory.py [Note: runtime bytes per parameter])
     assert result.model.num_params == result.max_params == 74_402_758_656
 
 
@@ -153,7 +153,7 @@ def test_estimate_efficiencies_use_the_same_intensities_and_bandwidths():
 
 
 def test_a_model_too_wide_for_the_most_tiles_is_rejected_with_its_reason():
-    # 64K hidden on a 1 MiB largest free block needs 16 Ki tiles; plans allow 4096 (planner.plan.MAX_TILING_FACTOR)
+    # 64K hidden on a 1 MiB largest free block needs 16 Ki tiles; plans allow 4096 (planner.specs.plan.MAX_TILING_FACTOR)
     node = resolve_hardware("dgx2-v100").replace(gpu_max_alloc_bytes=1024**2)
     req = SearchRequest(model=resolve_model("10T"), node=node, num_gpus=16, strategy="zero-inf-nvme", micro_batch_per_gpu=1)
     result = search(req)

@@ -1,4 +1,4 @@
-"""Where the dashboard is served, and what it reads there (issue 27 item 7)."""
+"""Where the dashboard is served, and what it reads there (docs/dashboard.md)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from app.state import Inputs, model_spec, names_a_file, node_spec
-from planner.catalog import resolve_hardware, resolve_model
-from planner.errors import PlannerError
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
 from tierwise.cli.dashboard import streamlit_command
 
 PLANTED = "planted-value-from-a-server-file"

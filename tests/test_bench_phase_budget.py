@@ -6,7 +6,7 @@ NVMe and the update's traffic is the backward's."""
 
 import pytest
 
-from planner.phase_budget import phase_budget
+from planner.calibration.phase_budget import phase_budget
 
 OPTIMIZER_STEP = {"ours-nvme": "after_backward", "ours-nvme-ib": "in_backward"}
 """The benchmark's systems -> their plans' `optimizer_step` (benchmarks/bench_nvme_step.py)."""

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from planner.calibrate import _nnls, calibrate
-from planner.plan import load_plan
-from planner.profile import load_profile
+from planner.calibration.calibrate import _nnls, calibrate
+from planner.specs.plan import load_plan
+from planner.specs.profile import load_profile
 from tierwise.cli import app
 
 runner = CliRunner()
@@ -54,7 +54,7 @@ def test_new_user_probe_fit_run_compare_calibrate(tmp_path: Path) -> None:
         err = by_metric[metric]["relative_error"]
         assert err is not None and math.isfinite(err), metric
     # The host store holds exactly what the bill says the runtime holds (model states as the
-    # runtime keeps them, checkpoints); the device tier holds no runtime buffer on one CPU rank.
+    # runtime keeps them, recompute inputs); the device tier holds no runtime buffer on one CPU rank.
     assert by_metric["runtime_buffer_peak_bytes.cpu"]["relative_error"] == pytest.approx(0, abs=0.03)
     assert by_metric["runtime_buffer_peak_bytes.gpu"]["predicted"] == by_metric["runtime_buffer_peak_bytes.gpu"]["measured"] == 0
     assert by_metric["link_bytes.h2d"]["predicted"] == by_metric["link_bytes.h2d"]["measured"] == 0

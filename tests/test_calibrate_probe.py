@@ -1,5 +1,5 @@
 """`planner probe` calibrates on reference runs of the runtime where the CPU is the compute device
-(planner/probe_reference.py [Note: probe reference runs]).
+(planner/calibration/probe_reference.py [Note: probe reference runs]).
 
 The end-to-end flow (probe with calibration, fit, run, compare) is tests/test_calibrate_loop.py;
 whether the calibrated spec predicts well is the sweep benchmark's business (benchmarks/sweep.py)."""
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from planner import probe_reference
-from planner.calibrate import FEATURES, phase_features
-from planner.catalog import hardware_presets
-from planner.errors import PlannerError
-from planner.hardware import NodeSpec
-from planner.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs, reference_plan
+from planner.calibration import probe_reference
+from planner.calibration.calibrate import FEATURES, phase_features
+from planner.calibration.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs, reference_plan
+from planner.specs.catalog import hardware_presets
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
 from tierwise.cli import app
 from tierwise.cli import probe as probe_cli
 
@@ -61,10 +61,10 @@ def test_the_fit_recovers_a_known_spec_from_its_own_predictions(tmp_path: Path) 
     # backward's matmul rate from the forward's.
     import dataclasses
 
-    from planner.calibrate import calibrate, loose_factors
-    from planner.hardware import EfficiencyCurve
-    from planner.profile import Profile
+    from planner.calibration.calibrate import calibrate, loose_factors
     from planner.sim.report import simulate
+    from planner.specs.hardware import EfficiencyCurve
+    from planner.specs.profile import Profile
 
     base = _cpu_node()
     truth = base.replace(gpu_flops_per_s=base.gpu_flops_per_s * 0.7, gpu_hbm_bytes_per_s=base.gpu_hbm_bytes_per_s * 0.4,
@@ -104,10 +104,10 @@ def test_the_fit_scales_a_cpu_fused_attention_rate_with_the_compute_rate(tmp_pat
     # A probed CPU times its fused attention kernel (runtime/probe.py [Note: the CPU's fused
     # attention]) at a fifth of its matmul rate; that kernel's busy time is part of the compute
     # feature, so a machine whose compute runs at 0.7 of the probe's runs both at 0.7 and the fit says so.
-    from planner.calibrate import calibrate
-    from planner.hardware import EfficiencyCurve
-    from planner.profile import Profile
+    from planner.calibration.calibrate import calibrate
     from planner.sim.report import simulate
+    from planner.specs.hardware import EfficiencyCurve
+    from planner.specs.profile import Profile
 
     base = _cpu_node().replace(flash_attention_flops_per_s=0.1e12, matmul_efficiency=EfficiencyCurve())
     truth = base.replace(gpu_flops_per_s=base.gpu_flops_per_s * 0.7, flash_attention_flops_per_s=0.07e12)
@@ -129,11 +129,11 @@ def test_a_cpu_whose_kernel_rates_were_measured_is_fitted_one_factor_for_all(tmp
     # (hbm_achievable_fraction, measured) next to the matmuls', so a machine running both at 0.6 of
     # the probe's rates is fitted with compute factor 1/0.6 and no memory factor, and the calibrated
     # spec scales the matmul, fused attention and memory-bound rates alike.
-    from planner.calibrate import calibrate, shares_cores
-    from planner.hardware import EfficiencyCurve
-    from planner.kernels import achievable_hbm_bytes_per_s
-    from planner.profile import Profile
+    from planner.calibration.calibrate import calibrate, shares_cores
+    from planner.cost.kernels import achievable_hbm_bytes_per_s
     from planner.sim.report import simulate
+    from planner.specs.hardware import EfficiencyCurve
+    from planner.specs.profile import Profile
 
     node = _cpu_node().replace(flash_attention_flops_per_s=0.1e12, matmul_efficiency=EfficiencyCurve(),
                                hbm_achievable_fraction=0.03)
@@ -171,8 +171,8 @@ def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypat
 def test_each_reference_run_is_trained_round_robin_and_fitted_on_its_median(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # One slow training of a reference run (a slow minute of the machine) must not reach the fit.
-    from planner.plan import Prediction
-    from planner.profile import Profile
+    from planner.specs.plan import Prediction
+    from planner.specs.profile import Profile
 
     times = {ref.name: iter([1.0, 5.0, 2.0]) for ref in REFERENCE_RUNS}  # median: 2.0
     trained, fitted = [], []
@@ -211,7 +211,7 @@ def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # [Note: reference runs in the probed precision]: where fp32 matmuls are the faster (a CPU that
     # emulates bf16), the spec's compute rate is fp32's and the reference runs train in fp32.
-    from planner.plan import PRECISIONS, load_plan
+    from planner.specs.plan import PRECISIONS, load_plan
     from runtime import probe as runtime_probe
 
     assert set(runtime_probe.PRECISION_OF_DTYPE.values()) <= set(PRECISIONS)
@@ -220,8 +220,8 @@ def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path
     trained: list[str] = []
 
     def fake_train(ref, work, steps):  # noqa: ANN001, ANN202
-        from planner.plan import Prediction
-        from planner.profile import Profile
+        from planner.specs.plan import Prediction
+        from planner.specs.profile import Profile
 
         trained.append(load_plan(work / f"{ref.name}.plan.json").precision)
         return Profile(measured=Prediction(feasible=True, iteration_time_s=1.0, method="measured"), samples=(),
@@ -248,9 +248,9 @@ def test_an_overlapped_step_is_fitted_with_the_forward_it_overlaps(tmp_path: Pat
     # same wherever the profile puts it, and that run gives one row for the two phases.
     import dataclasses
 
-    from planner.calibrate import calibrate, step_overlaps_forward
-    from planner.profile import Profile
+    from planner.calibration.calibrate import calibrate, step_overlaps_forward
     from planner.sim.report import simulate
+    from planner.specs.profile import Profile
 
     base = _cpu_node()
     truth = base.replace(gpu_flops_per_s=base.gpu_flops_per_s * 0.7, cpu_adam_params_per_s=base.cpu_adam_params_per_s * 0.8)
@@ -280,10 +280,10 @@ def test_a_drive_the_probe_measured_is_fitted_no_faster_than_measured(tmp_path: 
     # reference runs whose NVMe phases ran faster than the simulator prices them (overlap the
     # simulator does not model, here a drive 1.5x faster) keep the measured rates; runs on a slower
     # drive are fitted to it as before. Rates that are estimates are fitted either way.
-    from planner.calibrate import calibrate, factor_floors
-    from planner.hardware import EfficiencyCurve
-    from planner.profile import Profile
+    from planner.calibration.calibrate import calibrate, factor_floors
     from planner.sim.report import simulate
+    from planner.specs.hardware import EfficiencyCurve
+    from planner.specs.profile import Profile
 
     base = _cpu_node()
     measured = base.replace(sources={**base.sources, "nvme_read_gb_per_s": "measured", "nvme_write_gb_per_s": "measured"})

@@ -19,7 +19,7 @@ from test_planner_fuzz import json_values
 from test_reliability_fuzz import invoke
 from typer.testing import CliRunner
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from runtime.ckpt import CheckpointError
 from runtime.ckpt.export import export, parse_size
 from runtime.ckpt.files import file_digest

@@ -1,12 +1,17 @@
-"""The GPU kit (benchmarks/gpu/) is complete without a GPU: `run.sh --check` passes, and the checks
-it rests on catch what they are there to catch (an import no wheel covers, a gathered folder that
-does not match the lists, a wheel whose needs are missing)."""
+"""The GPU kit (benchmarks/gpu/) is complete and right without a GPU: `run.sh --check` passes; the
+checks it rests on catch what they are there to catch (an import no wheel covers, a gathered folder
+that does not match the lists, a wheel whose needs are missing); the one call runs its stages in
+order under the caller's budget, merges each into OUT as it ends and names what it skipped; the
+build fails by name; the NVMe stage refuses to run without DeepSpeed or on the Python I/O engine;
+the must-shows are read off the results as met / not met."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -14,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+import build_ops  # noqa: E402
+import call  # noqa: E402
 import kit  # noqa: E402
 import report  # noqa: E402
 
@@ -24,14 +31,15 @@ def test_run_sh_check_passes_and_lists_the_stages() -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["missing"] == {} and doc["parse_errors"] == []
-    assert doc["stages"] == ["install", "build", "pytest", "parity", "device", "offload", "nvme", "planner", "staged",
-                             "report"]
+    # The offload tiers first, then the planner chains, the traces and the checks.
+    assert doc["stages"] == ["install", "build", "offload", "nvme", "planner", "staged", "pytest", "parity", "device"]
     # What the project imports that the GPU image lacks travels as a wheel; the rest is in the image.
     assert {"simpy", "platformdirs", "deepspeed", "streamlit"} <= set(doc["from_wheels"])
     assert {"torch", "transformers", "pytest", "typer", "rich", "yaml"} <= set(doc["from_image"])
     assert set(doc["from_wheels"]) | set(doc["from_image"]) | set(doc["optional"]) == set(doc["imports"])
     assert "deepspeed==0.19.8" in doc["wheels"] and doc["debs"] == ["libaio1", "libaio-dev"]
-    assert {"benchmarks/gpu/run.sh", "benchmarks/gpu/bench_gpu.py", "benchmarks/gpu/gather_wheels.sh"} <= set(doc["scripts"])
+    assert {"benchmarks/gpu/run.sh", "benchmarks/gpu/bench_llama.py", "benchmarks/gpu/call.py",
+            "benchmarks/gpu/gather_wheels.sh"} <= set(doc["scripts"])
     assert "gpu kit check: ok" in proc.stderr
 
 
@@ -63,6 +71,9 @@ def _gathered(folder: Path) -> None:
     (folder / "deb").mkdir()
     for deb in kit.DEBS:
         (folder / "deb" / f"{deb}_0.3.113-4_amd64.deb").write_bytes(b"!")
+    (folder / "src").mkdir()
+    for name, version in kit.BUILT_WHEELS.items():
+        (folder / "src" / f"{name}-{version}.tar.gz").write_bytes(b"!")
 
 
 def test_verify_accepts_the_listed_folder(tmp_path: Path) -> None:
@@ -83,6 +94,16 @@ def test_verify_flags_a_second_version_an_unlisted_wheel_and_an_uncovered_need(t
     # Markers are read for the GPU machine: the Windows-only and extra-only needs are not needs there.
     uncovered = [p for p in problems if "needs" in p]
     assert uncovered == ["stray-1.0-py3-none-any.whl needs nothere: neither in the image nor gathered"]
+
+
+def test_verify_wants_the_sdist_and_built_files_for_the_gpus_python(tmp_path: Path) -> None:
+    _gathered(tmp_path)
+    (tmp_path / "src" / "deepspeed-0.19.8.tar.gz").unlink()
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "_aio_ext.cpython-311-x86_64-linux-gnu.so").write_bytes(b"!")
+    problems = kit.verify(tmp_path)["problems"]
+    assert any(p.startswith("deepspeed: no sdist src/deepspeed-0.19.8.tar.gz") for p in problems)
+    assert "ops/_aio_ext.cpython-311-x86_64-linux-gnu.so: built for another Python than the GPU's cp312" in problems
 
 
 def test_junit_summary_counts_and_names_failures(tmp_path: Path) -> None:
@@ -134,3 +155,262 @@ def test_ci_runs_the_check_after_the_test_command() -> None:
     lines = (ROOT / ".ci/run").read_text().splitlines()
     check = lines.index("bash benchmarks/gpu/run.sh --check >/dev/null")
     assert check > next(i for i, line in enumerate(lines) if line.endswith("python -m pytest -q"))
+
+
+FAKE_STAGE = """
+import json, os, pathlib, sys, time
+stage = sys.argv[1]
+work, out = pathlib.Path(os.environ["GPUKIT_WORK"]), pathlib.Path(os.environ["GPUKIT_OUT"])
+merged = json.loads((out / "gpu-results.json").read_text()) if (out / "gpu-results.json").exists() else {}
+with (work / "order.txt").open("a") as f:
+    f.write(json.dumps([stage, sorted(k for k in merged if k != "kit"), os.environ["GPUKIT_DEADLINE"]]) + "\\n")
+print("fake stage", stage, flush=True)
+time.sleep(float(os.environ.get("FAKE_SLEEP_" + stage, "0")))
+(work / f"{stage}.json").write_text(json.dumps({"ok": stage != os.environ.get("FAKE_FAIL"), "stage": stage}))
+"""
+
+
+def _fake_call(tmp_path: Path, stages: list[str], budget: float, **env: str) -> tuple[dict, list, Path]:
+    script = tmp_path / "stage.py"
+    script.write_text(FAKE_STAGE)
+    work, out = tmp_path / "work", tmp_path / "out"
+    environ = {**os.environ, "GPUKIT_WORK": str(work), "GPUKIT_OUT": str(out), **env}
+    record = call.run_call(stages, budget, work, out, [sys.executable, str(script)], environ)
+    order = [json.loads(line) for line in (work / "order.txt").read_text().splitlines()] if (work / "order.txt").exists() else []
+    return record, order, out
+
+
+def test_the_call_runs_its_stages_in_order_and_merges_each_into_out_as_it_ends(tmp_path: Path) -> None:
+    stages = list(kit.STAGES)
+    record, order, out = _fake_call(tmp_path, stages, budget=3600, FAKE_FAIL="nvme")
+    assert [o[0] for o in order] == stages
+    # When each stage starts, OUT already holds every stage before it (and the kit's record).
+    for i, (stage, merged, _) in enumerate(order):
+        assert merged == sorted(stages[:i]), stage
+    results = json.loads((out / "gpu-results.json").read_text())
+    assert {s: results[s]["stage"] for s in stages} == {s: s for s in stages}
+    assert record["ran"]["nvme"]["status"] == "failed" and record["ran"]["offload"]["status"] == "ok"
+    assert results["kit"]["ran"] == record["ran"] and record["skipped"] == []
+    log = (out / "run.log").read_text()
+    assert "fake stage install" in log and "== stage device: ok (exit 0)" in log
+    assert log.splitlines()[-1].startswith("run.sh: 9 stage(s) ran") and "failed: nvme" in log
+    assert "## On a GPU" in (out / "gpu-results.md").read_text()
+
+
+def test_the_budget_comes_from_the_caller_and_stages_that_no_longer_fit_are_skipped_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each stage taking its planned H200 seconds (a simulated clock): after install, build and
+    offload (330 s) nvme starts with the 80 s left of 420 (less the finishing margin), and the
+    stages after it are skipped and named."""
+    assert call.call_budget_s({}) == kit.CALL_BUDGET_S == 420
+    assert call.call_budget_s({"CALL_BUDGET_S": "300"}) == 300
+    with pytest.raises(SystemExit, match="CALL_BUDGET_S='7 min' is not a number of seconds"):
+        call.call_budget_s({"CALL_BUDGET_S": "7 min"})
+    now = [0.0]
+    limits: dict[str, float] = {}
+
+    def fake_stage(cmd: list[str], limit_s: float, env: dict, log: call.Log) -> tuple[int, float]:
+        stage = cmd[-1]
+        limits[stage] = limit_s
+        now[0] += kit.STAGES[stage].h200_s
+        (tmp_path / f"{stage}.json").write_text(json.dumps({"ok": True}))
+        return 0, kit.STAGES[stage].h200_s
+
+    monkeypatch.setattr(call, "run_stage", fake_stage)
+    budget = call.call_budget_s({"CALL_BUDGET_S": "420"})
+    record = call.run_call(list(kit.STAGES), budget, tmp_path, tmp_path / "out", ["stage"], {}, clock=lambda: now[0])
+    assert list(record["ran"]) == ["install", "build", "offload", "nvme"]
+    assert record["skipped"] == ["planner", "staged", "pytest", "parity", "device"]
+    assert limits["install"] == kit.STAGES["install"].cap_s and limits["nvme"] == 80
+    log = (tmp_path / "out" / "run.log").read_text()
+    assert "== stage planner: skipped, 0 s left of the call and it needs 60 s" in log
+    assert "skipped, the call's budget of 420 s was spent: planner staged pytest parity device" in log
+    assert json.loads((tmp_path / "out" / "gpu-results.json").read_text())["kit"]["skipped"] == record["skipped"]
+    # With the built ops carried (build in seconds), the planner chains start too.
+    now[0] = 0.0
+    monkeypatch.setitem(kit.STAGES, "build", kit.STAGES["build"]._replace(h200_s=5))
+    record = call.run_call(list(kit.STAGES), budget, tmp_path, tmp_path / "out2", ["stage"], {}, clock=lambda: now[0])
+    assert list(record["ran"])[:5] == ["install", "build", "offload", "nvme", "planner"]
+    # The budget counts from run.sh's start: what went before call.py is spent.
+    record = call.run_call(["install"], budget, tmp_path, tmp_path / "out3", ["stage"], {}, clock=lambda: 0.0, spent_s=400)
+    assert record["skipped"] == ["install"]
+
+
+def test_a_dry_run_gives_the_build_its_cpu_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    limits: dict[str, float] = {}
+
+    def fake_stage(cmd: list[str], limit_s: float, env: dict, log: call.Log) -> tuple[int, float]:
+        limits[cmd[-1]] = limit_s
+        return 0, 1.0
+
+    monkeypatch.setattr(call, "run_stage", fake_stage)
+    call.run_call(["build"], 2400, tmp_path, tmp_path / "out", ["stage"], {}, clock=lambda: 0.0)
+    assert kit.STAGES["build"].dry_cap_s > 2400 > kit.STAGES["build"].cap_s
+    assert limits["build"] == kit.STAGES["build"].cap_s  # the second call, on the GPU: its cap
+    call.run_call(["build"], 2400, tmp_path, tmp_path / "out", ["stage"], {"GPUKIT_DRY_RUN": "1"}, clock=lambda: 0.0)
+    assert limits["build"] == 2400 - kit.FINISH_MARGIN_S  # the dry run: what is left of its budget
+
+
+def test_a_stage_past_its_limit_is_stopped_and_what_it_published_is_kept(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(kit.STAGES, "offload", kit.Stage("sleeps", 1, 0, 1))
+    record, order, out = _fake_call(tmp_path, ["offload", "parity"], budget=3600, FAKE_SLEEP_offload="30")
+    assert record["ran"]["offload"]["status"] == "stopped at its limit" and record["ran"]["offload"]["seconds"] < 15
+    assert record["ran"]["parity"]["status"] == "ok"
+    # The deadline the stage was told is its limit from its start.
+    assert abs(float(order[0][2]) - time.time()) < 60
+    results = json.loads((out / "gpu-results.json").read_text())
+    assert results["offload"]["ok"] is False and "stopped at its limit" in results["offload"]["error"]
+
+
+def test_the_build_fails_by_name_when_an_op_would_jit_or_the_extension_does_not_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DeepSpeed's setup.py leaves an op it cannot build out with a warning only: installed_ops says so.
+    probe = {"deepspeed": "/site/deepspeed/__init__.py", "accelerator": "cuda", "built_for": "cuda",
+             "ops": {"cpu_adam": {"in_wheel": True, "ok": True}, "async_io": {"in_wheel": False, "ok": False},
+                     "pin_memory": {"in_wheel": True, "ok": False, "error": "OSError: libaio.so.1"}}}
+    problems = build_ops.missing_ops(probe)
+    assert problems == ["async_io: not prebuilt in /site/deepspeed/__init__.py (installed_ops), so DeepSpeed would JIT-build it",
+                        "pin_memory: prebuilt but does not load: OSError: libaio.so.1"]
+    ready = {**probe, "ops": dict.fromkeys(build_ops.DEEPSPEED_OPS, {"in_wheel": True, "ok": True})}
+    assert build_ops.missing_ops(ready) == []
+    assert build_ops.missing_ops({**ready, "built_for": "cpu"}) == ["ops built for accelerator 'cpu', running on 'cuda'"]
+
+    def failing(cmd: list[str], env=None, cwd=None):  # noqa: ANN001, ANN202 - the compiler is missing
+        return subprocess.CompletedProcess(cmd, 1, "", "error: command 'g++' failed: No such file or directory")
+
+    monkeypatch.setattr(build_ops, "run", failing)
+    doc = build_ops.aio_extension(tmp_path)
+    assert not doc["ok"] and doc["error"].startswith("runtime._aio_ext failed to build or import: error: command 'g++'")
+
+
+def test_the_build_stage_exits_non_zero_naming_the_ops_it_could_not_prebuild(tmp_path: Path) -> None:
+    """Here DeepSpeed is installed without prebuilt ops and no sdist is carried: the stage names both."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/build_ops.py"), "--wheels", str(tmp_path / "none"),
+                           "--work", str(work), "--out", str(out), "--site", str(tmp_path / "site"),
+                           "--json", str(tmp_path / "build.json")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "build.json").read_text())
+    assert doc["aio_ext"]["ok"] and not doc["ok"]
+    assert "build: FAILED: deepspeed cpu_adam: not prebuilt" in proc.stderr
+    assert "build: FAILED: deepspeed async_io: not prebuilt" in proc.stderr
+    assert f"no DeepSpeed sdist in {tmp_path / 'none' / 'src'}" in proc.stderr
+
+
+def test_the_nvme_stage_refuses_to_run_without_deepspeed_or_on_the_python_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_llama
+
+    from runtime.nvme import engine
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` raises ImportError
+    assert bench_llama.nvme_refusal(require_prebuilt=False).startswith("nvme: DeepSpeed is not installed")
+    monkeypatch.delitem(sys.modules, "deepspeed")
+    monkeypatch.setattr(engine, "extension_available", lambda: False)
+    refusal = bench_llama.nvme_refusal(require_prebuilt=False)
+    assert "runtime._aio_ext is not built" in refusal and "runtime/nvme/pyengine.py" in refusal
+
+
+def test_the_nvme_stage_run_without_deepspeed_fails_with_one_line(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow" / "deepspeed"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('DeepSpeed is not on this machine')\n")
+    out = tmp_path / "nvme.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/bench_llama.py"), "nvme", "--profile", "dry",
+                           "--nvme-path", str(tmp_path / "nvme"), "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": f"{tmp_path / 'shadow'}:{ROOT}"}, timeout=120)
+    assert proc.returncode == 1
+    assert json.loads(out.read_text())["error"] == ("nvme: DeepSpeed is not installed (DeepSpeed is not on this machine): "
+                                                    "the stage compares with its ZeRO-Infinity; run the install stage")
+
+
+def _shape(ratios: dict[str, float], seq: int = 4096, **extra: object) -> dict:
+    return {"seq": seq, "batch": 4, "tokens_per_step": seq * 4, "ratios": ratios, **extra}
+
+
+def test_the_must_shows_are_read_off_the_results_as_met_or_not_with_the_numbers() -> None:
+    ratio = report.RATIO.format
+    doc = {"offload": {"shapes": {"seq 4096 x batch 4": _shape({ratio("ours-cpu", "fsdp2-cpu"): 0.75,
+                                                                 ratio("ours-cpu", "deepspeed-cpu"): 0.82,
+                                                                 report.GPU_SHARE: 0.55}),
+                                  "seq 2048 x batch 8": _shape({ratio("ours-cpu", "fsdp2-cpu"): 0.7,
+                                                                report.GPU_SHARE: 0.3}, seq=2048)}},
+           "nvme": {"shapes": {"seq 4096 x batch 1": _shape({ratio("ours-nvme", "deepspeed-nvme"): 0.5},
+                                                            **{report.ROOFLINE: {"median": 1.25}})}},
+           "planner": {"chains": {"cpu": {"compare": {"metrics": [
+               {"metric": "phase_time_s.forward", "relative_error": -0.1, "measured": 0.2},
+               {"metric": "phase_time_s.optimizer", "relative_error": 0.05, "measured": 0.3},
+               {"metric": "iteration_time_s", "relative_error": 0.9, "measured": 1.0}]}}}},
+           "pytest": {"passed": 31, "failed": 0, "errors": 0}}
+    shows = {m.claim: m for m in report.must_shows(doc)}
+    assert shows["host-memory tier step vs FSDP2 CPUOffloadPolicy"].met is True
+    assert shows["host-memory tier step vs FSDP2 CPUOffloadPolicy"].measured == "0.750 at seq 4096 x batch 4; 0.700 at seq 2048 x batch 8"
+    assert shows["host-memory tier step vs DeepSpeed ZeRO-3 CPU offload"].met is False
+    # Read at seq 4096 only (0.55), not at 2048 (0.3).
+    assert shows["host-memory tier throughput vs all-on-GPU, seq 4096"].met is True
+    assert shows["NVMe tier step vs DeepSpeed ZeRO-Infinity"].met is True
+    assert shows["NVMe tier step vs its NVMe roofline"].met is False
+    planner = shows["planner probe -> fit -> run -> compare, per phase"]
+    assert planner.met is None and "nvme, device not measured" in planner.measured and "forward -10%" in planner.measured
+    assert shows["pytest -m gpu"].met is True
+    text = report.markdown(doc)
+    assert "| NVMe tier step vs its NVMe roofline | <= 1.2x | 1.250 at seq 4096 x batch 1 | **not met** |" in text
+    assert report.must_shows({})[0].met is None
+
+
+def test_publish_merges_one_stage_at_a_time_and_rewrites_the_markdown(tmp_path: Path) -> None:
+    report.publish(tmp_path, "env", {"gpu": "NVIDIA H100 80GB HBM3"})
+    whole = report.publish(tmp_path, "pytest", {"passed": 3, "failed": 1, "errors": 0, "failures": ["t::x"]})
+    assert set(whole) == {"env", "pytest"} == set(json.loads((tmp_path / "gpu-results.json").read_text()))
+    md = (tmp_path / "gpu-results.md").read_text()
+    assert "NVIDIA H100 80GB HBM3" in md and "`pytest -m gpu`: 3 passed, 1 failed" in md
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_offload_stage_on_the_cpu_measures_every_shape_and_publishes_after_each(tmp_path: Path) -> None:
+    """bench_llama.py's dry profile (a few-thousand-parameter Llama, the emulated device) with ours
+    on both tiers and plain torch: same weights (same first loss), both shapes, the ratios, and the
+    document in OUT after the run."""
+    out_dir, doc_path = tmp_path / "out", tmp_path / "offload.json"
+    env = {**os.environ, "GPUKIT_WORK": str(tmp_path), "GPUKIT_OUT": str(out_dir), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/bench_llama.py"), "offload", "--profile", "dry",
+                           "--systems", "ours-cpu,ours-gpu,plain", "--out", str(doc_path)], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(doc_path.read_text())
+    assert list(doc["shapes"]) == ["seq 128 x batch 2", "seq 64 x batch 4"] and doc["ok"]
+    for shape in doc["shapes"].values():
+        firsts = {round(s["first_losses"][0], 3) for s in shape["summary"].values()}
+        assert len(firsts) == 1  # one starting model for every system
+        assert report.GPU_SHARE in shape["ratios"] and report.RATIO.format("ours-cpu", "plain") in shape["ratios"]
+    assert doc["plans"]["ours-cpu"]["placement"] == {"params": "cpu", "gradients": "cpu", "optimizer_states": "cpu",
+                                                     "recompute_inputs": "cpu"}
+    published = json.loads((out_dir / "gpu-results.json").read_text())["offload"]
+    assert list(published["shapes"]) == list(doc["shapes"])
+
+
+def test_a_system_whose_step_fails_is_dropped_by_name_and_the_others_are_measured() -> None:
+    import bench_llama
+    import torch
+
+    calls = {"a": 0}
+
+    def steady(tokens: torch.Tensor) -> float:
+        return 1.0
+
+    def breaks_in_the_second_measured_step(tokens: torch.Tensor) -> float:
+        calls["a"] += 1
+        if calls["a"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return 2.0
+
+    sizing = bench_llama.Sizing({}, (bench_llama.Shape(8, 2),), warmup=1, steps=3, hardware="cpu-dev-2core")
+    steps = {"ours-cpu": steady, "plain": breaks_in_the_second_measured_step, "fsdp2-cpu": steady}
+    raw = bench_llama.measure_shape(steps, sizing.shapes[0], sizing, torch.device("cpu"), vocab=16)
+    assert raw["failed"] == {"plain": "OutOfMemoryError: CUDA out of memory"}
+    doc = bench_llama.summarise(raw, {})
+    assert set(doc["summary"]) == {"ours-cpu", "fsdp2-cpu"} and len(doc["summary"]["ours-cpu"]["step_times_s"]) == 3
+    assert list(doc["ratios"]) == [report.RATIO.format("ours-cpu", "fsdp2-cpu")]
+    assert "`plain`: OutOfMemoryError" in report.markdown({"offload": {"model": "m", "warmup_steps": 1, "measured_steps": 3,
+                                                                         "shapes": {"seq 8 x batch 2": doc}}})

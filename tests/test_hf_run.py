@@ -1,4 +1,4 @@
-"""Your Hugging Face model through `planner run` (issue 27 items 3 and 4's `--init-from`).
+"""Your Hugging Face model through `planner run`, and `--init-from` (README.md).
 
 A tiny Llama config (GQA) goes through `fit` -> `run --model` and trains; `runtime.shard` and `run`
 refuse a model that is not the plan's, in one line; `--init-from` a folder written by transformers'
@@ -22,9 +22,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 import runtime  # noqa: E402
-from planner.catalog import model_presets, published_hf_config  # noqa: E402
-from planner.errors import PlannerError  # noqa: E402
-from planner.plan import load_plan  # noqa: E402
+from planner.specs.catalog import model_presets, published_hf_config  # noqa: E402
+from planner.specs.errors import PlannerError  # noqa: E402
+from planner.specs.plan import load_plan  # noqa: E402
 from runtime import hf_model  # noqa: E402
 from runtime.model_check import ModelMismatch, check_model  # noqa: E402
 
@@ -49,7 +49,7 @@ def _write_config(folder: Path, **changes: Any) -> Path:
 
 
 def _fit(config: Path, out: Path) -> Path:
-    """`planner fit CONFIG` for the 2-core development machine, fp32, the run's batch and sequence."""
+    """`planner fit CONFIG` for the 2-core CPU preset (`cpu-dev-2core`), fp32, the run's batch and sequence."""
     done = _planner("fit", str(config), "--hardware", "cpu-dev-2core", "--gpus", "1", "--precision", "fp32",
                     "--seq", str(SEQ), "--batch-per-gpu", str(BATCH), "--out", str(out), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -170,7 +170,7 @@ def test_the_cli_and_runtime_count_a_model_as_its_plan_does(name: str) -> None:
     """[Note: what a spec counts]: a model from a config equals the spec made from that config; the CLI's
     count from the spec (`ModelShape.of_model_spec`) is the runtime's count of the model under a plan
     of the config's spec and under paper-style plans (no vectors; no embeddings with vocab 0)."""
-    from planner.hf_config import spec_from_hf_config
+    from planner.specs.hf_config import spec_from_hf_config
     from runtime.model_check import ModelShape, shape_of
 
     config = COUNTED[name]
@@ -184,7 +184,7 @@ def test_the_cli_and_runtime_count_a_model_as_its_plan_does(name: str) -> None:
 
 
 def test_the_reference_gpt_is_its_plans_model_with_and_without_embeddings() -> None:
-    from planner.model import ModelSpec
+    from planner.specs.model import ModelSpec
     from runtime.gpt import GPT, GPTConfig
 
     for vocab in (64, 0):  # vocab 0: the paper's accounting (the GPT then has 256 byte tokens, uncounted)
@@ -287,7 +287,7 @@ def test_run_init_from_a_sharded_folder_on_two_ranks_starts_from_its_weights(tmp
 
 
 def test_config_in_weights_out_through_the_cli(plan: Path, tmp_path: Path) -> None:
-    """Issue 27's path end to end: a config.json -> `fit` -> `run --model` (checkpointed) -> `export`
+    """A Hugging Face user's path end to end: a config.json -> `fit` -> `run --model` (checkpointed) -> `export`
     -> `from_pretrained` loads it with empty loading info and gives the runtime's logits (the run's
     model restored from the same checkpoint) to 1e-5 in fp32; then `run --init-from` the exported
     folder starts from exactly those weights."""
@@ -329,7 +329,7 @@ def test_config_in_weights_out_through_the_cli(plan: Path, tmp_path: Path) -> No
 def test_a_position_table_as_long_as_the_vocabulary_is_not_the_token_table() -> None:
     """The reference GPT with seq_len == vocab_size (a probe's reference run) has two 256-row tables:
     only the first (the tokens') is what a paper-style spec counts."""
-    from planner.model import ModelSpec
+    from planner.specs.model import ModelSpec
     from runtime.gpt import GPT, GPTConfig
 
     spec = ModelSpec(name="seq-is-vocab", num_layers=3, hidden_size=448, num_heads=7, seq_len=256, vocab_size=256)

@@ -1,5 +1,5 @@
 """One memory vocabulary and one phase vocabulary: the bill, the simulator and the runtime name the
-same terms (planner/memory_terms.py [Note: adding a memory buffer]), and every phase is a `Phase`."""
+same terms (planner/specs/memory_terms.py [Note: adding a memory buffer]), and every phase is a `Phase`."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.memory import memory_bill, runtime_buffer_peak_bytes
-from planner.memory_terms import MemoryTerm, describe
-from planner.model import ModelSpec
-from planner.phases import PHASES, Phase
-from planner.plan import TIERS, Placement, Plan
+from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
+from planner.cost.throughput import estimate
 from planner.sim.engine import Simulation
 from planner.sim.report import simulate
-from planner.throughput import estimate
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm, describe
+from planner.specs.model import ModelSpec
+from planner.specs.phases import PHASES, Phase
+from planner.specs.plan import TIERS, Placement, Plan
 
 SMALL = ModelSpec(name="small", num_layers=4, hidden_size=256, num_heads=4, seq_len=64, vocab_size=512)
 ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
@@ -26,7 +26,7 @@ def _plans() -> dict[str, Plan]:
     """Between them, plans that bill every term (a new term needs a plan here that bills it)."""
     node = resolve_hardware("dgx-h100")
     return {
-        # bf16 on 8 GPUs, states and checkpoints on the host, depth 2: the GPU's staging and working terms.
+        # bf16 on 8 GPUs, states and recompute inputs on the host, depth 2: the GPU's staging and working terms.
         "bf16-cpu-depth2": Plan(model=resolve_model("gpt3-1.3b"), node=node, num_gpus=8, strategy="custom",
                                 placement=ALL_CPU, prefetch_depth=2),
         # The same with its host shards pinned once: the gradients' landing buffers.
@@ -40,7 +40,7 @@ def _plans() -> dict[str, Plan]:
         "small-nvme": Plan(model=SMALL, node=node, num_gpus=8, strategy="custom", placement=ALL_NVME, prefetch_depth=3),
         "small-nvme-in-backward": Plan(model=SMALL, node=node, num_gpus=8, strategy="custom", placement=ALL_NVME,
                                        prefetch_depth=3, optimizer_step="in_backward"),
-        # Context parallel: the ring attention's KV blocks (planner/context_parallel.py).
+        # Context parallel: the ring attention's KV blocks (planner/cost/context_parallel.py).
         "cp2-flash": Plan(model=resolve_model("llama-3-8b"), node=node, num_gpus=8, strategy="3d",
                           placement=Placement(), micro_batch_per_gpu=0.5, recompute_interval=0,
                           context_parallel_degree=2),
@@ -75,7 +75,7 @@ SIMULATED = {MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.RECOMPUT
              MemoryTerm.GRADIENT_OFFLOAD_STAGING, MemoryTerm.PARAM_SWAP_BUFFERS, MemoryTerm.OPTIMIZER_SWAP_BUFFERS,
              MemoryTerm.GRADIENT_SWAP_BUFFERS}
 """What the simulator schedules of the small plans (bf16: no `gradients`). It charges every gathered
-operator to `mswm` (prefetched or in use), a checkpoint's GPU copy to `recompute_inputs`, and
+operator to `mswm` (prefetched or in use), a recompute input's GPU copy to `recompute_inputs`, and
 leaves out the logits, the allocator's slack and the runtime's bookkeeping."""
 
 
@@ -83,7 +83,7 @@ def test_simulator_terms_are_in_the_vocabulary():
     held: set[MemoryTerm] = set()
     for name in (name for name in PLANS if name.startswith("small")):
         sim = Simulation(PLANS[name]).run()
-        for tracker in (sim.gpu, sim.cpu, sim.nvme):
+        for tracker in sim.trackers.values():
             for term in set(tracker.by_term) | {t for _, terms in tracker.windows for t in terms}:
                 assert isinstance(term, MemoryTerm), (name, tracker.name, term)
                 assert tracker.name in term.tiers, (name, tracker.name, term)

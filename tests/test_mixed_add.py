@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import runtime.transfer.mixed_add as mixed_add
-from planner.memory import PinnedPoolShape
+from planner.cost.memory import PinnedPoolShape
 from runtime.ledger import MemoryLedger
 from runtime.optim.loss_scaling import not_finite
 from runtime.transfer.host_store import HostStore

@@ -19,7 +19,8 @@ SMALL_BLOCK = 16 << 10  # small blocks so that modest requests split into many
 
 
 def test_extension_and_io_uring_are_built_here():
-    # The project machine has a compiler and io_uring; the other tests rely on both backends.
+    # The suite's install builds the extension (a compiler is required) on a kernel with io_uring; the other
+    # tests rely on both backends.
     assert io_uring_available()
     assert IOEngine(EngineConfig()).backend == "io_uring"  # what `auto` picks when it can
 

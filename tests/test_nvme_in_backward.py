@@ -50,7 +50,7 @@ def test_in_backward_training_is_bitwise_after_backward_training(placement: dict
 
 
 @pytest.mark.parametrize("ci", [1, 2])
-def test_checkpointed_in_backward_training_is_bitwise(ci: int, tmp_path: Path) -> None:
+def test_recomputed_in_backward_training_is_bitwise(ci: int, tmp_path: Path) -> None:
     assert_bitwise(train(ALL_CPU, None, recompute_interval=ci),
                    train(ALL_NVME, str(tmp_path), recompute_interval=ci, prefetch_depth=3, **IN_BACKWARD))
 
@@ -134,8 +134,8 @@ def test_a_backward_without_an_optimizer_is_refused(tmp_path: Path) -> None:
 
 
 def test_fp16_in_backward_is_refused_by_the_plan() -> None:
-    from planner.errors import PlannerError
-    from planner.plan import Plan
+    from planner.specs.errors import PlannerError
+    from planner.specs.plan import Plan
 
     with pytest.raises(PlannerError, match="optimizer_step in_backward cannot run with precision fp16"):
         Plan.from_dict(plan_doc(placement=ALL_CPU, precision="fp16", **IN_BACKWARD))
@@ -199,8 +199,8 @@ def test_states_are_read_ahead_from_the_forwards_tail(tmp_path: Path) -> None:
 def test_memory_bill_has_no_gradient_terms_and_the_ledger_agrees(tmp_path: Path) -> None:
     """With the states on NVMe the bill holds no gradient shard and no gradient staging (planner
     `stores_gradients`), and neither does the runtime's ledger; the states' terms agree."""
-    from planner.memory import memory_bill
-    from planner.plan import Plan
+    from planner.cost.memory import memory_bill
+    from planner.specs.plan import Plan
 
     doc = plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path), prefetch_depth=3, **SMALL_CHUNKS, **IN_BACKWARD)
     bill = memory_bill(Plan.from_dict(doc)).terms

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.hardware import NodeSpec
+from planner.specs.hardware import NodeSpec
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = {
@@ -160,10 +160,10 @@ def test_the_compute_probe_measures_in_full_only_the_dtypes_near_the_best(monkey
 
 def test_the_attention_probe_counts_flops_as_the_planner_times_a_fused_kernel(monkeypatch):
     # [Note: the CPU's fused attention]: forward half the causal square (4 b s^2 q / 2), backward 2.5 x that,
-    # the count planner/kernels.py's attention_flops uses for `attention: flash`; the times are given,
+    # the count planner/cost/kernels.py's attention_flops uses for `attention: flash`; the times are given,
     # one per sequence length, and the spec's curve is each rate over the best.
     torch = pytest.importorskip("torch")
-    from planner.hardware import NodeSpec
+    from planner.specs.hardware import NodeSpec
     from runtime import probe
 
     monkeypatch.setattr(probe, "ATTENTION_HEADS", 2)
@@ -180,7 +180,7 @@ def test_the_attention_probe_counts_flops_as_the_planner_times_a_fused_kernel(mo
     assert points == [{"seq_len": 8, "efficiency": pytest.approx(round(flops[8] / 0.5 / (flops[32] / 0.25), 4))},
                       {"seq_len": 32, "efficiency": 1.0}]
     # The points are a valid `efficiency.attention` curve of a spec.
-    from planner.catalog import hardware_presets
+    from planner.specs.catalog import hardware_presets
 
     doc = hardware_presets()["dgx-a100-80g"].to_dict()
     node = NodeSpec.from_dict(dict(doc, efficiency=dict(doc.get("efficiency", {}), attention=points)), "probed spec")
@@ -190,11 +190,11 @@ def test_the_attention_probe_counts_flops_as_the_planner_times_a_fused_kernel(mo
 
 def test_the_kernel_probe_counts_bytes_as_the_planner_bills_a_blocks_memory_bound_kernels(monkeypatch):
     # [Note: the CPU's memory-bound kernels]: two norms, two residual adds and GELU, forward and
-    # backward, the bytes planner/kernels.py's kernel_bytes gives a GPT block; the time is given.
+    # backward, the bytes planner/cost/kernels.py's kernel_bytes gives a GPT block; the time is given.
     torch = pytest.importorskip("torch")
-    from planner.catalog import hardware_presets
-    from planner.kernels import kernel_bytes
-    from planner.plan import Plan
+    from planner.cost.kernels import kernel_bytes
+    from planner.specs.catalog import hardware_presets
+    from planner.specs.plan import Plan
     from runtime import probe
 
     monkeypatch.setattr(probe, "_median_time_s", lambda run, *, repeats, warmup=1: (run(), 0.25)[1])

@@ -349,7 +349,7 @@ def _deferred_store(tmp_path, monkeypatch, name: str, **space_kwargs):  # noqa: 
 
 def test_gradient_store_keeps_the_bills_writes_in_flight(tmp_path, monkeypatch):
     """The gradient store stages up to `gradient_write_buffers` writes before waiting for one, and
-    then waits for the oldest only ([Note: gradient write buffers] in planner/memory.py): writes
+    then waits for the oldest only ([Note: gradient write buffers] in planner/cost/memory.py): writes
     here start only when waited, so what the store waits for is visible."""
     import torch
 

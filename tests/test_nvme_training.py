@@ -23,7 +23,7 @@ from runtime_support import (
     plan_doc,
 )
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from runtime.process_exit import leave
 
 ALL_NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
@@ -76,7 +76,7 @@ def test_nvme_training_is_bitwise_cpu_training(placement: dict[str, str], depth:
 
 
 @pytest.mark.parametrize("ci", [1, 2])
-def test_checkpointed_nvme_training_is_bitwise_cpu_training(ci: int, tmp_path: Path) -> None:
+def test_recomputed_nvme_training_is_bitwise_cpu_training(ci: int, tmp_path: Path) -> None:
     """Recompute gathers each unit, frees its buffer in place after the use and refills it for the
     unit's backward ([Note: recompute releases parameters]): the same bits as in host memory."""
     assert_bitwise(train(ALL_CPU, None, recompute_interval=ci),
@@ -86,7 +86,7 @@ def test_checkpointed_nvme_training_is_bitwise_cpu_training(ci: int, tmp_path: P
 def test_one_rank_prefetch_never_waits_for_a_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """[Note: one rank does not wait ahead]: with every read still in flight when the prefetcher
     wants to gather it (forced here), operator i's use never waits for operator i+1's read, and
-    training is still bitwise that in host memory (checkpointed too, where units are gathered for
+    training is still bitwise that in host memory (with recompute too, where units are gathered for
     recompute and backward)."""
     from runtime.nvme import engine
     from runtime.transfer import nvme_store, stores
@@ -214,10 +214,10 @@ def test_host_memory_of_an_nvme_step_stays_within_the_plans_budget(layers: int, 
     """Models whose states on NVMe are many times the plan's host budget (h=256; 16 layers: 10x, 48
     layers: 18x): the ledger's host peak and the measured anonymous RSS growth during 3 steps both
     stay within that budget, however deep the model (the bill's `runtime_bookkeeping` is what each
-    operator's objects cost; without it RSS outgrew the bill by ~0.26 MB per layer), and however many
+    operator's objects cost; without it RSS outgrew the bill with every layer), and however many
     blocks a recompute segment has (before [Note: recompute releases parameters], a segment's
-    parameters stayed gathered from its recompute to their backward: at 4 blocks per segment the
-    ledger measured 26.8 MB against a budget of 18.9 MB).
+    parameters stayed gathered from its recompute to their backward, and at 4 blocks per segment the
+    ledger's peak was over the budget: docs/notes/2026-11-22-runtime-source-measurements.md).
 
     The probe (runtime/memory_probe.py) runs in its own process with glibc's mmap threshold fixed
     (runtime_support.nvme_step_host_memory)."""
@@ -231,7 +231,7 @@ def test_host_memory_of_an_nvme_step_stays_within_the_plans_budget(layers: int, 
 
 def test_states_written_between_steps_are_read_afresh(tmp_path: Path) -> None:
     """Backward reads the step's first chunks ahead; writing a master shard in between (as loading
-    a checkpoint does) must make the step use what was written, bit for bit as in host memory."""
+    a training checkpoint does) must make the step use what was written, bit for bit as in host memory."""
     import runtime
     from runtime.sharding import state_of
 
@@ -257,7 +257,7 @@ def test_states_written_between_steps_are_read_afresh(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("depth", [1, 3])
-def test_forward_without_checkpointing_keeps_no_parameter_reads_for_backward(depth: int, tmp_path: Path) -> None:
+def test_forward_without_recompute_keeps_no_parameter_reads_for_backward(depth: int, tmp_path: Path) -> None:
     """[Note: saved parameters]: what autograd saves of a weight must not pin the buffer the weight was
     read into. Before, every unit's read buffer stayed alive from its forward to its backward, so at
     the end of forward the whole model's parameters were in host memory."""
@@ -289,8 +289,8 @@ def test_gradient_write_buffers_are_the_bills(depth: int, tmp_path: Path) -> Non
     """The runtime stages as many gradient writes as the memory bill holds buffers for: 2, or
     min(depth, 3) + 1 with parameters on NVMe ([Note: gradient write buffers])."""
     import runtime
-    from planner.memory import gradient_write_buffers, memory_bill
-    from planner.plan import Plan
+    from planner.cost.memory import gradient_write_buffers, memory_bill
+    from planner.specs.plan import Plan
     from runtime.sharding import state_of
 
     doc = plan_doc(placement=ALL_NVME, nvme_path=str(tmp_path), prefetch_depth=depth, **SMALL_CHUNKS)
@@ -345,7 +345,7 @@ def test_the_backward_reads_no_shard_the_forward_kept(tmp_path: Path) -> None:
             kept = {forward[-1], forward[-2], forward[-5]}
             in_backward = [key for phase, key in reads if phase == "BACKWARD"]
             assert sorted(in_backward) == sorted(set(forward) - kept)
-            # The bill's host swap buffers (planner/memory.py, for this model): two of the largest shard.
+            # The bill's host swap buffers (planner/cost/memory.py, for this model): two of the largest shard.
             largest = -(-max(u.layout.shard_numel for u in st.units) * 4 // 4096) * 4096
             peaks = st.ledger.usage("cpu").term_peaks
             assert largest < peaks["param_swap_buffers"] <= 2 * largest

@@ -10,9 +10,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_planner_imports_no_torch():
     code = (
-        "import sys, tierwise.cli, planner.search, planner.memory, planner.throughput, planner.deepspeed_config, "
-        "planner.max_size, planner.report; "
-        "from planner.catalog import resolve_model; resolve_model('1T'); "
+        "import sys, tierwise.cli, planner.search.search, planner.cost.memory, planner.cost.throughput, planner.output.deepspeed_config, "
+        "planner.search.max_size, planner.output.report; "
+        "from planner.specs.catalog import resolve_model; resolve_model('1T'); "
         "bad = [m for m in ('torch', 'deepspeed', 'numpy') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,5 +1,5 @@
-"""The pinned staging pool (issue 25 item 1; [Note: staged host copies] in runtime/transfer/pinned_pool.py and
-[Note: the pinned staging pool] in planner/memory.py): CPU-tier state is pageable, every host<->device
+"""The pinned staging pool ([Note: staged host copies] in runtime/transfer/pinned_pool.py and
+[Note: the pinned staging pool] in planner/cost/memory.py): CPU-tier state is pageable, every host<->device
 copy of it goes through a few reused buffers, their number and size come from the plan, and the bill
 charges exactly what the runtime holds.
 
@@ -17,11 +17,11 @@ import torch
 from runtime_support import ALL_CPU, ALL_DEVICE, HARDWARE, batches, build_model, plan_doc, run_distributed
 
 import runtime
-from planner.catalog import resolve_hardware, resolve_model
-from planner.memory import PinnedPoolShape, largest_unit_params, memory_bill, pinned_staging_pool
-from planner.memory_terms import MemoryTerm
-from planner.plan import Placement, Plan
-from planner.units import round_up_4kib
+from planner.cost.memory import PinnedPoolShape, largest_unit_params, memory_bill, pinned_staging_pool
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Placement, Plan
+from planner.specs.units import round_up_4kib
 from runtime.ckpt.rank_state import save_rank
 from runtime.transfer.host_store import HostStore
 from runtime.transfer.pinned_pool import StagingPool, _StagedCopy
@@ -29,7 +29,7 @@ from runtime.transfer.stores import CopyEngine
 
 gpu = pytest.mark.gpu
 SEPARATE = {**HARDWARE, "host_is_device": False}
-"""The development machine's numbers with a device memory of its own: the bill charges the pool."""
+"""The 2-core CPU preset's numbers (`cpu-dev-2core`) with a device memory of its own: the bill charges the pool."""
 
 
 # -- the plan's pool and its bill ---------------------------------------------------------------------
@@ -57,9 +57,9 @@ def test_no_pool_without_host_state_crossing_a_link() -> None:
     cpu_machine = Plan.from_dict(plan_doc(placement=ALL_CPU))  # the host is the device
     for plan in (on_device, on_nvme, cpu_machine):
         assert MemoryTerm.PINNED_STAGING_POOL not in memory_bill(plan).terms["cpu"]
-    only_checkpoints = _dgx_plan(Placement(params="gpu", gradients="gpu", optimizer_states="gpu",
-                                           recompute_inputs="cpu"), recompute_interval=1)
-    assert MemoryTerm.PINNED_STAGING_POOL in memory_bill(only_checkpoints).terms["cpu"]
+    only_recompute_inputs = _dgx_plan(Placement(params="gpu", gradients="gpu", optimizer_states="gpu",
+                                                recompute_inputs="cpu"), recompute_interval=1)
+    assert MemoryTerm.PINNED_STAGING_POOL in memory_bill(only_recompute_inputs).terms["cpu"]
 
 
 # -- the pool's bound -----------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ PLACEMENTS = {
     "all-cpu": ALL_CPU,
     "params-on-host": {**ALL_DEVICE, "params": "cpu"},
     "states-on-host": {**ALL_CPU, "params": "gpu", "recompute_inputs": "gpu"},
-    "checkpoints-on-host": {**ALL_DEVICE, "recompute_inputs": "cpu"},
+    "recompute-inputs-on-host": {**ALL_DEVICE, "recompute_inputs": "cpu"},
 }
 
 
@@ -294,9 +294,9 @@ def test_cuda_cpu_offload_step_pins_only_the_billed_pool(name: str) -> None:
 @gpu
 @pytest.mark.parametrize("placement", [{**ALL_DEVICE, "params": "cpu", "recompute_inputs": "cpu"},
                                        {**ALL_DEVICE, "recompute_inputs": "cpu"}],
-                         ids=["params-and-checkpoints-on-host", "checkpoints-on-host"])
-def test_cuda_host_params_and_checkpoints_train_bitwise_like_the_device(placement: dict) -> None:
-    """Property: parameters and checkpoints staged through the pool on the copy stream (asynchronous,
+                         ids=["params-and-recompute-inputs-on-host", "recompute-inputs-on-host"])
+def test_cuda_host_params_and_recompute_inputs_train_bitwise_like_the_device(placement: dict) -> None:
+    """Property: parameters and recompute inputs staged through the pool on the copy stream (asynchronous,
     buffers reused as soon as their copies complete) reach the compute bit for bit: with the
     gradients and optimizer on the device the math is the device placement's, and so are the losses
     (attention on the math backend: the fused backends' backward may accumulate in any order)."""

@@ -1,11 +1,10 @@
-"""NCCL's alpha-beta cost of a ring collective (planner/collectives.py [Note: the alpha-beta collective])."""
+"""NCCL's alpha-beta cost of a ring collective (planner/cost/collectives.py [Note: the alpha-beta collective])."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.catalog import hardware_presets
-from planner.collectives import (
+from planner.cost.collectives import (
     NCCL_BASE_LATENCY_S,
     NETWORK_STEP_S,
     NVLINK_STEP_S,
@@ -18,8 +17,9 @@ from planner.collectives import (
     latency_s,
     tensor_parallel_ring,
 )
-from planner.model import ModelSpec
-from planner.plan import Plan
+from planner.specs.catalog import hardware_presets
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
 
 GB = 1e9
 H100 = hardware_presets()["dgx-h100"]  # NVLink 360 GB/s per GPU, 400 GB/s of network per node

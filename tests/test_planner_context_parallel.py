@@ -1,4 +1,4 @@
-"""Context parallelism (planner/context_parallel.py [Note: context parallelism]): per-GPU tokens, the
+"""Context parallelism (planner/cost/context_parallel.py [Note: context parallelism]): per-GPU tokens, the
 ring's KV bytes and exposed seconds, its memory term, the estimate and the simulator on the same
 seconds, the plan's JSON, and the runtime's refusal."""
 
@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.context_parallel import exposed_per_layer_s, kv_block_bytes, ring_bytes_per_s, ring_passes_s
-from planner.errors import PlannerError
-from planner.kernels import block_cost
-from planner.memory import memory_bill
-from planner.memory_terms import MemoryTerm
-from planner.plan import STRATEGY_TABLE, Plan
+from planner.cost.context_parallel import exposed_per_layer_s, kv_block_bytes, ring_bytes_per_s, ring_passes_s
+from planner.cost.feasibility import check_plan
+from planner.cost.kernels import block_cost
+from planner.cost.memory import memory_bill
+from planner.cost.throughput import estimate
 from planner.sim.fast import predict
-from planner.throughput import estimate
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import STRATEGY_TABLE, Plan
 from runtime.plan_check import executable_problem
 
 NODE = resolve_hardware("dgx-h100")
@@ -88,13 +89,14 @@ def test_plan_json_extends_and_old_plans_load():
 
 @pytest.mark.parametrize("changes, fragment", [
     ({"cp": 3, "gpus": 48}, "seq_len 8192 is not a multiple of 6"),
-    ({"gpus": 12}, "do not divide num_gpus 12"),
+    ({"tp": 1, "gpus": 6}, "= 4 GPUs do not divide num_gpus 6"),
     ({"attention": "eager"}, "runs ring attention on a fused kernel"),
 ])
 def test_refusals_are_one_line(changes, fragment):
     attention = changes.pop("attention", "")
+    plan = _plan(**changes, attention=attention)  # the plan only describes: the cost models judge it
     with pytest.raises(PlannerError) as err:
-        _plan(**changes, attention=attention)
+        check_plan(plan)
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 

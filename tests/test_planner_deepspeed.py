@@ -1,10 +1,10 @@
-"""The exported DeepSpeed config is accepted by DeepSpeed 0.19's own (strict, pydantic) config class."""
+"""The DeepSpeed config written for a plan is accepted by DeepSpeed 0.19's own (strict, pydantic) config class."""
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.deepspeed_config import deepspeed_config
-from planner.search import SearchRequest, search
+from planner.output.deepspeed_config import deepspeed_config
+from planner.search.search import SearchRequest, search
+from planner.specs.catalog import resolve_hardware, resolve_model
 
 deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
 
@@ -13,7 +13,7 @@ deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
     "strategy,precision",
     [("zero-inf-nvme", "bf16"), ("zero-inf-cpu", "fp32"), ("zero3", "bf16"), ("zero-offload", "fp16"), ("zero2", "bf16")],
 )
-def test_deepspeed_accepts_exported_config(strategy, precision, tmp_path):
+def test_deepspeed_accepts_the_written_config(strategy, precision, tmp_path):
     best = search(SearchRequest(model=resolve_model("10B"), node=resolve_hardware("dgx2-v100"), num_gpus=16,
                                 strategy=strategy, precision=precision, nvme_path=str(tmp_path))).best
     assert best is not None

@@ -1,4 +1,5 @@
-"""Plan exports beyond DeepSpeed: an accelerate (FSDP2) config and a `fully_shard` snippet (planner/framework_configs.py)."""
+"""Framework configs beyond DeepSpeed: an accelerate (FSDP2) config and a `fully_shard` snippet
+(planner/output/framework_configs.py)."""
 
 import json
 import os
@@ -9,10 +10,10 @@ import textwrap
 import pytest
 import yaml
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.errors import PlannerError
-from planner.exports import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
-from planner.plan import Placement, Plan, strategy_named
+from planner.output.framework_configs import accelerate_config, accelerate_yaml, fsdp2_refusal, fsdp2_snippet
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Placement, Plan, strategy_named
 
 CPU_OFFLOAD = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
 
@@ -70,9 +71,9 @@ def test_accelerate_maps_each_expressible_strategy():
 def test_plans_fsdp2_cannot_express_are_refused_in_one_line(changes, named, way_out):
     refused = plan(**changes)
     assert named in fsdp2_refusal(refused)
-    for export in (accelerate_config, fsdp2_snippet):
+    for write_config in (accelerate_config, fsdp2_snippet):
         with pytest.raises(PlannerError) as info:
-            export(refused)
+            write_config(refused)
         message = str(info.value)
         assert "\n" not in message and named in message and way_out in message
 
@@ -158,7 +159,7 @@ def _fit(*args, cwd):
                           timeout=300, cwd=cwd, env={**os.environ, "COLUMNS": "200"})
 
 
-def test_fit_writes_the_exports(tmp_path):
+def test_fit_writes_the_framework_configs(tmp_path):
     result = _fit("1.4B", "--gpus", "8", "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu",
                   "--tiling-factor", "1", "--accelerate-config", "acc.yaml", "--fsdp2-snippet", "shard.py", "--json",
                   cwd=tmp_path)
@@ -170,7 +171,7 @@ def test_fit_writes_the_exports(tmp_path):
     compile((tmp_path / "shard.py").read_text(), "shard.py", "exec")
 
 
-def test_fit_refuses_an_nvme_export_before_writing_anything(tmp_path):
+def test_fit_refuses_an_nvme_framework_config_before_writing_anything(tmp_path):
     result = _fit("1T", "--gpus", "16", "--out", "plan.json", "--accelerate-config", "acc.yaml", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith("error: the accelerate config cannot express this plan: NVMe placement")

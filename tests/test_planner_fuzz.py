@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.errors import PlannerError
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import STRATEGY_TABLE, Plan, parse_placement_pins
-from planner.search import predict
+from planner.search.search import predict
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Plan, parse_placement_pins
 from tierwise.cli import app
 
 json_scalars = st.one_of(

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from planner.catalog import hardware_presets, resolve_hardware
-from planner.errors import PlannerError
-from planner.hardware import Cluster, NodeSpec
-from planner.units import GB, GIB
+from planner.specs.catalog import hardware_presets, resolve_hardware
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import Cluster, NodeSpec
+from planner.specs.units import GB, GIB
 
 
 def test_required_presets_exist_and_round_trip():
@@ -22,7 +22,7 @@ def test_dgx2_is_the_papers_machine():
     node = resolve_hardware("dgx2-v100")
     assert node.num_gpus_per_node == 16
     assert node.gpu_memory_bytes == 32 * GIB
-    assert node.provenance("gpu_peak_tflops").startswith("fitted: published_runs")  # issue 24 item 4
+    assert node.provenance("gpu_peak_tflops").startswith("fitted: published_runs")  # planner/validation/fit.py
     assert node.citations["gpu_peak_tflops"].endswith("before fitting: 70 (paper)")
     assert node.cpu_memory_bytes == 1536 * GIB
     assert node.nvme_capacity_bytes == 28 * 1024 * GIB

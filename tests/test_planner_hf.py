@@ -1,8 +1,8 @@
-"""Hugging Face configs in: the planner's count is the one transformers builds (planner/hf_config.py).
+"""Hugging Face configs in: the planner's count is the one transformers builds (planner/specs/hf_config.py).
 
 The reference is transformers itself: each config is built with `AutoModelForCausalLM.from_config`
 on the meta device (no memory) and its parameters summed (tied weights once). The published configs
-are tests/data/hf_configs.json, a copy of /work/shared/models/hf_configs.json (see its README there).
+are tests/data/hf_configs.json, each with its `hf_repo` and the `source` it was read from.
 """
 
 import copy
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.catalog import model_presets, published_presets, resolve_model
-from planner.errors import PlannerError
-from planner.hf_config import HF_MAX_SEQ_LEN, is_hf_config, spec_from_hf_config
-from planner.model import ModelSpec
+from planner.specs.catalog import model_presets, published_presets, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.hf_config import HF_MAX_SEQ_LEN, is_hf_config, spec_from_hf_config
+from planner.specs.model import ModelSpec
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

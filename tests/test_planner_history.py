@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.errors import PlannerError
-from planner.history import COLUMN_NAMES, RunHistory
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.search import predict
+from planner.search.search import predict
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.history import COLUMN_NAMES, RunHistory
+from planner.specs.plan import STRATEGY_TABLE, Plan
 
 
 def _plan():
@@ -62,8 +62,8 @@ def test_compare_history_and_dashboard_share_one_error_definition(tmp_path):
     import sys
 
     from app.history import read_history
-    from planner.plan import Prediction
-    from planner.profile import Profile
+    from planner.specs.plan import Prediction
+    from planner.specs.profile import Profile
 
     plan = _plan()
     measured = plan.prediction.iteration_time_s * 4  # the planner predicted a quarter: -75.0%

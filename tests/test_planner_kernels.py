@@ -1,19 +1,25 @@
-"""Per-block compute and memory terms (planner/kernels.py): hand-computed bytes and flops, the plan
+"""Per-block compute and memory terms (planner/cost/kernels.py): hand-computed bytes and flops, the plan
 fields that choose them, the memory bill under each attention kernel, and the analytic estimate and
 the simulator timing them alike."""
 
 import pytest
 
-from planner.catalog import hardware_presets, resolve_model
-from planner.errors import PlannerError
-from planner.hardware import NodeSpec
-from planner.kernels import HBM_ACHIEVABLE_FRACTION, attention_flops, block_cost, kernel_bytes, loss_bytes
-from planner.memory import activation_working_bytes, memory_bill, paper_quantities
-from planner.model import ModelSpec
-from planner.plan import Plan
+from planner.cost.kernels import (
+    HBM_ACHIEVABLE_FRACTION,
+    attention_flops,
+    block_cost,
+    kernel_bytes,
+    loss_bytes,
+)
+from planner.cost.memory import activation_working_bytes, memory_bill, paper_quantities
+from planner.cost.throughput import estimate
 from planner.sim.report import simulate
-from planner.throughput import estimate
-from planner.units import GB, GIB, TFLOP
+from planner.specs.catalog import hardware_presets, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
+from planner.specs.units import GB, GIB, TFLOP
 
 # hd 1024, 8 heads, seq 2048, ffn 4096: round numbers for every formula below.
 GPT = ModelSpec(name="gpt", num_layers=2, hidden_size=1024, num_heads=8, seq_len=2048)
@@ -153,8 +159,8 @@ def test_the_fused_kernel_runs_at_its_rate_for_the_sequence_length():
     # [Note: the fused kernel's rate by sequence length]: the spec's attention curve, keyed by the
     # query length of one kernel call, scales the fused kernel's rate in the estimate and the
     # simulator alike; the matmuls and the memory-bound kernels do not move.
-    from planner.hardware import EfficiencyCurve
-    from planner.kernels import fused_attention_flops_per_s
+    from planner.cost.kernels import fused_attention_flops_per_s
+    from planner.specs.hardware import EfficiencyCurve
 
     curve = EfficiencyCurve(((512.0, 0.4), (2048.0, 1.0)))
     p = plan(attention="flash", recompute_interval=0)
@@ -169,5 +175,5 @@ def test_the_fused_kernel_runs_at_its_rate_for_the_sequence_length():
     for method in (lambda q: estimate(q).phase_time_s, lambda q: simulate(q).prediction.phase_time_s):
         slow_t, flat_t = method(at_1024), method(flat_1024)
         assert slow_t["forward"] + slow_t["backward"] - flat_t["forward"] - flat_t["backward"] == pytest.approx(extra, rel=1e-9)
-    # Ring attention's kernel calls cover seq / cp queries (planner/context_parallel.py).
+    # Ring attention's kernel calls cover seq / cp queries (planner/cost/context_parallel.py).
     assert fused_attention_flops_per_s(slow.replace(num_gpus=2, context_parallel_degree=2)) == pytest.approx(50 * TFLOP * 0.7)

@@ -2,11 +2,11 @@
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.memory import memory_bill, min_tiling_factor, paper_quantities
-from planner.memory_terms import MemoryTerm
-from planner.plan import STRATEGY_TABLE, Placement, Plan
-from planner.units import GIB
+from planner.cost.memory import memory_bill, min_tiling_factor, paper_quantities
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import STRATEGY_TABLE, Placement, Plan
+from planner.specs.units import GIB
 
 
 def plan_for(model="1T", hardware="dgx2-v100", gpus=16, strategy="zero3", **kw):
@@ -113,7 +113,7 @@ def test_prefetch_depth_zero_holds_no_prefetch_buffers():
     assert "prefetch_gathered_params" not in gpu and "prefetch_shard_staging" not in gpu
 
 
-def test_no_checkpointing_keeps_every_layer():
+def test_no_recompute_keeps_every_layer():
     plan = plan_for("paper-1.4b", gpus=1, hardware="h200-x1", recompute_interval=0)
     q = paper_quantities(plan)
     assert q["recompute_inputs_per_gpu"] == 0
@@ -142,7 +142,7 @@ def test_in_backward_host_updates_bill_their_gradient_staging():
     """The in-backward update of optimizer states on NVMe runs on the host: each unit's gradient
     shard is copied into one of IN_BACKWARD_STAGED_GRADIENTS pinned buffers (the worker's update and
     the one being filled, runtime/optim/optimizer_worker.py), billed as gradient_swap_buffers."""
-    from planner.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params
+    from planner.cost.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params
 
     nvme = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
     p = plan_for(model="0.1T", strategy="custom", placement=nvme, optimizer_step="in_backward", precision="bf16")
@@ -158,11 +158,11 @@ def test_in_backward_host_updates_bill_their_gradient_staging():
 
 
 def test_host_pinning_is_a_plan_key_that_old_plans_read_as_staged():
-    """`host_pinning` (planner.plan.HostPinning): a plan written before it existed loads as
+    """`host_pinning` (planner.specs.plan.HostPinning): a plan written before it existed loads as
     `staged`, a staged plan is written without it (old readers see the same document), `shards`
     is written and read back, anything else is refused in one line naming the value."""
-    from planner.errors import PlannerError
-    from planner.plan import HostPinning
+    from planner.specs.errors import PlannerError
+    from planner.specs.plan import HostPinning
 
     old = plan_for(strategy="zero-inf-cpu").to_dict()
     assert "host_pinning" not in old

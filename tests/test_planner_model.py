@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from planner.catalog import (
+from planner.specs.catalog import (
     SIZE_TOLERANCE,
     model_presets,
     parse_param_count,
@@ -12,8 +12,8 @@ from planner.catalog import (
     resolve_model,
     shape_for_params,
 )
-from planner.errors import PlannerError
-from planner.model import ModelSpec, format_param_count
+from planner.specs.errors import PlannerError
+from planner.specs.model import ModelSpec, format_param_count
 
 K = 1024
 

@@ -1,4 +1,4 @@
-"""Part of a node bills its GPUs' share of the node (planner/hardware.py [Note: part of a node])."""
+"""Part of a node bills its GPUs' share of the node (planner/specs/hardware.py [Note: part of a node])."""
 
 import json
 import os
@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.hardware import SHARED_BY_GPUS, NodeSpec
-from planner.plan import Plan
-from planner.units import GB, GIB
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.hardware import SHARED_BY_GPUS, NodeSpec
+from planner.specs.plan import Plan
+from planner.specs.units import GB, GIB
 
 DGX_H100 = resolve_hardware("dgx-h100")
 

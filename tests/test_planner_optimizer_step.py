@@ -7,13 +7,18 @@ import sys
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.deepspeed_config import deepspeed_config
-from planner.errors import PlannerError
-from planner.memory import IN_BACKWARD_STAGED_GRADIENTS, largest_unit_params, memory_bill, stores_gradients
-from planner.plan import Placement, Plan
-from planner.search import SearchRequest, search
-from planner.throughput import estimate
+from planner.cost.memory import (
+    IN_BACKWARD_STAGED_GRADIENTS,
+    largest_unit_params,
+    memory_bill,
+    stores_gradients,
+)
+from planner.cost.throughput import estimate
+from planner.output.deepspeed_config import deepspeed_config
+from planner.search.search import SearchRequest, search
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Placement, Plan
 
 NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
 CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
@@ -57,7 +62,7 @@ def test_in_backward_with_optimizer_on_nvme_stores_no_gradient():
     a, b = memory_bill(before).terms, memory_bill(after).terms
     # The fp32 gradient shard (4 bytes/param in the gradients' tier, per node) and its GPU offload
     # staging are gone; its NVMe write buffers become the host update's pinned staging (two shards
-    # in the compute precision, planner.memory.staged_in_backward); nothing else changes.
+    # in the compute precision, planner.cost.memory.staged_in_backward); nothing else changes.
     shard_per_node = 4 * before.model.num_params // 16 * 8
     assert a["nvme"]["optimizer_states"] - b["nvme"]["optimizer_states"] == pytest.approx(shard_per_node, abs=8)
     unit_shard = largest_unit_params(after) / after.data_parallel_degree
@@ -168,7 +173,7 @@ def test_bad_optimizer_step_is_one_line_exit_1(args, needle):
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_deepspeed_export_of_the_papers_step_is_unchanged():
+def test_deepspeed_config_of_the_papers_step_is_unchanged():
     assert "optimizer_step" not in deepspeed_config(plan_1t())["tierwise"]
 
 
@@ -184,7 +189,7 @@ def test_the_streamed_steps_host_copies(precision, placement, host_is_device, ex
     # [Note: the step's host copies]: the gradient from host memory into the chunk buffer (8), the
     # cast of the fp32 master to the compute copy (4 + e) and that copy staged for the drive or
     # copied into a host shard (2 e); none where the states are not streamed from NVMe.
-    from planner.host_work import step_host_copy_bytes_per_param
+    from planner.cost.host_work import step_host_copy_bytes_per_param
 
     node = resolve_hardware("dgx-h100").replace(host_is_device=host_is_device)
     p = Plan(model=resolve_model("1T"), node=node, num_gpus=16, placement=placement, precision=precision)
@@ -196,7 +201,7 @@ def test_the_step_times_its_host_copies_with_adam_in_estimate_and_simulator():
     # Adam's parameters at its rate plus 18 bytes of copies per parameter at the host's memory
     # bandwidth, in the estimate exactly and in the simulator's chunk pipeline alike.
     from planner.sim.report import simulate
-    from planner.units import GB
+    from planner.specs.units import GB
 
     node = resolve_hardware("dgx-h100").replace(
         num_gpus_per_node=1, host_is_device=True, cpu_adam_params_per_s=1e9, host_memory_bytes_per_s=9 * GB,

@@ -1,18 +1,14 @@
 """Pipeline parallelism (1F1B), the step of m micro-batches, the collectives and fp8 matmuls
-(planner/pipeline.py, planner/fp8.py): each term by hand, and the estimate and the simulator on it."""
+(planner/cost/pipeline.py, planner/cost/fp8.py): each term by hand, and the estimate and the simulator on it."""
 
 import json
 
 import pytest
 
-from planner.catalog import hardware_presets
-from planner.errors import PlannerError
-from planner.fp8 import fp8_speedup
-from planner.hardware import NodeSpec
-from planner.memory import memory_bill
-from planner.memory_terms import MemoryTerm
-from planner.model import ModelSpec
-from planner.pipeline import (
+from planner.cost.feasibility import check_plan
+from planner.cost.fp8 import fp8_speedup
+from planner.cost.memory import memory_bill
+from planner.cost.pipeline import (
     bubble_fraction,
     compose_step,
     in_flight_micro_batches,
@@ -22,10 +18,15 @@ from planner.pipeline import (
     stage_model,
     stage_plan,
 )
-from planner.plan import STRATEGY_TABLE, Placement, Plan
+from planner.cost.throughput import estimate, model_compute
 from planner.sim.fast import predict
-from planner.throughput import estimate, model_compute
-from planner.units import GB, GIB
+from planner.specs.catalog import hardware_presets
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Placement, Plan
+from planner.specs.units import GB, GIB
 
 NODE = NodeSpec(name="round", num_gpus_per_node=4, gpu_memory_bytes=64 * GIB, gpu_flops_per_s=1e12,
                 gpu_hbm_bytes_per_s=1000 * GB, cpu_memory_bytes=512 * GIB, nvme_capacity_bytes=4096 * GIB,
@@ -181,7 +182,7 @@ def test_fp8_runs_the_linears_at_the_datasheet_ratio():
     # The linears halve; the attention core and the memory-bound kernels stay bf16.
     assert bf16_busy * 989 / 1979 < fp8_busy < bf16_busy
     with pytest.raises(PlannerError, match="dgx2-v100.*no fp8 matmul rate"):
-        base.replace(node=hardware_presets()["dgx2-v100"], fp8_matmuls=True)
+        check_plan(base.replace(node=hardware_presets()["dgx2-v100"], fp8_matmuls=True))
 
 
 @pytest.mark.parametrize("changes, fragment", [

@@ -1,5 +1,5 @@
 """Presets for machines people own: every number cited, derived numbers follow their stated rule,
-and no preset describes where the project is developed (issue 27 item 6; docs/hardware.md)."""
+and no preset describes where the project is developed (docs/hardware.md)."""
 
 import json
 import re
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.catalog import hardware_presets
-from planner.hardware import NodeSpec
-from planner.units import GB, GIB
+from planner.specs.catalog import hardware_presets
+from planner.specs.hardware import NodeSpec
+from planner.specs.units import GB, GIB
 
 ROOT = Path(__file__).resolve().parent.parent
 OWNED = ("rtx4090-workstation", "aws-g6e-48xlarge", "gcp-a2-ultragpu-8g", "azure-nc96ads-a100-v4", "h100-nvl-server-8x")

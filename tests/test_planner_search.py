@@ -2,10 +2,10 @@
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.errors import PlannerError
-from planner.memory import memory_bill
-from planner.search import SearchRequest, candidate_placements, search
+from planner.cost.memory import memory_bill
+from planner.search.search import SearchRequest, candidate_placements, search
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
 
 
 def request(model="1T", hardware="dgx2-v100", gpus=16, **kw):
@@ -103,7 +103,7 @@ PAPER_LARGEST = {"dp": 1.4e9, "zero2": 10e9, "zero-offload": 13e9, "zero3": 20e9
 
 
 def test_max_size_per_strategy_matches_the_papers_strategy_comparison():
-    from planner.max_size import max_size
+    from planner.search.max_size import max_size
 
     node = resolve_hardware("dgx2-v100")
     sizes = {s: max_size(s, node, 16).max_params for s in PAPER_LARGEST}

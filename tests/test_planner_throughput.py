@@ -2,11 +2,12 @@
 
 import pytest
 
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.throughput import bandwidths, efficiency, estimate
-from planner.units import GB, GIB
+from planner.cost.throughput import bandwidths, efficiency, estimate
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.tiers import NVME
+from planner.specs.units import GB, GIB
 
 # A round-number node: 1 TFLOP/s GPUs, 10 GB/s host links, NVMe 4 GB/s per node, 100 GB/s NVLink.
 NODE = NodeSpec(
@@ -29,7 +30,7 @@ MODEL = ModelSpec(num_layers=1, hidden_size=1024, num_heads=8)  # P = 12 * 1024^
 P = 12 * 1024**2
 # One block at bsz 1, seq 1024 = hd, eager attention (the round node has no flash kernel), bf16:
 # matmuls 2 x tokens x P plus QK^T and AV over the whole square (4 seq^2 hd); memory-bound kernels
-# (planner/kernels.py) forward: norms 2 x 2 x 2, residual 2 x 3 x 2, GeLU 2 x 2 x 4hd -> 36 hd bytes
+# (planner/cost/kernels.py) forward: norms 2 x 2 x 2, residual 2 x 3 x 2, GeLU 2 x 2 x 4hd -> 36 hd bytes
 # per token, softmax 2 x 2 x heads x seq = 32 seq; backward 12 + 12 + 24 = 48 hd and 3 x 2 x 8 = 48 seq.
 # With full recompute the backward runs the forward again.
 FWD_FLOPS = 2 * 1024 * P + 4 * 1024**3
@@ -48,8 +49,8 @@ def plan(strategy, gpus=4, **kw):
 def test_per_gpu_bandwidths_share_the_node_aggregates():
     bw = bandwidths(plan("zero-inf-nvme"))
     assert bw.h2d == 10 * GB  # 40 GB/s node aggregate / 4 GPUs = 10, equal to the link
-    assert bw.nvme_read == 1 * GB  # 4 GB/s / 4 GPUs
-    assert bw.nvme_write == 0.5 * GB
+    assert bw.reads[NVME] == 1 * GB  # 4 GB/s / 4 GPUs
+    assert bw.writes[NVME] == 0.5 * GB
     assert bw.all_gather == 100 * GB
 
 
@@ -59,13 +60,13 @@ def test_zero_inf_cpu_serial_iteration():
     param_bytes = 2 * P
     per_pass = max(param_bytes * 3 / 4 / (100 * GB), param_bytes / 4 / (10 * GB))  # all-gather vs own shard
     grads = max(2 * P * 3 / 4 / (100 * GB), 2 * P / 4 / (10 * GB))
-    inputs = 2 * 1024 * 1024 * 1  # eq. 3: one checkpoint of one block
-    ckpts = inputs / (10 * GB) + inputs / (10 * GB)
+    inputs = 2 * 1024 * 1024 * 1  # eq. 3: one recompute input of one block
+    inputs_s = inputs / (10 * GB) + inputs / (10 * GB)
     optimizer = max(P / 4 * 4 / 1e9, 0.0)  # CPU Adam over the node's 4 shards
     assert est.phase_time_s["forward"] == pytest.approx(COMPUTE_FWD + per_pass + inputs / (10 * GB))
     assert est.phase_time_s["backward"] == pytest.approx(COMPUTE_BWD + 2 * per_pass + grads + inputs / (10 * GB))
     assert est.phase_time_s["optimizer"] == pytest.approx(optimizer)
-    assert est.iteration_time_s == pytest.approx(COMPUTE_FWD + COMPUTE_BWD + 3 * per_pass + grads + ckpts + optimizer)
+    assert est.iteration_time_s == pytest.approx(COMPUTE_FWD + COMPUTE_BWD + 3 * per_pass + grads + inputs_s + optimizer)
     assert est.tflops_per_gpu == pytest.approx(8 * 1024 * P / est.iteration_time_s / 1e12)
     assert est.link_bytes["h2d"] == int(3 * param_bytes / 4 + inputs)
 
@@ -107,7 +108,7 @@ def test_eq6_efficiency():
 
 @pytest.mark.parametrize("recompute_interval", [0, 1])
 def test_a_backward_matmul_rate_of_its_own_times_the_backward_matmuls_alone(recompute_interval):
-    # [Note: the backward's own matmul rate] in planner/calibrate.py: at half the forward's rate the
+    # [Note: the backward's own matmul rate] in planner/calibration/calibrate.py: at half the forward's rate the
     # backward's own matmuls (2 x FWD_FLOPS here) take twice as long, in the estimate and in the
     # simulator alike; the forward and the recompute's forward keep the forward's rate.
     from planner.sim.report import simulate

@@ -69,7 +69,7 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_path
     killed = launch_process(plan, *args, "--checkpoint-dir", str(ck), env=worker_env(TIERWISE_FAULT=f"{point}@4"))
     assert killed.returncode == -signal.SIGKILL
     assert sorted(p.name for p in ck.iterdir()) == [".step-000000004.partial", "step-000000002"]
-    from planner.plan import Plan
+    from planner.specs.plan import Plan
 
     verify(ck / "step-000000002", world_size=1, fingerprint_=fingerprint(Plan.from_dict(json.loads(plan.read_text())),
                                                                           seed=0))
@@ -107,7 +107,7 @@ def test_the_nvme_path_filling_up_stops_with_one_line_and_keeps_the_last_checkpo
         from runtime import launch
         code = launch.main([{str(small_plan)!r}, "--steps", "4", "--save-every", "2",
                             "--checkpoint-dir", {str(mount / "ck")!r}])
-        from planner.plan import load_plan
+        from planner.specs.plan import load_plan
         from runtime.ckpt.manifest import fingerprint, verify
         verify({str(mount / "ck" / "step-000000002")!r}, world_size=1,
                fingerprint_=fingerprint(load_plan({str(small_plan)!r}), seed=0))

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from test_planner_fuzz import PLAN_DOC, json_values, mutated, option_values
 from typer.testing import CliRunner
 
-from planner.errors import PlannerError
-from planner.plan import LINKS, PHASES, TIERS, Plan
-from planner.profile import SCHEMA, Profile
+from planner.specs.errors import PlannerError
+from planner.specs.plan import LINKS, PHASES, TIERS, Plan
+from planner.specs.profile import SCHEMA, Profile
 from runtime.ckpt import check_checkpoint_dir
 from runtime.ckpt.manifest import FORMAT, Manifest
 from runtime.ckpt.rank_state import RANK_FORMAT_V1, read_rank_index

@@ -14,9 +14,9 @@ from pathlib import Path
 from reliability_support import ALL_NVME, ROOT, in_small_tmpfs, worker_env, write_plan
 from runtime_support import ALL_CPU
 
-from planner.memory import memory_bill
-from planner.plan import load_plan
-from planner.units import GIB
+from planner.cost.memory import memory_bill
+from planner.specs.plan import load_plan
+from planner.specs.units import GIB
 from runtime.plan_io import cgroup_headroom_bytes
 
 

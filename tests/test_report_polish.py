@@ -1,4 +1,4 @@
-"""Terminal-width tables and the one bottleneck vocabulary (issue 27 item 7)."""
+"""Terminal-width tables and the one bottleneck vocabulary (planner/output/report.py [Note: bottleneck labels])."""
 
 import os
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from planner.report import RESOURCE_LABELS, WORK_LABELS, bottleneck_label
-from planner.sim.timeline import ROW_ORDER
+from planner.output.report import RESOURCE_LABELS, WORK_LABELS, bottleneck_label
+from planner.output.timeline import ROW_ORDER
 
 
 def fit_output(columns: str | None) -> str:
@@ -60,10 +60,10 @@ def test_fit_tables_show_display_labels_not_json_values():
 def test_timeline_titles_and_legends_cover_no_ticks_or_bars(monkeypatch, tmp_path, model, hardware, gpus):
     import matplotlib.pyplot as plt
 
-    from planner.catalog import resolve_hardware, resolve_model
-    from planner.search import SearchRequest, search
+    from planner.output.timeline import draw
+    from planner.search.search import SearchRequest, search
     from planner.sim import simulate
-    from planner.sim.timeline import draw
+    from planner.specs.catalog import resolve_hardware, resolve_model
 
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to measure it
@@ -84,10 +84,10 @@ def test_timeline_titles_and_legends_cover_no_ticks_or_bars(monkeypatch, tmp_pat
 
 
 def test_analytic_runner_ups_are_bounds_beside_a_simulated_winner():
-    from planner.catalog import resolve_hardware, resolve_model
-    from planner.report import bound_note, candidates_table, is_bound
-    from planner.search import SearchRequest, search
-    from planner.sim.refine import refine
+    from planner.output.report import bound_note, candidates_table, is_bound
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.catalog import resolve_hardware, resolve_model
 
     result = refine(search(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16)))
     winner, runners = result.best, result.runners_up()
@@ -106,7 +106,7 @@ def test_analytic_runner_ups_are_bounds_beside_a_simulated_winner():
 def test_fit_marks_runner_up_bounds_and_keeps_its_winner():
     out = fit_output("200")
     # Numbers of the 1T plan on dgx-h100 (eager attention, the paper preset's; memory-bound kernels timed;
-    # the preset's compute rates fitted on the published runs, issue 24 item 4, with NCCL's ring costs; the
+    # the preset's compute rates fitted on the published runs (docs/planner.md, Fitted presets), with NCCL's ring costs; the
     # fit frees only the numbers the rows pin down: plateau 0.577 of 989 TFLOPS, HBM share 0.5).
     assert "<= 294.8" in out and ">= 895.07 s" in out and "Predicted (simulated)" in out and "862.41 s" in out
 

@@ -1,4 +1,4 @@
-"""`planner run` meets the machine: --nvme-path, the missing runtime extra, plan vs machine (issue 27 items 5, 7)."""
+"""`planner run` meets the machine: --nvme-path, the missing runtime extra, plan vs machine (tierwise/cli/machine.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.errors import PlannerError
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.search import predict
-from planner.units import GIB
+from planner.search.search import predict
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GIB
 from tierwise.cli import app, machine
 from tierwise.cli.run import with_swap_directory
 

@@ -25,7 +25,7 @@ def _status_bytes(field: str) -> int:
 
 def build_and_measure(rank: int = 0, world_size: int = 1) -> dict:
     import runtime
-    from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR
+    from planner.cost.memory import BOOKKEEPING_BYTES_PER_OPERATOR
     from runtime.gpt import GPT, GPTConfig, init_weights
 
     plan = {"model": {"num_layers": LAYERS, "hidden_size": HIDDEN, "num_heads": 8, "seq_len": 64, "vocab_size": 0},

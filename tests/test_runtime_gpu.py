@@ -13,6 +13,7 @@ from runtime_support import (
     plan_doc,
     reference_losses,
     relative_errors,
+    run_distributed,
 )
 
 import runtime
@@ -77,3 +78,17 @@ def test_cuda_optimizer_step_in_backward_is_bitwise_after_backward(placement: di
     if placement["optimizer_states"] == "nvme":  # the chunk buffers the gradients land in are pinned
         model = runtime.shard(build_model("gpt"), {**doc, "optimizer_step": "in_backward"})
         assert runtime.AdamW(model).chunk_pool.pinned
+
+
+@pytest.mark.slow
+def test_two_ranks_sharing_the_gpu_over_gloo_match_plain_pytorch(tmp_path) -> None:  # noqa: ANN001
+    """The reduce paths on CUDA tensors: two gloo ranks on the one GPU ([Note: gloo and device
+    tensors]), parameters gathered and gradients reduce-scattered on the device (all on the GPU) and
+    staged through host shards (all in host memory), train the reference GPT to plain PyTorch's
+    losses on the global batch, within the CPU-vs-CUDA bar of the world-1 test above."""
+    cases = [("gpt", plan_doc(world_size=2, placement=ALL_DEVICE)),
+             ("gpt", plan_doc(world_size=2, placement=ALL_CPU, recompute_interval=1, tiling_factor=2))]
+    results = run_distributed("cuda_shared_losses", cases, tmp_path)
+    ref = reference_losses("gpt")
+    for (_, plan), losses in zip(cases, results, strict=True):
+        assert max(relative_errors(ref, losses)) <= 1e-4, (plan["placement"], ref, losses)

@@ -1,6 +1,7 @@
-"""The runtime's CUDA path, correct by construction (issue 25 item 1). Tests marked `gpu` state the
-property they check and skip without CUDA (tests/conftest.py); the unmarked ones check, on the CPU,
-the part of each fix that does not need a device."""
+"""The runtime's CUDA path, correct by construction (the fixes of what the first run on a GPU found:
+docs/notes/2026-11-26-first-gpu-run.md). Tests marked `gpu` state the property they check and skip
+without CUDA (tests/conftest.py); the unmarked ones check, on the CPU, the part of each fix that does
+not need a device."""
 
 from __future__ import annotations
 
@@ -144,9 +145,9 @@ longer than the compute queued after it, so an ordering measured with events is 
 # CUDA loads a kernel's module on its first launch (lazy loading, the default since CUDA 12.2), and
 # that load may synchronise the whole context (CUDA C++ Programming Guide, "Lazy Loading":
 # concurrent execution is not guaranteed): a kernel first launched while a long kernel runs on
-# another stream then starts only after it, whatever the streams say. On an H200 (2026-11-26) the
-# first `x @ x` queued behind a 100 ms sleep on the copy stream ended 0.07 ms after it. So each test
-# that times an overlap launches its kernels once before the timed part.
+# another stream then starts only after it, whatever the streams say; the first run on a GPU saw exactly that
+# (docs/notes/2026-11-26-first-gpu-run.md). So each test that times an overlap launches its kernels once
+# before the timed part.
 
 
 def _biggest_unit(model: torch.nn.Module):  # noqa: ANN202
@@ -327,15 +328,15 @@ def test_the_transfer_path_waits_on_the_host_only_in_the_step(placement: str, sc
         assert pinned == ledger == bill, (term, pinned, ledger, bill)
 
 
-# -- 9. activation checkpoints offloaded asynchronously ([Note: asynchronous checkpoint offload]) -----
+# -- 9. recompute inputs offloaded asynchronously ([Note: asynchronous recompute-input offload]) -------
 
 
 @gpu
-def test_checkpoint_offload_is_asynchronous_with_one_segment_of_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Property: with activation checkpoints in host memory, neither the offload nor the reload
+def test_recompute_input_offload_is_asynchronous_with_one_segment_of_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: with recompute inputs in host memory, neither the offload nor the reload
     waits on the host; the reload of the segment recomputed next is issued when the current
     segment's recompute starts (one segment of prefetch); and the losses are bitwise those of the
-    same run with the checkpoints on the GPU (the bytes travel unchanged, the kernels are the same)."""
+    same run with the recompute inputs on the GPU (the bytes travel unchanged, the kernels are the same)."""
     from runtime_support import ALL_DEVICE, batches, build_model, plan_doc
 
     import runtime

@@ -1,15 +1,15 @@
 """The runtime's own accounting per tier and term against the planner's memory bill, same plan.
 
-The bill follows the runtime where eq. 2-3 and the runtime differ (planner/memory.py [Note: runtime
+The bill follows the runtime where eq. 2-3 and the runtime differ (planner/cost/memory.py [Note: runtime
 bytes per parameter]; `planner memory` still reports the paper's quantities as written):
 - mixed precision: no 16-bit gradient shard; the fp32 gradient copy (4 B/param, term
   `optimizer_states`, in the gradients' tier) plus master, momentum, variance (12 B/param);
 - fp32 with params and optimizer states in one tier: 8 B/param of optimizer states (the parameter
   shard is the master);
-- checkpoints in the compute precision (4 bytes/element in fp32);
+- recompute inputs in the compute precision (4 bytes/element in fp32);
 - `mswm` on 2+ ranks: the largest unit's weight *and bias*, its flat gradient buffer, and the tied
   embedding (kept gathered through backward until its gradient is complete).
-Compared exactly (to padding): the resident states and checkpoints per tier, the host tier's whole
+Compared exactly (to padding): the resident states and recompute inputs per tier, the host tier's whole
 peak, and on two ranks every gathering term. Not compared: the terms not `MemoryTerm.ledgered`
 (`awm`, `logits`, `allocator_slack`: autograd's tensors and allocator behaviour, not runtime buffers;
 on CUDA the profile records the allocator's peak next to the ledger) and the host<->device staging terms (a CPU device makes no
@@ -23,9 +23,9 @@ import torch
 from runtime_support import HARDWARE, run_distributed
 
 import runtime
-from planner.memory import memory_bill, runtime_buffer_peak_bytes
-from planner.memory_terms import MemoryTerm
-from planner.plan import Plan
+from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Plan
 from runtime.gpt import GPT, GPTConfig
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB, BATCH = 2, 256, 4, 32, 256, 2
@@ -56,13 +56,13 @@ def _measure(plan: Plan) -> dict[str, dict[str, int]]:
     model = _trained(plan, 2)
     sample = runtime.state_of(model).profiler.samples[-1]
     ledger = runtime.state_of(model).ledger
-    # Each term's own peak over the last step (persistent states are constant; checkpoints peak
+    # Each term's own peak over the last step (persistent states are constant; recompute inputs peak
     # at the end of forward).
     return {tier: ledger.usage(tier).term_peaks for tier in sample.peak_bytes}
 
 
 CASES = {
-    # ZeRO-Infinity on CPU, mixed precision, checkpoint every block, offloaded checkpoints.
+    # ZeRO-Infinity on CPU, mixed precision, one block per recompute segment, offloaded recompute inputs.
     "bf16-all-cpu": (_plan("bf16", dict.fromkeys(("params", "gradients", "optimizer_states", "recompute_inputs"),
                                                  "cpu"), 1),
                      {"cpu": (MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.RECOMPUTE_INPUTS)}),
@@ -75,7 +75,7 @@ CASES = {
                                         "recompute_inputs": "gpu"}, 1),
                          {"gpu": (MemoryTerm.OPTIMIZER_STATES, MemoryTerm.RECOMPUTE_INPUTS), "cpu": (MemoryTerm.PARAMS,)}),
     # fp32, everything in one tier: the parameter shard is the master (8 B/param of optimizer states);
-    # fp32 checkpoints are 4 bytes per element.
+    # fp32 recompute inputs are 4 bytes per element.
     "fp32-all-cpu": (_plan("fp32", dict.fromkeys(("params", "gradients", "optimizer_states", "recompute_inputs"),
                                                  "cpu"), 1),
                      {"cpu": (MemoryTerm.PARAMS, MemoryTerm.GRADIENTS, MemoryTerm.OPTIMIZER_STATES,
@@ -126,7 +126,7 @@ def gpu_term_peaks(tiling: int, depth: int, rank: int = 0, world_size: int = 1) 
 def test_gathering_buffers_on_two_ranks_match_the_memory_bill(tmp_path) -> None:  # noqa: ANN001
     """2 ranks: the per-operator buffers the bill names (eq. 4 and the runtime's own) against the
     ledger's peak of each term, `mswm` included (the unit's bias, its gradient buffer and the tied
-    embedding are billed: planner/memory.py [Note: gathered working memory])."""
+    embedding are billed: planner/cost/memory.py [Note: gathered working memory])."""
     cases = [(1, 1), (2, 1), (1, 2)]
     results = run_distributed("gpu_term_peaks", cases, tmp_path, world_size=2, module="test_runtime_memory")
     for (tiling, _), r in zip(cases, results, strict=True):
@@ -138,7 +138,7 @@ def test_gathering_buffers_on_two_ranks_match_the_memory_bill(tmp_path) -> None:
 
 @pytest.mark.parametrize("depth", [2, 3])
 def test_recompute_holds_one_operator_with_params_on_nvme(depth: int, tmp_path) -> None:  # noqa: ANN001
-    """Checkpoint every block, parameters read from NVMe (transient gathered buffers): the operator
+    """One block per recompute segment, parameters read from NVMe (transient gathered buffers): the operator
     in use (`mswm`) and the one gathered ahead are all the device holds, as billed. The segment's
     last operator is gathered by its recompute, not when its output's gradient arrives ([Note:
     recompute releases parameters]); that held it through the whole recompute, a second operator."""

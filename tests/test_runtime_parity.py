@@ -1,7 +1,7 @@
 """Parity: 10 fp32 steps through `runtime.shard` give the losses of plain PyTorch + torch.optim.AdamW.
 
-Placements {device, cpu} x world sizes {1, 2}, plus tiling, checkpointing with offloaded
-checkpoints, and tiny Hugging Face Llama / GPT-2 models built from a config (nothing downloaded).
+Placements {device, cpu} x world sizes {1, 2}, plus tiling, recompute with offloaded recompute
+inputs, and tiny Hugging Face Llama / GPT-2 models built from a config (nothing downloaded).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from runtime_support import (
 )
 
 TOL = 1e-5
-OFFLOAD_CHECKPOINTS = {**ALL_DEVICE, "recompute_inputs": "cpu"}
+OFFLOAD_RECOMPUTE_INPUTS = {**ALL_DEVICE, "recompute_inputs": "cpu"}
 ZERO_OFFLOAD_PARAMS_ON_DEVICE = {**ALL_CPU, "params": "gpu"}
 
 WORLD1_CASES = {
@@ -27,8 +27,8 @@ WORLD1_CASES = {
     "cpu": ("gpt", dict(placement=ALL_CPU)),
     "params-device-optimizer-cpu": ("gpt", dict(placement=ZERO_OFFLOAD_PARAMS_ON_DEVICE)),
     "tiling": ("gpt", dict(placement=ALL_CPU, tiling_factor=3)),
-    "checkpoint-offload": ("gpt", dict(placement=OFFLOAD_CHECKPOINTS, recompute_interval=1)),
-    "checkpoint-2-blocks": ("gpt", dict(placement=ALL_CPU, recompute_interval=2)),
+    "recompute-input-offload": ("gpt", dict(placement=OFFLOAD_RECOMPUTE_INPUTS, recompute_interval=1)),
+    "recompute-2-blocks": ("gpt", dict(placement=ALL_CPU, recompute_interval=2)),
     "llama": ("llama", dict(placement=ALL_CPU, recompute_interval=1, tiling_factor=2, model=LLAMA_MODEL)),
     "gpt2": ("gpt2", dict(placement=ALL_DEVICE, recompute_interval=2)),
 }
@@ -50,8 +50,8 @@ def test_world1_matches_plain_pytorch(case: str, references: dict[str, list[floa
 WORLD2_CASES = {
     "device": ("gpt", plan_doc(world_size=2, placement=ALL_DEVICE)),
     "cpu": ("gpt", plan_doc(world_size=2, placement=ALL_CPU)),
-    "tiling+checkpoint-offload": ("gpt", plan_doc(world_size=2, placement=OFFLOAD_CHECKPOINTS, tiling_factor=2,
-                                                   recompute_interval=1)),
+    "tiling+recompute-input-offload": ("gpt", plan_doc(world_size=2, placement=OFFLOAD_RECOMPUTE_INPUTS,
+                                                        tiling_factor=2, recompute_interval=1)),
     "prefetch-depth-0": ("gpt", plan_doc(world_size=2, placement=ALL_CPU, prefetch_depth=0)),
     "llama": ("llama", plan_doc(world_size=2, placement=ALL_CPU, recompute_interval=1, model=LLAMA_MODEL)),
     "gpt2": ("gpt2", plan_doc(world_size=2, placement=ALL_DEVICE, tiling_factor=2)),

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from runtime_support import ALL_CPU, plan_doc
 
-from planner.errors import PlannerError
-from planner.plan import Plan, Prediction
-from planner.profile import Profile, StepSample, compare, load_profile
-from planner.search import predict
+from planner.calibration.compare import compare
+from planner.search.search import predict
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan, Prediction
+from planner.specs.profile import Profile, StepSample, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""`planner simulate` (tierwise/cli/simulate.py, planner/pins.py) and the hardware efficiency-curve spec it reads."""
+"""`planner simulate` (tierwise/cli/simulate.py, planner/search/pins.py) and the hardware efficiency-curve spec it reads."""
 
 import json
 
@@ -6,11 +6,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from planner.catalog import hardware_presets, resolve_model
-from planner.errors import PlannerError
-from planner.hardware import EfficiencyCurve, NodeSpec
-from planner.pins import apply_pins
-from planner.plan import Placement, Plan
+from planner.search.pins import apply_pins
+from planner.specs.catalog import hardware_presets, resolve_model
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import EfficiencyCurve, NodeSpec
+from planner.specs.plan import Placement, Plan
 from tierwise.cli.simulate import register
 
 app = typer.Typer()
@@ -75,8 +75,8 @@ def test_simulate_user_errors_are_one_line_exit_1(plan_file, tmp_path):
 
 
 def test_simulate_model_parallel_is_a_number_or_auto(plan_file):
-    from planner.plan import load_plan
-    from planner.search import best_model_parallel
+    from planner.search.search import best_model_parallel
+    from planner.specs.plan import load_plan
 
     result = runner.invoke(app, ["simulate", str(plan_file), "--json", "--model-parallel", "auto"])
     assert result.exit_code == 0, result.output
@@ -87,15 +87,15 @@ def test_simulate_model_parallel_is_a_number_or_auto(plan_file):
 
 
 def test_apply_pins_rejects_bad_max_alloc(plan_file):
-    from planner.plan import load_plan
+    from planner.specs.plan import load_plan
 
     with pytest.raises(PlannerError, match="--max-alloc-gib"):
         apply_pins(load_plan(plan_file), max_alloc_gib=0)
 
 
 def test_tiling_shrinks_the_largest_allocation_below_the_contiguous_limit(plan_file):
-    from planner.plan import load_plan
     from planner.sim import simulate
+    from planner.specs.plan import load_plan
 
     # 1.4B: the 1536 x 6144 MLP weight is 18 MiB in bf16; the largest activation 12 MiB.
     plan = apply_pins(load_plan(plan_file), max_alloc_gib=0.015)
@@ -119,7 +119,7 @@ def test_efficiency_curve_interpolates_in_log_size_and_clamps():
 def test_presets_round_trip_with_curves(name):
     node = hardware_presets()[name]
     # Presets that cite every number (docs/hardware.md) have no curves: no public per-size curve exists for them.
-    # Fitted presets (issue 24 item 4) have curves and cite their fitted numbers' rows.
+    # Fitted presets (planner/validation/fit.py) have curves and cite their fitted numbers' rows.
     fitted = node.provenance("efficiency").startswith("fitted: published_runs")
     assert bool(node.transfer_efficiency.points and node.matmul_efficiency.points) == (not node.citations or fitted)
     again = NodeSpec.from_dict(json.loads(json.dumps(node.to_dict())))

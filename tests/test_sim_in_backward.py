@@ -9,16 +9,17 @@ import typer
 from test_sim_timelines import CPU_OFFLOAD, ONE_LAYER, rounded, tiny_node
 from typer.testing import CliRunner
 
-from planner.calibrate import calibrate, phase_features
-from planner.catalog import hardware_presets, resolve_hardware, resolve_model
-from planner.model import ModelSpec
-from planner.plan import Placement, Plan
-from planner.profile import Profile, compare
+from planner.calibration.calibrate import calibrate, phase_features
+from planner.calibration.compare import compare
+from planner.cost.throughput import estimate
 from planner.sim import simulate
 from planner.sim.fast import predict
 from planner.sim.periodic import simulate_periodic
 from planner.sim.workload import optimizer_params_per_rank
-from planner.throughput import estimate
+from planner.specs.catalog import hardware_presets, resolve_hardware, resolve_model
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Placement, Plan
+from planner.specs.profile import Profile
 from tierwise.cli.simulate import register
 
 STATES_ON_NVME = Placement(params="cpu", gradients="cpu", optimizer_states="nvme", recompute_inputs="gpu")
@@ -34,7 +35,7 @@ def nvme_node(**overrides):
 COPY_S = 18 / 1024
 """Per parameter, the streamed step's host copies in STATES_ON_NVME (bf16): the gradient from host
 memory (8 B), the master's cast to bf16 (4 + 2 B) and the copy into the parameters' host shard (2 + 2 B)
-at 1024 B/s, timed with CPU Adam (planner/host_work.py [Note: the step's host copies])."""
+at 1024 B/s, timed with CPU Adam (planner/cost/host_work.py [Note: the step's host copies])."""
 
 
 def one_layer(node, placement, step="in_backward"):
@@ -182,7 +183,7 @@ def test_a_1t_plan_stepping_in_backward_simulates():
     before = estimate(plan.replace(optimizer_step="after_backward"))
     assert p.iteration_time_s == pytest.approx(sum(p.phase_time_s.values()), rel=1e-12)
     assert p.phase_time_s["optimizer"] < 0.01 * before.phase_time_s["optimizer"]
-    # [Note: analytic bound] in planner/sim/refine.py holds for the in-backward estimate too.
+    # [Note: analytic bound] in planner/search/refine.py holds for the in-backward estimate too.
     assert estimate(plan).tokens_per_s >= p.tokens_per_s
 
 
@@ -207,7 +208,7 @@ def test_simulate_pin_and_bad_value(tmp_path):
 
 
 def test_calibration_features_follow_the_phase_the_work_falls_in():
-    # [Note: the calibration model] in planner/calibrate.py: a feature is what a phase's simulated
+    # [Note: the calibration model] in planner/calibration/calibrate.py: a feature is what a phase's simulated
     # time owes a rate. In the NVMe test's timeline above the backward (26 - 69.75 s, as the
     # runtime's profile times it: it ends with the last update computed) waits for qkv's update
     # only (3 params at 4 params/s; the other updates and every read run beside later operators),

@@ -68,7 +68,7 @@ def test_shared_device_budget_for_reads_and_writes():
 
 
 def test_a_delayed_flow_holds_no_bandwidth_during_its_latency():
-    # A collective's latency (planner/collectives.py): b waits 1 s before its 2 units start, so a has
+    # A collective's latency (planner/cost/collectives.py): b waits 1 s before its 2 units start, so a has
     # the link alone for 1 s (2 of its 4 units), then they share it: a's last 2 units and b's 2 at 1/s.
     env = simpy.Environment()
     net = Network(env)

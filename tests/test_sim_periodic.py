@@ -1,18 +1,18 @@
 """The Timeline panel's extrapolated timelines equal the whole simulation's (planner/sim/periodic.py,
 [Note: periodic timelines]): every busy interval, every memory step, the Gantt chart's bins and zoom,
-and the prediction, on plans with tiling, a partial top segment, no checkpointing, tensor
+and the prediction, on plans with tiling, a partial top segment, no recompute, tensor
 parallelism, several nodes, and GPU / CPU / NVMe placements."""
 
 import numpy as np
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.model import ModelSpec
-from planner.plan import Placement, Plan
+from planner.output.timeline import busy_bins, zoom_spans
 from planner.sim import fast, samples, simulate
 from planner.sim.periodic import NotPeriodic, check_equal, sample_units, simulate_periodic
 from planner.sim.report import timelines_of
-from planner.sim.timeline import busy_bins, zoom_spans
+from planner.specs.catalog import resolve_hardware, resolve_model
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Placement, Plan
 
 NVME_PARAMS = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
 ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
@@ -25,14 +25,14 @@ def small(num_layers: int, **kw) -> ModelSpec:
 
 
 PLANS = {
-    # The dashboard's slow case (issue 7): 1T on 32 GPUs, tiling 8, parameters on NVMe, the rest on the CPU.
+    # The dashboard's slow case (benchmarks/app_speed.py): 1T on 32 GPUs, tiling 8, parameters on NVMe, the rest on the CPU.
     "1T tiled, nvme params": Plan(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=32,
                                   placement=NVME_PARAMS, micro_batch_per_gpu=19, recompute_interval=4, tiling_factor=8),
     "partial top segment, cpu": Plan(model=small(30), node=resolve_hardware("dgx2-v100"), num_gpus=16, placement=ALL_CPU,
                                      micro_batch_per_gpu=4, recompute_interval=4),
     "all nvme, ci 1, vocab, 2 nodes": Plan(model=small(12, vocab_size=32000), node=resolve_hardware("dgx-a100-80g"),
                                            num_gpus=16, placement=ALL_NVME, micro_batch_per_gpu=2, recompute_interval=1),
-    "no checkpointing, gpu optimizer, mp 2": Plan(model=small(10), node=resolve_hardware("dgx-h100"), num_gpus=8,
+    "no recompute, gpu optimizer, mp 2": Plan(model=small(10), node=resolve_hardware("dgx-h100"), num_gpus=8,
                                                   placement=GPU_OPTIMIZER, micro_batch_per_gpu=1, recompute_interval=0,
                                                   model_parallel_degree=2),
 }

@@ -2,10 +2,10 @@
 
 import pytest
 
-from planner.catalog import resolve_hardware, resolve_model
-from planner.search import SearchRequest, search
+from planner.search.refine import DEFAULT_TOP, refine
+from planner.search.search import SearchRequest, search
 from planner.sim.fast import predict as simulate_fast
-from planner.sim.refine import DEFAULT_TOP, refine
+from planner.specs.catalog import resolve_hardware, resolve_model
 
 CASES = [("dgx-h100", "1T", 16), ("dgx2-v100", "1T", 16), ("dgx-a100-80g", "175B", 8),
          ("dgx-h100", "llama-3-70b", 8), ("dgx-h100", "gpt3-13b", 8), ("h200-x1", "gpt3-6.7b", 1)]

@@ -4,13 +4,14 @@ import dataclasses
 
 import pytest
 
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import Placement, Plan
 from planner.sim import simulate
-from planner.sim.engine import Simulation, stage_lookaheads
+from planner.sim.engine import Simulation, stage_lookahead
 from planner.sim.optimizer import _run, chunked_step
 from planner.sim.workload import OpShape, Step, build_workload
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Placement, Plan
+from planner.specs.tiers import HOST, NVME
 
 
 def tiny_node(**overrides) -> NodeSpec:
@@ -35,7 +36,7 @@ def rounded(log, keep):
 def test_one_layer_known_bandwidths_give_known_iteration_time():
     # One block of a width-1 model, bf16, batch 1, seq 1: linears qkv 3, attn_out 1, mlp_up 4, mlp_down
     # 4 weights (6, 2, 8, 8 bytes); forward flops 2 * params, attn_out also 4 attention flops. PCIe
-    # 2 B/s each way, 2 flop/s, CPU Adam 4 params/s. Depth 0, no checkpointing: every step is
+    # 2 B/s each way, 2 flop/s, CPU Adam 4 params/s. Depth 0, no recompute: every step is
     # fetch -> compute (-> gradient offload), in sequence.
     plan = Plan(model=ONE_LAYER, node=tiny_node(), num_gpus=1, placement=CPU_OFFLOAD, recompute_interval=0,
                 prefetch_depth=0)
@@ -92,10 +93,14 @@ def _depth_plan(depth: int) -> Plan:
 
 
 def test_stage_lookaheads_follow_method_4_3():
-    assert stage_lookaheads(3) == {"nvme": 3, "h2d": 2, "gather": 1}
-    assert stage_lookaheads(0) == {"nvme": 0, "h2d": 0, "gather": 0}
-    assert stage_lookaheads(1) == {"nvme": 1, "h2d": 1, "gather": 1}
-    assert stage_lookaheads(5) == {"nvme": 5, "h2d": 4, "gather": 3}
+    # (NVMe read: 2 hops from the GPU, host copy: 1 hop, all-gather) operators ahead, by depth.
+    def ahead(depth):
+        return tuple(stage_lookahead(depth, hops) for hops in (NVME.hops_to_gpu, HOST.hops_to_gpu, 0))
+
+    assert ahead(3) == (3, 2, 1)
+    assert ahead(0) == (0, 0, 0)
+    assert ahead(1) == (1, 1, 1)
+    assert ahead(5) == (5, 4, 3)
 
 
 def test_prefetch_depth_0_vs_3_on_a_transfer_bound_case():
@@ -128,7 +133,7 @@ def _optimizer_plan(buffers: int, nvme: str) -> Plan:
     # gradient). The runtime reads and writes the 12 B/param in the optimizer's tier (the gradient
     # stays on the CPU here): 3072 B per chunk, 2 s alone each way; updating it: 1 s. Host memory
     # fast enough that the step's host copies take no time: the chunk pipeline alone here
-    # (test_sim_in_backward's timelines time them, planner/host_work.py).
+    # (test_sim_in_backward's timelines time them, planner/cost/host_work.py).
     model = ModelSpec(name="tiny-768", num_layers=1, hidden_size=8, num_heads=1, seq_len=1)
     node = tiny_node(nvme_read_bytes_per_s=1536.0, nvme_write_bytes_per_s=1536.0, cpu_adam_params_per_s=256.0,
                      nvme_read_write=nvme, host_memory_bytes_per_s=2.0**60)
@@ -195,9 +200,9 @@ def _running(changes):
     (8, 2, Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")),  # 2 nodes
 ])
 def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement):
-    # [Note: representative rank]: nodes of 4 GPUs, every transfer kind, efficiency curves, checkpoints
-    # on CPU; with two nodes the all-gathers and reduce-scatters also cross the network port.
-    from planner.catalog import hardware_presets
+    # [Note: representative rank]: nodes of 4 GPUs, every transfer kind, efficiency curves, recompute
+    # inputs on CPU; with two nodes the all-gathers and reduce-scatters also cross the network port.
+    from planner.specs.catalog import hardware_presets
 
     node = hardware_presets()["dgx2-v100"].replace(num_gpus_per_node=4)
     model = ModelSpec(name="small", num_layers=3, hidden_size=256, num_heads=4, seq_len=64)
@@ -222,17 +227,17 @@ def test_representative_rank_equals_every_rank_simulated(num_gpus, mp, placement
     (512, 17, 0, Placement(), 1, 1, 16, True),
     (512, 31, 4, Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu"), 4, 1, 32,
      True),
-    # Tiny transfers: with the hand-set A100 rates the checkpoint offloads drifted against the fetches
-    # and the fast path fell back to every block; with the fitted rates (issue 24 item 4: slower small
-    # matmuls) compute hides them and the blocks repeat.
+    # Tiny transfers: with the hand-set A100 rates the recompute-input offloads drifted against the fetches
+    # and the fast path fell back to every block; with the fitted rates (planner/validation/fit.py: slower
+    # small matmuls) compute hides them and the blocks repeat.
     (512, 20, 1, Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu"), 1, 1,
      16, True),
 ])
 def test_periodic_layer_extrapolation_matches_full_simulation(hidden, layers, ci, placement, mp, tiling, gpus, periodic):
     # [Note: periodic layers]: the fast path samples 2 shallower models and extrapolates exactly.
-    from planner.catalog import hardware_presets
     from planner.sim.fast import predict
     from planner.sim.periodic import sample_units
+    from planner.specs.catalog import hardware_presets
 
     model = ModelSpec(name="deep", num_layers=layers, hidden_size=hidden, num_heads=8, seq_len=128, vocab_size=1000)
     plan = Plan(model=model, node=hardware_presets()["dgx-a100-80g"], num_gpus=gpus, placement=placement,
@@ -269,9 +274,9 @@ def test_all_gather_across_nodes_is_capped_by_the_network_port():
 
 
 def test_refine_ranks_by_simulated_throughput_and_keeps_the_analytic_numbers():
-    from planner.catalog import hardware_presets, resolve_model
-    from planner.search import SearchRequest, search
-    from planner.sim.refine import refine
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.catalog import hardware_presets, resolve_model
 
     result = search(SearchRequest(model=resolve_model("13B"), node=hardware_presets()["dgx2-v100"], num_gpus=16))
     refined = refine(result, top=4)
@@ -285,9 +290,9 @@ def test_refine_ranks_by_simulated_throughput_and_keeps_the_analytic_numbers():
 
 
 def test_refine_keeps_the_analytic_prediction_when_the_simulator_cannot_time_a_plan():
-    from planner.catalog import hardware_presets, resolve_model
-    from planner.search import SearchRequest, search
-    from planner.sim.refine import refine
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.catalog import hardware_presets, resolve_model
 
     node = hardware_presets()["dgx2-v100"].replace(gpu_hbm_bytes_per_s=0.0)  # GPU Adam needs the HBM rate
     result = search(SearchRequest(model=resolve_model("1.4B"), node=node, num_gpus=16, strategy="zero3"))

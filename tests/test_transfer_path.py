@@ -18,6 +18,7 @@ on one rank and two (gloo):
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ CASES = [(p, s, h) for p in PLACEMENTS for s in SCHEDULES for h in PINNINGS if p
 IDS = ["-".join(case) for case in CASES]
 SHARD_TERMS = ("params", "gradient_landing_buffers", "recompute_inputs")
 """Pinned terms holding the model's state: the bill counts the model spec's parameters, which leave
-out its biases, norms and position embeddings (planner/memory.py), and each pinned buffer rounds to
+out its biases, norms and position embeddings (planner/cost/memory.py), and each pinned buffer rounds to
 a page: the rest are sized by the plan, to the byte."""
 STEPS = 3
 SEPARATE = {**HARDWARE, "host_is_device": False}
@@ -118,10 +119,11 @@ def traced_run(placement: str, schedule: str, pinning: str, nvme_path: str, even
 
 def trained_and_traced(doc: dict[str, Any], rank: int = 0, world_size: int = 1) -> dict[str, Any]:
     """`STEPS` steps of `doc`, traced: the properties the tests assert, as JSON (also on CUDA)."""
-    from planner.memory import memory_bill
+    from planner.cost.memory import memory_bill
     from runtime.sharding import state_of
     from runtime.transfer.trace import Copy, HostWait, Pin, StreamWait, WaitKind, tracing
 
+    gc.collect()  # earlier runs' buffers are unpinned now, not in this run's trace
     with tracing() as trace:
         losses, model, opt = _train(doc, rank, world_size, trace)
         state = state_of(model)

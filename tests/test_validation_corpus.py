@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from planner.validation.corpus import COLUMNS, MEASURED, default_corpus_path, gpu_family, load_corpus
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Fitted presets (issue 24 item 4): the fitter recovers known numbers, leave-one-source-out never
+"""Fitted presets (docs/planner.md, Fitted presets): the fitter recovers known numbers, leave-one-source-out never
 sees its held-out source, every fitted number says where it came from, and fitting is deterministic."""
 
 import dataclasses
@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from planner.catalog import hardware_presets
-from planner.errors import PlannerError
-from planner.hardware import FITTED_PROVENANCE, NodeSpec
+from planner.specs.catalog import hardware_presets
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import FITTED_PROVENANCE, NodeSpec
 from planner.validation import fit as fitting
 from planner.validation.corpus import load_corpus
 from planner.validation.report import measured_metric, predict_row

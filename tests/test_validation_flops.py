@@ -3,8 +3,8 @@ rows (a source that prints two metrics fixes its FLOPs per token)."""
 
 import pytest
 
-from planner.errors import PlannerError
-from planner.model import ModelSpec
+from planner.specs.errors import PlannerError
+from planner.specs.model import ModelSpec
 from planner.validation.configure import preset_for_name
 from planner.validation.corpus import load_corpus
 from planner.validation.flops import accounting_for, flops_per_token, from_tokens_per_s, to_tokens_per_s

@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from planner.validation.configure import row_plan
 from planner.validation.corpus import load_corpus
 from planner.validation.docs import BEGIN, END, write_docs
@@ -87,7 +87,7 @@ def test_plans_take_exactly_what_the_row_states(rows):
 
 
 def test_rows_state_their_recompute_and_attention_kernel(rows):
-    # torchtitan p211 states selective recompute; it is planned as such (no block checkpoints).
+    # torchtitan p211 states selective recompute; it is planned as such (no recompute segments).
     p211 = row_plan(rows["p211"]).plan
     assert (p211.recompute, p211.recompute_interval, p211.attention) == ("selective", 0, "flash")
     assert p211.model.rotary  # a Llama: rotary position embeddings

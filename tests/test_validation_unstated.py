@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from planner.memory import memory_bill
+from planner.cost.memory import memory_bill
 from planner.sim.fast import predict
 from planner.validation.configure import context_parallel, row_plan
 from planner.validation.corpus import load_corpus

@@ -9,15 +9,16 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from planner.plan import Plan
-from planner.throughput import (
+from planner.cost.throughput import (
     EFFICIENCY_STATES,
     arithmetic_intensity,
     bandwidths,
     efficiency,
     state_bandwidths,
 )
-from planner.units import GB
+from planner.specs.plan import Plan
+from planner.specs.tiers import TIERS
+from planner.specs.units import GB
 
 CURVE_POINTS = 61
 MIN_GB_PER_S, MAX_GB_PER_S = 0.1, 1000.0
@@ -43,7 +44,10 @@ def curves_frame(plan: Plan) -> pd.DataFrame:
 def hardware_frame(plan: Plan) -> pd.DataFrame:
     """The per-GPU bandwidths this plan's traffic can use on this hardware (vertical rules)."""
     bw = bandwidths(plan)
-    links = {"CPU -> GPU (PCIe share)": bw.h2d, "NVMe read share": bw.nvme_read, "NVMe write share": bw.nvme_write}
+    links = {"CPU -> GPU (PCIe share)": bw.h2d}
+    for tier in TIERS:
+        if tier.staged:  # a tier behind host memory: its share of the node's links (NVMe's)
+            links.update({f"{tier.label} read share": bw.reads[tier], f"{tier.label} write share": bw.writes[tier]})
     return pd.DataFrame([{"link": k, "GB/s per GPU": v / GB} for k, v in links.items() if v > 0])
 
 

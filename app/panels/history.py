@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app.history import History, default_history_path, read_history
-from planner.profile import ERROR_DEFINITION
+from planner.specs.profile import ERROR_DEFINITION
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

@@ -6,14 +6,15 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from planner.memory_terms import describe
-from planner.plan import TIERS, Plan
-from planner.report import TIER_UNIT, fmt_bytes
-from planner.units import GIB
+from planner.output.report import fmt_bytes
+from planner.specs.memory_terms import describe
+from planner.specs.plan import Plan
+from planner.specs.tiers import TIERS, Tier
+from planner.specs.units import GIB
 
 
-def tier_label(tier: str) -> str:
-    return f"{tier.upper()} ({TIER_UNIT[tier]})"
+def tier_label(tier: Tier) -> str:
+    return f"{tier.upper()} ({tier.scope})"
 
 
 def memory_frame(plan: Plan) -> pd.DataFrame:

@@ -8,8 +8,8 @@ import streamlit as st
 
 from app import compute
 from app.state import Inputs
-from planner.hardware import NodeSpec
-from planner.plan import STRATEGY_TABLE
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import STRATEGY_TABLE
 
 MIN_LARGEST_COUNT = 128
 """The curves reach at least this many GPUs (and four times the GPUs asked for)."""

@@ -6,9 +6,9 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from planner import report
-from planner.plan import STRATEGY_TABLE
-from planner.search import SearchResult, best_by_strategy
+from planner.output import report
+from planner.search.search import SearchResult, best_by_strategy
+from planner.specs.plan import STRATEGY_TABLE
 
 DOES_NOT_FIT = "does not fit"
 NUMBER_FORMATS = {

@@ -9,12 +9,13 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from planner import report
-from planner.plan import TIERS, Plan, Prediction
+from planner.output import report
+from planner.output.timeline import PHASE_COLORS, busy_bins, zoom_spans
 from planner.sim import SimResult
 from planner.sim.periodic import simulate_periodic
-from planner.sim.timeline import PHASE_COLORS, busy_bins, zoom_spans
-from planner.units import GIB
+from planner.specs.plan import Plan, Prediction
+from planner.specs.tiers import TIERS
+from planner.specs.units import GIB
 
 GANTT_BINS = 300
 """Bins of the full-iteration chart: finer than the chart's width in pixels is not readable."""
@@ -80,7 +81,7 @@ def memory_chart(frame: pd.DataFrame) -> alt.FacetChart:
 
 
 def gantt_frames(result: SimResult) -> tuple[pd.DataFrame, tuple[float, float], pd.DataFrame]:
-    """planner.sim.timeline's data: busy fraction per resource and time bin, and one checkpoint
+    """planner.output.timeline's data: busy fraction per resource and time bin, and one recompute
     segment of the backward pass span by span."""
     window, spans = zoom_spans(result)
     return pd.DataFrame(busy_bins(result, GANTT_BINS)), window, pd.DataFrame(spans)

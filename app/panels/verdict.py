@@ -7,11 +7,11 @@ import json
 import pandas as pd
 import streamlit as st
 
-from planner import report
-from planner.deepspeed_config import deepspeed_config
-from planner.errors import PlannerError
-from planner.plan import Plan
-from planner.search import SearchResult
+from planner.output import report
+from planner.output.deepspeed_config import deepspeed_config
+from planner.search.search import SearchResult
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
 
 METHOD_CAPTIONS = {
     "analytic": "Predicted by the analytic estimate (paper §4). Turn on *Rank the top plans by simulation* in the "
@@ -37,7 +37,7 @@ def candidates_frame(plans: list[Plan], winner: Plan | None = None) -> pd.DataFr
     for plan in plans:
         pred = plan.prediction
         assert pred is not None
-        bound = report.is_bound(plan, winner)  # [Note: runner-up bounds] in planner/report.py
+        bound = report.is_bound(plan, winner)  # [Note: runner-up bounds] in planner/output/report.py
         rows.append({
             "strategy": plan.strategy,
             "placement": plan.placement.label(),

@@ -1,23 +1,19 @@
-"""One-GPU measurements of the runtime against plain torch, DeepSpeed ZeRO-3 and FSDP2, side by side.
+"""The fp32 MLP on one GPU: parity of the runtime with plain torch, and its step all on the GPU.
 
-    python benchmarks/gpu/bench_gpu.py parity  [--size small] [--steps 5] [--out parity.json]
-    python benchmarks/gpu/bench_gpu.py device  [--size large] [--rounds 3 --steps 5 --warmup 2] [--out device.json]
-    python benchmarks/gpu/bench_gpu.py offload [--size large] [--rounds 3 --steps 5 --warmup 2] [--out offload.json]
+    python benchmarks/gpu/bench_gpu.py parity [--size small] [--steps 5] [--out parity.json]
+    python benchmarks/gpu/bench_gpu.py device [--size large] [--rounds 3 --steps 5 --warmup 2] [--out device.json]
 
 The model is benchmarks/bench_runtime.py's (LayerNorm + two Linears per block, MSE loss), fp32, AdamW
 at the same lr, at a size of SIZES. Systems (all on the one GPU):
 - `plain`: the model on the GPU, `torch.optim.AdamW(fused=True)`, no runtime;
 - `ours-device`: our runtime, everything on the GPU; `ours-cpu`: params, gradients and optimizer
-  states on the cpu tier (the runtime's CPU offload);
-- `deepspeed-cpu`: DeepSpeed 0.19.8 ZeRO-3, `offload_param` and `offload_optimizer` on CPU with
-  pinned memory, DeepSpeedCPUAdam (bench_runtime.DEEPSPEED_OPTIMIZER);
-- `fsdp2-cpu`: `fully_shard` per block and at the root with `CPUOffloadPolicy()` (pinned), torch
-  AdamW on the CPU shards (fused where it runs on them, else foreach; the JSON says which).
-A timing mode builds its systems in one process and alternates their steps (order flipped every
-iteration), `--rounds` fresh processes; ratios are the median over adjacent step pairs. `parity`
-trains ours and plain from the same weights on the same batches (TF32 off) and compares losses.
-`--device cpu` runs any mode without a GPU (a check of the script, not a measurement: every "GPU"
-system then computes on the host, FSDP2's shards unpinned).
+  states on the cpu tier (the runtime's CPU offload).
+The offload tiers against FSDP2 and DeepSpeed are measured on a real transformer in bf16
+(benchmarks/gpu/bench_llama.py); this MLP is the kit's small extra. `device` builds its systems in
+one process and alternates their steps (order flipped every iteration), `--rounds` fresh processes;
+ratios are the median over adjacent step pairs. `parity` trains ours and plain from the same
+weights on the same batches (TF32 off) and compares losses. `--device cpu` runs either mode without
+a GPU (a check of the script, not a measurement).
 """
 
 from __future__ import annotations
@@ -34,21 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 from bench_nvme_step import GPU_HARDWARE  # noqa: E402
-from bench_runtime import (  # noqa: E402
-    DEEPSPEED_OPTIMIZER,
-    LR,
-    build_model,
-    deepspeed_step,
-    ours_step,
-    plain_step,
-    plan_doc,
-)
+from bench_runtime import LR, build_model, ours_step, plain_step, plan_doc  # noqa: E402
 from kit import emit  # noqa: E402
 
-SIZES = {"small": (1024, 4096, 8, 4, 128), "large": (2048, 8192, 8, 8, 512)}
-"""name -> (hidden, ffn, blocks, batch, tokens): small is DESIGN.md's (67 M params), large 268 M."""
-MODES = {"parity": ["plain", "ours-device", "ours-cpu"], "device": ["ours-device", "plain"],
-         "offload": ["ours-cpu", "deepspeed-cpu", "fsdp2-cpu"]}
+SIZES = {"tiny": (64, 256, 2, 2, 32), "small": (1024, 4096, 8, 4, 128), "large": (2048, 8192, 8, 8, 512)}
+"""name -> (hidden, ffn, blocks, batch, tokens): small is the design document's (67 M params), large
+268 M; tiny is the dry run's."""
+MODES = {"parity": ["plain", "ours-device", "ours-cpu"], "device": ["ours-device", "plain"]}
 """Mode -> its systems; ours come first: built before any process group exists, as in `planner run`."""
 PARITY_REL_TOL = 1e-5
 """Losses of ours vs plain torch, fp32 without TF32: same math, summation order aside."""
@@ -62,50 +50,8 @@ def gpu_plan(placement: str, size: str, device: str = "cuda") -> dict:
     return doc
 
 
-def ensure_process_group() -> None:
-    """World 1: gloo for CPU tensors, NCCL for CUDA ones (gloo alone without CUDA)."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("BENCH_PORT", "29641"))
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
-
-
-def fsdp2_step(model, x, y):  # noqa: ANN001, ANN201
-    """FSDP2 with its CPU offload: the shards live in pinned host memory, the optimizer steps there."""
-    import torch
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-    ensure_process_group()
-    policy = CPUOffloadPolicy(pin_memory=x.is_cuda)  # pinned (its default) wherever there is a GPU
-    for block in model.blocks:
-        fully_shard(block, offload_policy=policy)
-    fully_shard(model, offload_policy=policy)
-    state = {"opt": torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True), "kind": "fused"}
-
-    def step() -> float:
-        loss = model(x, y)
-        loss.backward()
-        try:
-            state["opt"].step()
-        except (RuntimeError, NotImplementedError):  # fused AdamW does not take these CPU DTensors
-            if state["kind"] != "fused":
-                raise
-            state.update(opt=torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, foreach=True),
-                         kind="foreach")
-            state["opt"].step()
-        state["opt"].zero_grad(set_to_none=True)
-        step.optimizer = f"torch AdamW {state['kind']} (CPU shards)"
-        return loss.item()
-
-    step.optimizer = "torch AdamW fused (CPU shards)"
-    return step
-
-
 def make_step(system: str, size: str, x, y):  # noqa: ANN001, ANN201
-    hidden, ffn, blocks, batch, _ = SIZES[size]
+    hidden, ffn, blocks, _, _ = SIZES[size]
     model = build_model(hidden, ffn, blocks)
     if system in ("ours-device", "ours-cpu"):
         step, _ = ours_step(model, gpu_plan(system.split("-")[1], size, x.device.type), x, y)
@@ -113,16 +59,6 @@ def make_step(system: str, size: str, x, y):  # noqa: ANN001, ANN201
         return step
     if system == "plain":
         return plain_step(model, x, y)
-    if system == "deepspeed-cpu":
-        device = x.device.type
-        if device == "cpu":
-            os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported
-        ensure_process_group()
-        offload = {"device": "cpu", "pin_memory": device == "cuda"}
-        return deepspeed_step(model.to(device), x, y, batch=batch, port="29642", device=device,
-                              zero_optimization={"stage": 3, "offload_param": offload, "offload_optimizer": offload})
-    if system == "fsdp2-cpu":
-        return fsdp2_step(model, x, y)
     raise SystemExit(f"unknown system {system!r}: use one of {sorted({s for v in MODES.values() for s in v})}")
 
 
@@ -216,8 +152,7 @@ def main() -> int:
     hidden, ffn, blocks, batch, tokens = SIZES[size]
     doc = {"benchmark": f"gpu {args.mode}", "mode": args.mode, "size": size,
            "model": f"{blocks} x (LayerNorm + Linear({hidden},{ffn}) + Linear({ffn},{hidden})), batch {batch}x{tokens}, fp32, AdamW",
-           "rounds": rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup,
-           "deepspeed_optimizer_config": DEEPSPEED_OPTIMIZER}
+           "rounds": rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup, "lr": LR}
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
         doc |= {"ok": False, "error": errors[0]}

@@ -6,16 +6,19 @@
     python benchmarks/gpu/kit.py stages     # STAGE<TAB>what it does, in run order
 
 [Note: the GPU image]
-The GPU machine (device README, KINDS.md) runs Python 3.12 from the image 'cuda' and reaches no
-network: IMAGE_PACKAGES is its package list as KINDS.md records it (read 2026-11-17). Whatever the
-project imports that is not there travels as a wheel in `.whl/` (gather_wheels.sh builds the folder
-here; the run names it in `carry`). Versions are the ones this project's venv runs its tests with,
+The GPU machine the kit is for runs Python 3.12 from a CUDA image ('cuda') and reaches no network:
+IMAGE_PACKAGES is that image's package list. Whatever the project imports that is not there travels
+as a wheel in `.whl/`, which gather_wheels.sh fills on a machine that reaches pip's registry and the
+run takes along. Versions are the ones this project's venv runs its tests with,
 so the GPU machine runs the same code paths. Two of them are in the image too but travel anyway,
-because our wheels need newer versions than an image of that date may hold: typing-extensions
+because our wheels need newer versions than the image may hold: typing-extensions
 (pydantic 2.14 needs >= 4.16) and narwhals (altair 6.3 needs >= 2.4). DeepSpeed has no wheel on PyPI:
-it is built here from its sdist with no ops (DS_BUILD_OPS=0); its ops (DeepSpeedCPUAdam, async_io)
-are JIT-built there with the image's ninja and nvcc. Its NVMe op needs libaio, which the image may
-lack: libaio1 and libaio-dev travel as .debs, unpacked under /tmp, never into / (device README).
+its sdist travels (`.whl/src/`), with a wheel built from it here with no ops (DS_BUILD_OPS=0); the
+GPU machine's build stage builds its ops (cpu_adam, async_io, pin_memory) into a wheel there once
+and returns it, and `gather_wheels.sh --built` puts it in place of the one without
+([Note: what DeepSpeed loads] in build_ops.py), with the io_uring extension it built (`.whl/ops/`).
+Its NVMe op needs libaio, which the image may lack: libaio1 and libaio-dev travel as .debs,
+unpacked under /tmp, never into /.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = Path(__file__).resolve().parent
@@ -53,7 +57,7 @@ typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug whe
 zipp
 """
 IMAGE_PACKAGES = frozenset(_IMAGE_LIST.split())
-"""The GPU image's distributions (KINDS.md, 2026-11-17)."""
+"""The GPU image's distributions ([Note: the GPU image])."""
 
 WHEELS = {
     # the planner's own needs (pyproject dependencies)
@@ -71,7 +75,10 @@ WHEELS = {
 """Distribution -> version, downloaded as manylinux x86-64 / py3 wheels for CPython 3.12."""
 
 BUILT_WHEELS = {"deepspeed": "0.19.8"}
-"""Built here from the sdist (`DS_BUILD_OPS=0 pip wheel --no-deps --no-build-isolation`)."""
+"""Built here from the sdist (`DS_BUILD_OPS=0 pip wheel --no-deps --no-build-isolation`), whose file
+travels too (`src/NAME-VERSION.tar.gz`): the GPU's build stage builds the ops from it."""
+GPU_PYTHON_TAG = "cp312"
+"""What the GPU image's Python builds: a built wheel or extension of another tag is from elsewhere."""
 
 DEBS = ("libaio1", "libaio-dev")
 """System packages for DeepSpeed's async_io op, unpacked under /tmp on the GPU machine when absent."""
@@ -90,19 +97,57 @@ SCANNED = ("planner", "runtime", "app", "benchmarks/gpu", "benchmarks/bench_runt
            "benchmarks/bench_nvme_step.py", "benchmarks/results_md.py", "tests", "tierwise")
 """Every third-party import under these must be in the image or travel as a wheel."""
 
+class Stage(NamedTuple):
+    """One stage of the call: what it shows, and its time on an H200 ([Note: sizing the call])."""
+
+    what: str
+    h200_s: int
+    """Seconds expected on an H200 in a call on a fresh machine (the plan; the run log says what it took)."""
+    min_s: int
+    """The least time worth starting it with: with less of the call left, it is skipped and named."""
+    cap_s: int
+    """The most it may take: a stage that hangs leaves the rest of the call to the stages after it."""
+    dry_cap_s: int | None = None
+    """The cap in a dry run on the CPU, where it differs (compiling on a few shared cores)."""
+
+
 STAGES = {
-    "install": "install the carried wheels (.whl/) and the project (editable, for the `planner` script)",
-    "build": "build the C++ extension (setup.py build_ext --inplace) and JIT-build DeepSpeed's cpu_adam and async_io",
-    "pytest": "pytest -m gpu",
-    "parity": "one-GPU parity with plain torch (losses; bitwise where the math is identical)",
-    "device": "step time: ours, everything on the GPU, vs plain torch",
-    "offload": "step time: ours on the CPU tier vs DeepSpeed ZeRO-3 CPU offload vs FSDP2 CPUOffloadPolicy",
-    "nvme": "step time: ours full-NVMe vs DeepSpeed ZeRO-3 NVMe offload (aio sweep) and the I/O roofline",
-    "planner": "planner probe -> fit -> run -> compare on this GPU",
-    "staged": "the CPU tier's staged host copies timed piece by piece, and a sampled trace of the runtime's threads",
-    "report": "markdown section for benchmarks/RESULTS.md from the stages' JSON",
+    "install": Stage("install the carried wheels (.whl/) and the project (editable, for `planner`); the carried "
+                     "io_uring extension into runtime/", 40, 20, 150),
+    "build": Stage("runtime._aio_ext and DeepSpeed's cpu_adam, async_io and pin_memory ops prebuilt into a "
+                   "DeepSpeed wheel (returned in OUT; a carried one is only checked): no JIT build later", 150, 45, 300,
+                   dry_cap_s=3600),
+    "offload": Stage("the host-memory tier vs FSDP2 CPUOffloadPolicy and DeepSpeed ZeRO-3 CPU offload, and "
+                     "all-on-GPU (ours, plain torch), the 1.1 B Llama in bf16 at seq 4096 and 2048", 140, 90, 240),
+    "nvme": Stage("the NVMe tier vs DeepSpeed ZeRO-Infinity (aio qd 128 x 1 thread) and the step's NVMe "
+                  "roofline, a 4-layer cut of the Llama, merged after each shape", 100, 70, 240),
+    "planner": Stage("planner probe -> fit -> run -> compare for the cpu, nvme and device plans", 110, 60, 240),
+    "staged": Stage("the host tier's staged copies timed piece by piece, and a sampled trace of its threads", 30, 20, 90),
+    "pytest": Stage("pytest -m gpu (two ranks share the GPU over gloo where a test needs several)", 70, 40, 180),
+    "parity": Stage("one-GPU parity with plain torch on the fp32 MLP (losses; bitwise where the math is identical)",
+                    15, 10, 60),
+    "device": Stage("the fp32 MLP all on the GPU: ours vs plain torch", 45, 30, 90),
 }
-"""Stage -> what it does, in run order (`run.sh` with no stage runs them all)."""
+"""Stage -> what it shows and its time, in run order: the offload tiers first (`run.sh` with no stage
+runs them all, each under what is left of the call's budget).
+
+[Note: sizing the call]
+One call on a fresh machine has CALL_BUDGET_S (420 s by default: the device's 15 minutes hold one
+start, one 7-minute call and a second, shorter call). `h200_s` is the plan, from the first H200 run
+(docs/notes/2026-11-26-first-gpu-run.md: install 37 s, pytest 34 s, parity 13 s, the MLP device
+comparison 42 s, planner with two 1.2 B chains 61 s, the MLP offload comparison 109 s of which a JIT
+build of cpu_adam was about half) and the sizes of benchmarks/gpu/bench_llama.py. `build` is about
+150 s the first time (DeepSpeed's setup.py compiles its three ops one after the other, cpu_adam's
+two heavy files alone about a minute; then the wheel, stripped, installed and loaded) and about 5 s
+once its outputs are carried. A fresh call with nothing carried runs install, build and offload,
+starts nvme with about 80 s (its first shape fits; the second is left out and named) and skips the
+rest by name; with the built ops carried, nvme runs whole and the planner chains fit too.
+"""
+
+CALL_BUDGET_S = 420
+"""The call's budget when the caller sets no CALL_BUDGET_S: 7 minutes ([Note: sizing the call])."""
+FINISH_MARGIN_S = 10
+"""Kept back from the budget for the last merge into OUT after the last stage."""
 
 
 def emit(doc: dict, out: Path | None) -> int:
@@ -227,9 +272,17 @@ def verify(folder: Path) -> dict:
                      if r not in have]
     debs = sorted(p.name for p in (folder / "deb").glob("*.deb"))
     problems += [f"{d}: no .deb" for d in DEBS if not any(p.startswith(f"{d}_") for p in debs)]
+    problems += [f"{n}: no sdist src/{n}-{v}.tar.gz (the build stage builds the ops from it)"
+                 for n, v in BUILT_WHEELS.items() if not (folder / "src" / f"{n}-{v}.tar.gz").is_file()]
+    prebuilt = {p.name for p in folder.glob("*.whl") if "-cp" in p.name}
+    problems += [f"{p}: built for another Python than the GPU's {GPU_PYTHON_TAG}" for p in sorted(prebuilt)
+                 if f"-{GPU_PYTHON_TAG}-" not in p]
+    ops = sorted(p.name for p in (folder / "ops").glob("*.so"))
+    problems += [f"ops/{p}: built for another Python than the GPU's {GPU_PYTHON_TAG}" for p in ops
+                 if f".cpython-{GPU_PYTHON_TAG.removeprefix('cp')}-" not in p]
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     return {"ok": not problems, "folder": str(folder), "wheels": sum(len(v) for v in found.values()),
-            "debs": debs, "bytes": size, "problems": problems}
+            "debs": debs, "binary_wheels": sorted(prebuilt), "ops": ops, "bytes": size, "problems": problems}
 
 
 def main(argv: list[str]) -> int:
@@ -244,7 +297,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(DEBS))
         return 0
     if verb == "stages":
-        print("\n".join(f"{n}\t{d}" for n, d in STAGES.items()))
+        print("\n".join(f"{n}\t{s.what}" for n, s in STAGES.items()))
         return 0
     if verb == "verify":
         doc = verify(Path(argv[1]) if len(argv) > 1 else ROOT / ".whl")

@@ -1,13 +1,15 @@
-"""The GPU kit's results: the machine, the stages' JSON merged into one document, and its markdown
-section for benchmarks/RESULTS.md.
+"""The GPU kit's results: the machine, the stages' JSON merged into one document as each stage
+ends, the must-shows read off it (met / not met, with the numbers), and its markdown section for
+benchmarks/RESULTS.md.
 
     python benchmarks/gpu/report.py env                          # the GPU, driver, torch and CUDA, as JSON
-    python benchmarks/gpu/report.py junit XML OUT.json           # pytest's JUnit XML -> counts and failures
-    python benchmarks/gpu/report.py merge WORKDIR OUT.json       # stage JSONs of WORKDIR -> one document
+    python benchmarks/gpu/report.py junit XML OUT.json [--no-gpu]   # pytest's JUnit XML -> counts and failures
+    python benchmarks/gpu/report.py publish OUTDIR STAGE FILE    # one stage's JSON into OUTDIR's results
     python benchmarks/gpu/report.py md RESULTS.json... [--write-results]   # markdown (several calls' files merge)
 
-`run.sh` calls the first two on the GPU machine; `md --write-results` runs here on the fetched
-files and replaces the `gpu` section of benchmarks/RESULTS.md.
+On the GPU machine `call.py` and the stages publish into OUT ([Note: results survive a cut] in
+call.py); here, `md --write-results` on the fetched gpu-results.json files replaces the `gpu`
+section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,20 +48,37 @@ def env() -> dict:
     return doc
 
 
-def merge(workdir: Path, out: Path) -> dict:
-    """Every `STAGE.json` of `workdir` under its stage name (later calls on a warm machine add to it)."""
-    doc = json.loads(out.read_text()) if out.exists() else {}
-    for path in sorted(workdir.glob("*.json")):
-        try:
-            doc[path.stem] = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            doc[path.stem] = {"ok": False, "error": f"unreadable JSON: {exc}"}
-    out.write_text(json.dumps(doc, indent=2))
-    return doc
+RESULTS_JSON, RESULTS_MD = "gpu-results.json", "gpu-results.md"
 
 
-def junit(xml: Path) -> dict:
-    """pytest's JUnit XML -> counts and the failing tests' ids."""
+def publish(out: Path, stage: str, doc: dict) -> dict:
+    """`doc` as `stage` in OUT/gpu-results.json (replaced atomically: a cut leaves the last whole
+    file) and OUT/gpu-results.md written again from all of it; returns the whole document."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RESULTS_JSON
+    try:
+        whole = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        whole = {}
+    whole[stage] = doc
+    _write_atomic(path, json.dumps(whole, indent=2))
+    try:
+        text = markdown(whole)
+    except Exception as exc:  # a rendering fault must not lose the JSON, nor stop the stage that published
+        text = f"(report.py could not render these results: {type(exc).__name__}: {exc})\n"
+    _write_atomic(out / RESULTS_MD, text)
+    return whole
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def junit(xml: Path, *, no_gpu: bool = False) -> dict:
+    """pytest's JUnit XML -> counts and the failing tests' ids; ok when some passed and none failed
+    (`no_gpu`, the dry run: when none failed, every gpu test being skipped there)."""
     import xml.etree.ElementTree as ET
 
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
@@ -69,51 +89,172 @@ def junit(xml: Path) -> dict:
         counts[kind] += 1
         if kind in ("failed", "errors"):
             failures.append(f"{case.get('classname')}::{case.get('name')}")
-    return counts | {"failures": failures, "ok": counts["passed"] > 0 and not failures}
+    return counts | {"failures": failures, "no_gpu": no_gpu, "ok": (counts["passed"] > 0 or no_gpu) and not failures}
 
 
-def _ratios(doc: dict) -> list[str]:
-    return [f"| {k} | {v:.3f} |" for k, v in doc.get("ratios", {}).items()]
+RATIO = "{} / {} step time (median of paired ratios)"
+"""The key of a paired step-time ratio in a shape's `ratios` (benchmarks/gpu/bench_llama.py)."""
+GPU_SHARE = "ours-cpu throughput / all-on-GPU throughput (the faster of ours-gpu and plain)"
+ROOFLINE = "ours-nvme step / adjacent NVMe roofline"
+PROBED_ROOFLINE = "ours-nvme step / NVMe roofline at the probed read and write rates"
+PHASE_TOLERANCE = 0.15
+"""The planner's per-phase prediction within 15 % of the run (the must-show)."""
+PLANNER_CHAINS = ("cpu", "nvme", "device")
+"""The plans the planner must-show covers (benchmarks/gpu/planner_chain.py's CHAINS)."""
+
+
+class MustShow(NamedTuple):
+    claim: str
+    target: str
+    measured: str
+    met: bool | None
+    """None: not measured in these results."""
+
+
+def _per_shape(doc: dict, key: str, bound: float, *, at_most: bool = True) -> tuple[str, bool | None]:
+    values = {name: shape["ratios"][key] for name, shape in doc.get("shapes", {}).items() if key in shape.get("ratios", {})}
+    if not values:
+        return "not measured", None
+    met = all(v <= bound if at_most else v >= bound for v in values.values())
+    return "; ".join(f"{v:.3f} at {name}" for name, v in values.items()), met
+
+
+def _at_seq(doc: dict, seq: int, key: str, bound: float) -> tuple[str, bool | None]:
+    shapes = {n: s for n, s in doc.get("shapes", {}).items() if s.get("seq") == seq and key in s.get("ratios", {})}
+    return _per_shape({"shapes": shapes}, key, bound, at_most=False)
+
+
+def _roofline(doc: dict) -> tuple[str, bool | None]:
+    values = {n: s[ROOFLINE]["median"] for n, s in doc.get("shapes", {}).items() if ROOFLINE in s}
+    if not values:
+        return "not measured", None
+    return "; ".join(f"{v:.3f} at {n}" for n, v in values.items()), all(v <= 1.2 for v in values.values())
+
+
+def phase_errors(chain: dict) -> dict[str, float]:
+    """Phase -> relative error of the prediction (planner compare's rows `phase_time_s.*` with a time)."""
+    rows = chain.get("compare", {}).get("metrics", [])
+    return {r["metric"].split(".", 1)[1]: r["relative_error"] for r in rows
+            if r["metric"].startswith("phase_time_s.") and r.get("relative_error") is not None and r.get("measured")}
+
+
+def _planner_show(doc: dict) -> tuple[str, bool | None]:
+    chains = {n: phase_errors(c) for n, c in doc.get("chains", {}).items() if phase_errors(c)}
+    if not chains:
+        return "not measured", None
+    text = "; ".join(f"{n}: " + ", ".join(f"{p} {e:+.0%}" for p, e in errs.items()) for n, errs in chains.items())
+    met = all(abs(e) <= PHASE_TOLERANCE for errs in chains.values() for e in errs.values())
+    if set(chains) >= set(PLANNER_CHAINS) or not met:
+        return text, met
+    return text + f" (of {', '.join(PLANNER_CHAINS)}: {', '.join(c for c in PLANNER_CHAINS if c not in chains)} not measured)", None
+
+
+def must_shows(doc: dict) -> list[MustShow]:
+    """The GPU must-shows, each met / not met / not measured, with the numbers it was read from."""
+    off, nvme = doc.get("offload", {}), doc.get("nvme", {})
+    rows = [("host-memory tier step vs FSDP2 CPUOffloadPolicy", "<= 0.8x",
+             _per_shape(off, RATIO.format("ours-cpu", "fsdp2-cpu"), 0.8)),
+            ("host-memory tier step vs DeepSpeed ZeRO-3 CPU offload", "<= 0.8x",
+             _per_shape(off, RATIO.format("ours-cpu", "deepspeed-cpu"), 0.8)),
+            ("host-memory tier throughput vs all-on-GPU, seq 4096", ">= 0.5x", _at_seq(off, 4096, GPU_SHARE, 0.5)),
+            ("NVMe tier step vs DeepSpeed ZeRO-Infinity", "<= 0.6x",
+             _per_shape(nvme, RATIO.format("ours-nvme", "deepspeed-nvme"), 0.6)),
+            ("NVMe tier step vs its NVMe roofline", "<= 1.2x", _roofline(nvme)),
+            ("planner probe -> fit -> run -> compare, per phase", "within 15 %", _planner_show(doc.get("planner", {})))]
+    shows = [MustShow(claim, target, *got) for claim, target, got in rows]
+    p = doc.get("pytest")
+    if p is None or "passed" not in p:
+        shows.append(MustShow("pytest -m gpu", "all pass", "not run", None))
+    elif p.get("no_gpu"):
+        shows.append(MustShow("pytest -m gpu", "all pass", f"no GPU: {p['skipped']} skipped, {p['failed']} failed", None))
+    else:
+        shows.append(MustShow("pytest -m gpu", "all pass", f"{p['passed']} passed, {p['failed']} failed, "
+                              f"{p['errors']} errors", p["passed"] > 0 and not p["failed"] and not p["errors"]))
+    return shows
+
+
+def _must_show_table(doc: dict) -> list[str]:
+    dry = " (a dry run on the CPU: these numbers check the kit and measure nothing)" if doc.get("kit", {}).get("dry_run") else ""
+    lines = [f"**Must-shows** (read off the results below){dry}:", "", "| claim | target | measured | met |",
+             "|---|---|---|---|"]
+    word = {True: "met", False: "**not met**", None: "not measured"}
+    lines += [f"| {m.claim} | {m.target} | {m.measured} | {word[m.met]} |" for m in must_shows(doc)]
+    return [*lines, ""]
+
+
+def _call(kit: dict) -> list[str]:
+    ran = ", ".join(f"{s} {r['status']} {r['seconds']:.0f} s (planned {kit['expected_h200_s'].get(s, '?')})"
+                    for s, r in kit.get("ran", {}).items())
+    skipped = ", ".join(kit.get("skipped", [])) or "none"
+    return [f"**The call** ({'dry run on the CPU, ' if kit.get('dry_run') else ''}budget {kit['budget_s']:.0f} s, "
+            f"{kit.get('elapsed_s', 0):.0f} s used): {ran or 'no stage ran'}; skipped for time: {skipped}.", ""]
+
+
+def _did_not_run(title: str, doc: dict) -> list[str]:
+    return [f"**{title}**: did not run: `{str(doc.get('error', 'no result'))[-300:]}`", ""]
+
+
+def _shapes(title: str, doc: dict) -> list[str]:
+    if "summary" in doc and "shapes" not in doc:  # a run of the kit before the Llama (runs/2026-11-26-h200.json)
+        return _timing(title, doc)
+    if not doc.get("shapes"):
+        return _did_not_run(title, doc)
+    lines = [f"**{title}** ({doc['model']}; {doc['warmup_steps']} warm-up + {doc['measured_steps']} measured steps, "
+             "systems alternating step by step in one process):", ""]
+    if doc.get("build_errors"):
+        lines += ["Not built: " + "; ".join(f"`{n}`: {e[-200:]}" for n, e in doc["build_errors"].items()), ""]
+    if doc.get("left_out"):
+        lines += ["Left out: " + "; ".join(f"`{n}`: {why}" for n, why in doc["left_out"].items()), ""]
+    for name, shape in doc["shapes"].items():
+        if shape.get("failed"):
+            lines += [f"{name}: failed: " + "; ".join(f"`{n}`: {e[-200:]}" for n, e in shape["failed"].items()), ""]
+        lines += [f"{name}:", "", "| system | median step (s) | min step (s) | tokens/s | optimizer |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['median_step_time_s']:.4f} | {v['min_step_time_s']:.4f} | {v['tokens_per_s']:,.0f} | "
+                  f"{v.get('optimizer')} |" for k, v in shape["summary"].items()]
+        lines += ["", "| ratio | value |", "|---|---|", *[f"| {k} | {v:.3f} |" for k, v in shape["ratios"].items()]]
+        if ROOFLINE in shape:
+            moved = shape["nvme_bytes_per_step"]
+            lines.append(f"| {ROOFLINE} (median over the measured steps; each step's probe right after it) | "
+                         f"{shape[ROOFLINE]['median']:.3f} |")
+            if PROBED_ROOFLINE in shape:
+                lines.append(f"| {PROBED_ROOFLINE} (bytes read / read rate + bytes written / write rate, "
+                             f"{shape[PROBED_ROOFLINE]['roofline_s']:.3f} s) | {shape[PROBED_ROOFLINE]['median']:.3f} |")
+            lines += ["", f"Our step moves {_size(moved['read'])} read + {_size(moved['write'])} written on NVMe."]
+        lines.append("")
+    if doc.get("skipped_shapes"):
+        lines += [f"Shapes left out for time: {', '.join(doc['skipped_shapes'])}.", ""]
+    return lines
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.2f} MB"
 
 
 def _timing(title: str, doc: dict) -> list[str]:
     if not doc.get("ok"):
-        return [f"**{title}**: did not run: `{str(doc.get('error', 'no result'))[-300:]}`", ""]
+        return _did_not_run(title, doc)
     lines = [f"**{title}** ({doc['model']}; {doc['rounds']} processes x {doc['steps_per_round']} steps after "
              f"{doc['warmup_steps']} warm-up, systems alternating step by step):", "",
              "| system | median step (s) | min step (s) | optimizer |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['median_step_time_s']:.4f} | {v['min_step_time_s']:.4f} | {v.get('optimizer')} |"
               for k, v in doc["summary"].items()]
-    return [*lines, "", "| ratio | value |", "|---|---|", *_ratios(doc), ""]
-
-
-def _nvme(doc: dict) -> list[str]:
-    if "configs" not in doc:
-        return [f"**NVMe**: did not run: `{str(doc.get('error', 'no result'))[-300:]}`", ""]
-    lines = ["**Full NVMe** (`benchmarks/bench_nvme_step.py --device cuda`; its RESULTS section explains the "
-             "rooflines): DeepSpeed with " + str(doc["deepspeed"].get("optimizer")) + ", pipelined swapping, best aio "
-             f"setting {doc['deepspeed'].get('best') and (doc['deepspeed']['best']['queue_depth'], doc['deepspeed']['best']['threads'])} "
-             "(queue depth, threads) of the sweep:", "", "| queue depth | threads | deepspeed median step (s) | ours / deepspeed |",
-             "|---|---|---|---|"]
-    for e in doc["deepspeed"]["sweep"]:
-        lines.append(f"| {e['queue_depth']} | {e['threads']} | " + ("failed | |" if "error" in e else
-                     f"{e['deepspeed_median_step_time_s']:.3f} | {e['ours/deepspeed (median of paired ratios)']:.3f} |"))
-    for name, cfg in doc["configs"].items():
-        lines += ["", f"{name} (batch {cfg['batch']} x {cfg['tokens']}):", "", "| ratio | value |", "|---|---|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in cfg["ratios"].items()]
-    return [*lines, ""]
+    return [*lines, "", "| ratio | value |", "|---|---|", *[f"| {k} | {v:.3f} |" for k, v in doc.get("ratios", {}).items()], ""]
 
 
 def _planner(doc: dict) -> list[str]:
-    lines = ["**planner probe -> fit -> run -> compare** on this GPU:", ""]
+    lines = ["**planner probe -> fit -> run -> compare** on this GPU (relative error of each phase's prediction):", ""]
     for name, chain in doc.get("chains", {}).items():
-        lines.append(f"- `{name}`: {chain.get('summary', chain.get('error', 'no result'))}")
+        errs = phase_errors(chain)
+        said = ", ".join(f"{p} {e:+.1%}" for p, e in errs.items())
+        lines.append(f"- `{name}`: {chain.get('summary', chain.get('error', 'no result'))}" + (f"; {said}" if said else ""))
+    if doc.get("skipped_chains"):
+        lines.append(f"- left out for time: {', '.join(doc['skipped_chains'])}")
     return [*lines, ""]
 
 
 def _staged(doc: dict) -> list[str]:
     if not doc.get("ok"):
-        return [f"**Staged host copies**: did not run: `{str(doc.get('error', 'no result'))[-300:]}`", ""]
+        return _did_not_run("Staged host copies", doc)
     micro = doc["micro"]
     lines = [f"**Staged host copies** (`benchmarks/gpu/staged_path.py`: {micro['units']} shards of "
              f"{micro['unit_numel']:,} bf16 elements through the runtime's pool, {micro['torch_threads']} torch "
@@ -130,36 +271,70 @@ def _staged(doc: dict) -> list[str]:
     return [*lines, ""]
 
 
-def markdown(doc: dict) -> str:
-    e = doc.get("env", {})
-    gpu = e.get("gpu") or e.get("nvidia_smi", "unknown GPU")
-    lines = ["## On a GPU: `bash benchmarks/gpu/run.sh`", "",
-             f"GPU: **{gpu}** (nvidia-smi: {e.get('nvidia_smi')}); torch {e.get('torch')}, CUDA {e.get('cuda')}, "
-             f"Python {e.get('python')}, {e.get('cpu_count')} CPUs, kernel {e.get('kernel')}. Every ratio is measured "
-             "side by side in one process on the same model, batch, precision (fp32) and GPU.", ""]
+def _build(doc: dict) -> list[str]:
+    ext, ds = doc.get("aio_ext", {}), doc.get("deepspeed", {})
+    said = [f"runtime._aio_ext {ext.get('how', 'failed')}" + (f" (io_uring {'yes' if ext.get('io_uring') else 'no'})"
+                                                              if ext.get("ok") else ""),
+            f"DeepSpeed's {', '.join(ds.get('probe', {}).get('ops', {})) or 'ops'} {ds.get('how', 'not built')}"
+            + (f" in {ds['seconds']:.0f} s" if ds.get("seconds") else "")]
+    failed = "; failed: " + "; ".join(doc["failed"]) if doc.get("failed") else ""
+    return [f"**Build**: {'; '.join(said)}{failed}.", ""]
+
+
+def _checks(doc: dict) -> list[str]:
+    lines = []
     if "pytest" in doc:
         p = doc["pytest"]
         lines += [f"`pytest -m gpu`: {p.get('passed', 0)} passed, {p.get('failed', 0)} failed, {p.get('errors', 0)} errors, "
-                  f"{p.get('skipped', 0)} skipped" + (": " + ", ".join(p["failures"][:10]) if p.get("failures") else "") + ".", ""]
-    if "parity" in doc:
-        par = doc["parity"]
-        if "systems" in par:
-            lines += ["Parity with plain torch (fp32, TF32 off, same weights and batches): " + "; ".join(
-                f"`{k}` max relative loss error {v['max_rel_error_vs_plain']:.2e}"
-                + (", bitwise equal" if v["bitwise_equal_to_plain"] else "") for k, v in par["systems"].items())
-                + f" (tolerance {par['tolerance']:g}).", ""]
-        else:
-            lines += [f"Parity did not run: `{str(par.get('error'))[-300:]}`", ""]
-    if "device" in doc:
-        lines += _timing("Everything on the GPU: ours vs plain torch", doc["device"])
-    if "offload" in doc:
-        lines += _timing("CPU offload: ours vs DeepSpeed ZeRO-3 vs FSDP2 CPUOffloadPolicy", doc["offload"])
-    if "nvme" in doc:
-        lines += _nvme(doc["nvme"])
-    if "planner" in doc:
-        lines += _planner(doc["planner"])
-    if "staged" in doc:
-        lines += _staged(doc["staged"])
+                  f"{p.get('skipped', 0)} skipped" + (": " + ", ".join(p["failures"][:10]) if p.get("failures") else "")
+                  + ".", ""]
+    par = doc.get("parity")
+    if par is not None and "systems" in par:
+        lines += ["Parity with plain torch (fp32 MLP, TF32 off, same weights and batches): " + "; ".join(
+            f"`{k}` max relative loss error {v['max_rel_error_vs_plain']:.2e}"
+            + (", bitwise equal" if v["bitwise_equal_to_plain"] else "") for k, v in par["systems"].items())
+            + f" (tolerance {par['tolerance']:g}).", ""]
+    elif par is not None:
+        lines += _did_not_run("Parity", par)
+    return lines
+
+
+def _section(name: str, render, *args) -> list[str]:  # noqa: ANN001 - a section renderer
+    """One section; a document it cannot render (a stage's own shape changed, a partial result) is
+    said in one line instead of losing the whole page."""
+    try:
+        return render(*args)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return [f"**{name}**: could not render its result ({type(exc).__name__}: {exc}); see gpu-results.json", ""]
+
+
+SECTIONS = (
+    ("build", lambda doc: _build(doc)),
+    ("offload", lambda doc: _shapes("Offload tiers: ours (host memory) vs FSDP2 CPUOffloadPolicy vs DeepSpeed ZeRO-3 "
+                                    "CPU offload, and all on the GPU", doc)),
+    ("nvme", lambda doc: _shapes("NVMe tier: ours vs DeepSpeed ZeRO-Infinity", doc)),
+    ("planner", lambda doc: _planner(doc)),
+    ("staged", lambda doc: _staged(doc)),
+    ("device", lambda doc: _timing("The fp32 MLP all on the GPU: ours vs plain torch", doc)),
+)
+"""Stage -> its section, in the page's order (after the call, the must-shows and the checks)."""
+
+
+def markdown(doc: dict) -> str:
+    e = doc.get("env", {})
+    dry = doc.get("kit", {}).get("dry_run")
+    gpu = e.get("gpu") or ("none, a dry run on the CPU" if dry else e.get("nvidia_smi", "unknown GPU"))
+    lines = ["## On a GPU: `bash benchmarks/gpu/run.sh`", "",
+             f"GPU: **{gpu}** (nvidia-smi: {e.get('nvidia_smi')}); torch {e.get('torch')}, CUDA {e.get('cuda')}, "
+             f"Python {e.get('python')}, {e.get('cpu_count')} CPUs, kernel {e.get('kernel')}. Every ratio is measured "
+             "side by side in one process on the same model, batch, precision and GPU (docs/gpu.md).", ""]
+    if "kit" in doc:
+        lines += _section("The call", _call, doc["kit"])
+    lines += _section("Must-shows", _must_show_table, doc)
+    lines += _section("Checks", _checks, doc)
+    for stage, render in SECTIONS:
+        if stage in doc:
+            lines += _section(stage, render, doc[stage])
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -167,11 +342,11 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["env"]:
         print(json.dumps(env(), indent=2))
         return 0
-    if argv[:1] == ["junit"] and len(argv) == 3:
-        Path(argv[2]).write_text(json.dumps(junit(Path(argv[1])), indent=2))
+    if argv[:1] == ["junit"] and len(argv) in (3, 4):
+        Path(argv[2]).write_text(json.dumps(junit(Path(argv[1]), no_gpu=argv[3:] == ["--no-gpu"]), indent=2))
         return 0
-    if argv[:1] == ["merge"] and len(argv) == 3:
-        merge(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["publish"] and len(argv) == 4:
+        publish(Path(argv[1]), argv[2], json.loads(Path(argv[3]).read_text()))
         return 0
     if argv[:1] == ["md"] and len(argv) > 1:
         files = [a for a in argv[1:] if a != "--write-results"]
@@ -186,7 +361,8 @@ def main(argv: list[str]) -> int:
 
             results_md.write_section("gpu", text)
         return 0
-    print("usage: report.py env | junit XML OUT.json | merge WORKDIR OUT.json | md RESULTS.json... [--write-results]", file=sys.stderr)
+    print("usage: report.py env | junit XML OUT.json [--no-gpu] | publish OUTDIR STAGE FILE | md RESULTS.json... [--write-results]",
+          file=sys.stderr)
     return 2
 
 

@@ -1,52 +1,61 @@
 #!/usr/bin/env bash
-# The GPU kit: run the project's GPU checks and measurements on a one-GPU machine with no network
-# (the device's H100/H200 image, [Note: the GPU image] in kit.py).
+# The GPU kit: the offload tiers first, then the planner, the traces and the checks, in ONE call of at
+# most CALL_BUDGET_S seconds (default 420) on a fresh one-GPU machine with no network. docs/gpu.md
+# says how to run it and what each stage shows; kit.py's STAGES is the plan ([Note: sizing the call]).
 #
 #   bash benchmarks/gpu/run.sh --check                 # here or in CI, no GPU: verify the kit, exit 0 if complete
-#   bash benchmarks/gpu/run.sh --list                  # the stages, in order
-#   bash benchmarks/gpu/run.sh [--out DIR] [STAGE...]  # on the GPU machine; no STAGE: all of them
+#   bash benchmarks/gpu/run.sh --list                  # the stages, in order, with their planned seconds
+#   bash benchmarks/gpu/run.sh --dry-run [STAGE...]    # here, no GPU: the same call on the emulated device, tiny sizes
+#   bash benchmarks/gpu/run.sh [--ds-sweep] [--out DIR] [STAGE...]   # on the GPU machine; no STAGE: all of them
 #
-# From this repo (after `bash benchmarks/gpu/gather_wheels.sh` here), one call per group of stages
-# (a fresh machine installs first, 1-2 min; DeepSpeed's ops JIT-build on first use, 1-2 min):
-#   run(command="bash benchmarks/gpu/run.sh install build pytest parity", carry=[".whl"])
-#   run(command="bash benchmarks/gpu/run.sh device offload", carry=[".whl"])
-#   run(command="bash benchmarks/gpu/run.sh nvme", carry=[".whl"])
-#   run(command="bash benchmarks/gpu/run.sh planner report", carry=[".whl"])
-# With 15 minutes of device time (2026-11), two calls, the second at once (a machine is given back 30 s
-# after a call; a fresh one reinstalls and rebuilds): `install pytest parity device planner staged offload`
-# with GPUKIT_PLANNER_CHAINS=searched,zero-inf-cpu (about 330 s on an H200 without `staged`, which
-# trains the planner stage's CPU-tier plan 5 steps more), then `nvme`.
-# A call ends inside CALL_BUDGET_S (590 s): each stage runs under what is left of it (at most
-# STAGE_TIMEOUT_S, 570 s), and the stages that no longer fit are skipped and named. Results: each stage
-# writes WORK/STAGE.json (WORK: /tmp/gpukit, kept while the machine stays warm); after the stages,
-# OUT (--out, else $OUT, else out/gpu) gets gpu-results.json (every stage so far), gpu-results.md (the
-# section for benchmarks/RESULTS.md, naming the GPU) and run.log. Here, on the fetched files:
+# Here first: `bash benchmarks/gpu/gather_wheels.sh` (and `--built DIR` with the files a call returned,
+# so that DeepSpeed's ops and the io_uring extension built there travel from then on). Then:
+#   run(command="CALL_BUDGET_S=420 bash benchmarks/gpu/run.sh", carry=[".whl"], timeout_s=450)
+# Order: install, build, offload, nvme, planner, staged, pytest, parity, device. Each stage runs under
+# what is left of CALL_BUDGET_S (benchmarks/gpu/call.py); one that no longer fits is skipped and named.
+# Results land in OUT (--out, else $OUT, else out/gpu; out/gpu-dry for a dry run) as each stage ends:
+# gpu-results.json, gpu-results.md (the section for benchmarks/RESULTS.md, must-shows met / not met),
+# run.log, and what `build` built (a DeepSpeed wheel with its ops, runtime/_aio_ext*.so). Here:
 #   python benchmarks/gpu/report.py md FILES.../gpu-results.json --write-results
 set -uo pipefail
+export GPUKIT_CALL_START=${GPUKIT_CALL_START:-$(date +%s)}  # the call's budget counts from here (call.py)
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 KIT=benchmarks/gpu
-PY=${PYTHON:-python3}
-WORK=${GPUKIT_WORK:-/tmp/gpukit}
-NVME_PATH=${GPUKIT_NVME_PATH:-/tmp/gpukit-nvme}
-WHEELS=${GPUKIT_WHEELS:-$ROOT/.whl}
-STAGE_TIMEOUT_S=${STAGE_TIMEOUT_S:-570}
-CALL_BUDGET_S=${CALL_BUDGET_S:-590}  # the device tool's 10 minutes per command, less a margin
-OUT_DIR=${OUT:-$ROOT/out/gpu}
-
+DRY=${GPUKIT_DRY_RUN:-0}
+OUT_DIR=${GPUKIT_OUT:-${OUT:-}}
 stages=()
 mode=run
+stage=
 while (($#)); do
   case $1 in
     --check) mode=check ;;
     --list) mode=list ;;
+    --dry-run) DRY=1 ;;
+    --ds-sweep) export GPUKIT_DS_SWEEP=1 ;;
     --out) OUT_DIR=$2; shift ;;
+    --stage) mode=stage; stage=$2; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-    -*) echo "run.sh: unknown option $1 (use --check, --list, --out DIR or stage names)" >&2; exit 2 ;;
+    -*) echo "run.sh: unknown option $1 (use --check, --list, --dry-run, --ds-sweep, --out DIR or stage names)" >&2; exit 2 ;;
     *) stages+=("$1") ;;
   esac
   shift
 done
+if [ "$DRY" = 1 ]; then
+  [ -x "$ROOT/.venv/bin/python" ] && PY=${PYTHON:-$ROOT/.venv/bin/python} || PY=${PYTHON:-python3}
+  WORK=${GPUKIT_WORK:-/tmp/gpukit-dry}
+  OUT_DIR=${OUT_DIR:-$ROOT/out/gpu-dry}
+  PROFILE=dry
+else
+  PY=${PYTHON:-python3}
+  WORK=${GPUKIT_WORK:-/tmp/gpukit}
+  OUT_DIR=${OUT_DIR:-$ROOT/out/gpu}
+  PROFILE=gpu
+fi
+NVME_PATH=${GPUKIT_NVME_PATH:-$WORK/nvme}
+WHEELS=${GPUKIT_WHEELS:-$ROOT/.whl}
+SITE=$WORK/site  # a DeepSpeed built by the build stage (pip --target): never the environment's own
+export GPUKIT_DRY_RUN=$DRY GPUKIT_WORK=$WORK GPUKIT_OUT=$OUT_DIR
 
 known_stages() { "$PY" "$KIT/kit.py" stages | cut -f1; }
 
@@ -69,8 +78,14 @@ check() {
 }
 
 gpu_env() {
-  export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-  export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions  # DeepSpeed's JIT ops, built once per machine
+  export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+  export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions  # DeepSpeed's JIT cache: unused once its ops are prebuilt
+  if [ "$DRY" = 1 ]; then
+    # DeepSpeed's setup.py builds async_io for its CPU accelerator with the CUDA op's builder, whose
+    # link flags without CUDA leave out -laio (the CPU builder's JIT flags have it): the prebuilt op
+    # then lacks io_submit. The GPU build links it; the dry run preloads libaio.
+    export DS_ACCELERATOR=cpu LD_PRELOAD=libaio.so.1${LD_PRELOAD:+:$LD_PRELOAD}
+  fi
   # Where pip puts console scripts (`planner`): the environment's own bin, not the interpreter's
   # resolved path (a venv's python links to the base one, whose bin holds another python).
   local bindir; bindir=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
@@ -82,20 +97,8 @@ gpu_env() {
   fi
 }
 
-stage_install() {
-  if [ -f "$WORK/installed" ]; then echo "install: done on this machine already"; return 0; fi
-  compgen -G "$WHEELS/*.whl" >/dev/null || { echo "install: no wheels in $WHEELS: run benchmarks/gpu/gather_wheels.sh here and name .whl in carry" >&2; return 1; }
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$WHEELS"/*.whl || return 1
-  # The project itself, editable, for the `planner` console script (whatever module it points to).
-  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" || return 1
-  local libaio=system
-  if [ ! -e /usr/include/libaio.h ]; then  # unpacked under WORK, never into / (device README)
-    libaio=carried
-    for deb in "$WHEELS"/deb/*.deb; do dpkg -x "$deb" "$WORK/libaio" || return 1; done
-  fi
-  gpu_env
-  # JSON to a file, not stdout: DeepSpeed logs to stdout on import.
-  "$PY" - "$libaio" "$WORK/install.json" <<'EOF' || return 1
+import_check() {  # JSON to a file, not stdout: DeepSpeed logs to stdout on import
+  "$PY" - "$1" "$WORK/install.json" "$DRY" <<'EOF'
 import importlib, json, subprocess, sys
 mods = ["simpy", "platformdirs", "typer", "rich", "yaml", "pandas", "matplotlib", "deepspeed", "streamlit", "altair",
         "torch", "transformers", "planner", "runtime"]
@@ -108,110 +111,107 @@ for m in mods:
 check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
 with open(sys.argv[2], "w") as out:
     json.dump({"ok": not failed, "imports": versions, "import_errors": failed, "libaio": sys.argv[1],
-               "pip_check": check.stdout.strip().splitlines()[-20:]}, out, indent=2)
+               "dry_run": sys.argv[3] == "1", "pip_check": check.stdout.strip().splitlines()[-20:]}, out, indent=2)
 EOF
   cat "$WORK/install.json"; echo
-  grep -q '"ok": true' "$WORK/install.json" && touch "$WORK/installed"
+  grep -q '"ok": true' "$WORK/install.json"
+}
+
+stage_install() {
+  if [ "$DRY" = 1 ]; then import_check system; return; fi  # the dry run's environment is the one it runs in
+  if [ -f "$WORK/installed" ]; then echo "install: done on this machine already"; cat "$WORK/install.json"; return 0; fi
+  compgen -G "$WHEELS/*.whl" >/dev/null || { echo "install: no wheels in $WHEELS: run benchmarks/gpu/gather_wheels.sh here and name .whl in carry" >&2; return 1; }
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$WHEELS"/*.whl || return 1
+  # The project itself, editable, for the `planner` console script (whatever module it points to).
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" || return 1
+  # The io_uring extension a build stage returned (gather_wheels.sh --built): the build stage then only checks it.
+  local ext; for ext in "$WHEELS"/ops/_aio_ext.*.so; do [ -f "$ext" ] && cp "$ext" "$ROOT/runtime/"; done
+  local libaio=system
+  if [ ! -e /usr/include/libaio.h ]; then  # unpacked under WORK, never into /
+    libaio=carried
+    for deb in "$WHEELS"/deb/*.deb; do dpkg -x "$deb" "$WORK/libaio" || return 1; done
+  fi
+  gpu_env
+  import_check "$libaio" && touch "$WORK/installed"
 }
 
 stage_build() {
-  "$PY" setup.py -q build_ext --inplace || return 1
-  "$PY" - "$WORK/build.json" <<'EOF'
-import json, sys, time
-doc = {}
-import runtime._aio_ext  # noqa: F401 - the C++ engine just built
-doc["aio_ext"] = "ok"
-from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder
-for name, builder in (("cpu_adam", CPUAdamBuilder), ("async_io", AsyncIOBuilder)):
-    start = time.perf_counter()
-    try:
-        builder().load()
-        doc[name] = {"ok": True, "jit_s": round(time.perf_counter() - start, 1)}
-    except Exception as exc:  # reported; the stages that need the op say so again
-        doc[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
-doc["ok"] = all(v["ok"] for v in doc.values() if isinstance(v, dict))
-with open(sys.argv[1], "w") as out:
-    json.dump(doc, out, indent=2)
-EOF
-  cat "$WORK/build.json"; echo
+  "$PY" "$KIT/build_ops.py" --wheels "$WHEELS" --work "$WORK" --out "$OUT_DIR" --site "$SITE" --json "$WORK/build.json"
+}
+
+stage_offload() { "$PY" "$KIT/bench_llama.py" offload --profile "$PROFILE" --out "$WORK/offload.json"; }
+
+stage_nvme() {
+  local opts=(--profile "$PROFILE" --nvme-path "$NVME_PATH" --out "$WORK/nvme.json")
+  [ "$DRY" = 1 ] || opts+=(--require-prebuilt)
+  [ -n "${GPUKIT_DS_SWEEP:-}" ] && opts+=(--sweep)
+  [ -n "${GPUKIT_DS_AIO:-}" ] && opts+=(--ds-aio "$GPUKIT_DS_AIO")
+  "$PY" "$KIT/bench_llama.py" nvme "${opts[@]}"
+}
+
+stage_planner() {  # GPUKIT_PLANNER_CHAINS: a comma list of planner_chain.CHAINS (default all, in order)
+  local hw=(); [ "$DRY" = 1 ] && hw=(--hardware cpu-dev-2core)  # the probe takes minutes on a small CPU machine
+  "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --profile "$PROFILE" "${hw[@]}" \
+    --out "$WORK/planner.json" ${GPUKIT_PLANNER_CHAINS:+--chains "$GPUKIT_PLANNER_CHAINS"} >/dev/null
+}
+
+stage_staged() {  # the planner stage's host-memory plan when it ran on this machine, else one fitted here
+  local hw=$WORK/planner/hw.json plan=$WORK/planner/plan-cpu.json model=()
+  [ -f "$hw" ] || hw=${GPUKIT_STAGED_HARDWARE:-$([ "$DRY" = 1 ] && echo cpu-dev-2core || echo h200-x1)}
+  if [ -f "$plan" ]; then model=(--model "$WORK/planner/model-offload-$PROFILE.json"); else plan=$WORK/staged-plan.json; rm -f "$plan"; fi
+  local micro=(); [ "$DRY" = 1 ] && micro=(--unit-numel 65536 --units 3 --steps 3)
+  "$PY" "$KIT/staged_path.py" --plan "$plan" "${model[@]}" --hardware "$hw" --profile "$PROFILE" "${micro[@]}" \
+    --out "$WORK/staged.json"
 }
 
 stage_pytest() {
   local timeout=()
-  # One hung test does not eat the call (GPUKIT_TEST_TIMEOUT_S seconds a test, default 300).
-  "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout "${GPUKIT_TEST_TIMEOUT_S:-300}")
+  # One hung test does not eat the call (GPUKIT_TEST_TIMEOUT_S seconds a test, default 120).
+  "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout "${GPUKIT_TEST_TIMEOUT_S:-120}")
   rm -f "$WORK/pytest.xml"
   "$PY" -m pytest -m gpu -q -p no:cacheprovider "${timeout[@]}" --junitxml="$WORK/pytest.xml" tests
   local rc=$?
-  if [ -f "$WORK/pytest.xml" ]; then
-    "$PY" "$KIT/report.py" junit "$WORK/pytest.xml" "$WORK/pytest.json"
+  if [ -f "$WORK/pytest.xml" ]; then  # a dry run has no CUDA: every gpu test is skipped, which is no failure there
+    "$PY" "$KIT/report.py" junit "$WORK/pytest.xml" "$WORK/pytest.json" $([ "$DRY" = 1 ] && echo --no-gpu)
   else
     echo "{\"ok\": false, \"error\": \"pytest exited $rc before writing its report\"}" >"$WORK/pytest.json"
   fi
   return $rc
 }
 
-stage_parity() { "$PY" "$KIT/bench_gpu.py" parity --out "$WORK/parity.json"; }
-stage_device() { "$PY" "$KIT/bench_gpu.py" device --rounds 3 --steps 5 --warmup 2 --out "$WORK/device.json"; }
-stage_offload() { "$PY" "$KIT/bench_gpu.py" offload --rounds 2 --steps 4 --warmup 2 --out "$WORK/offload.json"; }
-
-stage_nvme() {
-  mkdir -p "$NVME_PATH"
-  "$PY" benchmarks/bench_nvme_step.py --device cuda --nvme-path "$NVME_PATH" --configs "${GPUKIT_NVME_CONFIGS:-design}" \
-    --rounds 1 --steps 2 --warmup 1 --block 3 --ds-queue-depths "${GPUKIT_DS_QUEUE_DEPTHS:-16,64,128}" \
-    --ds-threads "${GPUKIT_DS_THREADS:-1,8}" --sweep-steps 2 --json-out "$WORK/nvme.json" >/dev/null
+stage_parity() {
+  local dry=(); [ "$DRY" = 1 ] && dry=(--device cpu --size tiny)
+  "$PY" "$KIT/bench_gpu.py" parity "${dry[@]}" --out "$WORK/parity.json"
 }
 
-stage_planner() {  # GPUKIT_PLANNER_CHAINS: a comma list of planner_chain.CHAINS (default all)
-  "$PY" "$KIT/planner_chain.py" --work "$WORK/planner" --nvme-path "$NVME_PATH" --out "$WORK/planner.json" \
-    ${GPUKIT_PLANNER_CHAINS:+--chains "$GPUKIT_PLANNER_CHAINS"} >/dev/null
+stage_device() {
+  local dry=(); [ "$DRY" = 1 ] && dry=(--device cpu --size tiny)
+  "$PY" "$KIT/bench_gpu.py" device --rounds 2 --steps 4 --warmup 2 "${dry[@]}" --out "$WORK/device.json"
 }
-
-stage_staged() {  # the planner stage's CPU-tier plan when it ran on this machine, else one fitted here
-  local hw=$WORK/planner/hw.json
-  [ -f "$hw" ] || hw=${GPUKIT_STAGED_HARDWARE:-h200-x1}
-  local plan=$WORK/planner/plan-zero-inf-cpu.json
-  [ -f "$plan" ] || plan=$WORK/staged-plan.json
-  "$PY" "$KIT/staged_path.py" --plan "$plan" --hardware "$hw" --out "$WORK/staged.json"
-}
-
-stage_report() { "$PY" "$KIT/report.py" merge "$WORK" "$OUT_DIR/gpu-results.json" && "$PY" "$KIT/report.py" md "$OUT_DIR/gpu-results.json"; }
 
 case $mode in
   check) check; exit $? ;;
-  list) "$PY" "$KIT/kit.py" stages; exit 0 ;;
+  list) "$PY" - "$KIT" <<'EOF'
+import sys
+sys.path.insert(0, sys.argv[1])
+import kit
+for name, s in kit.STAGES.items():
+    print(f"{name}\t{s.h200_s} s on an H200 (starts with {s.min_s} s left, at most {s.cap_s} s)\t{s.what}")
+print(f"call budget: CALL_BUDGET_S, default {kit.CALL_BUDGET_S} s")
+EOF
+    exit 0 ;;
+  stage)
+    declare -F "stage_$stage" >/dev/null || { echo "run.sh: unknown stage '$stage'" >&2; exit 2; }
+    mkdir -p "$WORK"; gpu_env; "stage_$stage"; exit $? ;;
 esac
 
 mkdir -p "$WORK" "$OUT_DIR"
-((${#stages[@]})) || mapfile -t stages < <(known_stages)
 for s in "${stages[@]}"; do
   declare -F "stage_$s" >/dev/null || { echo "run.sh: unknown stage '$s' (stages: $(known_stages | tr '\n' ' '))" >&2; exit 2; }
 done
-[ -f "$WORK/env.json" ] || "$PY" "$KIT/report.py" env >"$WORK/env.json"
-failed=() skipped=()
-call_start=$(date +%s)
-export ROOT KIT PY WORK NVME_PATH WHEELS OUT_DIR
-for s in "${stages[@]}"; do
-  if [ "$s" != install ] && [ "$s" != report ] && [ ! -f "$WORK/installed" ]; then
-    stage_install 2>&1 | tee -a "$OUT_DIR/run.log" || true
-  fi
-  gpu_env
-  # The call must end, results written, inside CALL_BUDGET_S: a stage gets what is left of it.
-  left=$(( CALL_BUDGET_S - ($(date +%s) - call_start) - 20 ))
-  limit=$(( left < STAGE_TIMEOUT_S ? left : STAGE_TIMEOUT_S ))
-  if ((limit < 30)); then skipped+=("$s"); continue; fi
-  # A JIT build killed by a stage's time limit leaves its lock, on which every later build would
-  # wait for ever; stages run one at a time, so any lock found here is such a leftover.
-  find "$TORCH_EXTENSIONS_DIR" -maxdepth 2 -name lock -type f -delete 2>/dev/null
-  echo "== stage $s: $(date -u +%H:%M:%S), limit ${limit} s" | tee -a "$OUT_DIR/run.log"
-  start=$(date +%s)
-  # Each stage in its own shell under its time limit; its output goes to the log and the terminal.
-  timeout "$limit" bash -c "$(declare -f stage_"$s" gpu_env); gpu_env; stage_$s" 2>&1 | tee -a "$OUT_DIR/run.log"
-  rc=${PIPESTATUS[0]}
-  echo "== stage $s: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT_DIR/run.log"
-  ((rc == 0)) || failed+=("$s")
-done
-"$PY" "$KIT/report.py" merge "$WORK" "$OUT_DIR/gpu-results.json"
-"$PY" "$KIT/report.py" md "$OUT_DIR/gpu-results.json" >"$OUT_DIR/gpu-results.md"
-if ((${#skipped[@]})); then echo "run.sh: skipped, the call's time was spent: ${skipped[*]} (run them in another call)" | tee -a "$OUT_DIR/run.log" >&2; fi
-if ((${#failed[@]} + ${#skipped[@]})); then echo "run.sh: failed stages: ${failed[*]:-none}" >&2; exit 1; fi
+rm -f "$OUT_DIR"/gpu-results.json "$OUT_DIR"/gpu-results.md "$OUT_DIR"/run.log  # one call, one set of results
+rm -f "$WORK"/{offload,nvme,planner,staged,pytest,parity,device,build}.json  # a stage's JSON is this call's
+[ -f "$WORK/env.json" ] || PYTHONPATH=$ROOT "$PY" "$KIT/report.py" env >"$WORK/env.json"
+"$PY" "$KIT/report.py" publish "$OUT_DIR" env "$WORK/env.json"
+export GPUKIT_STAGE_CMD="bash $ROOT/$KIT/run.sh --stage"
+exec "$PY" "$KIT/call.py" "${stages[@]}"

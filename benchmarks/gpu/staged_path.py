@@ -1,15 +1,17 @@
 """Where the CPU tier's forward and backward go on a GPU: the staged host copies, piece by piece, and
 a sampled trace of the runtime's threads training a plan.
 
-    python benchmarks/gpu/staged_path.py [--plan PLAN.json [--hardware SPEC]] [--steps 5] [--sampled-steps 2] [--out staged.json]
+    python benchmarks/gpu/staged_path.py [--plan PLAN.json [--model CONFIG.json] [--hardware SPEC]] [--steps 5]
+                                         [--sampled-steps 2] [--profile gpu|dry] [--out staged.json]
 
-A `--plan` that does not exist yet is fitted first: the planner chain's 1.2 B GPT (planner_chain.MODEL)
-with every state in host memory (`--strategy zero-inf-cpu`) on `--hardware` (a spec file or preset).
+A `--plan` that does not exist yet is fitted first: the planner chain's host-memory plan
+(planner_chain.CHAINS["cpu"]: the kit's Llama, every state in host memory) on `--hardware` (a spec
+file or preset). `--model` is the Hugging Face config the plan is for (none: the reference GPT).
 
 [Note: why the staged path is timed alone] On the first GPU run (docs/notes/2026-11-26-first-gpu-run.md)
-a 1.2 B GPT with every state in host memory took 0.16 s forward and 0.40 s backward where the
-simulator predicted 0.05 and 0.07: its parameters cross the link at 15 GB/s against a probed
-50 GB/s, and nothing in that run said whether the host memcpy into the pinned staging pool, the DMA,
+a 1.2 B GPT with every state in host memory trained several times slower forward and backward than
+the simulator predicted, its parameters crossing the link far below the probed rate, and nothing in
+that run said whether the host memcpy into the pinned staging pool, the DMA,
 the pool's waits, the gradients' landing in fp32 host shards, or the optimizer step running beside
 the forward sets the pace. So this stage measures each on its own with the runtime's classes
 (`micro`), then trains the plan while a sampler records, every millisecond, the innermost frame of
@@ -46,7 +48,8 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _rate(nbytes: float, seconds: float) -> float:
-    return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("inf")
+    """GB/s to three significant digits (a slow path on a small shard is not rounded to 0)."""
+    return float(f"{nbytes / seconds / 1e9:.3g}") if seconds > 0 else float("inf")
 
 
 def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> dict:
@@ -61,7 +64,7 @@ def micro(unit_numel: int, units: int, device: torch.device, reps: int = 3) -> d
 
 
 def _micro(unit_numel: int, units: int, device: torch.device, reps: int) -> dict:
-    from planner.memory import PinnedPoolShape, _aligned
+    from planner.cost.memory import PinnedPoolShape, _aligned
     from runtime.transfer.mixed_add import add_into
     from runtime.transfer.pinned_pool import StagingPool
     from runtime.transfer.stores import CopyEngine
@@ -185,17 +188,18 @@ class FrameSampler:
                 for key, counter in ordered} if self.samples else {}
 
 
-def sampled(plan_path: Path, steps: int, sampled_steps: int) -> dict:
-    """Train the plan `steps` steps (the reference GPT, synthetic tokens); sample the last `sampled_steps`."""
+def sampled(plan_path: Path, steps: int, sampled_steps: int, model: Path | None = None) -> dict:
+    """Train the plan `steps` steps (the `model` config, else the reference GPT; synthetic tokens);
+    sample the last `sampled_steps`."""
     import runtime
-    from planner.plan import load_plan
+    from planner.specs.plan import load_plan
     from runtime.host_malloc import keep_freed_memory_mapped
     from runtime.launch import batch_for, bind_device, build_model
 
     keep_freed_memory_mapped()
     device = bind_device()
     plan = load_plan(plan_path)
-    built = build_model(plan, argparse.Namespace(seed=0, model=None, init_from=None))
+    built = build_model(plan, argparse.Namespace(seed=0, model=str(model) if model else None, init_from=None))
     model = runtime.shard(built.model, plan, param_init_fn=built.init_fn)
     state = runtime.state_of(model)
     optimizer = runtime.AdamW(model, lr=3e-4, weight_decay=0.1)
@@ -218,20 +222,26 @@ def sampled(plan_path: Path, steps: int, sampled_steps: int) -> dict:
             "phase_time_s": phases, "samples": sampler.samples, "threads": sampler.summary()}
 
 
-def fit_plan(path: Path, hardware: str) -> None:
-    """The planner chain's model with every state in host memory, fitted on `hardware`, to `path`."""
-    from planner_chain import MODEL, planner
+def fit_plan(path: Path, hardware: str, profile: str) -> Path:
+    """The planner chain's host-memory plan (its model, first shape and pins), fitted on `hardware`
+    to `path`; returns the model config it is for."""
+    from planner_chain import CHAINS, model_file, planner
 
-    fit = planner("fit", *MODEL, "--gpus", "1", "--hardware", hardware, "--precision", "bf16",
-                  "--strategy", "zero-inf-cpu", "--out", str(path))
+    pins, mode, _ = CHAINS["cpu"]
+    config, shape = model_file(mode, profile, path.parent)
+    fit = planner("fit", str(config), *shape, "--gpus", "1", "--hardware", hardware, "--precision", "bf16", *pins,
+                  "--out", str(path))
     if fit.returncode or not path.exists():
         raise RuntimeError(f"fit: {(fit.stderr or fit.stdout)[-1500:]}")
+    return config
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", type=Path, help="a plan with host-memory states (default: micro only)")
+    ap.add_argument("--model", type=Path, help="the Hugging Face config --plan is for (default: the reference GPT)")
     ap.add_argument("--hardware", default="h200-x1", help="spec file or preset a missing --plan is fitted on")
+    ap.add_argument("--profile", choices=("gpu", "dry"), default="gpu", help="the model size a missing --plan is fitted for")
     ap.add_argument("--unit-numel", type=int, default=2048 * 8192, help="elements per shard (default: a 2048 x 8192 Linear)")
     ap.add_argument("--units", type=int, default=12)
     ap.add_argument("--steps", type=int, default=5)
@@ -243,9 +253,9 @@ def main() -> int:
     try:
         doc["micro"] = micro(args.unit_numel, args.units, device)
         if args.plan is not None and not args.plan.exists():
-            fit_plan(args.plan, args.hardware)
+            args.model = fit_plan(args.plan, args.hardware, args.profile)
         if args.plan is not None:
-            doc["sampled"] = sampled(args.plan, args.steps, args.sampled_steps)
+            doc["sampled"] = sampled(args.plan, args.steps, args.sampled_steps, args.model)
         doc["ok"] = True
     except Exception as exc:  # the stage reports what broke; the kit goes on with the next stage
         doc |= {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}

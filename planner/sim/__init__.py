@@ -1,8 +1,9 @@
-"""Discrete-event simulator (SimPy) of one offloaded training iteration (issue 3).
+"""Discrete-event simulator (SimPy) of one offloaded training iteration.
 
 `simulate(plan)` runs the schedule in `engine.py` over the links in `resources.py` and returns the
-DESIGN.md `prediction` block with method `simulated`; `refine` re-ranks the analytic search's best
-candidates by simulated time; `timeline.draw` renders the Gantt chart.
+plan's `prediction` block (docs/plan-format.md) with method `simulated`; `fast.predict` extrapolates it over identical
+blocks for ranking. The search re-ranks by it (planner/search/refine.py) and planner/output/timeline.py
+draws its Gantt chart.
 """
 
 from planner.sim.report import SimResult, simulate

@@ -16,8 +16,8 @@ Mechanisms, each as the runtime does it:
   and the all-gather assembles the slice;
 - backward: while operator i computes, the reduce-scatter of the operator before it and the offload
   of the one before that run (at most two gradient buckets in flight, §4.3);
-- activation checkpoints: one block input saved every `recompute_interval` blocks (eq. 3), copied
-  to the CPU when placed there and fetched back one segment ahead of its recompute;
+- recompute inputs: one block input saved every `recompute_interval` blocks (eq. 3), copied to
+  the CPU when placed there and fetched back one segment ahead of its recompute;
 - the optimizer step streams chunks through `num_optimizer_buffers` pinned buffers: read k+1,
   update k, write k-1 at once (§4.3); with `optimizer_step: in_backward` each unit is updated
   during the backward instead, as soon as its gradient is final (in_backward.py).
@@ -26,18 +26,16 @@ Mechanisms, each as the runtime does it:
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import simpy
 
-from planner.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
-from planner.context_parallel import exposed_per_layer_s
-from planner.fp8 import linear_speedup
-from planner.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
-from planner.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import Plan
+from planner.cost.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
+from planner.cost.context_parallel import exposed_per_layer_s
+from planner.cost.fp8 import linear_speedup
+from planner.cost.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
+from planner.cost.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
 from planner.sim.in_backward import BackwardUpdates
 from planner.sim.network import Link, Network
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
@@ -51,14 +49,31 @@ from planner.sim.workload import (
     step_flops,
     step_fused_flops,
 )
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
+from planner.specs.tiers import GPU, HOST, TIERS, Tier
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
 
 
-def stage_lookaheads(depth: int) -> dict[str, int]:
-    """How many operators ahead each fetch stage starts (see the module docstring)."""
-    return {"nvme": depth, "h2d": max(min(depth, 2), depth - 1), "gather": max(min(depth, 1), depth - 2)}
+def stage_lookahead(depth: int, hops: int) -> int:
+    """How many operators ahead a fetch stage starts (see the module docstring): by the hops between
+    the tier it reads from and the GPU (`Tier.hops_to_gpu`: 2 from NVMe, 1 from host memory), 0 for
+    the all-gather."""
+    return max(min(depth, hops + 1), depth - (2 - hops))
+
+
+@dataclass(frozen=True, slots=True)
+class FetchStage:
+    """One stage of a rank's prefetch pipeline: a shard's copy out of `source` over its read link,
+    or (`source` None) the all-gather of the slice."""
+
+    source: Tier | None
+    lookahead: int
+    lands_in_host: bool = False
+    """The copy lands in a pinned host swap buffer (host memory is not the compute's), not on the GPU."""
 
 
 class Simulation:
@@ -74,16 +89,16 @@ class Simulation:
         self.net = Network(self.env)
         num_ranks = 1 if ranks == "representative" else plan.cluster.gpus_per_node
         self.res = NodeResources(plan, num_ranks)
-        node = plan.node
-        self.gpu = TierTracker("gpu", node.gpu_memory_bytes, "per GPU")
-        self.cpu = TierTracker("cpu", node.cpu_memory_bytes, "per node")
-        self.nvme = TierTracker("nvme", node.nvme_capacity_bytes, "per node")
+        self.trackers = {tier: TierTracker(tier, tier.capacity_bytes(plan.node), tier.scope) for tier in TIERS}
+        """Memory in use per tier over time, in the bill's units (`Tier.scope`)."""
+        self.gpu, self.cpu = self.trackers[GPU], self.trackers[HOST]
+        """The trackers buffers are charged to: the GPU's memory (rank 0's) and host memory (the node's)."""
         self.link_bytes: dict[str, float] = {}
-        """Bytes per GPU per link category (DESIGN.md `prediction.link_bytes`), from rank 0."""
+        """Bytes per GPU per link category (`prediction.link_bytes`, docs/plan-format.md), from rank 0."""
         self.phase_end_s: dict[Phase, float] = {}
         self.unit_start_s: dict[tuple[Phase, int], float] = {}
         """When rank 0's compute starts on each repeating unit of blocks (a recompute segment, or a
-        block without checkpointing), keyed (FORWARD | BACKWARD, unit): the marks the periodic
+        block without recompute), keyed (FORWARD | BACKWARD, unit): the marks the periodic
         extrapolation of the timelines cuts at ([Note: periodic timelines] in periodic.py)."""
         self.largest_gpu_allocation_bytes = 0.0
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
@@ -95,7 +110,7 @@ class Simulation:
     def run(self) -> Simulation:
         procs = [self.env.process(rank.iteration()) for rank in self.ranks]
         self.env.run(simpy.AllOf(self.env, procs))
-        for tracker in (self.gpu, self.cpu, self.nvme):
+        for tracker in self.trackers.values():
             tracker.close_window()
         return self
 
@@ -155,9 +170,8 @@ class Simulation:
 
     def _place_residents(self) -> None:
         """Partitioned model states live in their tier for the whole iteration (memory.py, eq. 2)."""
-        trackers = {"gpu": self.gpu, "cpu": self.cpu, "nvme": self.nvme}
         for tier, term, nbytes in resident_terms(self.plan):
-            trackers[tier].add(0.0, term, nbytes)
+            self.trackers[tier].add(0.0, term, nbytes)
 
 
 class _Memo(dict):
@@ -175,10 +189,10 @@ class _Memo(dict):
     __call__ = dict.__getitem__
 
 
-def resident_terms(plan: Plan) -> list[tuple[str, MemoryTerm, float]]:
-    """(tier, term, bytes per tracker: per GPU, or per node for cpu and nvme) of the resident states."""
+def resident_terms(plan: Plan) -> list[tuple[Tier, MemoryTerm, float]]:
+    """(tier, term, bytes per tracker: per GPU, or per node for the per-node tiers) of the resident states."""
     per_node = plan.cluster.gpus_per_node
-    return [(tier, term, per_gpu * (1 if tier == "gpu" else per_node)) for tier, term, per_gpu in resident_state_terms(plan)]
+    return [(tier, term, per_gpu * (1 if tier.per_gpu else per_node)) for tier, term, per_gpu in resident_state_terms(plan)]
 
 
 class RankProgram:
@@ -203,34 +217,36 @@ class RankProgram:
         self.backward_matmul_slowdown = node.backward_matmul_slowdown
         dp_ring = data_parallel_ring(plan)
         self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
-        """Each data-parallel collective's latency (planner/collectives.py [Note: the alpha-beta collective])."""
+        """Each data-parallel collective's latency (planner/cost/collectives.py [Note: the alpha-beta collective])."""
         self.tp_latency_s = latency_s(tensor_parallel_ring(plan), "all_reduce", node)
         self.ring_exposed_s = exposed_per_layer_s(plan)  # (forward, backward) per layer, context parallel
-        """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/fp8.py); 1 without."""
+        """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/cost/fp8.py); 1 without."""
         placement = plan.placement
         self.host_is_device = node.host_is_device
-        """[Note: the CPU machine] in runtime/stores.py: host memory is the device's, nothing is copied."""
-        self.stages: list[str] = []
-        if "params" in plan.partitioned:
-            if placement.params == "nvme":
-                self.stages.append("nvme")
-            if placement.params in ("cpu", "nvme") and not self.host_is_device:
-                self.stages.append("h2d")
-            if self.dp > 1:
-                self.stages.append("gather")
+        """[Note: the CPU machine] in runtime/transfer/stores.py: host memory is the device's, nothing is copied."""
         depth = plan.prefetch_depth
+        self.stages: list[FetchStage] = []
+        """A shard's copies over each link between its tier and the memory the compute uses, then the all-gather."""
+        if "params" in plan.partitioned:
+            route = placement.params.route(node)  # where it lies, then each tier it crosses to the compute's memory
+            self.stages = [FetchStage(tier, stage_lookahead(depth, tier.hops_to_gpu), lands_in_host=tier.via in route)
+                           for tier in route]
+            if self.dp > 1:
+                self.stages.append(FetchStage(None, stage_lookahead(depth, 0)))
         self.layers = plan.model.num_layers
         self.unit = plan.recompute_interval or 1
-        """Blocks per repeating unit: a recompute segment, or a block without checkpointing."""
+        """Blocks per repeating unit: a recompute segment, or a block without recompute."""
         self.unit_opening = Phase.RECOMPUTE if plan.recompute_interval else Phase.BACKWARD
         """A unit's work in the backward pass starts with this."""
         self.slice_factor = self.b / self.mp
         """Bytes per parameter of an operator's tensor-parallel slice."""
-        self.lookahead = stage_lookaheads(depth)
         self.synchronous_grads = depth == 0
         self.stores_gradients = stores_gradients(plan)
-        self._triggers: dict[tuple[str, int], simpy.Event] = {}
-        self._triggered_upto = dict.fromkeys(self.stages, -1)
+        self.offloads_gradients = self.stores_gradients and not placement.gradients.is_compute_memory(node)
+        """Each gradient shard is stored off the compute's memory (not kept where the compute has it, nor
+        handed to the in-backward update)."""
+        self._triggers: dict[tuple[int, int], simpy.Event] = {}
+        self._triggered_upto = [-1] * len(self.stages)
         self._ready: dict[int, simpy.Event] = {}
         self._rs_done: list[simpy.Event] = []
         self._grad_done: list[simpy.Event] = []
@@ -239,7 +255,7 @@ class RankProgram:
         """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
 
     # -- transfers ---------------------------------------------------------------------------
-    def _move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
+    def move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
         """Transfer `nbytes` at the link rates scaled by the size's efficiency."""
         self.sim.count(self.rank, category, nbytes)
         if nbytes <= 0:
@@ -250,7 +266,7 @@ class RankProgram:
                  op_params: float = 0.0, fused_flops: float = 0.0) -> simpy.Event:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
         operator's memory-bound work at the achievable memory bandwidth ([Note: elementwise work])
-        and its fused attention at that kernel's rate (planner/kernels.py), and the runtime's fixed
+        and its fused attention at that kernel's rate (planner/cost/kernels.py), and the runtime's fixed
         cost per operator (`NodeSpec.operator_overhead_s`). In fp8 the linears' share of `flops`
         (`op_params` weights) runs at the fp8 rate; the attention core does not."""
         if self.fp8_speedup != 1.0 and flops > 0:
@@ -276,12 +292,12 @@ class RankProgram:
 
     def _collective(self, nbytes: float, hops: Any, category: str, label: str, latency: float) -> simpy.Event:
         """A collective: its latency, then its bytes at the route's rates. The latency replaces the
-        size-keyed transfer efficiency the copies pay (planner/collectives.py)."""
+        size-keyed transfer efficiency the copies pay (planner/cost/collectives.py)."""
         self.sim.count(self.rank, category, nbytes)
         return self.net.transfer(nbytes, hops, label, delay_s=latency)
 
     # -- prefetch pipeline ---------------------------------------------------------------------
-    def _trigger(self, stage: str, j: int) -> simpy.Event:
+    def _trigger(self, stage: int, j: int) -> simpy.Event:
         key = (stage, j)
         event = self._triggers.get(key)
         if event is None:
@@ -289,16 +305,16 @@ class RankProgram:
         return event
 
     def _advance_triggers(self, i: int, num_steps: int) -> None:
-        for stage in self.stages:
-            upto = min(i + self.lookahead[stage], num_steps - 1)
-            for j in range(self._triggered_upto[stage] + 1, upto + 1):
-                if stage == self.stages[0]:
+        for index, stage in enumerate(self.stages):
+            upto = min(i + stage.lookahead, num_steps - 1)
+            for j in range(self._triggered_upto[index] + 1, upto + 1):
+                if index == 0:
                     self._ready[j] = self.env.event()
                     self.env.process(self._fetch(self.sim.work.steps[j]))
-                event = self._trigger(stage, j)
+                event = self._trigger(index, j)
                 if not event.triggered:
                     event.succeed()
-            self._triggered_upto[stage] = max(self._triggered_upto[stage], upto)
+            self._triggered_upto[index] = max(self._triggered_upto[index], upto)
 
     def _fetch(self, step: Step) -> Proc:
         """Bring step's tensor-parallel slice of parameters to the GPU (§4.2, §4.3)."""
@@ -306,43 +322,41 @@ class RankProgram:
         slice_bytes = step.op.num_params / self.mp * self.b
         shard_bytes = slice_bytes / self.dp
         label = step.phase
-        gathers = "gather" in self.stages
-        for stage in self.stages:
-            trigger = self._trigger(stage, j)
+        gathers = self.stages[-1].source is None
+        in_host_buffer = False  # the shard waits in a pinned host swap buffer
+        for index, stage in enumerate(self.stages):
+            trigger = self._trigger(index, j)
             if not trigger.processed:
                 yield trigger
-            del self._triggers[(stage, j)]
-            if stage == "nvme":
-                if "h2d" in self.stages:
-                    sim.cpu_add(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
-                elif gathers:
-                    sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
-                else:  # read straight into memory the compute uses (host is the device)
-                    sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-                yield self._move(shard_bytes, self.res.nvme_read(), "nvme_read", label)
-            elif stage == "h2d":
-                # The shard lands in a shard-sized buffer; without a gather (dp = 1) it is the slice.
-                if gathers:
-                    sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
-                else:
-                    sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-                yield self._move(shard_bytes, self.res.h2d(rank), "h2d", label)
-                if "nvme" in self.stages:
-                    sim.cpu_remove(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
-            else:
+            del self._triggers[(index, j)]
+            tier = stage.source
+            if tier is None:  # the all-gather
                 sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
                 yield self._collective(self._collective_bytes(slice_bytes),
                                        self.res.collective(rank, spans_nodes=self.spans_nodes), "all_gather", label,
                                        self.latency_s["all_gather"])
-                if "h2d" in self.stages or "nvme" in self.stages:
+                if index > 0:
                     sim.gpu_remove(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
+                continue
+            # The shard lands in host memory on its way (a swap buffer), or in a shard-sized buffer of
+            # the compute's memory; without a gather (dp = 1) that buffer is the slice itself.
+            if stage.lands_in_host:
+                sim.cpu_add(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
+            elif gathers:
+                sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
+            else:
+                sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
+            yield self.move(shard_bytes, self.res.read(tier, rank), tier.read_link, label)
+            if in_host_buffer:
+                sim.cpu_remove(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
+            in_host_buffer = stage.lands_in_host
         self._ready.pop(j).succeed()
 
     # -- the iteration -------------------------------------------------------------------------
     def iteration(self) -> Proc:
         sim, steps, updates = self.sim, self.sim.work.steps, self.updates
         # The runtime starts the in-backward update's read-ahead once the forward has started the
-        # fetch of its last operator (runtime/streamed_optimizer.py), else when the backward begins.
+        # fetch of its last operator (runtime/optim/streamed_optimizer.py), else when the backward begins.
         last_forward = max((s.index for s in steps if s.phase is Phase.FORWARD), default=-1)
         depth = sim.plan.prefetch_depth
         backward_begun = False
@@ -363,7 +377,7 @@ class RankProgram:
             yield updates.computed
         self._record_phase_end(Phase.BACKWARD)
         if self.rank == 0:
-            for tracker in (sim.gpu, sim.cpu, sim.nvme):
+            for tracker in sim.trackers.values():
                 tracker.close_window()
         if updates is not None:
             yield updates.written  # `optimizer.step()` waits for the updates' last writes
@@ -395,7 +409,7 @@ class RankProgram:
         yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params,
                             step_fused_flops(step))
         if step_fused_flops(step) and self.ring_exposed_s != (0.0, 0.0):
-            # The ring's KV sends beyond the attention core they overlap (planner/context_parallel.py).
+            # The ring's KV sends beyond the attention core they overlap (planner/cost/context_parallel.py).
             yield self.env.timeout(self.ring_exposed_s[1 if phase is Phase.BACKWARD else 0])
         if op.tp_all_reduce:
             activation = sim.work.tp_all_reduce_bytes
@@ -409,7 +423,7 @@ class RankProgram:
             self._close_block(step)
 
     def _open_block(self, step: Step) -> Proc:
-        """A block's forward (saving its checkpoint first) or recompute (restoring it first) takes
+        """A block's forward (saving its recompute input first) or recompute (restoring it first) takes
         the block's activations."""
         ci, work = self.sim.plan.recompute_interval, self.sim.work
         if step.phase is Phase.FORWARD:
@@ -424,14 +438,14 @@ class RankProgram:
             self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.recomputed_score_bytes)
 
     def _close_block(self, step: Step) -> None:
-        """A block's backward frees its activations and its checkpoint; a checkpointed forward
+        """A block's backward frees its activations and its recompute input; a forward with recompute
         frees the activations (the recompute makes them again)."""
         sim, plan, work = self.sim, self.sim.plan, self.sim.work
         ci = plan.recompute_interval
         if step.phase is Phase.BACKWARD:
             sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes + work.recomputed_score_bytes)
             if ci and step.block % ci == 0:
-                if self.host_is_device and plan.placement.recompute_inputs != "gpu":
+                if self.host_is_device and not plan.placement.recompute_inputs.on_device:
                     sim.cpu_remove(MemoryTerm.RECOMPUTE_INPUTS, work.recompute_input_bytes)
                 else:
                     sim.gpu_remove(self.rank, MemoryTerm.RECOMPUTE_INPUTS, work.recompute_input_bytes)
@@ -465,26 +479,27 @@ class RankProgram:
         if self.rank == 0 and phase not in self.sim.phase_end_s:
             self.sim.phase_end_s[phase] = self.env.now
 
-    # -- activation checkpoints ----------------------------------------------------------------
+    # -- recompute inputs ----------------------------------------------------------------------
     def _save_recompute_input(self, segment: int) -> None:
         sim, nbytes = self.sim, self.sim.work.recompute_input_bytes
-        if sim.plan.placement.recompute_inputs != "gpu" and self.host_is_device:
+        on_device = sim.plan.placement.recompute_inputs.on_device
+        if not on_device and self.host_is_device:
             sim.cpu_add(MemoryTerm.RECOMPUTE_INPUTS, nbytes)  # saved where it lies: no copy
             return
         sim.gpu_add(self.rank, MemoryTerm.RECOMPUTE_INPUTS, nbytes)
-        if sim.plan.placement.recompute_inputs == "gpu":
+        if on_device:
             return
 
         def offload() -> Proc:
-            yield self._move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
+            yield self.move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
             sim.gpu_remove(self.rank, MemoryTerm.RECOMPUTE_INPUTS, nbytes)
             sim.cpu_add(MemoryTerm.RECOMPUTE_INPUTS, nbytes)
 
         self.env.process(offload())
 
     def _restore_recompute_input(self, segment: int) -> Proc:
-        """Wait for this segment's checkpoint on the GPU; start fetching the previous segment's."""
-        if self.sim.plan.placement.recompute_inputs == "gpu" or self.host_is_device:
+        """Wait for this segment's recompute input on the GPU; start fetching the previous segment's."""
+        if self.sim.plan.placement.recompute_inputs.on_device or self.host_is_device:
             return
         if segment not in self._inputs_ready:
             self._inputs_ready[segment] = self.env.process(self._fetch_recompute_input())
@@ -495,7 +510,7 @@ class RankProgram:
     def _fetch_recompute_input(self) -> Proc:
         sim, nbytes = self.sim, self.sim.work.recompute_input_bytes
         sim.gpu_add(self.rank, MemoryTerm.RECOMPUTE_INPUTS, nbytes)
-        yield self._move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
+        yield self.move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
         sim.cpu_remove(MemoryTerm.RECOMPUTE_INPUTS, nbytes)
 
     # -- gradients -----------------------------------------------------------------------------
@@ -512,24 +527,23 @@ class RankProgram:
                                        self.latency_s["all_reduce"])
         sim.gpu_remove(rank, MemoryTerm.REDUCE_SCATTER_BUFFER, slice_bytes)
         reduced.succeed()
-        tier = plan.placement.gradients
-        if tier == "gpu" or (tier == "cpu" and self.host_is_device) or not self.stores_gradients:
-            return  # not stored: the in-backward update copies it into its chunk buffer (in_backward.py)
-        shard = slice_bytes / self.dp
+        if not self.offloads_gradients:
+            return  # kept where the compute has it, or not stored (the in-backward update copies it: in_backward.py)
+        tier, shard = plan.placement.gradients, slice_bytes / self.dp
         if not self.host_is_device:
             sim.gpu_add(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
-            yield self._move(shard, self.res.d2h(rank), "d2h", label)
+            yield self.move(shard, self.res.d2h(rank), "d2h", label)
             sim.gpu_remove(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
-        if tier == "nvme":  # staged and written as the fp32 shard the step reads back
+        if tier.staged:  # staged and written as the fp32 shard the step reads back
             stored = shard * STORED_GRADIENT_BYTES / self.b
             sim.cpu_add(MemoryTerm.GRADIENT_SWAP_BUFFERS, stored)
-            yield self._move(stored, self.res.nvme_write(), "nvme_write", label)
+            yield self.move(stored, self.res.write(tier, rank), tier.write_link, label)
             sim.cpu_remove(MemoryTerm.GRADIENT_SWAP_BUFFERS, stored)
 
     # -- optimizer -----------------------------------------------------------------------------
     def _optimizer_step(self) -> Proc:
         plan, work = self.sim.plan, self.sim.work
-        if plan.placement.optimizer_states == "gpu" and not self.host_is_device:
+        if plan.placement.optimizer_states.on_device and not self.host_is_device:
             seconds = gpu_step_seconds(plan, work.params_per_rank)
             if seconds > 0:
                 now = self.env.now

@@ -5,7 +5,7 @@ forward pass repeats block after block with a fixed period, and the backward pas
 after segment (recompute then backward of `recompute_interval` blocks). Whatever the simulation
 measures (phase end times, busy time and bytes of every link, each phase's memory peak and its
 terms) then grows by the same amount with every whole segment. We simulate the same plan with
-s = 3 and s + 1 units (segments, or blocks without checkpointing; at least 4 blocks; keeping a
+s = 3 and s + 1 units (segments, or blocks without recompute; at least 4 blocks; keeping a
 partial top segment if the real model has one, and the real model's optimizer partition, so the
 optimizer step is the real one), check that stretching the shorter by one unit reproduces the
 longer's every busy interval and memory step ([Note: periodic timelines] in periodic.py, to 1e-9),
@@ -16,16 +16,15 @@ model is too shallow to gain anything, the full model is simulated instead.
 
 from __future__ import annotations
 
-from planner.pipeline import is_composed
-from planner.plan import Plan, Prediction
+from planner.cost.pipeline import is_composed
 from planner.sim.periodic import NotPeriodic, extend, verified_samples
-from planner.sim.pipeline import composed_prediction
-from planner.sim.report import prediction_from, simulate
+from planner.sim.report import composed_prediction, prediction_from, simulate
+from planner.specs.plan import Plan, Prediction
 
 
 def predict(plan: Plan) -> Prediction:
     """The simulated prediction of `plan`, by [Note: periodic layers] where it applies; a pipelined
-    or accumulating plan from its stage's micro-batch ([Note: the 1F1B step] in planner/pipeline.py)."""
+    or accumulating plan from its stage's micro-batch ([Note: the 1F1B step] in planner/cost/pipeline.py)."""
     if is_composed(plan):
         return composed_prediction(plan, predict)
     verified = verified_samples(plan)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 # A flow this close to done (in seconds at its current rate) is done: float residue of rate * time
 # would otherwise leave a remainder too small to move the clock, and the timer would spin.
@@ -87,7 +87,7 @@ class Network:
     def transfer(self, size: float, hops: tuple[tuple[Link, float], ...], label: str,
                  delay_s: float = 0.0) -> simpy.Event:
         """Move `size` units through every link in `hops` ((link, weight) pairs) concurrently,
-        starting after `delay_s` (a collective's latency: planner/collectives.py), during which
+        starting after `delay_s` (a collective's latency: planner/cost/collectives.py), during which
         the flow holds no bandwidth."""
         done = self.env.event()
         if size <= 0 or not hops:

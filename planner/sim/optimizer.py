@@ -23,16 +23,17 @@ from typing import Any
 
 import simpy
 
-from planner.errors import PlannerError
-from planner.host_work import step_cpu_params_per_param
-from planner.memory import COMPUTE_BYTES, optimizer_chunk_buffer_bytes
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import Plan
+from planner.cost.host_work import step_cpu_params_per_param
+from planner.cost.memory import optimizer_chunk_buffer_bytes
+from planner.cost.throughput import GPU_ADAM_BYTES_PER_PARAM
 from planner.sim.network import Link, Network
 from planner.sim.resources import NodeResources
 from planner.sim.workload import Workload
-from planner.throughput import GPU_ADAM_BYTES_PER_PARAM
+from planner.specs.errors import PlannerError
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
+from planner.specs.units import COMPUTE_BYTES
 
 Proc = Generator[Any, Any, Any]
 _PERIODIC_TOLERANCE = 1e-9
@@ -70,7 +71,7 @@ def chunked_step(plan: Plan, work: Workload, num_ranks: int, *, detail: bool = T
     """
     params = work.params_per_rank
     # The runtime cuts chunks of `optimizer_chunk_bytes / 16` fp32 elements (master, momentum,
-    # variance, gradient: runtime/streamed_optimizer.py), in either precision.
+    # variance, gradient: runtime/optim/streamed_optimizer.py), in either precision.
     chunk_params = optimizer_chunk_buffer_bytes(plan) / 16
     num_full = max(0, math.ceil(params / chunk_params) - 1)
     last = params - chunk_params * num_full
@@ -112,15 +113,16 @@ class _Pipeline:
     def _rank(self, rank: int) -> Proc:
         env, res, placement = self.env, self.res, self.plan.placement
         b = COMPUTE_BYTES[self.plan.precision]
-        on_nvme = placement.optimizer_states == "nvme"
+        states, grads, params = placement.optimizer_states, placement.gradients, placement.params
+        streamed = states.staged  # the states stream through the chunk buffers from their tier's links
         copies = not self.plan.node.host_is_device
         cpu_params = step_cpu_params_per_param(self.plan)  # Adam and its host copies, per parameter
         # Read per parameter: master (unless the fp32 parameter shard is the master and lives
         # elsewhere... it then lives in the same tier), momentum, variance from the optimizer's tier,
         # the fp32 gradient from the gradients' tier; written back: the same minus the gradient,
-        # plus the 16-bit compute copy of the parameter (runtime/streamed_optimizer.py).
+        # plus the 16-bit compute copy of the parameter (runtime/optim/streamed_optimizer.py).
         state = 12
-        separate_params = self.plan.precision != "fp32" or placement.params != placement.optimizer_states
+        separate_params = self.plan.precision != "fp32" or params != states
         buffers = simpy.Container(env, capacity=self.plan.num_optimizer_buffers, init=self.plan.num_optimizer_buffers)
         to_update: simpy.Store = simpy.Store(env)
         to_write: simpy.Store = simpy.Store(env)
@@ -130,11 +132,11 @@ class _Pipeline:
                 yield buffers.get(1)
                 if rank == 0:
                     self.chunk_start_s.append(env.now)
-                if on_nvme:
+                if streamed:
                     self._cpu(n * 16)
-                    reads = [self._move(rank, n * state, res.nvme_read(), "nvme_read")]
-                    if placement.gradients == "nvme":
-                        reads.append(self._move(rank, n * 4, res.nvme_read(), "nvme_read"))
+                    reads = [self._move(rank, n * state, res.read(states, rank), states.read_link)]
+                    if grads.staged:
+                        reads.append(self._move(rank, n * 4, res.read(grads, rank), grads.read_link))
                     yield env.all_of(reads)
                 yield to_update.put(n)
 
@@ -148,15 +150,15 @@ class _Pipeline:
             for _ in self.sizes:
                 n = yield to_write.get()
                 writes = []
-                if on_nvme:
-                    writes.append(self._move(rank, n * state, res.nvme_write(), "nvme_write"))
-                if placement.params == "nvme" and separate_params:
-                    writes.append(self._move(rank, n * b, res.nvme_write(), "nvme_write"))
-                elif placement.params == "gpu" and copies:
+                if streamed:
+                    writes.append(self._move(rank, n * state, res.write(states, rank), states.write_link))
+                if params.staged and separate_params:
+                    writes.append(self._move(rank, n * b, res.write(params, rank), params.write_link))
+                elif params.on_device and copies:
                     writes.append(self._move(rank, n * b, res.h2d(rank), "h2d"))
                 if writes:
                     yield env.all_of(writes)
-                if on_nvme:
+                if streamed:
                     self._cpu(-n * 16)
                 yield buffers.put(1)
 

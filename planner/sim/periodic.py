@@ -1,36 +1,9 @@
 """The whole iteration's timelines from a short simulation: what the dashboard's Timeline panel shows.
 
-[Note: periodic timelines] [Note: periodic layers] in fast.py extrapolates a deep model's summary
-numbers; the Gantt chart and the memory curves need every busy interval and every allocation of
-the iteration, so we extrapolate those too. A model's blocks come in identical *units* (one
-recompute segment, or one block without checkpointing). Once the prefetch pipeline is full, the
-forward pass repeats unit after unit with a period `Pf`, and the backward pass (recompute, then
-backward, from the top unit down) with a period `Pb`. In a sample model of `s` whole units (plus
-the real model's partial top unit), cut at the marks the engine records when compute starts on a
-unit (`Simulation.unit_start_s`): the forward window is unit K's forward, [F(K), F(K+1)), the
-backward window unit K's backward, [B(K), B(K-1)). The real model with `s + R` whole units is
-then, piece by piece of the sample's time axis:
-
-    before F(K)          as simulated
-    forward window       R + 1 copies, copy m shifted by m * Pf
-    F(K+1) .. B(K)       shifted by R * Pf       (the forward's top, the backward's top units)
-    backward window      R + 1 copies, copy m shifted by R * Pf + m * Pb
-    after B(K-1)         shifted by R * (Pf + Pb) (the bottom units, the optimizer step)
-
-Busy intervals are cut at the window edges and each piece is placed by that map; memory curves
-are placed the same way, each copy of a window also adding what the window adds (a forward unit
-adds its checkpoint, a backward unit frees one), and every point the deeper model's larger
-resident states. The map is checked, not assumed: two samples of `s` and `s + 1` whole units
-(s = 3, at least 4 blocks; K = s // 2, so the pipeline settles on both sides of the windows) are
-simulated with the real model's optimizer step (usually `refine` has just simulated them, [Note:
-shared samples] in samples.py), and the shorter stretched by one unit must reproduce the longer's
-timelines (every busy interval and every memory step, to 1e-9 of the iteration time and of the
-tier's peak; failing that, pairs of s + 1 and 2 s units are tried). Only then is the longer
-stretched to the real depth, and the summary numbers (busy seconds, bytes, memory peaks and their terms) are the longer
-sample's plus `R` times what the extra unit added, each checked against the stretched timelines
-where they carry it (`extend`); otherwise the whole model is simulated. For 1T (128 blocks,
-recompute interval 4) this simulates 3 + 4 units instead of 32, and tests/test_sim_periodic.py
-compares the result with the whole simulation.
+A deep model's blocks come in identical units; once the prefetch pipeline is full the forward and
+the backward repeat unit after unit, so two short samples, checked against each other, are
+stretched to the real depth instead of simulating every block ([Note: periodic timelines], above
+`simulate_periodic`); where the check fails the whole model is simulated.
 """
 
 from __future__ import annotations
@@ -40,9 +13,6 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import Plan
 from planner.sim.engine import resident_terms
 from planner.sim.report import (
     MemoryCurve,
@@ -54,6 +24,10 @@ from planner.sim.report import (
     simulate,
 )
 from planner.sim.samples import Sample, simulate_samples
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
+from planner.specs.tiers import TIERS
 
 MIN_BLOCKS = 4
 """Blocks of the shorter sample at least (units of one block: the prefetch pipeline must fill)."""
@@ -117,6 +91,37 @@ def verified_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | None:
     return None
 
 
+# [Note: periodic timelines] [Note: periodic layers] in fast.py extrapolates a deep model's summary
+# numbers; the Gantt chart and the memory curves need every busy interval and every allocation of
+# the iteration, so we extrapolate those too. A model's blocks come in identical *units* (one
+# recompute segment, or one block without recompute). Once the prefetch pipeline is full, the
+# forward pass repeats unit after unit with a period `Pf`, and the backward pass (recompute, then
+# backward, from the top unit down) with a period `Pb`. In a sample model of `s` whole units (plus
+# the real model's partial top unit), cut at the marks the engine records when compute starts on a
+# unit (`Simulation.unit_start_s`): the forward window is unit K's forward, [F(K), F(K+1)), the
+# backward window unit K's backward, [B(K), B(K-1)). The real model with `s + R` whole units is
+# then, piece by piece of the sample's time axis:
+#
+#     before F(K)          as simulated
+#     forward window       R + 1 copies, copy m shifted by m * Pf
+#     F(K+1) .. B(K)       shifted by R * Pf       (the forward's top, the backward's top units)
+#     backward window      R + 1 copies, copy m shifted by R * Pf + m * Pb
+#     after B(K-1)         shifted by R * (Pf + Pb) (the bottom units, the optimizer step)
+#
+# Busy intervals are cut at the window edges and each piece is placed by that map; memory curves
+# are placed the same way, each copy of a window also adding what the window adds (a forward unit
+# adds its recompute input, a backward unit frees one), and every point the deeper model's larger
+# resident states. The map is checked, not assumed: two samples of `s` and `s + 1` whole units
+# (s = 3, at least 4 blocks; K = s // 2, so the pipeline settles on both sides of the windows) are
+# simulated with the real model's optimizer step (usually `refine` has just simulated them, [Note:
+# shared samples] in samples.py), and the shorter stretched by one unit must reproduce the longer's
+# timelines (every busy interval and every memory step, to 1e-9 of the iteration time and of the
+# tier's peak; failing that, pairs of s + 1 and 2 s units are tried). Only then is the longer
+# stretched to the real depth, and the summary numbers (busy seconds, bytes, memory peaks and their terms) are the longer
+# sample's plus `R` times what the extra unit added, each checked against the stretched timelines
+# where they carry it (`extend`); otherwise the whole model is simulated. For 1T (128 blocks,
+# recompute interval 4) this simulates 3 + 4 units instead of 32, and tests/test_sim_periodic.py
+# compares the result with the whole simulation.
 def simulate_periodic(plan: Plan) -> SimResult:
     """`simulate(plan)` for the Timeline panel: the same prediction and timelines, from two short
     simulations when [Note: periodic timelines] applies (then `simulation` is None)."""
@@ -128,7 +133,7 @@ def simulate_periodic(plan: Plan) -> SimResult:
     try:
         timelines = stretch(longer.timelines, windows(longer, pair.window_unit), repeats,
                             _resident_growth(longer.plan, plan))
-        # A unit is a recompute segment, or a block of the one segment there is without checkpointing.
+        # A unit is a recompute segment, or a block of the one segment there is without recompute.
         segments = longer.timelines.num_segments + (repeats if plan.recompute_interval else 0)
         timelines = dataclasses.replace(timelines, num_segments=segments)
         summary = extend(shorter.summary, longer.summary, repeats, timelines)
@@ -196,7 +201,7 @@ def _by_label(term: MemoryTerm) -> str:
 
 def _resident_growth(sample: Plan, deeper: Plan) -> dict[str, float]:
     """Per tier, how many more bytes of resident model states the deeper model keeps all along."""
-    growth = dict.fromkeys(("gpu", "cpu", "nvme"), 0.0)
+    growth = dict.fromkeys(TIERS, 0.0)
     for sign, plan in ((-1, sample), (1, deeper)):
         for tier, _, nbytes in resident_terms(plan):
             growth[tier] += sign * nbytes

@@ -1,6 +1,7 @@
-"""Turn a finished simulation into the DESIGN.md `prediction` block (method `simulated`).
+"""Turn a finished simulation into the plan's `prediction` block (method `simulated`); `simulate`
+runs one, and composes a pipelined or accumulating plan's step from its stage's (`composed_prediction`).
 
-[Note: two memory views] Whether a plan fits is decided by the memory bill (`planner.memory`), the
+[Note: two memory views] Whether a plan fits is decided by the memory bill (`planner.cost.memory`), the
 one the search ranks by and the runtime's memory test checks: `feasible`, `reason`, `peak_bytes`
 and `memory_terms` come from it, so `fit` and `simulate` never disagree on a verdict. The
 simulator's own view, bytes in use over time with the transient buffers it actually schedules, goes
@@ -10,15 +11,25 @@ below the bill, which adds every worst case at once plus allocator slack.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.memory import memory_bill
-from planner.memory_terms import MemoryTerm
-from planner.phases import Phase
-from planner.plan import LINKS, Plan, Prediction
+from planner.cost.memory import memory_bill
+from planner.cost.pipeline import (
+    compose_step,
+    is_composed,
+    quiet_plan,
+    reduces_once,
+    stage_plan,
+    step_details,
+)
+from planner.cost.throughput import composed_link_bytes
 from planner.sim.engine import Ranks, Simulation
 from planner.sim.network import Link
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.phases import Phase
+from planner.specs.plan import LINKS, Plan, Prediction
 
 MAX_TIMELINE_POINTS = 400
 """Memory curves in the JSON are downsampled to this many points (each keeps its bucket's peak)."""
@@ -41,14 +52,14 @@ class MemoryCurve:
 @dataclass(frozen=True, slots=True)
 class Timelines:
     """The simulated iteration as data: what the Gantt chart and the memory curves are drawn from
-    (planner.sim.timeline), from a whole simulation or extrapolated from a short one (periodic.py)."""
+    (planner.output.timeline), from a whole simulation or extrapolated from a short one (periodic.py)."""
 
     phase_end_s: dict[Phase, float]
     num_segments: int
     intervals: dict[str, list[tuple[float, float, str]]]
     """Busy (start, end, label) of every resource, rank 0's links and the node's, in `rank0_links` order."""
     memory: dict[str, MemoryCurve]
-    """gpu (per GPU), cpu and nvme (per node)."""
+    """Per tier, in its scope (the GPU's per GPU, the others per node)."""
 
     @property
     def iteration_time_s(self) -> float:
@@ -68,11 +79,7 @@ class SimResult:
 def simulate(plan: Plan, *, ranks: Ranks = "representative") -> SimResult:
     """Simulate one training iteration of `plan` and predict its cost. A pipelined or accumulating
     plan simulates its stage's micro-batch (the timelines) and composes the step from it."""
-    from planner.pipeline import is_composed, stage_plan
-
     if is_composed(plan):
-        from planner.sim.pipeline import composed_prediction
-
         stage = simulate(stage_plan(plan), ranks=ranks)
         prediction = composed_prediction(plan, lambda p: stage.prediction if p == stage.plan else simulate(p).prediction)
         return SimResult(plan=plan, prediction=prediction, timelines=stage.timelines, simulation=stage.simulation)
@@ -87,7 +94,7 @@ def timelines_of(sim: Simulation) -> Timelines:
         intervals={link.name: list(link.intervals) for link in rank0_links(sim)},
         memory={t.name: MemoryCurve(name=t.name, capacity_bytes=t.capacity_bytes, scope=t.scope, points=list(t.timeline),
                                     peak_bytes=t.peak_bytes, peak_time_s=t.peak_time_s)
-                for t in (sim.gpu, sim.cpu, sim.nvme)},
+                for t in sim.trackers.values()},
     )
 
 
@@ -118,7 +125,7 @@ class Summary:
 
 
 def summarize(sim: Simulation, *, timelines: bool = True) -> Summary:
-    trackers = (sim.gpu, sim.cpu, sim.nvme)
+    trackers = sim.trackers.values()
     total = sim.iteration_time_s
     return Summary(
         phase_end_s=dict(sim.phase_end_s),
@@ -184,6 +191,29 @@ def simulated_prediction(plan, bill, total_s: float, flops: float, **fields) -> 
         method="simulated",
         **fields,
     )
+
+
+def composed_prediction(plan: Plan, predict_stage: Callable[[Plan], Prediction]) -> Prediction:
+    """`plan`'s prediction from `predict_stage` (the fast or the full simulation) of its stage: the
+    step of a pipelined or accumulating plan composed from one stage's simulated micro-batch ([Note:
+    the 1F1B step] in planner/cost/pipeline.py). The analytic estimate composes its own stage
+    estimate with the same `compose_step`, so the two differ only in how they time the stage."""
+    stage = stage_plan(plan)
+    full = predict_stage(stage)
+    quiet = predict_stage(quiet_plan(stage)) if reduces_once(plan) else None
+    fp = full.phase_time_s
+    step = compose_step(plan, (fp["forward"], fp["backward"], fp["optimizer"]),
+                        None if quiet is None else (quiet.phase_time_s["forward"], quiet.phase_time_s["backward"]))
+    total_s = step.forward_s + step.backward_s + step.optimizer_s
+    recompute = plan.recompute_interval > 0
+    flops = (8 if recompute else 6) * plan.tokens_per_iteration * plan.model.num_params
+    links = composed_link_bytes(plan, stage, {k: float(v) for k, v in full.link_bytes.items()},
+                                None if quiet is None else {k: float(v) for k, v in quiet.link_bytes.items()})
+    bill = memory_bill(plan)
+    details = dict(full.details, pipeline=step_details(plan, step), stage_iteration_time_s=full.iteration_time_s)
+    return simulated_prediction(plan, bill, total_s, flops, bottleneck=full.bottleneck, details=details, link_bytes=links,
+                                phase_time_s={"forward": step.forward_s, "backward": step.backward_s,
+                                              "optimizer": step.optimizer_s})
 
 
 def downsample(timeline: list[tuple[float, float]], end_s: float) -> list[list[float]]:

@@ -2,16 +2,19 @@
 
 Per GPU: its compute, its host link in each direction (PCIe), its GPU-GPU collective port
 (NVLink/NVSwitch). Per node: the host-memory/PCIe aggregate every host transfer also crosses, the
-NVMe array (reads and writes independent or sharing one device budget, `NodeSpec.nvme_read_write`),
-the CPU optimizer, and the network port for collectives that span nodes.
+links of each staged tier (NVMe: reads and writes independent or sharing one device budget,
+`Tier.shares_read_write_budget`), the CPU optimizer, and the network port for collectives that span
+nodes. A tier's own link is routed by `read` / `write` ([Note: tiers as types] in planner/specs/tiers.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.plan import Plan
 from planner.sim.network import Link
+from planner.specs.hardware import NodeSpec
+from planner.specs.plan import Plan
+from planner.specs.tiers import TIERS, Tier
 
 Hops = tuple[tuple[Link, float], ...]
 
@@ -24,6 +27,27 @@ class RankLinks:
     h2d: Link
     d2h: Link
     gpu_gpu: Link
+
+
+class StoreLinks:
+    """A staged tier's per-node links: one each way, or one device budget both directions share.
+    `ranks_weight` GPUs stand behind each simulated flow."""
+
+    def __init__(self, tier: Tier, node: NodeSpec, ranks_weight: float) -> None:
+        read_bw, write_bw = tier.link_rates(node)
+        self.shared = tier.shares_read_write_budget(node)
+        if self.shared:
+            link = Link(str(tier), 1.0, unit="device-s", scope="per node")
+            self.read_link, self.write_link = link, link
+            # Shared budget: a byte read costs 1/read_bw device-seconds, a byte written 1/write_bw.
+            self.read_weight, self.write_weight = ranks_weight / read_bw, ranks_weight / write_bw
+        else:
+            self.read_link = Link(tier.read_link, read_bw, scope="per node")
+            self.write_link = Link(tier.write_link, write_bw, scope="per node")
+            self.read_weight = self.write_weight = ranks_weight
+
+    def links(self) -> list[Link]:
+        return [self.read_link] if self.shared else [self.read_link, self.write_link]
 
 
 class NodeResources:
@@ -39,13 +63,7 @@ class NodeResources:
         assert gpus % num_ranks == 0, "simulated ranks must stand for equal shares of the node"
         self.ranks_weight = gpus / num_ranks
         self.host_memory = Link("host_memory", node.host_memory_bytes_per_s, scope="per node")
-        self.shared_nvme = node.nvme_read_write == "shared"
-        if self.shared_nvme:
-            self.nvme = Link("nvme", 1.0, unit="device-s", scope="per node")
-            self._nvme_read, self._nvme_write = self.nvme, self.nvme
-        else:
-            self._nvme_read = Link("nvme_read", node.nvme_read_bytes_per_s, scope="per node")
-            self._nvme_write = Link("nvme_write", node.nvme_write_bytes_per_s, scope="per node")
+        self.stores = {tier: StoreLinks(tier, node, self.ranks_weight) for tier in TIERS if tier.staged}
         self.cpu_optimizer = Link("cpu_optimizer", node.cpu_adam_params_per_s, unit="params", scope="per node")
         self.inter_node = Link("inter_node", node.inter_node_bytes_per_s, scope="per node") if plan.num_nodes > 1 else None
         self.ranks = [
@@ -58,33 +76,34 @@ class NodeResources:
             )
             for r in range(num_ranks)
         ]
-        read_bw, write_bw = node.nvme_read_bytes_per_s, node.nvme_write_bytes_per_s
-        # Shared budget: a byte read costs 1/read_bw device-seconds, a byte written 1/write_bw.
-        self._read_weight = self.ranks_weight / read_bw if self.shared_nvme else self.ranks_weight
-        self._write_weight = self.ranks_weight / write_bw if self.shared_nvme else self.ranks_weight
         # [Note: collective routes] A data-parallel ring collective moves, per GPU, what the GPU
         # receives, X = (n-1)/n of the tensor, over its NVLink port. NCCL lays the ring out node by
         # node and spreads it over one channel per NIC, so a ring crosses each node boundary once
         # per pass and the node's NICs share that crossing: the node's network carries X per ring,
         # and the node holds `mp` rings (one per tensor-parallel index), so mp * X, the
-        # hierarchical ring (planner/collectives.py [Note: the alpha-beta collective], with
+        # hierarchical ring (planner/cost/collectives.py [Note: the alpha-beta collective], with
         # nccl-tests' inter-node bus bandwidths as the evidence). The representative rank's flow
         # weighs mp on the port; each of `gpus` explicit ranks weighs mp / gpus.
         self._inter_weight = min(plan.model_parallel_degree, gpus) / num_ranks
 
     def links(self) -> list[Link]:
         node_links = [self.host_memory, self.cpu_optimizer]
-        node_links += [self.nvme] if self.shared_nvme else [self._nvme_read, self._nvme_write]
+        node_links += [link for store in self.stores.values() for link in store.links()]
         if self.inter_node is not None:
             node_links.append(self.inter_node)
         return node_links + [link for rank in self.ranks for link in (rank.compute, rank.h2d, rank.d2h, rank.gpu_gpu)]
 
     # -- routes ------------------------------------------------------------------------------
-    def nvme_read(self) -> Hops:
-        return ((self._nvme_read, self._read_weight),)
+    def read(self, tier: Tier, rank: int) -> Hops:
+        """Bytes leaving `tier` toward the GPU over its own link (`Tier.read_link`): a staged tier's
+        per-node link, or the rank's host link for host memory."""
+        store = self.stores.get(tier)
+        return ((store.read_link, store.read_weight),) if store is not None else self.h2d(rank)
 
-    def nvme_write(self) -> Hops:
-        return ((self._nvme_write, self._write_weight),)
+    def write(self, tier: Tier, rank: int) -> Hops:
+        """Bytes entering `tier` from the GPU's side over its own link (`Tier.write_link`)."""
+        store = self.stores.get(tier)
+        return ((store.write_link, store.write_weight),) if store is not None else self.d2h(rank)
 
     def h2d(self, rank: int) -> Hops:
         return ((self.ranks[rank].h2d, 1.0), (self.host_memory, self.ranks_weight))

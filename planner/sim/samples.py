@@ -12,11 +12,11 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from planner.plan import Plan
 from planner.sim.engine import Simulation
 from planner.sim.optimizer import chunked_step
 from planner.sim.report import Summary, Timelines, summarize, timelines_of
 from planner.sim.workload import build_workload, optimizer_params_per_rank
+from planner.specs.plan import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
     for layers in missing:
         small = plan.replace(model=plan.model.replace(num_layers=layers))
         work = dataclasses.replace(build_workload(small), params_per_rank=params)
-        if optimizer is None and plan.placement.optimizer_states != "gpu" and plan.optimizer_step == "after_backward":
+        if optimizer is None and not plan.placement.optimizer_states.on_device and plan.optimizer_step == "after_backward":
             # The step starts on an idle network (optimizer.py): the real one is simulated once,
             # with the busy intervals periodic.py draws. An in-backward step updates each unit in
             # its own backward (in_backward.py): it is part of the backward window that repeats.

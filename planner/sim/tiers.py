@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 
 
 @dataclass(eq=False, slots=True)
@@ -13,7 +13,7 @@ class TierTracker:
 
     Static residents (partitioned model states, decided by the placement) are set once at time 0;
     the simulation adds and removes its transient buffers (gathered parameters, gradient buckets,
-    checkpoints, staging and optimizer chunk buffers) by memory term, so the peak can be explained
+    recompute inputs, staging and optimizer chunk buffers) by memory term, so the peak can be explained
     in the bill's vocabulary.
     """
 

@@ -12,9 +12,9 @@ Run: `python -m planner.sim.validation --out docs/validation.md`
 Choices the table leaves open, made once here:
 - models are the presets of data/models/paper.json (widths in the paper's K = 1024, 18K = 18432);
 - gradients follow the optimizer (GPU with a GPU optimizer, NVMe when parameters are on NVMe, CPU
-  otherwise); activation checkpoints on the GPU when everything else is and they fit, on the CPU
+  otherwise); recompute inputs on the GPU when everything else is and they fit, on the CPU
   otherwise; the smallest tiling factor that fits (memory-centric tiling, docs/method.md §4.4);
-  one checkpoint per block (ci = 1); prefetch depth 3; bf16; the plan's default optimizer chunk
+  one recompute segment per block (ci = 1); prefetch depth 3; bf16; the plan's default optimizer chunk
   (256 MiB) and 3 buffers.
 """
 
@@ -25,13 +25,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.catalog import hardware_presets, model_presets
-from planner.model import ModelSpec
-from planner.phases import PHASES
-from planner.plan import STRATEGY_TABLE, Placement, Plan, Prediction
 from planner.sim.fast import predict
 from planner.sim.report import simulate
-from planner.units import GIB
+from planner.specs.catalog import hardware_presets, model_presets
+from planner.specs.model import ModelSpec
+from planner.specs.phases import PHASES
+from planner.specs.plan import STRATEGY_TABLE, Placement, Plan, Prediction
+from planner.specs.tiers import GPU, HOST, NVME, TIERS, Tier
+from planner.specs.units import GIB
 
 HARDWARE = "dgx2-v100"
 
@@ -44,33 +45,33 @@ class Experiment:
     layers: int
     batch_per_gpu: float
     mp: int
-    params_on: str
-    optimizer_on: str
+    params_on: Tier
+    optimizer_on: Tier
     preset: str
     """Model preset in data/models/paper.json with this width and depth."""
 
 
 K = 1024
 EXPERIMENTS: tuple[Experiment, ...] = (
-    Experiment(1, "10B", 4 * K, 50, 8, 1, "gpu", "gpu", preset="paper-10b"),
-    Experiment(1, "50B", 8 * K, 62, 26, 1, "cpu", "nvme", preset="paper-50b"),
-    Experiment(1, "100B", 8 * K, 125, 24, 1, "cpu", "nvme", preset="paper-100b"),
-    Experiment(1, "0.5T", 18 * K, 124, 8, 1, "nvme", "nvme", preset="paper-0.5t-exp"),
-    Experiment(1, "1T", 25600, 128, 7, 1, "nvme", "nvme", preset="paper-1t-exp"),
-    Experiment(32, "0.5T", 18 * K, 124, 7, 4, "gpu", "gpu", preset="paper-0.5t-exp"),
-    Experiment(32, "1T", 25600, 128, 5, 4, "gpu", "gpu", preset="paper-1t-exp"),
-    Experiment(32, "5T", 48 * K, 174, 3, 4, "nvme", "nvme", preset="paper-5t"),
-    Experiment(32, "10T", 64 * K, 200, 2, 4, "nvme", "nvme", preset="paper-10t-exp"),
-    Experiment(32, "20T", 88 * K, 205, 1.25, 8, "nvme", "nvme", preset="paper-20t"),
+    Experiment(1, "10B", 4 * K, 50, 8, 1, GPU, GPU, preset="paper-10b"),
+    Experiment(1, "50B", 8 * K, 62, 26, 1, HOST, NVME, preset="paper-50b"),
+    Experiment(1, "100B", 8 * K, 125, 24, 1, HOST, NVME, preset="paper-100b"),
+    Experiment(1, "0.5T", 18 * K, 124, 8, 1, NVME, NVME, preset="paper-0.5t-exp"),
+    Experiment(1, "1T", 25600, 128, 7, 1, NVME, NVME, preset="paper-1t-exp"),
+    Experiment(32, "0.5T", 18 * K, 124, 7, 4, GPU, GPU, preset="paper-0.5t-exp"),
+    Experiment(32, "1T", 25600, 128, 5, 4, GPU, GPU, preset="paper-1t-exp"),
+    Experiment(32, "5T", 48 * K, 174, 3, 4, NVME, NVME, preset="paper-5t"),
+    Experiment(32, "10T", 64 * K, 200, 2, 4, NVME, NVME, preset="paper-10t-exp"),
+    Experiment(32, "20T", 88 * K, 205, 1.25, 8, NVME, NVME, preset="paper-20t"),
 )
 
 
 def experiment_plan(exp: Experiment) -> Plan:
-    """The configuration with the first checkpoint tier (GPU, then CPU) and the smallest tiling
+    """The configuration with the first recompute-input tier (GPU, then CPU) and the smallest tiling
     factor (1, 2, 4, ... 64) whose simulated memory fits; the last one tried when none does."""
     candidates = [
-        _plan(exp, checkpoints, tiling)
-        for checkpoints in (("gpu", "cpu") if exp.params_on == exp.optimizer_on == "gpu" else ("cpu",))
+        _plan(exp, inputs_on, tiling)
+        for inputs_on in ((GPU, HOST) if exp.params_on.on_device and exp.optimizer_on.on_device else (HOST,))
         for tiling in (1, 2, 4, 8, 16, 32, 64)
     ]
     for plan in candidates:
@@ -79,13 +80,14 @@ def experiment_plan(exp: Experiment) -> Plan:
     return candidates[-1]
 
 
-def _plan(exp: Experiment, checkpoints: str, tiling: int) -> Plan:
+def _plan(exp: Experiment, inputs_on: Tier, tiling: int) -> Plan:
     node = hardware_presets()[HARDWARE]
     model = model_presets()[exp.preset][0]
     assert (model.hidden_size, model.num_layers) == (exp.hidden, exp.layers), exp
-    grads = "gpu" if exp.optimizer_on == "gpu" else ("nvme" if exp.params_on == "nvme" else "cpu")
+    # Gradients beside GPU optimizer states; else on the parameters' staged tier (NVMe) with them, or in host memory.
+    grads = exp.optimizer_on if exp.optimizer_on.on_device else (exp.params_on if exp.params_on.staged else HOST)
     placement = Placement(params=exp.params_on, gradients=grads, optimizer_states=exp.optimizer_on,
-                          recompute_inputs=checkpoints)
+                          recompute_inputs=inputs_on)
     return Plan(model=model, node=node, num_gpus=exp.nodes * node.num_gpus_per_node, placement=placement,
                 micro_batch_per_gpu=exp.batch_per_gpu, recompute_interval=1, model_parallel_degree=exp.mp,
                 tiling_factor=tiling)
@@ -100,7 +102,7 @@ def render(rows: list[tuple[Experiment, Plan, object, float]]) -> str:
         "estimates, see `data/hardware/dgx2-v100.json`). Configurations: ZeRO-Infinity (Rajbhandari et al., SC21, arXiv 2104.07857)",
         "as listed in docs/method.md §5. docs/method.md does not give the paper's measured TFLOPS/GPU, so only our predictions",
         "are shown. TFLOPS follow the paper's accounting (eq. 7: 8 x tokens x params per iteration, recompute on).",
-        "Peaks are the memory bill's (`planner.memory`, which decides `fits`): GPU per GPU, CPU and NVMe per node. Generated by `python -m planner.sim.validation --out docs/validation.md`;",
+        "Peaks are the memory bill's (`planner.cost.memory`, which decides `fits`): GPU per GPU, CPU and NVMe per node. Generated by `python -m planner.sim.validation --out docs/validation.md`;",
         "assumptions in the module docstring of `planner/sim/validation.py`.",
         "",
         "| nodes | params | hd | layers | batch/GPU | mp | placement (P G O A) | tiling | iteration s | TFLOPS/GPU | tokens/s | "
@@ -114,9 +116,9 @@ def render(rows: list[tuple[Experiment, Plan, object, float]]) -> str:
             f"| {exp.nodes} | {exp.label} ({plan.model.num_params / 1e9:,.0f}B) | {exp.hidden} | {exp.layers} | "
             f"{exp.batch_per_gpu:g} | {exp.mp} | {placement} | {plan.tiling_factor} | {p.iteration_time_s:,.1f} | {p.tflops_per_gpu:.1f} | "
             f"{p.tokens_per_s:,.0f} | {phases} | {p.bottleneck} | "
-            f"{p.peak_bytes['gpu'] / GIB:.1f} / {p.capacity_bytes['gpu'] / GIB:.0f} | "
-            f"{p.peak_bytes['cpu'] / GIB:,.0f} / {p.capacity_bytes['cpu'] / GIB:,.0f} | "
-            f"{p.peak_bytes['nvme'] / GIB:,.0f} / {p.capacity_bytes['nvme'] / GIB:,.0f} | "
+            f"{p.peak_bytes[GPU] / GIB:.1f} / {p.capacity_bytes[GPU] / GIB:.0f} | "
+            f"{p.peak_bytes[HOST] / GIB:,.0f} / {p.capacity_bytes[HOST] / GIB:,.0f} | "
+            f"{p.peak_bytes[NVME] / GIB:,.0f} / {p.capacity_bytes[NVME] / GIB:,.0f} | "
             f"{'yes' if p.feasible else 'no: ' + p.reason} | {wall:.2f} |"
         )
     return "\n".join(lines) + "\n"
@@ -156,7 +158,7 @@ def strategy_table() -> str:
                         placement=STRATEGY_TABLE[name].placement, micro_batch_per_gpu=batch, recompute_interval=1,
                         model_parallel_degree=mp)
             plan, p = _smallest_fitting_tiling(plan)
-            over = [t for t in ("gpu", "cpu", "nvme") if p.peak_bytes[t] > p.capacity_bytes[t]]
+            over = [t for t in TIERS if p.peak_bytes[t] > p.capacity_bytes[t]]
             cells.append(f"{p.tflops_per_gpu:.1f}" + (f" (tiling {plan.tiling_factor})" if plan.tiling_factor > 1 else "")
                          if p.feasible else f"- ({', '.join(over) or 'allocation'})")
         lines.append(f"| {preset} ({model.num_params / 1e9:,.1f}B, mp {mp}, batch {batch:g}) | " + " | ".join(cells) + " |")

@@ -15,7 +15,7 @@ node) and data-parallel degree `dp = N / mp`:
   forward (eq. 7), twice that backward;
 - the Megatron all-reduces (after the attention output and the MLP down projection, forward and
   backward) carry the replica's `batch_per_gpu * mp * seq * hd` activations;
-- activation checkpoints are partitioned over the tensor-parallel group (DeepSpeed's
+- recompute inputs are partitioned over the tensor-parallel group (DeepSpeed's
   `partition_activations`), so a GPU holds eq. 3 with its own `batch_per_gpu`.
 """
 
@@ -26,10 +26,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.kernels import block_cost, loss_bytes, recomputed_score_bytes
-from planner.memory import ACTIVATION_BYTES, BYTES_PER_PARAM, block_activation_bytes
-from planner.phases import Phase
-from planner.plan import Plan
+from planner.cost.kernels import block_cost, loss_bytes, recomputed_score_bytes
+from planner.cost.memory import ACTIVATION_BYTES, BYTES_PER_PARAM, block_activation_bytes
+from planner.specs.phases import Phase
+from planner.specs.plan import Plan
 
 _TP_ALL_REDUCE_AFTER = frozenset({"attn_out", "mlp_down"})
 
@@ -72,7 +72,7 @@ class Step:
     block: int
     """Transformer block, -1 for the embedding, num_layers for the head."""
     segment: int
-    """Recompute segment of the block; -1 outside the checkpointed blocks."""
+    """Recompute segment of the block; -1 outside the recomputed blocks."""
 
 
 def step_elementwise_bytes(step: Step) -> float:
@@ -82,7 +82,7 @@ def step_elementwise_bytes(step: Step) -> float:
 
 
 def step_fused_flops(step: Step) -> float:
-    """Fused attention flops a trace step executes (planner/kernels.py [Note: attention kernels])."""
+    """Fused attention flops a trace step executes (planner/cost/kernels.py [Note: attention kernels])."""
     return step.op.fused_backward_flops if step.phase is Phase.BACKWARD else step.op.fused_flops
 
 
@@ -105,7 +105,7 @@ class Workload:
     """Optimizer-state bytes per parameter: 16 in mixed precision (eq. 2; read and written once, eq. 10)."""
     tokens_per_gpu: float
     recompute_input_bytes: float
-    """One checkpoint (one block input), per GPU (eq. 3 per checkpoint)."""
+    """One recompute input (one block input), per GPU (eq. 3 per recompute segment)."""
     block_activation_bytes: float
     """Activations of one block while it runs with gradients (eq. 5 with ci = 1, the attention core
     as the plan keeps it: memory.block_activation_bytes), per GPU."""
@@ -184,7 +184,7 @@ def _block_ops(plan: Plan, linear: Callable[[str, int], list[OpShape]]) -> list[
     """One block's operators (each linear's tiles) with the block's other work attached."""
     # The attention core (QK^T, softmax(.)V) has no weights and runs between qkv and attn_out: its
     # flops are folded into attn_out's first tile. The block's memory-bound kernels are spread
-    # evenly over its operators (planner/kernels.py, [Note: elementwise work] below).
+    # evenly over its operators (planner/cost/kernels.py, [Note: elementwise work] below).
     cost = block_cost(plan)
     block_ops: list[OpShape] = []
     for op in plan.model.block_operators():
@@ -197,11 +197,11 @@ def _block_ops(plan: Plan, linear: Callable[[str, int], list[OpShape]]) -> list[
                 fused_flops=cost.fused_forward_flops, fused_backward_flops=cost.fused_backward_flops)
         block_ops += shapes
     # [Note: elementwise work] Besides its matmuls a block runs memory-bound kernels (norms, the
-    # activation function, residual adds, rotary, dropout, the eager softmax): planner/kernels.py
+    # activation function, residual adds, rotary, dropout, the eager softmax): planner/cost/kernels.py
     # [Note: memory-bound kernels] counts their bytes per kernel and pass. On a GPU they are a few
     # percent of a large model's block time and a fifth of a small one's; on a CPU they run 20-50x
-    # below copy bandwidth, and calibration finds their rate (planner/calibrate.py; `planner probe`
-    # does on reference runs, planner/probe_reference.py).
+    # below copy bandwidth, and calibration finds their rate (planner/calibration/calibrate.py; `planner probe`
+    # does on reference runs, planner/calibration/probe_reference.py).
     n = len(block_ops)
     block_ops = [dataclasses.replace(op, elementwise_bytes=cost.forward_bytes / n,
                                      backward_elementwise_bytes=cost.backward_bytes / n) for op in block_ops]

@@ -1,4 +1,4 @@
-"""Validation against published training runs (issue 24): the corpus, its predictions, the report."""
+"""Validation against published training runs: the corpus, its predictions, the report."""
 
 from planner.validation.corpus import CorpusRow, load_corpus
 from planner.validation.report import RowResult, ValidationReport, validate

@@ -1,42 +1,9 @@
 """A corpus row -> the planner's Plan under exactly the configuration the row states, or the reasons
 it cannot be one.
 
-[Note: what a row states] The planner is given what the source states and nothing fitted to the row:
-- shape from the row's columns; GQA, SwiGLU, embedding tying and rotary embeddings from the model's
-  published config (the project's presets, data/models/: Llama, GPT-3 and NeMo's GPT-3 5B/20B,
-  OPT, Qwen2.5, Nemotron-4 340B, matched by name: _NAMED), rotary for Llama (Touvron et al. 2023,
-  arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are GPT blocks (4h GELU MLP unless
-  `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a name with no preset and no
-  shape columns (Nemotron-8B/22B, "GPT-2-like 1.4B") keeps a reason;
-- recompute: `full` (every block from its checkpoint), `selective` (the attention core's seq^2 part
-  only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200) unless the
-  source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train with its
-  default dropout (SOURCE_DROPOUT);
-- an unstated shape, sequence, vocabulary or precision is filled only from what the source itself
-  says elsewhere (SOURCE_DEFAULTS, each with its citation); otherwise the row gets a reason;
-- an unstated tuning knob is searched as `planner fit` searches what a user leaves unpinned
-  (planner/validation/unstated.py [Note: unstated settings are searched]): recompute, data-parallel
-  sharding (among what the row's framework offers), the tensor x pipeline split of a stated
-  model-parallel size (an FSDP/ZeRO row with no pipeline degree: 1, the planner pipelines only
-  `3d`), the micro-batch of a pipelined row given its global batch, and with no batch at all the
-  largest micro-batch that fits (no accumulation, or `planner fit`'s 4 per stage when pipelined);
-  stated values are never searched, and `assumptions` names every searched knob and its choice;
-- micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
-  unstated micro-batch of an unpipelined row with a stated global batch means no accumulation
-  (`micro = global / dp`);
-- context parallelism from the note's `CP=k` (NeMo, Megatron-Bridge) or what the stated degrees leave
-  over (GPUs / (TP x PP x DP)): planner/context_parallel.py;
-- the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor, context and pipeline
-  degrees (planner.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
-  `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
-  (pipeline bubble, one gradient reduction per step: planner/pipeline.py);
-- interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
-- fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/fp8.py); on a
-  GPU without an fp8 rate the planner refuses them, naming the hardware;
-- a GPU family's preset (HARDWARE_FOR), or its multi-GPU node where the row spans more GPUs than the
-  preset has in a node (NODE_FOR_GPUS_PER_NODE: hgx-h200).
-A reason names the missing planner feature (a GPU with no preset, a model with no published shape)
-or the missing statement (sequence length not stated); such rows count as misses.
+The planner is given what the source states and nothing fitted to the row; an unstated tuning knob
+is searched as `planner fit` searches an unpinned one, and a row that lacks what the planner needs
+keeps a reason naming it and counts as a miss ([Note: what a row states], above `row_plan`).
 """
 
 from __future__ import annotations
@@ -44,13 +11,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from planner.catalog import hardware_presets, model_presets
-from planner.errors import PlannerError
-from planner.hardware import NodeSpec
-from planner.model import ModelSpec
-from planner.plan import STRATEGY_TABLE, Plan
-from planner.search import DEFAULT_MAX_MICRO_BATCH
-from planner.units import GIB
+from planner.cost.feasibility import check_plan
+from planner.search.search import DEFAULT_MAX_MICRO_BATCH
+from planner.specs.catalog import hardware_presets, model_presets
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.units import GIB
 from planner.validation.corpus import CorpusRow
 from planner.validation.unstated import (
     SEARCHED_RECOMPUTES,
@@ -100,13 +68,13 @@ SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
                          ("narayanan2021_t2", "arXiv:2104.04473 (2021)"))
 }
 """source_id -> (attention kernel, why): sources that predate fused attention kernels. Every other row
-gets the plan's default, flash where the GPU has it (planner/kernels.py [Note: attention kernels])."""
+gets the plan's default, flash where the GPU has it (planner/cost/kernels.py [Note: attention kernels])."""
 SOURCE_DROPOUT: dict[str, str] = {
     source: "Megatron-LM's defaults --hidden-dropout 0.1 --attention-dropout 0.1 (megatron/arguments.py), the code "
             "these benchmarks ran"
     for source in ("megatron2019", "narayanan2021_t1", "narayanan2021_t2")
 }
-"""source_id -> why its blocks train with dropout (planner/kernels.py: the dropout kernels and masks)."""
+"""source_id -> why its blocks train with dropout (planner/cost/kernels.py: the dropout kernels and masks)."""
 _GPT_FAMILY = re.compile(r"^(gpt|mpt|turing|opt)", re.I)
 _LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
 _GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
@@ -131,6 +99,42 @@ class RowPlan:
     fit leaves such rows out: it calibrates on configurations the sources state."""
 
 
+# [Note: what a row states] The planner is given what the source states and nothing fitted to the row:
+# - shape from the row's columns; GQA, SwiGLU, embedding tying and rotary embeddings from the model's
+#   published config (the bundled presets, data/models/: Llama, GPT-3 and NeMo's GPT-3 5B/20B,
+#   OPT, Qwen2.5, Nemotron-4 340B, matched by name: _NAMED), rotary for Llama (Touvron et al. 2023,
+#   arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are GPT blocks (4h GELU MLP unless
+#   `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a name with no preset and no
+#   shape columns (Nemotron-8B/22B, "GPT-2-like 1.4B") keeps a reason;
+# - recompute: `full` (every block from its segment's recompute input), `selective` (the attention core's seq^2 part
+#   only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200) unless the
+#   source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train with its
+#   default dropout (SOURCE_DROPOUT);
+# - an unstated shape, sequence, vocabulary or precision is filled only from what the source itself
+#   says elsewhere (SOURCE_DEFAULTS, each with its citation); otherwise the row gets a reason;
+# - an unstated tuning knob is searched as `planner fit` searches what a user leaves unpinned
+#   (planner/validation/unstated.py [Note: unstated settings are searched]): recompute, data-parallel
+#   sharding (among what the row's framework offers), the tensor x pipeline split of a stated
+#   model-parallel size (an FSDP/ZeRO row with no pipeline degree: 1, the planner pipelines only
+#   `3d`), the micro-batch of a pipelined row given its global batch, and with no batch at all the
+#   largest micro-batch that fits (no accumulation, or `planner fit`'s 4 per stage when pipelined);
+#   stated values are never searched, and `assumptions` names every searched knob and its choice;
+# - micro-batch per model replica and gradient accumulation `global / (micro x data parallel)`; an
+#   unstated micro-batch of an unpipelined row with a stated global batch means no accumulation
+#   (`micro = global / dp`);
+# - context parallelism from the note's `CP=k` (NeMo, Megatron-Bridge) or what the stated degrees leave
+#   over (GPUs / (TP x PP x DP)): planner/cost/context_parallel.py;
+# - the plan's `micro_batch_per_gpu` is the replica's micro-batch over the tensor, context and pipeline
+#   degrees (planner.specs.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
+#   `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
+#   (pipeline bubble, one gradient reduction per step: planner/cost/pipeline.py);
+# - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
+# - fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/cost/fp8.py); on a
+#   GPU without an fp8 rate the planner refuses them, naming the hardware;
+# - a GPU family's preset (HARDWARE_FOR), or its multi-GPU node where the row spans more GPUs than the
+#   preset has in a node (NODE_FOR_GPUS_PER_NODE: hgx-h200).
+# A reason names the missing planner feature (a GPU with no preset, a model with no published shape)
+# or the missing statement (sequence length not stated); such rows count as misses.
 def row_plan(row: CorpusRow) -> RowPlan:
     """The plan for `row`, or its reasons (every one found, not just the first); unstated settings are
     searched (planner/validation/unstated.py [Note: unstated settings are searched])."""
@@ -170,6 +174,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
                     fp8_matmuls=uses_fp8(precision_text))
+        check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 
     plan, searched_notes, why = search_unstated(build, options, searched)
@@ -285,7 +290,7 @@ def uses_fp8(text: str) -> bool:
 def _precision(text: str, reasons: list[str]) -> str:
     lowered = text.lower()
     if uses_fp8(text):
-        return "bf16"  # the 16-bit format of everything but the linears' matmuls (planner/fp8.py)
+        return "bf16"  # the 16-bit format of everything but the linears' matmuls (planner/cost/fp8.py)
     if "bf16" in lowered:
         return "bf16"
     elif "fp16" in lowered or "16-bit" in lowered:
@@ -300,12 +305,14 @@ def _precision(text: str, reasons: list[str]) -> str:
 def _shardings(row: CorpusRow, replicas: set[int], reasons: list[str]) -> tuple[str, ...]:
     """Sharding options (corpus names, SHARDING_STRATEGY): the stated one, or those the row's framework
     offers (unstated.SHARDINGS_OFFERED) when the row has more than one replica."""
-    if row.offload != "none":
-        params_off = row.params_on.startswith(("cpu", "nvme"))
-        tier = row.offload
-        name = {("cpu", True): "zero-inf-cpu", ("nvme", True): "zero-inf-nvme"}.get((tier, params_off), "zero-offload")
-        if name == "zero-offload" and tier == "nvme":
-            reasons.append("optimizer-only NVMe offload with parameters on the GPU: no planner strategy")
+    tier = row.offload_tier
+    if tier is not None:
+        # ZeRO-Infinity's strategy for the tier (parameters and optimizer states there), or ZeRO-Offload's.
+        infinity = next((name for name, s in STRATEGY_TABLE.items()
+                         if s.placement.params == tier == s.placement.optimizer_states), None)
+        name = infinity if row.params_offloaded and infinity is not None else "zero-offload"
+        if name == "zero-offload" and tier != STRATEGY_TABLE[name].placement.optimizer_states:
+            reasons.append(f"optimizer-only {tier.label} offload with parameters on the GPU: no planner strategy")
         return (name,)
     if row.sharding:
         return (row.sharding,)

@@ -16,11 +16,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
+from planner.specs.tiers import TIERS, Tier
 
 CORPUS_FILE = "published_runs.csv"
 SHARDINGS: tuple[str, ...] = ("", "none", "zero1", "zero2", "zero3", "fsdp")
-OFFLOADS: tuple[str, ...] = ("none", "cpu", "nvme")
+NO_OFFLOAD = "none"
+OFFLOADS: tuple[str, ...] = (NO_OFFLOAD, "cpu", "nvme")
+"""The `offload` column: none, or the tier the optimizer states (and maybe the parameters) went to."""
 RECOMPUTES: tuple[str, ...] = ("", "none", "full", "selective")
 GPU_TYPES: tuple[str, ...] = ("V100", "A100", "H100", "H200", "RTX 4090")
 """Families the free-text `gpu_type` must start with ("H100 (SXM, DGX-H100)" is an H100)."""
@@ -74,8 +77,18 @@ class CorpusRow:
 
     @property
     def is_offload(self) -> bool:
-        """CPU/NVMe offload rows are checks, not calibration (issue 24 item 5)."""
-        return self.offload != "none"
+        """CPU/NVMe offload rows are checks, not calibration (docs/validation.md)."""
+        return self.offload != NO_OFFLOAD
+
+    @property
+    def offload_tier(self) -> Tier | None:
+        """The tier the row offloads to (`offload`), None without offload."""
+        return TIERS.named(self.offload, f"row {self.row_id} offload") if self.is_offload else None
+
+    @property
+    def params_offloaded(self) -> bool:
+        """The free-text `params_on` names a tier off the GPU ("cpu", "nvme (ZeRO-Infinity)")."""
+        return self.params_on.startswith(tuple(tier for tier in TIERS if not tier.on_device))
 
 
 _INT_COLUMNS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "vocab_size", "num_gpus",
@@ -89,7 +102,7 @@ COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(CorpusRow) if f.name != 
 
 def default_corpus_path() -> Any:
     """The bundled corpus: data/validation/ in a checkout, planner/_data/validation in a wheel."""
-    from planner.catalog import _data_root
+    from planner.specs.catalog import _data_root
 
     return _data_root() / "validation" / CORPUS_FILE
 

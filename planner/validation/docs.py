@@ -12,6 +12,7 @@ as the hand-written diagnosis after END, is kept.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -38,12 +39,12 @@ def corpus_section(scatter_path: Path, scatter_link: str) -> tuple[str, float]:
             f"under the configuration it states (planner/validation/configure.py [Note: what a row states]); a tuning "
             f"knob it leaves unstated is searched as `planner fit` searches an unpinned one, and the choice is listed "
             f"below (planner/validation/unstated.py); "
-            f"the whole corpus took {wall_s:.1f} s here (2 shared cores). The V100, A100, H100 and H200 presets' "
+            f"the whole corpus took {wall_s:.1f} s on a machine with {os.cpu_count()} CPUs. The V100, A100, H100 and H200 presets' "
             "compute rates are fitted on these rows (docs/planner.md, Fitted presets), so the per-GPU and per-source "
             "tables are in-sample; the leave-one-source-out table is the prediction error. `planner validate [--corpus FILE] [--source ID] [--gpu TYPE] [--json] "
             "[--out report.md]` gives the same tables, the JSON rows, or this report for a subset.", ""]
     compare = ["", "### The analytic estimate on the same rows", "",
-               "The search's first stage (planner.throughput.estimate), for comparison with the simulator above:", ""]
+               "The search's first stage (planner.cost.throughput.estimate), for comparison with the simulator above:", ""]
     compare += _table("GPU", {"all": analytic["all"], **analytic["by_gpu_type"]})
     return "\n".join(head) + "\n" + body + "\n".join(compare) + "\n", wall_s
 

@@ -1,54 +1,14 @@
 """Fit each GPU generation's compute numbers on the published-runs corpus, and say how well the fit
-predicts a source it never saw (issue 24 item 4).
+predicts a source it never saw.
 
 Run: `python -m planner.validation.fit` (report) or `... --write` (write the presets and
 data/validation/fit.json, which `planner validate` reports from).
 
-[Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100, whose numbers the H200
-shares: its corpus rows are not predictable), four physically meaningful numbers and nothing per
-row or per source:
-- `plateau`: the matmul rate a large GEMM sustains in training, as a fraction of the datasheet
-  peak (`gpu_peak_tflops = plateau x gpu_nominal_tflops`);
-- `half_gflop`: the matmul size reaching half the plateau; the preset's matmul efficiency curve is
-  `size / (size + half_gflop)` sampled per decade from 0.1 GFLOP (MATMUL_GFLOP_POINTS);
-- `flash`: the fused attention kernel's achieved rate as a fraction of the datasheet peak
-  (`flash_attention_tflops`; none on V100, which has no flash kernel);
-- `hbm`: the share of the datasheet HBM bandwidth memory-bound kernels stream at
-  (`hbm_achievable_fraction`, planner/kernels.py).
-A per-layer framework overhead is not fitted: tried as a fifth number (the simulator's
-`operator_overhead_ms`) on H100 it traded off against the matmul curve (427 us per operator with a
-0.07 GFLOP half size, the same in-sample error as without it), so the rows do not show one apart
-from the curve. Memory is never fitted: only rates change, so every memory bill stays.
-
-The loss is the mean over the generation's predicted, non-offload rows of the squared log ratio
-predicted / measured, capped at LOSS_CAP (a row the model cannot describe, such as a missing
-network term, weighs no more than a 50 % miss). The search is a deterministic coordinate search in
-log space from the hand-set preset (PRIOR), within BOUNDS, with the simulated prediction
-(`planner.sim.fast.predict`, what `planner validate` and `planner fit` report): the analytic
-estimate has no matmul efficiency curve, so it cannot fit one.
-
-[Note: which parameters the rows free] A fit frees only the parameters its rows pin down; the rest
-keep the prior's value. Freeing all four on any rows lets a few rows set numbers they barely
-constrain: rows of one source whose predictions scale with the attention kernel's rate and the HBM
-share almost exactly as with the plateau (torchtitan's few H100 rows) moved all four, and the
-held-out sources paid for it (docs/validation.md, Where this stands). The rule is
-forward selection by a t-test on the rows linearised around the current fit (finite differences,
-JACOBIAN_STEP): for each parameter not yet freed, the least-squares step of the log residuals on the
-columns of the freed parameters and its own, its standard error from the residual scatter with
-n - k degrees of freedom, and whether the step differs from zero at SIGNIFICANCE (Student's t, so
-that 5 rows cannot carry 4 numbers); of the significant ones the one the rows hold most information
-on (its column's part that the freed ones do not explain) is freed, the search refits every freed
-parameter, and the test repeats from there. A parameter collinear with those freed has no
-information and is never freed; one the rows show at the prior's value stays there, which is the
-same. Rows past LOSS_CAP carry no gradient in the loss and are left out of the test as well. The
-test treats rows as independent, though rows of one source share its software: their standard
-errors are if anything understated, so the rule errs towards freeing a number, never against.
-
-[Note: leave one source out] For each source with rows of a generation, the same search from the
-same prior runs on the other sources' rows only, and predicts the held-out source's rows. The
-pooled held-out errors are the generation's prediction error; the in-sample error (all rows
-fitted) is reported beside it, labelled so. A held-out source whose generation has no other
-source is predicted with the prior (nothing to fit on).
+Per GPU generation four physically meaningful numbers are fitted, nothing per row or per source,
+and memory never ([Note: what is fitted], above `fit`); a fit frees only the numbers its rows pin
+down ([Note: which parameters the rows free], above `significant_parameter`), and each source is
+also predicted from a fit on the others ([Note: leave one source out], above
+`leave_one_source_out`).
 """
 
 from __future__ import annotations
@@ -65,15 +25,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.hardware import EfficiencyCurve, NodeSpec
-from planner.kernels import HBM_ACHIEVABLE_FRACTION
+from planner.cost.kernels import HBM_ACHIEVABLE_FRACTION
+from planner.specs.hardware import EfficiencyCurve, NodeSpec
 from planner.validation.configure import RowPlan, row_plan
 from planner.validation.corpus import CorpusRow, load_corpus
-from planner.validation.report import percentile, predict_row
+from planner.validation.report import FIT_JSON, percentile, predict_row
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HARDWARE_DIR = ROOT / "data" / "hardware"
-FIT_JSON = ROOT / "data" / "validation" / "fit.json"
 GENERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "V100": (("V100",), ("dgx2-v100",)),
     "A100": (("A100",), ("dgx-a100-40g", "dgx-a100-80g")),
@@ -83,17 +42,17 @@ GENERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 PARAMS: tuple[str, ...] = ("plateau", "half_gflop", "flash", "hbm")
 BOUNDS: dict[str, tuple[float, float]] = {"plateau": (0.1, 1.0), "half_gflop": (0.01, 1000.0), "flash": (0.05, 1.0),
                                           "hbm": (0.5, 0.92)}
-"""`hbm` at most 0.92: streaming copies reach 0.83-0.90 of the datasheet (planner/kernels.py
+"""`hbm` at most 0.92: streaming copies reach 0.83-0.90 of the datasheet (planner/cost/kernels.py
 HBM_ACHIEVABLE_FRACTION's sources), so a higher fraction would be a fudge, not a bandwidth."""
 MATMUL_GFLOP_POINTS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
-"""Where the fitted curve is sampled; it holds flat below 0.1 GFLOP (planner.hardware.EfficiencyCurve),
+"""Where the fitted curve is sampled; it holds flat below 0.1 GFLOP (planner.specs.hardware.EfficiencyCurve),
 where a kernel's launch, not its size, sets its time."""
 LOSS_CAP = math.log(1.5)
 STEPS: tuple[float, ...] = (0.3, 0.1, 0.03)
 """Log-space step sizes of the coordinate search, coarse to fine."""
 MAX_EVALUATIONS = 100
-"""Each search stops after this many loss evaluations (each simulates every row once, about 0.3-0.6 s
-for a generation's rows): a bounded, deterministic cost per fit."""
+"""Each search stops after this many loss evaluations (each simulates every row of the generation
+once): a bounded, deterministic cost per fit."""
 SIGNIFICANCE = 0.05
 """A parameter leaves the prior only where the rows move it significantly at this level, two-sided
 (Student's t: [Note: which parameters the rows free])."""
@@ -109,7 +68,7 @@ PRIOR: dict[str, Params] = {
 """The hand-set presets before fitting, the search's fixed starting point (so `--write` run twice
 writes the same numbers): the paper's 70 of 125 TFLOPS and the same 64 % on A100 and H100 (600
 of 989), FlashAttention-2's published 156 TFLOPS on A100 and FlashAttention-3's 346 on H100
-(planner/kernels.py [Note: attention kernels]), each curve's size at which it reached half its
+(planner/cost/kernels.py [Note: attention kernels]), each curve's size at which it reached half its
 plateau, and the V100 microbenchmark's HBM fraction."""
 
 
@@ -135,7 +94,7 @@ class FitRow:
 
 
 def fit_rows(generation: str, rows: Sequence[CorpusRow] | None = None) -> list[FitRow]:
-    """The generation's rows that calibrate: not offload (checks, issue 24 item 5), with a plan whose
+    """The generation's rows that calibrate: not offload (those are checks), with a plan whose
     settings the source states (none searched)."""
     families = GENERATIONS[generation][0]
     out = []
@@ -168,6 +127,27 @@ def loss(errs: dict[str, float]) -> float:
     return sum(min(abs(math.log1p(e)), LOSS_CAP) ** 2 for e in errs.values()) / len(errs)
 
 
+# [Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100, whose numbers the H200
+# shares: its corpus rows are not predictable), four physically meaningful numbers and nothing per
+# row or per source:
+# - `plateau`: the matmul rate a large GEMM sustains in training, as a fraction of the datasheet
+#   peak (`gpu_peak_tflops = plateau x gpu_nominal_tflops`);
+# - `half_gflop`: the matmul size reaching half the plateau; the preset's matmul efficiency curve is
+#   `size / (size + half_gflop)` sampled per decade from 0.1 GFLOP (MATMUL_GFLOP_POINTS);
+# - `flash`: the fused attention kernel's achieved rate as a fraction of the datasheet peak
+#   (`flash_attention_tflops`; none on V100, which has no flash kernel);
+# - `hbm`: the share of the datasheet HBM bandwidth memory-bound kernels stream at
+#   (`hbm_achievable_fraction`, planner/cost/kernels.py).
+# A per-layer framework overhead is not fitted: tried as a fifth number (the simulator's
+# `operator_overhead_ms`) on H100 it traded off against the matmul curve at the same in-sample
+# error, so the rows do not show one apart from the curve. Memory is never fitted: only rates change, so every memory bill stays.
+#
+# The loss is the mean over the generation's predicted, non-offload rows of the squared log ratio
+# predicted / measured, capped at LOSS_CAP (a row the model cannot describe, such as a missing
+# network term, weighs no more than a 50 % miss). The search is a deterministic coordinate search in
+# log space from the hand-set preset (PRIOR), within BOUNDS, with the simulated prediction
+# (`planner.sim.fast.predict`, what `planner validate` and `planner fit` report): the analytic
+# estimate has no matmul efficiency curve, so it cannot fit one.
 def fit(rows: Sequence[FitRow], start: Params, seen: Callable[[str], None] | None = None) -> tuple[Params, int]:
     """[Note: which parameters the rows free]: forward selection from `start`, each freed parameter
     refitted by coordinate search in log space with those freed before it; (params, evaluations).
@@ -213,6 +193,22 @@ def _search(rows: Sequence[FitRow], start: Params, free: Sequence[str],
     return best, evaluations
 
 
+# [Note: which parameters the rows free] A fit frees only the parameters its rows pin down; the rest
+# keep the prior's value. Freeing all four on any rows lets a few rows set numbers they barely
+# constrain: rows of one source whose predictions scale with the attention kernel's rate and the HBM
+# share almost exactly as with the plateau (torchtitan's few H100 rows) moved all four, and the
+# held-out sources paid for it (docs/validation.md, Where this stands). The rule is
+# forward selection by a t-test on the rows linearised around the current fit (finite differences,
+# JACOBIAN_STEP): for each parameter not yet freed, the least-squares step of the log residuals on the
+# columns of the freed parameters and its own, its standard error from the residual scatter with
+# n - k degrees of freedom, and whether the step differs from zero at SIGNIFICANCE (Student's t, so
+# that 5 rows cannot carry 4 numbers); of the significant ones the one the rows hold most information
+# on (its column's part that the freed ones do not explain) is freed, the search refits every freed
+# parameter, and the test repeats from there. A parameter collinear with those freed has no
+# information and is never freed; one the rows show at the prior's value stays there, which is the
+# same. Rows past LOSS_CAP carry no gradient in the loss and are left out of the test as well. The
+# test treats rows as independent, though rows of one source share its software: their standard
+# errors are if anything understated, so the rule errs towards freeing a number, never against.
 def significant_parameter(rows: Sequence[FitRow], at: Params, free: Sequence[str], candidates: Sequence[str],
                           seen: Callable[[str], None] | None = None) -> tuple[str | None, int]:
     """Of the candidates the rows move significantly from `at` given those `free`, the one they hold
@@ -284,6 +280,11 @@ Fits = dict[str | None, tuple[Params, int]]
 """Held-out source (None: none) -> (fitted params, evaluations), computed ahead (`--jobs`)."""
 
 
+# [Note: leave one source out] For each source with rows of a generation, the same search from the
+# same prior runs on the other sources' rows only, and predicts the held-out source's rows. The
+# pooled held-out errors are the generation's prediction error; the in-sample error (all rows
+# fitted) is reported beside it, labelled so. A held-out source whose generation has no other
+# source is predicted with the prior (nothing to fit on).
 def leave_one_source_out(rows: Sequence[FitRow], start: Params, fits: Fits | None = None) -> dict[str, Any]:
     """[Note: leave one source out]: per source, the fit without it and its held-out errors."""
     sources = sorted({r.row.source_id for r in rows})
@@ -353,23 +354,6 @@ def _row_order(row_id: str) -> tuple[str, int]:
     return (match.group(1), int(match.group(2))) if match else (row_id, 0)
 
 
-def fitted_summary(fit_json: Path = FIT_JSON) -> dict[str, Any]:
-    """Per generation, from the last `--write`: the fitted parameters, the in-sample error (fitted
-    rows, labelled so) and the leave-one-source-out error, pooled and per held-out source."""
-    if not fit_json.exists():
-        return {}
-    out = {}
-    for generation, result in json.loads(fit_json.read_text()).items():
-        loso = result.get("leave_one_source_out", {})
-        out[generation] = {
-            "params": result["params"], "fitted_rows": len(result["rows"]), "prior_in_sample": result["prior_in_sample"],
-            "in_sample": result["in_sample"], "leave_one_source_out": loso.get("summary"),
-            "leave_one_source_out_by_source": {source: {k: v for k, v in held.items() if k not in ("errors", "params")}
-                                               for source, held in loso.get("by_source", {}).items()},
-        }
-    return out
-
-
 def row_ranges(row_ids: Sequence[str]) -> str:
     """`p001-p003, p007`: consecutive ids as ranges, for the provenance strings."""
     parts: list[list[str]] = []
@@ -425,7 +409,7 @@ def _unfitted(citation: str, value: Any, source: str) -> str:
     marker = "; before fitting: "
     if marker in citation:
         return citation.split(marker, 1)[1]
-    return f"{value} ({source})" if value is not None else "unset (planner/kernels.py HBM_ACHIEVABLE_FRACTION, 0.83)"
+    return f"{value} ({source})" if value is not None else "unset (planner/cost/kernels.py HBM_ACHIEVABLE_FRACTION, 0.83)"
 
 
 def write(results: dict[str, dict[str, Any]], hardware_dir: Path = HARDWARE_DIR, fit_json: Path = FIT_JSON) -> list[Path]:

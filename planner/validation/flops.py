@@ -24,8 +24,8 @@ Because one row's measured and predicted values go through the same conversion, 
 
 from __future__ import annotations
 
-from planner.errors import PlannerError
-from planner.model import ModelSpec
+from planner.specs.errors import PlannerError
+from planner.specs.model import ModelSpec
 
 ACCOUNTINGS: tuple[str, ...] = ("megatron", "nemo", "bridge", "6n")
 METRICS: tuple[str, ...] = ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")

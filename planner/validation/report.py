@@ -4,7 +4,7 @@ Each row's plan (configure.row_plan) is predicted by the fast simulator (`planne
 the stage whose number `planner fit` reports for a pinned plan. The plan carries the row's gradient
 accumulation (`micro_batches_per_step`), so its prediction is one optimizer step: the pipeline bubble,
 and one gradient reduction per step for plain data parallel, every micro-step for FSDP / ZeRO
-(planner/pipeline.py [Note: the 1F1B step]).
+(planner/cost/pipeline.py [Note: the 1F1B step]).
 
 `error = predicted / measured - 1` in the row's own metric (flops.py [Note: FLOP accountings]);
 `error` is null, with a `reason`, for a row the planner cannot express. Offload rows (CPU/NVMe) are
@@ -13,27 +13,32 @@ checks, not calibration: they are summarised apart (`summary.offload_checks`).
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlannerError
-from planner.plan import Plan
+from planner.cost.throughput import estimate
 from planner.sim.fast import predict
-from planner.throughput import estimate
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
 from planner.validation.configure import RowPlan, node_for_row, row_plan
 from planner.validation.corpus import GPU_TYPES, CorpusRow, load_corpus
 from planner.validation.flops import accounting_for, flops_per_token, from_tokens_per_s
 
 METHODS: dict[str, str] = {
     "simulated": "simulated (planner.sim.fast.predict, the number `planner fit` reports for a pinned plan)",
-    "analytic": "analytic (planner.throughput.estimate, the search's first stage)",
+    "analytic": "analytic (planner.cost.throughput.estimate, the search's first stage)",
 }
 PARAMS_AS_STATED = frozenset({"llmfoundry_bench"})
 """Sources whose `params_b` is their exact 6N count (llm-foundry's includes learned position
 embeddings, which the planner's model lacks); elsewhere it is a rounded size and N is the model's."""
 BUNDLED = "bundled data/validation/published_runs.csv"
+GPU_TYPE_FILTER = "gpu"
+"""The `filters` key of `--gpu` (a GPU type such as H100, not a memory tier)."""
+FIT_JSON = Path(__file__).resolve().parent.parent.parent / "data" / "validation" / "fit.json"
+"""The fit's record (`python -m planner.validation.fit --write`), summarised under `summary.fitted`."""
 ROW_KEYS: tuple[str, ...] = ("row_id", "source_id", "gpu_type", "metric", "measured", "predicted", "error", "reason",
                              "assumptions")
 """`assumptions`: what was filled or searched for the row (configure.py [Note: what a row states])."""
@@ -75,8 +80,6 @@ class ValidationReport:
     filters: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        from planner.validation.fit import fitted_summary  # fit.py imports this module
-
         calibration = [r for r in self.results if not r.offload]
         return {
             "method": METHODS[self.method],
@@ -94,9 +97,10 @@ class ValidationReport:
 
     def _fitted(self, fitted: dict[str, Any]) -> dict[str, Any]:
         """The fit's record, for the filtered GPU type's generation only (H200 shares H100's)."""
-        if "gpu" not in self.filters:
+        if GPU_TYPE_FILTER not in self.filters:
             return fitted
-        generation = "H100" if self.filters["gpu"] == "H200" else self.filters["gpu"]
+        gpu_type = self.filters[GPU_TYPE_FILTER]
+        generation = "H100" if gpu_type == "H200" else gpu_type
         return {g: v for g, v in fitted.items() if g == generation}
 
 
@@ -117,7 +121,7 @@ def validate(corpus_path: str | Path | None = None, *, source: str | None = None
         present = sorted({r.gpu_family for r in rows})
         if family is None or family not in present:
             raise PlannerError(f"unknown --gpu {gpu!r}; the rows have GPU types {', '.join(present)}")
-        rows, filters["gpu"] = tuple(r for r in rows if r.gpu_family == family), family
+        rows, filters[GPU_TYPE_FILTER] = tuple(r for r in rows if r.gpu_family == family), family
     name = str(corpus_path) if corpus_path is not None else BUNDLED
     results = tuple(predict_row(r, method=method) for r in rows)
     return ValidationReport(corpus=name, results=results, method=method, filters=filters)
@@ -155,7 +159,7 @@ def _predicted(plan: Plan, method: str) -> tuple[dict[str, float], bool, str, st
     if method == "simulated":
         p = predict(plan)
         return p.phase_time_s, p.feasible, p.reason, p.bottleneck
-    from planner.memory import memory_bill
+    from planner.cost.memory import memory_bill
 
     bill, est = memory_bill(plan), estimate(plan)
     return est.phase_time_s, bill.fits, bill.reason(), est.bottleneck
@@ -194,6 +198,23 @@ def group_summary(results: list[RowResult]) -> dict[str, Any]:
         "p90_abs_error": percentile(absolute, 0.9) if absolute else None,
         "median_error": statistics.median(errors) if errors else None,
     }
+
+
+def fitted_summary(fit_json: Path = FIT_JSON) -> dict[str, Any]:
+    """Per generation, from the last `--write`: the fitted parameters, the in-sample error (fitted
+    rows, labelled so) and the leave-one-source-out error, pooled and per held-out source."""
+    if not fit_json.exists():
+        return {}
+    out = {}
+    for generation, result in json.loads(fit_json.read_text()).items():
+        loso = result.get("leave_one_source_out", {})
+        out[generation] = {
+            "params": result["params"], "fitted_rows": len(result["rows"]), "prior_in_sample": result["prior_in_sample"],
+            "in_sample": result["in_sample"], "leave_one_source_out": loso.get("summary"),
+            "leave_one_source_out_by_source": {source: {k: v for k, v in held.items() if k not in ("errors", "params")}
+                                               for source, held in loso.get("by_source", {}).items()},
+        }
+    return out
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

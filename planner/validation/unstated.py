@@ -5,9 +5,9 @@ knob the row leaves unstated is the one the planner would pick: every combinatio
 knobs' values (activation recompute none / selective / full; data-parallel sharding among those its
 framework offers, SHARDINGS_OFFERED; the tensor x pipeline split of a stated model-parallel size; the
 micro-batch of a pipelined row, among the divisors of its per-replica global batch; the micro-batch
-of a row with no batch at all, the largest that fits as the search sizes it, planner/search.py
+of a row with no batch at all, the largest that fits as the search sizes it, planner/search/search.py
 `largest_batch`) becomes a plan, the memory bill keeps those that fit, and the fastest is kept. Fastest
-the way `planner fit` ranks (planner/sim/refine.py [Note: analytic bound]): candidates are simulated in
+the way `planner fit` ranks (planner/search/refine.py [Note: analytic bound]): candidates are simulated in
 the analytic estimate's order until the best simulated rate reaches the next candidate's analytic rate.
 If none fits, the candidate that needs the least GPU memory is kept, so the memory bill's refusal is
 reported. Stated values are never searched: a row that states every knob has exactly one candidate.
@@ -20,12 +20,13 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.errors import PlannerError
-from planner.memory import memory_bill
-from planner.plan import Plan
-from planner.search import DEFAULT_MAX_MICRO_BATCH, DEFAULT_MICRO_BATCHES_PER_STAGE, largest_batch
+from planner.cost.memory import memory_bill
+from planner.cost.throughput import estimate
+from planner.search.search import DEFAULT_MAX_MICRO_BATCH, DEFAULT_MICRO_BATCHES_PER_STAGE, largest_batch
 from planner.sim.fast import predict
-from planner.throughput import estimate
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
+from planner.specs.tiers import GPU
 
 SEARCHED_RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 MEGATRON_SOURCES = frozenset({"megatron2019", "narayanan2021_t1", "narayanan2021_t2", "megatron_lm_readme",
@@ -48,12 +49,12 @@ class Candidate:
 
 
 def default_micro_batches(pipeline_stages: int) -> int:
-    """Micro-batches per step where the row states no batch: `planner fit`'s default (planner/search.py)."""
+    """Micro-batches per step where the row states no batch: `planner fit`'s default (planner/search/search.py)."""
     return DEFAULT_MICRO_BATCHES_PER_STAGE * pipeline_stages if pipeline_stages > 1 else 1
 
 
 def sized(plan: Plan) -> Plan | None:
-    """`plan` at the largest micro-batch that fits (planner/search.py), None if one sample does not."""
+    """`plan` at the largest micro-batch that fits (planner/search/search.py), None if one sample does not."""
     return largest_batch(plan, DEFAULT_MAX_MICRO_BATCH)
 
 
@@ -63,7 +64,7 @@ def fastest(candidates: Sequence[Candidate]) -> tuple[Candidate, bool]:
     fitting = sorted(((estimate(c.plan).tokens_per_s, i, c) for i, (c, b) in enumerate(bills) if b.fits),
                      key=lambda t: (-t[0], t[1]))
     if not fitting:
-        return min(bills, key=lambda cb: cb[1].peak_bytes["gpu"])[0], False
+        return min(bills, key=lambda cb: cb[1].peak_bytes[GPU])[0], False
     if len(fitting) == 1:
         return fitting[0][2], True
     best, best_rate = fitting[0][2], -1.0

@@ -1,6 +1,6 @@
 """User-facing checkpoint errors: one line naming the file or value and what to do."""
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 
 class CheckpointError(PlannerError):

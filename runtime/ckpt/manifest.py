@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.specio import check_keys, number, string
+from planner.specs.plan import OLD_PLACEMENT_KEYS
+from planner.specs.specio import check_keys, number, string
 from runtime.ckpt.errors import CheckpointError, CheckpointMismatch
 from runtime.ckpt.files import FileDigest, atomic_file, file_digest, fsync_dir
 
@@ -60,6 +61,10 @@ def fingerprint(plan: Any, *, seed: int) -> str:
     doc = plan.to_dict()
     keys = ("model", "num_gpus", "precision", "placement", "tiling_factor", "micro_batch_per_gpu")
     picked = {k: doc[k] for k in keys}
+    # Hashed under the placement's old key names ([Note: old spellings] in planner/specs/plan.py), so
+    # the fingerprint, and with it every checkpoint written before the rename, stays the same.
+    old_name = {new: old for old, new in OLD_PLACEMENT_KEYS.items()}
+    picked["placement"] = {old_name.get(k, k): v for k, v in picked["placement"].items()}
     picked["seed"] = seed
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from planner.specio import check_keys, number, string
+from planner.specs.specio import check_keys, number, string
 from runtime.ckpt.errors import CheckpointError
 from runtime.ckpt.safetensors_io import DTYPE_CODES
 

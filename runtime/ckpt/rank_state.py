@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from planner.specio import check_keys, number, string
+from planner.specs.specio import check_keys, number, string
 from runtime.ckpt.errors import CheckpointError
 from runtime.ckpt.files import FileDigest, atomic_file
 from runtime.ckpt.manifest import rank_file

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from planner.units import round_up_4kib
+from planner.specs.units import round_up_4kib
 from runtime.nvme.config import DIRECT_ALIGNMENT_BYTES
 
 

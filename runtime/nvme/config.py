@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.units import MIB, PAGE_BYTES
+from planner.specs.units import MIB, PAGE_BYTES
 from runtime.nvme.errors import NvmeConfigError
 
 Backend = Literal["auto", "io_uring", "threads", "python"]
 BACKENDS: tuple[str, ...] = ("auto", "io_uring", "threads", "python")
 
 DIRECT_ALIGNMENT_BYTES = PAGE_BYTES
-"""O_DIRECT's alignment of file offsets, sizes and memory addresses (planner.units.PAGE_BYTES)."""
+"""O_DIRECT's alignment of file offsets, sizes and memory addresses (planner.specs.units.PAGE_BYTES)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

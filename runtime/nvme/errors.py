@@ -1,4 +1,4 @@
-"""User-facing errors of the NVMe tier (STYLE.md principle 5).
+"""User-facing errors of the NVMe tier (docs/conventions.md, "Two error channels").
 
 I/O failures are `OSError`s (errno, message, path) with `offset` and `nbytes` attributes, raised by
 both engines alike; configuration and swap-directory problems the user can fix are these
@@ -6,7 +6,7 @@ both engines alike; configuration and swap-directory problems the user can fix a
 every `planner` command prints them as one line and exits 1.
 """
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 
 class NvmeError(PlannerError):

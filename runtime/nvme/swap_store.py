@@ -14,7 +14,7 @@ buffers work too (the engine routes unaligned bytes through the page cache, see
 
 from __future__ import annotations
 
-from planner.units import round_up_4kib
+from planner.specs.units import round_up_4kib
 from runtime.nvme.buffers import as_byte_buffer
 from runtime.nvme.directory import SwapDirectory
 from runtime.nvme.engine import Handle, IOEngine

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.memory import OPTIMIZER_CHUNK_REGIONS, optimizer_chunk_numel
+from planner.cost.memory import OPTIMIZER_CHUNK_REGIONS, optimizer_chunk_numel
 from runtime.nvme import AlignedBuffer, BufferPool
 from runtime.transfer.stores import Pending
 
@@ -40,7 +40,7 @@ REGIONS = OPTIMIZER_CHUNK_REGIONS
 
 def chunk_numel_for(chunk_bytes: int) -> int:
     """Elements per chunk so that the four fp32 regions fit one buffer of `chunk_bytes` (the memory
-    bill's geometry, `planner.memory.optimizer_chunk_numel`)."""
+    bill's geometry, `planner.cost.memory.optimizer_chunk_numel`)."""
     numel = optimizer_chunk_numel(chunk_bytes)
     assert numel > 0, chunk_bytes
     return numel

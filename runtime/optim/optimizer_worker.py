@@ -57,15 +57,15 @@ from typing import Any
 
 import torch
 
-from planner.memory import IN_BACKWARD_QUEUED_UPDATES, IN_BACKWARD_STAGED_GRADIENTS
-from planner.memory_terms import MemoryTerm
-from planner.units import round_up_4kib
+from planner.cost.memory import IN_BACKWARD_QUEUED_UPDATES, IN_BACKWARD_STAGED_GRADIENTS
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.units import round_up_4kib
 from runtime.ledger import MemoryLedger
 from runtime.transfer.host_worker import HostWorker
 from runtime.transfer.streams import Streams
 from runtime.transfer.trace import WaitKind
 
-MAX_QUEUED_UPDATES = IN_BACKWARD_QUEUED_UPDATES  # planner/memory.py bills the staging this bounds
+MAX_QUEUED_UPDATES = IN_BACKWARD_QUEUED_UPDATES  # planner/cost/memory.py bills the staging this bounds
 """Updates waiting beyond the one running: enough for unit k's update to overlap the backward of
 unit k-1, and the gradients held for the worker stay at two units'."""
 
@@ -81,7 +81,7 @@ class OptimizerWorker(HostWorker):
 class GradientStaging:
     """Pinned host buffers an in-backward update copies its device gradient into before updating on
     the host: `count` of them, each the largest unit's gradient shard rounded to 4 KiB (what the
-    plan's bill holds as `gradient_swap_buffers`, planner.memory.staged_in_backward), pinned once
+    plan's bill holds as `gradient_swap_buffers`, planner.cost.memory.staged_in_backward), pinned once
     when the optimizer is made and charged to the ledger until it is closed."""
 
     def __init__(self, model: Any, streams: Streams, count: int = IN_BACKWARD_STAGED_GRADIENTS) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.ledger import nbytes
 from runtime.optim.optimizer_engine import AdamWEngine
 from runtime.units.gradients import FinalGradient

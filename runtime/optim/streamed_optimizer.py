@@ -75,7 +75,7 @@ from typing import Any
 
 import torch
 
-from planner.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.nvme import AlignedBuffer, BufferPool
 from runtime.optim.chunk_read_ahead import REGIONS, Chunk, ChunkReadAhead, chunk_numel_for
 from runtime.optim.optimizer_engine import AdamWEngine

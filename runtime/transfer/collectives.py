@@ -11,6 +11,17 @@ three correct implementations, selectable with `shard(..., reduce_scatter_method
 - `native`: `reduce_scatter_tensor` (NCCL's, and gloo's when present).
 `pairwise` was the fastest on gloo at every buffer size `benchmarks/bench_collectives.py` measured
 (benchmarks/RESULTS.md, "gloo reduce-scatter"), so gloo defaults to `pairwise`, NCCL to `native`.
+
+[Note: gloo and device tensors]
+NCCL refuses two ranks on one GPU, so ranks that share a GPU (the GPU kit's two-rank runs) reduce
+over gloo, and gloo is a host library: its point-to-point `isend`/`irecv` hand the tensor's data
+pointer to the TCP transport as host memory, and its reduce-scatter takes host tensors only. On
+such a group (`Comm.host_staged`: gloo with a CUDA compute device) every collective therefore runs
+on host copies: the caller's device tensor is copied into a host buffer of the collective's own
+before it starts (a blocking copy, ordered after the work queued on the current stream), gloo
+reduces or gathers host buffers only, and `wait()` copies the result into a device tensor on the
+current stream. One extra round trip over the link per collective: a path for correctness on one
+shared GPU, not for speed; NCCL groups never take it.
 """
 
 from __future__ import annotations
@@ -35,6 +46,9 @@ class Comm(NamedTuple):
     device: torch.device = torch.device("cpu")
     """Where this group's collectives take their tensors: NCCL reduces device tensors only, so on
     NCCL the rank's current CUDA device (bound by runtime.launch.bind_device), else the CPU."""
+    host_staged: bool = False
+    """gloo with a CUDA compute device: collectives run on host copies of the caller's tensors
+    ([Note: gloo and device tensors])."""
 
     @property
     def device_side(self) -> bool:
@@ -55,16 +69,30 @@ def make_comm(reduce_scatter_method: str | None = None) -> Comm:
     if method not in ("native", "pairwise", "allreduce"):
         raise ValueError(f"reduce_scatter_method {method!r} must be native, pairwise or allreduce")
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    return Comm(dist.group.WORLD, reduce_group, dist.get_world_size(), dist.get_rank(), method, device)
+    host_staged = backend == "gloo" and torch.cuda.is_available()
+    return Comm(dist.group.WORLD, reduce_group, dist.get_world_size(), dist.get_rank(), method, device, host_staged)
+
+
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A host tensor of the collective's own holding `tensor`'s values (never `tensor` itself, even
+    on the CPU): the source of a host-staged collective ([Note: gloo and device tensors])."""
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+    out.copy_(tensor)
+    return out
 
 
 class Gathered(NamedTuple):
     output: torch.Tensor
     work: dist.Work | None
+    host: tuple[torch.Tensor, torch.Tensor] | None = None
+    """Host-staged: (the shard's host copy, the host buffer gloo gathers into), copied into `output`
+    by `wait()` ([Note: gloo and device tensors])."""
 
     def wait(self) -> torch.Tensor:
         if self.work is not None:
             self.work.wait()
+        if self.host is not None:
+            self.output.copy_(self.host[1])
         return self.output
 
 
@@ -73,8 +101,12 @@ def all_gather_flat(comm: Comm, shard: torch.Tensor, link_bytes: dict[str, int])
     if comm.world_size == 1:
         return Gathered(shard, None)
     output = torch.empty(shard.numel() * comm.world_size, dtype=shard.dtype, device=shard.device)
-    work = dist.all_gather_single(output, shard, group=comm.gather_group, async_op=True)
     link_bytes["all_gather"] = link_bytes.get("all_gather", 0) + nbytes(output) - nbytes(shard)
+    if comm.host_staged:
+        source, gathered = host_copy(shard), torch.empty(output.shape, dtype=output.dtype, device="cpu")
+        work = dist.all_gather_single(gathered, source, group=comm.gather_group, async_op=True)
+        return Gathered(output, work, (source, gathered))
+    work = dist.all_gather_single(output, shard, group=comm.gather_group, async_op=True)
     return Gathered(output, work)
 
 
@@ -85,22 +117,37 @@ class Reduced(NamedTuple):
     output: torch.Tensor
     received: tuple[torch.Tensor, ...]
     """Slices from the other ranks (pairwise fallback) still to be added into `output`."""
+    landing: torch.Tensor | None = None
+    """Host-staged: the device tensor the host sum `output` is copied into by `wait()`
+    ([Note: gloo and device tensors])."""
 
     def wait(self) -> torch.Tensor:
         for work in self.works:
             work.wait()
         for other in self.received:
             self.output.add_(other)
-        return self.output
+        if self.landing is None:
+            return self.output
+        self.landing.copy_(self.output)
+        return self.landing
 
 
 def reduce_scatter_flat(comm: Comm, full: torch.Tensor, link_bytes: dict[str, int]) -> Reduced:
     """Start summing `full` (length divisible by the world size) across ranks, scattered by rank."""
-    n, rank = comm.world_size, comm.rank
+    n = comm.world_size
     if n == 1:
         return Reduced((), full, ())
-    chunks = full.chunk(n)
     link_bytes["reduce_scatter"] = link_bytes.get("reduce_scatter", 0) + nbytes(full) * (n - 1) // n
+    if comm.host_staged:
+        landing = torch.empty(full.numel() // n, dtype=full.dtype, device=full.device)
+        return _reduce_scatter(comm, host_copy(full))._replace(landing=landing)
+    return _reduce_scatter(comm, full)
+
+
+def _reduce_scatter(comm: Comm, full: torch.Tensor) -> Reduced:
+    """Start `comm.reduce_scatter_method` over `full`, on whatever memory `full` is in."""
+    n, rank = comm.world_size, comm.rank
+    chunks = full.chunk(n)
     if comm.reduce_scatter_method == "native":
         output = torch.empty_like(chunks[rank])
         work = dist.reduce_scatter_single(output, full, group=comm.reduce_group, async_op=True)

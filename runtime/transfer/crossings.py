@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import torch
 
-from planner.memory import lands_gradients_pinned
-from planner.memory_terms import MemoryTerm
-from planner.plan import HostPinning, Plan
+from planner.cost.memory import lands_gradients_pinned
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import HostPinning, Plan
 from runtime.ledger import MemoryLedger
 from runtime.transfer.mixed_add import add_into
 from runtime.transfer.pinned_arena import PinnedArena
@@ -165,7 +165,7 @@ def host_crossing(state: str, plan: Plan, copier: CopyEngine, ledger: MemoryLedg
     def arena(term: MemoryTerm) -> PinnedArena:
         return PinnedArena(streams, ledger, numel=numel, dtype=dtype, tier="cpu", term=term)
 
-    if state == "params" and plan.placement.params == "cpu":
+    if state == "params" and plan.placement.params.host_memory:
         return Pinned(copier, arena(MemoryTerm.PARAMS))
     if state == "gradients" and lands_gradients_pinned(plan):
         return Landed(copier, lambda: arena(MemoryTerm.GRADIENT_LANDING_BUFFERS))

@@ -14,7 +14,7 @@ the writes in flight that overlap it, and so does a write (two writes of one ran
 once would land in either order; writes of disjoint chunks of a shard, as the optimizer's, do not
 wait for each other), and write staging is a few reused page-aligned buffers of the
 largest shard (two; the gradient store has the memory model's `gradient_write_buffers`, four at
-prefetch depth 3 with parameters on NVMe, [Note: gradient write buffers] in planner/memory.py): a
+prefetch depth 3 with parameters on NVMe, [Note: gradient write buffers] in planner/cost/memory.py): a
 write takes a free one, or waits for the oldest write in flight. Reusing them (instead of a fresh
 buffer per write) spares the kernel zeroing new pages for every gradient byte; `drain` gives them
 back, so host memory stays within the plan's bill between steps too (the gradient store keeps its
@@ -58,9 +58,9 @@ from typing import ClassVar, TypeVar
 
 import torch
 
-from planner.memory import WRITE_STAGING_BUFFERS
-from planner.memory_terms import MemoryTerm
-from planner.units import round_up_4kib
+from planner.cost.memory import WRITE_STAGING_BUFFERS
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.units import round_up_4kib
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.nvme import (
     AlignedBuffer,

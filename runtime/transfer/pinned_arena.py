@@ -1,7 +1,7 @@
 """Host shards pinned once: one page-locked arena per store, carved into the shards it holds.
 
 [Note: pinned host shards]
-With `host_pinning: shards` (planner.plan.HostPinning) the host shards that cross the link every
+With `host_pinning: shards` (planner.specs.plan.HostPinning) the host shards that cross the link every
 step live in page-locked memory, so that a copy to or from the device runs asynchronously straight
 from and into them, as FSDP2 keeps its offloaded shards: the compute-precision parameter shards
 (read to the device by every gather) and the buffers gradients land in off the device before the

@@ -1,7 +1,7 @@
 """The rank's pinned staging pool: every host<->device copy of CPU-tier state goes through it.
 
 [Note: staged host copies]
-CPU-tier shards, offloaded checkpoints and host gradient shards are ordinary pageable memory. A
+CPU-tier shards, offloaded recompute inputs and host gradient shards are ordinary pageable memory. A
 copy to the device takes a buffer from this pool, copies the piece into it on the host (a memcpy),
 queues the asynchronous host-to-device copy on the copy stream and records an event; the buffer
 goes back to the pool when that event has completed. A copy off the device is the reverse: the
@@ -9,12 +9,12 @@ device-to-host copy into a leased buffer is queued on the copy stream, and once 
 completed the piece is copied (or added) into its pageable destination and the buffer returned.
 Transfers larger than a buffer go through it in pieces, one lease each.
 
-The pool has `num_buffers` buffers of `buffer_bytes` (planner.memory.pinned_staging_pool: what the
+The pool has `num_buffers` buffers of `buffer_bytes` (planner.cost.memory.pinned_staging_pool: what the
 bill charges) and never grows: a lease that finds every buffer out waits for the oldest copy in
 flight and finishes it (its event, then its host side), in the order the copies were queued on the
 one copy stream. Finished copies are also reaped at every lease, so a buffer returns as soon as its
 copy is done without anybody waiting for it. A device-to-host copy brought back to the device
-before it landed (an offloaded checkpoint reloaded early, `back_to_device`) goes from its buffer,
+before it landed (an offloaded recompute input reloaded early, `back_to_device`) goes from its buffer,
 which then returns after that copy too: the host waits for neither direction.
 
 On a machine without CUDA the buffers are ordinary memory, copies complete in the call and every
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from planner.memory import PinnedPoolShape
+from planner.cost.memory import PinnedPoolShape
 from runtime.nvme.buffers import AlignedBuffer, BufferPool
 from runtime.transfer.trace import Direction, Role, WaitKind
 
@@ -100,7 +100,7 @@ class HostTransfer:
 
 class StagingPool:
     """`num_buffers` reused buffers of `buffer_bytes`, pinned with `pin_hook` (cudaHostRegister) on
-    CUDA ([Note: staged host copies]). `acquire`/`release` lend a whole buffer (checkpoint saves);
+    CUDA ([Note: staged host copies]). `acquire`/`release` lend a whole buffer (training-checkpoint saves);
     `to_device`/`to_host` stage a copy through them."""
 
     def __init__(self, shape: PinnedPoolShape, pin_hook=None, streams: Streams | None = None) -> None:  # noqa: ANN001
@@ -137,7 +137,7 @@ class StagingPool:
                 oldest = self._in_flight.popleft() if self._in_flight else None
             if oldest is not None:  # the pool is full: its consumer is behind
                 oldest.finish(WaitKind.BACKPRESSURE)
-            else:  # every buffer is lent whole (another thread's checkpoint chunk): wait for it
+            else:  # every buffer is lent whole (another thread's training-checkpoint chunk): wait for it
                 self.buffers.release(self.buffers.acquire())
 
     def release(self, buffer: AlignedBuffer) -> None:
@@ -239,8 +239,8 @@ def staging_pool_for(plan, copier, ledger) -> StagingPool | None:  # noqa: ANN00
     """The rank's pool, sized by the plan (the bill's `pinned_staging_pool`, one source of truth),
     charged to `ledger`; None where no host-tier state crosses to the device (the CPU machine, or
     every state on the device or NVMe)."""
-    from planner.memory import host_state_crosses_link, pinned_staging_pool
-    from planner.memory_terms import MemoryTerm
+    from planner.cost.memory import host_state_crosses_link, pinned_staging_pool
+    from planner.specs.memory_terms import MemoryTerm
 
     if not copier.separate_memory or not host_state_crosses_link(plan):
         return None

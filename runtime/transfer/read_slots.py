@@ -6,7 +6,7 @@ the device from there (runtime/transfer/nvme_store.py, [Note: NVMe reads to the 
 buffer must be page-locked for that copy to run asynchronously, and it is busy from the read's
 submission until its copy has completed. A prefetch keeps the reads of up to `min(depth, 3)`
 operators ahead in flight, and at a phase start it submits the operator in use's read with them:
-`planner.memory.param_read_slots(plan)` slots, each the largest unit's shard in the compute
+`planner.cost.memory.param_read_slots(plan)` slots, each the largest unit's shard in the compute
 precision. They are all pinned at the first read and kept, the bill's `param_swap_buffers` and
 what the ledger charges for them, whatever the sizes of the shards read: a read takes any free slot
 and a view of its size. Pinning per read size instead (the recycler of the CPU path) pinned and
@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from planner.units import round_up_4kib
+from planner.specs.units import round_up_4kib
 from runtime.ledger import MemoryLedger
 from runtime.nvme.buffers import AlignedBuffer
 from runtime.transfer.streams import Streams

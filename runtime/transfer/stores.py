@@ -153,7 +153,7 @@ class CopyEngine:
     def staging(self) -> StagingPool:
         if self.pool is None:
             raise RuntimeError("a host<->device copy of pageable host state needs the rank's staging pool; "
-                               "build the CopyEngine with one (planner.memory.pinned_staging_pool)")
+                               "build the CopyEngine with one (planner.cost.memory.pinned_staging_pool)")
         return self.pool
 
     def _count(self, link: str, tensor: torch.Tensor) -> None:

@@ -24,5 +24,5 @@ def make_store(tier: str, *, term: str, ledger: MemoryLedger, copier: CopyEngine
     `crossing` how host shards cross the link (cpu tier only; runtime/transfer/crossings.py)."""
     if tier not in STORE_TYPES:
         raise ValueError(f"placement {name or term}={tier} is not supported by this runtime; use gpu, cpu or nvme")
-    extra = {"crossing": crossing} if tier == "cpu" else {}
+    extra = {"crossing": crossing} if crossing is not None else {}
     return STORE_TYPES[tier](term=term, ledger=ledger, copier=copier, name=name, swap=swap, **extra)

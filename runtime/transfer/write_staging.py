@@ -4,7 +4,7 @@
 A write copies its data into a staging buffer, submits it and returns: the caller may reuse its
 tensor at once. The buffers are reused (a fresh one per write would cost the kernel a zeroed page
 per 4 KiB, every step), `count` of them of the largest shard (two; the gradient store has the
-bill's `gradient_write_buffers`, [Note: gradient write buffers] in planner/memory.py): a write
+bill's `gradient_write_buffers`, [Note: gradient write buffers] in planner/cost/memory.py): a write
 takes a free one, or waits for the oldest write in flight to land. Where a device's gradients are
 copied into them (the gradient store with a device of its own), they are pinned, all of one size
 known up front (`fixed_bytes`) and kept for the run: a buffer then is out from the copy's issue
@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from planner.units import round_up_4kib
+from planner.specs.units import round_up_4kib
 from runtime.ledger import MemoryLedger
 from runtime.nvme import AlignedBuffer, Handle
 from runtime.transfer.streams import Streams

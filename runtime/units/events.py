@@ -8,7 +8,7 @@ created, and no code outside these types asks which one it has:
 
 - where a unit's gradient goes is its `GradientSink` (runtime/units/gradients.py): `StoredGradients`
   into the gradient store, or `HandedGradients`, kept as produced and handed to the in-backward
-  update where the plan stores no gradient (`planner.memory.stores_gradients`: in backward with
+  update where the plan stores no gradient (`planner.cost.memory.stores_gradients`: in backward with
   the states on NVMe). Once final, a gradient is a `FinalGradient`: the stored shard, or the
   handed parts (`UnitGradient`), which the optimizer updates from, or leaves (`unclaimed`: a
   handed gradient with no optimizer to take it is refused);

@@ -9,7 +9,7 @@ backward (`final`) as a `FinalGradient`, which the optimizer's schedule updates 
   zeroing]), where `optimizer.step()` or the resident in-backward update reads it;
 - `HandedGradients`: kept as autograd (or the reduce-scatter) produced them until the unit's
   gradient is final, then handed to the in-backward update: the plan stores no gradient
-  (`planner.memory.stores_gradients`; [Note: the optimizer step in backward] in
+  (`planner.cost.memory.stores_gradients`; [Note: the optimizer step in backward] in
   runtime/optim/streamed_optimizer.py).
 
 See [Note: schedules as types] in runtime/units/events.py.
@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from planner.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.transfer.collectives import Comm, Reduced, reduce_scatter_flat
 from runtime.transfer.host_worker import TransferWorker

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from planner.memory_terms import MemoryTerm
+from planner.specs.memory_terms import MemoryTerm
 from runtime.transfer.collectives import Comm, Gathered, all_gather_flat
 from runtime.transfer.stores import Pending, ShardStore
 from runtime.transfer.streams import DeviceEvent, Streams

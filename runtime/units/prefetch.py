@@ -46,8 +46,8 @@ r from the end), each charged to the memory-bill term of its backward distance (
 the slots change hands inside `MemoryLedger.relabelling`), so the bill holds them as it holds a
 prefetch. Until then the unit holds the slot of the operator in use, which a rider used in
 between would need too: hence the second condition. FSDP2 makes the same choice by hand
-(torchtitan leaves the last block gathered after forward, `reshard_after_forward=False`). Under
-activation checkpointing the backward opens with a recompute of the last segment in forward
+(torchtitan leaves the last block gathered after forward, `reshard_after_forward=False`). With
+recompute the backward opens with a recompute of the last segment in forward
 order, so few units qualify; whatever is kept and not used is resharded when backward ends.
 
 [Note: a changed order]

@@ -1,20 +1,21 @@
-"""Activation checkpoints and their recompute: a checkpoint every `recompute_interval` blocks,
-optionally offloaded, the blocks between recomputed in backward. (Training checkpoints, the files a
-run resumes from, are runtime/ckpt.)
+"""Recompute: segments of `recompute_interval` blocks whose forward runs again in backward, each
+keeping only its input (its recompute input, optionally offloaded). (Training checkpoints, the files
+a run resumes from, are runtime/ckpt.)
 
 The blocks of the model (the elements of its largest `nn.ModuleList`) are grouped into segments of
 `ci` consecutive blocks. Each block is wrapped, in place in its list, by a `RecomputedBlock`;
-the model's own loop calls them unchanged. Only the segment's input is kept (the checkpoint, eq. 3);
+the model's own loop calls them unchanged. Only the segment's input is kept (eq. 3);
 everything inside is recomputed in backward (working memory eq. 5).
 
-[Note: segment checkpointing without owning the loop]
+[Note: segment recompute without owning the loop]
 The model calls the blocks one by one, so no single call spans a segment. We therefore drive torch's
-non-reentrant checkpoint frame by hand: the first block of a segment opens it, the last one closes
-it, and every tensor autograd saves in between is replaced by a recompute handle. The recompute
+non-reentrant recompute frame (`torch.utils.checkpoint`, torch's name for it) by hand: the first
+block of a segment opens it, the last one closes it, and every tensor autograd saves in between is
+replaced by a recompute handle. The recompute
 function replays the segment from the stored input, calling each block with the extra arguments it
 received in forward (masks, rotary embeddings, ...) and the previous block's first output as its
 hidden state. The frame's only tensor argument is an empty device marker; the real input lives in
-our checkpoint store, so offloading it needs no cooperation from torch.
+our recompute-input store, so offloading it needs no cooperation from torch.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop_context_fn
 
-from planner.memory_terms import MemoryTerm
-from planner.plan import HostPinning
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import HostPinning
+from planner.specs.tiers import Tier
 from runtime.ledger import MemoryLedger, nbytes
 from runtime.nvme.buffers import AlignedBuffer
 from runtime.transfer.stores import CopyEngine
@@ -66,7 +68,7 @@ class HostRecomputeInputStore(RecomputeInputStore):
     pinned staging pool on the side stream on CUDA. On a CPU-only machine the input already is in
     host memory and is held as it is.
 
-    [Note: asynchronous checkpoint offload]
+    [Note: asynchronous recompute-input offload]
     On CUDA both directions run on the copy stream through the staging pool ([Note: staged host
     copies] in runtime/transfer/pinned_pool.py): `save` queues the input's device-to-host copy and returns;
     each piece lands in the held host tensor once its copy is done (at a later lease of the pool at
@@ -166,20 +168,22 @@ RECOMPUTE_INPUT_STORES: dict[str, type[RecomputeInputStore]] = {
 on a device of its own holds the `cpu` ones in pinned memory: `recompute_input_store_for`)."""
 
 
-def recompute_input_store_for(tier: str, pinning: HostPinning, ledger: MemoryLedger, copier: CopyEngine) -> RecomputeInputStore:
-    if tier == "cpu" and pinning is HostPinning.SHARDS and copier.separate_memory:
+def recompute_input_store_for(tier: Tier, pinning: HostPinning, ledger: MemoryLedger,
+                              copier: CopyEngine) -> RecomputeInputStore:
+    """Where segment inputs placed in `tier` are held."""
+    if tier.host_memory and pinning is HostPinning.SHARDS and copier.separate_memory:
         return PinnedRecomputeInputStore(ledger, copier)
     return RECOMPUTE_INPUT_STORES[tier](ledger, copier)
 
 
 class RecomputeSegment:
-    """`ci` consecutive blocks sharing one checkpoint; state of the current forward pass."""
+    """`ci` consecutive blocks sharing one recompute input; state of the current forward pass."""
 
     def __init__(self, blocks: list[nn.Module], store: RecomputeInputStore) -> None:
         self.blocks = blocks
         self.store = store
         self.recomputing = False
-        self._frame = None  # the open checkpoint generator between the first and last block
+        self._frame = None  # torch's open frame (a generator) between the first and last block
         self._input: tuple[torch.Tensor, Any] | None = None
         self._input_requires_grad = False
         self._calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -189,7 +193,7 @@ class RecomputeSegment:
         forward): its input is prefetched when this recompute starts."""
 
     def prefetch_input(self) -> None:
-        """Start bringing the checkpoint back for the recompute ([Note: asynchronous checkpoint offload])."""
+        """Start bringing the input back for the recompute ([Note: asynchronous recompute-input offload])."""
         if self._input is not None:
             held, event = self._input
             self._input = (held, self.store.prefetch(held, event))
@@ -207,7 +211,7 @@ class RecomputeSegment:
 
     @property
     def awaits_recompute(self) -> bool:
-        """Its checkpoint is saved and its recompute has not run yet."""
+        """Its input is saved and its recompute has not run yet."""
         return self._input is not None
 
     def record(self, rest: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -220,11 +224,11 @@ class RecomputeSegment:
             next(frame)
         except StopIteration:
             return
-        raise AssertionError("torch's checkpoint frame did not finish")
+        raise AssertionError("torch's recompute frame did not finish")
 
     @hook("recompute")
     def _replay(self, marker: torch.Tensor) -> None:  # noqa: ARG002 - the device marker
-        assert self._input is not None, "recompute of a segment whose checkpoint was released"
+        assert self._input is not None, "recompute of a segment whose input was released"
         # Same requires_grad as in forward: kernels (e.g. SDPA's backend) may choose by it, and the
         # recompute must save exactly what the forward saved.
         x = self.store.load(*self._input).detach().requires_grad_(self._input_requires_grad)
@@ -241,7 +245,7 @@ class RecomputeSegment:
             self.release()  # the frame now holds everything backward needs
 
     def release(self) -> None:
-        """Drop the checkpoint (after its recompute, or at the end of the step)."""
+        """Drop the input (after its recompute, or at the end of the step)."""
         if self._input is not None:
             self.store.drop(self._input[0])
             self._input = None
@@ -249,7 +253,7 @@ class RecomputeSegment:
 
 
 class RecomputedBlock(nn.Module):
-    """A block wrapped in place: opens/closes its segment's checkpoint frame around the call."""
+    """A block wrapped in place: opens/closes its segment's recompute frame around the call."""
 
     def __init__(self, block: nn.Module, segment: RecomputeSegment, position: int) -> None:
         super().__init__()

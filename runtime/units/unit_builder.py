@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from planner.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers, param_read_slots
-from planner.memory_terms import MemoryTerm
-from planner.plan import Plan
-from planner.units import round_up_4kib
+from planner.cost.memory import BOOKKEEPING_BYTES_PER_OPERATOR, gradient_write_buffers, param_read_slots
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.plan import Plan
+from planner.specs.units import round_up_4kib
 from runtime.ledger import MemoryLedger
 from runtime.plan_io import RuntimeConfig, local_world_size
 from runtime.profiler import Profiler
@@ -201,7 +201,7 @@ def nvme_space(config: RuntimeConfig, comm: Comm, plan: Plan, numels: list[int],
     one per unit (a module's own parameters), rounded to 4 KiB extents. The preflight checks the
     node's total (every local rank's files), so a too-small `nvme_path` is refused before training."""
     place = config.placement
-    if "nvme" not in (place.params, place.gradients, place.optimizer_states):
+    if not place.model_states_on_nvme:
         return None
 
     def shards(element_bytes: int, copies: int) -> int:

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from tierwise.cli import (
     calibrate,
     compare,

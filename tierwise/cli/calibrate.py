@@ -1,7 +1,7 @@
 """`planner calibrate PROFILE... --hardware H --out H2.json`: fit a hardware spec to measured runs.
 
 Each profile carries the plan it ran (`planner run` writes it); the fit is
-planner/calibrate.py [Note: the calibration model]. `planner compare PLAN PROFILE --hardware H2`
+planner/calibration/calibrate.py [Note: the calibration model]. `planner compare PLAN PROFILE --hardware H2`
 then shows every metric's error before and after calibration.
 """
 
@@ -15,23 +15,24 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.errors import PlannerError
-from planner.plan import Plan
-from planner.profile import load_profile
-from planner.specio import write_json_atomic
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
+from planner.specs.profile import load_profile
+from planner.specs.specio import write_json_atomic
 from tierwise.cli import options as o
 
 
 def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | None) -> dict:
-    from planner.calibrate import calibrate
-    from planner.catalog import resolve_hardware
+    from planner.calibration.calibrate import calibrate
+    from planner.cost.feasibility import check_plan
+    from planner.specs.catalog import resolve_hardware
 
     runs = []
     for path in profiles:
         profile = load_profile(path)
         if not profile.plan:
             raise PlannerError(f"profile {path} does not carry its plan; re-run it with `planner run`")
-        runs.append((Plan.from_dict(profile.plan, f"profile {path}.plan"), profile))
+        runs.append((check_plan(Plan.from_dict(profile.plan, f"profile {path}.plan")), profile))
     node = resolve_hardware(hardware) if hardware else runs[0][0].node
     result = calibrate(runs, node)
     if out is not None:

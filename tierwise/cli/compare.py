@@ -10,26 +10,32 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.plan import load_plan
-from planner.profile import ERROR_DEFINITION, compare, load_profile
+from planner.specs.plan import load_plan
+from planner.specs.profile import ERROR_DEFINITION, load_profile
 from tierwise.cli import options as o
+
+TORCH_CPU_DEVICE = "cpu"
+"""torch's device type of a run on the host CPU (`measured_device` "cpu"; a CUDA run's is "cuda:N")."""
 
 
 def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = None) -> list[dict]:
     """Predicted vs measured per metric; with `hardware` (a calibrated spec) the plan is simulated
     again on it and every row also carries the prediction and error after calibration."""
-    plan = load_plan(plan_path)
+    from planner.calibration.compare import compare
+    from planner.cost.feasibility import check_plan
+
+    plan = check_plan(load_plan(plan_path))
     if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
-        from planner.search import predict
+        from planner.search.search import predict
 
         plan = predict(plan)
     profile = load_profile(profile_path)
     rows = [r.to_dict() for r in compare(plan, profile)]
     if hardware is not None:
-        from planner.catalog import resolve_hardware
         from planner.sim import simulate
+        from planner.specs.catalog import resolve_hardware
 
-        calibrated = plan.replace(node=resolve_hardware(hardware), prediction=None)
+        calibrated = check_plan(plan.replace(node=resolve_hardware(hardware), prediction=None))
         after = {r.metric: r.to_dict() for r in compare(calibrated.replace(prediction=simulate(calibrated).prediction),
                                                          profile)}
         for r in rows:
@@ -41,7 +47,7 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
 def hardware_used(plan_path: Path, profile_path: Path, hardware: str | None = None) -> dict[str, str]:
     """The hardware spec each prediction was made for (the plan's, and the calibrated one if given)
     and the device the run measured on, when the profile says."""
-    from planner.catalog import resolve_hardware
+    from planner.specs.catalog import resolve_hardware
 
     out = {"predicted": load_plan(plan_path).node.name}
     if hardware is not None:
@@ -57,7 +63,7 @@ def hardware_caption(plan_path: Path, used: dict[str, str]) -> str:
     if "measured_device" in used:
         said.append(f"measured on device {used['measured_device']}")
     lines = [", ".join(said)]
-    if used.get("measured_device", "").startswith("cpu") and not load_plan(plan_path).node.host_is_device:
+    if used.get("measured_device", "").startswith(TORCH_CPU_DEVICE) and not load_plan(plan_path).node.host_is_device:
         lines.append(f"the run used the CPU but the prediction is for {used['predicted']}'s GPUs: "
                      "the errors compare different machines")
     return "\n".join([*lines, ERROR_DEFINITION])

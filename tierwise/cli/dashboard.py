@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 
 def dashboard_script() -> Path:

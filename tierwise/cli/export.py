@@ -15,13 +15,14 @@ from tierwise.cli.machine import require_runtime
 def export(
     checkpoint_dir: Annotated[Path, typer.Argument(help="a run's --checkpoint-dir")],
     out: Annotated[Path, typer.Option("--out", help="the folder to write (must not exist, or be empty)")],
-    step: Annotated[int | None, typer.Option("--step", help="export this step's checkpoint (default: the newest complete one)")] = None,
+    step: Annotated[int | None, typer.Option("--step", help="export this step's training checkpoint (default: the newest complete one)")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="fp32, bf16 or fp16 (default: the config's dtype, else fp32)")] = None,
     max_shard_size: Annotated[str, typer.Option("--max-shard-size", help="largest safetensors file, e.g. 5GB or 500MiB; "
                                                                          "above it the weights are split with an index")] = "5GB",
     as_json: o.JsonOpt = False,
 ) -> None:
-    """Write a checkpoint as a Hugging Face folder (config.json + safetensors) that from_pretrained loads."""
+    """Write a training checkpoint's weights as a Hugging Face folder (config.json + safetensors) that
+    from_pretrained loads."""
     require_runtime("export")
     from runtime.ckpt.export import export as run_export
     from runtime.ckpt.export import parse_size

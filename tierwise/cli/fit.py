@@ -1,4 +1,4 @@
-"""`planner fit MODEL --gpus N`: the fastest placement that fits, and why (DESIGN.md "CLI")."""
+"""`planner fit MODEL --gpus N`: the fastest placement that fits, and why (docs/conventions.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from tierwise.cli import options as o
 
 
@@ -36,19 +36,20 @@ def fit(
     optimizer_step: o.OptimizerStepOpt = None,
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
-    deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config here")] = None,
+    deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config for this plan here")] = None,
     accelerate_out: Annotated[Path | None, typer.Option(
-        "--accelerate-config", help="write an accelerate (FSDP2) config here, for `accelerate launch --config_file`")] = None,
+        "--accelerate-config", help="write an accelerate (FSDP2) config for this plan here, for `accelerate launch "
+                              "--config_file`")] = None,
     fsdp2_out: Annotated[Path | None, typer.Option(
-        "--fsdp2-snippet", help="write a Python snippet applying the plan with FSDP2 fully_shard here")] = None,
+        "--fsdp2-snippet", help="write a Python snippet applying this plan with FSDP2 fully_shard here")] = None,
     as_json: o.JsonOpt = False,
 ) -> None:
     """Find the fastest placement that fits MODEL on the hardware, and say why."""
-    from planner.pins import optimizer_step_pin
-    from planner.plan import parse_placement_pins
-    from planner.search import SearchRequest, search
-    from planner.sim.refine import refine
-    from planner.specio import number, string, write_text_atomic
+    from planner.search.pins import optimizer_step_pin
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.plan import parse_placement_pins
+    from planner.specs.specio import number, string, write_text_atomic
 
     string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
     step = optimizer_step_pin(optimizer_step) or "after_backward"
@@ -79,51 +80,52 @@ def fit(
     chosen = result.best or (result.rejected[0] if result.rejected else None)
     if chosen is None:
         raise PlannerError("no candidate plan could be formed; check the pinned options")
-    exports = _framework_configs(chosen, accelerate_out, fsdp2_out)  # refused before anything is written
+    configs = _framework_configs(chosen, accelerate_out, fsdp2_out)  # refused before anything is written
     _write(chosen, out, deepspeed_out)
-    for path, (text, what) in exports.items():
+    for path, (text, what) in configs.items():
         write_text_atomic(path, text, what)
     if as_json:
         o.print_json(chosen.to_dict())
         return
     _print_verdict(result, chosen, gpus, out, deepspeed_out)
-    for path, (_, what) in exports.items():
+    for path, (_, what) in configs.items():
         typer.echo(f"{what} written to {path}")
 
 
 def _framework_configs(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001
-    """Path -> (text, what) for the FSDP2 exports asked for; a plan they cannot express is refused here."""
-    from planner.exports import accelerate_yaml, fsdp2_snippet
+    """Path -> (text, what) for the FSDP2 framework configs asked for; a plan they cannot express is
+    refused here."""
+    from planner.output.framework_configs import accelerate_yaml, fsdp2_snippet
 
-    exports = {}
+    configs = {}
     if accelerate_out is not None:
-        exports[accelerate_out] = (accelerate_yaml(chosen), "accelerate config")
+        configs[accelerate_out] = (accelerate_yaml(chosen), "accelerate config")
     if fsdp2_out is not None:
-        exports[fsdp2_out] = (fsdp2_snippet(chosen), "FSDP2 snippet")
-    return exports
+        configs[fsdp2_out] = (fsdp2_snippet(chosen), "FSDP2 snippet")
+    return configs
 
 
 def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
     if out is not None:
         chosen.save(out)
     if deepspeed_out is not None:
-        from planner.deepspeed_config import deepspeed_config
-        from planner.specio import write_json_atomic
+        from planner.output.deepspeed_config import deepspeed_config
+        from planner.specs.specio import write_json_atomic
 
         write_json_atomic(deepspeed_out, deepspeed_config(chosen), "DeepSpeed config")
         if chosen.optimizer_step == "in_backward":  # stderr: --json keeps stdout a document
-            sys.stderr.write("note: DeepSpeed steps the optimizer after backward; the exported config runs the "
+            sys.stderr.write("note: DeepSpeed steps the optimizer after backward; the DeepSpeed config runs the "
                              "plan's placement with DeepSpeed's own after-backward step\n")
 
 
 def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
-    from planner import report
+    from planner.output import report
 
     con = report.console()
     node = result.request.node
     where = f"{gpus} GPU(s) of {node.name} ({chosen.num_nodes} node(s) of {node.num_gpus_per_node})"
     con.print(f"[bold]Model[/bold]  {report.model_line(chosen)}")
-    if chosen.node.share_line():  # part of a node: say what it bills (planner/hardware.py [Note: part of a node])
+    if chosen.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
         con.print(chosen.node.share_line())
     if result.best is None:
         con.print(f"[bold red]Verdict: does not fit[/bold red] on {where}")
@@ -144,4 +146,4 @@ def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: P
 
 
 def register(app: typer.Typer) -> None:
-    app.command("fit")(fit)
+    app.command("fit", cls=o.RenamedFlags)(fit)

@@ -16,8 +16,8 @@ def hardware_command(
     """List hardware presets, or show one with the provenance of every number."""
     from rich.table import Table
 
-    from planner import report
-    from planner.catalog import hardware_presets
+    from planner.output import report
+    from planner.specs.catalog import hardware_presets
 
     if name is None:
         table = Table(title="Hardware presets", title_justify="left")

@@ -16,9 +16,9 @@ def history(
     as_json: o.JsonOpt = False,
 ) -> None:
     """Runs recorded by `planner run`: predicted vs measured, newest last."""
-    from planner import report
-    from planner.history import RunHistory
-    from planner.profile import ERROR_DEFINITION, relative_error
+    from planner.output import report
+    from planner.specs.history import RunHistory
+    from planner.specs.profile import ERROR_DEFINITION, relative_error
 
     runs = RunHistory(store)
     frame = runs.to_frame().tail(max(0, last))

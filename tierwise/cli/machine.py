@@ -1,6 +1,6 @@
 """Plan vs machine: what `planner run` can tell, before any worker starts, about a plan made for
-other hardware than this machine (issue 27: a `dgx-h100` plan ran on a CPU-only machine without a
-word, and was then refused with "offload less", the wrong advice).
+other hardware than this machine: without it a `dgx-h100` plan would run on a CPU-only machine
+without a word, and then be refused with "offload less", the wrong advice.
 
 The workers still check free memory themselves (runtime/plan_io.py); this is the cheap first look,
 in the CLI process, whose torch import `planner run` pays anyway.
@@ -12,9 +12,10 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from planner.errors import PlannerError
-from planner.plan import Plan
-from planner.units import GIB
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan
+from planner.specs.tiers import GPU, HOST
+from planner.specs.units import GIB
 
 RUNTIME_MODULES = ("torch", "numpy", "psutil")
 INSTALL_RUNTIME = ("pip install torch==2.13.0 (first, or pip picks a CUDA build on a CPU-only machine), "
@@ -71,10 +72,10 @@ def check(plan: Plan, machine: Machine, nproc: int) -> str | None:
         return None
     said = f"{'; '.join(problems)}; the plan is for {hardware_line(plan)}"
     if not plan.node.host_is_device and machine.cuda_devices == 0:
-        from planner.memory import memory_bill
+        from planner.cost.memory import memory_bill
 
         peak = memory_bill(plan).peak_bytes
-        host_need = peak["cpu"] + peak["gpu"] * nproc  # without CUDA every rank's GPU tier is host memory
+        host_need = peak[HOST] + peak[GPU] * nproc  # without CUDA every rank's GPU tier is host memory
         if host_need > machine.host_memory_bytes:
             raise PlannerError(f"{said}: here its GPU tier would live in host memory, {host_need / GIB:,.1f} GiB in all; "
                                "run it on that hardware, or plan for this machine (planner probe --out hw.json, "

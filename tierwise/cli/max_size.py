@@ -17,10 +17,10 @@ def max_size_command(
     as_json: o.JsonOpt = False,
 ) -> None:
     """Largest model a strategy can train on the hardware (shapes by the documented shape rule)."""
-    from planner import report
-    from planner.max_size import max_size
-    from planner.plan import strategy_named
-    from planner.specio import number
+    from planner.output import report
+    from planner.search.max_size import max_size
+    from planner.specs.plan import strategy_named
+    from planner.specs.specio import number
 
     strategy_named(strategy)
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)

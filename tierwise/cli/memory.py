@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from tierwise.cli import options as o
 
 PAPER_EQUATIONS = {"model_states": "eq. 2 (whole model)", "recompute_inputs_per_gpu": "eq. 3",
@@ -34,29 +34,29 @@ def memory(
     as_json: o.JsonOpt = False,
 ) -> None:
     """The memory bill: the paper's section-3 quantities and every runtime buffer, per tier."""
-    from planner.memory import paper_quantities
-    from planner.pins import optimizer_step_pin
-    from planner.plan import Plan
-    from planner.search import best_model_parallel, predict
+    from planner.cost.feasibility import check_plan
+    from planner.cost.memory import paper_quantities
+    from planner.search.pins import optimizer_step_pin
+    from planner.search.search import best_model_parallel, predict
+    from planner.specs.plan import Plan
 
     chosen_strategy, place = _placement(strategy, placement)
     degree = o.model_parallel(model_parallel)
-    plan = predict(
-        Plan(
-            model=o.model(model, layers, hidden, heads, seq, vocab),
-            node=o.node(hardware),
-            num_gpus=gpus,
-            strategy=chosen_strategy,
-            placement=place,
-            micro_batch_per_gpu=batch_per_gpu,
-            recompute_interval=recompute_interval,
-            tiling_factor=tiling_factor,
-            prefetch_depth=prefetch_depth,
-            model_parallel_degree=degree or 1,
-            precision=precision,
-            optimizer_step=optimizer_step_pin(optimizer_step) or "after_backward",
-        )
+    described = Plan(
+        model=o.model(model, layers, hidden, heads, seq, vocab),
+        node=o.node(hardware),
+        num_gpus=gpus,
+        strategy=chosen_strategy,
+        placement=place,
+        micro_batch_per_gpu=batch_per_gpu,
+        recompute_interval=recompute_interval,
+        tiling_factor=tiling_factor,
+        prefetch_depth=prefetch_depth,
+        model_parallel_degree=degree or 1,
+        precision=precision,
+        optimizer_step=optimizer_step_pin(optimizer_step) or "after_backward",
     )
+    plan = predict(check_plan(described))
     if degree is None:
         plan = best_model_parallel(plan)
     quantities = paper_quantities(plan)
@@ -68,7 +68,7 @@ def memory(
 
 def _placement(strategy: str | None, placement: str | None):  # noqa: ANN202
     """(strategy name, placement) to bill: a named strategy's, or a free one ("custom")."""
-    from planner.plan import Placement, parse_placement_pins, strategy_named
+    from planner.specs.plan import Placement, parse_placement_pins, strategy_named
 
     if strategy is not None and placement is not None:
         raise PlannerError("give --strategy or --placement, not both")
@@ -95,11 +95,11 @@ def _document(plan, quantities: dict) -> dict:  # noqa: ANN001
 def _print_bill(plan, quantities: dict) -> None:  # noqa: ANN001
     from rich.table import Table
 
-    from planner import report
+    from planner.output import report
 
     con = report.console()
     con.print(f"[bold]Model[/bold]  {report.model_line(plan)}")
-    if plan.node.share_line():  # part of a node: say what it bills (planner/hardware.py [Note: part of a node])
+    if plan.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
         con.print(plan.node.share_line())
     table = Table(title="Paper quantities (docs/method.md §2)", title_justify="left")
     for col in ("quantity", "bytes", "", "equation"):
@@ -115,4 +115,4 @@ def _print_bill(plan, quantities: dict) -> None:  # noqa: ANN001
 
 
 def register(app: typer.Typer) -> None:
-    app.command("memory")(memory)
+    app.command("memory", cls=o.RenamedFlags)(memory)

@@ -7,9 +7,9 @@ import typer
 
 def models() -> None:
     """List the model presets and their aliases."""
-    from planner import report
-    from planner.catalog import model_presets
-    from planner.model import format_param_count
+    from planner.output import report
+    from planner.specs.catalog import model_presets
+    from planner.specs.model import format_param_count
 
     presets = list(model_presets().items())
     columns = [

@@ -1,11 +1,11 @@
 """Option types and parsers every `planner` verb shares: one definition per option, so a flag means
 the same thing, takes the same values and says the same help on every verb that has it.
 
-"Checkpoint" names two different things here (DESIGN.md "CLI"):
-- activation checkpoints: block inputs kept during forward and recomputed from in backward
-  (`--recompute-interval`, the placement's `recompute_inputs` tier);
-- training checkpoints: the run's saved state on disk (`planner run --save-every`, `--checkpoint-dir`,
-  `--keep-checkpoints`, `--resume`).
+"Checkpoint" means a training checkpoint only: the run's saved state on disk (`planner run
+--save-every`, `--checkpoint-dir`, `--keep-checkpoints`, `--resume`). Activation recompute has its
+own words: `--recompute-interval` (blocks per recompute segment) and the placement's
+`recompute_inputs` tier (where each segment's input is kept); `OLD_FLAGS` still reads a flag's old
+spelling.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperCommand
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 
 # -- the model: every verb that takes one takes all of these --------------------------------------
 ModelArg = Annotated[str | None, typer.Argument(help="size shorthand (1T, 175B, 13b), preset name or model JSON file")]
@@ -38,12 +40,13 @@ StrategyOpt = Annotated[str | None, typer.Option(
     "--strategy", help="pin a strategy: dp, zero2, zero-offload, zero3, zero-inf-cpu, zero-inf-nvme, 3d (tensor x "
                        "pipeline x data parallel, ZeRO-1)")]
 PlacementOpt = Annotated[str | None, typer.Option(
-    "--placement", help="pin tiers, e.g. params=nvme,optimizer_states=nvme (recompute_inputs: where the "
-                        "recompute inputs are kept)")]
+    "--placement", help="pin tiers, e.g. params=nvme,optimizer_states=nvme (recompute_inputs: where each "
+                        "recompute segment's input is kept)")]
 BatchOpt = Annotated[float | None, typer.Option("--batch-per-gpu", help="pin global batch / GPUs")]
 RecomputeIntervalOpt = Annotated[int | None, typer.Option(
     "--recompute-interval",
-    help="pin blocks per activation checkpoint, the recompute granularity (0: none; not a training checkpoint)")]
+    help="pin blocks per recompute segment: each keeps its input and runs its blocks' forward again in backward "
+         "(0: no block recomputed)")]
 TilingOpt = Annotated[int | None, typer.Option("--tiling-factor", help="pin the tiling factor")]
 PrefetchOpt = Annotated[int | None, typer.Option("--prefetch-depth", help="pin the prefetch depth")]
 ModelParallelOpt = Annotated[str | None, typer.Option(
@@ -64,6 +67,28 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print the JSON document i
 StoreOpt = Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")]
 
 AUTO = "auto"
+
+OLD_FLAGS = {"--checkpoint-interval": "--recompute-interval"}
+"""Old spelling -> new, for command lines written before the rename (planner/specs/plan.py [Note: old
+spellings]); the help shows only the new one."""
+
+
+class RenamedFlags(TyperCommand):
+    """A verb that reads the old spellings of OLD_FLAGS as the new ones."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, new_flag_spellings(args))
+
+
+def new_flag_spellings(args: list[str]) -> list[str]:
+    """`args` with every OLD_FLAGS flag (`--old V` or `--old=V`) spelt anew; nothing after `--`."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        flag, eq, value = arg.partition("=")
+        out.append(OLD_FLAGS.get(flag, flag) + eq + value)
+    return out
 
 
 def model_parallel(text: str | None) -> int | None:
@@ -98,13 +123,13 @@ def is_auto(text: str | None) -> bool:
 
 
 def model(name, layers, hidden, heads, seq, vocab):  # noqa: ANN001, ANN201
-    from planner.catalog import resolve_model
+    from planner.specs.catalog import resolve_model
 
     return resolve_model(name, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab)
 
 
 def node(hardware: str | None, max_alloc_gib: float | None = None):  # noqa: ANN201
-    from planner.catalog import resolve_hardware
+    from planner.specs.catalog import resolve_hardware
 
     spec = resolve_hardware(hardware)
     return spec if max_alloc_gib is None else spec.with_max_alloc_gib(max_alloc_gib)

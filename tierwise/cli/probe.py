@@ -16,12 +16,12 @@ from typing import Annotated
 
 import typer
 
-from planner.errors import PlannerError
-from planner.hardware import NodeSpec
-from planner.probe_reference import ReferenceRun
-from planner.profile import Profile, load_profile
-from planner.specio import number
-from planner.units import GIB
+from planner.calibration.probe_reference import ReferenceRun
+from planner.specs.errors import PlannerError
+from planner.specs.hardware import NodeSpec
+from planner.specs.profile import Profile, load_profile
+from planner.specs.specio import number
+from planner.specs.units import GIB
 from tierwise.cli.machine import INSTALL_RUNTIME, require_runtime
 
 
@@ -68,7 +68,11 @@ def probe(
         doc["notes"] = f"{doc['notes']} Probed while busy: {busy}"
     spec = NodeSpec.from_dict(doc, "probed hardware")  # what --hardware will read back
     if calibrate if calibrate is not None else spec.host_is_device:
-        from planner.probe_reference import REFERENCE_REPEATS, REFERENCE_RUNS, calibrate_on_reference_runs
+        from planner.calibration.probe_reference import (
+            REFERENCE_REPEATS,
+            REFERENCE_RUNS,
+            calibrate_on_reference_runs,
+        )
 
         if keep_runs is not None:
             keep_runs.mkdir(parents=True, exist_ok=True)
@@ -78,7 +82,7 @@ def probe(
         factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
         spec = fit.node.replace(name=spec.name, notes=(
             f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime in {precision} (the "
-            f"median of {REFERENCE_REPEATS} trainings each; planner/probe_reference.py "
+            f"median of {REFERENCE_REPEATS} trainings each; planner/calibration/probe_reference.py "
             f"[Note: probe reference runs]): factors {factors}, residual {fit.residual:.1%}. The measured bare-kernel "
             f"rates were {spec.gpu_flops_per_s / 1e12:.4g} TFLOPS and {spec.gpu_hbm_bytes_per_s / 1e9:.4g} GB/s "
             "memory-bound."))

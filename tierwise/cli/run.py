@@ -5,8 +5,7 @@
 progress bar with step time and loss, and writes the profile. A plan the runtime cannot execute is
 refused before any process starts (model parallelism, unsupported placement, the wrong process
 count) or by the workers before training (memory that is not there), always as one line.
-`--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt; not the activation
-checkpoints of `--recompute-interval`) and lets torchrun restart failed workers (`--max-restarts`,
+`--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt) and lets torchrun restart failed workers (`--max-restarts`,
 default 3 with checkpoints, 0 without), which resume from the newest complete training checkpoint;
 `--resume` continues a run that was stopped. `--nvme-path DIR` overrides the plan's swap directory
 (created when its parent exists). Before launching, `machine` names a missing runtime extra in one
@@ -37,10 +36,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from planner import catalog, hf_config
-from planner.errors import PlannerError
-from planner.plan import Plan, load_plan
-from planner.specio import load_document
+from planner.specs import catalog, hf_config
+from planner.specs.errors import PlannerError
+from planner.specs.plan import Plan, load_plan
+from planner.specs.specio import load_document
 from tierwise.cli import machine
 from tierwise.cli import options as o
 
@@ -50,8 +49,7 @@ ERROR = "TIERWISE_ERROR"
 
 def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     """What can be refused without starting a process (the workers check memory themselves)."""
-    on_nvme = "nvme" in (plan.placement.params, plan.placement.gradients, plan.placement.optimizer_states)
-    if on_nvme and not plan.nvme_path:
+    if plan.placement.model_states_on_nvme and not plan.nvme_path:
         raise PlannerError("the plan places states on nvme but sets no nvme_path; pass --nvme-path DIR (a directory "
                            "on an NVMe drive)")
     if nproc * nnodes != plan.num_gpus:  # named by the options that start the processes
@@ -208,18 +206,21 @@ def with_swap_directory(plan: Plan, nvme_path: Path | None) -> Plan:
     """The plan with `--nvme-path` (when given) as its swap directory, created if it is missing."""
     if nvme_path is not None:
         plan = plan.replace(nvme_path=str(nvme_path))
-    on_nvme = "nvme" in (plan.placement.params, plan.placement.gradients, plan.placement.optimizer_states)
-    return plan.replace(nvme_path=swap_directory(plan.nvme_path)) if on_nvme and plan.nvme_path else plan
+    if plan.placement.model_states_on_nvme and plan.nvme_path:
+        return plan.replace(nvme_path=swap_directory(plan.nvme_path))
+    return plan
 
 
 def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
              torchrun_args: list[str], console: Console, history_store: Path | None = None,
              record_history: bool = True, checkpoints: CheckpointOptions | None = None,
              nvme_path: Path | None = None, model: str | None = None, init_from: Path | None = None) -> int:
+    from planner.cost.feasibility import check_plan  # the cost models load with the verb, not at start
+
     checkpoints = checkpoints or CheckpointOptions()
     checkpoints.check()
     hf = hf_model_of(model, init_from)
-    loaded = load_plan(plan_path)
+    loaded = check_plan(load_plan(plan_path))
     plan = with_swap_directory(loaded, nvme_path)
     nnodes = _nnodes(torchrun_args)
     nproc = nproc or plan.num_gpus // nnodes
@@ -250,7 +251,7 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
         if profile_out is not None:
             console.print(f"profile written to {profile_out}")
         if record_history and written.exists():
-            from planner.history import RunHistory
+            from planner.specs.history import RunHistory
 
             run_id = RunHistory(history_store).append(plan, json.loads(written.read_text()))
             console.print(f"recorded as run {run_id} in the run history")

@@ -1,6 +1,6 @@
 """`planner simulate PLAN.json [--timeline out.png] [--json]`: the discrete-event simulator's CLI.
 
-A thin adapter: pins override the plan file's choices (planner/pins.py), `planner.sim.simulate` does the work, rich
+A thin adapter: pins override the plan file's choices (planner/search/pins.py), `planner.sim.simulate` does the work, rich
 prints the prediction (or `--json` the plan document with the simulated `prediction` block).
 """
 
@@ -12,8 +12,8 @@ from typing import Annotated
 
 import typer
 
-from planner.plan import Plan, load_plan
-from planner.units import GIB
+from planner.specs.plan import Plan, load_plan
+from planner.specs.units import GIB
 from tierwise.cli import options as o
 
 
@@ -33,11 +33,12 @@ def simulate_command(
     """Simulate one training iteration of a plan (discrete-event, SimPy) and print the prediction."""
 
     def go() -> None:
-        from planner.pins import apply_pins
-        from planner.search import best_model_parallel
+        from planner.cost.feasibility import check_plan
+        from planner.search.pins import apply_pins
+        from planner.search.search import best_model_parallel
         from planner.sim import simulate
 
-        plan = apply_pins(load_plan(plan_file), placement=placement, batch_per_gpu=batch_per_gpu,
+        plan = apply_pins(check_plan(load_plan(plan_file)), placement=placement, batch_per_gpu=batch_per_gpu,
                           recompute_interval=recompute_interval, tiling_factor=tiling_factor,
                           prefetch_depth=prefetch_depth, model_parallel=o.model_parallel(model_parallel),
                           max_alloc_gib=max_alloc_gib, optimizer_step=optimizer_step)
@@ -45,7 +46,7 @@ def simulate_command(
             plan = best_model_parallel(plan).replace(prediction=None)
         result = simulate(plan)
         if timeline is not None:
-            from planner.sim.timeline import draw
+            from planner.output.timeline import draw
 
             draw(result, timeline)
         simulated = plan.replace(prediction=result.prediction)
@@ -62,7 +63,7 @@ def simulate_command(
 def print_prediction(plan: Plan) -> None:
     from rich.table import Table
 
-    from planner import report
+    from planner.output import report
 
     p = plan.prediction
     assert p is not None
@@ -71,7 +72,7 @@ def print_prediction(plan: Plan) -> None:
     step = ", optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     console.print(f"[bold]{plan.model.name}[/] on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}{step}: "
                   f"{verdict}")
-    if plan.node.share_line():  # part of a node: say what it bills (planner/hardware.py [Note: part of a node])
+    if plan.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
         console.print(plan.node.share_line())
     console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "
                   f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{report.bottleneck_label(p.bottleneck)}[/]")
@@ -97,5 +98,5 @@ def print_prediction(plan: Plan) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("simulate")(simulate_command)
+    app.command("simulate", cls=o.RenamedFlags)(simulate_command)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from planner.errors import PlannerError
+from planner.specs.errors import PlannerError
 from tierwise.cli import options as o
 
 
@@ -19,7 +19,7 @@ def validate(
     as_json: o.JsonOpt = False,
 ) -> None:
     """Predict published training runs and compare with what they measured (planner.validation)."""
-    from planner import report as views
+    from planner.output import report as views
     from planner.validation import validate as run_validation
     from planner.validation.render import markdown, rich_tables
 

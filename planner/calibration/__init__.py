@@ -1,0 +1,1 @@
+"""Predictions against our own measured runs: calibrate a hardware spec, compare, probe's reference runs."""

@@ -1,0 +1,60 @@
+"""The streamed optimizer step's host work besides Adam: the copies its worker makes on the CPU.
+
+[Note: the step's host copies] With the optimizer states on NVMe the runtime's step
+(runtime/optim/streamed_optimizer.py, `StreamedAdamW`) updates each chunk in an aligned buffer that the
+drive fills and drains directly, but three of its operands pass through the CPU on the way:
+- the fp32 gradient, where it lives in host memory (`HostStore.read_into` copies it into the
+  chunk buffer: 4 bytes read, 4 written per parameter); from NVMe the drive writes it in place;
+- the 16-bit compute copy of the parameters, where they are kept apart from the fp32 master
+  (mixed precision, or parameters in another tier than the states): `master.to(compute_dtype)`
+  reads 4 bytes and writes `e` per parameter;
+- that copy's way to its store: `NvmeStore.write` stages it for the drive, and a host-memory
+  store copies it into its shard (`e` read, `e` written either way); a CUDA device's copy is the
+  host-to-device link's, priced there.
+They are memory-bound passes on the optimizer worker's thread, between its updates, so the
+simulator and the estimate time them with Adam on the CPU optimizer's resource, at the host's
+memory bandwidth: what CPU Adam's probed rate (fused AdamW over tensors already in place) leaves
+out. Where the CPU is the compute device and has few cores they can be most of the worker's busy
+time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from planner.specs.units import COMPUTE_BYTES
+
+if TYPE_CHECKING:
+    from planner.specs.plan import Plan
+
+GRADIENT_COPY_BYTES = 8
+"""The fp32 gradient copied from host memory into the chunk buffer: 4 bytes read, 4 written."""
+MASTER_BYTES = 4
+
+
+def step_host_copy_bytes_per_param(plan: Plan) -> float:
+    """Host memory bytes the streamed step's copies move per parameter ([Note: the step's host copies]);
+    0 unless the optimizer states are on NVMe."""
+    place, node = plan.placement, plan.node
+    if not place.optimizer_states.staged:
+        return 0.0
+    e = COMPUTE_BYTES[plan.precision]
+    nbytes = 0.0
+    if place.gradients.in_host_memory(node):
+        nbytes += GRADIENT_COPY_BYTES
+    if plan.precision != "fp32" or place.params != place.optimizer_states:
+        nbytes += MASTER_BYTES + e  # the cast to the compute precision
+        if not place.params.on_device or node.host_is_device:
+            nbytes += 2 * e  # staged for the drive, or copied into a host-memory shard
+    return nbytes
+
+
+def step_cpu_params_per_param(plan: Plan) -> float:
+    """One parameter updated by the streamed step, in parameters of CPU Adam's rate: Adam's own work
+    plus its host copies at the host's memory bandwidth, as one busy time of the CPU optimizer
+    ([Note: the step's host copies]); 1 without copies."""
+    node = plan.node
+    copies = step_host_copy_bytes_per_param(plan)
+    if not copies or node.host_memory_bytes_per_s <= 0:
+        return 1.0
+    return 1 + copies * node.cpu_adam_params_per_s / node.host_memory_bytes_per_s

@@ -1,0 +1,1 @@
+"""What the planner hands out: tables and charts for people, configs for other frameworks."""
