@@ -70,6 +70,17 @@ SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
 """source_id -> (attention kernel, why): the default for a row whose `attention` cell is empty, for
 sources that predate fused attention kernels. Any other row with an empty cell gets the plan's default,
 flash where the GPU has it (planner/cost/kernels.py [Note: attention kernels])."""
+FLASH_ATTENTION_2_PEAK_FRACTION: dict[str, tuple[float, str]] = {
+    "A100": (156 / 312, "Dao 2023, FlashAttention-2, arXiv:2307.08691, abstract: 50-73 % of the A100's 312 TFLOPS "
+                        "in training; the low end, as its backward, the larger part of the work, is the slower pass"),
+    "H100": (0.35, "Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract: FlashAttention-2 reaches 35 % "
+                   "of the H100's peak"),
+}
+"""GPU family -> (FlashAttention-2's published rate as a share of the datasheet peak, where published),
+for rows whose `attention` is `flash2`. A preset's `flash_attention_tflops` is fitted on rows that do not
+name their kernel's version (docs/planner.md, Fitted presets); a row that states FlashAttention-2 runs
+that kernel, whose rate is published. FlashAttention (v1) reached 25-40 % of the A100's peak (the same
+abstract): the A100 preset's fitted 0.32 is in that range."""
 SOURCE_DROPOUT: dict[str, str] = {
     source: "Megatron-LM's defaults --hidden-dropout 0.1 --attention-dropout 0.1 (megatron/arguments.py), the code "
             "these benchmarks ran"
@@ -146,7 +157,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
     assumptions: list[str] = []
     value = _stated(row, assumptions)
     model = _model(row, value, reasons)
-    node = _node(row, reasons)
+    node = _kernel_rate(row, _node(row, reasons), reasons, assumptions)
     precision_text = value("precision") or ""
     precision = _precision(precision_text, reasons)
     cp = context_parallel(row)
@@ -199,11 +210,25 @@ def _virtual_stages(row: CorpusRow) -> int:
     return max(1, int(match.group(1))) if match and (row.pipeline_parallel or 1) > 1 else 1
 
 
+def _kernel_rate(row: CorpusRow, node: NodeSpec | None, reasons: list[str], assumptions: list[str]) -> NodeSpec | None:
+    """`node` with FlashAttention-2's published rate where the row states that kernel (`flash2`)."""
+    if node is None or row.attention != "flash2":
+        return node
+    if row.gpu_family not in FLASH_ATTENTION_2_PEAK_FRACTION:
+        reasons.append(f"no published FlashAttention-2 rate for {row.gpu_family}")
+        return None
+    share, why = FLASH_ATTENTION_2_PEAK_FRACTION[row.gpu_family]
+    nominal = node.gpu_nominal_flops_per_s or node.gpu_flops_per_s
+    assumptions.append(f"fused attention at {share:.2f} of the datasheet peak ({why})")
+    return node.replace(name=f"{node.name} (FlashAttention-2)", flash_attention_flops_per_s=share * nominal)
+
+
 def _attention(row: CorpusRow, assumptions: list[str]) -> str:
-    """The row's attention kernel: its `attention` column, else its source's (SOURCE_ATTENTION), else
-    the GPU's default ('': flash where the GPU has it)."""
+    """The row's attention kernel: its `attention` column (`flash2` is flash at its own rate,
+    `_kernel_rate`), else its source's (SOURCE_ATTENTION), else the GPU's default ('': flash where
+    the GPU has it)."""
     if row.attention:
-        return row.attention
+        return "flash" if row.attention == "flash2" else row.attention
     if row.source_id not in SOURCE_ATTENTION:
         return ""
     kernel, why = SOURCE_ATTENTION[row.source_id]

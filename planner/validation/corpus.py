@@ -24,9 +24,10 @@ NO_OFFLOAD = "none"
 OFFLOADS: tuple[str, ...] = (NO_OFFLOAD, "cpu", "nvme")
 """The `offload` column: none, or the tier the optimizer states (and maybe the parameters) went to."""
 RECOMPUTES: tuple[str, ...] = ("", "none", "full", "selective")
-ATTENTIONS: tuple[str, ...] = ("", "eager", "flash")
+ATTENTIONS: tuple[str, ...] = ("", "eager", "flash", "flash2")
 """The `attention` column: the attention kernel the run used (eager: the scores materialised in HBM;
-flash: a fused kernel that never stores them), empty when the source does not say."""
+flash: a fused kernel that never stores them; flash2: the row states FlashAttention-2's kernel),
+empty when the source does not say."""
 OPTIONAL_COLUMNS: dict[str, str] = {"attention": ""}
 """Columns a corpus may leave out of its header (the value every row then gets): a corpus written
 before the column existed still loads."""
