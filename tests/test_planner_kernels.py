@@ -57,7 +57,7 @@ def test_gpt_block_kernel_bytes_eager_and_flash():
 
 def test_eager_products_charge_the_score_traffic_their_flops_do_not_cover():
     # [Note: eager products on the roofline]: GPT's head_dim 128 in 2 bytes is 128 flops per byte.
-    tokens, e, scores = 2048, 2, 2048 * 8 * 2048
+    e, scores = 2, 2048 * 8 * 2048  # 2-byte elements; one sample's 8 heads of 2048 x 2048 scores
     # 100 TFLOPS over 0.83 x 1000 GB/s: ridge 120 flops per byte, below 128: compute-bound, nothing charged.
     assert score_products_memory_bound_share(plan(attention="eager")) == 0.0
     assert "score_products" not in kernel_bytes(plan(attention="eager"))[0]

@@ -6,7 +6,14 @@ from pathlib import Path
 import pytest
 
 from planner.specs.errors import PlannerError
-from planner.validation.corpus import COLUMNS, MEASURED, OPTIONAL_COLUMNS, default_corpus_path, gpu_family, load_corpus
+from planner.validation.corpus import (
+    COLUMNS,
+    MEASURED,
+    OPTIONAL_COLUMNS,
+    default_corpus_path,
+    gpu_family,
+    load_corpus,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "data" / "validation" / "published_runs.csv"
