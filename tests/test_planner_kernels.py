@@ -10,6 +10,7 @@ from planner.cost.kernels import (
     block_cost,
     kernel_bytes,
     loss_bytes,
+    score_products_memory_bound_share,
 )
 from planner.cost.memory import activation_working_bytes, memory_bill, paper_quantities
 from planner.cost.throughput import estimate
@@ -52,6 +53,36 @@ def test_gpt_block_kernel_bytes_eager_and_flash():
     flash_fwd, flash_bwd = kernel_bytes(plan(attention="flash"))
     assert "softmax" not in flash_fwd and "softmax" not in flash_bwd  # fused into the attention kernel
     assert sum(flash_fwd.values()) == 36 * tokens * hd  # 8 + 12 + 16 bytes per token per hd
+
+
+def test_eager_products_charge_the_score_traffic_their_flops_do_not_cover():
+    # [Note: eager products on the roofline]: GPT's head_dim 128 in 2 bytes is 128 flops per byte.
+    e, scores = 2, 2048 * 8 * 2048  # 2-byte elements; one sample's 8 heads of 2048 x 2048 scores
+    # 100 TFLOPS over 0.83 x 1000 GB/s: ridge 120 flops per byte, below 128: compute-bound, nothing charged.
+    assert score_products_memory_bound_share(plan(attention="eager")) == 0.0
+    assert "score_products" not in kernel_bytes(plan(attention="eager"))[0]
+    # 400 TFLOPS over 0.5 x 1000 GB/s (ridge 800): u = 1 - 128 x 500e9 / 400e12 = 0.84 of the bytes.
+    fast = node(gpu_flops_per_s=400 * TFLOP, hbm_achievable_fraction=0.5)
+    u = 1 - 128 * 500e9 / 400e12
+    assert score_products_memory_bound_share(plan(node=fast, attention="eager")) == pytest.approx(u)
+    fwd, bwd = kernel_bytes(plan(node=fast, attention="eager"))
+    assert fwd["score_products"] == pytest.approx(2 * e * scores * u)  # QK^T writes S, P V reads P
+    assert bwd["score_products"] == pytest.approx(4 * e * scores * u)  # dP written, P read, dS read twice
+    _, selective = kernel_bytes(plan(node=fast, attention="eager", recompute="selective", recompute_interval=0))
+    assert selective["score_products"] == pytest.approx(5 * e * scores * u)  # QK^T writes the scores again
+    assert "score_products" not in kernel_bytes(plan(node=fast, attention="flash"))[1]  # flash keeps them on chip
+    # The time follows: the simulator and the estimate charge the bytes at the achievable bandwidth.
+    slow, quick = estimate(plan(node=fast, attention="eager")), estimate(plan(node=fast.replace(hbm_achievable_fraction=0.92), attention="eager"))
+    assert slow.phase_time_s["forward"] > quick.phase_time_s["forward"]
+
+
+def test_the_presets_eager_products_are_memory_bound_on_a100_and_not_on_the_papers_v100():
+    presets = hardware_presets()
+    gpt = ModelSpec(name="gpt3-1.3b", num_layers=24, hidden_size=2048, num_heads=16, seq_len=8192)
+    a100 = Plan(model=gpt, node=presets["dgx-a100-80g"], num_gpus=1, strategy="dp", attention="eager")
+    assert 0.2 < score_products_memory_bound_share(a100) < 0.6
+    paper = Plan(model=resolve_model("1T"), node=presets["dgx2-v100"], num_gpus=16)
+    assert paper.attention == "eager" and score_products_memory_bound_share(paper) == 0.0
 
 
 def test_swiglu_rotary_dropout_and_tensor_parallel_bytes():

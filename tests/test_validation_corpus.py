@@ -6,7 +6,14 @@ from pathlib import Path
 import pytest
 
 from planner.specs.errors import PlannerError
-from planner.validation.corpus import COLUMNS, MEASURED, default_corpus_path, gpu_family, load_corpus
+from planner.validation.corpus import (
+    COLUMNS,
+    MEASURED,
+    OPTIONAL_COLUMNS,
+    default_corpus_path,
+    gpu_family,
+    load_corpus,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "data" / "validation" / "published_runs.csv"
@@ -20,9 +27,9 @@ def _raw_rows():
 def test_bundled_corpus_loads_every_row_in_order():
     rows = load_corpus()
     raw = _raw_rows()
-    assert len(rows) == len(raw) == 265
+    assert len(rows) == len(raw) == 274
     assert [r.row_id for r in rows] == [r["row_id"] for r in raw]
-    assert len({r.row_id for r in rows}) == 265
+    assert len({r.row_id for r in rows}) == 274
 
 
 def test_every_measured_value_is_read_unchanged():
@@ -114,3 +121,32 @@ def test_gpu_family_parsing():
     assert gpu_family("A100") == "A100"
     with pytest.raises(PlannerError, match="A1000"):
         gpu_family("A1000")
+
+
+def test_any_unique_row_id_is_accepted(tmp_path):
+    rows = _raw_rows()[:3]
+    for row, row_id in zip(rows, ("h001", "run 7/b", "Llama-70B@512"), strict=True):
+        row["row_id"] = row_id
+    assert [r.row_id for r in load_corpus(_write(tmp_path, rows))] == ["h001", "run 7/b", "Llama-70B@512"]
+    rows[2]["row_id"] = "h001"
+    _refused(_write(tmp_path, rows), "row h001", "appears twice")
+    rows[2]["row_id"] = " "
+    _refused(_write(tmp_path, rows), "row_id", "empty")
+
+
+def test_attention_is_a_column_of_the_row(tmp_path):
+    rows = {r.row_id: r for r in load_corpus()}
+    # One source measured the same model with and without FlashAttention-2 (Dao 2023, Table 1).
+    assert [rows[f"p{n}"].attention for n in range(266, 274)] == ["eager", "flash2"] * 4
+    assert rows["p274"].attention == "eager" and rows["p036"].attention == "flash"
+    assert {r.attention for r in rows.values()} == {"", "eager", "flash", "flash2"}
+    raw = _raw_rows()[:2]
+    raw[0]["attention"] = "flash3"
+    _refused(_write(tmp_path, raw), "row p001", "attention", "'flash3'")
+
+
+def test_a_corpus_without_the_attention_column_still_loads(tmp_path):
+    assert set(OPTIONAL_COLUMNS) == {"attention"}
+    header = [c for c in COLUMNS if c != "attention"]
+    rows = load_corpus(_write(tmp_path, _raw_rows()[:3], header))
+    assert [r.attention for r in rows] == ["", "", ""]

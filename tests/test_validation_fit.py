@@ -130,6 +130,22 @@ def test_leave_one_source_out_never_fits_on_the_held_out_source(a100_rows, monke
         assert held["errors"] == pytest.approx({k: round(v, 6) for k, v in again.items()}, abs=1e-5)
 
 
+def test_a_single_source_has_no_leave_one_source_out_error(a100_rows, monkeypatch):
+    one = [r for r in a100_rows if r.row.source_id == "narayanan2021_t1"]
+
+    def no_fit(rows, start, seen=None):
+        raise AssertionError("nothing is left to fit on")
+
+    monkeypatch.setattr(fitting, "fit", no_fit)
+    result = fitting.leave_one_source_out(one, fitting.PRIOR["A100"])
+    assert result["summary"] is None and result["by_source"] == {}
+    assert "not defined: one source (narayanan2021_t1)" in result["not_defined"]
+    tasks = []
+    monkeypatch.setattr(fitting, "fit_task", lambda task: tasks.append(task) or ({}, 0))
+    assert fitting.all_fits(["V100"], load_corpus(), loso=True, jobs=1) == {"V100": {None: ({}, 0)}}
+    assert tasks == [("V100", None)]  # V100 has one source (Megatron-LM 2019): only the in-sample fit
+
+
 @pytest.mark.parametrize("generation", sorted(fitting.GENERATIONS))
 def test_every_fitted_number_names_its_rows_and_keeps_the_value_it_replaced(generation):
     record = json.loads(fitting.FIT_JSON.read_text())[generation]

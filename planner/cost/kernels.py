@@ -31,6 +31,10 @@ LOSS_FORWARD_FP32_BYTES = 8
 copy (4) and reads it (4)."""
 LOSS_BACKWARD_FP32_BYTES = 8
 """fp32 bytes per logit backward: writes the fp32 gradient (4) and reads it (4), then writes e."""
+EAGER_PRODUCT_SCORE_PASSES_FORWARD = 2
+"""seq^2 passes of eager attention's products forward: `QK^T` writes the scores, `P V` reads P."""
+EAGER_PRODUCT_SCORE_PASSES_BACKWARD = 4
+"""seq^2 passes backward: dP written (`dO V^T`), P read (`P^T dO`), dS read twice (`dS K`, `dS^T Q`)."""
 FLASH_BACKWARD_FACTOR = 2.5
 """FlashAttention-2's backward over its forward: 5 matmuls of 2 (it recomputes `QK^T`)."""
 FLASH_STATS_BYTES_PER_HEAD = 4
@@ -168,7 +172,10 @@ def attention_flops(plan: Plan) -> tuple[float, float]:
 #   backward reads dy and the mask, writes dx: the same);
 # - eager attention only: the fused scale-mask-softmax reads the scores and writes the probabilities
 #   (2 heads seq e; backward reads probabilities and their gradient, writes the scores' gradient:
-#   3 heads seq e), and with `dropout` the attention dropout ((2 e + 1) heads seq both ways).
+#   3 heads seq e), and with `dropout` the attention dropout ((2 e + 1) heads seq both ways);
+# - eager attention only, the part of the two products' seq^2 traffic their flops do not cover
+#   ("score_products"; [Note: eager products on the roofline] above
+#   `score_products_memory_bound_share`).
 # Under tensor parallelism (Megatron, no sequence parallelism) the kernels on the hd-wide residual
 # stream (norms, residual adds, hidden dropout) run on every rank over the whole replica batch, while
 # the ffn-, head- and query-wide ones are split `1 / mp`. Their time is bytes over the achievable
@@ -195,13 +202,41 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
     if plan.attention == "eager":
         scores = tokens * m.num_heads * m.seq_len  # the replica's scores / mp
         fwd["softmax"], bwd["softmax"] = 2 * e * scores, 3 * e * scores
+        bound = score_products_memory_bound_share(plan)
+        if bound > 0:
+            fwd["score_products"] = EAGER_PRODUCT_SCORE_PASSES_FORWARD * e * scores * bound
+            bwd["score_products"] = EAGER_PRODUCT_SCORE_PASSES_BACKWARD * e * scores * bound
         if m.dropout:
             fwd["attention_dropout"] = bwd["attention_dropout"] = (2 * e + DROPOUT_MASK_BYTES) * scores
-        if plan.recompute == "selective":  # the softmax (and its dropout) run again before their backward
+        if plan.recompute == "selective":  # QK^T, the softmax (and its dropout) run again before their backward
             bwd["softmax"] += fwd["softmax"]
+            if bound > 0:
+                bwd["score_products"] += e * scores * bound  # QK^T writes the scores again
             if m.dropout:
                 bwd["attention_dropout"] += fwd["attention_dropout"]
     return fwd, bwd
+
+
+# [Note: eager products on the roofline] Eager attention's products move a seq^2 operand per head:
+# forward `QK^T` writes the scores and `P V` reads the probabilities (2 heads seq e bytes per token);
+# backward `dP = dO V^T` writes dP, `dV = P^T dO` reads P, `dQ = dS K` and `dK = dS^T Q` each read dS
+# (4 heads seq e); selective recompute's second `QK^T` writes the scores again (1). Each such element
+# carries `2 head_dim` flops (a dot product of head_dim pairs), so a product's arithmetic intensity is
+# `2 head_dim / e` flops per byte: 64-128 for 2-byte head_dim 64-128, below the GPUs' ridge (the
+# matmul rate over the achievable HBM bandwidth: about 200 on the fitted A100, 340 on the H100).
+# A kernel's time is the larger of its flops time and its bytes time (the roofline; its tiles overlap
+# loads, math and stores). The flops are timed at the matmul rate ([Note: attention kernels]), so the
+# bytes this charges are those beyond what that time already streams: `B x (1 - I x W / R)` for
+# intensity `I`, achievable bandwidth `W` and matmul rate `R`, and none where the products are
+# compute-bound (the paper's V100 and its 1T heads of 160; a CPU's low matmul rate). This is the same
+# traffic FlashAttention removes (Dao et al. 2022, arXiv:2205.14135, Sec. 3.2: standard attention's
+# `Theta(N d + N^2)` HBM accesses against flash's `Theta(N^2 d^2 / M)`).
+def score_products_memory_bound_share(plan: Plan) -> float:
+    """The share of eager attention's seq^2 product traffic its flops time does not cover ([Note:
+    eager products on the roofline]): 0 where the products are compute-bound."""
+    node, m = plan.node, plan.model
+    intensity = 2 * m.head_dim / COMPUTE_BYTES[plan.precision]  # flops per byte of a seq^2 element
+    return max(0.0, 1.0 - intensity * achievable_hbm_bytes_per_s(node) / node.gpu_flops_per_s)
 
 
 def loss_bytes(plan: Plan) -> tuple[float, float]:

@@ -67,21 +67,35 @@ SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
     for source, cite in (("megatron2019", "arXiv:1909.08053 (2019)"), ("narayanan2021_t1", "arXiv:2104.04473 (2021)"),
                          ("narayanan2021_t2", "arXiv:2104.04473 (2021)"))
 }
-"""source_id -> (attention kernel, why): sources that predate fused attention kernels. Every other row
-gets the plan's default, flash where the GPU has it (planner/cost/kernels.py [Note: attention kernels])."""
+"""source_id -> (attention kernel, why): the default for a row whose `attention` cell is empty, for
+sources that predate fused attention kernels. Any other row with an empty cell gets the plan's default,
+flash where the GPU has it (planner/cost/kernels.py [Note: attention kernels])."""
+FLASH_ATTENTION_2_PEAK_FRACTION: dict[str, tuple[float, str]] = {
+    "A100": (156 / 312, "Dao 2023, FlashAttention-2, arXiv:2307.08691, abstract: 50-73 % of the A100's 312 TFLOPS "
+                        "in training; the low end, as its backward, the larger part of the work, is the slower pass"),
+    "H100": (0.35, "Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract: FlashAttention-2 reaches 35 % "
+                   "of the H100's peak"),
+}
+"""GPU family -> (FlashAttention-2's published rate as a share of the datasheet peak, where published),
+for rows whose `attention` is `flash2`. A preset's `flash_attention_tflops` is fitted on rows that do not
+name their kernel's version (docs/planner.md, Fitted presets); a row that states FlashAttention-2 runs
+that kernel, whose rate is published. FlashAttention (v1) reached 25-40 % of the A100's peak (the same
+abstract): the A100 preset's fitted 0.32 is in that range."""
 SOURCE_DROPOUT: dict[str, str] = {
     source: "Megatron-LM's defaults --hidden-dropout 0.1 --attention-dropout 0.1 (megatron/arguments.py), the code "
             "these benchmarks ran"
     for source in ("megatron2019", "narayanan2021_t1", "narayanan2021_t2")
 }
 """source_id -> why its blocks train with dropout (planner/cost/kernels.py: the dropout kernels and masks)."""
-_GPT_FAMILY = re.compile(r"^(gpt|mpt|turing|opt)", re.I)
 _LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
 _GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
 _NAMED = ((_LLAMA, "llama-{}-{}b"), (_GPT3, "gpt3-{}b"), (re.compile(r"^opt[\s_-]*(\d+)b", re.I), "opt-{}b"),
           (re.compile(r"qwen[\s_-]*(\d(?:\.\d)?)[\s_-]*(\d+)b", re.I), "qwen{}-{}b"),
-          (re.compile(r"nemotron(?:[\s_-]*4)?[\s_-]+(\d+)b", re.I), "nemotron-4-{}b"))
-"""Model-name patterns -> preset keys (data/models/): a name with no preset keeps its reason."""
+          (re.compile(r"nemotron(?:[\s_-]*4)?[\s_-]+(\d+)b", re.I), "nemotron-4-{}b"),
+          (re.compile(r"nemotron[\s_-]+(\d+)b", re.I), "nemotron-{}b"), (re.compile(r"bloom[\s_-]*(\d+)b", re.I), "bloom-{}b"),
+          (re.compile(r"mt[\s_-]*nlg[\s_-]*(\d+)b", re.I), "mt-nlg-{}b"))
+"""Model-name patterns -> preset keys (data/models/), tried in order until one names a preset; a name
+with no preset is predicted from its shape columns, or keeps its reason."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,13 +116,14 @@ class RowPlan:
 # [Note: what a row states] The planner is given what the source states and nothing fitted to the row:
 # - shape from the row's columns; GQA, SwiGLU, embedding tying and rotary embeddings from the model's
 #   published config (the bundled presets, data/models/: Llama, GPT-3 and NeMo's GPT-3 5B/20B,
-#   OPT, Qwen2.5, Nemotron-4 340B, matched by name: _NAMED), rotary for Llama (Touvron et al. 2023,
-#   arXiv:2302.13971 Sec. 2); MPT/GPT-style rows are GPT blocks (4h GELU MLP unless
-#   `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a name with no preset and no
-#   shape columns (Nemotron-8B/22B, "GPT-2-like 1.4B") keeps a reason;
+#   OPT, Qwen2.5, Nemotron, BLOOM, MT-NLG, matched by name: _NAMED), rotary for Llama (Touvron et al. 2023,
+#   arXiv:2302.13971 Sec. 2); a row of any other name that states layers, hidden size and heads is a
+#   GPT block (4h GELU MLP unless `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a
+#   name with no preset and no shape columns ("GPT-2-like 1.4B") keeps a reason;
 # - recompute: `full` (every block from its segment's recompute input), `selective` (the attention core's seq^2 part
-#   only) or `none`; the attention kernel is the GPU's default (flash on A100/H100/H200) unless the
-#   source predates fused attention (SOURCE_ATTENTION: eager); Megatron-LM sources train with its
+#   only) or `none`; the attention kernel is the row's `attention` column, else its source's where the
+#   source predates fused attention (SOURCE_ATTENTION: eager), else the GPU's default (flash on
+#   A100/H100/H200); Megatron-LM sources train with its
 #   default dropout (SOURCE_DROPOUT);
 # - an unstated shape, sequence, vocabulary or precision is filled only from what the source itself
 #   says elsewhere (SOURCE_DEFAULTS, each with its citation); otherwise the row gets a reason;
@@ -142,7 +157,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
     assumptions: list[str] = []
     value = _stated(row, assumptions)
     model = _model(row, value, reasons)
-    node = _node(row, reasons)
+    node = _kernel_rate(row, _node(row, reasons), reasons, assumptions)
     precision_text = value("precision") or ""
     precision = _precision(precision_text, reasons)
     cp = context_parallel(row)
@@ -157,7 +172,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
     options = {"tensor x pipeline": layouts, "activation_recompute": (recompute,) if recompute else SEARCHED_RECOMPUTES,
                "sharding": shardings, "micro_batch": micros}
     searched = [k for k, v in options.items() if len(v) > 1 or v == (None,)]
-    attention = _attention(row, node, assumptions)
+    attention = _attention(row, assumptions)
 
     def build(choice: dict) -> Plan | None:
         (tp, pp), micro = choice["tensor x pipeline"], choice["micro_batch"]
@@ -195,8 +210,25 @@ def _virtual_stages(row: CorpusRow) -> int:
     return max(1, int(match.group(1))) if match and (row.pipeline_parallel or 1) > 1 else 1
 
 
-def _attention(row: CorpusRow, node: NodeSpec, assumptions: list[str]) -> str:
-    """The row's attention kernel: its source's (SOURCE_ATTENTION), else the GPU's default ('')."""
+def _kernel_rate(row: CorpusRow, node: NodeSpec | None, reasons: list[str], assumptions: list[str]) -> NodeSpec | None:
+    """`node` with FlashAttention-2's published rate where the row states that kernel (`flash2`)."""
+    if node is None or row.attention != "flash2":
+        return node
+    if row.gpu_family not in FLASH_ATTENTION_2_PEAK_FRACTION:
+        reasons.append(f"no published FlashAttention-2 rate for {row.gpu_family}")
+        return None
+    share, why = FLASH_ATTENTION_2_PEAK_FRACTION[row.gpu_family]
+    nominal = node.gpu_nominal_flops_per_s or node.gpu_flops_per_s
+    assumptions.append(f"fused attention at {share:.2f} of the datasheet peak ({why})")
+    return node.replace(name=f"{node.name} (FlashAttention-2)", flash_attention_flops_per_s=share * nominal)
+
+
+def _attention(row: CorpusRow, assumptions: list[str]) -> str:
+    """The row's attention kernel: its `attention` column (`flash2` is flash at its own rate,
+    `_kernel_rate`), else its source's (SOURCE_ATTENTION), else the GPU's default ('': flash where
+    the GPU has it)."""
+    if row.attention:
+        return "flash" if row.attention == "flash2" else row.attention
     if row.source_id not in SOURCE_ATTENTION:
         return ""
     kernel, why = SOURCE_ATTENTION[row.source_id]
@@ -237,12 +269,13 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
         fields.update(ffn_hidden_size=row.ffn_hidden_size or preset.ffn_hidden_size, num_kv_heads=preset.num_kv_heads,
                       gated_mlp=preset.gated_mlp, tied_embeddings=preset.tied_embeddings,
                       vocab_size=vocab or preset.vocab_size, rotary=preset.rotary or bool(_LLAMA.search(row.model_name)))
-    elif None not in shape.values() and _GPT_FAMILY.match(row.model_name):
+    elif None not in shape.values():
         fields = dict(shape, ffn_hidden_size=row.ffn_hidden_size or 0, vocab_size=vocab or 0, tied_embeddings=True)
         if vocab is None:
             reasons.append("vocabulary size not stated")
     else:
-        reasons.append(f"model shape not stated: {row.model_name!r} has no columns and no preset in data/models")
+        missing = ", ".join(k for k, v in shape.items() if v is None)
+        reasons.append(f"model shape not stated: {row.model_name!r} has no preset in data/models and no {missing}")
         return None
     if seq is None:
         reasons.append("sequence length not stated")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,15 @@ NO_OFFLOAD = "none"
 OFFLOADS: tuple[str, ...] = (NO_OFFLOAD, "cpu", "nvme")
 """The `offload` column: none, or the tier the optimizer states (and maybe the parameters) went to."""
 RECOMPUTES: tuple[str, ...] = ("", "none", "full", "selective")
+ATTENTIONS: tuple[str, ...] = ("", "eager", "flash", "flash2")
+"""The `attention` column: the attention kernel the run used (eager: the scores materialised in HBM;
+flash: a fused kernel that never stores them; flash2: the row states FlashAttention-2's kernel),
+empty when the source does not say."""
+OPTIONAL_COLUMNS: dict[str, str] = {"attention": ""}
+"""Columns a corpus may leave out of its header (the value every row then gets): a corpus written
+before the column existed still loads."""
 GPU_TYPES: tuple[str, ...] = ("V100", "A100", "H100", "H200", "RTX 4090")
 """Families the free-text `gpu_type` must start with ("H100 (SXM, DGX-H100)" is an H100)."""
-_ROW_ID = re.compile(r"^p\d{3,}$")
 _MAX_COUNT = 10_000_000
 
 
@@ -67,6 +72,8 @@ class CorpusRow:
     global_batch: int | None
     """Sequences per optimizer step."""
     activation_recompute: str
+    attention: str
+    """One of ATTENTIONS; empty when unstated (planner/validation/configure.py gives the default)."""
     precision: str
     measured_tflops_per_gpu: float | None
     measured_mfu: float | None
@@ -94,7 +101,7 @@ class CorpusRow:
 _INT_COLUMNS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "vocab_size", "num_gpus",
                 "gpus_per_node", "tensor_parallel", "pipeline_parallel", "data_parallel", "micro_batch", "global_batch")
 _FLOAT_COLUMNS = ("params_b", "gpu_memory_gb", "measured_tflops_per_gpu", "measured_mfu", "measured_tokens_per_s_per_gpu")
-_CHOICES = {"sharding": SHARDINGS, "offload": OFFLOADS, "activation_recompute": RECOMPUTES}
+_CHOICES = {"sharding": SHARDINGS, "offload": OFFLOADS, "activation_recompute": RECOMPUTES, "attention": ATTENTIONS}
 _REQUIRED = ("row_id", "source_id", "gpu_type", "num_gpus", "offload")
 MEASURED = ("measured_tflops_per_gpu", "measured_mfu", "measured_tokens_per_s_per_gpu")
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(CorpusRow) if f.name != "gpu_family")
@@ -116,12 +123,12 @@ def load_corpus(path: str | Path | None = None) -> tuple[CorpusRow, ...]:
         raise PlannerError(f"cannot read corpus {source}: {exc}; give a CSV file with --corpus") from None
     reader = csv.DictReader(text.splitlines())
     header = reader.fieldnames or []
-    missing = [c for c in COLUMNS if c not in header]
+    missing = [c for c in COLUMNS if c not in header and c not in OPTIONAL_COLUMNS]
     if missing:
         raise PlannerError(f"corpus {source}: missing column(s) {', '.join(missing)}; see data/validation/README.md")
     rows, seen = [], set()
     for line, raw in enumerate(reader, start=2):
-        if None in raw or any(v is None for v in raw.values()):
+        if None in raw or any(v is None for v in raw.values()):  # more cells, or fewer, than the header
             raise PlannerError(f"corpus {source}: line {line} has {len(header)} columns expected, not the header's count")
         row = _parse_row(raw, f"corpus {source}: row {raw.get('row_id') or f'at line {line}'}")
         if row.row_id in seen:
@@ -134,12 +141,10 @@ def load_corpus(path: str | Path | None = None) -> tuple[CorpusRow, ...]:
 
 
 def _parse_row(raw: dict[str, str], where: str) -> CorpusRow:
-    values: dict[str, Any] = {c: raw[c].strip() for c in COLUMNS}
+    values: dict[str, Any] = {c: raw.get(c, OPTIONAL_COLUMNS.get(c, "")).strip() for c in COLUMNS}
     for column in _REQUIRED:
         if not values[column]:
             raise PlannerError(f"{where} column {column}: empty; every row needs it")
-    if not _ROW_ID.match(values["row_id"]):
-        raise PlannerError(f"{where} column row_id: {values['row_id']!r} is not p followed by digits (p001)")
     for column in _INT_COLUMNS:
         values[column] = _integer(values[column], f"{where} column {column}")
     for column in _FLOAT_COLUMNS:

@@ -35,7 +35,8 @@ def corpus_section(scatter_path: Path, scatter_link: str) -> tuple[str, float]:
     scatter(simulated, scatter_path)
     body = markdown(simulated, scatter=scatter_link)
     head = ["## Published training runs (data/validation/published_runs.csv)", "",
-            f"265 measured runs from papers and public benchmark files (README beside the CSV). Every row is predicted "
+            f"{len(simulated.results)} measured runs from papers and public benchmark files (README beside the CSV). "
+            f"Every row is predicted "
             f"under the configuration it states (planner/validation/configure.py [Note: what a row states]); a tuning "
             f"knob it leaves unstated is searched as `planner fit` searches an unpinned one, and the choice is listed "
             f"below (planner/validation/unstated.py); "

@@ -10,12 +10,14 @@
   on the corpus: rows p224-p233's TFLOPS / tokens/s reproduce it to 0.1 %);
 - `bridge` (model FLOPs; Megatron-Bridge): `nemo` with causal attention, `2 l h s` instead of
   `4 l h s` (rows p246-p259 reproduce it to 0.1 %, except p256 at 2.3 %).
-- `6n` (model FLOPs; llm-foundry and torchtitan): `6 N + 12 l h s` per token with `N` every
+- `6n` (model FLOPs; llm-foundry, torchtitan and FlashAttention-2's Table 1, Dao 2023 Sec. 4.2):
+  `6 N + 12 l h s` per token with `N` every
   parameter, embeddings included (the corpus's `params_b` where given, as llm-foundry counts it:
   its learned position embeddings are not in the planner's model).
 MFU is model (or hardware) TFLOPS over the GPU's datasheet peak. Sources that do not say how they
 count (ZeRO, ZeRO-Offload, OPT, Fuyou, MegaTrain) are read with the Megatron convention, which is
-what DeepSpeed's and Megatron's own reports use.
+what DeepSpeed's and Megatron's own reports use; BLOOM-176B's figure is Megatron-DeepSpeed's own
+throughput log, the Megatron convention with the recompute forward counted.
 
 Because one row's measured and predicted values go through the same conversion, the error
 `predicted / measured - 1` does not depend on the accounting; the accounting only makes the
@@ -37,6 +39,7 @@ SOURCE_ACCOUNTING: dict[str, str] = {
     "nemo_2407": "nemo",
     "nemo_longseq_2403": "nemo",
     "megatron_bridge_archive": "bridge",
+    "flashattn2_2023": "6n",
 }
 """Sources not listed count the Megatron way (see the note)."""
 

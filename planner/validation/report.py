@@ -211,6 +211,7 @@ def fitted_summary(fit_json: Path = FIT_JSON) -> dict[str, Any]:
         out[generation] = {
             "params": result["params"], "fitted_rows": len(result["rows"]), "prior_in_sample": result["prior_in_sample"],
             "in_sample": result["in_sample"], "leave_one_source_out": loso.get("summary"),
+            "leave_one_source_out_not_defined": loso.get("not_defined"),
             "leave_one_source_out_by_source": {source: {k: v for k, v in held.items() if k not in ("errors", "params")}
                                                for source, held in loso.get("by_source", {}).items()},
         }
