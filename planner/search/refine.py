@@ -3,7 +3,7 @@
 The analytic estimate (planner.cost.throughput, paper §4) ranks thousands of candidates in milliseconds;
 the simulator sees what it cannot (fair sharing of the host fabric and the NVMe array, prefetch
 stalls, the chunked optimizer's pipeline, small-transfer and small-matmul efficiency). We simulate
-the best plan of each of the `top` best placements (fast.predict, [Note: periodic layers]) and sort
+the best plan of each of the `top` best placements and optimizer-step schedules (fast.predict, [Note: periodic layers]) and sort
 them by simulated throughput. Plans the simulator cannot time keep their analytic prediction.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.search.search import SearchResult
+from planner.search.search import SearchResult, explain_schedules
 from planner.sim.fast import predict
 from planner.specs.errors import PlannerError
 from planner.specs.plan import STATES, Plan
@@ -30,7 +30,7 @@ def refine(result: SearchResult, *, top: int = DEFAULT_TOP) -> SearchResult:
     """
     chosen, seen = [], set()
     for plan in result.ranked:
-        key = (plan.strategy, plan.placement, plan.model_parallel_degree)
+        key = (plan.strategy, plan.placement, plan.model_parallel_degree, plan.optimizer_step)
         if key not in seen:
             seen.add(key)
             chosen.append(plan)
@@ -46,7 +46,7 @@ def refine(result: SearchResult, *, top: int = DEFAULT_TOP) -> SearchResult:
     chosen = chosen[: len(refined)]
     ids = {id(plan) for plan in chosen}
     rest = [plan for plan in result.ranked if id(plan) not in ids]
-    return replace(result, ranked=refined + rest)
+    return replace(result, ranked=explain_schedules(refined + rest, result.request.training))
 
 
 def _simulated(plan: Plan) -> Plan:
