@@ -412,6 +412,13 @@ IN_BACKWARD_STAGED_GRADIENTS = IN_BACKWARD_QUEUED_UPDATES + 1
 host (`GradientStaging`): the worker's update(s) and the one being filled; the hook waits for one."""
 
 
+def schedule_changes_bill(plan: Plan) -> bool:
+    """Whether `plan`'s bill depends on its `optimizer_step`: only with the optimizer states on a
+    staged tier (NVMe), where stepping in backward stores no gradient (`stores_gradients`) and
+    stages each one on the host instead (`staged_in_backward`)."""
+    return plan.placement.optimizer_states.staged
+
+
 def staged_in_backward(plan: Plan) -> bool:
     """In-backward updates on the host from a separate device: each unit's gradient shard is copied
     device-to-host into pinned staging (runtime/optim/step_schedule.py, the streamed NVMe optimizer)."""

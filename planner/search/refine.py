@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.search.search import SearchResult, explain_schedules
+from planner.search.search import SearchResult, explain_schedules, rank_key
 from planner.sim.fast import predict
 from planner.specs.errors import PlannerError
-from planner.specs.plan import STATES, Plan
+from planner.specs.plan import Plan
 
 DEFAULT_TOP = 8
 
@@ -42,7 +42,7 @@ def refine(result: SearchResult, *, top: int = DEFAULT_TOP) -> SearchResult:
         if best_simulated >= plan.prediction.tokens_per_s:
             break
         refined.append(_simulated(plan))
-    refined.sort(key=_rank_key)
+    refined.sort(key=rank_key)
     chosen = chosen[: len(refined)]
     ids = {id(plan) for plan in chosen}
     rest = [plan for plan in result.ranked if id(plan) not in ids]
@@ -62,10 +62,3 @@ def _simulated(plan: Plan) -> Plan:
         "bottleneck": analytic.bottleneck,
     }
     return plan.replace(prediction=simulated)
-
-
-def _rank_key(plan: Plan) -> tuple[float, ...]:
-    pred = plan.prediction
-    assert pred is not None
-    off_gpu = sum(not getattr(plan.placement, s).on_device for s in STATES)
-    return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)

@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from planner.cost.feasibility import check_plan
-from planner.cost.memory import memory_bill, min_tiling_factor
+from planner.cost.memory import memory_bill, min_tiling_factor, schedule_changes_bill
 from planner.cost.throughput import estimate
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
     MAX_TILING_FACTOR,
+    OPTIMIZER_STEPS,
     STATES,
     STRATEGIES,
     STRATEGY_TABLE,
@@ -186,8 +187,16 @@ def search(request: SearchRequest) -> SearchResult:
         best_for_placement: list[Plan] = []
         first_failure: Plan | None = None
         for ci in _recompute_intervals(request):
-            for base in _scheduled_bases(request, _base_plan(request, cluster, strategy, placement, mp, ci, pp)):
-                tried, found, failure = _sized_candidates(request, strategy, base)
+            first, *others = _scheduled_bases(request, _base_plan(request, cluster, strategy, placement, mp, ci, pp))
+            tried, found, failure = _sized_candidates(request, strategy, first)
+            evaluated += tried
+            best_for_placement += found
+            first_failure = first_failure or failure
+            for base in others:
+                if schedule_changes_bill(first):
+                    tried, found, failure = _sized_candidates(request, strategy, base)
+                else:  # the same plans fit: price them at this schedule too
+                    found = [predict(p.replace(optimizer_step=base.optimizer_step, prediction=None)) for p in found]
                 evaluated += tried
                 best_for_placement += found
                 first_failure = first_failure or failure
@@ -195,7 +204,7 @@ def search(request: SearchRequest) -> SearchResult:
             ranked.extend(best_for_placement)
         elif first_failure is not None:
             rejected.append(predict(first_failure))
-    ranked.sort(key=_rank_key)
+    ranked.sort(key=rank_key)
     return SearchResult(request=request, ranked=explain_schedules(ranked, request.training), rejected=rejected, num_evaluated=evaluated)
 
 
@@ -320,12 +329,14 @@ def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placemen
     return check_plan(plan)
 
 
-def _rank_key(plan: Plan) -> tuple[float, ...]:
+def rank_key(plan: Plan) -> tuple[float, ...]:
+    """Highest throughput first; on ties prefer fewer slow tiers, less tiling, deeper prefetch, and
+    the step after backward (it asks nothing of the training loop)."""
     pred = plan.prediction
-    assert pred is not None and pred.feasible
+    assert pred is not None
     off_gpu = sum(not getattr(plan.placement, s).on_device for s in STATES)
-    # Highest throughput first; on ties prefer fewer slow tiers, less tiling, deeper prefetch.
-    return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)
+    return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth,
+            OPTIMIZER_STEPS.index(plan.optimizer_step))
 
 
 def _layouts(request: SearchRequest, cluster: Cluster,
@@ -368,7 +379,7 @@ def best_model_parallel(plan: Plan) -> Plan:
     cluster = Cluster(node=plan.node, num_gpus=plan.num_gpus)
     tried = [predict(plan.replace(model_parallel_degree=mp)) for mp in _model_parallel_degrees(request, cluster)]
     feasible = [p for p in tried if p.prediction is not None and p.prediction.feasible]
-    return min(feasible, key=_rank_key) if feasible else tried[0]
+    return min(feasible, key=rank_key) if feasible else tried[0]
 
 
 def _recompute_intervals(request: SearchRequest) -> Iterable[int]:

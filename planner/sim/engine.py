@@ -43,7 +43,7 @@ from planner.cost.memory import (
     stores_gradients,
 )
 from planner.sim.in_backward import BackwardUpdates
-from planner.sim.network import Link, Network
+from planner.sim.network import Link, Network, scheduled_events
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
@@ -111,6 +111,8 @@ class Simulation:
         block without recompute), keyed (FORWARD | BACKWARD, unit): the marks the periodic
         extrapolation of the timelines cuts at ([Note: periodic timelines] in periodic.py)."""
         self.largest_gpu_allocation_bytes = 0.0
+        self.events = 0
+        """SimPy events the run scheduled, the optimizer step's included (`scheduled_events`)."""
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
         self.optimizer = optimizer
         """Ignored with `optimizer_step: in_backward` (the updates are part of the backward)."""
@@ -120,6 +122,7 @@ class Simulation:
     def run(self) -> Simulation:
         procs = [self.env.process(rank.iteration()) for rank in self.ranks]
         self.env.run(simpy.AllOf(self.env, procs))
+        self.events = scheduled_events(self.env) + (self.optimizer.events if self.optimizer is not None else 0)
         for tracker in self.trackers.values():
             tracker.close_window()
         return self

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -537,7 +538,7 @@ class Plan:
         """A copy with `changes`; `recompute` is derived again from a new `recompute_interval`
         unless it was selective or is changed too, and `attention` from a new node's kernel unless
         it is changed too or the new node has the same."""
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = {name: getattr(self, name) for name in _plan_fields()}
         if "recompute_interval" in changes and "recompute" not in changes and not (
                 self.recompute == "selective" and changes["recompute_interval"] == 0):
             doc["recompute"] = ""
@@ -552,6 +553,12 @@ class Plan:
     def save(self, path: str | Path) -> None:
         """Write atomically: a crash mid-write never leaves a half plan behind."""
         write_json_atomic(path, self.to_dict(), "plan")
+
+
+@cache
+def _plan_fields() -> tuple[str, ...]:
+    """`Plan`'s field names, once (`replace` runs for every candidate the search prices)."""
+    return tuple(f.name for f in fields(Plan))
 
 
 def _check_pipeline(plan: Plan) -> None:
