@@ -53,10 +53,17 @@ class TrainingLoop:
 
 
 def comparison_reason(other: OptimizerStep | None, chosen_s: float, other_s: float | None, *, other_bound: bool) -> str:
-    """Why the search kept a plan's schedule among several: faster than the best plan of the `other`
-    schedule on the same layout (`other_bound`: that one's time is the analytic bound), or the only
-    one that fits it."""
+    """Why the search kept a plan's schedule among several: how it compares with the best plan of the
+    `other` schedule on the same layout (`other_bound`: that one's time is the analytic bound, which
+    the simulator only lengthens), or that the other does not fit it. On a tie the search prefers
+    the step after backward, which asks nothing of the training loop."""
     if other is None or other_s is None:
         return "the only schedule the training allows that fits this placement"
-    return (f"faster than {other} on this placement: {chosen_s:.4g} s vs {'>= ' if other_bound else ''}"
-            f"{other_s:.4g} s per iteration")
+    times = f"{chosen_s:.4g} s vs {'>= ' if other_bound else ''}{other_s:.4g} s per iteration"
+    if abs(chosen_s - other_s) <= TIE * max(chosen_s, other_s):
+        return f"as fast as {other} on this placement ({times}); on a tie the step after backward is kept"
+    return f"{'faster' if chosen_s < other_s else 'slower'} than {other} on this placement: {times}"
+
+
+TIE = 1e-6
+"""Relative difference under which two iteration times are one (the rank's resolution)."""
