@@ -1,7 +1,8 @@
 """Placement search: enumerate plans, keep what fits, rank by estimated throughput.
 
 Dimensions: placement (the named strategies and every valid free placement) x recompute interval x
-tiling factor x prefetch depth, each at the largest micro-batch that fits (throughput only grows
+optimizer-step schedule (those the training allows: planner/specs/training_loop.py) x tiling factor
+x prefetch depth, each at the largest micro-batch that fits (throughput only grows
 with the batch in this model, so the largest feasible batch is the best one for a given shape of
 plan). Any dimension can be pinned. Infeasible candidates are returned with their reason.
 """
