@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import statistics
 import subprocess
@@ -121,7 +122,8 @@ def issue_plan_series(repeats: int) -> dict:
             "events_whole": whole.events, "wall_s": round(wall_s, 4), "runs_s": [round(t, 4) for t in runs],
             "cpu_s": round(median_cpu_s(lambda: as_planner_simulate(plan), repeats), 4),
             "whole_wall_s": round(whole_s, 3), "whole_runs_s": [round(t, 3) for t in whole_runs],
-            "cli_wall_s": round(cli[0], 3) if cli else None, "target_s": 0.2}
+            "cli_wall_s": round(cli[0], 3) if cli else None, "cli_cpu_s": round(cli[2], 3) if cli else None,
+            "target_s": 0.2}
 
 
 def other_series(repeats: int) -> dict:
@@ -146,6 +148,8 @@ def other_series(repeats: int) -> dict:
         "timeline_1t_tiled_32gpu": {"whole_s": round(whole_s, 4), "periodic_s": round(periodic_s, 4),
                                     "periodic_after_refine_s": round(kept_s, 4)},
         "fit_1t_16gpu_wall_s": round(fit[0], 3) if fit else None,
+        "fit_1t_16gpu_cpu_s": round(fit[2], 3) if fit else None,
+        "fit_1t_16gpu_dgx2_cpu_s": round(fit_v100[2], 3) if fit_v100 else None,
         "fit_1t_16gpu_runs_s": [round(t, 3) for t in fit[1]] if fit else None,
         "fit_1t_16gpu_dgx2_wall_s": round(fit_v100[0], 3) if fit_v100 else None,
         "fit_1t_16gpu_dgx2_runs_s": [round(t, 3) for t in fit_v100[1]] if fit_v100 else None,
@@ -153,14 +157,24 @@ def other_series(repeats: int) -> dict:
     }
 
 
-def cli_wall_s(args: list[str], repeats: int) -> tuple[float, list[float]] | None:
+def cli_wall_s(args: list[str], repeats: int) -> tuple[float, list[float], float] | None:
+    """(median wall s, runs, median CPU s of the child) of `planner ARGS` in a fresh process."""
     exe = shutil.which("planner") or None
     cmd = ([exe] if exe else [sys.executable, "-m", "tierwise"]) + args
     probe = subprocess.run(cmd, capture_output=True, text=True)
     if probe.returncode != 0:
         print(f"planner {args[0]} failed ({probe.returncode}): {probe.stderr.strip()[-300:]}", file=sys.stderr)
         return None
-    return median_s(lambda: subprocess.run(cmd, capture_output=True, check=True), repeats)
+    cpu: list[float] = []
+
+    def run() -> None:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(cmd, capture_output=True, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+
+    wall, runs = median_s(run, repeats)
+    return wall, runs, statistics.median(cpu)
 
 
 def fit_wall_s(repeats: int, extra: list[str]) -> tuple[float, list[float]] | None:
@@ -168,9 +182,10 @@ def fit_wall_s(repeats: int, extra: list[str]) -> tuple[float, list[float]] | No
 
 
 def write_results(r: dict, repeats: int, machine: results_md.MachineFacts) -> None:
-    fit = f"{r['fit_1t_16gpu_wall_s']} s (runs {r['fit_1t_16gpu_runs_s']})" if r["fit_1t_16gpu_wall_s"] else "not measured (fit failed)"
-    fit_v100 = (f"{r['fit_1t_16gpu_dgx2_wall_s']} s (runs {r['fit_1t_16gpu_dgx2_runs_s']})"
-                if r["fit_1t_16gpu_dgx2_wall_s"] else "not measured (fit failed)")
+    fit = (f"{r['fit_1t_16gpu_wall_s']} s wall, {r['fit_1t_16gpu_cpu_s']} s CPU (runs {r['fit_1t_16gpu_runs_s']})"
+           if r["fit_1t_16gpu_wall_s"] else "not measured (fit failed)")
+    fit_v100 = (f"{r['fit_1t_16gpu_dgx2_wall_s']} s wall, {r['fit_1t_16gpu_dgx2_cpu_s']} s CPU "
+                f"(runs {r['fit_1t_16gpu_dgx2_runs_s']})" if r["fit_1t_16gpu_dgx2_wall_s"] else "not measured (fit failed)")
     rv, tl, ip, pp = (r["representative_vs_explicit_16_layers"], r["timeline_1t_tiled_32gpu"], r["issue_plan"],
                       r["paper_1t"])
     body = f"""{SECTION}
@@ -181,7 +196,7 @@ def write_results(r: dict, repeats: int, machine: results_md.MachineFacts) -> No
 |---|---|---|---|
 | simulate one iteration of `fit 1T --gpus 16 --hardware dgx2-v100`'s plan (after backward, batch/GPU 15, tiling 8, all on NVMe) as `planner simulate` does: extrapolated over identical blocks | {ip['wall_s']} s wall, {ip['cpu_s']} s CPU (runs {ip['runs_s']}) | {ip['events']:,} | <= {ip['target_s']} s |
 | the same plan simulated whole (the same iteration, {ip['iteration_s']} s) | {ip['whole_wall_s']} s (runs {ip['whole_runs_s']}) | {ip['events_whole']:,} | |
-| `planner simulate` of that plan, fresh process (start-up included) | {ip['cli_wall_s']} s | {ip['events']:,} | |
+| `planner simulate` of that plan, fresh process (start-up included) | {ip['cli_wall_s']} s wall, {ip['cli_cpu_s']} s CPU | {ip['events']:,} | |
 | `planner fit 1T --gpus 16` (dgx-h100) incl. simulated refinement, fresh process | {fit} | | <= {r['target_fit_s']} s |
 | `planner fit 1T --gpus 16 --hardware dgx2-v100`, same | {fit_v100} | | <= {r['target_fit_s']} s |
 | the paper's 1T (batch/GPU 7, tiling 1) on 16 x dgx2-v100 simulated whole | {pp['whole_s']} s (runs {pp['runs_s']}) | {pp['events']:,} | |
