@@ -19,7 +19,7 @@ from app.state import (
     preset_document,
 )
 from planner.specs.catalog import DEFAULT_HARDWARE, hardware_presets, known_model_names
-from planner.specs.plan import PRECISIONS, STATES, STRATEGY_TABLE
+from planner.specs.plan import OPTIMIZER_STEPS, PRECISIONS, STATES, STRATEGY_TABLE
 from planner.specs.tiers import TIERS
 
 AUTO = "auto"
@@ -70,10 +70,16 @@ def read_sidebar() -> Inputs:
         "Batch per GPU (global batch / GPUs)", value=None, step=1.0, key="batch", placeholder="largest that fits",
     )
     precision = bar.selectbox("Precision", PRECISIONS, key="precision")
-    in_backward = bar.toggle(
-        "Optimizer step in backward", key="in_backward", value=False,
-        help="Update each unit as soon as its gradient is final, overlapping the optimizer with the backward "
-             "(`--optimizer-step in_backward`): no gradient accumulation or clipping, not with fp16.",
+    schedule = bar.selectbox(
+        "Optimizer step", (AUTO, *OPTIMIZER_STEPS), key="optimizer_step",
+        help="When the optimizer updates a unit: after the whole backward (the paper's step) or in the backward, as "
+             "soon as its gradient is final (no gradient accumulation, not with fp16). Left to the search, the "
+             "faster of those the training allows (`--optimizer-step`).",
+    )
+    clips = bar.toggle(
+        "Global-norm gradient clipping", key="clip_grad_norm", value=False,
+        help="The training clips gradients by their global norm, which needs every gradient before any update: "
+             "only the after-backward step is considered (`--clip-grad-norm`).",
     )
     mp = bar.selectbox("Model-parallel degree", MODEL_PARALLEL_CHOICES, key="model_parallel")
     refine = bar.toggle(
@@ -100,7 +106,8 @@ def read_sidebar() -> Inputs:
         placement_pins=pins_from(pins),
         model_parallel_degree=None if mp == AUTO else int(mp),
         precision=precision,
-        optimizer_step="in_backward" if in_backward else "after_backward",
+        optimizer_step=None if schedule == AUTO else schedule,
+        clips_grad_norm=clips,
         refine=refine,
         model_document=model_document if mode == MODEL_MODES[0] else None,
         hardware_document=hardware_document,

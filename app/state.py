@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.search.search import SearchRequest
+from planner.specs.training_loop import TrainingLoop
 from planner.specs import hf_config
 from planner.specs.catalog import DEFAULT_HARDWARE, hardware_presets, resolve_model
 from planner.specs.errors import PlannerError
@@ -50,8 +51,10 @@ class Inputs:
     placement_pins: tuple[tuple[str, str], ...] = field(default=())
     model_parallel_degree: int | None = 1
     precision: str = "bf16"
-    optimizer_step: str = "after_backward"
-    """`Plan.optimizer_step`, never searched (it changes what the training loop may do)."""
+    optimizer_step: str | None = None
+    """`Plan.optimizer_step` pinned, or None: searched among the schedules the training allows."""
+    clips_grad_norm: bool = False
+    """The training clips gradients by their global norm (only the after-backward step)."""
     refine: bool = False
     """Re-rank the top placements by simulation, as `planner fit` does (the sidebar sets it on; see
     docs/dashboard.md)."""
@@ -145,7 +148,7 @@ def search_request(inputs: Inputs) -> SearchRequest:
         micro_batch_per_gpu=inputs.micro_batch_per_gpu,
         model_parallel_degree=inputs.model_parallel_degree,
         precision=inputs.precision,
-        optimizer_step=inputs.optimizer_step,
+        training=TrainingLoop(optimizer_step=inputs.optimizer_step, clips_grad_norm=inputs.clips_grad_norm),
     )
 
 

@@ -278,14 +278,28 @@ def test_pinned_batch_and_placement(app):
     assert metrics(app)["Iteration time"] == report.fmt_seconds(best.prediction.iteration_time_s)
 
 
-def test_optimizer_step_in_backward_is_a_pin_for_every_candidate(app):
-    app.sidebar.toggle(key="in_backward").set_value(True).run()
+def test_optimizer_step_is_searched_pinned_or_forced_by_clipping(app):
+    from planner.specs.training_loop import TrainingLoop
+
+    # Left to the search: the faster schedule, and the page says why (1T/16: in backward).
     no_errors(app)
-    best = expected_best(optimizer_step="in_backward")
+    searched = expected_best()
+    assert searched.optimizer_step == "in_backward"
+    assert any(c.value == f"**Optimizer step** {report.schedule_line(searched)}" for c in app.caption)
+    app.sidebar.selectbox(key="optimizer_step").set_value("in_backward").run()
+    no_errors(app)
+    best = expected_best(training=TrainingLoop(optimizer_step="in_backward"))
     assert app.markdown[0].value == f"**Plan** {report.plan_line(best)}"
     assert "optimizer step in backward" in app.markdown[0].value
     assert metrics(app)["Iteration time"] == report.fmt_seconds(best.prediction.iteration_time_s)
     assert any("DeepSpeed steps the optimizer after backward" in c.value for c in app.caption)
+    app.sidebar.selectbox(key="optimizer_step").set_value("auto")
+    app.sidebar.toggle(key="clip_grad_norm").set_value(True).run()
+    no_errors(app)
+    clipped = expected_best(training=TrainingLoop(clips_grad_norm=True))
+    assert clipped.optimizer_step == "after_backward"
+    assert metrics(app)["Iteration time"] == report.fmt_seconds(clipped.prediction.iteration_time_s)
+    assert any("global-norm gradient clipping" in c.value for c in app.caption)
 
 
 @pytest.mark.parametrize(

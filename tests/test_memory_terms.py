@@ -73,10 +73,12 @@ def test_bill_json_keys_are_the_values():
 SIMULATED = {MemoryTerm.PARAMS, MemoryTerm.OPTIMIZER_STATES, MemoryTerm.RECOMPUTE_INPUTS, MemoryTerm.AWM,
              MemoryTerm.MSWM, MemoryTerm.PREFETCH_SHARD_STAGING, MemoryTerm.REDUCE_SCATTER_BUFFER,
              MemoryTerm.GRADIENT_OFFLOAD_STAGING, MemoryTerm.PARAM_SWAP_BUFFERS, MemoryTerm.OPTIMIZER_SWAP_BUFFERS,
-             MemoryTerm.GRADIENT_SWAP_BUFFERS}
-"""What the simulator schedules of the small plans (bf16: no `gradients`). It charges every gathered
-operator to `mswm` (prefetched or in use), a recompute input's GPU copy to `recompute_inputs`, and
-leaves out the logits, the allocator's slack and the runtime's bookkeeping."""
+             MemoryTerm.GRADIENT_SWAP_BUFFERS, MemoryTerm.LOGITS, MemoryTerm.ALLOCATOR_SLACK,
+             MemoryTerm.RUNTIME_BOOKKEEPING, MemoryTerm.PINNED_STAGING_POOL}
+"""What the simulator charges of the small plans (bf16: no `gradients`). It charges every gathered
+operator to `mswm` (prefetched or in use), a recompute input's GPU copy to `recompute_inputs`, the
+logits from the head's forward to the end of its backward, the allocator's slack on the most transient
+bytes in use at once, and the host buffers the runtime holds all iteration at the bill's size."""
 
 
 def test_simulator_terms_are_in_the_vocabulary():

@@ -19,6 +19,7 @@ from planner.search.search import SearchRequest, search
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Placement, Plan
+from planner.specs.training_loop import PINNED_REASON, TrainingLoop
 
 NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
 CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
@@ -125,14 +126,56 @@ def test_estimate_on_the_compute_device_adds_the_update_to_compute():
 
 
 # -- the search and the CLI -------------------------------------------------------------------
-def test_search_carries_the_pin_and_never_chooses_it_on_its_own():
+def test_search_compares_the_schedules_the_training_allows():
     request = dict(model=resolve_model("1.4B"), node=resolve_hardware("dgx-h100"), num_gpus=8,
                    placement_pins={"optimizer_states": "nvme"})
-    default = search(SearchRequest(**request))
-    assert {p.optimizer_step for p in default.ranked} == {"after_backward"}
-    pinned = search(SearchRequest(**request, optimizer_step="in_backward"))
+    searched = search(SearchRequest(**request))
+    assert {p.optimizer_step for p in searched.ranked} == {"after_backward", "in_backward"}
+    pinned = search(SearchRequest(**request, training=TrainingLoop(optimizer_step="in_backward")))
     assert {p.optimizer_step for p in pinned.ranked} == {"in_backward"}
-    assert pinned.best.prediction.tokens_per_s > default.best.prediction.tokens_per_s
+    assert {p.optimizer_step_reason for p in pinned.ranked} == {PINNED_REASON}
+    clipped = search(SearchRequest(**request, training=TrainingLoop(clips_grad_norm=True)))
+    assert {p.optimizer_step for p in clipped.ranked} == {"after_backward"}
+    assert clipped.best.optimizer_step_reason == "global-norm gradient clipping needs every gradient before any update"
+    # Stepping in backward overlaps the NVMe optimizer's traffic with the backward: faster, so chosen.
+    assert pinned.best.prediction.tokens_per_s > clipped.best.prediction.tokens_per_s
+    assert searched.best.optimizer_step == "in_backward"
+    assert searched.best.prediction.tokens_per_s == pinned.best.prediction.tokens_per_s
+    other = clipped.best.prediction.iteration_time_s
+    assert searched.best.optimizer_step_reason == (
+        f"faster than after_backward on this placement: {searched.best.prediction.iteration_time_s:.4g} s vs "
+        f"{other:.4g} s per iteration")
+
+
+@pytest.mark.parametrize("changes, reason", [
+    (dict(precision="fp16"), "fp16's loss scaler checks every gradient for overflow before any update"),
+    (dict(micro_batches_per_step=4), "4 micro-batches accumulate before each step"),
+])
+def test_search_keeps_the_step_after_backward_where_the_training_needs_it(changes, reason):
+    request = SearchRequest(model=resolve_model("1.4B"), node=resolve_hardware("dgx-h100"), num_gpus=8,
+                            placement_pins={"optimizer_states": "nvme"}, **changes)
+    result = search(request)
+    assert {p.optimizer_step for p in result.ranked} == {"after_backward"}
+    assert {p.optimizer_step_reason for p in result.ranked} == {reason}
+
+
+def test_clipping_and_a_pinned_in_backward_step_are_refused_together():
+    with pytest.raises(PlannerError, match="--optimizer-step in_backward cannot run with --clip-grad-norm"):
+        TrainingLoop(optimizer_step="in_backward", clips_grad_norm=True)
+
+
+def test_fit_1t_picks_the_faster_schedule_unless_the_run_clips():
+    code, out, err = planner("fit", "1T", "--gpus", "16", "--json")
+    assert code == 0, err
+    searched = json.loads(out)
+    assert searched["optimizer_step"] == "in_backward"
+    assert searched["optimizer_step_reason"].startswith("faster than after_backward on this placement")
+    code, out, err = planner("fit", "1T", "--gpus", "16", "--json", "--clip-grad-norm")
+    assert code == 0, err
+    clipped = json.loads(out)
+    assert clipped["optimizer_step"] == "after_backward"
+    assert clipped["optimizer_step_reason"] == "global-norm gradient clipping needs every gradient before any update"
+    assert searched["prediction"]["iteration_time_s"] < 0.7 * clipped["prediction"]["iteration_time_s"]
 
 
 def test_fit_pin_shows_the_step_and_notes_deepspeed(tmp_path):
@@ -147,8 +190,8 @@ def test_fit_pin_shows_the_step_and_notes_deepspeed(tmp_path):
     code, out, err = planner(*args, "--json")
     assert code == 0, err
     assert json.loads(out)["optimizer_step"] == "in_backward"
-    code, out, err = planner("fit", "1.4B", "--gpus", "8")
-    assert code == 0 and "optimizer step" not in out  # the paper's step goes unsaid
+    code, out, err = planner("fit", "1.4B", "--gpus", "8", "--clip-grad-norm")
+    assert code == 0 and "optimizer step in backward" not in " ".join(out.split())  # the paper's step goes unsaid
 
 
 def test_memory_pin_drops_the_gradient_terms():

@@ -29,7 +29,9 @@ def test_1t_fits_one_dgx2_node_with_an_offloaded_placement():
 
 def test_ranked_by_throughput():
     ranked = search(request()).ranked
-    rates = [p.prediction.tokens_per_s for p in ranked]
+    # At the rank's resolution (rank_key): rates equal but for float rounding (1T on a DGX-2 stepping
+    # in backward is bound by the same resource at several tilings) go by the tie-breaks.
+    rates = [round(p.prediction.tokens_per_s, 6) for p in ranked]
     assert rates == sorted(rates, reverse=True)
 
 

@@ -99,6 +99,21 @@ def test_prediction_equals_the_whole_simulation(pair):
     assert set(f.details["memory_timeline"]) == {"gpu", "cpu", "nvme"}
 
 
+def test_planner_simulates_fewer_events_for_the_same_prediction(pair):
+    # `planner simulate` without --timeline: the memory curves stretched, no busy interval.
+    fast, full = pair
+    plan = full.plan
+    quick = simulate_periodic(plan, intervals=False)
+    assert quick.timelines.intervals == {}
+    assert quick.prediction.iteration_time_s == pytest.approx(full.prediction.iteration_time_s, rel=1e-9)
+    assert quick.prediction.details["simulated_peak_bytes"] == fast.prediction.details["simulated_peak_bytes"]
+    assert quick.prediction.details["memory_timeline"] == fast.prediction.details["memory_timeline"]
+    assert quick.events == fast.events > 0  # the same two samples
+    sampled = sum(quick.prediction.details["extrapolated_from_layers"])
+    if sampled < plan.model.num_layers:  # deep enough that the samples are the smaller job
+        assert quick.events < full.events
+
+
 def test_shallow_models_are_simulated_whole():
     plan = PLANS["partial top segment, cpu"].replace(model=small(12))
     assert sample_units(plan) is None

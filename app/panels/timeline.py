@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from planner.output import report
-from planner.output.timeline import PHASE_COLORS, busy_bins, zoom_spans
+from planner.output.timeline import PHASE_COLORS, busy_bins, zoom_caption, zoom_spans
 from planner.sim import SimResult
 from planner.sim.periodic import simulate_periodic
 from planner.specs.plan import Plan, Prediction
@@ -90,7 +90,7 @@ def gantt_frames(result: SimResult) -> tuple[pd.DataFrame, tuple[float, float], 
 _PHASE_SCALE = alt.Scale(domain=list(PHASE_COLORS), range=list(PHASE_COLORS.values()))
 
 
-def gantt_chart(bins: pd.DataFrame, spans: pd.DataFrame, window: tuple[float, float]) -> alt.VConcatChart:
+def gantt_chart(bins: pd.DataFrame, spans: pd.DataFrame, window: tuple[float, float], caption: str) -> alt.VConcatChart:
     """Full iteration (opacity: busy share of each bin, colour: its main phase) over a zoom where
     single operators are visible. Drawn by the browser (Vega-Lite), so a new plan costs no more
     than its data; `planner simulate PLAN --timeline out.png` writes the matplotlib picture."""
@@ -107,7 +107,7 @@ def gantt_chart(bins: pd.DataFrame, spans: pd.DataFrame, window: tuple[float, fl
         color=alt.Color("phase:N", scale=_PHASE_SCALE, title="phase"),
         tooltip=["label", "phase", alt.Tooltip("start_s:Q", format=",.5g"), alt.Tooltip("end_s:Q", format=",.5g")],
     ).properties(height=28 * max(1, spans["label"].nunique()), width=760,
-                 title=f"zoom {lo:.4g}-{hi:.4g} s: one recompute segment of the backward pass (recompute, then backward)")
+                 title=f"zoom {lo:.4g}-{hi:.4g} s: {caption}")
     return alt.vconcat(full, zoom)
 
 
@@ -129,6 +129,6 @@ def render(plan: Plan) -> None:
         st.altair_chart(utilisation_chart(utilisation_frame(sim)), key="utilisation_chart")
     st.markdown("**Gantt chart** (simulated, rank 0's links and the node's shared ones)")
     bins, window, spans = gantt_frames(result)
-    st.altair_chart(gantt_chart(bins, spans, window), key="gantt_chart")
+    st.altair_chart(gantt_chart(bins, spans, window, zoom_caption(result)), key="gantt_chart")
     st.markdown("**Memory over the iteration** (simulated; dashed: capacity)")
     st.altair_chart(memory_chart(memory_frame(sim)), key="sim_memory_chart")

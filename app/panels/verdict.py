@@ -84,6 +84,7 @@ def render(result: SearchResult) -> Plan | None:
     cols[2].metric("Tokens per second", f"{pred.tokens_per_s:,.0f}")
     cols[3].metric("Bottleneck", report.bottleneck_label(pred.bottleneck))
     st.caption(METHOD_CAPTIONS[pred.method])
+    st.caption(f"**Optimizer step** {report.schedule_line(plan)}")
     downloads = st.columns(2)
     downloads[0].download_button(
         "Download plan JSON", json.dumps(plan.to_dict(), indent=2) + "\n", file_name="plan.json",

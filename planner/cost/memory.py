@@ -264,7 +264,7 @@ def _per_gpu_terms(plan: Plan) -> dict[Tier, dict[MemoryTerm, float]]:
         tiers[tier][term] = tiers[tier].get(term, 0) + nbytes
     tiers[plan.placement.recompute_inputs][MemoryTerm.RECOMPUTE_INPUTS] = recompute_input_bytes(plan)
     # -- working memory (eq. 4, eq. 5) and the runtime's buffers ------------------------------
-    for term, nbytes in (*_gpu_buffers(plan).items(), *_host_buffers(plan).items()):
+    for term, nbytes in (*_gpu_buffers(plan).items(), *host_buffers(plan).items()):
         (tier,) = term.tiers
         tiers[tier][term] = nbytes
     return tiers
@@ -305,15 +305,15 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     if plan.context_parallel_degree > 1:
         gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
     if m.vocab_size:
-        logit_elems = plan.micro_batch_per_gpu * m.seq_len * m.vocab_size
-        gpu[MemoryTerm.LOGITS] = logit_elems * (ACTIVATION_BYTES + LOGIT_GRAD_BYTES)
+        gpu[MemoryTerm.LOGITS] = logits_bytes(plan)
     gpu[MemoryTerm.ALLOCATOR_SLACK] = ALLOCATOR_SLACK_FRACTION * sum(v for term, v in gpu.items() if term.transient)
     return gpu
 
 
-def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
+def host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     """One GPU's share of the host buffers: the staging of the largest shard per state on a staged
-    tier (NVMe: runtime/transfer/nvme_store.py) and the runtime's per-operator objects."""
+    tier (NVMe: runtime/transfer/nvme_store.py) and the runtime's per-operator objects. The runtime
+    allocates each once and holds it all iteration (the simulator places them at time 0 too)."""
     place, depth = plan.placement, plan.prefetch_depth
     unit_shard = largest_unit_params(plan) / plan.data_parallel_degree
     cpu: dict[MemoryTerm, float] = {}
@@ -341,6 +341,13 @@ def _host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
             plan.model.num_params / plan.model_parallel_degree * COMPUTE_BYTES[plan.precision]
             / (plan.data_parallel_degree if "gradients" in plan.partitioned else 1))
     return cpu
+
+
+def logits_bytes(plan: Plan) -> float:
+    """The loss's logits and their fp32 gradient on one GPU: live from the output head's forward to
+    the end of its backward."""
+    m = plan.model
+    return plan.micro_batch_per_gpu * m.seq_len * m.vocab_size * (ACTIVATION_BYTES + LOGIT_GRAD_BYTES)
 
 
 def _over_capacity(peak: dict[Tier, int], capacity: dict[Tier, int], *, host_is_device: bool) -> dict[Tier, int]:
@@ -430,6 +437,13 @@ past that the in-backward hook blocks, which bounds the gradients held on the ho
 IN_BACKWARD_STAGED_GRADIENTS = IN_BACKWARD_QUEUED_UPDATES + 1
 """Pinned buffers the in-backward hook copies device gradient shards into when the update runs on the
 host (`GradientStaging`): the worker's update(s) and the one being filled; the hook waits for one."""
+
+
+def schedule_changes_bill(plan: Plan) -> bool:
+    """Whether `plan`'s bill depends on its `optimizer_step`: only with the optimizer states on a
+    staged tier (NVMe), where stepping in backward stores no gradient (`stores_gradients`) and
+    stages each one on the host instead (`staged_in_backward`)."""
+    return plan.placement.optimizer_states.staged
 
 
 def staged_in_backward(plan: Plan) -> bool:

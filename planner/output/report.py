@@ -89,6 +89,11 @@ def plan_line(plan: Plan) -> str:
     )
 
 
+def schedule_line(plan: Plan) -> str:
+    """The optimizer step's schedule and why the plan has it (`Plan.optimizer_step_reason`)."""
+    return f"{plan.optimizer_step}: {plan.optimizer_step_reason}" if plan.optimizer_step_reason else plan.optimizer_step
+
+
 def memory_table(plan: Plan, title: str = "Memory per tier") -> Table:
     pred = plan.prediction
     assert pred is not None

@@ -71,8 +71,7 @@ def draw(result: SimResult, path: str | Path, *, title: str | None = None, dpi: 
         ax.grid(axis="x", alpha=0.3)
         _phase_lines(ax, tl.phase_end_s)
     full.set_title(title or _title(result), fontsize=11, loc="left")
-    zoom.set_title(f"zoom: {window[0]:.4g}-{window[1]:.4g} s (one recompute segment of the backward pass: recompute, "
-                   "then backward)", fontsize=10, loc="left")
+    zoom.set_title(f"zoom: {window[0]:.4g}-{window[1]:.4g} s ({zoom_caption(result)})", fontsize=10, loc="left")
     zoom.set_xlabel("seconds")
     # Above the zoom, right of its title: between the charts, over no bar.
     zoom.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()], loc="lower right",
@@ -140,13 +139,23 @@ def _title(result: SimResult) -> str:
 
 
 def _zoom_window(result: SimResult) -> tuple[float, float]:
-    """One recompute segment in the middle of the backward pass."""
+    """One repeating unit in the middle of the backward pass: a recompute segment, or a block
+    without recompute (`zoom_caption` says which)."""
     tl = result.timelines
     start, end = tl.phase_end_s[Phase.FORWARD], tl.phase_end_s[Phase.BACKWARD]
-    segments = max(1, tl.num_segments)
-    width = (end - start) / segments
-    lo = start + width * (segments // 2)
+    units = max(1, tl.num_segments if result.plan.recompute_interval else result.plan.model.num_layers)
+    width = (end - start) / units
+    lo = start + width * (units // 2)
     return lo, min(end, lo + width)
+
+
+def zoom_caption(result: SimResult) -> str:
+    """What the zoom shows, in the plan's terms: its recompute segment, or one block's backward."""
+    ci = result.plan.recompute_interval
+    if ci:
+        blocks = "one block" if ci == 1 else f"{ci} blocks"
+        return f"one recompute segment ({blocks}) of the backward pass: recompute, then backward"
+    return "about one block of the backward pass (no recompute: backward only)"
 
 
 def gantt_rows(result: SimResult) -> list[str]:
@@ -177,7 +186,7 @@ def busy_bins(result: SimResult, bins: int = BINS) -> list[dict[str, object]]:
 
 
 def zoom_spans(result: SimResult, pixels: int = PIXELS) -> tuple[tuple[float, float], list[dict[str, object]]]:
-    """One recompute segment of the backward pass, operator by operator: the window and its spans
+    """One unit of the backward pass (`zoom_caption`), operator by operator: the window and its spans
     (same-phase spans closer than a pixel merged)."""
     lo, hi = _zoom_window(result)
     intervals, labels = result.timelines.intervals, row_labels()

@@ -8,7 +8,7 @@ from planner.specs.specio import string
 
 
 def optimizer_step_pin(text: str | None) -> str | None:
-    """`--optimizer-step`, checked (None: not pinned; the search never picks it on its own)."""
+    """`--optimizer-step`, checked (None: not pinned; the search chooses among the schedules the training allows)."""
     return None if text is None else string(text, "--optimizer-step", choices=OPTIMIZER_STEPS)
 
 

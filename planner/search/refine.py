@@ -3,7 +3,7 @@
 The analytic estimate (planner.cost.throughput, paper §4) ranks thousands of candidates in milliseconds;
 the simulator sees what it cannot (fair sharing of the host fabric and the NVMe array, prefetch
 stalls, the chunked optimizer's pipeline, small-transfer and small-matmul efficiency). We simulate
-the best plan of each of the `top` best placements (fast.predict, [Note: periodic layers]) and sort
+the best plan of each of the `top` best placements and optimizer-step schedules (fast.predict, [Note: periodic layers]) and sort
 them by simulated throughput. Plans the simulator cannot time keep their analytic prediction.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.search.search import SearchResult
+from planner.search.search import SearchResult, explain_schedules, rank_key
 from planner.sim.fast import predict
 from planner.specs.errors import PlannerError
-from planner.specs.plan import STATES, Plan
+from planner.specs.plan import Plan
 
 DEFAULT_TOP = 8
 
@@ -30,7 +30,7 @@ def refine(result: SearchResult, *, top: int = DEFAULT_TOP) -> SearchResult:
     """
     chosen, seen = [], set()
     for plan in result.ranked:
-        key = (plan.strategy, plan.placement, plan.model_parallel_degree)
+        key = (plan.strategy, plan.placement, plan.model_parallel_degree, plan.optimizer_step)
         if key not in seen:
             seen.add(key)
             chosen.append(plan)
@@ -42,11 +42,11 @@ def refine(result: SearchResult, *, top: int = DEFAULT_TOP) -> SearchResult:
         if best_simulated >= plan.prediction.tokens_per_s:
             break
         refined.append(_simulated(plan))
-    refined.sort(key=_rank_key)
+    refined.sort(key=rank_key)
     chosen = chosen[: len(refined)]
     ids = {id(plan) for plan in chosen}
     rest = [plan for plan in result.ranked if id(plan) not in ids]
-    return replace(result, ranked=refined + rest)
+    return replace(result, ranked=explain_schedules(refined + rest, result.request.training))
 
 
 def _simulated(plan: Plan) -> Plan:
@@ -62,10 +62,3 @@ def _simulated(plan: Plan) -> Plan:
         "bottleneck": analytic.bottleneck,
     }
     return plan.replace(prediction=simulated)
-
-
-def _rank_key(plan: Plan) -> tuple[float, ...]:
-    pred = plan.prediction
-    assert pred is not None
-    off_gpu = sum(not getattr(plan.placement, s).on_device for s in STATES)
-    return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)

@@ -1,7 +1,8 @@
 """Placement search: enumerate plans, keep what fits, rank by estimated throughput.
 
 Dimensions: placement (the named strategies and every valid free placement) x recompute interval x
-tiling factor x prefetch depth, each at the largest micro-batch that fits (throughput only grows
+optimizer-step schedule (those the training allows: planner/specs/training_loop.py) x tiling factor
+x prefetch depth, each at the largest micro-batch that fits (throughput only grows
 with the batch in this model, so the largest feasible batch is the best one for a given shape of
 plan). Any dimension can be pinned. Infeasible candidates are returned with their reason.
 """
@@ -14,13 +15,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from planner.cost.feasibility import check_plan
-from planner.cost.memory import memory_bill, min_tiling_factor
+from planner.cost.memory import memory_bill, min_tiling_factor, schedule_changes_bill
 from planner.cost.throughput import estimate
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
     MAX_TILING_FACTOR,
+    OPTIMIZER_STEPS,
     STATES,
     STRATEGIES,
     STRATEGY_TABLE,
@@ -30,6 +32,7 @@ from planner.specs.plan import (
     strategy_named,
 )
 from planner.specs.tiers import TIERS, Tier
+from planner.specs.training_loop import TrainingLoop, comparison_reason
 
 RECOMPUTE_INTERVALS = (1, 2, 4, 0)
 PREFETCH_DEPTHS = (3, 2, 1, 0)
@@ -69,9 +72,9 @@ class SearchRequest:
     precision: str = "bf16"
     nvme_path: str | None = None
     max_micro_batch_per_gpu: int = DEFAULT_MAX_MICRO_BATCH
-    optimizer_step: str = "after_backward"
-    """Every candidate's `Plan.optimizer_step`. Never searched: stepping in backward changes what the
-    training loop may do (no gradient accumulation, no clipping), so only the user can choose it."""
+    training: TrainingLoop = TrainingLoop()
+    """What the user's loop allows of the optimizer step's schedule: pinned, or every schedule it
+    allows searched like any other knob (planner/specs/training_loop.py)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -185,31 +188,87 @@ def search(request: SearchRequest) -> SearchResult:
         best_for_placement: list[Plan] = []
         first_failure: Plan | None = None
         for ci in _recompute_intervals(request):
-            base = _base_plan(request, cluster, strategy, placement, mp, ci, pp)
-            for depth in _prefetch_depths(request, strategy):
-                found = False
-                for tiling in _tilings(request, base):
-                    plan = base.replace(prefetch_depth=depth, tiling_factor=tiling)
-                    evaluated += 1
-                    if request.micro_batch_per_gpu is None:
-                        sized = largest_batch(plan, request.max_micro_batch_per_gpu)
-                    else:
-                        sized = plan if memory_bill(plan).fits else None
-                    if sized is None:
-                        first_failure = first_failure or plan
-                        continue
-                    found = True
-                    best_for_placement.append(predict(sized))
-                    if sized.micro_batch_per_gpu >= request.max_micro_batch_per_gpu:
-                        break  # more tiling cannot buy a larger batch
-                if found and request.prefetch_depth is None:
-                    break  # deeper prefetch fits; shallower only overlaps less
+            first, *others = _scheduled_bases(request, _base_plan(request, cluster, strategy, placement, mp, ci, pp))
+            tried, found, failure = _sized_candidates(request, strategy, first)
+            evaluated += tried
+            best_for_placement += found
+            first_failure = first_failure or failure
+            for base in others:
+                if schedule_changes_bill(first):
+                    tried, found, failure = _sized_candidates(request, strategy, base)
+                else:  # the same plans fit: price them at this schedule too
+                    found = [predict(p.replace(optimizer_step=base.optimizer_step, prediction=None)) for p in found]
+                evaluated += tried
+                best_for_placement += found
+                first_failure = first_failure or failure
         if best_for_placement:
             ranked.extend(best_for_placement)
         elif first_failure is not None:
             rejected.append(predict(first_failure))
-    ranked.sort(key=_rank_key)
-    return SearchResult(request=request, ranked=ranked, rejected=rejected, num_evaluated=evaluated)
+    ranked.sort(key=rank_key)
+    return SearchResult(request=request, ranked=explain_schedules(ranked, request.training), rejected=rejected, num_evaluated=evaluated)
+
+
+def _scheduled_bases(request: SearchRequest, base: Plan) -> list[Plan]:
+    """`base` at every optimizer-step schedule the user's training allows, each with its reason
+    when the training allows only one (else `explain_schedules` gives it once they are ranked)."""
+    steps, reason = request.training.schedules(precision=base.precision, micro_batches_per_step=base.micro_batches_per_step)
+    return [base.replace(optimizer_step=step, optimizer_step_reason=reason) for step in steps]
+
+
+def _sized_candidates(request: SearchRequest, strategy: str, base: Plan) -> tuple[int, list[Plan], Plan | None]:
+    """(candidates evaluated, the predicted plans that fit at their largest batch, the first that did
+    not) over prefetch depth and tiling for one base plan."""
+    evaluated, found_plans, first_failure = 0, [], None
+    for depth in _prefetch_depths(request, strategy):
+        found = False
+        for tiling in _tilings(request, base):
+            plan = base.replace(prefetch_depth=depth, tiling_factor=tiling)
+            evaluated += 1
+            if request.micro_batch_per_gpu is None:
+                sized = largest_batch(plan, request.max_micro_batch_per_gpu)
+            else:
+                sized = plan if memory_bill(plan).fits else None
+            if sized is None:
+                first_failure = first_failure or plan
+                continue
+            found = True
+            found_plans.append(predict(sized))
+            if sized.micro_batch_per_gpu >= request.max_micro_batch_per_gpu:
+                break  # more tiling cannot buy a larger batch
+        if found and request.prefetch_depth is None:
+            break  # deeper prefetch fits; shallower only overlaps less
+    return evaluated, found_plans, first_failure
+
+
+def explain_schedules(ranked: list[Plan], training: TrainingLoop) -> list[Plan]:
+    """`ranked` (best first) with each plan whose schedule the search chose among several saying why:
+    its time against the best plan of the other schedule on the same layout (an analytic bound
+    where that one was not simulated)."""
+    best: dict[tuple, Plan] = {}
+    for plan in ranked:
+        best.setdefault((_layout_key(plan), plan.optimizer_step), plan)
+    out = []
+    for plan in ranked:
+        steps, _ = training.schedules(precision=plan.precision, micro_batches_per_step=plan.micro_batches_per_step)
+        if len(steps) == 1:
+            out.append(plan)
+            continue
+        other = next((p for (key, step), p in best.items() if key == _layout_key(plan) and step != plan.optimizer_step),
+                     None)
+        pred = plan.prediction
+        assert pred is not None
+        other_pred = other.prediction if other is not None else None
+        reason = comparison_reason(other.optimizer_step if other is not None else None, pred.iteration_time_s,
+                                   other_pred.iteration_time_s if other_pred is not None else None,
+                                   other_bound=other_pred is not None and other_pred.method == "analytic"
+                                   and pred.method != "analytic")
+        out.append(plan.replace(optimizer_step_reason=reason))
+    return out
+
+
+def _layout_key(plan: Plan) -> tuple:
+    return (plan.strategy, plan.placement, plan.model_parallel_degree, plan.pipeline_parallel_degree)
 
 
 def any_fits(request: SearchRequest) -> bool:
@@ -220,8 +279,9 @@ def any_fits(request: SearchRequest) -> bool:
     and in the micro-batch, and non-increasing in the tiling factor (each per-operator buffer is
     divided by it). So a (placement, model-parallel degree, recompute interval) fits at some depth,
     tiling and batch the search tries exactly when it fits at the shallowest depth, the largest
-    tiling and the smallest batch. `max_size` bisects on this; tests/test_app_library.py checks the
-    equivalence with `search`.
+    tiling and the smallest batch, at one of the optimizer-step schedules the training allows (a
+    schedule changes which gradient buffers exist, in either direction). `max_size` bisects on this;
+    tests/test_app_library.py checks the equivalence with `search`.
     """
     cluster = Cluster(node=request.node, num_gpus=request.num_gpus)
     cluster.check_network()
@@ -229,9 +289,10 @@ def any_fits(request: SearchRequest) -> bool:
     shallowest = min(_prefetch_depths(request))
     for (strategy, placement), (mp, pp) in _layouts(request, cluster, placements):
         for ci in _recompute_intervals(request):
-            base = _base_plan(request, cluster, strategy, placement, mp, ci, pp).replace(prefetch_depth=shallowest)
-            if memory_bill(base.replace(tiling_factor=max(_tilings(request, base)))).fits:
-                return True
+            first = _base_plan(request, cluster, strategy, placement, mp, ci, pp).replace(prefetch_depth=shallowest)
+            for base in _scheduled_bases(request, first):
+                if memory_bill(base.replace(tiling_factor=max(_tilings(request, base)))).fits:
+                    return True
     return False
 
 
@@ -265,17 +326,18 @@ def _base_plan(request: SearchRequest, cluster: Cluster, strategy: str, placemen
         micro_batches_per_step=request.micro_batches_per_step or default_m,
         precision=request.precision,
         nvme_path=request.nvme_path if placement.uses_nvme else None,
-        optimizer_step=request.optimizer_step,
     )
     return check_plan(plan)
 
 
-def _rank_key(plan: Plan) -> tuple[float, ...]:
+def rank_key(plan: Plan) -> tuple[float, ...]:
+    """Highest throughput first; on ties prefer fewer slow tiers, less tiling, deeper prefetch, and
+    the step after backward (it asks nothing of the training loop)."""
     pred = plan.prediction
-    assert pred is not None and pred.feasible
+    assert pred is not None
     off_gpu = sum(not getattr(plan.placement, s).on_device for s in STATES)
-    # Highest throughput first; on ties prefer fewer slow tiers, less tiling, deeper prefetch.
-    return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth)
+    return (-round(pred.tokens_per_s, 6), off_gpu, plan.tiling_factor, -plan.prefetch_depth,
+            OPTIMIZER_STEPS.index(plan.optimizer_step))
 
 
 def _layouts(request: SearchRequest, cluster: Cluster,
@@ -293,7 +355,7 @@ def _pipeline_degrees(request: SearchRequest, cluster: Cluster, strategy: str, m
     one block per stage; pinned, or 1 for strategies that do not pipeline."""
     if request.pipeline_parallel_degree is not None:
         return (request.pipeline_parallel_degree,)
-    if strategy not in PIPELINED_STRATEGIES or request.optimizer_step == "in_backward":
+    if strategy not in PIPELINED_STRATEGIES or request.training.optimizer_step == "in_backward":
         return (1,)  # a pipeline accumulates micro-batches, which an in-backward step cannot
     replicas, per_node = cluster.num_gpus // mp, cluster.gpus_per_node
     return tuple(pp for pp in range(1, min(replicas, request.model.num_layers) + 1)
@@ -318,7 +380,7 @@ def best_model_parallel(plan: Plan) -> Plan:
     cluster = Cluster(node=plan.node, num_gpus=plan.num_gpus)
     tried = [predict(plan.replace(model_parallel_degree=mp)) for mp in _model_parallel_degrees(request, cluster)]
     feasible = [p for p in tried if p.prediction is not None and p.prediction.feasible]
-    return min(feasible, key=_rank_key) if feasible else tried[0]
+    return min(feasible, key=rank_key) if feasible else tried[0]
 
 
 def _recompute_intervals(request: SearchRequest) -> Iterable[int]:

@@ -35,9 +35,15 @@ from planner.cost.collectives import data_parallel_ring, latency_s, tensor_paral
 from planner.cost.context_parallel import exposed_per_layer_s
 from planner.cost.fp8 import linear_speedup
 from planner.cost.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
-from planner.cost.memory import STORED_GRADIENT_BYTES, resident_state_terms, stores_gradients
+from planner.cost.memory import (
+    STORED_GRADIENT_BYTES,
+    host_buffers,
+    logits_bytes,
+    resident_state_terms,
+    stores_gradients,
+)
 from planner.sim.in_backward import BackwardUpdates
-from planner.sim.network import Link, Network
+from planner.sim.network import Link, Network, scheduled_events
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
@@ -49,7 +55,7 @@ from planner.sim.workload import (
     step_flops,
     step_fused_flops,
 )
-from planner.specs.memory_terms import MemoryTerm
+from planner.specs.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 from planner.specs.tiers import GPU, HOST, TIERS, Tier
@@ -89,7 +95,11 @@ class Simulation:
         self.net = Network(self.env)
         num_ranks = 1 if ranks == "representative" else plan.cluster.gpus_per_node
         self.res = NodeResources(plan, num_ranks)
-        self.trackers = {tier: TierTracker(tier, tier.capacity_bytes(plan.node), tier.scope) for tier in TIERS}
+        held = frozenset(host_buffers(plan))  # pinned once by the runtime: placed at time 0 (`resident_terms`)
+        self.trackers = {tier: TierTracker(tier, tier.capacity_bytes(plan.node), tier.scope,
+                                           held=held if tier is HOST else frozenset(),
+                                           slack_fraction=ALLOCATOR_SLACK_FRACTION if tier is GPU else 0.0)
+                         for tier in TIERS}
         """Memory in use per tier over time, in the bill's units (`Tier.scope`)."""
         self.gpu, self.cpu = self.trackers[GPU], self.trackers[HOST]
         """The trackers buffers are charged to: the GPU's memory (rank 0's) and host memory (the node's)."""
@@ -101,6 +111,8 @@ class Simulation:
         block without recompute), keyed (FORWARD | BACKWARD, unit): the marks the periodic
         extrapolation of the timelines cuts at ([Note: periodic timelines] in periodic.py)."""
         self.largest_gpu_allocation_bytes = 0.0
+        self.events = 0
+        """SimPy events the run scheduled, the optimizer step's included (`scheduled_events`)."""
         self.ranks = [RankProgram(self, r) for r in range(num_ranks)]
         self.optimizer = optimizer
         """Ignored with `optimizer_step: in_backward` (the updates are part of the backward)."""
@@ -110,6 +122,7 @@ class Simulation:
     def run(self) -> Simulation:
         procs = [self.env.process(rank.iteration()) for rank in self.ranks]
         self.env.run(simpy.AllOf(self.env, procs))
+        self.events = scheduled_events(self.env) + (self.optimizer.events if self.optimizer is not None else 0)
         for tracker in self.trackers.values():
             tracker.close_window()
         return self
@@ -171,7 +184,7 @@ class Simulation:
     def _place_residents(self) -> None:
         """Partitioned model states live in their tier for the whole iteration (memory.py, eq. 2)."""
         for tier, term, nbytes in resident_terms(self.plan):
-            self.trackers[tier].add(0.0, term, nbytes)
+            self.trackers[tier].place(term, nbytes)
 
 
 class _Memo(dict):
@@ -190,9 +203,12 @@ class _Memo(dict):
 
 
 def resident_terms(plan: Plan) -> list[tuple[Tier, MemoryTerm, float]]:
-    """(tier, term, bytes per tracker: per GPU, or per node for the per-node tiers) of the resident states."""
+    """(tier, term, bytes per tracker: per GPU, or per node for the per-node tiers) of the resident
+    states and the host buffers the runtime holds all iteration (as the bill counts them)."""
     per_node = plan.cluster.gpus_per_node
-    return [(tier, term, per_gpu * (1 if tier.per_gpu else per_node)) for tier, term, per_gpu in resident_state_terms(plan)]
+    held = [(HOST, term, nbytes) for term, nbytes in host_buffers(plan).items()]
+    return [(tier, term, per_gpu * (1 if tier.per_gpu else per_node))
+            for tier, term, per_gpu in (*resident_state_terms(plan), *held)]
 
 
 class RankProgram:
@@ -234,6 +250,7 @@ class RankProgram:
             if self.dp > 1:
                 self.stages.append(FetchStage(None, stage_lookahead(depth, 0)))
         self.layers = plan.model.num_layers
+        self.logits_bytes = logits_bytes(plan) if plan.model.vocab_size else 0.0
         self.unit = plan.recompute_interval or 1
         """Blocks per repeating unit: a recompute segment, or a block without recompute."""
         self.unit_opening = Phase.RECOMPUTE if plan.recompute_interval else Phase.BACKWARD
@@ -400,6 +417,9 @@ class RankProgram:
             yield self._ready[i]
         if self.updates is not None and self.updates.inline:  # gradients final by now: the runtime's hooks ran
             yield from self.updates.run_ready_inline()
+        head = blk == self.layers
+        if head and first_of_block and phase is Phase.FORWARD:  # the loss's logits, until the head's backward ends
+            sim.gpu_add(self.rank, MemoryTerm.LOGITS, self.logits_bytes)
         flops = step_flops(step)
         if phase is Phase.BACKWARD and op.has_grads:
             yield from self._open_gradient_bucket(op.num_params * self.slice_factor)
@@ -421,6 +441,8 @@ class RankProgram:
             yield from self._start_reduction(op.num_params * self.slice_factor, phase)
         if in_blocks and last_of_block:
             self._close_block(step)
+        elif head and last_of_block and phase is Phase.BACKWARD:
+            sim.gpu_remove(self.rank, MemoryTerm.LOGITS, self.logits_bytes)
 
     def _open_block(self, step: Step) -> Proc:
         """A block's forward (saving its recompute input first) or recompute (restoring it first) takes

@@ -27,6 +27,12 @@ from planner.specs.errors import PlannerError
 _DONE_WITHIN_S = 1e-9
 
 
+def scheduled_events(env: simpy.Environment) -> int:
+    """Events `env` has scheduled so far: SimPy numbers each one it schedules from 0 (`Environment._eid`),
+    so the next number is the count. Read once, at the end of a run (reading takes a number)."""
+    return next(env._eid)  # noqa: SLF001 - SimPy's own counter; a wrapper would cost a call per event
+
+
 @dataclass(eq=False, slots=True)
 class Link:
     """One bandwidth resource: capacity in `unit` per second; records when it is busy."""

@@ -26,7 +26,7 @@ import simpy
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.memory import optimizer_chunk_buffer_bytes
 from planner.cost.throughput import GPU_ADAM_BYTES_PER_PARAM
-from planner.sim.network import Link, Network
+from planner.sim.network import Link, Network, scheduled_events
 from planner.sim.resources import NodeResources
 from planner.sim.workload import Workload
 from planner.specs.errors import PlannerError
@@ -53,6 +53,8 @@ class OptimizerOutcome:
     """(time, term, +/- bytes per node) of the CPU chunk buffers."""
     num_chunks: int = 0
     extrapolated: bool = False
+    events: int = 0
+    """SimPy events of the chunk pipelines simulated for it (planner/sim/engine.py `scheduled_events`)."""
 
 
 def gpu_step_seconds(plan: Plan, params: float) -> float:
@@ -79,6 +81,7 @@ def chunked_step(plan: Plan, work: Workload, num_ranks: int, *, detail: bool = T
     if num_full <= k + 2:
         return _run(plan, work, num_ranks, [chunk_params] * num_full + [last]).outcome()
     runs = [_run(plan, work, num_ranks, [chunk_params] * n + [last]) for n in (k, k + 1, k + 2)]
+    runs[2].events_before = runs[0].events()
     d1 = runs[1].duration_s - runs[0].duration_s
     d2 = runs[2].duration_s - runs[1].duration_s
     if abs(d1 - d2) > _PERIODIC_TOLERANCE * runs[2].duration_s:
@@ -94,6 +97,9 @@ class _Pipeline:
         self.env = simpy.Environment()
         self.net = Network(self.env)
         self.res = NodeResources(plan, num_ranks)
+        self._events: int | None = None
+        self.events_before = 0
+        """Events of runs simulated before this one for the same step (the shortest of three)."""
         self.link_bytes: dict[str, float] = {}
         self.cpu_changes: list[tuple[float, MemoryTerm, float]] = []
         self.chunk_start_s: list[float] = []
@@ -177,7 +183,13 @@ class _Pipeline:
             link_bytes=dict(self.link_bytes),
             cpu_changes=list(self.cpu_changes),
             num_chunks=len(self.sizes),
+            events=self.events(),
         )
+
+    def events(self) -> int:
+        if self._events is None:
+            self._events = scheduled_events(self.env)
+        return self._events
 
     def extrapolate(self, shorter: _Pipeline, *, repeats: int, period_s: float, window_chunk: int,
                     detail: bool = True) -> OptimizerOutcome:
@@ -209,6 +221,7 @@ class _Pipeline:
             cpu_changes=sorted(cpu, key=lambda c: c[0]),
             num_chunks=len(self.sizes) + repeats,
             extrapolated=True,
+            events=self.events() + shorter.events() + self.events_before,
         )
 
 

@@ -122,9 +122,11 @@ def verified_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | None:
 # where they carry it (`extend`); otherwise the whole model is simulated. For 1T (128 blocks,
 # recompute interval 4) this simulates 3 + 4 units instead of 32, and tests/test_sim_periodic.py
 # compares the result with the whole simulation.
-def simulate_periodic(plan: Plan) -> SimResult:
-    """`simulate(plan)` for the Timeline panel: the same prediction and timelines, from two short
-    simulations when [Note: periodic timelines] applies (then `simulation` is None)."""
+def simulate_periodic(plan: Plan, *, intervals: bool = True) -> SimResult:
+    """`simulate(plan)` for the Timeline panel and `planner simulate`: the same prediction and
+    timelines, from two short simulations when [Note: periodic timelines] applies (then `simulation`
+    is None). Without `intervals` the timelines keep the memory curves only (no busy intervals: no
+    Gantt chart), which is all a prediction needs."""
     verified = verified_samples(plan)
     if verified is None:
         return simulate(plan)
@@ -132,7 +134,7 @@ def simulate_periodic(plan: Plan) -> SimResult:
     repeats = pair.repeats
     try:
         timelines = stretch(longer.timelines, windows(longer, pair.window_unit), repeats,
-                            _resident_growth(longer.plan, plan))
+                            _resident_growth(longer.plan, plan), intervals=intervals)
         # A unit is a recompute segment, or a block of the one segment there is without recompute.
         segments = longer.timelines.num_segments + (repeats if plan.recompute_interval else 0)
         timelines = dataclasses.replace(timelines, num_segments=segments)
@@ -143,7 +145,7 @@ def simulate_periodic(plan: Plan) -> SimResult:
     summary.memory_timeline = {name: downsample(c.points, total) for name, c in timelines.memory.items()}
     summary.memory_peak_time_s = {name: c.peak_time_s for name, c in timelines.memory.items()}
     prediction = prediction_from(plan, summary, notes={"extrapolated_from_layers": pair.layer_counts})
-    return SimResult(plan=plan, prediction=prediction, timelines=timelines)
+    return SimResult(plan=plan, prediction=prediction, timelines=timelines, events=shorter.events + longer.events)
 
 
 def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines | None = None) -> Summary:
@@ -169,7 +171,7 @@ def extend(a: Summary, b: Summary, repeats: int, timelines: Timelines | None = N
     for name, rb in b.resources.items():
         ra = a.resources[name]
         busy_s = line(ra["busy_s"], rb["busy_s"])
-        if timelines is not None:
+        if timelines is not None and name in timelines.intervals:
             _close(busy_s, sum(end - start for start, end, _ in timelines.intervals[name]), total, f"{name} busy")
         resources[name] = {**rb, "busy_s": busy_s, "amount": line(ra["amount"], rb["amount"])}
     windows = {}
@@ -263,10 +265,10 @@ def _pieces(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> 
     ]
 
 
-def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> Timelines:
+def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float], *, intervals: bool = True) -> Timelines:
     """The sample's timelines with `repeats` more units in both passes ([Note: periodic timelines]);
     `base` adds to every memory point (per tier: the deeper model's larger resident states). The
-    segment count is the caller's to set."""
+    segment count is the caller's to set; without `intervals`, the busy intervals are left out."""
     pieces = _pieces(tl, w, repeats, base)
     phase_end_s = {}
     for phase, t in tl.phase_end_s.items():
@@ -274,7 +276,7 @@ def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> 
         if piece.copies != 1:  # a phase ending inside a window: the passes are not what the map assumes
             raise NotPeriodic
         phase_end_s[phase] = t + piece.shift_s
-    intervals = {name: _stretch_intervals(spans, pieces) for name, spans in tl.intervals.items()}
+    stretched = {name: _stretch_intervals(spans, pieces) for name, spans in tl.intervals.items()} if intervals else {}
     memory = {}
     for name, curve in tl.memory.items():
         points = _stretch_points(curve.points, pieces, name)
@@ -284,7 +286,7 @@ def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> 
                 peak_bytes, peak_time_s = nbytes, t
         memory[name] = MemoryCurve(name=name, capacity_bytes=curve.capacity_bytes, scope=curve.scope, points=points,
                                    peak_bytes=peak_bytes, peak_time_s=peak_time_s)
-    return Timelines(phase_end_s=phase_end_s, num_segments=tl.num_segments, intervals=intervals, memory=memory)
+    return Timelines(phase_end_s=phase_end_s, num_segments=tl.num_segments, intervals=stretched, memory=memory)
 
 
 def _stretch_intervals(spans: list[tuple[float, float, str]], pieces: list[_Piece]) -> list[tuple[float, float, str]]:

@@ -74,6 +74,8 @@ class SimResult:
     simulation: Simulation | None = None
     """The finished simulation (links, trackers, trace) when the whole iteration was simulated;
     None when the timelines were extrapolated (periodic.simulate_periodic)."""
+    events: int = 0
+    """SimPy events simulated for it (the samples' when extrapolated): what its time is spent on."""
 
 
 def simulate(plan: Plan, *, ranks: Ranks = "representative") -> SimResult:
@@ -82,9 +84,11 @@ def simulate(plan: Plan, *, ranks: Ranks = "representative") -> SimResult:
     if is_composed(plan):
         stage = simulate(stage_plan(plan), ranks=ranks)
         prediction = composed_prediction(plan, lambda p: stage.prediction if p == stage.plan else simulate(p).prediction)
-        return SimResult(plan=plan, prediction=prediction, timelines=stage.timelines, simulation=stage.simulation)
+        return SimResult(plan=plan, prediction=prediction, timelines=stage.timelines, simulation=stage.simulation,
+                         events=stage.events)
     sim = Simulation(plan, ranks=ranks).run()
-    return SimResult(plan=plan, prediction=build_prediction(sim), timelines=timelines_of(sim), simulation=sim)
+    return SimResult(plan=plan, prediction=build_prediction(sim), timelines=timelines_of(sim), simulation=sim,
+                     events=sim.events)
 
 
 def timelines_of(sim: Simulation) -> Timelines:

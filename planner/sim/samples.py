@@ -28,6 +28,8 @@ class Sample:
     """Without memory curves (see `timelines`)."""
     timelines: Timelines
     unit_start_s: dict[tuple[str, int], float]
+    events: int = 0
+    """SimPy events its simulation scheduled (the shared optimizer step's in the first sample only)."""
 
 
 KEPT_PLANS = 8
@@ -62,8 +64,9 @@ def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
             # its own backward (in_backward.py): it is part of the backward window that repeats.
             optimizer = chunked_step(plan, work, 1)
         sim = Simulation(small, workload=work, optimizer=optimizer).run()
+        shared = optimizer.events if optimizer is not None and layers != missing[0] else 0
         samples[layers] = Sample(plan=small, summary=summarize(sim, timelines=False), timelines=timelines_of(sim),
-                                 unit_start_s=dict(sim.unit_start_s))
+                                 unit_start_s=dict(sim.unit_start_s), events=sim.events - shared)
     if missing:
         with _kept_lock:
             _kept[key] = samples

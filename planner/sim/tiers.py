@@ -32,8 +32,24 @@ class TierTracker:
     """(peak, terms at it) of each closed window of time; see `close_window`."""
     _window_peak: float = 0.0
     _window_terms: dict[MemoryTerm, float] = field(default_factory=dict)
+    held: frozenset[MemoryTerm] = frozenset()
+    """Buffers the runtime allocates once and holds all iteration (the pinned host buffers): placed at
+    time 0 (`place`), after which the simulation's uses of them allocate nothing."""
+    slack_fraction: float = 0.0
+    """The caching allocator's loss on transient buffers (the GPU's: `ALLOCATOR_SLACK_FRACTION`): it
+    keeps this share of the most transient bytes ever in use at once, as `allocator_slack`."""
+    _transient_bytes: float = 0.0
+    _transient_high_bytes: float = 0.0
+
+    def place(self, term: MemoryTerm, nbytes: float) -> None:
+        """Allocate a resident state or a held buffer at time 0."""
+        self._change(0.0, term, nbytes)
 
     def add(self, now: float, term: MemoryTerm, nbytes: float) -> None:
+        if term not in self.held:
+            self._change(now, term, nbytes)
+
+    def _change(self, now: float, term: MemoryTerm, nbytes: float) -> None:
         assert isinstance(term, MemoryTerm) and self.name in term.tiers, f"{self.name}: {term!r} is not a term of this tier"
         if nbytes == 0:
             return
@@ -50,10 +66,18 @@ class TierTracker:
             timeline[-1] = (now, self.used_bytes)
         else:
             timeline.append((now, self.used_bytes))
+        if self.slack_fraction and term.transient:
+            self._transient_bytes += nbytes
+            if self._transient_bytes > self._transient_high_bytes:
+                grown = self._transient_bytes - self._transient_high_bytes
+                self._transient_high_bytes = self._transient_bytes
+                self._change(now, MemoryTerm.ALLOCATOR_SLACK, self.slack_fraction * grown)
 
     def remove(self, now: float, term: MemoryTerm, nbytes: float) -> None:
+        if term in self.held:
+            return
         assert self.by_term.get(term, 0.0) >= nbytes * (1 - 1e-9) - 1e-6, f"{self.name}: freeing more {term} than held"
-        self.add(now, term, -nbytes)
+        self._change(now, term, -nbytes)
 
     def close_window(self) -> None:
         """Record the peak since the last window closed (the fast path extrapolates each phase's peak)."""

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -357,6 +358,9 @@ class Plan:
     clipping; it refuses gradient accumulation at run time and fp16 (whose overflow check needs
     every gradient before any update) here. [Note: the optimizer step in backward] in
     runtime/optim/streamed_optimizer.py."""
+    optimizer_step_reason: str = ""
+    """Why the plan has this `optimizer_step`: pinned, the only schedule the training allows (and
+    why), or the faster of those it allows (planner/specs/training_loop.py); empty when nobody chose."""
     attention: str = ""
     """`flash` (a fused kernel: the seq^2 scores are never stored, the backward recomputes them) or
     `eager` (the paper's equations: scores stored, eq. 5); empty means the model's own
@@ -405,6 +409,7 @@ class Plan:
         number(self.nvme_block_bytes, "nvme_block_bytes", minimum=4096, maximum=2**30, integer=True)
         if self.nvme_path is not None:
             string(self.nvme_path, "nvme_path", max_len=1024)
+        string(self.optimizer_step_reason, "optimizer_step_reason", max_len=1024)
         if not isinstance(self.fp8_matmuls, bool):
             raise PlannerError(f"fp8_matmuls must be true or false, not {self.fp8_matmuls!r}")
         mp = self.model_parallel_degree
@@ -515,6 +520,8 @@ class Plan:
             doc["context_parallel_degree"] = self.context_parallel_degree
         if self.host_pinning is not HostPinning.STAGED:  # plans that stage are written as before
             doc["host_pinning"] = self.host_pinning.value
+        if self.optimizer_step_reason:  # plans nobody chose a schedule for are written as before
+            doc["optimizer_step_reason"] = self.optimizer_step_reason
         if self.prediction is not None:
             doc["prediction"] = self.prediction.to_dict()
         return doc
@@ -526,7 +533,7 @@ class Plan:
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
-                  "context_parallel_degree", "host_pinning"}
+                  "context_parallel_degree", "host_pinning", "optimizer_step_reason"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
@@ -555,19 +562,27 @@ class Plan:
         """A copy with `changes`; `recompute` is derived again from a new `recompute_interval`
         unless it was selective or is changed too, and `attention` from a new node's kernel unless
         it is changed too or the new node has the same."""
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = {name: getattr(self, name) for name in _plan_fields()}
         if "recompute_interval" in changes and "recompute" not in changes and not (
                 self.recompute == "selective" and changes["recompute_interval"] == 0):
             doc["recompute"] = ""
         if "node" in changes and "attention" not in changes and bool(changes["node"].flash_attention_flops_per_s) != bool(
                 self.node.flash_attention_flops_per_s):
             doc["attention"] = ""
+        if changes.get("optimizer_step", self.optimizer_step) != self.optimizer_step and "optimizer_step_reason" not in changes:
+            doc["optimizer_step_reason"] = ""  # the reason was for the other schedule
         doc.update(changes)
         return Plan(**doc)
 
     def save(self, path: str | Path) -> None:
         """Write atomically: a crash mid-write never leaves a half plan behind."""
         write_json_atomic(path, self.to_dict(), "plan")
+
+
+@cache
+def _plan_fields() -> tuple[str, ...]:
+    """`Plan`'s field names, once (`replace` runs for every candidate the search prices)."""
+    return tuple(f.name for f in fields(Plan))
 
 
 def _check_pipeline(plan: Plan) -> None:

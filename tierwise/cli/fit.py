@@ -33,7 +33,8 @@ def fit(
     max_alloc_gib: o.MaxAllocOpt = None,
     max_batch_per_gpu: Annotated[int, typer.Option("--max-batch-per-gpu", help="largest batch/GPU the search tries")] = 32,
     precision: o.PrecisionOpt = "bf16",
-    optimizer_step: o.OptimizerStepOpt = None,
+    optimizer_step: o.SearchedOptimizerStepOpt = None,
+    clip_grad_norm: o.ClipGradNormOpt = False,
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
     deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config for this plan here")] = None,
@@ -50,9 +51,10 @@ def fit(
     from planner.search.search import SearchRequest, search
     from planner.specs.plan import parse_placement_pins
     from planner.specs.specio import number, string, write_text_atomic
+    from planner.specs.training_loop import TrainingLoop
 
     string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
-    step = optimizer_step_pin(optimizer_step) or "after_backward"
+    training = TrainingLoop(optimizer_step=optimizer_step_pin(optimizer_step), clips_grad_norm=clip_grad_norm)
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)
     number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
     if micro_batches is not None:
@@ -74,7 +76,7 @@ def fit(
         precision=precision,
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,
-        optimizer_step=step,
+        training=training,
     )
     result = refine(search(request))
     chosen = result.best or (result.rejected[0] if result.rejected else None)
@@ -133,6 +135,7 @@ def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: P
         return
     con.print(f"[bold green]Verdict: fits[/bold green] on {where}; {len(result.ranked)} feasible plans of {result.num_evaluated} evaluated")
     con.print(f"[bold]Plan[/bold]   {report.plan_line(chosen)}")
+    con.print(f"[bold]Optimizer step[/bold]  {report.schedule_line(chosen)}")
     con.print(report.memory_table(chosen))
     con.print(report.prediction_table(chosen))
     runners = result.runners_up()

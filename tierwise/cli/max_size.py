@@ -46,6 +46,7 @@ def max_size_command(
     con.print(f"[bold]{strategy}[/bold] on {gpus} GPU(s) of {node.name}: up to [bold]{result.max_params / 1e9:,.1f} B[/bold] parameters")
     con.print(f"[bold]Model[/bold]  {report.model_line(result.plan)}")
     con.print(f"[bold]Plan[/bold]   {report.plan_line(result.plan)}")
+    con.print(f"[bold]Optimizer step[/bold]  {report.schedule_line(result.plan)}")
     con.print(report.memory_table(result.plan))
 
 

@@ -61,6 +61,12 @@ PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp
 OptimizerStepOpt = Annotated[str | None, typer.Option(
     "--optimizer-step", help="after_backward (default: the paper's step) or in_backward (each unit updated as soon as "
                              "its gradient is final; no gradient accumulation or clipping)")]
+SearchedOptimizerStepOpt = Annotated[str | None, typer.Option(
+    "--optimizer-step", help="pin after_backward (the paper's step) or in_backward (each unit updated as soon as its "
+                             "gradient is final); default: the faster of those the training allows")]
+ClipGradNormOpt = Annotated[bool, typer.Option(
+    "--clip-grad-norm", help="the training clips gradients by their global norm, which needs every gradient before "
+                             "any update: only the after-backward optimizer step is considered")]
 
 # -- output and stores -----------------------------------------------------------------------------
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the JSON document instead of tables")]

@@ -36,7 +36,7 @@ def simulate_command(
         from planner.cost.feasibility import check_plan
         from planner.search.pins import apply_pins
         from planner.search.search import best_model_parallel
-        from planner.sim import simulate
+        from planner.sim.periodic import simulate_periodic
 
         plan = apply_pins(check_plan(load_plan(plan_file)), placement=placement, batch_per_gpu=batch_per_gpu,
                           recompute_interval=recompute_interval, tiling_factor=tiling_factor,
@@ -44,7 +44,9 @@ def simulate_command(
                           max_alloc_gib=max_alloc_gib, optimizer_step=optimizer_step)
         if o.is_auto(model_parallel):
             plan = best_model_parallel(plan).replace(prediction=None)
-        result = simulate(plan)
+        # Extrapolated over identical blocks where that reproduces the whole simulation (periodic.py);
+        # the busy intervals only when a Gantt chart is drawn.
+        result = simulate_periodic(plan, intervals=timeline is not None)
         if timeline is not None:
             from planner.output.timeline import draw
 
