@@ -14,7 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 from tierwise.cli import app
-from tierwise.cli.dashboard import QUIET_ENVIRONMENT, dashboard_script, dashboard_url, free_port, streamlit_command
+from tierwise.cli.dashboard import (
+    QUIET_ENVIRONMENT,
+    dashboard_script,
+    dashboard_url,
+    free_port,
+    streamlit_command,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 

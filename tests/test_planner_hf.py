@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.specs.catalog import model_presets, published_presets, resolve_model
-from planner.specs.errors import PlannerError
 from planner.specs import hf_known_keys
-from planner.specs.catalog import model_notes
+from planner.specs.catalog import model_notes, model_presets, published_presets, resolve_model
+from planner.specs.errors import PlannerError
 from planner.specs.hf_config import HF_MAX_SEQ_LEN, is_hf_config, notes, spec_from_hf_config
 from planner.specs.model import ModelSpec
 
@@ -175,8 +174,8 @@ def test_bad_configs_are_one_line_errors(tmp_path, cfg, message):
 
 def test_the_bundled_known_keys_are_what_transformers_reports():
     own, generic = hf_known_keys.generate()
-    assert hf_known_keys.GENERIC_KEYS == frozenset(generic)
-    assert hf_known_keys.KNOWN_KEYS == {model_type: frozenset(keys) for model_type, keys in own.items()}
+    assert frozenset(generic) == hf_known_keys.GENERIC_KEYS
+    assert {model_type: frozenset(keys) for model_type, keys in own.items()} == hf_known_keys.KNOWN_KEYS
 
 
 @pytest.mark.parametrize("entry", PUBLISHED, ids=[m["name"] for m in PUBLISHED])
