@@ -2,7 +2,8 @@
 
 `run` launches `runtime.launch` through torchrun (multi-node: pass torchrun's own arguments after
 `--`, e.g. `planner run plan.json -- --nnodes 2 --node_rank 0 --rdzv_endpoint host:29400`), shows a
-progress bar with step time and loss, and writes the profile. A plan the runtime cannot execute is
+what it is doing (tierwise/cli/run_progress.py: each stage, each step with its loss, step time and the
+time left, the loss curve at the end), and writes the profile. A plan the runtime cannot execute is
 refused before any process starts (model parallelism, unsupported placement, the wrong process
 count) or by the workers before training (memory that is not there), always as one line.
 `--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt) and lets torchrun restart failed workers (`--max-restarts`,
@@ -34,7 +35,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from planner.specs import catalog, hf_config
 from planner.specs.errors import PlannerError
@@ -42,6 +42,7 @@ from planner.specs.plan import Plan, load_plan
 from planner.specs.specio import load_document
 from tierwise.cli import machine
 from tierwise.cli import options as o
+from tierwise.cli.run_progress import RunProgress
 
 EVENT = "TIERWISE_EVENT"
 ERROR = "TIERWISE_ERROR"
@@ -245,9 +246,10 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
             Path(tmp, "model-config.json").write_text(json.dumps(hf.config))
             model_args = ["--model", str(Path(tmp, "model-config.json"))]
             model_args += ["--init-from", str(hf.init_from)] if hf.init_from is not None else []
+        progress = progress_for(plan, steps, console, plan_is_for_here=warning is None)
         code = _launch(torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=written,
                                         torchrun_args=torchrun_args, checkpoints=checkpoints, model_args=model_args),
-                       steps, console)
+                       progress, nproc)
         if profile_out is not None:
             console.print(f"profile written to {profile_out}")
         if record_history and written.exists():
@@ -258,36 +260,53 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     return code
 
 
-def _launch(cmd: list[str], steps: int, console: Console) -> int:
+REPLAN_HINT = ("Plan for this machine: planner fit MODEL --hardware local, or planner probe --out hw.json and then "
+               "planner fit MODEL --hardware hw.json")
+
+
+def progress_for(plan: Plan, steps: int, console: Console, *, plan_is_for_here: bool) -> RunProgress:
+    """The run's progress lines; an estimate before the first step only when the plan is for here."""
+    predicted = plan.prediction.iteration_time_s if plan.prediction and plan.prediction.iteration_time_s else None
+    return RunProgress(console=console, steps=steps, predicted_step_s=predicted if plan_is_for_here else None,
+                       plan_step_s=predicted, hardware=f" for {plan.node.name}", replan_hint=REPLAN_HINT)
+
+
+def _launch(cmd: list[str], progress: RunProgress, processes: int) -> int:
     tail: deque[str] = deque(maxlen=30)
     error = None
-    with Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeRemainingColumn(), console=console, transient=False) as progress:
-        task = progress.add_task("train", total=steps, info="starting workers...")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            if line.startswith(EVENT):
-                event = json.loads(line[len(EVENT):])
-                if "step" not in event:  # e.g. {"resumed_from_step": N}
-                    progress.update(task, completed=event.get("resumed_from_step", 0), info="resumed")
-                    continue
-                progress.update(task, completed=event["step"],
-                                info=f"loss {event['loss']:.4f}  step {event['step_time_s']:.2f} s")
-            elif line.startswith(ERROR):
-                error = line[len(ERROR):].strip()
-            else:
-                tail.append(line)
-        code = proc.wait()
+    progress.started(processes)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        if line.startswith(EVENT):
+            _event(json.loads(line[len(EVENT):]), progress)
+        elif line.startswith(ERROR):
+            error = line[len(ERROR):].strip()
+        else:
+            tail.append(line)
+    code = proc.wait()
+    progress.finished()
     if error and error.startswith("rank "):  # a worker stopped during training (see runtime/launch.py)
         raise PlannerError(f"the run stopped: {error}")
     if error:
         raise PlannerError(f"the runtime refused the plan: {error}")
     if code != 0:
-        console.print("\n".join(tail), style="dim", markup=False, highlight=False)
+        progress.console.print("\n".join(tail), style="dim", markup=False, highlight=False)
         raise PlannerError(f"training failed (torchrun exit code {code}); the workers' last output is above")
     return 0
+
+
+def _event(event: dict, progress: RunProgress) -> None:
+    """One TIERWISE_EVENT of rank 0 (runtime/launch.py) onto the progress lines."""
+    if "step" in event:
+        progress.step(event["step"], event["loss"], event["step_time_s"])
+    elif "stage" in event:
+        progress.stage(event["stage"])
+    elif "training_from_step" in event:
+        progress.training(event["training_from_step"])
+    elif "resumed_from_step" in event:
+        progress.resumed(event["resumed_from_step"])
 
 
 def register(app: typer.Typer) -> None:
