@@ -40,6 +40,7 @@ from planner.cost.feasibility import check_plan
 from planner.specs.errors import PlannerError
 from planner.specs.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
 from planner.specs.profile import Profile, StepSample
+from planner.specs.swap import with_default_swap
 from planner.specs.units import TFLOP
 from runtime.host_malloc import keep_freed_memory_mapped
 from runtime.plan_io import PlanNotExecutable, check_executable, check_memory
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if world_size > 1:
         init_process_group(rank=rank, world_size=world_size)
     try:
-        plan = check_plan(load_plan(args.plan))
+        plan = with_default_swap(check_plan(load_plan(args.plan)))
         check_executable(plan, world_size=world_size)
         check_memory(plan)
         if args.steps < 1:

@@ -15,6 +15,7 @@ from planner.search.search import predict
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.errors import PlannerError
 from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.tiers import NVME
 from planner.specs.units import GIB
 from tierwise.cli import app, machine
 from tierwise.cli.run import with_swap_directory
@@ -37,7 +38,6 @@ def test_nvme_path_overrides_the_plan_and_is_created_when_its_parent_exists(tmp_
     swap = tmp_path / "swap"
     out = with_swap_directory(plan, swap)
     assert out.nvme_path == str(swap) and swap.is_dir()
-    assert with_swap_directory(plan.replace(nvme_path=None), None).nvme_path is None  # refused later, by precheck
 
 
 def test_nvme_path_whose_parent_is_missing_is_one_line_naming_it(tmp_path):
@@ -50,11 +50,21 @@ def test_nvme_path_whose_parent_is_missing_is_one_line_naming_it(tmp_path):
     assert not missing.parent.exists()
 
 
-def test_nvme_plan_without_a_path_says_to_pass_nvme_path(tmp_path):
-    path = tmp_path / "plan.json"
-    _plan(strategy="zero-inf-nvme").save(path)
-    out = _planner("run", str(path), "--no-history")
-    assert out.returncode == 1 and "pass --nvme-path DIR" in out.stderr
+def test_nvme_plan_without_a_path_swaps_to_the_cache_folder_or_says_it_lacks_room(tmp_path, monkeypatch):
+    from planner.specs import swap
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    plan = _plan(strategy="zero-inf-nvme")
+    ran = with_swap_directory(plan, None)
+    assert ran.nvme_path == str(tmp_path / "cache" / "tierwise-swap") and Path(ran.nvme_path).is_dir()
+    assert with_swap_directory(_plan(strategy="zero3"), None).nvme_path is None  # nothing on NVMe, no folder
+    monkeypatch.setattr(swap.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
+    from planner.cost.memory import memory_bill
+
+    needed = memory_bill(ran).peak_bytes[NVME]
+    assert swap.swap_space_problem(ran) == (
+        f"the swap directory {ran.nvme_path} has 1,000 bytes free but the plan puts {needed:,} bytes on NVMe; free "
+        "space there or pass --nvme-path DIR (a directory with room, on an NVMe drive)")
 
 
 @pytest.mark.parametrize("verb", ["run", "probe"])

@@ -9,7 +9,8 @@ count) or by the workers before training (memory that is not there), always as o
 `--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt) and lets torchrun restart failed workers (`--max-restarts`,
 default 3 with checkpoints, 0 without), which resume from the newest complete training checkpoint;
 `--resume` continues a run that was stopped. `--nvme-path DIR` overrides the plan's swap directory
-(created when its parent exists). Before launching, `machine` names a missing runtime extra in one
+(created when its parent exists; without either, a `tierwise-swap` folder in the user's cache:
+planner/specs/swap.py). Before launching, `machine` names a missing runtime extra in one
 line and compares the plan's hardware with this machine (a one-line warning, or the real cause of
 a refusal). This module imports no torch at import time; `machine.this_machine` does, once the run
 is about to need it anyway.
@@ -50,9 +51,11 @@ ERROR = "TIERWISE_ERROR"
 
 def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     """What can be refused without starting a process (the workers check memory themselves)."""
-    if plan.placement.model_states_on_nvme and not plan.nvme_path:
-        raise PlannerError("the plan places states on nvme but sets no nvme_path; pass --nvme-path DIR (a directory "
-                           "on an NVMe drive)")
+    from planner.specs.swap import swap_space_problem
+
+    problem = swap_space_problem(plan)
+    if problem is not None:
+        raise PlannerError(problem)
     if nproc * nnodes != plan.num_gpus:  # named by the options that start the processes
         raise PlannerError(f"--nproc {nproc} x {nnodes} node(s) starts {nproc * nnodes} process(es) but the plan is for "
                            f"num_gpus {plan.num_gpus}; match them or re-plan")
@@ -204,12 +207,15 @@ def swap_directory(nvme_path: str) -> str:
 
 
 def with_swap_directory(plan: Plan, nvme_path: Path | None) -> Plan:
-    """The plan with `--nvme-path` (when given) as its swap directory, created if it is missing."""
+    """The plan with `--nvme-path` (when given) as its swap directory, created if it is missing; a
+    plan with NVMe states and no directory swaps to the default folder (planner/specs/swap.py)."""
+    from planner.specs.swap import with_default_swap
+
     if nvme_path is not None:
         plan = plan.replace(nvme_path=str(nvme_path))
     if plan.placement.model_states_on_nvme and plan.nvme_path:
         return plan.replace(nvme_path=swap_directory(plan.nvme_path))
-    return plan
+    return with_default_swap(plan)
 
 
 def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
