@@ -129,3 +129,28 @@ def test_planner_run_says_each_stage_and_step_and_the_loss_curve(tmp_path):
     assert all(" s/step  " in line and line.endswith(" left") for line in steps)
     curve = next(line for line in lines if line.startswith("loss by step: "))
     assert len(curve.split()) == 3 + 3
+
+
+def test_counted_progress_says_the_total_and_the_time_left():
+    from tierwise.cli.counted import LINES, Counted
+
+    out, clock = io.StringIO(), Clock()
+    counted = Counted(100, "predicting published runs", stream=out, clock=clock)
+    for i in range(100):
+        clock.now += 0.5
+        counted.done(f"p{i:03d}")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "predicting published runs: 100 to do"
+    assert lines[1] == "  5/100 p004  [2.5 s so far, 48 s left]"
+    assert lines[-1] == "  100/100 p099  [50 s so far, 0.0 s left]" and len(lines) == 1 + LINES
+
+
+def test_planner_validate_shows_its_progress_on_stderr_with_a_total():
+    done = subprocess.run([sys.executable, "-m", "tierwise", "validate", "--gpu", "H200", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)  # stdout stays one JSON document
+    lines = done.stderr.splitlines()
+    total = int(lines[0].split(": ")[1].split()[0])
+    assert lines[0] == f"predicting published runs: {total} to do"
+    assert lines[-1].startswith(f"  {total}/{total} ") and lines[-1].endswith(" left]")
