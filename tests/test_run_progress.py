@@ -110,7 +110,7 @@ def test_loss_curve_and_durations():
 
 @pytest.mark.slow
 def test_planner_run_says_each_stage_and_step_and_the_loss_curve(tmp_path):
-    """The real CLI: the first line comes before any worker's, then the workers' stages, a line per
+    """The real CLI: the first line comes before torch is imported, then the workers' stages, a line per
     step with its loss and the time left, and every step's loss at the end."""
     from runtime_support import ALL_CPU, plan_doc
 
@@ -121,7 +121,8 @@ def test_planner_run_says_each_stage_and_step_and_the_loss_curve(tmp_path):
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     lines = [line for line in err.splitlines() if not line.startswith("warning: this machine")]
-    assert lines[0].startswith("starting 1 worker process(es) with torchrun")
+    assert lines[0] == f"planner run {plan}: 3 step(s); checking the plan against this machine"
+    assert any(line.startswith("starting 1 worker process(es) with torchrun") for line in lines)
     assert any(line.startswith("  building the model on the meta device  [") for line in lines)
     assert any(line.startswith("  materialising the model unit by unit (") for line in lines)
     steps = [line for line in lines if line.startswith("step ")]

@@ -237,11 +237,17 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     if data is not None and not data.is_file():
         raise PlannerError(f"--data {data} is not a readable file")
     machine.require_runtime("run")
+    progress = progress_for(plan, steps, console)
+    progress.checking(plan_path)
     if hf is not None:
         check_hf_model(hf, plan)
+        for line in hf_config.notes(hf.config, f"--model {hf.label}", seq_given=True).lines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     warning = machine.check(plan, machine.this_machine(), nproc)
     if warning:
         console.print(warning, markup=False, highlight=False, soft_wrap=True)
+    else:  # the plan's prediction is for this machine: it estimates the run before a step is measured
+        progress.predicted_step_s = progress.plan_step_s
     with tempfile.TemporaryDirectory(prefix="tierwise-run-") as tmp:
         if plan != loaded:  # the workers read the plan as run, --nvme-path included
             plan_path = Path(tmp, "plan.json")
@@ -252,7 +258,6 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
             Path(tmp, "model-config.json").write_text(json.dumps(hf.config))
             model_args = ["--model", str(Path(tmp, "model-config.json"))]
             model_args += ["--init-from", str(hf.init_from)] if hf.init_from is not None else []
-        progress = progress_for(plan, steps, console, plan_is_for_here=warning is None)
         code = _launch(torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=written,
                                         torchrun_args=torchrun_args, checkpoints=checkpoints, model_args=model_args),
                        progress, nproc)
@@ -270,11 +275,11 @@ REPLAN_HINT = ("Plan for this machine: planner fit MODEL --hardware local, or pl
                "planner fit MODEL --hardware hw.json")
 
 
-def progress_for(plan: Plan, steps: int, console: Console, *, plan_is_for_here: bool) -> RunProgress:
-    """The run's progress lines; an estimate before the first step only when the plan is for here."""
+def progress_for(plan: Plan, steps: int, console: Console) -> RunProgress:
+    """The run's progress lines; `predicted_step_s` is set once the plan is known to be for here."""
     predicted = plan.prediction.iteration_time_s if plan.prediction and plan.prediction.iteration_time_s else None
-    return RunProgress(console=console, steps=steps, predicted_step_s=predicted if plan_is_for_here else None,
-                       plan_step_s=predicted, hardware=f" for {plan.node.name}", replan_hint=REPLAN_HINT)
+    return RunProgress(console=console, steps=steps, predicted_step_s=None, plan_step_s=predicted,
+                       hardware=f" for {plan.node.name}", replan_hint=REPLAN_HINT)
 
 
 def _launch(cmd: list[str], progress: RunProgress, processes: int) -> int:

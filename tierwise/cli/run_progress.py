@@ -84,8 +84,13 @@ class RunProgress:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
         self.last_line_s = self.clock()
 
-    def started(self, processes: int) -> None:
+    def checking(self, plan_path: object) -> None:
+        """The first line, before this process imports torch to look at the machine."""
         self.start_s = self.clock()
+        self.say(f"planner run {plan_path}: {self.steps} step(s); checking the plan against this machine")
+
+    def started(self, processes: int) -> None:
+        self.start_s = self.start_s or self.clock()
         self.say(f"starting {processes} worker process(es) with torchrun (each imports torch, then builds the model)")
 
     def stage(self, name: str) -> None:
