@@ -37,10 +37,10 @@ import torch
 import torch.distributed as dist
 
 from planner.cost.feasibility import check_plan
+from planner.cost.swap import with_default_swap
 from planner.specs.errors import PlannerError
 from planner.specs.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
 from planner.specs.profile import Profile, StepSample
-from planner.specs.swap import with_default_swap
 from planner.specs.units import TFLOP
 from runtime.host_malloc import keep_freed_memory_mapped
 from runtime.plan_io import PlanNotExecutable, check_executable, check_memory

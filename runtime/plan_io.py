@@ -15,9 +15,9 @@ import torch
 
 from planner.cost.feasibility import check_plan
 from planner.cost.memory import stores_gradients
+from planner.cost.swap import with_default_swap
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Placement, Plan, load_plan
-from planner.specs.swap import with_default_swap
 from planner.specs.units import GIB
 from runtime.plan_check import executable_problem
 
@@ -60,7 +60,7 @@ class RuntimeConfig:
 
 def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
     """The plan, checked; NVMe states without an `nvme_path` swap to the default folder
-    (planner/specs/swap.py)."""
+    (planner/cost/swap.py)."""
     if isinstance(plan, Plan):
         return with_default_swap(check_plan(plan))
     if isinstance(plan, dict):

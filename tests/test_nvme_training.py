@@ -148,7 +148,7 @@ def test_too_small_nvme_path_is_refused_before_training(tmp_path: Path) -> None:
 
 
 def test_nvme_placement_without_nvme_path_swaps_to_the_default_folder(tmp_path, monkeypatch) -> None:
-    """No `nvme_path`: the swap files go to `tierwise-swap` in the user's cache (planner/specs/swap.py)."""
+    """No `nvme_path`: the swap files go to `tierwise-swap` in the user's cache (planner/cost/swap.py)."""
     import runtime
     from runtime.sharding import state_of
 

@@ -51,7 +51,7 @@ def test_nvme_path_whose_parent_is_missing_is_one_line_naming_it(tmp_path):
 
 
 def test_nvme_plan_without_a_path_swaps_to_the_cache_folder_or_says_it_lacks_room(tmp_path, monkeypatch):
-    from planner.specs import swap
+    from planner.cost import swap
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     plan = _plan(strategy="zero-inf-nvme")

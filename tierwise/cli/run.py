@@ -10,7 +10,7 @@ count) or by the workers before training (memory that is not there), always as o
 default 3 with checkpoints, 0 without), which resume from the newest complete training checkpoint;
 `--resume` continues a run that was stopped. `--nvme-path DIR` overrides the plan's swap directory
 (created when its parent exists; without either, a `tierwise-swap` folder in the user's cache:
-planner/specs/swap.py). Before launching, `machine` names a missing runtime extra in one
+planner/cost/swap.py). Before launching, `machine` names a missing runtime extra in one
 line and compares the plan's hardware with this machine (a one-line warning, or the real cause of
 a refusal). This module imports no torch at import time; `machine.this_machine` does, once the run
 is about to need it anyway.
@@ -51,7 +51,7 @@ ERROR = "TIERWISE_ERROR"
 
 def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     """What can be refused without starting a process (the workers check memory themselves)."""
-    from planner.specs.swap import swap_space_problem
+    from planner.cost.swap import swap_space_problem
 
     problem = swap_space_problem(plan)
     if problem is not None:
@@ -208,8 +208,8 @@ def swap_directory(nvme_path: str) -> str:
 
 def with_swap_directory(plan: Plan, nvme_path: Path | None) -> Plan:
     """The plan with `--nvme-path` (when given) as its swap directory, created if it is missing; a
-    plan with NVMe states and no directory swaps to the default folder (planner/specs/swap.py)."""
-    from planner.specs.swap import with_default_swap
+    plan with NVMe states and no directory swaps to the default folder (planner/cost/swap.py)."""
+    from planner.cost.swap import with_default_swap
 
     if nvme_path is not None:
         plan = plan.replace(nvme_path=str(nvme_path))
