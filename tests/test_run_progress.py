@@ -155,3 +155,23 @@ def test_planner_validate_shows_its_progress_on_stderr_with_a_total():
     total = int(lines[0].split(": ")[1].split()[0])
     assert lines[0] == f"predicting published runs: {total} to do"
     assert lines[-1].startswith(f"  {total}/{total} ") and lines[-1].endswith(" left]")
+
+
+def test_a_long_silent_stage_gets_a_still_line():
+    from tierwise.cli.run_progress import HEARTBEAT_S
+
+    progress, out, clock = _progress(steps=2, predicted=None)
+    progress.started(1)
+    progress.stage("materialising the model unit by unit (24 layers)")
+    clock.now += HEARTBEAT_S - 1
+    progress.heartbeat()
+    assert "still" not in out.getvalue()
+    clock.now += 1
+    progress.heartbeat()
+    assert out.getvalue().splitlines()[-1] == ("  still materialising the model unit by unit (24 layers)  "
+                                               f"[{HEARTBEAT_S:.0f} s since start]")
+    progress.training(1)
+    progress.step(1, 5.0, 40.0)
+    clock.now += HEARTBEAT_S
+    progress.heartbeat()
+    assert out.getvalue().splitlines()[-1].startswith("  still on step 2 of 2  [")

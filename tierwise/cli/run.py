@@ -288,6 +288,7 @@ def _launch(cmd: list[str], progress: RunProgress, processes: int) -> int:
     progress.started(processes)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
+    progress.beat_in_background()
     for line in proc.stdout:
         line = line.rstrip("\n")
         if line.startswith(EVENT):

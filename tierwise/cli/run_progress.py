@@ -11,6 +11,7 @@ measured steps (the first left out once there are others: it records the operato
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ LINES_PER_RUN = 25
 """Above this many steps, a step line is printed every steps/LINES_PER_RUN steps (and the last)."""
 QUIET_S = 10.0
 """...or when this long has passed since the last line, so a slow run never looks stalled."""
+HEARTBEAT_S = 30.0
+"""A stage or step that says nothing for this long gets a `still ...` line (materialising a large
+model, or one slow step, can take minutes)."""
 EVERY_LOSS_STEPS = 10
 """Up to this many steps the loss of every step is printed at the end; more get a sparkline."""
 WIDTH = 80
@@ -79,10 +83,28 @@ class RunProgress:
     step_times_s: list[float] = field(default_factory=list, init=False)
     first_step: int = field(default=1, init=False)
     last_line_s: float = field(default=0.0, init=False)
+    doing: str = field(default="", init=False)
+    """What the run is doing now, for the heartbeat's `still ...` line."""
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
 
     def say(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
         self.last_line_s = self.clock()
+
+    def heartbeat(self) -> None:
+        """Say `still ...` after HEARTBEAT_S without a line (call `stop` at the end)."""
+        if self.clock() - self.last_line_s >= HEARTBEAT_S and self.doing:
+            self.say(f"  still {self.doing}  [{format_duration(self.clock() - self.start_s)} since start]")
+
+    def beat_in_background(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(1.0):
+                self.heartbeat()
+
+        threading.Thread(target=loop, name="run-progress-heartbeat", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def checking(self, plan_path: object) -> None:
         """The first line, before this process imports torch to look at the machine."""
@@ -91,9 +113,11 @@ class RunProgress:
 
     def started(self, processes: int) -> None:
         self.start_s = self.start_s or self.clock()
+        self.doing = "starting the workers (importing torch)"
         self.say(f"starting {processes} worker process(es) with torchrun (each imports torch, then builds the model)")
 
     def stage(self, name: str) -> None:
+        self.doing = name
         self.say(f"  {name}  [{format_duration(self.clock() - self.start_s)} since start]")
 
     def training(self, first_step: int) -> None:
@@ -110,6 +134,7 @@ class RunProgress:
     def step(self, step: int, loss: float, step_time_s: float) -> None:
         self.losses.append(loss)
         self.step_times_s.append(step_time_s)
+        self.doing = f"on step {step + 1} of {self.steps}" if step < self.steps else "finishing (writing the profile)"
         if len(self.step_times_s) == 1:
             self._first_step_check(step_time_s)
         every = max(1, self.steps // LINES_PER_RUN)
@@ -129,5 +154,6 @@ class RunProgress:
                      f"{format_duration((self.steps - self.first_step) * step_time_s)} more. {self.replan_hint}")
 
     def finished(self) -> None:
+        self.stop()
         if self.losses:
             self.say(loss_curve(self.losses))
