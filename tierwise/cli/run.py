@@ -237,10 +237,11 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     if data is not None and not data.is_file():
         raise PlannerError(f"--data {data} is not a readable file")
     machine.require_runtime("run")
-    progress = progress_for(plan, steps, console)
-    progress.checking(plan_path)
     if hf is not None:
         check_hf_model(hf, plan)
+    progress = progress_for(plan, steps, console)
+    progress.checking(plan_path)  # before this_machine's torch import, seconds on a small machine
+    if hf is not None:
         for line in hf_config.notes(hf.config, f"--model {hf.label}", seq_given=True).lines():
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     warning = machine.check(plan, machine.this_machine(), nproc)
