@@ -96,16 +96,20 @@ def test_dashboard_serves_without_a_terminal_or_a_streamlit_config(tmp_path, fla
         try:
             status = _wait_for_page(f"http://127.0.0.1:{port}/", server)
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            _stop(server)
     output = log_path.read_text()
     assert status == 200, output[-2000:]
     assert f"Tierwise dashboard: http://127.0.0.1:{port}" in output
     assert "Email" not in output and not (tmp_path / ".streamlit" / "credentials.toml").exists()
     assert set(QUIET_ENVIRONMENT) == {"STREAMLIT_SERVER_SHOW_EMAIL_PROMPT", "STREAMLIT_BROWSER_GATHER_USAGE_STATS"}
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.terminate()  # streamlit stops on SIGTERM; a server that does not is killed
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 def _wait_for_page(url: str, server: subprocess.Popen) -> int | None:
