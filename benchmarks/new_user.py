@@ -105,9 +105,9 @@ def dashboard_check(work: Path) -> dict:
 def misspelled_key_check(work: Path) -> dict:
     out = {}
     for key, wrong in (("tie_word_embeddings", "tie_word_embedding"), ("num_key_value_heads", "num_key_value_head")):
-        path = work / f"{wrong}.json"
-        path.write_text(json.dumps({(wrong if k == key else k): v for k, v in QWEN_05B.items()}))
-        done = subprocess.run([sys.executable, "-m", "tierwise", "fit", str(path), "--gpus", "8"], cwd=ROOT,
+        path = Path(f"{wrong}.json")  # relative to `work`, where it runs: the answer names no temporary path
+        (work / path).write_text(json.dumps({(wrong if k == key else k): v for k, v in QWEN_05B.items()}))
+        done = subprocess.run([sys.executable, "-m", "tierwise", "fit", str(path), "--gpus", "8"], cwd=work,
                               capture_output=True, text=True)
         said = f"unknown key {wrong!r} in model file {path} (qwen2): did you mean {key!r}?"
         check(done.returncode == 1 and said in done.stderr, f"{wrong}: {done.stderr.strip()[-300:]}")
@@ -122,8 +122,8 @@ def foreign_plan_check(work: Path) -> dict:
             "--hardware", "dgx-h100", "--batch-per-gpu", "1",
             "--placement", "params=gpu,gradients=gpu,optimizer_states=gpu,recompute_inputs=gpu", "--out", str(plan))
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "tierwise", "run", str(plan), "--steps", "3", "--no-history"],
-                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "tierwise", "run", plan.name, "--steps", "3", "--no-history"],
+                            cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     assert proc.stderr is not None
     lines, first_line_s, eta_s = [], None, None
