@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,15 @@ def test_run_with_nvme_path_trains_with_the_created_directory(tmp_path):
     assert swap.is_dir()
     assert json.loads(profile.read_text())["plan"]["nvme_path"] == str(swap)  # the workers ran the plan as given
     assert "nvme_path" not in json.loads(plan.read_text())  # the user's plan file is left as it was
+
+
+def test_fit_says_where_an_nvme_plan_without_a_path_will_swap(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "tierwise", "fit", "13b", "--gpus", "1", "--placement",
+                           "params=nvme,optimizer_states=nvme", "--out", str(tmp_path / "plan.json"), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (f"note: the plan puts states on NVMe and names no --nvme-path: planner run and runtime.shard swap to "
+            f"{tmp_path / 'cache' / 'tierwise-swap'} (pass --nvme-path DIR for a directory on an NVMe drive)"
+            in done.stderr)
+    assert json.loads(done.stdout)["nvme_path"] is None  # the plan itself stays portable
