@@ -19,15 +19,7 @@ applies when a key is absent (transformers 4.4x-5.x agree on these):
 
 Every family adds one final norm. Keys that do not change the count (rope, dropout, sliding window,
 `rotary_pct`, token ids) are ignored. Other model types (mixture-of-experts, encoder-decoder,
-vision) are refused by name rather than counted wrongly.
-
-[Note: strict keys] A key transformers does not know for the config's model_type
-(planner/specs/hf_known_keys.py) is reported with the nearest known key. It is an error when that
-nearest key is one the plan reads (PLAN_KEYS: the count and the sequence) and the config lacks it:
-`tie_word_embedding` would otherwise plan with the family's default for `tie_word_embeddings`, a
-different parameter count, without a word. Any other unknown key is a warning (`notes`), since
-transformers keeps unknown keys as attributes and real configs carry some. `notes` also says which
-plan-relevant defaults were assumed because the config does not state them.
+vision) are refused by name rather than counted wrongly. Unknown keys: [Note: strict keys].
 """
 
 from __future__ import annotations
@@ -75,6 +67,13 @@ PLAN_KEYS: dict[str, frozenset[str]] = {
                            "tie_word_embeddings", "attention_bias", "max_position_embeddings", "rope_scaling"}),
 }
 """The keys each family's spec reads ([Note: strict keys]): a misspelling of one of them is an error."""
+# [Note: strict keys] A key transformers does not know for the config's model_type
+# (planner/specs/hf_known_keys.py) is reported with the nearest known key. It is an error when that
+# nearest key is one the plan reads (PLAN_KEYS: the count and the sequence) and the config lacks it:
+# `tie_word_embedding` would otherwise plan with the family's default for `tie_word_embeddings`, a
+# different parameter count, without a word. Any other unknown key is a warning (`notes`), since
+# transformers keeps unknown keys as attributes and real configs carry some. `notes` also says which
+# plan-relevant defaults were assumed because the config does not state them.
 SIMILARITY = 0.8
 """difflib's ratio from which an unknown key is taken for a misspelling of a known one."""
 

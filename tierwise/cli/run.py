@@ -1,7 +1,7 @@
 """`planner run`: execute a plan with the bundled runtime (`planner compare` then checks the plan).
 
 `run` launches `runtime.launch` through torchrun (multi-node: pass torchrun's own arguments after
-`--`, e.g. `planner run plan.json -- --nnodes 2 --node_rank 0 --rdzv_endpoint host:29400`), shows a
+`--`, e.g. `planner run plan.json -- --nnodes 2 --node_rank 0 --rdzv_endpoint host:29400`), says
 what it is doing (tierwise/cli/run_progress.py: each stage, each step with its loss, step time and the
 time left, the loss curve at the end), and writes the profile. A plan the runtime cannot execute is
 refused before any process starts (model parallelism, unsupported placement, the wrong process
