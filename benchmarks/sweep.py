@@ -42,6 +42,7 @@ from planner.specs.hardware import NodeSpec  # noqa: E402
 from planner.specs.plan import TIERS, Plan  # noqa: E402
 from planner.specs.profile import Profile, load_profile  # noqa: E402
 from runtime.launch import WARMUP_STEPS  # noqa: E402
+from tierwise.cli.counted import Counted  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import results_md  # noqa: E402
@@ -170,12 +171,14 @@ def main() -> int:
     configs = [c for c in CONFIGS if args.only is None or c.name in args.only.split(",")]
     probes: list[Path] = []
     profiles: dict[str, list[Profile]] = {c.name: [] for c in configs}
+    runs = Counted(args.rounds * (len(configs) + (args.hardware is None)), "sweep: probes and training runs")
     for r in range(args.rounds):
         if args.hardware is None:
             path = work / f"probed.r{r}.json"
             if not (args.reuse and path.exists()):
                 probe(path, args.nvme_path)
             probes.append(path)
+            runs.done(f"round {r}: probed this machine")
         # Any spec will do to run: the runtime uses the plan's placement and sizes, not its rates.
         run_node = NodeSpec.from_dict(json.loads((args.hardware or probes[0]).read_text()), "hardware")
         for config in configs[r % len(configs):] + configs[: r % len(configs)]:
@@ -184,6 +187,7 @@ def main() -> int:
             if not (args.reuse and profile_path.exists()):
                 wall = run_config(plan_path, profile_path, args.steps, work / "history.sqlite")
                 print(f"round {r}: ran {config.name} in {wall:.1f} s", file=sys.stderr)
+            runs.done(f"round {r}: {config.name}")
             profiles[config.name].append(load_profile(profile_path))
     hw_path = args.hardware or work / "probed.json"
     if args.hardware is None:

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from planner.cost.feasibility import check_plan
+from planner.cost.swap import with_default_swap
 from planner.specs.errors import PlannerError
 from planner.specs.plan import LINKS, PHASES, TIERS, Plan, Prediction, load_plan
 from planner.specs.profile import Profile, StepSample
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if world_size > 1:
         init_process_group(rank=rank, world_size=world_size)
     try:
-        plan = check_plan(load_plan(args.plan))
+        plan = with_default_swap(check_plan(load_plan(args.plan)))
         check_executable(plan, world_size=world_size)
         check_memory(plan)
         if args.steps < 1:
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             raise PlanNotExecutable(f"micro_batch_per_gpu {plan.micro_batch_per_gpu} must be a whole number of samples")
         tokens = load_tokens(args.data, plan) if args.data else None
         checkpointer = make_checkpointer(args, plan, rank=rank, world_size=world_size)
+        stage(rank, "building the model on the meta device" if args.init_from is None
+              else f"building the model on the meta device (weights from {args.init_from})")
         built = build_model(plan, args)
     except PlannerError as exc:
         if rank == 0:
@@ -115,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()  # no rank tears down gloo/NCCL pairs while a peer still uses them
         dist.destroy_process_group()
     return 0
+
+
+def stage(rank: int, what: str) -> None:
+    """Rank 0 says which stage starts (`planner run` prints it with the time since the start)."""
+    if rank == 0:
+        print(f"{EVENT} " + json.dumps({"stage": what}), flush=True)
 
 
 def bind_device() -> torch.device:
@@ -250,6 +259,8 @@ def train(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | None, bui
           world_size: int, checkpointer=None) -> Profile | None:  # noqa: ANN001 - runtime.ckpt.Checkpointer
     import runtime
 
+    where = ", ".join(f"{state} {tier}" for state, tier in plan.placement.to_dict().items())
+    stage(rank, f"materialising the model unit by unit ({plan.model.num_layers} layers; {where})")
     model = runtime.shard(built.model, plan, param_init_fn=built.init_fn)
     state = runtime.state_of(model)
     state.profiler.keep_samples(args.steps)  # the profile has one sample per step
@@ -298,6 +309,8 @@ def _train_loop(plan: Plan, args: argparse.Namespace, tokens: torch.Tensor | Non
             print(f"warning: the newest checkpoint is at step {first_step - 1}; nothing left to train for --steps "
                   f"{args.steps}", file=sys.stderr, flush=True)
         return None
+    if rank == 0:
+        print(f"{EVENT} " + json.dumps({"training_from_step": first_step}), flush=True)
     for step in range(first_step, args.steps + 1):
         # The data position is the step itself: batch_for draws from a generator seeded by it.
         batch = batch_for(step, rank, plan, built.vocab_size, tokens, args.seed).to(device)

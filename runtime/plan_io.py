@@ -15,6 +15,7 @@ import torch
 
 from planner.cost.feasibility import check_plan
 from planner.cost.memory import stores_gradients
+from planner.cost.swap import with_default_swap
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Placement, Plan, load_plan
 from planner.specs.units import GIB
@@ -58,12 +59,14 @@ class RuntimeConfig:
 
 
 def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
+    """The plan, checked; NVMe states without an `nvme_path` swap to the default folder
+    (planner/cost/swap.py)."""
     if isinstance(plan, Plan):
-        return check_plan(plan)
+        return with_default_swap(check_plan(plan))
     if isinstance(plan, dict):
-        return check_plan(Plan.from_dict(plan))
+        return with_default_swap(check_plan(Plan.from_dict(plan)))
     if isinstance(plan, str | Path):
-        return check_plan(load_plan(plan))
+        return with_default_swap(check_plan(load_plan(plan)))
     raise PlannerError(f"plan must be a path, a dict or a planner Plan, not {type(plan).__name__}")
 
 

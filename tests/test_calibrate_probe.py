@@ -191,6 +191,7 @@ def test_each_reference_run_is_trained_round_robin_and_fitted_on_its_median(
     assert [profile.details["t"] for _, profile in fitted] == [2.0] * len(REFERENCE_RUNS)
 
 
+@pytest.mark.slow
 def test_no_calibrate_keeps_the_bare_measurements(tmp_path: Path) -> None:
     out = tmp_path / "hw.json"
     result = CliRunner().invoke(app, ["probe", "--out", str(out), "--nvme-path", str(tmp_path),

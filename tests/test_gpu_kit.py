@@ -127,6 +127,7 @@ def test_markdown_names_the_gpu_and_restates_the_ratios() -> None:
     assert "| ours-device/plain step time (median of paired ratios) | 1.100 |" in text
 
 
+@pytest.mark.slow
 def test_the_staged_stage_times_every_piece_and_samples_the_runtime_threads(tmp_path: Path) -> None:
     """staged_path.py on the CPU: the pool's data path emulated (`separate_memory_on_cpu`), a small
     host-tier plan trained under the sampler; its numbers mean nothing here, its shape is the
@@ -368,6 +369,7 @@ def test_publish_merges_one_stage_at_a_time_and_rewrites_the_markdown(tmp_path: 
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_the_offload_stage_on_the_cpu_measures_every_shape_and_publishes_after_each(tmp_path: Path) -> None:
     """bench_llama.py's dry profile (a few-thousand-parameter Llama, the emulated device) with ours
     on both tiers and plain torch: same weights (same first loss), both shapes, the ratios, and the

@@ -147,11 +147,19 @@ def test_too_small_nvme_path_is_refused_before_training(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_nvme_placement_without_nvme_path_is_refused() -> None:
+def test_nvme_placement_without_nvme_path_swaps_to_the_default_folder(tmp_path, monkeypatch) -> None:
+    """No `nvme_path`: the swap files go to `tierwise-swap` in the user's cache (planner/cost/swap.py)."""
     import runtime
+    from runtime.sharding import state_of
 
-    with pytest.raises(PlannerError, match="sets no nvme_path"):
-        runtime.shard(build_model("gpt"), plan_doc(placement=ALL_NVME))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = runtime.shard(build_model("gpt"), plan_doc(placement=ALL_NVME))
+    state = state_of(model)
+    try:
+        assert state.plan.nvme_path == str(tmp_path / "cache" / "tierwise-swap")
+        assert any((tmp_path / "cache" / "tierwise-swap").iterdir())  # this rank's private swap directory
+    finally:
+        state.close()
 
 
 def _with_free_bytes(path: Path, free: int, fn: Any) -> Any:

@@ -16,7 +16,7 @@ import pytest
 
 from planner.output.report import bottleneck_label
 from planner.specs.errors import PlannerError
-from planner.specs.history import COLUMN_NAMES, RunHistory
+from planner.specs.history import COLUMN_NAMES, SCHEMA_VERSION, RunHistory
 from planner.specs.memory_terms import MemoryTerm, describe
 from planner.specs.plan import Placement, Plan, Prediction, load_plan, parse_placement_pins
 from tierwise.cli.options import new_flag_spellings
@@ -114,7 +114,9 @@ def test_a_run_history_of_schema_1_opens_with_its_rows_under_the_new_columns(tmp
     assert list(frame["measured_iteration_time_s"]) == [40.0, 3.0]
     assert Plan.from_dict(json.loads(frame["plan_json"][0])) == load_plan(OLD / "host_7b_ci2.json")
     with sqlite3.connect(store) as con:
-        assert con.execute("PRAGMA user_version").fetchone() == (2,)
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    assert list(frame["seq_len"]) == [load_plan(OLD / "host_7b_ci2.json").model.seq_len,
+                                      load_plan(OLD / "nvme_13b.json").model.seq_len]
     RunHistory(store)  # opening it again changes nothing
     assert list(RunHistory(store).to_frame().columns) == ["id", *COLUMN_NAMES]
 

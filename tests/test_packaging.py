@@ -36,6 +36,17 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert readme_commands()[1].strip() in ci
 
 
+def test_the_readme_command_leaves_the_slow_cases_to_ci_which_runs_them_too():
+    import tomllib
+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "-m 'not slow'" in options["addopts"] and any(m.startswith("slow:") for m in options["markers"])
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    readme = next(i for i, line in enumerate(ci_lines) if line.strip() == readme_commands()[1].strip())
+    assert "python -m pytest -q -m slow" in ci_lines[readme + 1:]  # after the README's command, every slow case
+    assert "--index-url https://download.pytorch.org/whl/cpu" in readme_commands()[1]
+
+
 def test_ruff_is_clean():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

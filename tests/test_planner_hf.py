@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.specs.catalog import model_presets, published_presets, resolve_model
+from planner.specs import hf_known_keys
+from planner.specs.catalog import model_notes, model_presets, published_presets, resolve_model
 from planner.specs.errors import PlannerError
-from planner.specs.hf_config import HF_MAX_SEQ_LEN, is_hf_config, spec_from_hf_config
+from planner.specs.hf_config import HF_MAX_SEQ_LEN, is_hf_config, notes, spec_from_hf_config
 from planner.specs.model import ModelSpec
 
 torch = pytest.importorskip("torch")
@@ -142,7 +143,8 @@ def test_a_config_file_resolves_as_model(tmp_path):
     spec = resolve_model(_write(tmp_path, llama), seq=2048)
     assert spec.num_params == 8_030_261_248 and spec.seq_len == 2048
     qwen = next(m["config"] for m in PUBLISHED if m["hf_repo"] == "Qwen/Qwen2.5-72B")
-    assert "context 131072, planned at seq 8192" in resolve_model(_write(tmp_path, qwen)).name
+    capped = resolve_model(_write(tmp_path, qwen), seq=256)
+    assert capped.name.endswith("config.json (qwen2)") and capped.seq_len == 256  # the sequence is not in the name
 
 
 def test_our_own_model_form_is_still_read(tmp_path):
@@ -168,3 +170,69 @@ def test_our_own_model_form_is_still_read(tmp_path):
 def test_bad_configs_are_one_line_errors(tmp_path, cfg, message):
     with pytest.raises(PlannerError, match=message):
         resolve_model(_write(tmp_path, cfg))
+
+
+def test_the_bundled_known_keys_are_what_transformers_reports():
+    own, generic = hf_known_keys.generate()
+    assert frozenset(generic) == hf_known_keys.GENERIC_KEYS
+    assert {model_type: frozenset(keys) for model_type, keys in own.items()} == hf_known_keys.KNOWN_KEYS
+
+
+@pytest.mark.parametrize("entry", PUBLISHED, ids=[m["name"] for m in PUBLISHED])
+def test_every_published_config_reads_without_a_warning(entry):
+    assert notes(entry["config"], "config.json").warnings == ()
+
+
+def test_every_bundled_preset_config_reads_without_a_warning():
+    configs = [d["hf_config"] for d in _preset_docs().values() if "hf_config" in d]
+    assert configs and all(notes(cfg, "config.json").warnings == () for cfg in configs)
+
+
+QWEN_05B = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
+            "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2",
+            "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rope_theta": 1000000.0,
+            "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "transformers_version": "4.40.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+
+
+def _misspelled(cfg: dict, key: str, wrong: str) -> dict:
+    return {(wrong if k == key else k): v for k, v in cfg.items()}
+
+
+@pytest.mark.parametrize("key,wrong", [("tie_word_embeddings", "tie_word_embedding"),
+                                       ("num_key_value_heads", "num_key_value_head"),
+                                       ("intermediate_size", "intermediate_sizes")])
+def test_a_misspelled_key_the_plan_reads_is_named(tmp_path, key, wrong):
+    """Qwen2.5-0.5B's config: `tie_word_embedding` would plan 630 M params instead of 494 M, and
+    `num_key_value_head` would fail on transformers' default of 32 kv heads, naming neither."""
+    assert resolve_model(_write(tmp_path, QWEN_05B)).num_params == 494_032_768
+    with pytest.raises(PlannerError) as error:
+        resolve_model(_write(tmp_path, _misspelled(QWEN_05B, key, wrong)))
+    assert f"unknown key {wrong!r} in model file" in str(error.value)
+    assert f"(qwen2): did you mean {key!r}?" in str(error.value)
+    assert "divisible" not in str(error.value)
+
+
+def test_an_unknown_key_that_does_not_change_the_plan_is_a_warning(tmp_path):
+    cfg = {**_misspelled(QWEN_05B, "rope_theta", "rope_thetta"), "my_own_note": "kept"}
+    path = _write(tmp_path, cfg)
+    assert resolve_model(path).num_params == 494_032_768
+    lines = model_notes(path)
+    assert f"warning: unknown key 'rope_thetta' in model file {path} (qwen2): did you mean 'rope_theta'? Ignored" in lines
+    assert f"warning: unknown key 'my_own_note' in model file {path} (qwen2) ignored" in lines
+
+
+def test_defaults_that_set_the_plan_are_said_as_assumed(tmp_path):
+    bare = {k: v for k, v in QWEN_05B.items() if k not in ("tie_word_embeddings", "num_key_value_heads")}
+    path = _write(tmp_path, bare)
+    lines = model_notes(path)
+    where = f"model file {path} (qwen2)"
+    assert f"{where}: assumed tie_word_embeddings=false (qwen2's default; the config does not state it)" in lines
+    assert f"{where}: assumed num_key_value_heads=32 (qwen2's default; the config does not state it)" in lines
+    assert any(line.startswith(f"{where}: assumed seq 8192: the config's context is 32768 tokens") for line in lines)
+    assert not any("assumed seq" in line for line in model_notes(path, seq_given=True))
+    llama = {k: v for k, v in TINY.items() if k != "max_position_embeddings"}
+    lines = notes({"model_type": "llama", **llama}, "config.json").assumed
+    assert "config.json (llama): assumed num_key_value_heads = num_attention_heads (llama's default; the config " \
+           "does not state it)" in lines
+    assert any("assumed seq 1024 (the config states no max_position_embeddings)" in line for line in lines)

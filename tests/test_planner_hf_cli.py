@@ -24,7 +24,8 @@ def test_fit_memory_and_simulate_take_a_config_json(tmp_path):
     plan_path = tmp_path / "plan.json"
     code, out, err = planner("fit", str(config), "--gpus", "8", "--seq", "4096", "--out", str(plan_path))
     assert code == 0, err
-    assert "Qwen2.5-7B/config.json (qwen2; context 131072, planned at seq 8192" in out and "7.62 B params" in out
+    assert "Qwen2.5-7B/config.json (qwen2)" in out and "7.62 B params" in out and "planned at" not in out
+    assert "assumed seq" not in err  # --seq given
     plan = json.loads(plan_path.read_text())
     # Transformers builds 7,615,616,512 parameters from this config (tests/test_planner_hf.py).
     assert plan["model"]["num_params"] == 7_615_616_512 and plan["model"]["seq_len"] == 4096
@@ -34,6 +35,7 @@ def test_fit_memory_and_simulate_take_a_config_json(tmp_path):
     assert json.loads(out)["model"] == plan["model"]
     code, out, err = planner("memory", str(config), "--gpus", "8", "--json")
     assert code == 0, err
+    assert f"model file {config} (qwen2): assumed seq 8192: the config's context is 131072 tokens" in err
     assert json.loads(out)["model"]["num_params"] == 7_615_616_512
 
 

@@ -91,3 +91,38 @@ def test_compare_history_and_dashboard_share_one_error_definition(tmp_path):
     assert row["relative_error"] == pytest.approx(-0.75)
     runs = read_history(store).runs.set_index("metric")
     assert runs.loc["iteration_time_s", "error"] == pytest.approx(-0.75)
+
+
+def test_the_sequence_has_its_own_column_and_older_names_lose_it(tmp_path):
+    """A history written when the sequence was part of the model's name (schema version 2) reads
+    with the name short and the sequence in `seq_len`, taken from the run's plan."""
+    import sqlite3
+
+    from planner.specs.history import SCHEMA_VERSION, short_model_name
+
+    store = tmp_path / "h.sqlite"
+    plan = _plan()
+    RunHistory(store).append(plan, {"measured": {"iteration_time_s": 2.0}})
+    old_name = "config.json (qwen2; context 32768, planned at seq 8192) (with seq_len=256)"
+    with sqlite3.connect(store) as con:  # as version 2 wrote it: no seq_len, the sequence in the name
+        con.execute("UPDATE runs SET seq_len = NULL, model_name = ?", (old_name,))
+        con.execute("PRAGMA user_version = 2")
+    frame = RunHistory(store).to_frame()
+    assert frame.loc[0, "model_name"] == "config.json (qwen2)"
+    assert frame.loc[0, "seq_len"] == plan.model.seq_len
+    with sqlite3.connect(store) as con:
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    assert short_model_name("llama (with num_layers=4, seq_len=256)") == "llama (with num_layers=4)"
+    assert short_model_name("llama (with seq_len=256, num_layers=4)") == "llama (with num_layers=4)"
+    out = subprocess_history(store)
+    assert "seq" in out and str(plan.model.seq_len) in out and "planned at seq" not in out
+
+
+def subprocess_history(store):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "tierwise", "history", "--store", str(store)], capture_output=True,
+                          text=True, check=True, env=env).stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from planner.search.search import predict
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.errors import PlannerError
 from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.tiers import NVME
 from planner.specs.units import GIB
 from tierwise.cli import app, machine
 from tierwise.cli.run import with_swap_directory
@@ -37,7 +39,6 @@ def test_nvme_path_overrides_the_plan_and_is_created_when_its_parent_exists(tmp_
     swap = tmp_path / "swap"
     out = with_swap_directory(plan, swap)
     assert out.nvme_path == str(swap) and swap.is_dir()
-    assert with_swap_directory(plan.replace(nvme_path=None), None).nvme_path is None  # refused later, by precheck
 
 
 def test_nvme_path_whose_parent_is_missing_is_one_line_naming_it(tmp_path):
@@ -50,11 +51,21 @@ def test_nvme_path_whose_parent_is_missing_is_one_line_naming_it(tmp_path):
     assert not missing.parent.exists()
 
 
-def test_nvme_plan_without_a_path_says_to_pass_nvme_path(tmp_path):
-    path = tmp_path / "plan.json"
-    _plan(strategy="zero-inf-nvme").save(path)
-    out = _planner("run", str(path), "--no-history")
-    assert out.returncode == 1 and "pass --nvme-path DIR" in out.stderr
+def test_nvme_plan_without_a_path_swaps_to_the_cache_folder_or_says_it_lacks_room(tmp_path, monkeypatch):
+    from planner.cost import swap
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    plan = _plan(strategy="zero-inf-nvme")
+    ran = with_swap_directory(plan, None)
+    assert ran.nvme_path == str(tmp_path / "cache" / "tierwise-swap") and Path(ran.nvme_path).is_dir()
+    assert with_swap_directory(_plan(strategy="zero3"), None).nvme_path is None  # nothing on NVMe, no folder
+    monkeypatch.setattr(swap.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
+    from planner.cost.memory import memory_bill
+
+    needed = memory_bill(ran).peak_bytes[NVME]
+    assert swap.swap_space_problem(ran) == (
+        f"the swap directory {ran.nvme_path} has 1,000 bytes free but the plan puts {needed:,} bytes on NVMe; free "
+        "space there or pass --nvme-path DIR (a directory with room, on an NVMe drive)")
 
 
 @pytest.mark.parametrize("verb", ["run", "probe"])
@@ -116,3 +127,15 @@ def test_run_with_nvme_path_trains_with_the_created_directory(tmp_path):
     assert swap.is_dir()
     assert json.loads(profile.read_text())["plan"]["nvme_path"] == str(swap)  # the workers ran the plan as given
     assert "nvme_path" not in json.loads(plan.read_text())  # the user's plan file is left as it was
+
+
+def test_fit_says_where_an_nvme_plan_without_a_path_will_swap(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "tierwise", "fit", "13b", "--gpus", "1", "--placement",
+                           "params=nvme,optimizer_states=nvme", "--out", str(tmp_path / "plan.json"), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (f"note: the plan puts states on NVMe and names no --nvme-path: planner run and runtime.shard swap to "
+            f"{tmp_path / 'cache' / 'tierwise-swap'} (pass --nvme-path DIR for a directory on an NVMe drive)"
+            in done.stderr)
+    assert json.loads(done.stdout)["nvme_path"] is None  # the plan itself stays portable

@@ -72,7 +72,6 @@ def _planner(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("knobs", "message"), [
-    ({"placement": {**ALL_CPU, "params": "nvme", "optimizer_states": "nvme"}}, "sets no nvme_path"),
     ({"placement": {**ALL_CPU, "recompute_inputs": "nvme"}, "nvme_path": "/tmp"},
      "recompute_inputs=nvme is not supported"),
     ({"num_gpus": 2}, "--nproc 1 x 1 node(s) starts 1 process(es)"),

@@ -166,9 +166,20 @@ def resolve_model(
         spec = ModelSpec(name=f"custom ({overrides['num_layers']} layers x hidden {overrides['hidden_size']})", **overrides)
         return spec
     spec = _resolve_named(arg)
-    if overrides:
-        spec = spec.replace(name=f"{spec.name} (with {', '.join(f'{k}={v}' for k, v in overrides.items())})", **overrides)
-    return spec
+    shape = {k: v for k, v in overrides.items() if k != "seq_len"}  # the sequence has a column of its own
+    name = f"{spec.name} (with {', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else spec.name
+    return spec.replace(name=name, **overrides) if overrides else spec
+
+
+def model_notes(arg: str | None, *, seq_given: bool = False) -> tuple[str, ...]:
+    """What reading MODEL assumed or ignored, one line each: for a Hugging Face config file, its
+    unknown keys and the plan-relevant defaults it does not state (hf_config.notes); else nothing."""
+    if arg is None or not Path(arg).is_file():
+        return ()
+    doc = load_document(Path(arg), "model")
+    if not hf_config.is_hf_config(doc):
+        return ()
+    return hf_config.notes(doc, f"model file {arg}", seq_given=seq_given).lines()
 
 
 def _resolve_named(arg: str) -> ModelSpec:

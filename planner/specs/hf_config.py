@@ -19,15 +19,18 @@ applies when a key is absent (transformers 4.4x-5.x agree on these):
 
 Every family adds one final norm. Keys that do not change the count (rope, dropout, sliding window,
 `rotary_pct`, token ids) are ignored. Other model types (mixture-of-experts, encoder-decoder,
-vision) are refused by name rather than counted wrongly.
+vision) are refused by name rather than counted wrongly. Unknown keys: [Note: strict keys].
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from planner.specs.errors import PlannerError
+from planner.specs.hf_known_keys import GENERIC_KEYS, KNOWN_KEYS, LEGACY_KEYS
 from planner.specs.model import ModelSpec
 from planner.specs.specio import number
 
@@ -35,7 +38,7 @@ from planner.specs.specio import number
 # (`max_position_embeddings`; for a long-context extension its `rope_scaling` keeps the pre-training
 # length as `original_max_position_embeddings`), not the length one trains at. Planning at 128K tokens
 # would make activations dwarf everything, so `seq_len` is that context capped at HF_MAX_SEQ_LEN, 8192
-# (Llama 3's pre-training length); `--seq` overrides, and the spec's name says when the cap applied.
+# (Llama 3's pre-training length); `--seq` overrides, and `notes` says which length was assumed.
 # A config without the key plans at the planner's default, 1024.
 HF_MAX_SEQ_LEN = 8192
 """The longest sequence a Hugging Face config is planned at ([Note: planned sequence])."""
@@ -53,6 +56,37 @@ _LLAMA_LIKE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 SUPPORTED_MODEL_TYPES = (*_LLAMA_LIKE, "gpt2", "gpt_neox")
 _HF_MARKERS = ("model_type", "architectures", "num_hidden_layers", "n_layer", "n_embd")
+_LLAMA_PLAN_KEYS = frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                              "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "attention_bias",
+                              "mlp_bias", "max_position_embeddings", "rope_scaling"})
+PLAN_KEYS: dict[str, frozenset[str]] = {
+    **dict.fromkeys(_LLAMA_LIKE, _LLAMA_PLAN_KEYS),
+    "gpt2": frozenset({"n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "tie_word_embeddings", "n_positions",
+                       "add_cross_attention"}),
+    "gpt_neox": frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+                           "tie_word_embeddings", "attention_bias", "max_position_embeddings", "rope_scaling"}),
+}
+"""The keys each family's spec reads ([Note: strict keys]): a misspelling of one of them is an error."""
+# [Note: strict keys] A key transformers does not know for the config's model_type
+# (planner/specs/hf_known_keys.py) is reported with the nearest known key. It is an error when that
+# nearest key is one the plan reads (PLAN_KEYS: the count and the sequence) and the config lacks it:
+# `tie_word_embedding` would otherwise plan with the family's default for `tie_word_embeddings`, a
+# different parameter count, without a word. Any other unknown key is a warning (`notes`), since
+# transformers keeps unknown keys as attributes and real configs carry some. `notes` also says which
+# plan-relevant defaults were assumed because the config does not state them.
+SIMILARITY = 0.8
+"""difflib's ratio from which an unknown key is taken for a misspelling of a known one."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigNotes:
+    """What reading a config said beside its spec: unknown keys ignored, plan defaults assumed."""
+
+    warnings: tuple[str, ...] = ()
+    assumed: tuple[str, ...] = ()
+
+    def lines(self) -> tuple[str, ...]:
+        return (*(f"warning: {w}" for w in self.warnings), *self.assumed)
 
 
 def is_hf_config(doc: Mapping[str, Any]) -> bool:
@@ -63,12 +97,8 @@ def is_hf_config(doc: Mapping[str, Any]) -> bool:
 def spec_from_hf_config(cfg: Mapping[str, Any], *, name: str, where: str, source: str = "") -> ModelSpec:
     """The spec whose `num_params` is what transformers builds from `cfg`."""
     model_type = cfg.get("model_type")
-    if not isinstance(model_type, str):
-        raise PlannerError(f"{where}: a Hugging Face config needs 'model_type' (e.g. llama, qwen2, gpt2); it has none")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise PlannerError(
-            f"{where}: model_type {model_type!r} is not supported; dense decoders only: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    _supported(model_type, where)
+    unknown_key_warnings(cfg, model_type, where)  # a misspelled plan key stops here, named
     if model_type == "gpt2":
         fields = _gpt2_fields(cfg, where)
     elif model_type == "gpt_neox":
@@ -79,11 +109,74 @@ def spec_from_hf_config(cfg: Mapping[str, Any], *, name: str, where: str, source
     return ModelSpec(name=name, seq_len=seq_len, source=source, **fields)
 
 
+def _supported(model_type: Any, where: str) -> None:
+    if not isinstance(model_type, str):
+        raise PlannerError(f"{where}: a Hugging Face config needs 'model_type' (e.g. llama, qwen2, gpt2); it has none")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise PlannerError(
+            f"{where}: model_type {model_type!r} is not supported; dense decoders only: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
 def describe(label: str, cfg: Mapping[str, Any], where: str) -> str:
-    """The name a config file's spec carries: the file, its family and, when capped, the planned length."""
+    """The name a config file's spec carries: the file and its family (the planned sequence is the
+    spec's own `seq_len`, said by `notes` and shown in a column of its own, not in the name)."""
+    return f"{label} ({cfg.get('model_type')})"
+
+
+def known_keys(model_type: str) -> frozenset[str]:
+    """Every key transformers knows for `model_type`, the planner's own keys included."""
+    return KNOWN_KEYS[model_type] | GENERIC_KEYS | LEGACY_KEYS | PLAN_KEYS[model_type]
+
+
+def unknown_key_warnings(cfg: Mapping[str, Any], model_type: str, where: str) -> list[str]:
+    """One warning per key transformers does not know for `model_type`, with the nearest known key;
+    a PlannerError for a misspelled key the plan reads ([Note: strict keys])."""
+    known = known_keys(model_type)
+    out = []
+    for key in cfg:
+        if key in known:
+            continue
+        match = difflib.get_close_matches(key, sorted(known), n=1, cutoff=SIMILARITY)
+        said = f"unknown key {key!r} in {where} ({model_type})"
+        if match and match[0] in PLAN_KEYS[model_type] and match[0] not in cfg:
+            raise PlannerError(f"{said}: did you mean {match[0]!r}? It sets the plan (the parameter count or the "
+                               f"sequence); fix the key, or the planner would assume {model_type}'s default")
+        out.append(f"{said}: did you mean {match[0]!r}? Ignored" if match else f"{said} ignored")
+    return out
+
+
+def notes(cfg: Mapping[str, Any], where: str, *, seq_given: bool = False) -> ConfigNotes:
+    """The unknown keys a config carries and the plan-relevant defaults it leaves to the family
+    (tied embeddings, kv heads, head width, the sequence unless `seq_given`): what `planner fit`
+    prints to stderr beside the plan. Raises as `spec_from_hf_config` does."""
+    model_type = cfg.get("model_type")
+    _supported(model_type, where)
+    warnings = unknown_key_warnings(cfg, model_type, where)
+    defaults = _LLAMA_LIKE[model_type][0] if model_type in _LLAMA_LIKE else {"tie_word_embeddings": model_type == "gpt2"}
+    assumed = [f"{where} ({model_type}): assumed {key}={_shown(value)} ({model_type}'s default; the config does not "
+               "state it)" for key, value in defaults.items()
+               if key in ("tie_word_embeddings", "head_dim", "num_key_value_heads") and cfg.get(key) is None]
+    if model_type in _LLAMA_LIKE and "num_key_value_heads" not in defaults and cfg.get("num_key_value_heads") is None:
+        assumed.append(f"{where} ({model_type}): assumed num_key_value_heads = num_attention_heads "
+                       f"({model_type}'s default; the config does not state it)")
+    if not seq_given:
+        assumed.append(f"{where} ({model_type}): {_sequence_note(cfg, where)}; --seq S plans another length")
+    return ConfigNotes(warnings=tuple(warnings), assumed=tuple(assumed))
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _sequence_note(cfg: Mapping[str, Any], where: str) -> str:
+    key = "n_positions" if cfg.get("model_type") == "gpt2" else "max_position_embeddings"
     context = context_len(cfg, where)
-    capped = f"; context {context}, planned at seq {HF_MAX_SEQ_LEN}" if context > HF_MAX_SEQ_LEN else ""
-    return f"{label} ({cfg.get('model_type')}{capped})"
+    if cfg.get(key) is None and not isinstance(cfg.get("rope_scaling"), Mapping):
+        return f"assumed seq {context} (the config states no {key})"
+    if context > HF_MAX_SEQ_LEN:
+        return f"assumed seq {HF_MAX_SEQ_LEN}: the config's context is {context} tokens, planned at most at {HF_MAX_SEQ_LEN}"
+    return f"assumed seq {context} (the config's context)"
 
 
 def _llama_like_fields(cfg: Mapping[str, Any], model_type: str, where: str) -> dict[str, Any]:

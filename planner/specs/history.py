@@ -8,6 +8,7 @@ user's cache directory; `--store` chooses another file.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -18,8 +19,9 @@ from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
 from planner.specs.tiers import TIERS
 
-SCHEMA_VERSION = 2
-"""2: the columns of OLD_COLUMNS renamed ([Note: old spellings] in planner/specs/plan.py)."""
+SCHEMA_VERSION = 3
+"""2: the columns of OLD_COLUMNS renamed ([Note: old spellings] in planner/specs/plan.py). 3: the
+sequence in a column of its own (`seq_len`), out of the model's name (OLD_NAME_PARTS)."""
 _PEAK_TIERS = tuple(TIERS)
 """The tiers whose peaks have columns: those defined with the planner (a tier a test registers later
 is in the JSON columns only)."""
@@ -27,6 +29,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("recorded_at", "TEXT NOT NULL"),
     ("model_name", "TEXT"),
     ("num_params", "INTEGER"),
+    ("seq_len", "INTEGER"),
     ("hardware_name", "TEXT"),
     ("num_gpus", "INTEGER"),
     ("strategy", "TEXT"),
@@ -52,6 +55,30 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in _COLUMNS)
 OLD_COLUMNS = {"activation_checkpoints_tier": "recompute_inputs_tier", "checkpoint_interval": "recompute_interval"}
 """Columns of a history of schema version 1, renamed in place when it is opened."""
+
+
+OLD_NAME_PARTS = (re.compile(r"; context \d+, planned at seq \d+"), re.compile(r" \(with seq_len=\d+\)"),
+                  re.compile(r"(?<=\(with )seq_len=\d+, |, seq_len=\d+(?=[,)])"))
+"""What a model name of schema version 2 or older said about the sequence, now the `seq_len` column."""
+
+
+def short_model_name(name: str) -> str:
+    """A model name without the sequence older versions wrote into it (OLD_NAME_PARTS)."""
+    for part in OLD_NAME_PARTS:
+        name = part.sub("", name)
+    return name
+
+
+def _move_old_sequences(con: sqlite3.Connection) -> None:
+    """Rows written before the `seq_len` column take it from their plan, and lose it from their name."""
+    rows = con.execute("SELECT id, model_name, plan_json FROM runs WHERE seq_len IS NULL").fetchall()
+    for run_id, name, plan_json in rows:
+        try:
+            seq_len = json.loads(plan_json)["model"]["seq_len"]
+        except (ValueError, KeyError, TypeError):
+            seq_len = None
+        con.execute("UPDATE runs SET seq_len = ?, model_name = ? WHERE id = ?",
+                    (seq_len, short_model_name(name or ""), run_id))
 
 
 def _rename_old_columns(con: sqlite3.Connection) -> None:
@@ -84,6 +111,7 @@ class RunHistory:
                 for name, kind in _COLUMNS:
                     if name not in present:
                         con.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+                _move_old_sequences(con)
                 con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except (OSError, sqlite3.Error) as exc:
             raise PlannerError(f"cannot open run history {self.path}: {exc}") from None
@@ -99,6 +127,7 @@ class RunHistory:
             "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "model_name": plan.model.name,
             "num_params": plan.model.num_params,
+            "seq_len": plan.model.seq_len,
             "hardware_name": plan.node.name,
             "num_gpus": plan.num_gpus,
             "strategy": plan.strategy,
@@ -133,4 +162,5 @@ class RunHistory:
         import pandas as pd
 
         with self._connect() as con:
-            return pd.read_sql_query("SELECT * FROM runs ORDER BY id", con)
+            # Named columns: a file from before a column was added has it last, the frame never does.
+            return pd.read_sql_query(f"SELECT id, {', '.join(COLUMN_NAMES)} FROM runs ORDER BY id", con)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,9 @@ class ValidationReport:
 
 
 def validate(corpus_path: str | Path | None = None, *, source: str | None = None, gpu: str | None = None,
-             method: str = "simulated") -> ValidationReport:
-    """Predict the corpus's rows (all, or one source / one GPU type) and compare."""
+             method: str = "simulated", on_rows: Callable[[int], Callable[[str], None]] | None = None) -> ValidationReport:
+    """Predict the corpus's rows (all, or one source / one GPU type) and compare. `on_rows(N)`, when
+    given, is told the number of rows and returns what to call with each row's id once it is done."""
     if method not in METHODS:
         raise PlannerError(f"unknown prediction method {method!r}; use one of {', '.join(METHODS)}")
     rows = load_corpus(corpus_path)
@@ -123,8 +125,13 @@ def validate(corpus_path: str | Path | None = None, *, source: str | None = None
             raise PlannerError(f"unknown --gpu {gpu!r}; the rows have GPU types {', '.join(present)}")
         rows, filters[GPU_TYPE_FILTER] = tuple(r for r in rows if r.gpu_family == family), family
     name = str(corpus_path) if corpus_path is not None else BUNDLED
-    results = tuple(predict_row(r, method=method) for r in rows)
-    return ValidationReport(corpus=name, results=results, method=method, filters=filters)
+    row_done = on_rows(len(rows)) if on_rows is not None else None
+    results = []
+    for row in rows:
+        results.append(predict_row(row, method=method))
+        if row_done is not None:
+            row_done(row.row_id)
+    return ValidationReport(corpus=name, results=tuple(results), method=method, filters=filters)
 
 
 def measured_metric(row: CorpusRow) -> tuple[str, float]:

@@ -110,6 +110,12 @@ def _framework_configs(chosen, accelerate_out: Path | None, fsdp2_out: Path | No
 def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
     if out is not None:
         chosen.save(out)
+        if chosen.placement.model_states_on_nvme and not chosen.nvme_path:  # stderr: --json keeps stdout a document
+            from planner.cost.swap import default_swap_path
+
+            sys.stderr.write(f"note: the plan puts states on NVMe and names no --nvme-path: planner run and "
+                             f"runtime.shard swap to {default_swap_path()} (pass --nvme-path DIR for a directory "
+                             "on an NVMe drive)\n")
     if deepspeed_out is not None:
         from planner.output.deepspeed_config import deepspeed_config
         from planner.specs.specio import write_json_atomic

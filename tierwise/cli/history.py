@@ -36,6 +36,7 @@ def history(
     columns = [
         ("id", [str(row.id) for row in rows]),
         ("model", [row.model_name for row in rows]),
+        ("seq", [str(int(row.seq_len)) if row.seq_len == row.seq_len and row.seq_len else "-" for row in rows]),
         ("predicted", [report.fmt_seconds(p) if p else "-" for p in pred]),
         ("measured", [report.fmt_seconds(m) if m else "-" for m in meas]),
         ("error", ["-" if e is None else f"{e:+.1%}" for e in errors]),

@@ -18,8 +18,8 @@ from planner.specs.tiers import GPU, HOST
 from planner.specs.units import GIB
 
 RUNTIME_MODULES = ("torch", "numpy", "psutil")
-INSTALL_RUNTIME = ("pip install torch==2.13.0 (first, or pip picks a CUDA build on a CPU-only machine), "
-                   "then pip install 'tierwise[runtime]'")
+INSTALL_RUNTIME = ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (first, or pip picks a "
+                   "CUDA build on a CPU-only machine), then pip install 'tierwise[runtime]'")
 
 
 def require_runtime(verb: str) -> None:

@@ -129,9 +129,14 @@ def is_auto(text: str | None) -> bool:
 
 
 def model(name, layers, hidden, heads, seq, vocab):  # noqa: ANN001, ANN201
-    from planner.specs.catalog import resolve_model
+    """The MODEL argument resolved; what reading it assumed or ignored (a Hugging Face config's
+    unknown keys and unstated defaults) goes to stderr, so `--json` output stays one document."""
+    from planner.specs.catalog import model_notes, resolve_model
 
-    return resolve_model(name, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab)
+    spec = resolve_model(name, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab)
+    for line in model_notes(name, seq_given=seq is not None):
+        sys.stderr.write(line + "\n")
+    return spec
 
 
 def node(hardware: str | None, max_alloc_gib: float | None = None):  # noqa: ANN201

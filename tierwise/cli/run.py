@@ -1,14 +1,16 @@
 """`planner run`: execute a plan with the bundled runtime (`planner compare` then checks the plan).
 
 `run` launches `runtime.launch` through torchrun (multi-node: pass torchrun's own arguments after
-`--`, e.g. `planner run plan.json -- --nnodes 2 --node_rank 0 --rdzv_endpoint host:29400`), shows a
-progress bar with step time and loss, and writes the profile. A plan the runtime cannot execute is
+`--`, e.g. `planner run plan.json -- --nnodes 2 --node_rank 0 --rdzv_endpoint host:29400`), says
+what it is doing (tierwise/cli/run_progress.py: each stage, each step with its loss, step time and the
+time left, the loss curve at the end), and writes the profile. A plan the runtime cannot execute is
 refused before any process starts (model parallelism, unsupported placement, the wrong process
 count) or by the workers before training (memory that is not there), always as one line.
 `--save-every N --checkpoint-dir DIR` saves training checkpoints (runtime/ckpt) and lets torchrun restart failed workers (`--max-restarts`,
 default 3 with checkpoints, 0 without), which resume from the newest complete training checkpoint;
 `--resume` continues a run that was stopped. `--nvme-path DIR` overrides the plan's swap directory
-(created when its parent exists). Before launching, `machine` names a missing runtime extra in one
+(created when its parent exists; without either, a `tierwise-swap` folder in the user's cache:
+planner/cost/swap.py). Before launching, `machine` names a missing runtime extra in one
 line and compares the plan's hardware with this machine (a one-line warning, or the real cause of
 a refusal). This module imports no torch at import time; `machine.this_machine` does, once the run
 is about to need it anyway.
@@ -34,7 +36,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from planner.specs import catalog, hf_config
 from planner.specs.errors import PlannerError
@@ -42,6 +43,7 @@ from planner.specs.plan import Plan, load_plan
 from planner.specs.specio import load_document
 from tierwise.cli import machine
 from tierwise.cli import options as o
+from tierwise.cli.run_progress import RunProgress
 
 EVENT = "TIERWISE_EVENT"
 ERROR = "TIERWISE_ERROR"
@@ -49,9 +51,11 @@ ERROR = "TIERWISE_ERROR"
 
 def precheck(plan: Plan, nproc: int, nnodes: int) -> None:
     """What can be refused without starting a process (the workers check memory themselves)."""
-    if plan.placement.model_states_on_nvme and not plan.nvme_path:
-        raise PlannerError("the plan places states on nvme but sets no nvme_path; pass --nvme-path DIR (a directory "
-                           "on an NVMe drive)")
+    from planner.cost.swap import swap_space_problem
+
+    problem = swap_space_problem(plan)
+    if problem is not None:
+        raise PlannerError(problem)
     if nproc * nnodes != plan.num_gpus:  # named by the options that start the processes
         raise PlannerError(f"--nproc {nproc} x {nnodes} node(s) starts {nproc * nnodes} process(es) but the plan is for "
                            f"num_gpus {plan.num_gpus}; match them or re-plan")
@@ -203,12 +207,15 @@ def swap_directory(nvme_path: str) -> str:
 
 
 def with_swap_directory(plan: Plan, nvme_path: Path | None) -> Plan:
-    """The plan with `--nvme-path` (when given) as its swap directory, created if it is missing."""
+    """The plan with `--nvme-path` (when given) as its swap directory, created if it is missing; a
+    plan with NVMe states and no directory swaps to the default folder (planner/cost/swap.py)."""
+    from planner.cost.swap import with_default_swap
+
     if nvme_path is not None:
         plan = plan.replace(nvme_path=str(nvme_path))
     if plan.placement.model_states_on_nvme and plan.nvme_path:
         return plan.replace(nvme_path=swap_directory(plan.nvme_path))
-    return plan
+    return with_default_swap(plan)
 
 
 def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | None, profile_out: Path | None,
@@ -232,9 +239,16 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     machine.require_runtime("run")
     if hf is not None:
         check_hf_model(hf, plan)
+    progress = progress_for(plan, steps, console)
+    progress.checking(plan_path)  # before this_machine's torch import, seconds on a small machine
+    if hf is not None:
+        for line in hf_config.notes(hf.config, f"--model {hf.label}", seq_given=True).lines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     warning = machine.check(plan, machine.this_machine(), nproc)
     if warning:
         console.print(warning, markup=False, highlight=False, soft_wrap=True)
+    else:  # the plan's prediction is for this machine: it estimates the run before a step is measured
+        progress.predicted_step_s = progress.plan_step_s
     with tempfile.TemporaryDirectory(prefix="tierwise-run-") as tmp:
         if plan != loaded:  # the workers read the plan as run, --nvme-path included
             plan_path = Path(tmp, "plan.json")
@@ -247,7 +261,7 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
             model_args += ["--init-from", str(hf.init_from)] if hf.init_from is not None else []
         code = _launch(torchrun_command(plan_path, steps=steps, nproc=nproc, data=data, profile_out=written,
                                         torchrun_args=torchrun_args, checkpoints=checkpoints, model_args=model_args),
-                       steps, console)
+                       progress, nproc)
         if profile_out is not None:
             console.print(f"profile written to {profile_out}")
         if record_history and written.exists():
@@ -258,36 +272,54 @@ def run_plan(plan_path: Path, *, steps: int, nproc: int | None, data: Path | Non
     return code
 
 
-def _launch(cmd: list[str], steps: int, console: Console) -> int:
+REPLAN_HINT = ("Plan for this machine: planner fit MODEL --hardware local, or planner probe --out hw.json and then "
+               "planner fit MODEL --hardware hw.json")
+
+
+def progress_for(plan: Plan, steps: int, console: Console) -> RunProgress:
+    """The run's progress lines; `predicted_step_s` is set once the plan is known to be for here."""
+    predicted = plan.prediction.iteration_time_s if plan.prediction and plan.prediction.iteration_time_s else None
+    return RunProgress(console=console, steps=steps, predicted_step_s=None, plan_step_s=predicted,
+                       hardware=f" for {plan.node.name}", replan_hint=REPLAN_HINT)
+
+
+def _launch(cmd: list[str], progress: RunProgress, processes: int) -> int:
     tail: deque[str] = deque(maxlen=30)
     error = None
-    with Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeRemainingColumn(), console=console, transient=False) as progress:
-        task = progress.add_task("train", total=steps, info="starting workers...")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            if line.startswith(EVENT):
-                event = json.loads(line[len(EVENT):])
-                if "step" not in event:  # e.g. {"resumed_from_step": N}
-                    progress.update(task, completed=event.get("resumed_from_step", 0), info="resumed")
-                    continue
-                progress.update(task, completed=event["step"],
-                                info=f"loss {event['loss']:.4f}  step {event['step_time_s']:.2f} s")
-            elif line.startswith(ERROR):
-                error = line[len(ERROR):].strip()
-            else:
-                tail.append(line)
-        code = proc.wait()
+    progress.started(processes)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    progress.beat_in_background()
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        if line.startswith(EVENT):
+            _event(json.loads(line[len(EVENT):]), progress)
+        elif line.startswith(ERROR):
+            error = line[len(ERROR):].strip()
+        else:
+            tail.append(line)
+    code = proc.wait()
+    progress.finished()
     if error and error.startswith("rank "):  # a worker stopped during training (see runtime/launch.py)
         raise PlannerError(f"the run stopped: {error}")
     if error:
         raise PlannerError(f"the runtime refused the plan: {error}")
     if code != 0:
-        console.print("\n".join(tail), style="dim", markup=False, highlight=False)
+        progress.console.print("\n".join(tail), style="dim", markup=False, highlight=False)
         raise PlannerError(f"training failed (torchrun exit code {code}); the workers' last output is above")
     return 0
+
+
+def _event(event: dict, progress: RunProgress) -> None:
+    """One TIERWISE_EVENT of rank 0 (runtime/launch.py) onto the progress lines."""
+    if "step" in event:
+        progress.step(event["step"], event["loss"], event["step_time_s"])
+    elif "stage" in event:
+        progress.stage(event["stage"])
+    elif "training_from_step" in event:
+        progress.training(event["training_from_step"])
+    elif "resumed_from_step" in event:
+        progress.resumed(event["resumed_from_step"])
 
 
 def register(app: typer.Typer) -> None:

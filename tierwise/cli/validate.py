@@ -22,8 +22,10 @@ def validate(
     from planner.output import report as views
     from planner.validation import validate as run_validation
     from planner.validation.render import markdown, rich_tables
+    from tierwise.cli.counted import Counted
 
-    result = run_validation(corpus, source=source, gpu=gpu)
+    result = run_validation(corpus, source=source, gpu=gpu,
+                            on_rows=lambda total: Counted(total, "predicting published runs").done)
     if out is not None:
         try:
             out.write_text(markdown(result))
