@@ -123,7 +123,8 @@ def terms_table(plan: Plan) -> Table:
     return table
 
 
-def prediction_table(plan: Plan) -> Table:
+def prediction_table(plan: Plan, bottleneck: str | None = None) -> Table:
+    """The prediction's numbers; `bottleneck` is the critical path's label (planner/output/critical_path.py)."""
     pred = plan.prediction
     assert pred is not None and pred.feasible
     flops_rule = "8 x tokens x params" if plan.recompute_interval else "6 x tokens x params"
@@ -133,7 +134,7 @@ def prediction_table(plan: Plan) -> Table:
     table.add_row("iteration time", fmt_seconds(pred.iteration_time_s))
     table.add_row("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}  (paper accounting, eq. 7: {flops_rule})")
     table.add_row("tokens per second", f"{pred.tokens_per_s:,.0f}")
-    table.add_row("bottleneck", bottleneck_label(pred.bottleneck))
+    table.add_row("bottleneck", bottleneck or bottleneck_label(pred.bottleneck))
     for phase, seconds in pred.phase_time_s.items():
         table.add_row(f"  {phase}", fmt_seconds(seconds))
     return table
@@ -149,27 +150,31 @@ def bound_note(plans: list[Plan], winner: Plan) -> str:
 
 
 def is_bound(plan: Plan, winner: Plan | None) -> bool:
-    """[Note: runner-up bounds] Runner-ups keep their analytic prediction (simulating them would
-    double `planner fit`'s time) while a refined winner is simulated. The analytic rate bounds the
-    simulated one from above ([Note: analytic bound] in planner/search/refine.py), so beside a
-    simulated winner an analytic runner-up is shown as a bound, never ranked against it as equal."""
+    """[Note: runner-up bounds] Beside a refined (simulated) winner the runner-ups are simulated too
+    before they are shown (planner/output/verdict.py `simulated_runners_up`), so the table compares
+    like with like. One the simulator cannot time keeps its analytic prediction; the analytic rate
+    bounds the simulated one from above ([Note: analytic bound] in planner/search/refine.py), so it
+    is shown as a bound, never ranked against the winner as equal."""
     return winner is not None and _pred(winner).method == "simulated" and _pred(plan).method == "analytic"
 
 
-def candidates_table(plans: list[Plan], title: str, width: int | None = None, *, winner: Plan | None = None) -> Table:
+def candidates_table(plans: list[Plan], title: str, width: int | None = None, *, winner: Plan | None = None,
+                     bottlenecks: list[str] | None = None) -> Table:
     """One row per plan; on a terminal narrower than the table the least useful columns go first
-    (named in the caption), and what is left wraps. Beside a simulated `winner`, analytic rows are
-    bounds (see `is_bound`)."""
+    (named in the caption), and what is left wraps. The iteration time sits beside the batch it is
+    for (plans differ in batch, so a shorter iteration may still be fewer tokens/s). Beside a
+    simulated `winner`, analytic rows are bounds (see `is_bound`). `bottlenecks`: each plan's
+    bottleneck label (planner/output/critical_path.py), else its prediction's."""
     at_most = ["<= " if is_bound(p, winner) else "" for p in plans]
     at_least = [">= " if m else "" for m in at_most]
     columns: list[tuple[str, list[str]]] = [
         ("strategy", [p.strategy for p in plans]),
         ("placement P/G/O/A", [_placement_cell(p) for p in plans]),
-        ("TFLOPS/GPU", [f"{m}{_pred(p).tflops_per_gpu:,.1f}" for m, p in zip(at_most, plans, strict=True)]),
-        ("tokens/s", [f"{m}{_pred(p).tokens_per_s:,.0f}" for m, p in zip(at_most, plans, strict=True)]),
         ("iteration", [f"{m}{fmt_seconds(_pred(p).iteration_time_s)}" for m, p in zip(at_least, plans, strict=True)]),
-        ("bottleneck", [bottleneck_label(_pred(p).bottleneck) for p in plans]),
         ("batch/GPU", [f"{p.micro_batch_per_gpu:g}" for p in plans]),
+        ("tokens/s", [f"{m}{_pred(p).tokens_per_s:,.0f}" for m, p in zip(at_most, plans, strict=True)]),
+        ("TFLOPS/GPU", [f"{m}{_pred(p).tflops_per_gpu:,.1f}" for m, p in zip(at_most, plans, strict=True)]),
+        ("bottleneck", bottlenecks or [bottleneck_label(_pred(p).bottleneck) for p in plans]),
         ("ci/tiling/prefetch", [f"{p.recompute_interval}/{p.tiling_factor}/{p.prefetch_depth}" for p in plans]),
         ("predicted by", [_pred(p).method for p in plans]),
     ]

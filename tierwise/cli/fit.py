@@ -87,7 +87,7 @@ def fit(
     if as_json:
         o.print_json(chosen.to_dict())
         return
-    _print_verdict(result, chosen, gpus, out, deepspeed_out)
+    _print_verdict(result, out, deepspeed_out)
     for path, (_, what) in configs.items():
         typer.echo(f"{what} written to {path}")
 
@@ -118,27 +118,30 @@ def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noq
                              "plan's placement with DeepSpeed's own after-backward step\n")
 
 
-def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
+def _print_verdict(result, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
     from planner.output import report
+    from planner.output.verdict import searcher, verdict
 
+    shown = verdict(result, searcher(result.request))  # the dashboard's verdict ([Note: one verdict])
+    chosen = shown.plan
     con = report.console()
-    node = result.request.node
-    where = f"{gpus} GPU(s) of {node.name} ({chosen.num_nodes} node(s) of {node.num_gpus_per_node})"
     con.print(f"[bold]Model[/bold]  {report.model_line(chosen)}")
-    if chosen.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
-        con.print(chosen.node.share_line())
-    if result.best is None:
-        con.print(f"[bold red]Verdict: does not fit[/bold red] on {where}")
+    if shown.share_note:  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
+        con.print(shown.share_note)
+    if not shown.fits:
+        con.print(f"[bold red]Verdict: {shown.headline()}[/bold red]")
         con.print(report.rejected_table(result.rejected))
         return
-    con.print(f"[bold green]Verdict: fits[/bold green] on {where}; {len(result.ranked)} feasible plans of {result.num_evaluated} evaluated")
+    con.print(f"[bold green]Verdict: {shown.headline()}[/bold green]")
     con.print(f"[bold]Plan[/bold]   {report.plan_line(chosen)}")
     con.print(report.memory_table(chosen))
-    con.print(report.prediction_table(chosen))
-    runners = result.runners_up()
-    if runners:
-        con.print(report.candidates_table(runners, "Runner-up plans (best of other placements)", con.width,
-                                          winner=chosen))
+    con.print(report.prediction_table(chosen, shown.path.bottleneck))
+    con.print(f"[bold]Bottleneck[/bold] {shown.path.sentence()}")
+    for alternative in shown.cheaper:
+        con.print(f"  cheaper: {alternative.line(f'--optimizer-step {alternative.optimizer_step}')}")
+    if shown.runners:
+        con.print(report.candidates_table(shown.runners, "Runner-up plans (best of other placements)", con.width,
+                                          winner=chosen, bottlenecks=shown.runner_bottlenecks))
     if out is not None:
         con.print(f"plan written to {out}")
     if deepspeed_out is not None:
