@@ -24,7 +24,9 @@ from planner.specs.tiers import TIERS
 
 AUTO = "auto"
 MODEL_MODES = ("size or preset", "explicit shape")
-MODEL_PARALLEL_CHOICES = ("1", "2", "4", "8", AUTO)
+NOT_GIVEN = "default"
+MODEL_PARALLEL_CHOICES = (NOT_GIVEN, "1", "2", "4", "8", AUTO)
+"""`default` is 1, searched for the `3d` strategy, as `planner fit` without `--model-parallel`."""
 _UNIT_LABELS = (("_gparams_per_s", " (G params/s)"), ("_gb_per_s", " (GB/s)"), ("_gib", " (GiB)"), ("_tflops", " (TFLOPS)"))
 
 
@@ -75,7 +77,8 @@ def read_sidebar() -> Inputs:
         help="Update each unit as soon as its gradient is final, overlapping the optimizer with the backward "
              "(`--optimizer-step in_backward`): no gradient accumulation or clipping, not with fp16.",
     )
-    mp = bar.selectbox("Model-parallel degree", MODEL_PARALLEL_CHOICES, key="model_parallel")
+    mp = bar.selectbox("Model-parallel degree", MODEL_PARALLEL_CHOICES, key="model_parallel",
+                       format_func=lambda c: "1 (searched for 3d)" if c == NOT_GIVEN else c)
     refine = bar.toggle(
         "Rank the top plans by simulation", key="refine", value=True,  # on, as docs/dashboard.md says
         help="As `planner fit` does (so the page and the CLI agree): the best plan of each of the 8 best placements "
@@ -98,7 +101,7 @@ def read_sidebar() -> Inputs:
         micro_batch_per_gpu=batch,
         strategy=None if strategy == AUTO else strategy,
         placement_pins=pins_from(pins),
-        model_parallel_degree=None if mp == AUTO else int(mp),
+        model_parallel_degree=None if mp == NOT_GIVEN else (AUTO if mp == AUTO else int(mp)),
         precision=precision,
         optimizer_step="in_backward" if in_backward else "after_backward",
         refine=refine,

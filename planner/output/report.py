@@ -8,7 +8,8 @@ from rich.table import Table
 from planner.specs.memory_terms import describe
 from planner.specs.model import format_param_count
 from planner.specs.plan import Plan
-from planner.specs.tiers import TIERS
+from planner.specs.hardware import NodeSpec
+from planner.specs.tiers import TIERS, Tier
 from planner.specs.units import GIB, TIB
 
 
@@ -46,6 +47,25 @@ WORK_LABELS = work_labels()
 def bottleneck_label(bottleneck: str) -> str:
     """The display label of a `prediction.bottleneck` value, analytic or simulated (unknown: as is)."""
     return resource_labels().get(bottleneck) or work_labels().get(bottleneck) or bottleneck
+
+
+def tier_name(tier: Tier, node: NodeSpec) -> str:
+    """A tier as people read it, for this hardware: `GPU (per GPU)`, `CPU (per node)`, `NVMe (per
+    node)`; where the host is the device (a CPU-only machine) the `gpu` tier is the compute
+    device's share of host memory, so no "GPU" is named."""
+    if node.host_is_device and tier.on_device:
+        return "device (host memory, per device)"
+    return f"{tier.label} ({tier.scope})"
+
+
+def device_word(node: NodeSpec) -> str:
+    """What computes: `GPU`, or `device` on a machine whose host is the device."""
+    return "device" if node.host_is_device else "GPU"
+
+
+def fmt_tflops(tflops: float) -> str:
+    """One decimal where that is readable; three significant digits below 1 (a CPU's 0.0123)."""
+    return f"{tflops:,.1f}" if tflops >= 1 else f"{tflops:.3g}"
 
 
 def fmt_bytes(nbytes: float) -> str:
@@ -101,7 +121,7 @@ def memory_table(plan: Plan, title: str = "Memory per tier") -> Table:
         use = f"{need / cap:.0%}" if cap else ("-" if not need else "no capacity")
         style = "red" if need > cap else ""
         table.add_row(
-            f"{tier} ({tier.scope})",
+            tier_name(tier, plan.node),
             fmt_bytes(need),
             fmt_bytes(cap),
             use,
@@ -119,7 +139,7 @@ def terms_table(plan: Plan) -> Table:
         table.add_column(col, justify="right" if col == "bytes" else "left", overflow="fold")
     for tier in TIERS:
         for name, nbytes in pred.memory_terms.get(tier, {}).items():
-            table.add_row(f"{tier} ({tier.scope})", name, f"{nbytes:,}", describe(name))
+            table.add_row(tier_name(tier, plan.node), name, f"{nbytes:,}", describe(name))
     return table
 
 
@@ -132,7 +152,7 @@ def prediction_table(plan: Plan, bottleneck: str | None = None) -> Table:
     table.add_column("metric", overflow="fold")
     table.add_column("value", justify="right", overflow="fold")
     table.add_row("iteration time", fmt_seconds(pred.iteration_time_s))
-    table.add_row("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}  (paper accounting, eq. 7: {flops_rule})")
+    table.add_row(f"TFLOPS per {device_word(plan.node)}", f"{fmt_tflops(pred.tflops_per_gpu)}  (paper accounting, eq. 7: {flops_rule})")
     table.add_row("tokens per second", f"{pred.tokens_per_s:,.0f}")
     table.add_row("bottleneck", bottleneck or bottleneck_label(pred.bottleneck))
     for phase, seconds in pred.phase_time_s.items():
@@ -161,10 +181,19 @@ def is_bound(plan: Plan, winner: Plan | None) -> bool:
 def candidates_table(plans: list[Plan], title: str, width: int | None = None, *, winner: Plan | None = None,
                      bottlenecks: list[str] | None = None) -> Table:
     """One row per plan; on a terminal narrower than the table the least useful columns go first
-    (named in the caption), and what is left wraps. The iteration time sits beside the batch it is
-    for (plans differ in batch, so a shorter iteration may still be fewer tokens/s). Beside a
-    simulated `winner`, analytic rows are bounds (see `is_bound`). `bottlenecks`: each plan's
-    bottleneck label (planner/output/critical_path.py), else its prediction's."""
+    (named in the caption), and what is left wraps."""
+    columns = candidate_columns(plans, winner=winner, bottlenecks=bottlenecks)
+    return fitted_table(title, columns, width, note=bound_note(plans, winner) if winner and any(
+        is_bound(p, winner) for p in plans) else None)
+
+
+def candidate_columns(plans: list[Plan], *, winner: Plan | None = None,
+                      bottlenecks: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """The runner-up table's (header, cells), most useful first: what the CLI and the dashboard show.
+    The iteration time sits beside the batch it is for (plans differ in batch, so a shorter
+    iteration may still be fewer tokens/s). Beside a simulated `winner`, analytic rows are bounds
+    (see `is_bound`). `bottlenecks`: each plan's bottleneck label (planner/output/critical_path.py),
+    else its prediction's."""
     at_most = ["<= " if is_bound(p, winner) else "" for p in plans]
     at_least = [">= " if m else "" for m in at_most]
     columns: list[tuple[str, list[str]]] = [
@@ -178,7 +207,7 @@ def candidates_table(plans: list[Plan], title: str, width: int | None = None, *,
         ("ci/tiling/prefetch", [f"{p.recompute_interval}/{p.tiling_factor}/{p.prefetch_depth}" for p in plans]),
         ("predicted by", [_pred(p).method for p in plans]),
     ]
-    return fitted_table(title, columns, width, note=bound_note(plans, winner) if winner and any(at_most) else None)
+    return columns
 
 
 def fitted_table(title: str, columns: list[tuple[str, list[str]]], width: int | None, *,
@@ -216,12 +245,18 @@ def _placement_cell(plan: Plan) -> str:
 
 def rejected_table(plans: list[Plan], title: str = "Why nothing fits (best try per placement)") -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("strategy", "placement", "reason"):
-        table.add_column(col, overflow="fold")
-    for plan in plans:
-        assert plan.prediction is not None
-        table.add_row(plan.strategy, plan.placement.label(), plan.prediction.reason)
+    columns = rejected_columns(plans)
+    for header, _ in columns:
+        table.add_column(header, overflow="fold")
+    for row in zip(*(cells for _, cells in columns), strict=True):
+        table.add_row(*row)
     return table
+
+
+def rejected_columns(plans: list[Plan]) -> list[tuple[str, list[str]]]:
+    """The "does not fit" table's (header, cells): the CLI's and the dashboard's."""
+    return [("strategy", [p.strategy for p in plans]), ("placement", [p.placement.label() for p in plans]),
+            ("why it does not fit", [_pred(p).reason for p in plans])]
 
 
 def console() -> Console:

@@ -45,7 +45,7 @@ def fit(
     as_json: o.JsonOpt = False,
 ) -> None:
     """Find the fastest placement that fits MODEL on the hardware, and say why."""
-    from planner.search.pins import optimizer_step_pin
+    from planner.search.pins import optimizer_step_pin, parallel_degrees
     from planner.search.refine import refine
     from planner.search.search import SearchRequest, search
     from planner.specs.plan import parse_placement_pins
@@ -57,6 +57,9 @@ def fit(
     number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
     if micro_batches is not None:
         number(micro_batches, "--micro-batches", minimum=1, maximum=1_000_000, integer=True)
+    # Not given: 1, except for `3d`, whose point is to search tensor and pipeline degrees (the dashboard's rule too).
+    degrees = parallel_degrees(strategy, o.degree_given(model_parallel, "--model-parallel"),
+                               o.degree_given(pipeline_parallel, "--pipeline-parallel"))
     request = SearchRequest(
         model=o.model(model, layers, hidden, heads, seq, vocab),
         node=o.node(hardware, max_alloc_gib),
@@ -67,9 +70,8 @@ def fit(
         recompute_interval=recompute_interval,
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
-        # Not given: 1, except for `3d`, whose point is to search tensor and pipeline degrees.
-        model_parallel_degree=o.model_parallel(model_parallel) if model_parallel is not None or strategy == "3d" else 1,
-        pipeline_parallel_degree=o.pipeline_parallel(pipeline_parallel, strategy),
+        model_parallel_degree=degrees[0],
+        pipeline_parallel_degree=degrees[1],
         micro_batches_per_step=micro_batches,
         precision=precision,
         nvme_path=nvme_path,
