@@ -279,7 +279,7 @@ def test_pinned_batch_and_placement(app):
     app.sidebar.selectbox(key="pin:params").set_value("nvme").run()
     no_errors(app)
     best = expected_best(micro_batch_per_gpu=2, placement_pins={"params": "nvme"})
-    assert "batch/GPU 2 |" in app.markdown[0].value and "params=nvme" in app.markdown[0].value
+    assert "micro-batch 2/GPU |" in app.markdown[0].value and "params=nvme" in app.markdown[0].value
     assert metrics(app)["Iteration time"] == report.fmt_seconds(best.prediction.iteration_time_s)
 
 

@@ -6,6 +6,7 @@ data; the page shows each metric's name and unit (`METRIC_LABELS`), values in th
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import altair as alt
@@ -55,7 +56,7 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
         "hardware": shown["hardware"], "GPUs": shown["num_gpus"], "strategy": shown["strategy"],
         "placement": shown["placement"], "predicted by": shown["method"], "metric": shown["shown"],
         "predicted": [f"{v:,.4g}" for v in shown["predicted"]], "measured": [f"{v:,.4g}" for v in shown["measured"]],
-        "error": [f"{e:+.1%}" for e in shown["error"]],
+        "error": [f"{e:+.1%}" if math.isfinite(e) else "n/a (measured 0)" for e in shown["error"]],
     })
 
 

@@ -26,6 +26,7 @@ def strategies_frame(result: SearchResult, bottlenecks: dict[str, str] | None = 
             "fits": pred.feasible,
             "placement": plan.placement.label(),
             "batch/GPU": plan.micro_batch_per_gpu if pred.feasible else None,
+            "micro-batch": report.batch_words(plan) if pred.feasible else "",
             "TFLOPS/GPU": pred.tflops_per_gpu if pred.feasible else 0.0,
             "tokens/s": pred.tokens_per_s if pred.feasible else 0.0,
             "iteration (s)": pred.iteration_time_s if pred.feasible else None,
@@ -47,7 +48,7 @@ def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
         "strategy": frame["strategy"],
         "fits": ["yes" if fits else "no" for fits in frame["fits"]],
         "placement": frame["placement"],
-        "batch/GPU": [cell(r, "batch/GPU", "g") for _, r in frame.iterrows()],
+        "micro-batch": frame["micro-batch"],
         "iteration": [report.fmt_seconds(r["iteration (s)"]) if r["fits"] else "" for _, r in frame.iterrows()],
         "TFLOPS/GPU": [report.fmt_tflops(r["TFLOPS/GPU"]) if r["fits"] else "" for _, r in frame.iterrows()],
         "tokens/s": [cell(r, "tokens/s", ",.0f") for _, r in frame.iterrows()],
@@ -63,7 +64,7 @@ def chart(frame: pd.DataFrame) -> alt.LayerChart:
     bars = base.mark_bar().encode(
         x=alt.X("TFLOPS/GPU:Q", title="TFLOPS per GPU (paper accounting, eq. 7)"),
         color=alt.Color("bottleneck:N", legend=alt.Legend(title="bottleneck", labelLimit=320)),
-        tooltip=["strategy", "placement", "batch/GPU", alt.Tooltip("TFLOPS/GPU:Q", format=",.1f"),
+        tooltip=["strategy", "placement", "micro-batch", alt.Tooltip("TFLOPS/GPU:Q", format=",.1f"),
                  alt.Tooltip("tokens/s:Q", format=",.0f"), "bottleneck", "why not"],
     )
     labels = base.mark_text(align="left", dx=4).encode(

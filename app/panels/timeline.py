@@ -59,11 +59,11 @@ def utilisation_chart(frame: pd.DataFrame) -> alt.Chart:
     ).properties(height=36 * max(1, len(frame)))
 
 
-def memory_frame(sim: Prediction) -> pd.DataFrame:
+def memory_frame(sim: Prediction, plan: Plan) -> pd.DataFrame:
     """Bytes in use over the simulated iteration per tier (the simulator's own view, downsampled)."""
-    timeline, scope = sim.details.get("memory_timeline") or {}, sim.details.get("memory_scope", {})
+    timeline = sim.details.get("memory_timeline") or {}
     return pd.DataFrame([
-        {"tier": f"{tier.upper()} ({scope.get(tier, '')})", "seconds": t, "GiB": nbytes / GIB,
+        {"tier": report.tier_name(tier, plan.node), "seconds": t, "GiB": nbytes / GIB,
          "capacity GiB": sim.capacity_bytes[tier] / GIB}
         for tier in TIERS
         for t, nbytes in timeline.get(tier, [])
@@ -131,4 +131,4 @@ def render(plan: Plan) -> None:
     bins, window, spans = gantt_frames(result)
     st.altair_chart(gantt_chart(bins, spans, window), key="gantt_chart")
     st.markdown("**Memory over the iteration** (simulated; dashed: capacity)")
-    st.altair_chart(memory_chart(memory_frame(sim)), key="sim_memory_chart")
+    st.altair_chart(memory_chart(memory_frame(sim, plan)), key="sim_memory_chart")

@@ -96,13 +96,23 @@ def _pipeline_label(plan: Plan) -> str:
     return label + (f" | {plan.micro_batches_per_step} micro-batches/step" if plan.micro_batches_per_step > 1 else "")
 
 
+def batch_words(plan: Plan) -> str:
+    """The micro-batch as the plan means it: per GPU where each GPU holds a whole model replica, else
+    per replica of `gpus_per_replica` GPUs (a tensor- or pipeline-parallel replica runs one
+    micro-batch across its GPUs; `micro_batch_per_gpu` is then a fraction such as 0.0625)."""
+    if plan.gpus_per_replica == 1:
+        return f"{plan.micro_batch_per_gpu:g}/GPU"
+    per_replica = plan.micro_batch_per_gpu * plan.gpus_per_replica
+    return f"{per_replica:g}/replica of {plan.gpus_per_replica} GPUs"
+
+
 def plan_line(plan: Plan) -> str:
     p = plan.placement
     # Said only when pinned away from the paper's schedule, so the default line stays as it was.
     step = " | optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     return (
         f"strategy {plan.strategy}: params={p.params} gradients={p.gradients} optimizer={p.optimizer_states} "
-        f"recompute_inputs={p.recompute_inputs} | batch/GPU {plan.micro_batch_per_gpu:g} | recompute interval "
+        f"recompute_inputs={p.recompute_inputs} | micro-batch {batch_words(plan)} | recompute interval "
         f"{plan.recompute_interval} | tiling {plan.tiling_factor} | prefetch depth {plan.prefetch_depth} | "
         f"model parallel {plan.model_parallel_degree}{_pipeline_label(plan)} | {plan.precision}"
         f"{' + fp8 matmuls' if plan.fp8_matmuls else ''}{step}"
@@ -200,7 +210,7 @@ def candidate_columns(plans: list[Plan], *, winner: Plan | None = None,
         ("strategy", [p.strategy for p in plans]),
         ("placement P/G/O/A", [_placement_cell(p) for p in plans]),
         ("iteration", [f"{m}{fmt_seconds(_pred(p).iteration_time_s)}" for m, p in zip(at_least, plans, strict=True)]),
-        ("batch/GPU", [f"{p.micro_batch_per_gpu:g}" for p in plans]),
+        ("micro-batch", [batch_words(p) for p in plans]),
         ("tokens/s", [f"{m}{_pred(p).tokens_per_s:,.0f}" for m, p in zip(at_most, plans, strict=True)]),
         ("TFLOPS/GPU", [f"{m}{_pred(p).tflops_per_gpu:,.1f}" for m, p in zip(at_most, plans, strict=True)]),
         ("bottleneck", bottlenecks or [bottleneck_label(_pred(p).bottleneck) for p in plans]),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from planner.cost.pipeline import is_composed
 from planner.output.critical_path import CriticalPath, analytic_path, simulated_path
-from planner.output.report import fmt_seconds
+from planner.output.report import batch_words, fmt_seconds
 from planner.search.search import SearchRequest, SearchResult, predict
 from planner.sim.report import Timelines
 from planner.specs.errors import PlannerError
@@ -40,7 +40,7 @@ class Alternative:
         pred = self.plan.prediction
         assert pred is not None
         return (f"{how} predicts {fmt_seconds(pred.iteration_time_s)} per iteration ({pred.tokens_per_s:,.0f} tokens/s, "
-                f"batch/GPU {self.plan.micro_batch_per_gpu:g})")
+                f"micro-batch {batch_words(self.plan)})")
 
 
 @dataclass(frozen=True, slots=True)
