@@ -12,7 +12,7 @@ from dataclasses import replace
 import streamlit as st
 
 from app.state import Inputs, node_spec, search_request
-from planner.output.verdict import Verdict, critical_path
+from planner.output.verdict import Verdict, critical_path, simulated_like
 from planner.output.verdict import verdict as build_verdict
 from planner.search.max_size import max_size
 from planner.search.search import SearchResult, best_by_strategy, predict, search
@@ -43,12 +43,15 @@ def verdict(inputs_json: str) -> Verdict:
                          lambda step: search_result(replace(inputs, optimizer_step=step).to_json()).best)
 
 
-@st.cache_data(max_entries=CACHE_ENTRIES, show_spinner=False)
-def bottlenecks(inputs_json: str) -> dict[str, str]:
-    """Strategy -> the bottleneck of its best plan (the exposed critical path), for the Strategies panel."""
+@st.cache_data(max_entries=CACHE_ENTRIES, show_spinner="Simulating each strategy's best plan...")
+def strategy_plans(inputs_json: str) -> dict[str, tuple[Plan, str]]:
+    """Strategy -> (its best plan, predicted as the verdict's winner is, and that plan's bottleneck:
+    the exposed critical path; "" where nothing fits), for the Strategies panel."""
     result = search_result(inputs_json)
-    return {name: critical_path(plan).bottleneck for name, plan in best_by_strategy(result).items()
-            if plan.prediction is not None and plan.prediction.feasible}
+    best = best_by_strategy(result)
+    plans = dict(zip(best, simulated_like(list(best.values()), result.best), strict=True))
+    return {name: (plan, critical_path(plan).bottleneck if plan.prediction.feasible else "")
+            for name, plan in plans.items()}
 
 
 def analytic(plan: Plan) -> Plan:

@@ -46,8 +46,7 @@ def main() -> None:
 
 def _render_panel(label: str, inputs: Inputs, plan: Plan | None, model: ModelSpec, node: NodeSpec) -> None:
     if label == "Strategies":  # every strategy: the same question with the placement left free
-        unpinned = inputs.unpinned().to_json()
-        strategies.render(compute.search_result(unpinned), compute.bottlenecks(unpinned))
+        strategies.render(compute.strategy_plans(inputs.unpinned().to_json()))
     elif label == "Largest model":
         scale.render(inputs, node, model.seq_len, model.num_params)
     elif label == "Predicted vs measured":

@@ -52,11 +52,12 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs as people read them: named metrics, values with their unit, the error in percent."""
     shown = in_units(runs)
     return pd.DataFrame({
-        "run": shown["run"], "recorded at": shown["recorded_at"], "model": shown["model"],
-        "hardware": shown["hardware"], "GPUs": shown["num_gpus"], "strategy": shown["strategy"],
-        "placement": shown["placement"], "predicted by": shown["method"], "metric": shown["shown"],
-        "predicted": [f"{v:,.4g}" for v in shown["predicted"]], "measured": [f"{v:,.4g}" for v in shown["measured"]],
+        "metric": shown["shown"], "predicted": [f"{v:,.4g}" for v in shown["predicted"]],
+        "measured": [f"{v:,.4g}" for v in shown["measured"]],
         "error": [f"{e:+.1%}" if math.isfinite(e) else "n/a (measured 0)" for e in shown["error"]],
+        "run": shown["run"], "model": shown["model"], "hardware": shown["hardware"], "GPUs": shown["num_gpus"],
+        "strategy": shown["strategy"], "placement": shown["placement"], "predicted by": shown["method"],
+        "recorded at": shown["recorded_at"],
     })
 
 

@@ -98,7 +98,7 @@ def chart(frame: pd.DataFrame, plan: Plan) -> alt.FacetChart:
     bars = alt.Chart().mark_bar().encode(
         x=alt.X("sum(GiB):Q", title="GiB"),
         color=alt.Color("shown as:N", scale=alt.Scale(domain=list(frame["shown as"]), range=list(frame["colour"])),
-                        sort=list(frame["shown as"]), legend=alt.Legend(title="state or buffer (kind)", labelLimit=360)),
+                        sort=list(frame["shown as"]), legend=alt.Legend(title="state or buffer (kind)", labelLimit=360, orient="bottom", columns=2)),
         order=alt.Order("order:Q"),
         tooltip=["term", "kind", alt.Tooltip("GiB:Q", format=",.2f"), "formula"],
     )

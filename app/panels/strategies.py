@@ -8,16 +8,18 @@ import streamlit as st
 
 from planner.output import report
 from planner.search.search import SearchResult, best_by_strategy
-from planner.specs.plan import STRATEGY_TABLE
+from planner.specs.plan import STRATEGY_TABLE, Plan
 
 DOES_NOT_FIT = "does not fit"
 
 
-def strategies_frame(result: SearchResult, bottlenecks: dict[str, str] | None = None) -> pd.DataFrame:
-    """One row per strategy, in numbers (the chart's data; 0 TFLOPS where it does not fit).
-    `bottlenecks`: strategy -> its best plan's exposed critical path (planner/output/critical_path.py)."""
+def strategies_frame(plans: SearchResult | dict[str, tuple[Plan, str]]) -> pd.DataFrame:
+    """One row per strategy, in numbers (the chart's data; 0 TFLOPS where it does not fit): from a
+    search, or from `app.compute.strategy_plans` (strategy -> (plan, its exposed-path bottleneck))."""
+    if isinstance(plans, SearchResult):
+        plans = {name: (plan, "") for name, plan in best_by_strategy(plans).items()}
     rows = []
-    for name, plan in best_by_strategy(result).items():
+    for name, (plan, bottleneck) in plans.items():
         pred = plan.prediction
         assert pred is not None
         rows.append({
@@ -30,8 +32,7 @@ def strategies_frame(result: SearchResult, bottlenecks: dict[str, str] | None = 
             "TFLOPS/GPU": pred.tflops_per_gpu if pred.feasible else 0.0,
             "tokens/s": pred.tokens_per_s if pred.feasible else 0.0,
             "iteration (s)": pred.iteration_time_s if pred.feasible else None,
-            "bottleneck": ((bottlenecks or {}).get(name) or report.bottleneck_label(pred.bottleneck))
-            if pred.feasible else DOES_NOT_FIT,
+            "bottleneck": (bottleneck or report.bottleneck_label(pred.bottleneck)) if pred.feasible else DOES_NOT_FIT,
             "predicted by": pred.method,
             "why not": "" if pred.feasible else pred.reason,
         })
@@ -73,14 +74,14 @@ def chart(frame: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(bars, labels).properties(height=34 * max(1, len(frame)))
 
 
-def render(result: SearchResult, bottlenecks: dict[str, str] | None = None) -> None:
-    frame = strategies_frame(result, bottlenecks)
+def render(plans: dict[str, tuple[Plan, str]]) -> None:
+    frame = strategies_frame(plans)
     if frame.empty:
         st.info("The search formed no candidate for any strategy.")
         return
     st.altair_chart(chart(frame), key="strategies_chart")
-    st.caption("Each strategy at its best batch, recompute interval, tiling and prefetch depth; `custom` is the best "
-               "free placement. Placement pins in the sidebar do not apply here.")
+    st.caption("Each strategy at its best batch, recompute interval, tiling and prefetch depth, predicted as the "
+               "verdict's plan is; `custom` is the best free placement. Placement pins in the sidebar do not apply here.")
     shown = display_frame(frame)
     fitting = shown[shown["fits"] == "yes"].drop(columns=["fits", "why not"])
     if not fitting.empty:

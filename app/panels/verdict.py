@@ -68,7 +68,7 @@ def render(verdict: Verdict) -> Plan | None:
 def _metrics(verdict: Verdict, plan: Plan) -> None:
     pred, path = plan.prediction, verdict.path
     assert pred is not None and path is not None
-    cols = st.columns(4)
+    cols = st.columns([1, 1, 1, 1.4])
     flops_rule = "8 x tokens x params" if plan.recompute_interval else "6 x tokens x params"
     cols[0].metric("Iteration time", report.fmt_seconds(pred.iteration_time_s))
     cols[1].metric(f"TFLOPS per {report.device_word(plan.node)}", report.fmt_tflops(pred.tflops_per_gpu),

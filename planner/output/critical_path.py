@@ -61,11 +61,12 @@ class CriticalPath:
 
     @property
     def bottleneck(self) -> str:
-        """One short label: `GPU compute`, `optimizer step (not overlapped)` or `waits on RESOURCE`."""
+        """One short label: `GPU compute`, `optimizer step` (not overlapped: `sentence` says so) or
+        `waits on RESOURCE`."""
         if self.exposed_s < EXPOSED_SHARE * self.iteration_s:
             return self.compute_label
         if self.step_exposed:
-            return "optimizer step (not overlapped)"
+            return "optimizer step"
         return f"waits on {next(iter(self.waits_by), 'transfers')}"
 
     def sentence(self) -> str:

@@ -112,23 +112,27 @@ def cheaper_schedules(plan: Plan, path: CriticalPath, best_with_step: Callable[[
 
 
 def simulated_runners_up(result: SearchResult) -> list[Plan]:
-    """The runner-up plans (best of other placements), simulated where the winner is, best first.
+    """The runner-up plans (best of other placements), simulated where the winner is, best first."""
+    return sorted(simulated_like(result.runners_up(), result.best), key=lambda p: -p.prediction.tokens_per_s)
 
-    [Note: runner-up bounds] in report.py: a plan the simulator cannot time keeps its analytic bound."""
+
+def simulated_like(plans: list[Plan], winner: Plan | None) -> list[Plan]:
+    """`plans` predicted as `winner` is: simulated beside a simulated winner (the analytic ones are
+    simulated now), as they are otherwise. [Note: runner-up bounds] in report.py: a plan the
+    simulator cannot time keeps its analytic bound."""
     from planner.sim.fast import predict as simulate
 
-    winner = result.best
     if winner is None or winner.prediction is None or winner.prediction.method != "simulated":
-        return result.runners_up()
+        return list(plans)
     out = []
-    for plan in result.runners_up():
-        if plan.prediction is not None and plan.prediction.method == "analytic":
+    for plan in plans:
+        if plan.prediction is not None and plan.prediction.feasible and plan.prediction.method == "analytic":
             try:
                 plan = plan.replace(prediction=simulate(plan))
             except PlannerError:
                 pass
         out.append(plan)
-    return sorted(out, key=lambda p: -p.prediction.tokens_per_s)
+    return out
 
 
 def verdict(result: SearchResult, best_with_step: Callable[[str], Plan | None]) -> Verdict:
