@@ -11,8 +11,8 @@ import streamlit as st
 from app import compute
 from app.panels import bandwidth, history, memory, scale, strategies, timeline, verdict
 from app.sidebar import read_sidebar
-from app.words import in_words
 from app.state import Inputs, model_spec, node_spec
+from app.words import in_words
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import NodeSpec
 from planner.specs.model import ModelSpec

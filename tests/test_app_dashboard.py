@@ -116,9 +116,8 @@ def test_strategies_panel_shows_every_strategy(app):
     assert len(panel.get("vega_lite_chart")) == 1
     fitting, failing = panel.dataframe[0].value, panel.table[0].value
     node = resolve_hardware("dgx-h100")
-    from planner.search.refine import refine
-
     from planner.output.verdict import simulated_like
+    from planner.search.refine import refine
     from planner.search.search import best_by_strategy
 
     result = refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16)))

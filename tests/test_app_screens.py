@@ -113,6 +113,7 @@ def test_a_compute_bound_plan_names_compute():
     assert analytic.bottleneck == "GPU compute" and analytic.step_s == 0.0
 
 
+@pytest.mark.slow  # `planner fit 1T` in a subprocess, with the runner-ups simulated
 def test_runner_ups_at_80_columns_show_simulated_times_and_the_batch():
     env = {**os.environ, "COLUMNS": "80"}
     out = subprocess.run([sys.executable, "-m", "tierwise", "fit", "1T", "--gpus", "16"], capture_output=True,
@@ -175,6 +176,7 @@ def visible_text(at: AppTest) -> list[str]:
     return texts
 
 
+@pytest.mark.slow  # four dashboards, every panel: about a minute on 2 cores
 @pytest.mark.parametrize("widgets", [
     {},  # 1T on 16 GPUs of a DGX H100: fits
     {"gpus": 1},  # does not fit, part of a node

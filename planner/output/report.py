@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from planner.specs.hardware import NodeSpec
 from planner.specs.memory_terms import describe
 from planner.specs.model import format_param_count
 from planner.specs.plan import Plan
-from planner.specs.hardware import NodeSpec
 from planner.specs.tiers import TIERS, Tier
 from planner.specs.units import GIB, TIB
 

@@ -124,15 +124,16 @@ def simulated_like(plans: list[Plan], winner: Plan | None) -> list[Plan]:
 
     if winner is None or winner.prediction is None or winner.prediction.method != "simulated":
         return list(plans)
-    out = []
-    for plan in plans:
-        if plan.prediction is not None and plan.prediction.feasible and plan.prediction.method == "analytic":
-            try:
-                plan = plan.replace(prediction=simulate(plan))
-            except PlannerError:
-                pass
-        out.append(plan)
-    return out
+
+    def like_winner(plan: Plan) -> Plan:
+        if plan.prediction is None or not plan.prediction.feasible or plan.prediction.method != "analytic":
+            return plan
+        try:
+            return plan.replace(prediction=simulate(plan))
+        except PlannerError:
+            return plan
+
+    return [like_winner(plan) for plan in plans]
 
 
 def verdict(result: SearchResult, best_with_step: Callable[[str], Plan | None]) -> Verdict:

@@ -6,7 +6,6 @@ from planner.cost.feasibility import check_plan
 from planner.specs.plan import OPTIMIZER_STEPS, Placement, Plan, parse_placement_pins
 from planner.specs.specio import string
 
-
 AUTO = "auto"
 """A parallel degree the user asked the search to choose."""
 SEARCHED_BY_DEFAULT = frozenset({"3d"})
