@@ -70,22 +70,24 @@ class CriticalPath:
         return f"waits on {next(iter(self.waits_by), 'transfers')}"
 
     def sentence(self) -> str:
-        """The bottleneck with its numbers, in one line."""
+        """The bottleneck with its numbers, in one line (saying so when they are the analytic estimate's)."""
         total = fmt_seconds(self.iteration_s)
+        source = " (analytic estimate)" if self.method == "analytic" else ""
         if self.exposed_s < EXPOSED_SHARE * self.iteration_s:
             return (f"{self.compute_label}: busy {fmt_seconds(self.compute_s)} of {total}; "
-                    f"{fmt_seconds(self.exposed_s)} exposed")
+                    f"{fmt_seconds(self.exposed_s)} exposed{source}")
         if self.step_exposed:
             return (f"the optimizer step is exposed: {fmt_seconds(self.step_s)} of {total} with the GPU idle"
-                    f"{_busiest(self.step_by)}")
-        return f"the GPU waits {fmt_seconds(self.waits_s)} of {total} in forward and backward{_busiest(self.waits_by)}"
+                    f"{self._whose(self.step_by)}{source}")
+        return (f"the GPU waits {fmt_seconds(self.waits_s)} of {total} in forward and backward"
+                f"{self._whose(self.waits_by)}{source}")
 
-
-def _busiest(by: dict[str, float]) -> str:
-    if not by:
-        return ""
-    label, seconds = next(iter(by.items()))
-    return f" ({label} busy {fmt_seconds(seconds)} of it)"
+    def _whose(self, by: dict[str, float]) -> str:
+        """Measured: the resource busiest while the GPU waits; estimated: the largest traffic of the part."""
+        if not by:
+            return ""
+        label, seconds = next(iter(by.items()))
+        return f" ({label} busy {fmt_seconds(seconds)} of it)" if self.method == "simulated" else f" (mostly {label})"
 
 
 def compute_label(plan: Plan) -> str:
