@@ -75,7 +75,7 @@ def read_sidebar() -> Inputs:
     in_backward = bar.toggle(
         "Optimizer step in backward", key="in_backward", value=False,
         help="Update each unit as soon as its gradient is final, overlapping the optimizer with the backward "
-             "(`--optimizer-step in_backward`): no gradient accumulation or clipping, not with fp16.",
+             "(the plan's optimizer step `in_backward`): no gradient accumulation or clipping, not with fp16.",
     )
     mp = bar.selectbox("Model-parallel degree", MODEL_PARALLEL_CHOICES, key="model_parallel",
                        format_func=lambda c: "1 (searched for 3d)" if c == NOT_GIVEN else c)
