@@ -7,12 +7,15 @@ calls the library.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import streamlit as st
 
 from app.state import Inputs, node_spec, search_request
+from planner.output.verdict import Verdict, critical_path, simulated_like
+from planner.output.verdict import verdict as build_verdict
 from planner.search.max_size import max_size
-from planner.search.search import SearchResult, predict, search
+from planner.search.search import SearchResult, best_by_strategy, predict, search
 from planner.specs.plan import Plan
 
 CACHE_ENTRIES = 64
@@ -29,6 +32,26 @@ def search_result(inputs_json: str) -> SearchResult:
 
         result = refine(result)
     return result
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES, show_spinner="Simulating the plan's critical path and the runner-ups...")
+def verdict(inputs_json: str) -> Verdict:
+    """What `planner fit` prints for the same inputs ([Note: one verdict] in planner/output/verdict.py);
+    another optimizer-step schedule is asked of the cached search."""
+    inputs = Inputs.from_json(inputs_json)
+    return build_verdict(search_result(inputs_json),
+                         lambda step: search_result(replace(inputs, optimizer_step=step).to_json()).best)
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES, show_spinner="Simulating each strategy's best plan...")
+def strategy_plans(inputs_json: str) -> dict[str, tuple[Plan, str]]:
+    """Strategy -> (its best plan, predicted as the verdict's winner is, and that plan's bottleneck:
+    the exposed critical path; "" where nothing fits), for the Strategies panel."""
+    result = search_result(inputs_json)
+    best = best_by_strategy(result)
+    plans = dict(zip(best, simulated_like(list(best.values()), result.best), strict=True))
+    return {name: (plan, critical_path(plan).bottleneck if plan.prediction.feasible else "")
+            for name, plan in plans.items()}
 
 
 def analytic(plan: Plan) -> Plan:

@@ -12,6 +12,7 @@ from app import compute
 from app.panels import bandwidth, history, memory, scale, strategies, timeline, verdict
 from app.sidebar import read_sidebar
 from app.state import Inputs, model_spec, node_spec
+from app.words import in_words
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import NodeSpec
 from planner.specs.model import ModelSpec
@@ -26,11 +27,11 @@ def main() -> None:
     inputs = read_sidebar()
     try:
         model, node = model_spec(inputs), node_spec(inputs.hardware, inputs.overrides, inputs.hardware_document)
-        result = compute.search_result(inputs.to_json())
+        shown = compute.verdict(inputs.to_json())
     except PlannerError as exc:
-        st.error(str(exc))  # one line naming the value, as the CLI prints it; never a traceback
+        st.error(in_words(str(exc)))  # one line naming the value in the page's words; never a traceback
         return
-    plan = verdict.render(result)
+    plan = verdict.render(shown)
     # Lazy tabs: only the open panel runs, so an interaction pays for what is on screen.
     tabs = dict(zip(TABS, st.tabs(TABS, key="panel", on_change="rerun"), strict=True))
     for label, tab in tabs.items():
@@ -40,12 +41,12 @@ def main() -> None:
             try:
                 _render_panel(label, inputs, plan, model, node)
             except PlannerError as exc:
-                st.error(str(exc))
+                st.error(in_words(str(exc)))
 
 
 def _render_panel(label: str, inputs: Inputs, plan: Plan | None, model: ModelSpec, node: NodeSpec) -> None:
     if label == "Strategies":  # every strategy: the same question with the placement left free
-        strategies.render(compute.search_result(inputs.unpinned().to_json()))
+        strategies.render(compute.strategy_plans(inputs.unpinned().to_json()))
     elif label == "Largest model":
         scale.render(inputs, node, model.seq_len, model.num_params)
     elif label == "Predicted vs measured":

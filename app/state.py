@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from planner.search.pins import parallel_degrees
 from planner.search.search import SearchRequest
 from planner.specs.training_loop import TrainingLoop
 from planner.specs import hf_config
@@ -49,7 +50,9 @@ class Inputs:
     micro_batch_per_gpu: float | None = None
     strategy: str | None = None
     placement_pins: tuple[tuple[str, str], ...] = field(default=())
-    model_parallel_degree: int | None = 1
+    model_parallel_degree: int | str | None = None
+    """A whole number, `auto` (searched), or None: not given, 1 except for the `3d` strategy
+    (`planner.search.pins.parallel_degrees`, the rule `planner fit` applies)."""
     precision: str = "bf16"
     optimizer_step: str | None = None
     """`Plan.optimizer_step` pinned, or None: searched among the schedules the training allows."""
@@ -139,6 +142,7 @@ def node_spec(hardware: str, overrides: tuple[tuple[str, float | str], ...], doc
 
 
 def search_request(inputs: Inputs) -> SearchRequest:
+    mp, pp = parallel_degrees(inputs.strategy, inputs.model_parallel_degree)
     return SearchRequest(
         model=model_spec(inputs),
         node=node_spec(inputs.hardware, inputs.overrides, inputs.hardware_document),
@@ -146,7 +150,8 @@ def search_request(inputs: Inputs) -> SearchRequest:
         strategy=inputs.strategy,
         placement_pins=dict(inputs.placement_pins),
         micro_batch_per_gpu=inputs.micro_batch_per_gpu,
-        model_parallel_degree=inputs.model_parallel_degree,
+        model_parallel_degree=mp,
+        pipeline_parallel_degree=pp,
         precision=inputs.precision,
         training=TrainingLoop(optimizer_step=inputs.optimizer_step, clips_grad_norm=inputs.clips_grad_norm),
     )

@@ -1,7 +1,7 @@
 """A real browser drives the running dashboard: Debian's headless Chromium (packages `chromium` and
 `chromium-driver`; nothing is downloaded) loads `planner dashboard`, changes the number of GPUs and
-sees the answer change, and saves screenshots (the main view is committed as docs/dashboard.png:
-`TIERWISE_DASHBOARD_SCREENSHOT=docs/dashboard.png pytest tests/test_app_browser.py`)."""
+sees the answer change, and saves screenshots (`TIERWISE_DASHBOARD_SCREENSHOT=FILE` keeps the main
+view; the pictures of every panel in docs/screenshots/ come from benchmarks/dashboard_screenshots.py)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def _verdict(driver, gpus: int) -> str:
     from selenium.webdriver.support.ui import WebDriverWait
 
     wait = WebDriverWait(driver, ANSWER_TIMEOUT_S)
-    wait.until(lambda d: f"Fits on {gpus} GPU(s)" in d.find_element(By.TAG_NAME, "body").text)
+    wait.until(lambda d: f"fits on {gpus} GPU(s)" in d.find_element(By.TAG_NAME, "body").text)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-testid='stVegaLiteChart'] canvas, "
                                                               "[data-testid='stVegaLiteChart'] svg")) > 0)
     metrics = {

@@ -16,6 +16,7 @@ from app.panels import timeline
 from app.panels.strategies import strategies_frame
 from planner.output import report
 from planner.output.deepspeed_config import deepspeed_config
+from planner.output.verdict import critical_path
 from planner.search.max_size import max_size
 from planner.search.search import SearchRequest, predict, search
 from planner.specs.catalog import resolve_hardware, resolve_model
@@ -69,13 +70,16 @@ def test_default_view_is_the_library_answer_for_1t_on_16_gpus(app):
     no_errors(app)
     best = expected_best()
     pred = best.prediction
-    assert app.success[0].value.startswith("**Fits** on 16 GPU(s) of dgx-h100 (2 node(s) of 8)")
+    assert app.success[0].value.startswith("**Verdict:** fits on 16 GPU(s) of dgx-h100 (2 node(s) of 8)")
     assert metrics(app) == {
         "Iteration time": report.fmt_seconds(pred.iteration_time_s),
         "TFLOPS per GPU": f"{pred.tflops_per_gpu:,.1f}",
         "Tokens per second": f"{pred.tokens_per_s:,.0f}",
-        "Bottleneck": report.bottleneck_label(pred.bottleneck),  # the one display vocabulary
+        # 1T's optimizer step follows the backward with the GPU idle: that is what the GPU waits on.
+        "Bottleneck": "optimizer step",
     }
+    assert critical_path(best).bottleneck == "optimizer step"
+    assert any(m.value.startswith("**Cheaper:** the optimizer step in the backward") for m in app.markdown)
     assert app.markdown[0].value == f"**Plan** {report.plan_line(best)}"
     assert [t.label for t in app.tabs] == list(TABS)
 
@@ -99,26 +103,33 @@ def test_memory_panel_stacks_every_term_against_capacity(app):
     assert spec["facet"]["row"]["field"] == "tier"
     tiers, terms = panel.dataframe[0].value, panel.dataframe[1].value
     pred = expected_best().prediction
-    assert list(tiers["tier"]) == ["GPU (per GPU)", "CPU (per node)", "NVME (per node)"]
-    assert list(tiers["fits"]) == [True, True, True]
+    assert list(tiers["tier"]) == ["GPU (per GPU)", "CPU (per node)", "NVMe (per node)"]
+    assert list(tiers["fits"]) == ["yes", "yes", "yes"]
     expected = {(t, name): nbytes for t, named in pred.memory_terms.items() for name, nbytes in named.items() if nbytes}
     got = {(row.tier.split(" ")[0].lower(), row.term): row.bytes for row in terms.itertuples()}
+    assert all(row.size == report.fmt_bytes(row.bytes) for row in terms.itertuples())
     assert got == expected
 
 
 def test_strategies_panel_shows_every_strategy(app):
     panel = tab(app, "Strategies")
     assert len(panel.get("vega_lite_chart")) == 1
-    table = panel.dataframe[0].value
+    fitting, failing = panel.dataframe[0].value, panel.table[0].value
     node = resolve_hardware("dgx-h100")
+    from planner.output.verdict import simulated_like
     from planner.search.refine import refine
+    from planner.search.search import best_by_strategy
 
-    expected = strategies_frame(refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16))))
-    assert list(table["strategy"]) == ["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d", "custom"]
-    assert list(table["fits"]) == list(expected["fits"])
-    assert list(table["TFLOPS/GPU"]) == list(expected["TFLOPS/GPU"])
-    assert not table.loc[table["strategy"] == "dp", "fits"].item()
-    assert "GPU needs" in table.loc[table["strategy"] == "dp", "why not"].item()
+    result = refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16)))
+    best = best_by_strategy(result)  # each strategy predicted as the winner is: simulated
+    expected = strategies_frame({name: (plan, "") for name, plan in
+                                 zip(best, simulated_like(list(best.values()), result.best), strict=True)})
+    assert set(expected.loc[expected["fits"], "predicted by"]) == {"simulated"}
+    shown = list(fitting["strategy"]) + list(failing.index)
+    assert sorted(shown) == sorted(["dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d", "custom"])
+    assert list(fitting["strategy"]) == list(expected.loc[expected["fits"], "strategy"])
+    assert list(fitting["TFLOPS/GPU"]) == [report.fmt_tflops(v) for v in expected.loc[expected["fits"], "TFLOPS/GPU"]]
+    assert "GPU needs" in failing.loc["dp", "why it does not fit"]  # the whole reason, in a table that wraps
 
 
 def test_timeline_panel_shows_the_simulation(app):
@@ -131,7 +142,7 @@ def test_timeline_panel_shows_the_simulation(app):
     analytic = predict(best.replace(prediction=None)).prediction
     assert comparison.loc["iteration time", "analytic"] == report.fmt_seconds(analytic.iteration_time_s)
     assert comparison.loc["iteration time", "simulated"] == report.fmt_seconds(sim.iteration_time_s)
-    assert comparison.loc["bottleneck", "simulated"] == report.bottleneck_label(sim.bottleneck)
+    assert comparison.loc["bottleneck", "simulated"] == critical_path(best).bottleneck == "optimizer step"
     utilisation, gantt, memory_over_time = (json.loads(c.proto.spec) for c in panel.get("vega_lite_chart"))
     assert utilisation["encoding"]["x"]["field"] == "busy"
     assert memory_over_time["facet"]["row"]["field"] == "tier"
@@ -201,7 +212,7 @@ def test_more_gpus_changes_the_answer(app):
     app.sidebar.number_input(key="gpus").set_value(32).run()
     no_errors(app)
     pred = expected_best(gpus=32).prediction
-    assert app.success[0].value.startswith("**Fits** on 32 GPU(s) of dgx-h100 (4 node(s) of 8)")
+    assert app.success[0].value.startswith("**Verdict:** fits on 32 GPU(s) of dgx-h100 (4 node(s) of 8)")
     assert metrics(app)["TFLOPS per GPU"] == f"{pred.tflops_per_gpu:,.1f}"
     assert metrics(app)["TFLOPS per GPU"] != f"{expected_best().prediction.tflops_per_gpu:,.1f}"
 
@@ -234,7 +245,7 @@ def test_ranking_by_simulation_reports_what_planner_fit_reports(app):
         "Iteration time": report.fmt_seconds(best.prediction.iteration_time_s),
         "TFLOPS per GPU": f"{best.prediction.tflops_per_gpu:,.1f}",
         "Tokens per second": f"{best.prediction.tokens_per_s:,.0f}",
-        "Bottleneck": report.bottleneck_label(best.prediction.bottleneck),
+        "Bottleneck": critical_path(best).bottleneck,
     }
     assert "discrete-event simulator" in app.caption[1].value
     comparison = tab(app, "Timeline").dataframe[0].value.set_index("")
@@ -249,9 +260,9 @@ def test_a_bigger_model_and_a_pinned_strategy(app):
     assert "paper-10t" in app.caption[0].value
     app.sidebar.selectbox(key="strategy").set_value("zero3").run()
     no_errors(app)
-    assert app.warning[0].value.startswith("**Does not fit** on 16 GPU(s) of dgx-h100")
-    rejected = app.main.dataframe[0].value
-    assert list(rejected["strategy"]) == ["zero3"] and "GPU needs" in rejected["why not"][0]
+    assert app.warning[0].value.startswith("**Verdict:** does not fit on 16 GPU(s) of dgx-h100")
+    rejected = app.main.table[0].value
+    assert list(rejected["strategy"]) == ["zero3"] and "GPU needs" in rejected["why it does not fit"][0]
 
 
 def test_explicit_shape_and_sequence_length(app):
@@ -274,7 +285,7 @@ def test_pinned_batch_and_placement(app):
     app.sidebar.selectbox(key="pin:params").set_value("nvme").run()
     no_errors(app)
     best = expected_best(micro_batch_per_gpu=2, placement_pins={"params": "nvme"})
-    assert "batch/GPU 2 |" in app.markdown[0].value and "params=nvme" in app.markdown[0].value
+    assert "micro-batch 2/GPU |" in app.markdown[0].value and "params=nvme" in app.markdown[0].value
     assert metrics(app)["Iteration time"] == report.fmt_seconds(best.prediction.iteration_time_s)
 
 
@@ -308,8 +319,8 @@ def test_optimizer_step_is_searched_pinned_or_forced_by_clipping(app):
         ("number_input", "hw:dgx-h100:nvme_read_gb_per_s", -5.0, "nvme_read_gb_per_s must be at least 0, got -5.0"),
         ("number_input", "hw:dgx-h100:gpu_max_alloc_gib", 100.0, "gpu_max_alloc_gib (100) exceeds gpu_memory_gib (80)"),
         ("number_input", "hw:dgx-h100:num_gpus_per_node", 0, "num_gpus_per_node must be at least 1, got 0"),
-        ("number_input", "gpus", 12, "--gpus 12 is not a whole number of dgx-h100 nodes (8 GPUs each)"),
-        ("number_input", "gpus", 0, "--gpus must be at least 1, got 0"),
+        ("number_input", "gpus", 12, "Number of GPUs 12 is not a whole number of dgx-h100 nodes (8 GPUs each)"),
+        ("number_input", "gpus", 0, "Number of GPUs must be at least 1, got 0"),  # the field's name, not the flag
         ("text_input", "model", "bogus", "unknown model 'bogus'"),
         ("text_input", "model", "", "no MODEL given; name one (e.g. 1T, gpt3-175b)"),
         ("selectbox", "pin:gradients", "gpu", "contradicts"),
@@ -322,7 +333,7 @@ def test_bad_values_show_one_line_and_no_traceback(app, widget, key, value, mess
     assert not app.exception
     assert len(app.error) == 1
     text = app.error[0].value
-    assert message in text and "\n" not in text and "Traceback" not in text
+    assert message in text and "\n" not in text and "Traceback" not in text and "--" not in text
     assert not app.tabs  # no panel is drawn from a question the library rejected
 
 
@@ -337,10 +348,13 @@ def test_every_panel_renders_on_every_preset(app, hardware, model, gpus):
     app.sidebar.number_input(key="gpus").set_value(gpus).run()
     no_errors(app)
     best = expected_best(model, hardware, gpus)
+    cpu_only = resolve_hardware(hardware).host_is_device
     if best is None:
-        assert app.warning[0].value.startswith(f"**Does not fit** on {gpus} GPU(s) of {hardware}")
-    else:
-        assert metrics(app)["TFLOPS per GPU"] == f"{best.prediction.tflops_per_gpu:,.1f}"
+        device = "CPU device(s)" if cpu_only else "GPU(s)"
+        assert app.warning[0].value.startswith(f"**Verdict:** does not fit on {gpus} {device} of {hardware}")
+    else:  # a CPU-only machine names no GPU
+        assert metrics(app)["TFLOPS per device" if cpu_only else "TFLOPS per GPU"] == report.fmt_tflops(
+            best.prediction.tflops_per_gpu)
     for label in TABS:
         panel = tab(app, label)
         assert len(panel.children) > 0

@@ -81,11 +81,14 @@ def test_dashboard_panel_plots_the_history(monkeypatch, tmp_path):
     panel = next(t for t in at.tabs if t.label == "Predicted vs measured")
     assert len(panel.get("vega_lite_chart")) == 1
     table = panel.dataframe[0].value
-    assert table.loc[table["metric"] == "iteration_time_s", ["predicted", "measured"]].values.tolist() == [
-        [plan.prediction.iteration_time_s, 2.2]]
+    assert table.loc[table["metric"] == "iteration time (s)", ["predicted", "measured"]].values.tolist() == [
+        [f"{plan.prediction.iteration_time_s:,.4g}", "2.2"]]
+    gpu_peak = table.loc[table["metric"] == "peak memory, GPU (per GPU) (GiB)", "measured"].item()
+    assert gpu_peak == f"{1100 / 2**30:,.4g}"  # bytes shown in GiB, under the metric's name
     panel.selectbox(key="history_metric").set_value("peak_bytes.gpu").run()
-    spec = json.loads(next(t for t in at.tabs if t.label == "Predicted vs measured").get("vega_lite_chart")[0].proto.spec)
-    assert "peak_bytes.gpu" in json.dumps(spec)
+    spec = json.dumps(json.loads(next(t for t in at.tabs if t.label == "Predicted vs measured")
+                                 .get("vega_lite_chart")[0].proto.spec))
+    assert "measured peak memory, GPU (per GPU) (GiB)" in spec and "peak_bytes" not in spec
 
 
 @pytest.mark.parametrize("content", ["not a database"])

@@ -10,7 +10,9 @@ import pandas as pd
 import streamlit as st
 
 from planner.output import report
+from planner.output.critical_path import CriticalPath, analytic_path
 from planner.output.timeline import PHASE_COLORS, busy_bins, zoom_caption, zoom_spans
+from planner.output.verdict import critical_path
 from planner.sim import SimResult
 from planner.sim.periodic import simulate_periodic
 from planner.specs.plan import Plan, Prediction
@@ -28,25 +30,31 @@ def simulation(plan_json: str) -> SimResult:
     return simulate_periodic(Plan.from_dict(json.loads(plan_json)))
 
 
-def utilisation_frame(sim: Prediction) -> pd.DataFrame:
-    """Busy fraction of every simulated resource (rank 0's own links and the node's shared ones)."""
+def utilisation_frame(sim: Prediction, path: CriticalPath | None = None) -> pd.DataFrame:
+    """Busy fraction of every simulated resource (rank 0's own links and the node's shared ones), by
+    its display name, with the seconds it is busy while the GPU computes nothing (`path`)."""
+    labels = report.resource_labels()
+    exposed = {} if path is None else {k: path.waits_by.get(k, 0.0) + path.step_by.get(k, 0.0)
+                                       for k in {*path.waits_by, *path.step_by}}
     rows = [
-        {"resource": name, "scope": r["scope"], "busy": r["busy_fraction"], "busy (s)": r["busy_s"],
-         "moved": r["amount"], "unit": r["unit"]}
+        {"resource": labels.get(name, name), "scope": r["scope"], "busy": r["busy_fraction"], "busy (s)": r["busy_s"],
+         "exposed (s)": exposed.get(labels.get(name, name), 0.0), "moved": r["amount"], "unit": r["unit"]}
         for name, r in sim.details["resources"].items()
     ]
     return pd.DataFrame(rows).sort_values("busy", ascending=False, ignore_index=True)
 
 
-def comparison_frame(analytic: Prediction, sim: Prediction) -> pd.DataFrame:
+def comparison_frame(analytic: Prediction, sim: Prediction, bottlenecks: tuple[str, str] | None = None) -> pd.DataFrame:
+    """Analytic beside simulated; `bottlenecks`: each one's exposed critical path (planner/output/critical_path.py)."""
     rows = [("iteration time", analytic.iteration_time_s, sim.iteration_time_s, report.fmt_seconds),
             ("TFLOPS per GPU", analytic.tflops_per_gpu, sim.tflops_per_gpu, lambda v: f"{v:,.1f}"),
             ("tokens per second", analytic.tokens_per_s, sim.tokens_per_s, lambda v: f"{v:,.0f}")]
     rows += [(f"  {phase}", analytic.phase_time_s[phase], sim.phase_time_s[phase], report.fmt_seconds)
              for phase in analytic.phase_time_s]
     table = [{"": name, "analytic": fmt(a), "simulated": fmt(s)} for name, a, s, fmt in rows]
-    table.append({"": "bottleneck", "analytic": report.bottleneck_label(analytic.bottleneck),
-                  "simulated": report.bottleneck_label(sim.bottleneck)})
+    analytic_label, sim_label = bottlenecks or (report.bottleneck_label(analytic.bottleneck),
+                                                report.bottleneck_label(sim.bottleneck))
+    table.append({"": "bottleneck", "analytic": analytic_label, "simulated": sim_label})
     return pd.DataFrame(table)
 
 
@@ -55,15 +63,16 @@ def utilisation_chart(frame: pd.DataFrame) -> alt.Chart:
         x=alt.X("busy:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%"), title="busy fraction of the iteration"),
         y=alt.Y("resource:N", sort=None, title=None, axis=alt.Axis(labelOverlap=False)), color=alt.Color("scope:N"),
         tooltip=["resource", "scope", alt.Tooltip("busy:Q", format=".1%"), alt.Tooltip("busy (s):Q", format=",.3f"),
+                 alt.Tooltip("exposed (s):Q", format=",.3f", title="busy while the GPU computes nothing (s)"),
                  alt.Tooltip("moved:Q", format=",.4g"), "unit"],
     ).properties(height=36 * max(1, len(frame)))
 
 
-def memory_frame(sim: Prediction) -> pd.DataFrame:
+def memory_frame(sim: Prediction, plan: Plan) -> pd.DataFrame:
     """Bytes in use over the simulated iteration per tier (the simulator's own view, downsampled)."""
-    timeline, scope = sim.details.get("memory_timeline") or {}, sim.details.get("memory_scope", {})
+    timeline = sim.details.get("memory_timeline") or {}
     return pd.DataFrame([
-        {"tier": f"{tier.upper()} ({scope.get(tier, '')})", "seconds": t, "GiB": nbytes / GIB,
+        {"tier": report.tier_name(tier, plan.node), "seconds": t, "GiB": nbytes / GIB,
          "capacity GiB": sim.capacity_bytes[tier] / GIB}
         for tier in TIERS
         for t, nbytes in timeline.get(tier, [])
@@ -120,15 +129,19 @@ def render(plan: Plan) -> None:
     plan_json = json.dumps(plan.to_dict())
     result = simulation(plan_json)
     sim = result.prediction
+    simulated = plan.replace(prediction=sim)
+    path = critical_path(simulated, result.timelines)
     left, right = st.columns([2, 3])
     with left:
         st.markdown("**Simulated vs analytic**")
-        st.dataframe(comparison_frame(analytic, sim), hide_index=True, key="sim_comparison")
+        bottlenecks = (analytic_path(plan).bottleneck, path.bottleneck)
+        st.dataframe(comparison_frame(analytic, sim, bottlenecks), hide_index=True, key="sim_comparison")
     with right:
         st.markdown("**Per-resource utilisation** (simulated)")
-        st.altair_chart(utilisation_chart(utilisation_frame(sim)), key="utilisation_chart")
+        st.altair_chart(utilisation_chart(utilisation_frame(sim, path)), key="utilisation_chart")
+    st.markdown(f"**Bottleneck** (simulated): {path.sentence()}")
     st.markdown("**Gantt chart** (simulated, rank 0's links and the node's shared ones)")
     bins, window, spans = gantt_frames(result)
     st.altair_chart(gantt_chart(bins, spans, window, zoom_caption(result)), key="gantt_chart")
     st.markdown("**Memory over the iteration** (simulated; dashed: capacity)")
-    st.altair_chart(memory_chart(memory_frame(sim)), key="sim_memory_chart")
+    st.altair_chart(memory_chart(memory_frame(sim, plan)), key="sim_memory_chart")

@@ -1,4 +1,8 @@
-"""The verdict and the chosen plan, with the plan JSON and DeepSpeed config to download."""
+"""The verdict and the chosen plan, with the plan JSON and DeepSpeed config to download.
+
+Every number and sentence comes from `planner.output.verdict.Verdict`, the one `planner fit` prints
+([Note: one verdict]); this panel lays it out.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ import json
 import pandas as pd
 import streamlit as st
 
+from app.words import in_words
 from planner.output import report
 from planner.output.deepspeed_config import deepspeed_config
-from planner.search.search import SearchResult
+from planner.output.verdict import SCHEDULE_WORDS, Verdict
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
 
@@ -19,72 +24,66 @@ METHOD_CAPTIONS = {
     "simulated": "Predicted by the discrete-event simulator: the best plan of each of the top placements was "
                  "simulated and re-ranked, as `planner fit` does.",
 }
-NUMBER_FORMATS = {
-    "TFLOPS/GPU": st.column_config.NumberColumn(format="%.1f"),
-    "iteration (s)": st.column_config.NumberColumn(format="%.3g"),
-    "batch/GPU": st.column_config.NumberColumn(format="%g"),
-    "tokens/s": st.column_config.NumberColumn(format="%.0f"),
-}
+SIDEBAR_SCHEDULES = {"in_backward": "choose *in_backward* as the sidebar's *Optimizer step*",
+                     "after_backward": "choose *after_backward* as the sidebar's *Optimizer step*"}
+"""How the sidebar asks for each optimizer-step schedule."""
 
 
-def chosen_plan(result: SearchResult) -> Plan | None:
-    """The best feasible plan, or the best try when nothing fits (it carries the reason)."""
-    return result.best or (result.rejected[0] if result.rejected else None)
+def columns_frame(columns: list[tuple[str, list[str]]]) -> pd.DataFrame:
+    """A table of display strings (`planner.output.report`'s columns): the CLI's cells, no placeholders."""
+    return pd.DataFrame({header: cells for header, cells in columns})
 
 
-def candidates_frame(plans: list[Plan], winner: Plan | None = None) -> pd.DataFrame:
-    rows = []
-    for plan in plans:
-        pred = plan.prediction
-        assert pred is not None
-        bound = report.is_bound(plan, winner)  # [Note: runner-up bounds] in planner/output/report.py
-        rows.append({
-            "strategy": plan.strategy,
-            "placement": plan.placement.label(),
-            "batch/GPU": plan.micro_batch_per_gpu,
-            "recompute interval": plan.recompute_interval,
-            "tiling": plan.tiling_factor,
-            "prefetch": plan.prefetch_depth,
-            "model parallel": plan.model_parallel_degree,
-            "TFLOPS/GPU": pred.tflops_per_gpu if pred.feasible else None,
-            "iteration (s)": pred.iteration_time_s if pred.feasible else None,
-            "tokens/s": pred.tokens_per_s if pred.feasible else None,
-            "bound": "analytic: at most this fast" if bound else "",
-            "bottleneck": report.bottleneck_label(pred.bottleneck),
-            "why not": pred.reason if not pred.feasible else "",
-        })
-    return pd.DataFrame(rows)
+def candidates_frame(verdict: Verdict) -> pd.DataFrame:
+    return columns_frame(report.candidate_columns(verdict.runners, winner=verdict.plan,
+                                                  bottlenecks=verdict.runner_bottlenecks))
 
 
-def where(plan: Plan) -> str:
-    node = plan.node
-    return f"{plan.num_gpus} GPU(s) of {node.name} ({plan.num_nodes} node(s) of {node.num_gpus_per_node})"
+def rejected_frame(plans: list[Plan]) -> pd.DataFrame:
+    return columns_frame(report.rejected_columns(plans))
 
 
-def render(result: SearchResult) -> Plan | None:
-    plan = chosen_plan(result)
-    if plan is None:
-        st.error("No candidate plan could be formed; check the pinned options.")
-        return None
-    pred = plan.prediction
-    assert pred is not None
+def render(verdict: Verdict) -> Plan | None:
+    plan = verdict.plan
+    assert plan is not None and plan.prediction is not None
     st.caption(f"**Model** {report.model_line(plan)}")
-    if result.best is None:
-        st.warning(f"**Does not fit** on {where(plan)}. Best try per placement below.")
-        st.dataframe(candidates_frame(result.rejected), hide_index=True, key="rejected_table")
+    if verdict.share_note:
+        st.caption(verdict.share_note)
+    if not verdict.fits:
+        st.warning(f"**Verdict:** {verdict.headline()}. Best try per placement below.")
+        st.table(rejected_frame(verdict.result.rejected))  # a static table wraps the reasons instead of cutting them
         return plan
-    st.success(
-        f"**Fits** on {where(plan)}: {len(result.ranked)} feasible plans of {result.num_evaluated} evaluated."
-    )
+    st.success(f"**Verdict:** {verdict.headline()}")
     st.markdown(f"**Plan** {report.plan_line(plan)}")
-    cols = st.columns(4)
+    _metrics(verdict, plan)
+    _downloads(plan)
+    if verdict.runners:
+        with st.expander("Runner-up plans (best of other placements)"):
+            st.dataframe(candidates_frame(verdict), hide_index=True, key="runners_table")
+            if any(report.is_bound(p, plan) for p in verdict.runners):
+                st.caption(report.bound_note(verdict.runners, plan).replace("<= / >=: a", "Rows marked <= / >=: a"))
+    return plan
+
+
+def _metrics(verdict: Verdict, plan: Plan) -> None:
+    pred, path = plan.prediction, verdict.path
+    assert pred is not None and path is not None
+    cols = st.columns([1, 1, 1, 1.4])
     flops_rule = "8 x tokens x params" if plan.recompute_interval else "6 x tokens x params"
     cols[0].metric("Iteration time", report.fmt_seconds(pred.iteration_time_s))
-    cols[1].metric("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}", help=f"paper accounting, eq. 7: {flops_rule}")
+    cols[1].metric(f"TFLOPS per {report.device_word(plan.node)}", report.fmt_tflops(pred.tflops_per_gpu),
+                   help=f"paper accounting, eq. 7: {flops_rule}")
     cols[2].metric("Tokens per second", f"{pred.tokens_per_s:,.0f}")
-    cols[3].metric("Bottleneck", report.bottleneck_label(pred.bottleneck))
+    cols[3].metric("Bottleneck", path.bottleneck, help="The exposed critical path: what the GPU waits on (docs/planner.md)")
+    st.markdown(f"**Bottleneck:** {path.sentence()}")
+    for alternative in verdict.cheaper:
+        step = alternative.optimizer_step
+        st.markdown(alternative.line(f"**Cheaper:** {SCHEDULE_WORDS[step]} ({SIDEBAR_SCHEDULES[step]})"))
     st.caption(METHOD_CAPTIONS[pred.method])
     st.caption(f"**Optimizer step** {report.schedule_line(plan)}")
+
+
+def _downloads(plan: Plan) -> None:
     downloads = st.columns(2)
     downloads[0].download_button(
         "Download plan JSON", json.dumps(plan.to_dict(), indent=2) + "\n", file_name="plan.json",
@@ -93,7 +92,7 @@ def render(result: SearchResult) -> Plan | None:
     try:
         ds_config = json.dumps(deepspeed_config(plan), indent=2) + "\n"
     except PlannerError as exc:
-        downloads[1].info(f"No DeepSpeed config: {exc}")
+        downloads[1].info(f"No DeepSpeed config: {in_words(str(exc))}")
     else:
         downloads[1].download_button(
             "Download DeepSpeed config", ds_config, file_name="deepspeed_config.json", mime="application/json",
@@ -102,11 +101,3 @@ def render(result: SearchResult) -> Plan | None:
         if plan.optimizer_step == "in_backward":
             downloads[1].caption("DeepSpeed steps the optimizer after backward: the config runs this placement "
                                  "with DeepSpeed's own step.")
-    runners = result.runners_up()
-    if runners:
-        with st.expander("Runner-up plans (best of other placements)"):
-            frame = candidates_frame(runners, plan)
-            st.dataframe(frame, hide_index=True, key="runners_table", column_config=NUMBER_FORMATS)
-            if frame["bound"].any():
-                st.caption(report.bound_note(runners, plan).replace("<= / >=: a", "Rows marked *bound*: a"))
-    return plan

@@ -5,10 +5,11 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from planner.specs.hardware import NodeSpec
 from planner.specs.memory_terms import describe
 from planner.specs.model import format_param_count
 from planner.specs.plan import Plan
-from planner.specs.tiers import TIERS
+from planner.specs.tiers import TIERS, Tier
 from planner.specs.units import GIB, TIB
 
 
@@ -48,6 +49,25 @@ def bottleneck_label(bottleneck: str) -> str:
     return resource_labels().get(bottleneck) or work_labels().get(bottleneck) or bottleneck
 
 
+def tier_name(tier: Tier, node: NodeSpec) -> str:
+    """A tier as people read it, for this hardware: `GPU (per GPU)`, `CPU (per node)`, `NVMe (per
+    node)`; where the host is the device (a CPU-only machine) the `gpu` tier is the compute
+    device's share of host memory, so no "GPU" is named."""
+    if node.host_is_device and tier.on_device:
+        return "device (host memory, per device)"
+    return f"{tier.label} ({tier.scope})"
+
+
+def device_word(node: NodeSpec) -> str:
+    """What computes: `GPU`, or `device` on a machine whose host is the device."""
+    return "device" if node.host_is_device else "GPU"
+
+
+def fmt_tflops(tflops: float) -> str:
+    """One decimal where that is readable; three significant digits below 1 (a CPU's 0.0123)."""
+    return f"{tflops:,.1f}" if tflops >= 1 else f"{tflops:.3g}"
+
+
 def fmt_bytes(nbytes: float) -> str:
     if nbytes >= TIB:
         return f"{nbytes / TIB:,.2f} TiB"
@@ -76,13 +96,23 @@ def _pipeline_label(plan: Plan) -> str:
     return label + (f" | {plan.micro_batches_per_step} micro-batches/step" if plan.micro_batches_per_step > 1 else "")
 
 
+def batch_words(plan: Plan) -> str:
+    """The micro-batch as the plan means it: per GPU where each GPU holds a whole model replica, else
+    per replica of `gpus_per_replica` GPUs (a tensor- or pipeline-parallel replica runs one
+    micro-batch across its GPUs; `micro_batch_per_gpu` is then a fraction such as 0.0625)."""
+    if plan.gpus_per_replica == 1:
+        return f"{plan.micro_batch_per_gpu:g}/GPU"
+    per_replica = plan.micro_batch_per_gpu * plan.gpus_per_replica
+    return f"{per_replica:g}/replica of {plan.gpus_per_replica} GPUs"
+
+
 def plan_line(plan: Plan) -> str:
     p = plan.placement
     # Said only when pinned away from the paper's schedule, so the default line stays as it was.
     step = " | optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     return (
         f"strategy {plan.strategy}: params={p.params} gradients={p.gradients} optimizer={p.optimizer_states} "
-        f"recompute_inputs={p.recompute_inputs} | batch/GPU {plan.micro_batch_per_gpu:g} | recompute interval "
+        f"recompute_inputs={p.recompute_inputs} | micro-batch {batch_words(plan)} | recompute interval "
         f"{plan.recompute_interval} | tiling {plan.tiling_factor} | prefetch depth {plan.prefetch_depth} | "
         f"model parallel {plan.model_parallel_degree}{_pipeline_label(plan)} | {plan.precision}"
         f"{' + fp8 matmuls' if plan.fp8_matmuls else ''}{step}"
@@ -106,7 +136,7 @@ def memory_table(plan: Plan, title: str = "Memory per tier") -> Table:
         use = f"{need / cap:.0%}" if cap else ("-" if not need else "no capacity")
         style = "red" if need > cap else ""
         table.add_row(
-            f"{tier} ({tier.scope})",
+            tier_name(tier, plan.node),
             fmt_bytes(need),
             fmt_bytes(cap),
             use,
@@ -124,11 +154,12 @@ def terms_table(plan: Plan) -> Table:
         table.add_column(col, justify="right" if col == "bytes" else "left", overflow="fold")
     for tier in TIERS:
         for name, nbytes in pred.memory_terms.get(tier, {}).items():
-            table.add_row(f"{tier} ({tier.scope})", name, f"{nbytes:,}", describe(name))
+            table.add_row(tier_name(tier, plan.node), name, f"{nbytes:,}", describe(name))
     return table
 
 
-def prediction_table(plan: Plan) -> Table:
+def prediction_table(plan: Plan, bottleneck: str | None = None) -> Table:
+    """The prediction's numbers; `bottleneck` is the critical path's label (planner/output/critical_path.py)."""
     pred = plan.prediction
     assert pred is not None and pred.feasible
     flops_rule = "8 x tokens x params" if plan.recompute_interval else "6 x tokens x params"
@@ -136,9 +167,9 @@ def prediction_table(plan: Plan) -> Table:
     table.add_column("metric", overflow="fold")
     table.add_column("value", justify="right", overflow="fold")
     table.add_row("iteration time", fmt_seconds(pred.iteration_time_s))
-    table.add_row("TFLOPS per GPU", f"{pred.tflops_per_gpu:,.1f}  (paper accounting, eq. 7: {flops_rule})")
+    table.add_row(f"TFLOPS per {device_word(plan.node)}", f"{fmt_tflops(pred.tflops_per_gpu)}  (paper accounting, eq. 7: {flops_rule})")
     table.add_row("tokens per second", f"{pred.tokens_per_s:,.0f}")
-    table.add_row("bottleneck", bottleneck_label(pred.bottleneck))
+    table.add_row("bottleneck", bottleneck or bottleneck_label(pred.bottleneck))
     for phase, seconds in pred.phase_time_s.items():
         table.add_row(f"  {phase}", fmt_seconds(seconds))
     return table
@@ -154,31 +185,44 @@ def bound_note(plans: list[Plan], winner: Plan) -> str:
 
 
 def is_bound(plan: Plan, winner: Plan | None) -> bool:
-    """[Note: runner-up bounds] Runner-ups keep their analytic prediction (simulating them would
-    double `planner fit`'s time) while a refined winner is simulated. The analytic rate bounds the
-    simulated one from above ([Note: analytic bound] in planner/search/refine.py), so beside a
-    simulated winner an analytic runner-up is shown as a bound, never ranked against it as equal."""
+    """[Note: runner-up bounds] Beside a refined (simulated) winner the runner-ups are simulated too
+    before they are shown (planner/output/verdict.py `simulated_runners_up`), so the table compares
+    like with like. One the simulator cannot time keeps its analytic prediction; the analytic rate
+    bounds the simulated one from above ([Note: analytic bound] in planner/search/refine.py), so it
+    is shown as a bound, never ranked against the winner as equal."""
     return winner is not None and _pred(winner).method == "simulated" and _pred(plan).method == "analytic"
 
 
-def candidates_table(plans: list[Plan], title: str, width: int | None = None, *, winner: Plan | None = None) -> Table:
+def candidates_table(plans: list[Plan], title: str, width: int | None = None, *, winner: Plan | None = None,
+                     bottlenecks: list[str] | None = None) -> Table:
     """One row per plan; on a terminal narrower than the table the least useful columns go first
-    (named in the caption), and what is left wraps. Beside a simulated `winner`, analytic rows are
-    bounds (see `is_bound`)."""
+    (named in the caption), and what is left wraps."""
+    columns = candidate_columns(plans, winner=winner, bottlenecks=bottlenecks)
+    return fitted_table(title, columns, width, note=bound_note(plans, winner) if winner and any(
+        is_bound(p, winner) for p in plans) else None)
+
+
+def candidate_columns(plans: list[Plan], *, winner: Plan | None = None,
+                      bottlenecks: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """The runner-up table's (header, cells), most useful first: what the CLI and the dashboard show.
+    The iteration time sits beside the batch it is for (plans differ in batch, so a shorter
+    iteration may still be fewer tokens/s). Beside a simulated `winner`, analytic rows are bounds
+    (see `is_bound`). `bottlenecks`: each plan's bottleneck label (planner/output/critical_path.py),
+    else its prediction's."""
     at_most = ["<= " if is_bound(p, winner) else "" for p in plans]
     at_least = [">= " if m else "" for m in at_most]
     columns: list[tuple[str, list[str]]] = [
         ("strategy", [p.strategy for p in plans]),
         ("placement P/G/O/A", [_placement_cell(p) for p in plans]),
-        ("TFLOPS/GPU", [f"{m}{_pred(p).tflops_per_gpu:,.1f}" for m, p in zip(at_most, plans, strict=True)]),
-        ("tokens/s", [f"{m}{_pred(p).tokens_per_s:,.0f}" for m, p in zip(at_most, plans, strict=True)]),
         ("iteration", [f"{m}{fmt_seconds(_pred(p).iteration_time_s)}" for m, p in zip(at_least, plans, strict=True)]),
-        ("bottleneck", [bottleneck_label(_pred(p).bottleneck) for p in plans]),
-        ("batch/GPU", [f"{p.micro_batch_per_gpu:g}" for p in plans]),
+        ("micro-batch", [batch_words(p) for p in plans]),
+        ("tokens/s", [f"{m}{_pred(p).tokens_per_s:,.0f}" for m, p in zip(at_most, plans, strict=True)]),
+        ("TFLOPS/GPU", [f"{m}{_pred(p).tflops_per_gpu:,.1f}" for m, p in zip(at_most, plans, strict=True)]),
+        ("bottleneck", bottlenecks or [bottleneck_label(_pred(p).bottleneck) for p in plans]),
         ("ci/tiling/prefetch", [f"{p.recompute_interval}/{p.tiling_factor}/{p.prefetch_depth}" for p in plans]),
         ("predicted by", [_pred(p).method for p in plans]),
     ]
-    return fitted_table(title, columns, width, note=bound_note(plans, winner) if winner and any(at_most) else None)
+    return columns
 
 
 def fitted_table(title: str, columns: list[tuple[str, list[str]]], width: int | None, *,
@@ -216,12 +260,18 @@ def _placement_cell(plan: Plan) -> str:
 
 def rejected_table(plans: list[Plan], title: str = "Why nothing fits (best try per placement)") -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("strategy", "placement", "reason"):
-        table.add_column(col, overflow="fold")
-    for plan in plans:
-        assert plan.prediction is not None
-        table.add_row(plan.strategy, plan.placement.label(), plan.prediction.reason)
+    columns = rejected_columns(plans)
+    for header, _ in columns:
+        table.add_column(header, overflow="fold")
+    for row in zip(*(cells for _, cells in columns), strict=True):
+        table.add_row(*row)
     return table
+
+
+def rejected_columns(plans: list[Plan]) -> list[tuple[str, list[str]]]:
+    """The "does not fit" table's (header, cells): the CLI's and the dashboard's."""
+    return [("strategy", [p.strategy for p in plans]), ("placement", [p.placement.label() for p in plans]),
+            ("why it does not fit", [_pred(p).reason for p in plans])]
 
 
 def console() -> Console:

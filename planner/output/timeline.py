@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.output.report import bottleneck_label
+from planner.output.report import batch_words, bottleneck_label
 from planner.sim.report import SimResult
 from planner.specs.errors import PlannerError
 from planner.specs.phases import Phase
@@ -131,11 +131,15 @@ def _figure(plt, num_rows: int):  # noqa: ANN001, ANN202
 
 
 def _title(result: SimResult) -> str:
+    from planner.output.verdict import critical_path  # the exposed critical path, as `planner fit` says it
+
     plan, p = result.plan, result.prediction
+    bottleneck = critical_path(plan.replace(prediction=p), result.timelines).bottleneck if p.feasible else (
+        bottleneck_label(p.bottleneck))
     return (f"{plan.model.name} on {plan.num_gpus} x {plan.node.name} GPUs, {plan.placement.label()}, "
-            f"batch/GPU {plan.micro_batch_per_gpu:g}, ci {plan.recompute_interval}, tiling {plan.tiling_factor}, "
+            f"micro-batch {batch_words(plan)}, ci {plan.recompute_interval}, tiling {plan.tiling_factor}, "
             f"prefetch {plan.prefetch_depth}, mp {plan.model_parallel_degree}\nsimulated {p.iteration_time_s:.4g} s/iteration, "
-            f"{p.tflops_per_gpu:.3g} TFLOPS/GPU, bottleneck {bottleneck_label(p.bottleneck)}   (bar height and row label: busy fraction)")
+            f"{p.tflops_per_gpu:.3g} TFLOPS/GPU, bottleneck {bottleneck}   (bar height and row label: busy fraction)")
 
 
 def _zoom_window(result: SimResult) -> tuple[float, float]:

@@ -6,6 +6,25 @@ from planner.cost.feasibility import check_plan
 from planner.specs.plan import OPTIMIZER_STEPS, Placement, Plan, parse_placement_pins
 from planner.specs.specio import string
 
+AUTO = "auto"
+"""A parallel degree the user asked the search to choose."""
+SEARCHED_BY_DEFAULT = frozenset({"3d"})
+"""Strategies whose point is to search the tensor and pipeline degrees when the user gives none."""
+
+
+def parallel_degrees(strategy: str | None, model_parallel: int | str | None = None,
+                     pipeline_parallel: int | str | None = None) -> tuple[int | None, int | None]:
+    """`SearchRequest`'s (tensor, pipeline) degrees from what the user gave each: a whole number,
+    `AUTO` (searched: None), or None for not given: 1, except for the `3d` strategy, which searches
+    both. The one rule `planner fit` and the dashboard share, so the same inputs search the same plans."""
+
+    def degree(given: int | str | None) -> int | None:
+        if given is None:
+            return None if strategy in SEARCHED_BY_DEFAULT else 1
+        return None if given == AUTO else int(given)
+
+    return degree(model_parallel), degree(pipeline_parallel)
+
 
 def optimizer_step_pin(text: str | None) -> str | None:
     """`--optimizer-step`, checked (None: not pinned; the search chooses among the schedules the training allows)."""

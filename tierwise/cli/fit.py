@@ -46,7 +46,7 @@ def fit(
     as_json: o.JsonOpt = False,
 ) -> None:
     """Find the fastest placement that fits MODEL on the hardware, and say why."""
-    from planner.search.pins import optimizer_step_pin
+    from planner.search.pins import optimizer_step_pin, parallel_degrees
     from planner.search.refine import refine
     from planner.search.search import SearchRequest, search
     from planner.specs.plan import parse_placement_pins
@@ -59,6 +59,9 @@ def fit(
     number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
     if micro_batches is not None:
         number(micro_batches, "--micro-batches", minimum=1, maximum=1_000_000, integer=True)
+    # Not given: 1, except for `3d`, whose point is to search tensor and pipeline degrees (the dashboard's rule too).
+    degrees = parallel_degrees(strategy, o.degree_given(model_parallel, "--model-parallel"),
+                               o.degree_given(pipeline_parallel, "--pipeline-parallel"))
     request = SearchRequest(
         model=o.model(model, layers, hidden, heads, seq, vocab),
         node=o.node(hardware, max_alloc_gib),
@@ -69,9 +72,8 @@ def fit(
         recompute_interval=recompute_interval,
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
-        # Not given: 1, except for `3d`, whose point is to search tensor and pipeline degrees.
-        model_parallel_degree=o.model_parallel(model_parallel) if model_parallel is not None or strategy == "3d" else 1,
-        pipeline_parallel_degree=o.pipeline_parallel(pipeline_parallel, strategy),
+        model_parallel_degree=degrees[0],
+        pipeline_parallel_degree=degrees[1],
         micro_batches_per_step=micro_batches,
         precision=precision,
         nvme_path=nvme_path,
@@ -89,7 +91,7 @@ def fit(
     if as_json:
         o.print_json(chosen.to_dict())
         return
-    _print_verdict(result, chosen, gpus, out, deepspeed_out)
+    _print_verdict(result, out, deepspeed_out)
     for path, (_, what) in configs.items():
         typer.echo(f"{what} written to {path}")
 
@@ -126,28 +128,31 @@ def _write(chosen, out: Path | None, deepspeed_out: Path | None) -> None:  # noq
                              "plan's placement with DeepSpeed's own after-backward step\n")
 
 
-def _print_verdict(result, chosen, gpus: int, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
+def _print_verdict(result, out: Path | None, deepspeed_out: Path | None) -> None:  # noqa: ANN001
     from planner.output import report
+    from planner.output.verdict import searcher, verdict
 
+    shown = verdict(result, searcher(result.request))  # the dashboard's verdict ([Note: one verdict])
+    chosen = shown.plan
     con = report.console()
-    node = result.request.node
-    where = f"{gpus} GPU(s) of {node.name} ({chosen.num_nodes} node(s) of {node.num_gpus_per_node})"
     con.print(f"[bold]Model[/bold]  {report.model_line(chosen)}")
-    if chosen.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
-        con.print(chosen.node.share_line())
-    if result.best is None:
-        con.print(f"[bold red]Verdict: does not fit[/bold red] on {where}")
+    if shown.share_note:  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
+        con.print(shown.share_note)
+    if not shown.fits:
+        con.print(f"[bold red]Verdict: {shown.headline()}[/bold red]")
         con.print(report.rejected_table(result.rejected))
         return
-    con.print(f"[bold green]Verdict: fits[/bold green] on {where}; {len(result.ranked)} feasible plans of {result.num_evaluated} evaluated")
+    con.print(f"[bold green]Verdict: {shown.headline()}[/bold green]")
     con.print(f"[bold]Plan[/bold]   {report.plan_line(chosen)}")
     con.print(f"[bold]Optimizer step[/bold]  {report.schedule_line(chosen)}")
     con.print(report.memory_table(chosen))
-    con.print(report.prediction_table(chosen))
-    runners = result.runners_up()
-    if runners:
-        con.print(report.candidates_table(runners, "Runner-up plans (best of other placements)", con.width,
-                                          winner=chosen))
+    con.print(report.prediction_table(chosen, shown.path.bottleneck))
+    con.print(f"[bold]Bottleneck[/bold] {shown.path.sentence()}")
+    for alternative in shown.cheaper:
+        con.print(f"  cheaper: {alternative.line(f'--optimizer-step {alternative.optimizer_step}')}")
+    if shown.runners:
+        con.print(report.candidates_table(shown.runners, "Runner-up plans (best of other placements)", con.width,
+                                          winner=chosen, bottlenecks=shown.runner_bottlenecks))
     if out is not None:
         con.print(f"plan written to {out}")
     if deepspeed_out is not None:

@@ -103,12 +103,12 @@ def model_parallel(text: str | None) -> int | None:
     return None if text is None else _degree(text, "--model-parallel")
 
 
-def pipeline_parallel(text: str | None, strategy: str | None) -> int | None:
-    """`--pipeline-parallel`: a whole number of stages, or None (searched) for `auto` and, with the
-    `3d` strategy, for not given; 1 otherwise."""
-    if text is None:
-        return None if strategy == "3d" else 1
-    return _degree(text, "--pipeline-parallel")
+def degree_given(text: str | None, flag: str) -> int | str | None:
+    """A parallel degree option as `planner.search.pins.parallel_degrees` takes it: a whole number,
+    `auto`, or None (not given)."""
+    if text is None or is_auto(text):
+        return None if text is None else AUTO
+    return _degree(text, flag)
 
 
 def _degree(text: str, flag: str) -> int | None:

@@ -55,17 +55,18 @@ def simulate_command(
         if as_json:
             typer.echo(json.dumps(simulated.to_dict(), indent=2))
             return
-        print_prediction(simulated)
+        print_prediction(simulated, result.timelines)
         if timeline is not None:
             typer.echo(f"timeline written to {timeline}")
 
     o.exit_on_error(go)
 
 
-def print_prediction(plan: Plan) -> None:
+def print_prediction(plan: Plan, timelines=None) -> None:  # noqa: ANN001
     from rich.table import Table
 
     from planner.output import report
+    from planner.output.verdict import cheaper_schedules, critical_path, same_plan
 
     p = plan.prediction
     assert p is not None
@@ -76,8 +77,14 @@ def print_prediction(plan: Plan) -> None:
                   f"{verdict}")
     if plan.node.share_line():  # part of a node: say what it bills (planner/specs/hardware.py [Note: part of a node])
         console.print(plan.node.share_line())
+    path = critical_path(plan, timelines) if p.feasible else None  # [Note: exposed critical path]
+    bottleneck = path.bottleneck if path else report.bottleneck_label(p.bottleneck)
     console.print(f"simulated iteration {p.iteration_time_s:.4g} s  |  {p.tflops_per_gpu:.3g} TFLOPS/GPU "
-                  f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{report.bottleneck_label(p.bottleneck)}[/]")
+                  f"({p.details['flops_accounting']})  |  {p.tokens_per_s:,.0f} tokens/s  |  bottleneck [bold]{bottleneck}[/]")
+    if path is not None:
+        console.print(f"bottleneck: {path.sentence()}")
+        for alternative in cheaper_schedules(plan, path, same_plan(plan)):
+            console.print(f"  cheaper: {alternative.line(f'--optimizer-step {alternative.optimizer_step}')}")
     console.print("phases: " + ", ".join(f"{k} {v:.4g} s" for k, v in p.phase_time_s.items()))
     resources = Table("resource", "scope", "busy", "moved", title="resources")
     for column in resources.columns:
