@@ -19,13 +19,13 @@ from typing import Any
 
 from planner.search.pins import parallel_degrees
 from planner.search.search import SearchRequest
-from planner.specs.training_loop import TrainingLoop
 from planner.specs import hf_config
 from planner.specs.catalog import DEFAULT_HARDWARE, hardware_presets, resolve_model
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import NVME_READ_WRITE, NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import STATES
+from planner.specs.training_loop import TrainingLoop
 
 DEFAULT_MODEL = "1T"
 DEFAULT_GPUS = 16

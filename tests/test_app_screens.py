@@ -5,7 +5,6 @@ raw key, a placeholder or a CLI flag."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ from planner.search.refine import refine
 from planner.search.search import SearchRequest, predict, search
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.history import RunHistory
+from planner.specs.training_loop import TrainingLoop
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "app" / "dashboard.py")
 FORBIDDEN = re.compile(r"peak_bytes\.|\bNone\b|\bnan\b|\bNaN\b|(?<![\w-])--[a-z]")
@@ -40,8 +40,10 @@ def planner_fit(*args: str) -> str:
     return proc.stdout
 
 
-def request(model: str, gpus: int, hardware: str = "dgx-h100", **kw) -> SearchRequest:
-    return SearchRequest(model=resolve_model(model), node=resolve_hardware(hardware), num_gpus=gpus, **kw)
+def request(model: str, gpus: int, hardware: str = "dgx-h100", optimizer_step: str | None = None,
+            **kw) -> SearchRequest:
+    return SearchRequest(model=resolve_model(model), node=resolve_hardware(hardware), num_gpus=gpus,
+                         training=TrainingLoop(optimizer_step=optimizer_step), **kw)
 
 
 def dashboard(monkeypatch, tmp_path, **widgets) -> AppTest:
@@ -50,7 +52,8 @@ def dashboard(monkeypatch, tmp_path, **widgets) -> AppTest:
     at.run()
     for key, value in widgets.items():
         widget = {"model": at.sidebar.text_input, "gpus": at.sidebar.number_input, "hardware": at.sidebar.selectbox,
-                  "strategy": at.sidebar.selectbox, "seq": at.sidebar.number_input}[key](key=key)
+                  "strategy": at.sidebar.selectbox, "seq": at.sidebar.number_input,
+                  "optimizer_step": at.sidebar.selectbox}[key](key=key)
         widget.set_value(value)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
@@ -64,7 +67,8 @@ def test_cli_and_dashboard_count_the_same_plans(monkeypatch, tmp_path):
     # The page's request (app/state.py) and the CLI's apply one rule for the degrees not given
     # (planner.search.pins.parallel_degrees): the page used to search 3d pipelines the CLI does not.
     shown = verdict(refine(search(search_request(Inputs(model="7B", num_gpus=16)))), lambda step: None)
-    assert shown.counts == "702 feasible plans of 814 evaluated"  # the page said 814 of 926
+    # Each layout priced with both optimizer-step schedules (the page said 814 of 926 layouts before one rule).
+    assert shown.counts == "1404 feasible plans of 1628 evaluated"
     assert f"Verdict: {shown.headline()}" in planner_fit("7B", "--gpus", "16")
     at = dashboard(monkeypatch, tmp_path, model="7B")
     assert at.success[0].value == f"**Verdict:** {shown.headline()}"
@@ -82,24 +86,24 @@ def test_cli_and_dashboard_bill_the_same_node_share(monkeypatch, tmp_path):
 
 
 def test_the_exposed_optimizer_step_is_the_bottleneck_and_the_cheaper_schedule_is_named(monkeypatch, tmp_path):
-    req = request("1T", 16)
+    req = request("1T", 16, optimizer_step="after_backward")
     shown = verdict(refine(search(req)), searcher(req))
     path = shown.path
-    # The step after the backward: the GPU idles through it (376.77 s of 862.41 s on dgx-h100).
+    # The step after the backward, pinned: the GPU idles through it.
     assert path.bottleneck == "optimizer step"
     assert path.step_s == pytest.approx(shown.plan.prediction.phase_time_s["optimizer"], rel=1e-3)
     assert path.compute_s + path.waits_s + path.step_s == pytest.approx(path.iteration_s, rel=1e-9)
     assert next(iter(path.step_by)) == "NVMe"
     [cheaper] = shown.cheaper
-    in_backward = refine(search(dataclasses.replace(req, optimizer_step="in_backward"))).best
+    in_backward = refine(search(request("1T", 16, optimizer_step="in_backward"))).best
     assert cheaper.optimizer_step == "in_backward"
     assert cheaper.plan.prediction.iteration_time_s == in_backward.prediction.iteration_time_s
     out = planner_fit("1T", "--gpus", "16", "--optimizer-step", "after_backward")
     assert f"Bottleneck {path.sentence()}" in out
     assert cheaper.line("--optimizer-step in_backward") in out
-    assert "the optimizer step is exposed: 376.77 s of 862.41 s" in out
-    assert "--optimizer-step in_backward predicts 487.30 s per iteration" in out
-    at = dashboard(monkeypatch, tmp_path)
+    assert "the optimizer step is exposed: 376.77 s of 869.83 s" in out
+    assert "--optimizer-step in_backward predicts 494.66 s per iteration" in out
+    at = dashboard(monkeypatch, tmp_path, optimizer_step="after_backward")
     assert {m.label: m.value for m in at.metric}["Bottleneck"] == path.bottleneck
     assert f"**Bottleneck:** {path.sentence()}" in [m.value for m in at.markdown]
 

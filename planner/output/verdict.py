@@ -151,11 +151,13 @@ def verdict(result: SearchResult, best_with_step: Callable[[str], Plan | None]) 
 
 
 def searcher(request: SearchRequest) -> Callable[[str], Plan | None]:
-    """`best_with_step` for `verdict`: the same request with another schedule, refined as `planner fit` ranks."""
+    """`best_with_step` for `verdict`: the same request with another schedule pinned, refined as `planner fit`
+    ranks (a schedule the training loop forbids, e.g. in backward under global-norm clipping, raises)."""
     from planner.search.refine import refine
     from planner.search.search import search
 
-    return lambda step: refine(search(dataclasses.replace(request, optimizer_step=step))).best
+    return lambda step: refine(search(dataclasses.replace(
+        request, training=dataclasses.replace(request.training, optimizer_step=step)))).best
 
 
 def same_plan(plan: Plan) -> Callable[[str], Plan | None]:
