@@ -214,7 +214,7 @@ def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path
     from planner.specs.plan import PRECISIONS, load_plan
     from runtime import probe as runtime_probe
 
-    assert set(runtime_probe.PRECISION_OF_DTYPE.values()) <= set(PRECISIONS)
+    assert set(runtime_probe.DTYPE_OF_PRECISION) == set(PRECISIONS)
     doc = _cpu_node().to_dict()
     monkeypatch.setattr(runtime_probe, "probe_node", lambda **kwargs: (dict(doc), "fp32"))
     trained: list[str] = []

@@ -32,7 +32,7 @@ def fit(
     micro_batches: o.MicroBatchesOpt = None,
     max_alloc_gib: o.MaxAllocOpt = None,
     max_batch_per_gpu: Annotated[int, typer.Option("--max-batch-per-gpu", help="largest batch/GPU the search tries")] = 32,
-    precision: o.PrecisionOpt = "bf16",
+    precision: o.PrecisionOpt = None,
     optimizer_step: o.OptimizerStepOpt = None,
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
@@ -49,17 +49,17 @@ def fit(
     from planner.search.refine import refine
     from planner.search.search import SearchRequest, search
     from planner.specs.plan import parse_placement_pins
-    from planner.specs.specio import number, string, write_text_atomic
+    from planner.specs.specio import number, write_text_atomic
 
-    string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
     step = optimizer_step_pin(optimizer_step) or "after_backward"
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)
     number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
     if micro_batches is not None:
         number(micro_batches, "--micro-batches", minimum=1, maximum=1_000_000, integer=True)
+    node = o.node(hardware, max_alloc_gib)
     request = SearchRequest(
         model=o.model(model, layers, hidden, heads, seq, vocab),
-        node=o.node(hardware, max_alloc_gib),
+        node=node,
         num_gpus=gpus,
         strategy=strategy,
         placement_pins=parse_placement_pins(placement),
@@ -71,7 +71,7 @@ def fit(
         model_parallel_degree=o.model_parallel(model_parallel) if model_parallel is not None or strategy == "3d" else 1,
         pipeline_parallel_degree=o.pipeline_parallel(pipeline_parallel, strategy),
         micro_batches_per_step=micro_batches,
-        precision=precision,
+        precision=o.precision(node, precision),
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,
         optimizer_step=step,
