@@ -59,9 +59,17 @@ class PrecisionMeasurement:
     """Precisions whose rates are the screen's, scaled ([Note: screening the precisions])."""
 
 
+FULL_ROUNDS = 3
+"""Rounds of the full measurement: a forward pass then a forward + backward pass each; the rates are
+the medians over rounds of the forward and of the difference, so that both halves of a round meet
+the same load ([Note: screening the precisions])."""
+
+
 def _rates(time_pass: PassTimer, precision: str, hidden: int, rows: int) -> PrecisionRates:
-    forward = LinearPass(precision, hidden, rows, backward=False)
-    return _rates_of(forward, time_pass(forward), time_pass(LinearPass(precision, hidden, rows, backward=True)))
+    forward, both = LinearPass(precision, hidden, rows, backward=False), LinearPass(precision, hidden, rows, backward=True)
+    rounds = [(time_pass(forward), time_pass(both)) for _ in range(FULL_ROUNDS)]
+    forward_s = statistics.median(f for f, _ in rounds)
+    return _rates_of(forward, forward_s, forward_s + statistics.median(b - f for f, b in rounds))
 
 
 def _rates_of(forward: LinearPass, forward_s: float, both_s: float) -> PrecisionRates:
@@ -86,13 +94,14 @@ def _screen(time_pass: PassTimer, precisions: tuple[str, ...]) -> dict[str, Prec
 # [Note: screening the precisions]
 # On a CPU each precision is first timed at the screen's small block (`SCREEN_HIDDEN`,
 # `SCREEN_ROWS`), and only those within `SCREEN_DROP_BELOW` of the best are measured at full size.
-# A CPU without bf16/fp16 instructions emulates them, a block's backward 10-40x slower than fp32's,
-# and measuring that at full size alone would take minutes of a probe meant to take seconds
+# A CPU without bf16/fp16 instructions emulates them, a block's backward many times slower than
+# fp32's, and measuring that at full size alone would take minutes of a probe meant to take seconds
 # (docs/notes/2026-11-25-calibration-bf16-emulation.md). The screen takes each precision's fastest
 # of a few rounds, the precisions taking turns: on a machine shared with other work a pass this
-# small runs anywhere from its own speed to 40x slower (2 cores at a load of 10: every precision
-# then screened alike, and the emulated ones went on to minutes of full measurement), and the
-# fastest of a few is what the precision itself runs at. On a CPU the screen runs on one thread:
+# small runs anywhere from its own speed to many times slower (every precision then screened alike,
+# and the emulated ones went on to minutes of full measurement:
+# docs/notes/2026-11-28-local-hardware-precisions.md), and the fastest of a few is what the
+# precision itself runs at. On a CPU the screen runs on one thread:
 # whether a type is emulated is a property of each core's instructions, and a pass this small on
 # several threads waits at every barrier for the slowest, which on a busy machine made fp32 (whose
 # kernels split across threads) screen slower than emulated bf16 (whose did not). A screened precision's rates are the
@@ -132,7 +141,7 @@ def median_time_s(run: Callable[[], None], *, repeats: int, warmup: int = 1) -> 
     return statistics.median(samples)
 
 
-def torch_pass_timer(device, *, repeats: int = 3, threads: int = 0) -> PassTimer:  # noqa: ANN001 - torch.device
+def torch_pass_timer(device, *, repeats: int = 1, threads: int = 0) -> PassTimer:  # noqa: ANN001 - torch.device
     """Times passes with torch on `device`: operands made on the device itself (at GPU shapes they
     are GiBs, too slow to build on the host), weights in the compute dtype as the runtime holds them;
     on `threads` CPU threads where nonzero (torch's own number otherwise)."""

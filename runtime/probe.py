@@ -560,7 +560,7 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
     stages.start("CPU as the compute device: a block's matmuls in fp32, bf16 and fp16")
     cpu = torch.device("cpu")
     compute = measure_precisions(torch_pass_timer(cpu), hidden=COMPUTE_HIDDEN["cpu"], rows=COMPUTE_TOKENS["cpu"],
-                                 screen_pass=torch_pass_timer(cpu, repeats=1, threads=1))
+                                 screen_pass=torch_pass_timer(cpu, threads=1))
     _record_compute(found, compute, compute.fastest, backward=True)
     dtype = getattr(torch, DTYPE_OF_PRECISION[compute.fastest])
     stages.start(f"CPU as the compute device: causal attention in {compute.fastest}")

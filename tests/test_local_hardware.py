@@ -51,20 +51,21 @@ def _measure(seconds, calls=None):  # noqa: ANN001, ANN202
 
 
 def test_the_probe_measures_every_precision_and_only_the_fast_ones_in_full():
-    from runtime.precision_probe import SCREEN_HIDDEN, SCREEN_ROWS, LinearPass
+    from runtime.precision_probe import FULL_ROUNDS, SCREEN_HIDDEN, SCREEN_ROUNDS, SCREEN_ROWS, LinearPass
 
     calls: list = []
     measured = _measure(EMULATING_CPU, calls)
     assert measured.fastest == "fp32" and set(measured.rates) == {"fp32", "bf16", "fp16"}
     assert measured.screened_only == ("bf16", "fp16")  # emulated: screened, never timed at full size
     full = [c for c in calls if (c.hidden, c.rows) == (64, 128)]
-    assert {c.precision for c in full} == {"fp32"}
+    assert {c.precision for c in full} == {"fp32"} and len(full) == 2 * FULL_ROUNDS  # forward, then both, per round
+    assert len(calls) - len(full) == 3 * 2 * SCREEN_ROUNDS  # every precision screened, taking turns
     assert {(c.hidden, c.rows) for c in calls} == {(64, 128), (SCREEN_HIDDEN, SCREEN_ROWS)}
     flops = LinearPass("fp32", 64, 128, backward=False).forward_flops
     fp32 = measured.rates["fp32"]
     assert fp32.matmul_flops_per_s == pytest.approx(flops / 1.0)
     assert fp32.backward_matmul_flops_per_s == pytest.approx(2 * flops / (3.0 - 1.0))
-    # A screened precision keeps its ratio to the fastest: bf16's backward took 75 s where fp32's took 2.
+    # A screened precision keeps its ratio to the fastest: bf16's backward pass is 75/2 of fp32's.
     bf16 = measured.rates["bf16"]
     assert bf16.matmul_flops_per_s == pytest.approx(fp32.matmul_flops_per_s / 5)
     assert bf16.backward_matmul_flops_per_s == pytest.approx(fp32.backward_matmul_flops_per_s * 2 / 75)

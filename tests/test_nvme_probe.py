@@ -116,7 +116,7 @@ def test_probe_cuda_measurements_run_on_the_gpu():
     links = measure_cuda_links(device, nbytes=64 << 20, repeats=2)
     assert links.host_to_device_bytes_per_s > 0 and links.device_to_host_bytes_per_s > 0
     assert links.device_memory_bytes_per_s > 0
-    compute = measure_precisions(torch_pass_timer(device, repeats=2), hidden=1024, rows=1024, screen=False)
+    compute = measure_precisions(torch_pass_timer(device), hidden=1024, rows=1024, screen=False)
     assert set(compute.rates) == {"fp32", "bf16", "fp16"} and compute.screened_only == ()
     assert compute.fastest in ("bf16", "fp16")  # tensor cores: a 16-bit type trains fastest on a GPU
 

@@ -26,7 +26,8 @@ REFERENCE_PRECISION = "fp32"
 """The precision every device runs natively: emulation is judged against it."""
 EMULATED_BELOW = 0.5
 """A 16-bit precision whose training rate is below this share of fp32's is emulated: no hardware
-that runs it natively is slower than fp32 at it, while an emulating CPU is 5-40x slower."""
+that runs it natively is slower than fp32 at it, while an emulating CPU is several times slower
+(measurements: docs/notes/2026-11-28-local-hardware-precisions.md)."""
 
 _DOC_KEYS: tuple[tuple[str, str], ...] = (
     ("matmul_flops_per_s", "matmul_tflops"),
@@ -84,7 +85,7 @@ class PrecisionChoice:
 # [Note: emulated precisions]
 # A precision the hardware emulates is never what the user meant by leaving the precision to the
 # planner: a plan in it would train many times slower than the same plan in fp32 (bf16 on a CPU
-# without AVX-512 BF16: a block's backward 36x slower, forward 3x). So where the user did not pin
+# without AVX-512 BF16: docs/notes/2026-11-28-local-hardware-precisions.md). So where the user did not pin
 # one, a plan whose default precision is emulated is made in fp32, and the line says so; a pinned
 # emulated precision is kept and priced at its measured rate, and the line proposes fp32.
 def choose_precision(rates: dict[str, PrecisionRates], hardware: str, pinned: str | None) -> PrecisionChoice:
