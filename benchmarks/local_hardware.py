@@ -6,7 +6,7 @@ plans the tiny model `fit --layers 4 --hidden 512 --heads 8 --seq 256 --vocab 25
 precision.py [Note: emulated precisions]), fits it again (the cache), trains the plan for `--steps`
 steps and compares the predicted iteration time with the measured one. Target: within 25 %.
 
-    flock /work/bench.lock python benchmarks/local_hardware.py --write-results
+    python benchmarks/local_hardware.py --write-results
 """
 
 from __future__ import annotations
