@@ -199,3 +199,26 @@ def test_fit_hardware_local_reads_the_cache_and_plans_in_fp32_where_bf16_is_emul
     pinned = CliRunner().invoke(app, [*args, "--precision", "bf16"])
     assert pinned.exit_code == 0, pinned.output
     assert json.loads(pinned.stdout)["precision"] == "bf16" and "--precision fp32 trains faster" in pinned.stderr
+
+
+def test_simulate_and_memory_take_hardware_local(tmp_path: Path, monkeypatch):
+    from runtime.local_hardware import CACHE_FILE, this_fingerprint
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    local = _probed_node(EMULATING_CPU)
+    (tmp_path / "tierwise").mkdir()
+    (tmp_path / "tierwise" / CACHE_FILE).write_text(json.dumps(
+        {"fingerprint": this_fingerprint().to_dict(), "probed_at": "2026-11-28 00:00 UTC", "hardware": local.to_dict()}))
+    plan = tmp_path / "plan.json"
+    _plan(hardware_presets()["cpu-dev-2core"], "bf16").save(plan)
+    result = CliRunner().invoke(app, ["simulate", str(plan), "--hardware", "local", "--json"])
+    assert result.exit_code == 0, result.output
+    simulated = json.loads(result.stdout)
+    assert simulated["hardware"]["name"] == "local" and simulated["precision"] == "bf16"  # the plan's own, kept
+    assert simulated["hardware"]["gpu_peak_tflops"] == pytest.approx(dict(local.precision_rates)["bf16"].matmul_flops_per_s
+                                                                     / TFLOP)
+    assert "bf16 is emulated on local" in result.stderr and "--precision fp32" in result.stderr
+    memory = CliRunner().invoke(app, ["memory", "--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "128",
+                                      "--vocab", "256", "--hardware", "local", "--json"])
+    assert memory.exit_code == 0, memory.output
+    assert "planning in fp32" in memory.stderr
