@@ -95,8 +95,10 @@ def pinned_plan(node: NodeSpec, model: dict, placement: dict[str, str], *, micro
 
 
 # [Note: reference runs in the probed precision]
-# The runs train in the precision whose matmul rate the probe measured as the spec's compute rate (on
-# a CPU the faster of fp32 and bf16, runtime/probe.py), so the fit scales the rate the spec holds, and
+# The runs train in the precision the spec states its compute rates in (`compute_precision`: on a CPU
+# the one that trains fastest of fp32, bf16 and fp16, runtime/probe.py), so the fit scales the rates
+# the spec holds (and through their ratios every other precision's: planner/specs/hardware.py [Note:
+# a plan's precision prices its compute]), and
 # the runs take what the spec says they take. A CPU without bf16 instructions emulates bf16 matmuls
 # orders of magnitude slower than fp32, so a bf16 reference run there would outlast the whole probe
 # many times over (docs/notes/2026-11-25-calibration-bf16-emulation.md).
