@@ -165,7 +165,7 @@ def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypat
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"probe reference run {nvme_only[0].name} failed (")
-    assert "--no-calibrate" in message
+    assert "without --calibrate" in message
 
 
 def test_each_reference_run_is_trained_round_robin_and_fitted_on_its_median(

@@ -124,7 +124,7 @@ def train_reference_run(ref: ReferenceRun, work: Path, steps: int) -> Profile:
     if done.returncode != 0:
         last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "no output")
         raise PlannerError(f"probe reference run {ref.name} failed ({last.strip()}); "
-                           "run `planner probe --no-calibrate` for the uncalibrated spec")
+                           "run `planner probe` without --calibrate for the uncalibrated spec")
     return load_profile(profile_path)
 
 
