@@ -83,7 +83,7 @@ def one_round(work: Path, nvme_path: str, only: set[str] | None) -> dict:
     hw = work / "hw.json"
     load = results_md.load_now()
     started = time.perf_counter()
-    planner("probe", "--out", str(hw), "--nvme-path", nvme_path, "--keep-runs", str(work / "probe"))
+    planner("probe", "--calibrate", "--out", str(hw), "--nvme-path", nvme_path, "--keep-runs", str(work / "probe"))
     probe_s = time.perf_counter() - started
     rows = []
     for index, config in enumerate(CONFIGS):

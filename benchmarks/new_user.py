@@ -146,7 +146,7 @@ def first_hour(work: Path) -> dict:
 
 def one_round(work: Path, nvme_path: str) -> list[dict]:
     hw = work / "hw.json"
-    planner("probe", "--out", str(hw), "--nvme-path", nvme_path)
+    planner("probe", "--calibrate", "--out", str(hw), "--nvme-path", nvme_path)
     rows = []
     for label, shape, batch, placement in MODELS:
         plan, profile = work / "plan.json", work / "run.json"

@@ -128,7 +128,7 @@ def run_config(plan_path: Path, profile_path: Path, steps: int, store: Path) -> 
 
 
 def probe(path: Path, nvme_path: str) -> None:
-    cmd = [sys.executable, "-m", "tierwise", "probe", "--out", str(path), "--nvme-test-gib", "0.25",
+    cmd = [sys.executable, "-m", "tierwise", "probe", "--calibrate", "--out", str(path), "--nvme-test-gib", "0.25",
            "--nvme-path", nvme_path]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 

@@ -8,7 +8,8 @@ Every number here is measured on the spot, side by side, with warm-up and the me
 - host memory bandwidth: a large tensor copy, counted as bytes read + written (STREAM "copy").
 - CPU AdamW: torch's fused AdamW (docs/method.md §6: measure it before hand-writing SIMD).
 - compute: the four linears of a transformer block (hd -> 3hd, hd -> hd, hd -> 4hd, 4hd -> hd,
-  docs/method.md eq. 1) at `tokens` rows; the best of fp32 and bf16 on a CPU, bf16 on a GPU.
+  docs/method.md eq. 1), forward and backward, in every precision a plan may use (fp32, bf16,
+  fp16: runtime/precision_probe.py); the spec states the fastest's rates and the others' ratios.
 - with CUDA: pinned host <-> device copies and device memory bandwidth; with more than one GPU,
   all-gather and reduce-scatter bus bandwidth over all of them (NCCL, one process per GPU).
 
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,20 +31,12 @@ import torch
 from planner.calibration.fitted_gpus import fitted_compute
 from planner.specs.units import GB, GIB, MIB, TFLOP
 from runtime.nvme import AlignedBuffer, EngineConfig, IOEngine, SwapDirectory, SwapStore
+from runtime.precision_probe import PrecisionMeasurement, measure_precisions, torch_pass_timer
+from runtime.precision_probe import median_time_s as _median_time_s
 from runtime.process_exit import leave
 
 Log = Callable[[str], None]
 
-
-def _median_time_s(run: Callable[[], None], *, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        run()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 # -- NVMe ------------------------------------------------------------------------------------------
@@ -179,70 +170,12 @@ def measure_cpu_adam_params_per_s(num_params: int | None = None, repeats: int = 
 
 
 # -- compute ---------------------------------------------------------------------------------------
-PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-"""A plan's `precision` for each torch dtype the compute probe measures."""
-
-
-@dataclass(frozen=True, slots=True)
-class ComputeThroughput:
-    flops_per_s: float
-    dtype: str
-    hidden: int
-    tokens: int
-    by_dtype: dict[str, float]
-    screened_only: tuple[str, ...] = ()
-    """Dtypes whose rate is the screen's, not measured in full ([Note: screening the compute dtypes])."""
-
-
-def block_matmul_shapes(hidden: int) -> list[tuple[int, int]]:
-    """(in, out) of a transformer block's four linears (docs/method.md eq. 1: 12 hd^2 params)."""
-    return [(hidden, 3 * hidden), (hidden, hidden), (hidden, 4 * hidden), (4 * hidden, hidden)]
-
-
-SCREEN_TOKENS = 32
-"""Rows of the one-pass screen that ranks the dtypes before the full measurement ([Note: screening
-the compute dtypes])."""
-SCREEN_DROP_BELOW = 0.25
-"""A dtype screened below this share of the best screened rate is not measured in full."""
-
-
-def measure_block_matmul(
-    device: torch.device, dtypes: tuple[torch.dtype, ...], *, hidden: int, tokens: int, repeats: int = 3
-) -> ComputeThroughput:
-    """The block's matmul rate in each of `dtypes` at `tokens` rows, and the best of them.
-
-    [Note: screening the compute dtypes]
-    With several dtypes each is first timed once at `SCREEN_TOKENS` rows, and only those within
-    `SCREEN_DROP_BELOW` of the best are measured in full; the others keep their screened rate. A CPU
-    without bf16 instructions emulates bf16 matmuls orders of magnitude slower than fp32, and their
-    full measurement alone would take minutes of a probe meant to take seconds, for a rate the spec
-    does not use (docs/notes/2026-11-25-calibration-bf16-emulation.md)."""
-    def rate(dtype: torch.dtype, rows: int, repeats: int, warmup: int) -> float:
-        # Made on the device itself: at GPU shapes the operands are GiBs, too slow to build on the host.
-        pairs = [
-            (torch.randn(rows, fan_in, device=device, dtype=dtype), torch.randn(fan_in, fan_out, device=device, dtype=dtype))
-            for fan_in, fan_out in block_matmul_shapes(hidden)
-        ]
-        flops = sum(2 * rows * w.shape[0] * w.shape[1] for _, w in pairs)
-
-        def run() -> None:
-            for x, w in pairs:
-                torch.matmul(x, w)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-
-        return flops / _median_time_s(run, repeats=repeats, warmup=warmup)
-
-    by_dtype = {str(d).removeprefix("torch."): d for d in dtypes}
-    rates: dict[str, float] = {}
-    if len(dtypes) > 1:
-        rates = {name: rate(d, min(SCREEN_TOKENS, tokens), 1, 0) for name, d in by_dtype.items()}
-        best_screened = max(rates.values())
-        by_dtype = {name: d for name, d in by_dtype.items() if rates[name] >= SCREEN_DROP_BELOW * best_screened}
-    rates.update({name: rate(d, tokens, repeats, 1) for name, d in by_dtype.items()})
-    best = max(by_dtype, key=rates.__getitem__)
-    return ComputeThroughput(rates[best], best, hidden, tokens, rates,
-                             tuple(name for name in rates if name not in by_dtype))
+COMPUTE_HIDDEN = {"cpu": 1024, "cuda": 8192}
+COMPUTE_TOKENS = {"cpu": 512, "cuda": 8192}
+"""The block the matmul rates are measured at, per device type (runtime/precision_probe.py): at a
+GPU's its GEMMs run near their plateau; a CPU's plateau comes at far smaller matmuls."""
+DTYPE_OF_PRECISION = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""The torch dtype (its name) a plan's `precision` computes in."""
 
 
 ATTENTION_HEADS, ATTENTION_HEAD_DIM = 16, 64
@@ -446,6 +379,25 @@ class _Findings:
                 "notes": " ".join(self.notes)}
 
 
+@dataclass(slots=True)
+class Stages:
+    """Says which stage of how many the probe is at: `k/N what` through `log`."""
+
+    total: int
+    log: Log
+    done: int = 0
+
+    def start(self, what: str) -> None:
+        self.done += 1
+        self.log(f"{self.done}/{self.total} {what}")
+
+
+def probe_stages(on_cuda: bool, num_gpus: int = 0) -> int:
+    """How many stages `probe_node` logs: NVMe, host memory, CPU Adam, the matmuls, then the CPU's
+    attention and memory-bound kernels, or the GPU's links and (with several GPUs) collectives."""
+    return 4 + (1 + (num_gpus > 1) if on_cuda else 2)
+
+
 def probe_node(
     *,
     nvme_path: str | os.PathLike[str],
@@ -455,30 +407,43 @@ def probe_node(
     log: Log = lambda message: None,
 ) -> tuple[dict, str]:
     """Measure this machine; returns a hardware document that `NodeSpec.from_dict` accepts, and the
-    plan precision (`fp32`, `bf16`) its compute rate `gpu_peak_tflops` was measured in."""
+    plan precision (`fp32`, `bf16`, `fp16`) its compute rates are stated in (`compute_precision`)."""
     host = socket.gethostname()
     cores = os.cpu_count() or 1
     memory = _memory_bytes()
-    found, host_memory = _probe_host(nvme_path, nvme_test_bytes, engine_config, memory=memory, log=log)
     on_cuda = torch.cuda.is_available()
+    stages = Stages(probe_stages(on_cuda, torch.cuda.device_count() if on_cuda else 0), log)
+    found, host_memory = _probe_host(nvme_path, nvme_test_bytes, engine_config, memory=memory, stages=stages)
     if on_cuda:
-        compute, description = _probe_cuda_device(found, host=host, cores=cores, log=log)
+        compute, description = _probe_cuda_device(found, host=host, cores=cores, stages=stages)
     else:
         compute, description = _probe_cpu_device(found, host=host, cores=cores, memory=memory,
-                                                 host_memory=host_memory, log=log)
-    found.measured(gpu_peak_tflops=compute.flops_per_s / TFLOP)
+                                                 host_memory=host_memory, stages=stages)
     found.notes.append(_compute_note(compute))
     if on_cuda:  # over the bare peak just recorded (its note keeps it)
         _take_generation_fit(found, torch.cuda.get_device_properties(0))
-    return found.document(name or f"probed-{host}", description), PRECISION_OF_DTYPE[compute.dtype]
+    return found.document(name or f"probed-{host}", description), found.doc["compute_precision"]
+
+
+def _record_compute(found: _Findings, compute: PrecisionMeasurement, stated: str, *, backward: bool) -> None:
+    """The spec's compute rates: `stated`'s matmul rate (and, with `backward`, its backward's), and
+    every precision's measured rates ([Note: a plan's precision prices its compute] in
+    planner/specs/hardware.py)."""
+    rates = compute.rates[stated]
+    found.measured(gpu_peak_tflops=rates.matmul_flops_per_s / TFLOP)
+    if backward:
+        found.measured(backward_matmul_tflops=rates.backward_matmul_flops_per_s / TFLOP)
+    found.doc["compute_precision"] = stated
+    found.doc["precision_rates"] = {p: compute.rates[p].to_dict() for p in sorted(compute.rates)}
+    found.sources.update(compute_precision="measured", precision_rates="measured")
 
 
 def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_config: EngineConfig | None, *,
-                memory: int, log: Log) -> tuple[_Findings, float]:
+                memory: int, stages: Stages) -> tuple[_Findings, float]:
     """The host's side, whatever the compute device: NVMe, host memory bandwidth and CPU AdamW; also
     returns the host memory bandwidth (bytes/s)."""
     notes: list[str] = []
-    log(f"NVMe: writing and reading {nvme_test_bytes / GIB:g} GiB with O_DIRECT under {nvme_path}")
+    stages.start(f"NVMe: writing and reading {nvme_test_bytes / GIB:g} GiB with O_DIRECT under {nvme_path}")
     nvme = measure_nvme(nvme_path, test_bytes=nvme_test_bytes, config=engine_config)
     nvme_source = "measured" if nvme.direct else "estimate"
     notes.append(
@@ -490,9 +455,9 @@ def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_
     cache = last_level_cache_bytes()
     working_set = host_working_set_bytes(cache)
     adam_params = cpu_adam_probe_params(working_set)
-    log("host memory bandwidth")
+    stages.start("host memory bandwidth")
     host_memory = measure_host_memory_bytes_per_s(working_set)
-    log("CPU AdamW (torch fused)")
+    stages.start("CPU AdamW (torch fused)")
     adam = measure_cpu_adam_params_per_s(adam_params)
     notes.append(
         f"Host memory: {working_set / MIB:g} MiB tensor copy, bytes read + written. CPU AdamW: "
@@ -520,14 +485,19 @@ def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_
     return _Findings(doc, sources, notes), host_memory
 
 
-def _probe_cuda_device(found: _Findings, *, host: str, cores: int, log: Log) -> tuple[ComputeThroughput, str]:
+def _probe_cuda_device(found: _Findings, *, host: str, cores: int,
+                       stages: Stages) -> tuple[PrecisionMeasurement, str]:
     """GPU 0's compute and links, and the collectives over every GPU of the node; returns the compute
-    throughput and the spec's description."""
+    measurement and the spec's description."""
     device = torch.device("cuda", 0)
     properties = torch.cuda.get_device_properties(device)
     num_gpus = torch.cuda.device_count()
-    log(f"{properties.name}: block matmuls, host links")
-    compute = measure_block_matmul(device, (torch.bfloat16,), hidden=8192, tokens=8192)
+    stages.start(f"{properties.name}: a block's matmuls in fp32, bf16 and fp16")
+    compute = measure_precisions(torch_pass_timer(device), hidden=COMPUTE_HIDDEN["cuda"],
+                                 rows=COMPUTE_TOKENS["cuda"], screen=False)
+    # bf16 states the rates: the generation fit taken over them is fitted on bf16 runs.
+    _record_compute(found, compute, "bf16", backward=False)
+    stages.start(f"{properties.name}: host links")
     links = measure_cuda_links(device)
     found.measured(
         num_gpus_per_node=num_gpus,
@@ -540,7 +510,7 @@ def _probe_cuda_device(found: _Findings, *, host: str, cores: int, log: Log) -> 
     found.notes.append(
         "GPU: pinned 512 MiB host<->device copies (one GPU alone); device memory copy counts bytes read + written."
     )
-    _probe_nccl(found, num_gpus, log=log)
+    _probe_nccl(found, num_gpus, stages=stages)
     return compute, description
 
 
@@ -564,12 +534,12 @@ def _take_generation_fit(found: _Findings, properties: Any) -> None:
         + ", predict a training step fast (planner/calibration/fitted_gpus.py).")
 
 
-def _probe_nccl(found: _Findings, num_gpus: int, *, log: Log) -> None:
+def _probe_nccl(found: _Findings, num_gpus: int, *, stages: Stages) -> None:
     """All-gather and reduce-scatter bus bandwidth over the node's GPUs (skipped with one)."""
     if num_gpus <= 1:
         found.notes.append("Collectives: skipped, one GPU (nothing to all-gather across).")
         return
-    log(f"all-gather / reduce-scatter over {num_gpus} GPUs (NCCL)")
+    stages.start(f"all-gather / reduce-scatter over {num_gpus} GPUs (NCCL)")
     collectives = measure_collectives(num_gpus, "nccl")
     found.doc["gpu_gpu_intra_node_gb_per_s"] = (
         min(collectives.all_gather_bytes_per_s, collectives.reduce_scatter_bytes_per_s) / GB
@@ -583,15 +553,20 @@ def _probe_nccl(found: _Findings, num_gpus: int, *, log: Log) -> None:
 
 
 def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, host_memory: float,
-                      log: Log) -> tuple[ComputeThroughput, str]:
+                      stages: Stages) -> tuple[PrecisionMeasurement, str]:
     """Without CUDA the CPU is the compute device: its matmuls, and host memory standing in for the
-    device's; returns the compute throughput and the spec's description."""
-    log("CPU as the compute device: block matmuls")
-    compute = measure_block_matmul(torch.device("cpu"), (torch.float32, torch.bfloat16), hidden=1024, tokens=1024)
-    log(f"CPU as the compute device: causal attention in {compute.dtype}")
-    attention = measure_causal_attention(torch.device("cpu"), getattr(torch, compute.dtype))
-    log(f"CPU as the compute device: a block's memory-bound kernels in {compute.dtype}")
-    kernels = measure_block_kernels(torch.device("cpu"), getattr(torch, compute.dtype))
+    device's; returns the compute measurement and the spec's description. The attention and the
+    memory-bound kernels are timed in the fastest precision, the one the spec states its rates in."""
+    stages.start("CPU as the compute device: a block's matmuls in fp32, bf16 and fp16")
+    cpu = torch.device("cpu")
+    compute = measure_precisions(torch_pass_timer(cpu), hidden=COMPUTE_HIDDEN["cpu"], rows=COMPUTE_TOKENS["cpu"],
+                                 screen_pass=torch_pass_timer(cpu, threads=1))
+    _record_compute(found, compute, compute.fastest, backward=True)
+    dtype = getattr(torch, DTYPE_OF_PRECISION[compute.fastest])
+    stages.start(f"CPU as the compute device: causal attention in {compute.fastest}")
+    attention = measure_causal_attention(torch.device("cpu"), dtype, repeats=2)
+    stages.start(f"CPU as the compute device: a block's memory-bound kernels in {compute.fastest}")
+    kernels = measure_block_kernels(torch.device("cpu"), dtype)
     found.doc.update(num_gpus_per_node=1, host_is_device=True)
     found.doc.setdefault("efficiency", {})["attention"] = attention.efficiency_points()
     found.sources["efficiency"] = "measured"
@@ -615,7 +590,7 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
     found.notes.append(
         f"Attention: torch's fused causal kernel on the CPU ([Note: the CPU's fused attention] in runtime/probe.py), "
         f"{ATTENTION_HEADS} heads of {ATTENTION_HEAD_DIM}, {ATTENTION_TOKENS} tokens, forward and backward, "
-        f"{compute.dtype}, TFLOPS by sequence length: "
+        f"{compute.fastest}, TFLOPS by sequence length: "
         + ", ".join(f"{seq} {rate / TFLOP:.4g}" for seq, rate in attention.by_seq_len.items())
         + f" (flash_attention_tflops the best, efficiency.attention each over it). Memory-bound kernels "
         f"([Note: the CPU's memory-bound kernels]): two LayerNorms, GELU and two residual adds of a hd 1024 block, 1024 "
@@ -624,11 +599,12 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
     return compute, description
 
 
-def _compute_note(compute: ComputeThroughput) -> str:
-    by_dtype = ", ".join(f"{dtype} {rate / TFLOP:.4g}" + (f" (one pass at {SCREEN_TOKENS} tokens)"
-                                                           if dtype in compute.screened_only else "")
-                         for dtype, rate in compute.by_dtype.items())
+def _compute_note(compute: PrecisionMeasurement) -> str:
+    by_precision = ", ".join(
+        f"{p} {r.matmul_flops_per_s / TFLOP:.4g} forward / {r.backward_matmul_flops_per_s / TFLOP:.4g} backward"
+        + (" (from the screen)" if p in compute.screened_only else "") for p, r in sorted(compute.rates.items()))
     return (
-        f"Compute: a transformer block's four linears (hd {compute.hidden}, {compute.tokens} tokens) in TFLOPS: "
-        f"{by_dtype}; gpu_peak_tflops is the {compute.dtype} figure."
+        f"Compute: a transformer block's four linears (hd {compute.hidden}, {compute.rows} tokens, F.linear forward "
+        f"and backward) in TFLOPS: {by_precision} (runtime/precision_probe.py); precision_rates holds them, and "
+        f"{compute.fastest} trains fastest."
     )

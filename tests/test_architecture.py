@@ -199,7 +199,7 @@ RUNTIME_LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime/units/",),
     ("runtime/optim/", "runtime/ckpt/"),
     ("runtime/__init__.py", "runtime/sharding.py", "runtime/optimizer.py", "runtime/launch.py",
-     "runtime/probe.py", "runtime/memory_probe.py", "runtime/model_check.py", "runtime/gpt.py",
+     "runtime/probe.py", "runtime/precision_probe.py", "runtime/local_hardware.py", "runtime/memory_probe.py", "runtime/model_check.py", "runtime/gpt.py",
      "runtime/hf_model.py", "runtime/host_malloc.py", "runtime/process_exit.py"),
 )
 """runtime/'s layers, lowest first (a folder stands for every file in it); a file imports only

@@ -39,7 +39,7 @@ def test_nnls_is_exact_and_non_negative() -> None:
 @pytest.mark.slow
 def test_new_user_probe_fit_run_compare_calibrate(tmp_path: Path) -> None:
     hw, plan_path, profile_path = tmp_path / "hw.json", tmp_path / "plan.json", tmp_path / "run.json"
-    _cli("probe", "--out", str(hw), "--nvme-test-gib", "0.0625", "--nvme-path", str(tmp_path))
+    _cli("probe", "--calibrate", "--out", str(hw), "--nvme-test-gib", "0.0625", "--nvme-path", str(tmp_path))
     probed = json.loads(hw.read_text())
     assert probed["host_is_device"] is True  # no CUDA here, so the probe calibrated on its reference runs
     assert "Calibrated on 4 reference runs of the runtime" in probed["notes"]

@@ -165,7 +165,7 @@ def test_a_failing_reference_run_is_one_line_naming_it(tmp_path: Path, monkeypat
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"probe reference run {nvme_only[0].name} failed (")
-    assert "--no-calibrate" in message
+    assert "without --calibrate" in message
 
 
 def test_each_reference_run_is_trained_round_robin_and_fitted_on_its_median(
@@ -215,7 +215,7 @@ def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path
     from planner.specs.plan import PRECISIONS, load_plan
     from runtime import probe as runtime_probe
 
-    assert set(runtime_probe.PRECISION_OF_DTYPE.values()) <= set(PRECISIONS)
+    assert set(runtime_probe.DTYPE_OF_PRECISION) == set(PRECISIONS)
     doc = _cpu_node().to_dict()
     monkeypatch.setattr(runtime_probe, "probe_node", lambda **kwargs: (dict(doc), "fp32"))
     trained: list[str] = []
@@ -305,3 +305,32 @@ def test_a_drive_the_probe_measured_is_fitted_no_faster_than_measured(tmp_path: 
     assert faster.node.nvme_read_bytes_per_s == measured.nvme_read_bytes_per_s
     assert slower.factors["nvme_s"] == pytest.approx(1 / 0.8, rel=0.02)
     assert estimated.factors["nvme_s"] == pytest.approx(1 / 1.5, rel=0.02)
+
+
+def test_the_calibrating_probe_says_k_of_n_and_the_time_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # [Note: the calibrating probe's estimate]: first the bare spec's prediction of every training, then
+    # rescaled by how long the trainings so far took against their estimates. The clock is given.
+    from planner.specs.plan import Prediction
+    from planner.specs.profile import Profile
+
+    lines: list[str] = []
+    now = [0.0]
+    estimates = {ref.name: probe_reference.training_estimate_s(reference_plan(ref, _cpu_node(), str(tmp_path)),
+                                                               probe_reference.REFERENCE_STEPS)
+                 for ref in REFERENCE_RUNS}
+    assert all(e > probe_reference.STARTUP_S for e in estimates.values())
+
+    def train(ref, work, steps):  # noqa: ANN001, ANN202
+        now[0] += 2 * estimates[ref.name]  # every training takes twice its estimate
+        return Profile(measured=Prediction(feasible=True, iteration_time_s=1.0, method="measured"), samples=(),
+                       warmup_steps=0)
+
+    monkeypatch.setattr(probe_reference, "calibrate", lambda runs, node: "fit")  # the fit is tested above
+    calibrate_on_reference_runs(_cpu_node(), str(tmp_path), train=train, repeats=2, log=lines.append,
+                                clock=lambda: now[0])
+    total = len(REFERENCE_RUNS) * 2
+    assert [line.split(" ", 1)[0] for line in lines] == [f"{k}/{total}" for k in range(1, total + 1)]
+    first_left = 2 * sum(estimates.values())
+    second_left = 2 * (first_left - estimates[REFERENCE_RUNS[0].name])  # the first took twice its estimate
+    assert lines[0].endswith(f"about {probe_reference._duration(first_left)} left")
+    assert lines[1].endswith(f"about {probe_reference._duration(second_left)} left")

@@ -109,14 +109,16 @@ def test_collectives_are_measured_across_two_ranks():
 @pytest.mark.gpu
 def test_probe_cuda_measurements_run_on_the_gpu():
     torch = pytest.importorskip("torch")
-    from runtime.probe import measure_block_matmul, measure_cuda_links
+    from runtime.precision_probe import measure_precisions, torch_pass_timer
+    from runtime.probe import measure_cuda_links
 
     device = torch.device("cuda", 0)
     links = measure_cuda_links(device, nbytes=64 << 20, repeats=2)
     assert links.host_to_device_bytes_per_s > 0 and links.device_to_host_bytes_per_s > 0
     assert links.device_memory_bytes_per_s > 0
-    compute = measure_block_matmul(device, (torch.bfloat16,), hidden=1024, tokens=1024, repeats=2)
-    assert (compute.dtype, list(compute.by_dtype)) == ("bfloat16", ["bfloat16"])
+    compute = measure_precisions(torch_pass_timer(device), hidden=1024, rows=1024, screen=False)
+    assert set(compute.rates) == {"fp32", "bf16", "fp16"} and compute.screened_only == ()
+    assert compute.fastest in ("bf16", "fp16")  # tensor cores: a 16-bit type trains fastest on a GPU
 
 
 def test_read_write_sharing_picks_the_closer_model():
@@ -126,36 +128,6 @@ def test_read_write_sharing_picks_the_closer_model():
     assert read_write_sharing(1.0, 0.5, 1.05) == "independent"
     assert read_write_sharing(1.0, 0.5, 1.45) == "shared"
     assert read_write_sharing(1.0, 0.5, 1.6) == "shared"
-
-
-@pytest.mark.parametrize(("screen_s", "full_calls", "screened_only"), [
-    ({"float32": 1e-3, "bfloat16": 1e-1}, 1, ("bfloat16",)),  # emulated bf16: 100x slower, not measured in full
-    ({"float32": 1e-3, "bfloat16": 1e-3}, 2, ()),
-])
-def test_the_compute_probe_measures_in_full_only_the_dtypes_near_the_best(monkeypatch, screen_s, full_calls,
-                                                                           screened_only):
-    # [Note: screening the compute dtypes]; times are given, so this asserts the bookkeeping only.
-    torch = pytest.importorskip("torch")
-    from runtime import probe
-
-    calls: list[tuple[int, int]] = []
-    order = iter([screen_s["float32"], screen_s["bfloat16"], 2e-3, 2e-3])
-
-    def fake_time(run, *, repeats, warmup=1):  # noqa: ANN001, ANN202
-        run()
-        calls.append((repeats, warmup))
-        return next(order)
-
-    monkeypatch.setattr(probe, "_median_time_s", fake_time)
-    compute = probe.measure_block_matmul(torch.device("cpu"), (torch.float32, torch.bfloat16), hidden=64, tokens=256)
-    assert calls == [(1, 0), (1, 0)] + [(3, 1)] * full_calls
-    assert compute.dtype == "float32" and set(compute.by_dtype) == {"float32", "bfloat16"}
-    assert compute.screened_only == screened_only
-    flops_full = sum(2 * 256 * i * o for i, o in probe.block_matmul_shapes(64))
-    assert compute.flops_per_s == pytest.approx(flops_full / 2e-3)
-    flops_screen = flops_full * probe.SCREEN_TOKENS / 256
-    if screened_only:
-        assert compute.by_dtype["bfloat16"] == pytest.approx(flops_screen / 1e-1)
 
 
 def test_the_attention_probe_counts_flops_as_the_planner_times_a_fused_kernel(monkeypatch):

@@ -31,6 +31,7 @@ ROWS = set(re.findall(r"^\| `([^`]+)` \|", PAGE, re.M))
 # (pattern of a dotted path, its documented form, the group whose name must appear in the page)
 PLACEHOLDERS: tuple[tuple[str, str, int | None], ...] = (
     (r"^hardware\.(sources|citations)\.[^.]+$", r"hardware.\1", None),
+    (r"^hardware\.precision_rates\.(bf16|fp16|fp32)\.([^.]+)$", r"hardware.precision_rates.<precision>.\2", None),
     (r"^prediction\.memory_terms\.(gpu|cpu|nvme)\.([^.]+)$", r"prediction.memory_terms.<tier>.<term>", 2),
     (r"^prediction\.details\.resources\.([^.]+)\.([^.]+)$", r"prediction.details.resources.<resource>.\2", 1),
     (r"^prediction\.details\.simulated_memory_terms\.(gpu|cpu|nvme)\.[^.]+$",
@@ -96,8 +97,11 @@ def _every_model_key() -> ModelSpec:
 def _every_hardware_key():  # noqa: ANN202
     """dgx-h100 with every optional key set."""
     node = resolve_hardware("dgx-h100")
+    from planner.specs.precision import PrecisionRates
+
     return replace(node, host_is_device=True, backward_matmul_flops_per_s=5e14, whole_node_gpus=16,
-                   attention_efficiency=EfficiencyCurve(((1024.0, 0.5), (8192.0, 0.9))))
+                   attention_efficiency=EfficiencyCurve(((1024.0, 0.5), (8192.0, 0.9))), compute_precision="bf16",
+                   precision_rates=(("bf16", PrecisionRates(6e14, 5e14)), ("fp32", PrecisionRates(5e13, 5e13))))
 
 
 def _plan(**changes: Any) -> Plan:
@@ -117,7 +121,8 @@ def test_every_plan_key_is_documented():
     documents = [context_parallel.to_dict(), {"model": _every_model_key().to_dict()},
                  {"hardware": _every_hardware_key().to_dict()}]
     assert {"context_parallel_degree", "optimizer_step_reason"} <= set(documents[0]) and "head_dim" in documents[1]["model"]
-    assert {"host_is_device", "whole_node_gpus", "backward_matmul_tflops"} <= set(documents[2]["hardware"])
+    assert {"host_is_device", "whole_node_gpus", "backward_matmul_tflops", "compute_precision",
+            "precision_rates"} <= set(documents[2]["hardware"])
     missing = set().union(*(_undocumented(_paths(doc)) for doc in documents))
     assert not missing, f"keys the plan writes that docs/plan-format.md does not document: {sorted(missing)}"
 

@@ -87,7 +87,7 @@ def test_a_gpu_plan_on_a_cpu_only_machine_is_refused_with_the_real_cause():
     cpu_only = machine.Machine(cuda_devices=0, host_memory_bytes=24 * GIB)
     with pytest.raises(PlannerError, match="this machine has no CUDA device; .* the plan is for dgx-h100 \\(8 GPU") as err:
         machine.check(_plan(model="gpt3-13b"), cpu_only, nproc=8)
-    assert "offload less" not in str(err.value) and "planner probe" in str(err.value)
+    assert "offload less" not in str(err.value) and "planner fit --hardware local" in str(err.value)
 
 
 def test_plan_vs_machine_warnings():

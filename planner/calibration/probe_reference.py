@@ -10,6 +10,7 @@ precision whose rate the spec holds ([Note: reference runs in the probed precisi
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,8 +95,10 @@ def pinned_plan(node: NodeSpec, model: dict, placement: dict[str, str], *, micro
 
 
 # [Note: reference runs in the probed precision]
-# The runs train in the precision whose matmul rate the probe measured as the spec's compute rate (on
-# a CPU the faster of fp32 and bf16, runtime/probe.py), so the fit scales the rate the spec holds, and
+# The runs train in the precision the spec states its compute rates in (`compute_precision`: on a CPU
+# the one that trains fastest of fp32, bf16 and fp16, runtime/probe.py), so the fit scales the rates
+# the spec holds (and through their ratios every other precision's: planner/specs/hardware.py [Note:
+# a plan's precision prices its compute]), and
 # the runs take what the spec says they take. A CPU without bf16 instructions emulates bf16 matmuls
 # orders of magnitude slower than fp32, so a bf16 reference run there would outlast the whole probe
 # many times over (docs/notes/2026-11-25-calibration-bf16-emulation.md).
@@ -115,24 +118,73 @@ the composition root's `planner run` in its own processes (tierwise/cli/probe.py
 imports neither the runtime nor the CLI, so it is handed the trainer."""
 
 
+STARTUP_S = 10.0
+"""What one training adds to its steps on a 2-core CPU (torchrun, imports, building the model): the
+first estimate of the calibrating probe's length ([Note: the calibrating probe's estimate])."""
+
+
+# [Note: the calibrating probe's estimate]
+# Before the first training the time left is what the bare spec predicts: each run's simulated step
+# times its steps, plus `STARTUP_S`, times the repeats. The bare spec predicts a CPU device's steps
+# fast (what the calibration is for), so after each training the estimate is rescaled by how long
+# the trainings so far took against what they were estimated to take.
+@dataclass(slots=True)
+class Progress:
+    """Says `k/N` and the time left before each training of the calibrating probe."""
+
+    estimates_s: list[float]
+    """The first estimate of each training, in the order they run."""
+    log: Callable[[str], None]
+    clock: Callable[[], float] = time.monotonic
+    done: int = 0
+    started: float = 0.0
+
+    def next(self, what: str) -> None:
+        now = self.clock()
+        if self.done == 0:
+            self.started = now
+        spent, estimated = now - self.started, sum(self.estimates_s[:self.done])
+        scale = spent / estimated if self.done and estimated > 0 else 1.0
+        left = scale * sum(self.estimates_s[self.done:])
+        self.done += 1
+        self.log(f"{self.done}/{len(self.estimates_s)} {what}; about {_duration(left)} left")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def training_estimate_s(plan: Plan, steps: int) -> float:
+    """What one training of `plan` for `steps` steps takes by the spec it was made with."""
+    from planner.search.search import predict
+
+    prediction = predict(plan).prediction
+    step_s = prediction.iteration_time_s if prediction is not None and prediction.feasible else 0.0
+    return STARTUP_S + steps * step_s
+
+
 def calibrate_on_reference_runs(
     node: NodeSpec, nvme_path: str, *, train: Train, precision: str = "bf16", steps: int = REFERENCE_STEPS,
     repeats: int = REFERENCE_REPEATS, log: Callable[[str], None] = lambda m: None, keep: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Calibration:
     """Train every reference run `repeats` times with `train` (round-robin, so that a slow minute
     hits different runs) in `precision` ([Note: reference runs in the probed precision]), and fit
-    `node` to each run's median-time profile. `keep` (a directory) receives every plan and every
+    `node` to each run's median-time profile, saying `k/N` and the time left before each training
+    ([Note: the calibrating probe's estimate]). `keep` (a directory) receives every plan and every
     profile (`<name>.<attempt>.profile.json`), for re-analysing the fit later."""
     measured: dict[str, list[Profile]] = {ref.name: [] for ref in REFERENCE_RUNS}
     plans = {ref.name: reference_plan(ref, node, nvme_path, precision) for ref in REFERENCE_RUNS}
+    estimates = {name: training_estimate_s(plan, steps) for name, plan in plans.items()}
+    progress = Progress([estimates[ref.name] for _ in range(repeats) for ref in REFERENCE_RUNS], log, clock)
     with tempfile.TemporaryDirectory(prefix="tierwise-probe-") as work:
         for ref in REFERENCE_RUNS:
             plans[ref.name].save(Path(work) / f"{ref.name}.plan.json")
         for attempt in range(repeats):
             for ref in REFERENCE_RUNS:
-                log(f"reference run {ref.name} ({attempt + 1}/{repeats}): {ref.num_layers} x hd {ref.hidden_size}, "
-                    f"seq {ref.seq_len}, batch {ref.micro_batch_per_gpu}, params {ref.params}, optimizer "
-                    f"{ref.optimizer_states}, tiling {ref.tiling_factor}, {precision}")
+                progress.next(f"reference run {ref.name} ({attempt + 1} of {repeats}): {ref.num_layers} x hd "
+                              f"{ref.hidden_size}, seq {ref.seq_len}, batch {ref.micro_batch_per_gpu}, params "
+                              f"{ref.params}, optimizer {ref.optimizer_states}, tiling {ref.tiling_factor}, {precision}")
                 measured[ref.name].append(train(ref, Path(work), steps))
                 if keep is not None:
                     plans[ref.name].save(keep / f"{ref.name}.plan.json")
@@ -142,4 +194,3 @@ def calibrate_on_reference_runs(
         by_time = sorted(measured[ref.name], key=lambda p: p.measured.iteration_time_s)
         runs.append((plans[ref.name], by_time[(len(by_time) - 1) // 2]))
     return calibrate(runs, node)
-

@@ -24,6 +24,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from planner.specs.errors import PlannerError
+from planner.specs.precision import PRECISIONS, PrecisionRates
 from planner.specs.specio import MAX_MAGNITUDE, check_keys, number, string
 from planner.specs.units import GB, GIB, MIB, TFLOP
 
@@ -75,7 +76,8 @@ _OPTIONAL_NUMERIC_FIELDS: tuple[tuple[str, str, float, float, float], ...] = (
     ("hbm_achievable_fraction", "hbm_achievable_fraction", 1, 0, 1),
     ("backward_matmul_flops_per_s", "backward_matmul_tflops", TFLOP, 0, MAX_MAGNITUDE),
 )
-_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations",
+_EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations", "compute_precision",
+               "precision_rates",
                *(key for _, key, *_ in _OPTIONAL_NUMERIC_FIELDS)}
 
 
@@ -233,6 +235,14 @@ class NodeSpec:
     length (the sequence one kernel call covers): a causal kernel works in key blocks, and the block
     on the diagonal is computed whole, so short sequences waste a larger share of it
     (planner/cost/kernels.py [Note: the fused kernel's rate by sequence length])."""
+    compute_precision: str = ""
+    """The precision the compute rates above (`gpu_flops_per_s`, `backward_matmul_flops_per_s`,
+    `flash_attention_flops_per_s`) are for, where `precision_rates` says what the others run at;
+    empty for a spec that states one rate for every precision (every preset)."""
+    precision_rates: tuple[tuple[str, PrecisionRates], ...] = ()
+    """(precision, measured matmul rates) for each precision `planner probe` timed, sorted by name:
+    what scales the compute rates above to a plan's precision ([Note: a plan's precision prices its
+    compute])."""
     whole_node_gpus: int = 0
     """Nonzero when this spec is the share of a bigger node that `num_gpus_per_node` of its
     `whole_node_gpus` GPUs get ([Note: part of a node]); 0 for a whole node."""
@@ -269,9 +279,21 @@ class NodeSpec:
         for key, value in self.sources.items():
             provenance(value, f"{where} sources.{key}")
         number(self.whole_node_gpus, f"{where} whole_node_gpus", minimum=0, integer=True)
+        self._check_precisions(where)
         if self.whole_node_gpus and self.whole_node_gpus <= self.num_gpus_per_node:
             raise PlannerError(f"{where} whole_node_gpus ({self.whole_node_gpus}) must exceed num_gpus_per_node "
                                f"({self.num_gpus_per_node}), or be 0 for a whole node")
+
+    def _check_precisions(self, where: str) -> None:
+        rates = dict(self.precision_rates)
+        for precision, entry in self.precision_rates:
+            string(precision, f"{where} precision_rates key", choices=PRECISIONS)
+            if not isinstance(entry, PrecisionRates):
+                raise PlannerError(f"{where} precision_rates.{precision} must be PrecisionRates, got {type(entry).__name__}")
+        if self.compute_precision or rates:
+            string(self.compute_precision, f"{where} compute_precision", choices=tuple(rates) or PRECISIONS)
+        if len(rates) != len(self.precision_rates) or list(rates) != sorted(rates):
+            raise PlannerError(f"{where} precision_rates must name each precision once, sorted")
 
     # -- documents ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -293,6 +315,10 @@ class NodeSpec:
             doc["efficiency"] = {kind: _curve_to_doc(curve, kind) for kind, curve in curves.items() if curve.points}
         if self.whole_node_gpus:
             doc["whole_node_gpus"] = self.whole_node_gpus
+        if self.compute_precision:
+            doc["compute_precision"] = self.compute_precision
+        if self.precision_rates:
+            doc["precision_rates"] = {precision: rates.to_dict() for precision, rates in self.precision_rates}
         doc["sources"] = dict(self.sources)
         if self.citations:
             doc["citations"] = dict(self.citations)
@@ -338,6 +364,13 @@ class NodeSpec:
         for text_key in ("description", "notes"):
             if text_key in doc:
                 kwargs[text_key] = string(doc[text_key], f"{where} {text_key}", max_len=20_000)
+        if "compute_precision" in doc:
+            kwargs["compute_precision"] = string(doc["compute_precision"], f"{where} compute_precision", choices=PRECISIONS)
+        if "precision_rates" in doc:
+            check_keys(doc["precision_rates"], set(PRECISIONS), f"{where} precision_rates")
+            kwargs["precision_rates"] = tuple(sorted(
+                (precision, PrecisionRates.from_dict(entry, f"{where} precision_rates.{precision}"))
+                for precision, entry in doc["precision_rates"].items()))
         return cls(**kwargs)
 
     def with_max_alloc_gib(self, gib: float) -> NodeSpec:
@@ -384,10 +417,40 @@ class NodeSpec:
         without a backward rate of its own): what the simulator and the estimate scale it by."""
         return self.gpu_flops_per_s / self.backward_matmul_rate
 
+    def in_precision(self, precision: str) -> NodeSpec:
+        """This node's compute rates for a plan in `precision` ([Note: a plan's precision prices its
+        compute]); itself where it states one rate for every precision, or already is in `precision`."""
+        rates = dict(self.precision_rates)
+        if precision == self.compute_precision or precision not in rates or self.compute_precision not in rates:
+            return self
+        have, want = rates[self.compute_precision], rates[precision]
+        forward = want.matmul_flops_per_s / have.matmul_flops_per_s
+        training = want.training_flops_per_s / have.training_flops_per_s
+        return self.replace(
+            compute_precision=precision,
+            gpu_flops_per_s=self.gpu_flops_per_s * forward,
+            backward_matmul_flops_per_s=self.backward_matmul_rate
+            * want.backward_matmul_flops_per_s / have.backward_matmul_flops_per_s,
+            flash_attention_flops_per_s=self.flash_attention_flops_per_s * training,
+        )
+
     def replace(self, **changes: Any) -> NodeSpec:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc.update(changes)
         return NodeSpec(**doc)
+
+
+# [Note: a plan's precision prices its compute]
+# A spec measured by `planner probe` states its compute rates (the matmuls forward and backward, the
+# fused attention) in one precision, `compute_precision`, and what the probe measured the device's
+# matmuls at in every precision, `precision_rates`. A plan in another precision is priced at the
+# stated rates scaled by the measured ratio: the forward's matmuls by the forward ratio, the
+# backward's by the backward ratio, the fused attention (forward and backward) by the ratio of a
+# training step's matmuls. Ratios, not the measured rates themselves, so that a calibrated spec
+# (whose stated rates are fitted to the runtime's steps, planner/calibration/calibrate.py) carries
+# its fit into every precision. Applied once, where a plan meets its node (Plan.__post_init__,
+# beside [Note: part of a node]); the plan's node then is in its precision, which makes the step
+# idempotent. A preset states no per-precision rates: its published rate holds for every precision.
 
 
 # [Note: part of a node]

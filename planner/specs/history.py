@@ -89,10 +89,15 @@ def _rename_old_columns(con: sqlite3.Connection) -> None:
             con.execute(f"ALTER TABLE runs RENAME COLUMN {old} TO {new}")
 
 
-def default_store_path() -> Path:
+def default_cache_dir() -> Path:
+    """The user's cache directory for tierwise (the run history, the local hardware's probe)."""
     from platformdirs import user_cache_dir
 
-    return Path(user_cache_dir("tierwise")) / "history.sqlite"
+    return Path(user_cache_dir("tierwise"))
+
+
+def default_store_path() -> Path:
+    return default_cache_dir() / "history.sqlite"
 
 
 class RunHistory:

@@ -20,6 +20,7 @@ from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.phases import PHASES
+from planner.specs.precision import PRECISIONS
 from planner.specs.specio import check_keys, load_document, number, renamed_keys, string, write_json_atomic
 from planner.specs.tiers import GPU, NVME, TIERS, Tier
 
@@ -28,7 +29,6 @@ SCHEMA = "tierwise.plan/1"
 STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states", "recompute_inputs")
 MODEL_STATES: tuple[str, ...] = ("params", "gradients", "optimizer_states")
 Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 STRATEGIES: tuple[str, ...] = ("dp", "zero2", "zero-offload", "zero3", "zero-inf-cpu", "zero-inf-nvme", "3d", "custom")
 COLLECTIVE_LINKS: tuple[str, ...] = ("all_gather", "reduce_scatter")
 
@@ -378,9 +378,10 @@ class Plan:
     def __post_init__(self) -> None:
         number(self.num_gpus, "num_gpus", minimum=1, maximum=1_000_000, integer=True)
         # Part of a node bills its GPUs' share of the node (planner/specs/hardware.py [Note: part of a node]).
-        object.__setattr__(self, "node", self.node.for_gpus(self.num_gpus))
-        string(self.strategy, "strategy", choices=STRATEGIES)
         string(self.precision, "precision", choices=PRECISIONS)
+        # ... and is priced in its own precision (planner/specs/hardware.py [Note: a plan's precision prices its compute]).
+        object.__setattr__(self, "node", self.node.for_gpus(self.num_gpus).in_precision(self.precision))
+        string(self.strategy, "strategy", choices=STRATEGIES)
         string(self.optimizer_step, "optimizer_step", choices=OPTIMIZER_STEPS)
         pinning = string(self.host_pinning, "host_pinning", choices=tuple(HostPinning))
         object.__setattr__(self, "host_pinning", HostPinning(pinning))

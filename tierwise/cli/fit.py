@@ -32,7 +32,7 @@ def fit(
     micro_batches: o.MicroBatchesOpt = None,
     max_alloc_gib: o.MaxAllocOpt = None,
     max_batch_per_gpu: Annotated[int, typer.Option("--max-batch-per-gpu", help="largest batch/GPU the search tries")] = 32,
-    precision: o.PrecisionOpt = "bf16",
+    precision: o.PrecisionOpt = None,
     optimizer_step: o.SearchedOptimizerStepOpt = None,
     clip_grad_norm: o.ClipGradNormOpt = False,
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
@@ -50,10 +50,9 @@ def fit(
     from planner.search.refine import refine
     from planner.search.search import SearchRequest, search
     from planner.specs.plan import parse_placement_pins
-    from planner.specs.specio import number, string, write_text_atomic
+    from planner.specs.specio import number, write_text_atomic
     from planner.specs.training_loop import TrainingLoop
 
-    string(precision, "--precision", choices=("bf16", "fp16", "fp32"))
     training = TrainingLoop(optimizer_step=optimizer_step_pin(optimizer_step), clips_grad_norm=clip_grad_norm)
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)
     number(max_batch_per_gpu, "--max-batch-per-gpu", minimum=1, maximum=1_000_000, integer=True)
@@ -62,9 +61,10 @@ def fit(
     # Not given: 1, except for `3d`, whose point is to search tensor and pipeline degrees (the dashboard's rule too).
     degrees = parallel_degrees(strategy, o.degree_given(model_parallel, "--model-parallel"),
                                o.degree_given(pipeline_parallel, "--pipeline-parallel"))
+    node = o.node(hardware, max_alloc_gib)
     request = SearchRequest(
         model=o.model(model, layers, hidden, heads, seq, vocab),
-        node=o.node(hardware, max_alloc_gib),
+        node=node,
         num_gpus=gpus,
         strategy=strategy,
         placement_pins=parse_placement_pins(placement),
@@ -75,7 +75,7 @@ def fit(
         model_parallel_degree=degrees[0],
         pipeline_parallel_degree=degrees[1],
         micro_batches_per_step=micro_batches,
-        precision=precision,
+        precision=o.precision(node, precision),
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,
         training=training,

@@ -78,6 +78,5 @@ def check(plan: Plan, machine: Machine, nproc: int) -> str | None:
         host_need = peak[HOST] + peak[GPU] * nproc  # without CUDA every rank's GPU tier is host memory
         if host_need > machine.host_memory_bytes:
             raise PlannerError(f"{said}: here its GPU tier would live in host memory, {host_need / GIB:,.1f} GiB in all; "
-                               "run it on that hardware, or plan for this machine (planner probe --out hw.json, "
-                               "then planner fit --hardware hw.json)")
+                               "run it on that hardware, or plan for this machine (planner fit --hardware local)")
     return f"warning: {said}; the measurements will not be that hardware's"

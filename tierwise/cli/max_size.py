@@ -14,6 +14,7 @@ def max_size_command(
     gpus: o.GpusOpt = 1,
     hardware: o.HardwareOpt = None,
     seq: Annotated[int, typer.Option("--seq", help="sequence length")] = 1024,
+    precision: o.PrecisionOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
     """Largest model a strategy can train on the hardware (shapes by the documented shape rule)."""
@@ -26,7 +27,7 @@ def max_size_command(
     number(gpus, "--gpus", minimum=1, maximum=1_000_000, integer=True)
     number(seq, "--seq", minimum=1, maximum=100_000_000, integer=True)
     node = o.node(hardware)
-    result = max_size(strategy, node, gpus, seq_len=seq)
+    result = max_size(strategy, node, gpus, seq_len=seq, precision=o.precision(node, precision))
     if as_json:
         o.print_json(
             {

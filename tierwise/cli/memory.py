@@ -29,7 +29,7 @@ def memory(
     tiling_factor: o.TilingOpt = 1,
     prefetch_depth: o.PrefetchOpt = 3,
     model_parallel: o.ModelParallelOpt = "1",
-    precision: o.PrecisionOpt = "bf16",
+    precision: o.PrecisionOpt = None,
     optimizer_step: o.OptimizerStepOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
@@ -42,9 +42,10 @@ def memory(
 
     chosen_strategy, place = _placement(strategy, placement)
     degree = o.model_parallel(model_parallel)
+    node = o.node(hardware)
     described = Plan(
         model=o.model(model, layers, hidden, heads, seq, vocab),
-        node=o.node(hardware),
+        node=node,
         num_gpus=gpus,
         strategy=chosen_strategy,
         placement=place,
@@ -53,7 +54,7 @@ def memory(
         tiling_factor=tiling_factor,
         prefetch_depth=prefetch_depth,
         model_parallel_degree=degree or 1,
-        precision=precision,
+        precision=o.precision(node, precision),
         optimizer_step=optimizer_step_pin(optimizer_step) or "after_backward",
     )
     plan = predict(check_plan(described))

@@ -32,7 +32,8 @@ VocabOpt = Annotated[int | None, typer.Option("--vocab", help="vocabulary size (
 
 # -- the cluster ---------------------------------------------------------------------------------
 GpusOpt = Annotated[int, typer.Option("--gpus", help="number of GPUs")]
-HardwareOpt = Annotated[str | None, typer.Option("--hardware", help="hardware preset or JSON file (default dgx-h100)")]
+HardwareOpt = Annotated[str | None, typer.Option(
+    "--hardware", help="hardware preset, JSON file, or 'local' (this machine, probed once and cached; default dgx-h100)")]
 MaxAllocOpt = Annotated[float | None, typer.Option("--max-alloc-gib", help="largest contiguous GPU allocation")]
 
 # -- the plan's choices (fit searches the ones not given; memory and simulate take them as given) --
@@ -57,7 +58,8 @@ PipelineParallelOpt = Annotated[str | None, typer.Option(
 MicroBatchesOpt = Annotated[int | None, typer.Option(
     "--micro-batches", help="micro-batches per optimizer step (gradient accumulation; a pipeline's m; default 4 per "
                             "stage when pipelined, else 1)")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32")]
+PrecisionOpt = Annotated[str | None, typer.Option(
+    "--precision", help="bf16, fp16 or fp32 (default bf16, or fp32 where the hardware emulates bf16)")]
 OptimizerStepOpt = Annotated[str | None, typer.Option(
     "--optimizer-step", help="after_backward (default: the paper's step) or in_backward (each unit updated as soon as "
                              "its gradient is final; no gradient accumulation or clipping)")]
@@ -139,11 +141,55 @@ def model(name, layers, hidden, heads, seq, vocab):  # noqa: ANN001, ANN201
     return spec
 
 
+LOCAL = "local"
+"""`--hardware local`: this machine (runtime/local_hardware.py)."""
+
+
 def node(hardware: str | None, max_alloc_gib: float | None = None):  # noqa: ANN201
     from planner.specs.catalog import resolve_hardware
 
-    spec = resolve_hardware(hardware)
+    spec = local_node() if hardware == LOCAL else resolve_hardware(hardware)
     return spec if max_alloc_gib is None else spec.with_max_alloc_gib(max_alloc_gib)
+
+
+def local_node():  # noqa: ANN201
+    """This machine's spec (probed once, then cached), after one line on stderr saying which."""
+    from planner.specs.hardware import NodeSpec
+    from planner.specs.history import default_cache_dir
+    from tierwise.cli.machine import require_runtime
+
+    require_runtime("--hardware local")
+    from runtime.local_hardware import default_probe, local_hardware
+
+    cache_dir = default_cache_dir()
+
+    def probe() -> dict:  # the one line, said before the wait rather than after it
+        sys.stderr.write(f"hardware local: probing this machine (under a minute on 2 cores), cached in {cache_dir}\n")
+        return default_probe()()
+
+    found = local_hardware(cache_dir, probe=probe)
+    try:
+        spec = NodeSpec.from_dict(found.document, str(found.path))
+    except PlannerError:  # a cache written by another version: measure again
+        found = local_hardware(cache_dir, probe=probe, refresh=True)
+        spec = NodeSpec.from_dict(found.document, str(found.path))
+    if not found.probed:
+        sys.stderr.write(found.line() + "\n")
+    return spec
+
+
+def precision(node, pinned: str | None) -> str:  # noqa: ANN001
+    """The plan's precision on `node`: `pinned`, else bf16 unless `node` emulates it
+    (planner/specs/precision.py [Note: emulated precisions]); its note, if any, on stderr."""
+    from planner.specs.precision import PRECISIONS, choose_precision
+    from planner.specs.specio import string
+
+    if pinned is not None:
+        string(pinned, "--precision", choices=PRECISIONS)
+    choice = choose_precision(dict(node.precision_rates), node.name, pinned)
+    if choice.note:
+        sys.stderr.write(choice.note + "\n")
+    return choice.precision
 
 
 def print_json(doc) -> None:  # noqa: ANN001

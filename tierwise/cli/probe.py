@@ -33,14 +33,18 @@ def probe(
     nvme_test_gib: Annotated[float, typer.Option("--nvme-test-gib", help="bytes written and read per pass")] = 1.0,
     name: Annotated[str | None, typer.Option("--name", help="spec name (default probed-HOSTNAME)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the document even when writing --out")] = False,
-    calibrate: Annotated[bool | None, typer.Option(
+    calibrate: Annotated[bool, typer.Option(
         "--calibrate/--no-calibrate",
-        help="fit the spec to four small reference runs of the runtime (default: on when the CPU is the compute device)",
-    )] = None,
+        help="also train four small reference runs of the runtime, three times each, and fit the spec to them "
+             "(several minutes on 2 cores; progress and time left are shown)",
+    )] = False,
     keep_runs: Annotated[Path | None, typer.Option(
         "--keep-runs", hidden=True, help="save the bare spec and the reference runs' plans and profiles here")] = None,
 ) -> None:
-    """Measure NVMe, memory, CPU Adam and compute bandwidths here; write a hardware spec."""
+    """Measure NVMe, memory, CPU Adam and compute (every precision) here; write a hardware spec.
+
+    Under a minute on 2 cores; `--calibrate` adds reference runs of the runtime (several minutes).
+    `--hardware local` runs the same measurements once and caches them."""
     number(nvme_test_gib, "--nvme-test-gib", exclusive_minimum=0, maximum=1024)
     require_runtime("probe")
     try:
@@ -67,7 +71,7 @@ def probe(
     if busy:
         doc["notes"] = f"{doc['notes']} Probed while busy: {busy}"
     spec = NodeSpec.from_dict(doc, "probed hardware")  # what --hardware will read back
-    if calibrate if calibrate is not None else spec.host_is_device:
+    if calibrate:
         from planner.calibration.probe_reference import (
             REFERENCE_REPEATS,
             REFERENCE_RUNS,
@@ -120,7 +124,7 @@ def train_reference_run(ref: ReferenceRun, work: Path, steps: int) -> Profile:
     if done.returncode != 0:
         last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "no output")
         raise PlannerError(f"probe reference run {ref.name} failed ({last.strip()}); "
-                           "run `planner probe --no-calibrate` for the uncalibrated spec")
+                           "run `planner probe` without --calibrate for the uncalibrated spec")
     return load_profile(profile_path)
 
 

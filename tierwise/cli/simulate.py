@@ -29,6 +29,9 @@ def simulate_command(
     model_parallel: o.ModelParallelOpt = None,
     max_alloc_gib: o.MaxAllocOpt = None,
     optimizer_step: o.OptimizerStepOpt = None,
+    hardware: Annotated[str | None, typer.Option(
+        "--hardware", help="simulate the plan on this hardware instead of its own: a preset, JSON file, or 'local' "
+                           "(this machine, probed once and cached)")] = None,
 ) -> None:
     """Simulate one training iteration of a plan (discrete-event, SimPy) and print the prediction."""
 
@@ -38,7 +41,11 @@ def simulate_command(
         from planner.search.search import best_model_parallel
         from planner.sim.periodic import simulate_periodic
 
-        plan = apply_pins(check_plan(load_plan(plan_file)), placement=placement, batch_per_gpu=batch_per_gpu,
+        plan = load_plan(plan_file)
+        if hardware is not None:
+            plan = plan.replace(node=o.node(hardware), prediction=None)
+            o.precision(plan.node, plan.precision)  # the note, where the new hardware emulates the plan's precision
+        plan = apply_pins(check_plan(plan), placement=placement, batch_per_gpu=batch_per_gpu,
                           recompute_interval=recompute_interval, tiling_factor=tiling_factor,
                           prefetch_depth=prefetch_depth, model_parallel=o.model_parallel(model_parallel),
                           max_alloc_gib=max_alloc_gib, optimizer_step=optimizer_step)
