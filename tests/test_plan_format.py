@@ -96,7 +96,7 @@ def _every_model_key() -> ModelSpec:
 def _every_hardware_key():  # noqa: ANN202
     """dgx-h100 with every optional key set."""
     node = resolve_hardware("dgx-h100")
-    return replace(node, host_is_device=True, backward_matmul_flops_per_s=5e14, whole_node_gpus=16,
+    return replace(node, host_is_device=True, backward_matmul_flops_per_s=5e14, whole_node_gpus=16, host_memcpy_bytes_per_s=2e10,
                    attention_efficiency=EfficiencyCurve(((1024.0, 0.5), (8192.0, 0.9))))
 
 
@@ -117,7 +117,7 @@ def test_every_plan_key_is_documented():
     documents = [context_parallel.to_dict(), {"model": _every_model_key().to_dict()},
                  {"hardware": _every_hardware_key().to_dict()}]
     assert {"context_parallel_degree", "host_pinning"} <= set(documents[0]) and "head_dim" in documents[1]["model"]
-    assert {"host_is_device", "whole_node_gpus", "backward_matmul_tflops"} <= set(documents[2]["hardware"])
+    assert {"host_is_device", "whole_node_gpus", "backward_matmul_tflops", "host_memcpy_gb_per_s"} <= set(documents[2]["hardware"])
     missing = set().union(*(_undocumented(_paths(doc)) for doc in documents))
     assert not missing, f"keys the plan writes that docs/plan-format.md does not document: {sorted(missing)}"
 
