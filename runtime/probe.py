@@ -10,7 +10,9 @@ Every number here is measured on the spot, side by side, with warm-up and the me
 - compute: the four linears of a transformer block (hd -> 3hd, hd -> hd, hd -> 4hd, 4hd -> hd,
   docs/method.md eq. 1), forward and backward, in every precision a plan may use (fp32, bf16,
   fp16: runtime/precision_probe.py); the spec states the fastest's rates and the others' ratios.
-- with CUDA: pinned host <-> device copies and device memory bandwidth; with more than one GPU,
+- the staged memcpy: pageable memory into a staging buffer, as the pinned staging pool copies;
+- with CUDA: pinned (and, for comparison, pageable) host <-> device copies and device memory
+  bandwidth; with more than one GPU,
   all-gather and reduce-scatter bus bandwidth over all of them (NCCL, one process per GPU).
 
 On a machine without CUDA the CPU is the compute device: "GPU" fields describe the CPU and its
@@ -169,6 +171,22 @@ def measure_cpu_adam_params_per_s(num_params: int | None = None, repeats: int = 
     return num_params / seconds
 
 
+def measure_staged_memcpy_bytes_per_s(nbytes: int | None = None, repeats: int = 5) -> float:
+    """Bytes per second the launching thread copies from pageable memory into a staging buffer, as
+    the pinned staging pool does (runtime/transfer/pinned_pool.py: `staged.copy_(piece)`), over a
+    working set beyond the CPU's caches: the first leg of a `host_pinning: staged` copy
+    (planner/cost/host_link.py). The buffer is page-locked where CUDA can lock it, page-aligned else."""
+    nbytes = nbytes or host_working_set_bytes()
+    source = torch.ones(nbytes // 4, dtype=torch.float32)
+    if torch.cuda.is_available():
+        staging = torch.empty_like(source, pin_memory=True)
+    else:
+        buffer = AlignedBuffer(nbytes)
+        staging = torch.frombuffer(buffer.view, dtype=torch.float32, count=nbytes // 4)
+    seconds = _median_time_s(lambda: staging.copy_(source), repeats=repeats)
+    return nbytes / seconds  # bytes copied (each read once and written once)
+
+
 # -- compute ---------------------------------------------------------------------------------------
 COMPUTE_HIDDEN = {"cpu": 1024, "cuda": 8192}
 COMPUTE_TOKENS = {"cpu": 512, "cuda": 8192}
@@ -290,6 +308,36 @@ def measure_cuda_links(device: torch.device, nbytes: int = 512 * MIB, repeats: i
 
 
 @dataclass(frozen=True, slots=True)
+class HostCopyPaths:
+    """Host<->device copy rates from pinned and from pageable host memory, one GPU alone."""
+
+    pinned_h2d_bytes_per_s: float
+    pinned_d2h_bytes_per_s: float
+    pageable_h2d_bytes_per_s: float
+    pageable_d2h_bytes_per_s: float
+
+
+def measure_host_copy_paths(device: torch.device, nbytes: int = 256 * MIB, repeats: int = 5) -> HostCopyPaths:
+    """The same copies from page-locked and from pageable host memory: what `host_pinning: shards`
+    gets (the link's rate) and what copying pageable shards directly would (the driver stages them)."""
+    gpu = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def rate(copy: Callable[[], object]) -> float:
+        def run() -> None:
+            copy()
+            torch.cuda.synchronize(device)
+
+        return nbytes / _median_time_s(run, repeats=repeats)
+
+    out = []
+    for pinned in (True, False):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        out += [rate(lambda host=host: gpu.copy_(host, non_blocking=True)),
+                rate(lambda host=host: host.copy_(gpu, non_blocking=True))]
+    return HostCopyPaths(*out)
+
+
+@dataclass(frozen=True, slots=True)
 class CollectiveBandwidth:
     """Bus bandwidth per rank (nccl-tests convention: (n-1)/n of the full tensor per rank)."""
 
@@ -393,9 +441,10 @@ class Stages:
 
 
 def probe_stages(on_cuda: bool, num_gpus: int = 0) -> int:
-    """How many stages `probe_node` logs: NVMe, host memory, CPU Adam, the matmuls, then the CPU's
-    attention and memory-bound kernels, or the GPU's links and (with several GPUs) collectives."""
-    return 4 + (1 + (num_gpus > 1) if on_cuda else 2)
+    """How many stages `probe_node` logs: NVMe, host memory, CPU Adam, the staged memcpy, the matmuls,
+    then the CPU's attention and memory-bound kernels, or the GPU's links, its pinned vs pageable
+    copies and (with several GPUs) collectives."""
+    return 5 + (2 + (num_gpus > 1) if on_cuda else 2)
 
 
 def probe_node(
@@ -459,6 +508,8 @@ def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_
     host_memory = measure_host_memory_bytes_per_s(working_set)
     stages.start("CPU AdamW (torch fused)")
     adam = measure_cpu_adam_params_per_s(adam_params)
+    stages.start("staged memcpy (pageable -> staging buffer)")
+    memcpy = measure_staged_memcpy_bytes_per_s(working_set)
     notes.append(
         f"Host memory: {working_set / MIB:g} MiB tensor copy, bytes read + written. CPU AdamW: "
         f"torch {torch.__version__} AdamW(fused=True), {adam_params / (1 << 20):g} Mi fp32 params, "
@@ -473,6 +524,7 @@ def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_
         "nvme_write_gb_per_s": nvme.write_bytes_per_s / GB,
         "nvme_read_write": nvme.read_write,
         "cpu_adam_gparams_per_s": adam / 1e9,
+        "host_memcpy_gb_per_s": memcpy / GB,
     }
     sources = dict(
         cpu_memory_gib="measured",
@@ -481,7 +533,9 @@ def _probe_host(nvme_path: str | os.PathLike[str], nvme_test_bytes: int, engine_
         nvme_read_gb_per_s=nvme_source,
         nvme_write_gb_per_s=nvme_source,
         cpu_adam_gparams_per_s="measured",
+        host_memcpy_gb_per_s="measured",
     )
+    notes.append(_host_copy_note(memcpy, working_set))
     return _Findings(doc, sources, notes), host_memory
 
 
@@ -510,8 +564,28 @@ def _probe_cuda_device(found: _Findings, *, host: str, cores: int,
     found.notes.append(
         "GPU: pinned 512 MiB host<->device copies (one GPU alone); device memory copy counts bytes read + written."
     )
+    stages.start("host copies: pinned vs pageable")
+    found.notes.append(_copy_paths_note(measure_host_copy_paths(device)))
     _probe_nccl(found, num_gpus, stages=stages)
     return compute, description
+
+
+def _host_copy_note(memcpy_bytes_per_s: float, working_set: int) -> str:
+    where = ("into a page-locked buffer" if torch.cuda.is_available() else
+             "into a page-aligned buffer (no CUDA: nothing to page-lock, and nothing crosses a link)")
+    return (f"Staged memcpy: {memcpy_bytes_per_s / GB:.2f} GB/s, {working_set / MIB:g} MiB copied from pageable "
+            f"memory {where} by torch's copy on the calling thread, as the staging pool copies (host_memcpy_gb_per_s).")
+
+
+def _copy_paths_note(paths: HostCopyPaths) -> str:
+    return (f"Host copies, one GPU, 256 MiB: pinned h2d {paths.pinned_h2d_bytes_per_s / GB:.1f} GB/s, d2h "
+            f"{paths.pinned_d2h_bytes_per_s / GB:.1f} GB/s; pageable h2d {paths.pageable_h2d_bytes_per_s / GB:.1f} GB/s, "
+            f"d2h {paths.pageable_d2h_bytes_per_s / GB:.1f} GB/s (host_pinning: shards copies at the pinned rates).")
+
+
+PAGEABLE_SKIPPED = ("Host copies pinned vs pageable: skipped: no CUDA device, so the host is the device and no copy "
+                    "crosses a link (host_pinning does not apply).")
+"""The probe's note where it cannot measure host<->device copies, and why."""
 
 
 def _take_generation_fit(found: _Findings, properties: Any) -> None:
@@ -596,6 +670,7 @@ def _probe_cpu_device(found: _Findings, *, host: str, cores: int, memory: int, h
         f"([Note: the CPU's memory-bound kernels]): two LayerNorms, GELU and two residual adds of a hd 1024 block, 1024 "
         f"tokens, forward and backward, {kernels / GB:.4g} GB/s: hbm_achievable_fraction is that over the copy bandwidth."
     )
+    found.notes.append(PAGEABLE_SKIPPED)
     return compute, description
 
 

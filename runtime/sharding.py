@@ -13,41 +13,15 @@ backward: output-gradient hook -> prefetch ahead, gather; each parameter's post-
           Recompute (runtime/units/recompute.py) re-enters the forward hooks during backward:
           those gather, and release the buffer's memory in place after the use
           ([Note: recompute releases parameters]).
-end of backward (autograd callback): finish reduce-scatters, reshard everything left, phase IDLE.
+end of backward (autograd callback): start the reduce-scatters of units some of whose parameters
+          got no gradient, reshard everything left, phase IDLE. Reduce-scatters finish on the
+          rank's reduce worker, and the step waits for them ([Note: a reduce-scatter finishes on
+          the reduce worker], in `ShardedModel._start_reduce`).
 
 With more than one rank, every rank must use the same parameters in a backward (as with FSDP): a
-unit's reduce-scatter is a collective that all ranks issue in the same order.
-
-[Note: saved parameters]
-Autograd saves what backward needs, and an operator's weight is among it (a Linear's grad input is
-grad_output @ W). What it saves holds the tensor's *storage*: setting `p.data` to an empty tensor at
-reshard does not free the gathered buffer a forward view came from, so without recompute every
-unit's buffer (a read from NVMe, an all-gather output, a cast) stayed alive from its forward to its
-backward, the whole model's parameters at the end of forward, which no memory bill holds. While a
-forward runs, saved tensors therefore go through `saved_tensors_hooks` (pushed outermost, for the
-root's forward): a view of a transient gathered buffer is packed as (unit, offset, size, stride)
-and unpacked as the same view of the buffer the unit is gathered into for its backward (FSDP keeps
-the storage object and refills it instead; a recycled direct-I/O buffer cannot be resized in place).
-Views of a shard that lives in memory (the unit gathers nothing) are saved as they are. Recompute
-segments push torch's own hooks inside ours, so only the tensors saved outside them reach ours, and
-the recompute in backward runs without ours.
-
-[Note: recompute releases parameters]
-A recompute segment's backward first re-runs its forward, and torch's recompute frame keeps what
-that recompute saved (views of the units' gathered buffers) until each operator's backward. Holding
-the buffers that long would keep a whole segment's parameters gathered at once, where the paper's
-schedule (eq. 4) and the memory bill hold one operator; so after its recompute use a unit `hollow`s
-its buffer: the storage object stays (the saved views keep pointing at it) but its memory is freed
-(`resize_(0)`), and the unit's backward gathers again and copies into it (FSDP2 frees and refills
-its unsharded parameters the same way). Only torch allocations can be resized, so before a
-recompute use a direct-I/O read buffer is copied into one (`own_buffer`). A unit whose backward has
-begun (the segment's last, whose output gradient triggered the recompute) is not hollowed.
-
-The gradient of a segment's output reaches the hook on its last operator's output before that
-operator's backward asks for its saved tensors, i.e. before the recompute. Gathering the operator
-there (as for any other unit) held it through the whole recompute, one operator beyond the bill's
-`mswm` (docs/notes/2026-11-22-runtime-source-measurements.md). So a unit whose segment still
-awaits its recompute only marks its backward begun there; the recompute gathers it.
+unit's reduce-scatter is a collective that all ranks issue in the same order. What autograd saves
+and a recompute's use of a unit are in [Note: saved parameters] and [Note: recompute releases
+parameters], above `ShardedModel`.
 """
 
 from __future__ import annotations
@@ -90,12 +64,10 @@ MAX_REDUCES_IN_FLIGHT = 1
 """Reduce-scatters issued and not yet finished on the reduce worker, the one just issued included
 (the memory model's `reduce_scatter_buffer`: one operator's full gradients)."""
 
-
 class StepPhase(enum.Enum):
     IDLE = enum.auto()
     FORWARD = enum.auto()
     BACKWARD = enum.auto()
-
 
 class _SavedView(NamedTuple):
     """A saved tensor that viewed a unit's transient gathered buffer (see [Note: saved parameters])."""
@@ -106,7 +78,36 @@ class _SavedView(NamedTuple):
     size: torch.Size
     stride: tuple[int, ...]
 
-
+# [Note: saved parameters]
+# Autograd saves what backward needs, and an operator's weight is among it (a Linear's grad input is
+# grad_output @ W). What it saves holds the tensor's *storage*: setting `p.data` to an empty tensor at
+# reshard does not free the gathered buffer a forward view came from, so without recompute every
+# unit's buffer (a read from NVMe, an all-gather output, a cast) stayed alive from its forward to its
+# backward, the whole model's parameters at the end of forward, which no memory bill holds. While a
+# forward runs, saved tensors therefore go through `saved_tensors_hooks` (pushed outermost, for the
+# root's forward): a view of a transient gathered buffer is packed as (unit, offset, size, stride)
+# and unpacked as the same view of the buffer the unit is gathered into for its backward (FSDP keeps
+# the storage object and refills it instead; a recycled direct-I/O buffer cannot be resized in place).
+# Views of a shard that lives in memory (the unit gathers nothing) are saved as they are. Recompute
+# segments push torch's own hooks inside ours, so only the tensors saved outside them reach ours, and
+# the recompute in backward runs without ours.
+#
+# [Note: recompute releases parameters]
+# A recompute segment's backward first re-runs its forward, and torch's recompute frame keeps what
+# that recompute saved (views of the units' gathered buffers) until each operator's backward. Holding
+# the buffers that long would keep a whole segment's parameters gathered at once, where the paper's
+# schedule (eq. 4) and the memory bill hold one operator; so after its recompute use a unit `hollow`s
+# its buffer: the storage object stays (the saved views keep pointing at it) but its memory is freed
+# (`resize_(0)`), and the unit's backward gathers again and copies into it (FSDP2 frees and refills
+# its unsharded parameters the same way). Only torch allocations can be resized, so before a
+# recompute use a direct-I/O read buffer is copied into one (`own_buffer`). A unit whose backward has
+# begun (the segment's last, whose output gradient triggered the recompute) is not hollowed.
+#
+# The gradient of a segment's output reaches the hook on its last operator's output before that
+# operator's backward asks for its saved tensors, i.e. before the recompute. Gathering the operator
+# there (as for any other unit) held it through the whole recompute, one operator beyond the bill's
+# `mswm` (docs/notes/2026-11-22-runtime-source-measurements.md). So a unit whose segment still
+# awaits its recompute only marks its backward begun there; the recompute gathers it.
 class ShardedModel:
     """Everything the runtime keeps for one sharded module (looked up with `state_of(model)`)."""
 
@@ -437,20 +438,16 @@ class ShardedModel:
                 unit.reshard()
         return out
 
-
 _STATES: weakref.WeakKeyDictionary[nn.Module, ShardedModel] = weakref.WeakKeyDictionary()
-
 
 def _refuse_closed(module: nn.Module, args: Any) -> None:
     raise RuntimeError(f"this sharded {type(module).__name__} was closed (its shards are gone): "
                        "shard a new model, or load its checkpoint into one")
 
-
 def state_of(model: nn.Module) -> ShardedModel:
     if model not in _STATES:
         raise ValueError("this model was not sharded: call runtime.shard(model, plan) first")
     return _STATES[model]
-
 
 def shard(
     model: nn.Module,

@@ -20,6 +20,7 @@ MEASURED = {
     "nvme_read_gb_per_s",
     "nvme_write_gb_per_s",
     "cpu_adam_gparams_per_s",
+    "host_memcpy_gb_per_s",
     "gpu_memory_gib",
     "gpu_hbm_gb_per_s",
     "host_to_gpu_gb_per_s",
@@ -63,8 +64,20 @@ def test_probe_says_the_cpu_is_the_compute_device_without_cuda(probed):
     else:
         assert "the CPU is the compute device" in doc["description"]
         assert "Collectives: skipped, one rank" in doc["notes"]
+        from runtime.probe import PAGEABLE_SKIPPED
+
+        assert PAGEABLE_SKIPPED in doc["notes"]  # pinned vs pageable copies: skipped, with the reason
         assert doc["gpu_memory_gib"] == doc["cpu_memory_gib"]
         assert doc["host_to_gpu_gb_per_s"] == doc["host_memory_gb_per_s"]
+
+
+def test_the_probed_staged_memcpy_rate_prices_staged_plans(probed):
+    from planner.cost.host_link import host_memcpy_bytes_per_s
+    from planner.specs.units import GB
+
+    _, doc, _ = probed
+    spec = NodeSpec.from_dict(doc)
+    assert host_memcpy_bytes_per_s(spec) == doc["host_memcpy_gb_per_s"] * GB > 0
 
 
 def test_hardware_option_accepts_the_probed_spec(probed):
@@ -115,6 +128,11 @@ def test_probe_cuda_measurements_run_on_the_gpu():
     device = torch.device("cuda", 0)
     links = measure_cuda_links(device, nbytes=64 << 20, repeats=2)
     assert links.host_to_device_bytes_per_s > 0 and links.device_to_host_bytes_per_s > 0
+    from runtime.probe import measure_host_copy_paths
+
+    paths = measure_host_copy_paths(device, nbytes=64 << 20, repeats=2)
+    assert min(paths.pinned_h2d_bytes_per_s, paths.pinned_d2h_bytes_per_s, paths.pageable_h2d_bytes_per_s,
+               paths.pageable_d2h_bytes_per_s) > 0
     assert links.device_memory_bytes_per_s > 0
     compute = measure_precisions(torch_pass_timer(device), hidden=1024, rows=1024, screen=False)
     assert set(compute.rates) == {"fp32", "bf16", "fp16"} and compute.screened_only == ()

@@ -21,7 +21,7 @@ from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.hardware import EfficiencyCurve
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.model import ModelSpec
-from planner.specs.plan import STRATEGY_TABLE, Placement, Plan
+from planner.specs.plan import STRATEGY_TABLE, HostPinning, Placement, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "plan-format.md").read_text()
@@ -100,6 +100,7 @@ def _every_hardware_key():  # noqa: ANN202
     from planner.specs.precision import PrecisionRates
 
     return replace(node, host_is_device=True, backward_matmul_flops_per_s=5e14, whole_node_gpus=16,
+                   host_memcpy_bytes_per_s=2e10,
                    attention_efficiency=EfficiencyCurve(((1024.0, 0.5), (8192.0, 0.9))), compute_precision="bf16",
                    precision_rates=(("bf16", PrecisionRates(6e14, 5e14)), ("fp32", PrecisionRates(5e13, 5e13))))
 
@@ -117,12 +118,13 @@ def test_every_plan_key_is_documented():
     context_parallel = Plan(model=resolve_model("llama-3-8b"), node=resolve_hardware("dgx-h100"), num_gpus=16,
                             strategy="3d", placement=STRATEGY_TABLE["3d"].placement, recompute_interval=0,
                             micro_batch_per_gpu=2 / (tp * cp), model_parallel_degree=tp, context_parallel_degree=cp,
-                            optimizer_step_reason="pinned by the user (--optimizer-step)")
+                            optimizer_step_reason="pinned by the user (--optimizer-step)", host_pinning=HostPinning.SHARDS)
     documents = [context_parallel.to_dict(), {"model": _every_model_key().to_dict()},
                  {"hardware": _every_hardware_key().to_dict()}]
-    assert {"context_parallel_degree", "optimizer_step_reason"} <= set(documents[0]) and "head_dim" in documents[1]["model"]
+    assert {"context_parallel_degree", "optimizer_step_reason", "host_pinning"} <= set(documents[0])
+    assert "head_dim" in documents[1]["model"]
     assert {"host_is_device", "whole_node_gpus", "backward_matmul_tflops", "compute_precision",
-            "precision_rates"} <= set(documents[2]["hardware"])
+            "precision_rates", "host_memcpy_gb_per_s"} <= set(documents[2]["hardware"])
     missing = set().union(*(_undocumented(_paths(doc)) for doc in documents))
     assert not missing, f"keys the plan writes that docs/plan-format.md does not document: {sorted(missing)}"
 

@@ -9,7 +9,8 @@ from planner.specs.plan import STRATEGY_TABLE, Plan
 from planner.specs.tiers import NVME
 from planner.specs.units import GB, GIB
 
-# A round-number node: 1 TFLOP/s GPUs, 10 GB/s host links, NVMe 4 GB/s per node, 100 GB/s NVLink.
+# A round-number node: 1 TFLOP/s GPUs, 10 GB/s host links, NVMe 4 GB/s per node, 100 GB/s NVLink; a
+# host thread copies at 100 GB/s, so the staged copies and gradient landings below run at the links' rates.
 NODE = NodeSpec(
     name="round",
     num_gpus_per_node=4,
@@ -25,6 +26,7 @@ NODE = NodeSpec(
     nvme_write_bytes_per_s=2 * GB,
     gpu_gpu_intra_node_bytes_per_s=100 * GB,
     cpu_adam_params_per_s=1e9,
+    host_memcpy_bytes_per_s=100 * GB,
 )
 MODEL = ModelSpec(num_layers=1, hidden_size=1024, num_heads=8)  # P = 12 * 1024^2 = 12_582_912
 P = 12 * 1024**2

@@ -27,9 +27,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB_NOTES = "docs/notes/"
-PENDING: tuple[str, ...] = ("runtime/transfer/", "runtime/units/", "runtime/optim/", "runtime/sharding.py")
-"""Runtime paths whose notes move with the transfer-path rework that is editing them; each entry
-goes when that work lands (until then their measurements and long docstrings are known)."""
 MAX_MODULE_DOCSTRING_LINES = 25
 
 CITATION = re.compile(r"DESIGN\.md|STYLE\.md|\.\./shared|/work/share[d]|\bissues? [0-9]+", re.IGNORECASE)
@@ -105,7 +102,7 @@ def _module_docstring_lines(path: str) -> int:
 
 
 def test_no_module_docstring_over_25_lines():
-    long = {f: n for f in PYTHON if not f.startswith(PENDING) and (n := _module_docstring_lines(f)) > MAX_MODULE_DOCSTRING_LINES}
+    long = {f: n for f in PYTHON if (n := _module_docstring_lines(f)) > MAX_MODULE_DOCSTRING_LINES}
     assert not long, f"module docstrings over {MAX_MODULE_DOCSTRING_LINES} lines (move the reasoning into [Note: ...] blocks): {long}"
 
 
@@ -140,7 +137,7 @@ def _measurements(path: str, text: str) -> list[str]:
     return [m.group(0) for m in found if not any(a <= m.start() and m.end() <= b for a, b in allowed)]
 
 
-SOURCES = [f for f in FILES if (f.endswith(".py") or f.startswith("csrc/")) and not f.startswith(PENDING)]
+SOURCES = [f for f in FILES if f.endswith(".py") or f.startswith("csrc/")]
 
 
 def test_no_source_note_carries_a_dated_or_machine_specific_measurement():

@@ -51,7 +51,7 @@ out its biases, norms and position embeddings (planner/cost/memory.py), and each
 a page: the rest are sized by the plan, to the byte."""
 STEPS = 3
 SEPARATE = {**HARDWARE, "host_is_device": False}
-"""The development machine's numbers with a device memory of its own: the bill charges its buffers."""
+"""The test hardware (`HARDWARE`) with a device memory of its own: the bill charges its buffers."""
 
 
 def _doc(placement: str, schedule: str, pinning: str, nvme_path: str, world_size: int) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with pip's registry), not on the GPU machine: fills DIR (default .whl/ at the
+# Run on a machine with network access (pip's registry), not on the GPU machine: fills DIR (default .whl/ at the
 # repo root, ignored by git) with what the GPU image lacks ([Note: the GPU image] in kit.py):
 #   - the wheels of kit.WHEELS, for CPython 3.12 on manylinux x86-64 (`pip download --only-binary`);
 #   - DeepSpeed's sdist (kit.BUILT_WHEELS) in DIR/src/, from which the GPU's build stage builds its ops,
@@ -8,10 +8,10 @@
 # then checks the folder (kit.py verify DIR: one wheel per name, every Requires-Dist covered).
 #     bash benchmarks/gpu/gather_wheels.sh [DIR]
 #     bash benchmarks/gpu/gather_wheels.sh --built FETCHED [DIR]   # take what a call's build stage returned
-# --built takes, from the files a call returned (the run's files_at), the DeepSpeed wheel with its ops
+# --built takes, from the files a call returned (its $OUT, copied back), the DeepSpeed wheel with its ops
 # prebuilt (in place of the one without) and runtime's _aio_ext*.so (into DIR/ops/, which the install
 # stage copies into runtime/): later calls carry them and build nothing ([Note: what DeepSpeed loads]
-# in build_ops.py). The run names the folder in `carry`: run(command="...", carry=[".whl"]).
+# in build_ops.py). The folder goes to the GPU machine with the repository.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILT=

@@ -3,19 +3,21 @@
 # most CALL_BUDGET_S seconds (default 420) on a fresh one-GPU machine with no network. docs/gpu.md
 # says how to run it and what each stage shows; kit.py's STAGES is the plan ([Note: sizing the call]).
 #
-#   bash benchmarks/gpu/run.sh --check                 # here or in CI, no GPU: verify the kit, exit 0 if complete
+#   bash benchmarks/gpu/run.sh --check                 # any machine or CI, no GPU: verify the kit, exit 0 if complete
 #   bash benchmarks/gpu/run.sh --list                  # the stages, in order, with their planned seconds
-#   bash benchmarks/gpu/run.sh --dry-run [STAGE...]    # here, no GPU: the same call on the emulated device, tiny sizes
+#   bash benchmarks/gpu/run.sh --dry-run [STAGE...]    # no GPU: the same call on the emulated device, tiny sizes
 #   bash benchmarks/gpu/run.sh [--ds-sweep] [--out DIR] [STAGE...]   # on the GPU machine; no STAGE: all of them
 #
-# Here first: `bash benchmarks/gpu/gather_wheels.sh` (and `--built DIR` with the files a call returned,
-# so that DeepSpeed's ops and the io_uring extension built there travel from then on). Then:
-#   run(command="CALL_BUDGET_S=420 bash benchmarks/gpu/run.sh", carry=[".whl"], timeout_s=450)
+# First, on a machine with network access: `bash benchmarks/gpu/gather_wheels.sh` (and `--built DIR`
+# with the files a call returned, so that DeepSpeed's ops and the io_uring extension built there travel
+# from then on). Then copy the repository with .whl/ to the GPU machine and run, under a 450 s limit:
+#   CALL_BUDGET_S=420 bash benchmarks/gpu/run.sh
 # Order: install, build, offload, nvme, planner, staged, pytest, parity, device. Each stage runs under
 # what is left of CALL_BUDGET_S (benchmarks/gpu/call.py); one that no longer fits is skipped and named.
 # Results land in OUT (--out, else $OUT, else out/gpu; out/gpu-dry for a dry run) as each stage ends:
 # gpu-results.json, gpu-results.md (the section for benchmarks/RESULTS.md, must-shows met / not met),
-# run.log, and what `build` built (a DeepSpeed wheel with its ops, runtime/_aio_ext*.so). Here:
+# run.log, and what `build` built (a DeepSpeed wheel with its ops, runtime/_aio_ext*.so). Back on the
+# machine with network access:
 #   python benchmarks/gpu/report.py md FILES.../gpu-results.json --write-results
 set -uo pipefail
 export GPUKIT_CALL_START=${GPUKIT_CALL_START:-$(date +%s)}  # the call's budget counts from here (call.py)
@@ -120,7 +122,7 @@ EOF
 stage_install() {
   if [ "$DRY" = 1 ]; then import_check system; return; fi  # the dry run's environment is the one it runs in
   if [ -f "$WORK/installed" ]; then echo "install: done on this machine already"; cat "$WORK/install.json"; return 0; fi
-  compgen -G "$WHEELS/*.whl" >/dev/null || { echo "install: no wheels in $WHEELS: run benchmarks/gpu/gather_wheels.sh here and name .whl in carry" >&2; return 1; }
+  compgen -G "$WHEELS/*.whl" >/dev/null || { echo "install: no wheels in $WHEELS: run benchmarks/gpu/gather_wheels.sh on a machine with network access and copy .whl/ here with the repository" >&2; return 1; }
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$WHEELS"/*.whl || return 1
   # The project itself, editable, for the `planner` console script (whatever module it points to).
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" || return 1

@@ -28,6 +28,7 @@ from planner.cost.collectives import (
 )
 from planner.cost.context_parallel import ring_passes_s
 from planner.cost.fp8 import linear_speedup
+from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s, stages_host_shards
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.kernels import (
     achievable_hbm_bytes_per_s,
@@ -43,7 +44,7 @@ from planner.cost.memory import (
 )
 from planner.specs.phases import PHASES
 from planner.specs.plan import LINKS, Plan
-from planner.specs.tiers import TIERS, Tier
+from planner.specs.tiers import HOST, TIERS, Tier
 
 # A GPU Adam step streams params, grads and 12 bytes of optimizer state in and out: ~36 bytes/param.
 GPU_ADAM_BYTES_PER_PARAM = 36
@@ -72,6 +73,11 @@ class Bandwidths:
     """One data-parallel gradient all-reduce's latency (plain data parallel)."""
     tensor_parallel_latency_s: float = 0.0
     """One Megatron all-reduce's latency over the tensor-parallel group."""
+    host_memcpy: float = float("inf")
+    """One host thread's pageable<->pinned memcpy: what a copy through the staging pool also runs at
+    (planner/cost/host_link.py [Note: staged and pinned host copies]); unbounded where the host is the device."""
+    landing: float = float("inf")
+    """Gradient bytes per second the transfer worker adds into fp32 host shards as they land."""
 
 
 def bandwidths(plan: Plan) -> Bandwidths:
@@ -88,6 +94,11 @@ def bandwidths(plan: Plan) -> Bandwidths:
         share, via = tier.link_share(node, gpus), tier.via
         reads[tier] = min(share.read_bytes_per_s, reads[via] if via is not None else float("inf"))
         writes[tier] = min(share.write_bytes_per_s, writes[via] if via is not None else float("inf"))
+    memcpy = landing = float("inf")
+    if not node.host_is_device:
+        memcpy, landing = host_memcpy_bytes_per_s(node), landing_bytes_per_s(plan)
+    if stages_host_shards(plan):  # host shards reach the GPU through the pool (NVMe reads land pinned)
+        reads[HOST] = min(reads[HOST], memcpy)
     return Bandwidths(
         h2d=h2d,
         d2h=d2h,
@@ -98,6 +109,8 @@ def bandwidths(plan: Plan) -> Bandwidths:
         all_gather_latency_s=latency_s(ring, "all_gather", node),
         all_reduce_latency_s=latency_s(ring, "all_reduce", node),
         tensor_parallel_latency_s=latency_s(tensor_parallel_ring(plan), "all_reduce", node),
+        host_memcpy=memcpy,
+        landing=landing,
     )
 
 
@@ -295,7 +308,9 @@ def _gradient_traffic_s(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> 
         # into the update's chunk buffer, but is never written to NVMe.
         out = grad_bytes / dp
         links["d2h"] += out
-        grads_time = max(grads_time, _divide(out, bw.d2h))
+        # Stored in host memory: added into the fp32 shard as it lands ([Note: staged and pinned host copies]).
+        landed = tier.host_memory and stores_gradients(plan)
+        grads_time = max(grads_time, _divide(out, min(bw.d2h, bw.landing) if landed else bw.d2h))
         if tier.staged and stores_gradients(plan):  # the fp32 shard the step reads back
             written = _params_per_gpu(plan) * STORED_GRADIENT_BYTES / dp
             links[tier.write_link] += written
@@ -311,7 +326,9 @@ def _recompute_input_traffic(plan: Plan, bw: Bandwidths, links: dict[str, float]
     inputs = recompute_input_bytes(plan)
     links["d2h"] += inputs
     links["h2d"] += inputs
-    inputs_fwd, inputs_bwd = _divide(inputs, bw.d2h), _divide(inputs, bw.h2d)
+    pooled = stages_host_shards(plan)  # through the pool each way ([Note: staged and pinned host copies])
+    inputs_fwd = _divide(inputs, min(bw.d2h, bw.host_memcpy) if pooled else bw.d2h)
+    inputs_bwd = _divide(inputs, min(bw.h2d, bw.host_memcpy) if pooled else bw.h2d)
     if not tier.staged:
         return _Passes(inputs_fwd, inputs_bwd)
     links[tier.write_link] += inputs
@@ -359,9 +376,9 @@ def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Opt
             staged_s[states] = io
         # updated parameters go back to where the parameters live
         updated = shard_params * BYTES_PER_PARAM[plan.precision]["params"]
-        if params.on_device:
+        if params.on_device:  # through the staging pool, whatever the pinning
             links["h2d"] += updated
-            io = max(io, _divide(updated, bw.h2d))
+            io = max(io, _divide(updated, min(bw.h2d, bw.host_memcpy)))
         elif params.staged and (plan.precision != "fp32" or params != states):
             # (fp32 parameters on NVMe beside the states are their own master: written with the states,
             # as the simulator and runtime/optim/streamed_optimizer.py do.)

@@ -4,7 +4,9 @@ Dimensions: placement (the named strategies and every valid free placement) x re
 optimizer-step schedule (those the training allows: planner/specs/training_loop.py) x tiling factor
 x prefetch depth, each at the largest micro-batch that fits (throughput only grows
 with the batch in this model, so the largest feasible batch is the best one for a given shape of
-plan). Any dimension can be pinned. Infeasible candidates are returned with their reason.
+plan). Any dimension can be pinned. Infeasible candidates are returned with their reason. Each
+feasible candidate pins its host shards where host memory and the locked-memory limit allow
+(planner/cost/host_link.py, `choose_host_pinning`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from planner.cost.feasibility import check_plan
+from planner.cost.host_link import choose_host_pinning
 from planner.cost.memory import memory_bill, min_tiling_factor, schedule_changes_bill
 from planner.cost.throughput import estimate
 from planner.specs.errors import PlannerError
@@ -75,6 +78,9 @@ class SearchRequest:
     training: TrainingLoop = TrainingLoop()
     """What the user's loop allows of the optimizer step's schedule: pinned, or every schedule it
     allows searched like any other knob (planner/specs/training_loop.py)."""
+    locked_memory_bytes: float = float("inf")
+    """Page-locked bytes one training process may hold (RLIMIT_MEMLOCK where the plan runs): each
+    candidate pins its host shards only where they fit it (`choose_host_pinning`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -233,6 +239,7 @@ def _sized_candidates(request: SearchRequest, strategy: str, base: Plan) -> tupl
                 first_failure = first_failure or plan
                 continue
             found = True
+            sized, _ = choose_host_pinning(sized, request.locked_memory_bytes)
             found_plans.append(predict(sized))
             if sized.micro_batch_per_gpu >= request.max_micro_batch_per_gpu:
                 break  # more tiling cannot buy a larger batch

@@ -34,6 +34,7 @@ import simpy
 from planner.cost.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
 from planner.cost.context_parallel import exposed_per_layer_s
 from planner.cost.fp8 import linear_speedup
+from planner.cost.host_link import stages_host_shards
 from planner.cost.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
 from planner.cost.memory import (
     STORED_GRADIENT_BYTES,
@@ -272,6 +273,19 @@ class RankProgram:
         """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
 
     # -- transfers ---------------------------------------------------------------------------
+    def _fetch_route(self, tier: Tier, rank: int) -> Any:
+        """A parameter shard's way over `tier`'s link: host shards of a staged plan through the pool's
+        memcpy ([Note: staged and pinned host copies] in planner/cost/host_link.py); NVMe reads to a
+        device land in pinned slots, so the hop out of host memory is the link's alone."""
+        plan = self.sim.plan
+        if tier == plan.placement.params and tier.host_memory and stages_host_shards(plan):
+            return self.res.staged_h2d(rank)
+        return self.res.read(tier, rank)
+
+    def _host_route(self, staged: Any, pinned: Any) -> Any:
+        """A recompute input's way between the GPU and host memory: through the pool when staged."""
+        return (staged if stages_host_shards(self.sim.plan) else pinned)(self.rank)
+
     def move(self, nbytes: float, hops: Any, category: str, label: str) -> simpy.Event:
         """Transfer `nbytes` at the link rates scaled by the size's efficiency."""
         self.sim.count(self.rank, category, nbytes)
@@ -363,7 +377,7 @@ class RankProgram:
                 sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
             else:
                 sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-            yield self.move(shard_bytes, self.res.read(tier, rank), tier.read_link, label)
+            yield self.move(shard_bytes, self._fetch_route(tier, rank), tier.read_link, label)
             if in_host_buffer:
                 sim.cpu_remove(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
             in_host_buffer = stage.lands_in_host
@@ -513,7 +527,7 @@ class RankProgram:
             return
 
         def offload() -> Proc:
-            yield self.move(nbytes, self.res.d2h(self.rank), "d2h", Phase.FORWARD)
+            yield self.move(nbytes, self._host_route(self.res.staged_d2h, self.res.d2h), "d2h", Phase.FORWARD)
             sim.gpu_remove(self.rank, MemoryTerm.RECOMPUTE_INPUTS, nbytes)
             sim.cpu_add(MemoryTerm.RECOMPUTE_INPUTS, nbytes)
 
@@ -532,7 +546,7 @@ class RankProgram:
     def _fetch_recompute_input(self) -> Proc:
         sim, nbytes = self.sim, self.sim.work.recompute_input_bytes
         sim.gpu_add(self.rank, MemoryTerm.RECOMPUTE_INPUTS, nbytes)
-        yield self.move(nbytes, self.res.h2d(self.rank), "h2d", Phase.RECOMPUTE)
+        yield self.move(nbytes, self._host_route(self.res.staged_h2d, self.res.h2d), "h2d", Phase.RECOMPUTE)
         sim.cpu_remove(MemoryTerm.RECOMPUTE_INPUTS, nbytes)
 
     # -- gradients -----------------------------------------------------------------------------
@@ -554,7 +568,7 @@ class RankProgram:
         tier, shard = plan.placement.gradients, slice_bytes / self.dp
         if not self.host_is_device:
             sim.gpu_add(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
-            yield self.move(shard, self.res.d2h(rank), "d2h", label)
+            yield self.move(shard, self.res.landed_d2h(rank), "d2h", label)
             sim.gpu_remove(rank, MemoryTerm.GRADIENT_OFFLOAD_STAGING, shard)
         if tier.staged:  # staged and written as the fp32 shard the step reads back
             stored = shard * STORED_GRADIENT_BYTES / self.b

@@ -229,7 +229,7 @@ class BackwardUpdates:
                                            self.states.write_link, LABEL))
             if self.write_params_to is not None:
                 target = self.write_params_to
-                route, link = ((res.h2d(program.rank), "h2d") if target.on_device
+                route, link = ((res.staged_h2d(program.rank), "h2d") if target.on_device  # through the pool
                                else (res.write(target, program.rank), target.write_link))
                 writes.append(program.move(n * self.param_bytes, route, link, LABEL))
             if writes:

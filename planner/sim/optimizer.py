@@ -161,7 +161,7 @@ class _Pipeline:
                 if params.staged and separate_params:
                     writes.append(self._move(rank, n * b, res.write(params, rank), params.write_link))
                 elif params.on_device and copies:
-                    writes.append(self._move(rank, n * b, res.h2d(rank), "h2d"))
+                    writes.append(self._move(rank, n * b, res.staged_h2d(rank), "h2d"))  # through the pool
                 if writes:
                     yield env.all_of(writes)
                 if streamed:

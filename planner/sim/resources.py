@@ -1,7 +1,10 @@
 """The links of one simulated node and the route (hops with weights) of every kind of transfer.
 
-Per GPU: its compute, its host link in each direction (PCIe), its GPU-GPU collective port
-(NVLink/NVSwitch). Per node: the host-memory/PCIe aggregate every host transfer also crosses, the
+Per GPU: its compute, its host link in each direction (PCIe, two independent links), its GPU-GPU
+collective port (NVLink/NVSwitch), and where host state crosses, the rank's host threads: the one
+that memcpys pageable state into the staging pool (`host_memcpy`) and the transfer worker that adds
+landing gradients into fp32 host shards (`host_landing`; planner/cost/host_link.py [Note: staged
+and pinned host copies]). Per node: the host-memory/PCIe aggregate every host transfer also crosses, the
 links of each staged tier (NVMe: reads and writes independent or sharing one device budget,
 `Tier.shares_read_write_budget`), the CPU optimizer, and the network port for collectives that span
 nodes. A tier's own link is routed by `read` / `write` ([Note: tiers as types] in planner/specs/tiers.py).
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s
+from planner.cost.memory import host_state_crosses_link, stores_gradients
 from planner.sim.network import Link
 from planner.specs.hardware import NodeSpec
 from planner.specs.plan import Plan
@@ -27,6 +32,14 @@ class RankLinks:
     h2d: Link
     d2h: Link
     gpu_gpu: Link
+    memcpy: Link | None = None
+    """The launching thread's memcpy into the staging pool (None where nothing is staged)."""
+    landing: Link | None = None
+    """The transfer worker's add of landing gradients into fp32 host shards (None where none land)."""
+
+    def links(self) -> list[Link]:
+        return [self.compute, self.h2d, self.d2h, self.gpu_gpu,
+                *(link for link in (self.memcpy, self.landing) if link is not None)]
 
 
 class StoreLinks:
@@ -76,6 +89,7 @@ class NodeResources:
             )
             for r in range(num_ranks)
         ]
+        self._host_threads(plan, num_ranks)
         # [Note: collective routes] A data-parallel ring collective moves, per GPU, what the GPU
         # receives, X = (n-1)/n of the tensor, over its NVLink port. NCCL lays the ring out node by
         # node and spreads it over one channel per NIC, so a ring crosses each node boundary once
@@ -91,7 +105,22 @@ class NodeResources:
         node_links += [link for store in self.stores.values() for link in store.links()]
         if self.inter_node is not None:
             node_links.append(self.inter_node)
-        return node_links + [link for rank in self.ranks for link in (rank.compute, rank.h2d, rank.d2h, rank.gpu_gpu)]
+        return node_links + [link for rank in self.ranks for link in rank.links()]
+
+    def _host_threads(self, plan: Plan, num_ranks: int) -> None:
+        """The rank's host threads that copies cross where host state does ([Note: staged and pinned
+        host copies] in planner/cost/host_link.py)."""
+        node = plan.node
+        if node.host_is_device:
+            return
+        pooled = host_state_crosses_link(plan)
+        landed = plan.placement.gradients.host_memory and stores_gradients(plan)
+        for r, rank in enumerate(self.ranks):
+            scope = f"per GPU{_rank_tag(r, num_ranks)}"
+            if pooled:
+                rank.memcpy = Link("host_memcpy", host_memcpy_bytes_per_s(node), scope=scope)
+            if landed:
+                rank.landing = Link("host_landing", landing_bytes_per_s(plan), scope=scope)
 
     # -- routes ------------------------------------------------------------------------------
     def read(self, tier: Tier, rank: int) -> Hops:
@@ -110,6 +139,21 @@ class NodeResources:
 
     def d2h(self, rank: int) -> Hops:
         return ((self.ranks[rank].d2h, 1.0), (self.host_memory, self.ranks_weight))
+
+    def staged_h2d(self, rank: int) -> Hops:
+        """Pageable host state to the GPU through the staging pool: the thread's memcpy, then the link."""
+        memcpy = self.ranks[rank].memcpy
+        return self.h2d(rank) + (((memcpy, 1.0),) if memcpy is not None else ())
+
+    def staged_d2h(self, rank: int) -> Hops:
+        """GPU to pageable host state through the staging pool: the link, then the memcpy out of it."""
+        memcpy = self.ranks[rank].memcpy
+        return self.d2h(rank) + (((memcpy, 1.0),) if memcpy is not None else ())
+
+    def landed_d2h(self, rank: int) -> Hops:
+        """A gradient shard off the GPU, added into its fp32 host shard by the transfer worker as it lands."""
+        landing = self.ranks[rank].landing
+        return self.d2h(rank) + (((landing, 1.0),) if landing is not None else ())
 
     def collective(self, rank: int, *, spans_nodes: bool) -> Hops:
         """A data-parallel ring collective (see [Note: collective routes])."""

@@ -75,6 +75,7 @@ _OPTIONAL_NUMERIC_FIELDS: tuple[tuple[str, str, float, float, float], ...] = (
     ("flash_attention_flops_per_s", "flash_attention_tflops", TFLOP, 0, MAX_MAGNITUDE),
     ("hbm_achievable_fraction", "hbm_achievable_fraction", 1, 0, 1),
     ("backward_matmul_flops_per_s", "backward_matmul_tflops", TFLOP, 0, MAX_MAGNITUDE),
+    ("host_memcpy_bytes_per_s", "host_memcpy_gb_per_s", GB, 0, MAX_MAGNITUDE),
 )
 _EXTRA_KEYS = {"nvme_read_write", "efficiency", "host_is_device", "whole_node_gpus", "citations", "compute_precision",
                "precision_rates",
@@ -223,6 +224,11 @@ class NodeSpec:
     """Rate of the backward pass's matmuls (the input and weight gradients) where it is not the
     forward's; 0 means `gpu_flops_per_s` (every GPU preset). Fitted by calibration on profiles of
     the device itself (planner/calibration/calibrate.py [Note: the backward's own matmul rate])."""
+    host_memcpy_bytes_per_s: float = 0.0
+    """Bytes one host thread copies per second from pageable into pinned memory, beyond the CPU's
+    caches: the staged copy of `host_pinning: staged` (planner/cost/host_link.py [Note: staged and
+    pinned host copies]). `planner probe` measures it; 0 means not stated, and the pricing takes
+    the GPU's share of `host_memory_bytes_per_s` (a copy reads and writes each byte)."""
     hbm_achievable_fraction: float = 0.0
     """Share of `gpu_hbm_bytes_per_s` memory-bound kernels stream at; 0 means planner/cost/kernels.py's
     HBM_ACHIEVABLE_FRACTION (fitted presets set their own: planner/validation/fit.py)."""

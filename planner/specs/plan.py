@@ -290,7 +290,7 @@ def _with_new_names(doc: dict[str, Any], where: str) -> dict[str, Any]:
     if isinstance(terms, dict):
         doc["memory_terms"] = {tier: renamed_keys(by_name, OLD_MEMORY_TERMS, f"{where}.memory_terms.{tier}")
                                if isinstance(by_name, dict) else by_name for tier, by_name in terms.items()}
-    if doc.get("bottleneck") in OLD_BOTTLENECKS:
+    if isinstance(doc.get("bottleneck"), str) and doc["bottleneck"] in OLD_BOTTLENECKS:  # else refused below, in one line
         doc["bottleneck"] = OLD_BOTTLENECKS[doc["bottleneck"]]
     return doc
 

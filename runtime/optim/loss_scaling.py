@@ -27,8 +27,8 @@ def not_finite(grad: torch.Tensor) -> torch.Tensor:
     as DeepSpeed's `CheckOverflow` does: one pass, no temporary. `torch.isfinite(grad).all()`
     makes a bool tensor the size of the gradient first; in host memory that is a fresh mapping
     from 32 Mi elements on, faulted in every step ([Note: glibc's mmap threshold] in
-    runtime/host_malloc.py), and its kernel is slow on the CPU: 0.35 G elements/s at 32 Mi fp32
-    elements against 8.2 for the sum (a 2-vCPU AMD EPYC VM, 2 threads; benchmarks/bench_host_add.py).
+    runtime/host_malloc.py), and its kernel is slow on the CPU, many times the sum's time
+    (benchmarks/bench_host_add.py; docs/notes/2026-11-28-runtime-source-notes-moved.md).
     The sum can also overflow where every element is finite, only if they reach about 1e38 / n:
     gradients that large after unscaling are an overflow in all but name, and the step is skipped
     for them as for an inf."""

@@ -1,55 +1,9 @@
 """When the optimizer updates: one listener class per `optimizer_step` of the plan.
 
 Each is the sharded model's `UnitListener` while its optimizer lives, and drives an `AdamWEngine`
-([Note: schedules as types] in runtime/units/events.py).
-
-[Note: the step overlaps the next forward]
-After backward with the states on NVMe (on the CPU), the step is NVMe I/O plus Adam that overlapped
-nothing, while the next forward's first units need only their own updated shards. So
-`optimizer.step()` does on the main thread what needs every gradient or the caller's state (the
-sharded model's end of backward, settling the gradients, taking the hyperparameters, resuming the
-read-ahead), then submits one job per unit, in the units' order (the order the forward gathers
-them, and the order the synchronous step updates them), and a last job whose release lets the
-step's writes land; it returns at once. The invariant: nothing reads what a unit's update writes
-before that update has run.
-
-- Parameters: each stepped unit carries `await_update` until its update ran; the unit's first read
-  of its shard (`stage`, `start_gather`) asks it. At a use it waits for that unit's job only, so
-  the forward of unit k overlaps the updates of units k+1...; a prefetch on one rank skips the read
-  until the update is done (a collective prefetch on several ranks waits, keeping the ranks'
-  all-gathers in one order).
-- Hand-off: where the updated fp32 master is the shard the forward would read back (fp32 params
-  on NVMe, their own master, on the CPU: `StreamedAdamW.hands_updated_shard`) the worker copies it
-  out of the chunk buffer into a read buffer and hands it over; the forward takes it instead of a
-  read. Reading it back was a read queued behind the step's state I/O, at the use (the prefetch had
-  skipped it: not updated yet), with nothing to compute meanwhile (benchmarks/RESULTS.md, the
-  full-NVMe step's hand-kept lines). At most `MAX_HANDED_SHARDS` wait untaken; a later read of the
-  unit from the drive (a second use) still waits for its writes.
-- Profile: the main thread's waits for the step (a use waiting for an update, the drain at the next
-  backward) count to the `optimizer` phase of the sample they fall in, not to the forward or the
-  backward (`Profiler.waited`): phases still add up to the step, and the optimizer phase is what
-  the step cost the main thread. Its bytes count to that sample too (counted when submitted), so
-  a sample holds the previous step's optimizer traffic and time; in steady state per-step totals
-  are the synchronous step's bytes. Where the CPU is the compute device the forward shares its
-  cores with Adam (torch's fused kernel on the worker), so the overlapped step costs about
-  max(forward + Adam's CPU time, the step's I/O) instead of forward + step. A unit counts as
-  updated once its writes landed too: the
-  worker waits for them (in the next unit's job, so they overlap that update; for the last unit
-  the step's end), as their one consumer. The main thread's read must not rely on the store
-  ordering it after a write in flight that the worker may be waiting for at the same moment (a
-  handle has one consumer, [Note: one lock per swap space] in runtime/transfer/nvme_store.py).
-- The engine (read-ahead, pool, step counts) belongs to the worker until `drain`: the next
-  backward (its state read-ahead), `optimizer.step()`, the optimizer's checkpoint, state-dict and
-  pool accessors, `close` and `ShardedModel.wait_io` (benchmarks end their timed block there) drain
-  first. `zero_grad` only resets flags, the gradient store's bytes are read by the step's jobs and
-  are written again only by the next backward, which drains first. The hyperparameters are taken
-  at `step()`: an LR schedule may change `param_groups` meanwhile.
-- Bitwise: the same chunks in the same order through the same kernel, one thread at a time on the
-  engine; only when the main thread waits changes.
-- Failure: a failed job skips the later ones (the step's writes still land) and the first wait
-  (a unit's read in the next forward, or any drain) raises it in one line; the optimizer stays failed.
-- On CUDA the compute stream would have to follow the worker's device writes (as `InBackward`
-  does): not done, so there the step stays synchronous (`StreamedAdamW.overlaps_forward`).
+([Note: schedules as types] in runtime/units/events.py). After backward with the states on NVMe
+on the CPU, the step overlaps the next forward unit by unit ([Note: the step overlaps the next
+forward], above `OverlappedAfterBackward`).
 """
 
 from __future__ import annotations
@@ -90,13 +44,58 @@ class AfterBackward(UnitListener):
         self.engine.model.wait_transfers()  # the host's one wait of the step: the gradients landed
         return self.engine.step([u for u in self.units if u.grads.received])
 
-
 MAX_HANDED_SHARDS = 2
 """Updated shards the overlapped step holds for the forward before it takes them; a unit updated
 beyond is read back from the drive. Each stands for the read of that shard that the forward's
 prefetch would otherwise have in flight (the host's param swap buffers, at least two)."""
 
-
+# [Note: the step overlaps the next forward]
+# After backward with the states on NVMe (on the CPU), the step is NVMe I/O plus Adam that overlapped
+# nothing, while the next forward's first units need only their own updated shards. So
+# `optimizer.step()` does on the main thread what needs every gradient or the caller's state (the
+# sharded model's end of backward, settling the gradients, taking the hyperparameters, resuming the
+# read-ahead), then submits one job per unit, in the units' order (the order the forward gathers
+# them, and the order the synchronous step updates them), and a last job whose release lets the
+# step's writes land; it returns at once. The invariant: nothing reads what a unit's update writes
+# before that update has run.
+#
+# - Parameters: each stepped unit carries `await_update` until its update ran; the unit's first read
+#   of its shard (`stage`, `start_gather`) asks it. At a use it waits for that unit's job only, so
+#   the forward of unit k overlaps the updates of units k+1...; a prefetch on one rank skips the read
+#   until the update is done (a collective prefetch on several ranks waits, keeping the ranks'
+#   all-gathers in one order).
+# - Hand-off: where the updated fp32 master is the shard the forward would read back (fp32 params
+#   on NVMe, their own master, on the CPU: `StreamedAdamW.hands_updated_shard`) the worker copies it
+#   out of the chunk buffer into a read buffer and hands it over; the forward takes it instead of a
+#   read. Reading it back was a read queued behind the step's state I/O, at the use (the prefetch had
+#   skipped it: not updated yet), with nothing to compute meanwhile (benchmarks/RESULTS.md, the
+#   full-NVMe step's hand-kept lines). At most `MAX_HANDED_SHARDS` wait untaken; a later read of the
+#   unit from the drive (a second use) still waits for its writes.
+# - Profile: the main thread's waits for the step (a use waiting for an update, the drain at the next
+#   backward) count to the `optimizer` phase of the sample they fall in, not to the forward or the
+#   backward (`Profiler.waited`): phases still add up to the step, and the optimizer phase is what
+#   the step cost the main thread. Its bytes count to that sample too (counted when submitted), so
+#   a sample holds the previous step's optimizer traffic and time; in steady state per-step totals
+#   are the synchronous step's bytes. Where the CPU is the compute device the forward shares its
+#   cores with Adam (torch's fused kernel on the worker), so the overlapped step costs about
+#   max(forward + Adam's CPU time, the step's I/O) instead of forward + step. A unit counts as
+#   updated once its writes landed too: the
+#   worker waits for them (in the next unit's job, so they overlap that update; for the last unit
+#   the step's end), as their one consumer. The main thread's read must not rely on the store
+#   ordering it after a write in flight that the worker may be waiting for at the same moment (a
+#   handle has one consumer, [Note: one lock per swap space] in runtime/transfer/nvme_store.py).
+# - The engine (read-ahead, pool, step counts) belongs to the worker until `drain`: the next
+#   backward (its state read-ahead), `optimizer.step()`, the optimizer's checkpoint, state-dict and
+#   pool accessors, `close` and `ShardedModel.wait_io` (benchmarks end their timed block there) drain
+#   first. `zero_grad` only resets flags, the gradient store's bytes are read by the step's jobs and
+#   are written again only by the next backward, which drains first. The hyperparameters are taken
+#   at `step()`: an LR schedule may change `param_groups` meanwhile.
+# - Bitwise: the same chunks in the same order through the same kernel, one thread at a time on the
+#   engine; only when the main thread waits changes.
+# - Failure: a failed job skips the later ones (the step's writes still land) and the first wait
+#   (a unit's read in the next forward, or any drain) raises it in one line; the optimizer stays failed.
+# - On CUDA the compute stream would have to follow the worker's device writes (as `InBackward`
+#   does): not done, so there the step stays synchronous (`StreamedAdamW.overlaps_forward`).
 class OverlappedAfterBackward(AfterBackward):
     """`optimizer_step: after_backward` with the states on NVMe, on the CPU: `optimizer.step()` begins
     the step and hands each unit's update to the optimizer worker, and the next forward's read of a
@@ -201,10 +200,8 @@ class OverlappedAfterBackward(AfterBackward):
         self.worker.close()  # lets the queued updates finish or be skipped, then joins
         self._forget()
 
-
 def _nothing() -> None:
     pass
-
 
 class InBackward(UnitListener):
     """`optimizer_step: in_backward`: each unit is updated as soon as its gradient is final
@@ -320,7 +317,6 @@ class InBackward(UnitListener):
         self.worker.close()
         if self._staging is not None:
             self._staging.close()
-
 
 SCHEDULES: dict[str, type[AfterBackward | InBackward]] = {"after_backward": AfterBackward, "in_backward": InBackward}
 """The plan's `optimizer_step` -> its schedule."""

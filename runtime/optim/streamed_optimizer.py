@@ -15,57 +15,11 @@ With B > 3 buffers the reads run B-2 chunks ahead (k+1 .. k+B-2).
 The pool is allocated once, so host memory for the states never exceeds
 `num_optimizer_buffers * optimizer_chunk_bytes` however large the model on disk.
 
-[Note: reading the next step's states ahead]
-The fp32 master, momentum and variance of the step's first chunks (as many as the pool has buffers
-for, B - 1) are read into the pool during backward, one chunk each time a unit's gradient is final,
-so that those reads overlap backward instead of starting when `step()` is called; the gradient
-region of those chunks is read at the step, since backward writes it. Backward, not the end of the
-previous step: there the reads compete with the forward's parameter reads, which a computation is
-waiting for (docs/notes/2026-11-22-runtime-source-measurements.md). The states only change in a
-step, so the copies stay exact unless something else writes the stores in between (loading a
-training checkpoint): the stores count their writes, and a step whose stores were written since
-the prefetch drops it and reads afresh. Chunks prefetched for units that got no gradient this
-step are dropped too.
-
 The arithmetic is the same kernel `torch.optim.AdamW(fused=True)` runs over the whole shard
 (elementwise, so chunking does not change a bit; `tests/test_nvme_training.py` checks it).
-
-[Note: the optimizer step in backward]
-With `optimizer_step: in_backward` in the plan, a unit is updated as soon as its gradient is final
-(its last parameter's gradient arrived on one rank, its reduce-scatter finished on several) instead
-of at `optimizer.step()`: the update's state traffic (read 3 fp32 states, write 3 per parameter)
-and its CPU work then overlap the rest of the backward, and the gradient goes from autograd (or
-the reduce-scatter) straight into the update, never to the gradient store: 2 bytes of NVMe traffic
-per fp32 parameter byte fewer (the gradient's write and its read back) and no gradient swap file.
-Later systems do this to hide the CPU optimizer (docs/method.md §6; PyTorch's "optimizer in backward"
-recipe, ZenFlow, SuperOffload). After backward, a step whose backward is compute-bound pays for
-compute plus the whole state traffic instead of the larger of the two
-(docs/notes/2026-11-25-nvme-slower-cpu.md).
-
-The update itself runs on the optimizer worker thread, so the backward of the units before goes
-on while a unit is updated: its gradient reaches the worker as autograd (or the reduce-scatter)
-produced it, or, on CUDA, copied off the device on the copy stream into pinned staging by the
-hook, and the worker waits for that copy ([Note: the optimizer worker] in
-runtime/optim/optimizer_worker.py, which also says which thread owns the read-ahead when).
-
-The schedule: once the forward has submitted its last parameter read (or, before the forward's
-order is recorded, when the backward begins), the states of the first chunks in the order the
-previous step updated them (reversed unit order before any step) are read into the pool, filling
-the drive while the forward's last operators compute; each update takes
-its chunk's buffer, waits for its reads, updates with the gradient (a view of it where it already
-is fp32 host memory, else cast into the buffer's gradient region), submits the chunk's writes,
-and reads further ahead into every buffer that is free or whose write has landed, never waiting
-for a write (backward's compute is not held up for a read-ahead). A chunk that is not the one
-expected (a changed order) drops the read-ahead and is read on demand. `optimizer.step()` then
-only waits for the last writes. All three read ahead through one mechanism, `ChunkReadAhead`
-([Note: one read-ahead] in runtime/optim/chunk_read_ahead.py). The read-ahead starts at the forward's tail, not at backward begin,
-because the drive is idle while the forward's last operators compute
-(docs/notes/2026-11-22-runtime-source-measurements.md).
-
-It is exact (bitwise the after-backward step: same gradients, same kernel, same order per element)
-for the loop it is meant for: one backward per step, no gradient clipping (which needs the global
-norm of every gradient first) and no fp16 loss scaling (refused in the plan). A second backward
-before `optimizer.step()` (gradient accumulation) raises instead of updating twice.
+The step's first chunks are read during backward ([Note: reading the next step's states ahead]), and
+with `optimizer_step: in_backward` each unit is updated as its gradient is final ([Note: the
+optimizer step in backward]); both notes are above `StreamedAdamW`.
 """
 
 from __future__ import annotations
@@ -85,6 +39,54 @@ from runtime.units.gradients import FinalGradient
 from runtime.units.group import ParamUnit
 
 
+# [Note: reading the next step's states ahead]
+# The fp32 master, momentum and variance of the step's first chunks (as many as the pool has buffers
+# for, B - 1) are read into the pool during backward, one chunk each time a unit's gradient is final,
+# so that those reads overlap backward instead of starting when `step()` is called; the gradient
+# region of those chunks is read at the step, since backward writes it. Backward, not the end of the
+# previous step: there the reads compete with the forward's parameter reads, which a computation is
+# waiting for (docs/notes/2026-11-22-runtime-source-measurements.md). The states only change in a
+# step, so the copies stay exact unless something else writes the stores in between (loading a
+# training checkpoint): the stores count their writes, and a step whose stores were written since
+# the prefetch drops it and reads afresh. Chunks prefetched for units that got no gradient this
+# step are dropped too.
+#
+# [Note: the optimizer step in backward]
+# With `optimizer_step: in_backward` in the plan, a unit is updated as soon as its gradient is final
+# (its last parameter's gradient arrived on one rank, its reduce-scatter finished on several) instead
+# of at `optimizer.step()`: the update's state traffic (read 3 fp32 states, write 3 per parameter)
+# and its CPU work then overlap the rest of the backward, and the gradient goes from autograd (or
+# the reduce-scatter) straight into the update, never to the gradient store: 2 bytes of NVMe traffic
+# per fp32 parameter byte fewer (the gradient's write and its read back) and no gradient swap file.
+# Later systems do this to hide the CPU optimizer (docs/method.md §6; PyTorch's "optimizer in backward"
+# recipe, ZenFlow, SuperOffload). After backward, a step whose backward is compute-bound pays for
+# compute plus the whole state traffic instead of the larger of the two
+# (docs/notes/2026-11-25-nvme-slower-cpu.md).
+#
+# The update itself runs on the optimizer worker thread, so the backward of the units before goes
+# on while a unit is updated: its gradient reaches the worker as autograd (or the reduce-scatter)
+# produced it, or, on CUDA, copied off the device on the copy stream into pinned staging by the
+# hook, and the worker waits for that copy ([Note: the optimizer worker] in
+# runtime/optim/optimizer_worker.py, which also says which thread owns the read-ahead when).
+#
+# The schedule: once the forward has submitted its last parameter read (or, before the forward's
+# order is recorded, when the backward begins), the states of the first chunks in the order the
+# previous step updated them (reversed unit order before any step) are read into the pool, filling
+# the drive while the forward's last operators compute; each update takes
+# its chunk's buffer, waits for its reads, updates with the gradient (a view of it where it already
+# is fp32 host memory, else cast into the buffer's gradient region), submits the chunk's writes,
+# and reads further ahead into every buffer that is free or whose write has landed, never waiting
+# for a write (backward's compute is not held up for a read-ahead). A chunk that is not the one
+# expected (a changed order) drops the read-ahead and is read on demand. `optimizer.step()` then
+# only waits for the last writes. All three read ahead through one mechanism, `ChunkReadAhead`
+# ([Note: one read-ahead] in runtime/optim/chunk_read_ahead.py). The read-ahead starts at the forward's tail, not at backward begin,
+# because the drive is idle while the forward's last operators compute
+# (docs/notes/2026-11-22-runtime-source-measurements.md).
+#
+# It is exact (bitwise the after-backward step: same gradients, same kernel, same order per element)
+# for the loop it is meant for: one backward per step, no gradient clipping (which needs the global
+# norm of every gradient first) and no fp16 loss scaling (refused in the plan). A second backward
+# before `optimizer.step()` (gradient accumulation) raises instead of updating twice.
 class StreamedAdamW(AdamWEngine):
     """AdamW over shards that live in stores not resident in memory (the `nvme` optimizer tier)."""
 

@@ -2,22 +2,19 @@
 
 [Note: a mixed-precision add on the CPU]
 Gradients are added into fp32 shards on the host wherever a 16-bit backward meets host-memory
-gradient shards more than once a step: gradient accumulation and tied weights, every gradient of a
-parameter after its first (`StoredGradients`, [Note: lazy gradient zeroing] in
-runtime/units/gradients.py). torch's CPU `fp32.add_(bf16)` first casts the whole bf16 operand into a new
-fp32 temporary. From 8 Mi elements that temporary is 32 MiB, the rank's mmap threshold ([Note:
-glibc's mmap threshold] in runtime/host_malloc.py), so each add maps fresh pages and faults every
-one of them in: measured on a 2-vCPU AMD EPYC VM (torch 2.13, 2 threads, thresholds set as the
-rank sets them), 0.77-0.78 G elements/s at 8 and 32 Mi elements, the same as the cast alone into a
-new tensor (0.93-0.98), against 3.8-7.4 at 1-4 Mi and 4.3-5.4 for an fp32 add at 8-32 Mi. A
-Linear of 2048 x 8192 has 16 Mi weights; a GPT's embedding tens of Mi. So a large add goes
-through a reused fp32 scratch of CHUNK_ELEMENTS: cast a chunk into it, add it, 3.6-5.3 G
-elements/s at 8-32 Mi elements (4.9-7.2x over three runs; a backward that accumulates into the
-shards of a 2 x hd 2048 MLP 1.32-1.34x faster: benchmarks/bench_host_add.py, benchmarks/RESULTS.md). Smaller chunks pay
-torch's cost per call (2.0 G elements/s at 64 Ki), larger ones leave the cache. An add of at most
-CHUNK_ELEMENTS stays torch's own (its temporary is below the threshold: the chunked path is 0.9x
-there). Same result to the bit: casting bf16 or fp16 to fp32 is exact and the add is in fp32
-either way.
+gradient shards more than once a step (gradient accumulation, tied weights: every gradient of a
+parameter after its first, `StoredGradients`, [Note: lazy gradient zeroing] in
+runtime/units/gradients.py) and wherever a gradient lands off a device into its fp32 shard
+(runtime/transfer/crossings.py). torch's CPU `fp32.add_(bf16)` first casts the whole bf16 operand
+into a new fp32 temporary. From 8 Mi elements that temporary is 32 MiB, the rank's mmap threshold
+([Note: glibc's mmap threshold] in runtime/host_malloc.py), so each add maps fresh pages and faults
+every one of them in, as slow as the cast alone into a new tensor. A Linear of 2048 x 8192 has
+16 Mi weights; a GPT's embedding tens of Mi. So a large add goes through a reused fp32 scratch of
+CHUNK_ELEMENTS: cast a chunk into it, add it. Smaller chunks pay torch's cost per call, larger ones
+leave the cache. An add of at most CHUNK_ELEMENTS stays torch's own (its temporary is below the
+threshold). Same result to the bit: casting bf16 or fp16 to fp32 is exact and the add is in fp32
+either way. Measurements: benchmarks/bench_host_add.py, benchmarks/RESULTS.md,
+docs/notes/2026-11-28-runtime-source-notes-moved.md.
 
 The scratch is a transient of CHUNK_ELEMENTS fp32 elements (4 MiB) per call, below the mmap
 threshold, so it is reused heap memory like any other temporary of the host's torch ops, and 8x

@@ -4,7 +4,8 @@ Each rank owns one `NvmeSpace`: its private swap directory under the plan's `nvm
 and preflighted against the node's total, before any unit is built, so a too-small `nvme_path` is
 refused before training) and the async I/O engine. Each model state placed on NVMe gets one
 preallocated swap file in it (`params.swap`, `gradients.swap`, `optimizer_states.swap`) carved
-into 4 KiB-aligned extents, one per shard (docs/nvme.md).
+into 4 KiB-aligned extents, one per shard (docs/nvme.md). Above `NvmeStore`: [Note: one lock per
+swap space] (two threads use the stores) and [Note: NVMe reads to the device].
 
 [Note: ordering of NVMe transfers]
 Writes are fire-and-forget for the caller: `write` copies the data into a staging buffer, submits it
@@ -22,29 +23,6 @@ buffers from step to step: the bill holds them throughout, and fresh ones cost p
 step, see [Note: recycled read buffers]).
 Reads return a `Pending` that waits for the I/O; the store also keeps every read handle until it
 finished, because a prefetch nobody waited for must not land in freed memory.
-
-[Note: one lock per swap space]
-With the optimizer step in backward two threads use the stores at once: the autograd thread reads
-parameter shards for the backward's gathers while the optimizer worker reads and writes the states
-and writes the updated parameter shards ([Note: the optimizer worker] in
-runtime/optim/optimizer_worker.py). A store's requests in flight (`_writes`, `_staged_writes`,
-`_free_staging`, `_reads`, `_landing`, `_copies`), its write count and the model's link-byte
-counters are read-modify-write Python structures, and the parameter store is used by both threads;
-the counters are shared by every store of the space, so a lock per store would not cover them.
-So every store of a swap space takes the space's one (re-entrant) lock around each call and
-around issuing a landed read's device copy. The engine, the read recycler and the ledger lock
-themselves. Each call only submits requests and waits, at most, for a write of the same range or
-for the oldest staging buffer's write, so the other thread waits for a submission, never for a
-whole update. Waiting for a `Pending` happens outside the lock: a handle has one consumer.
-
-[Note: NVMe reads to the device]
-On CUDA a shard read for the compute lands in a pinned host buffer (the rank's `BufferRecycler`
-page-locks its buffers once), and its host-to-device copy is issued on the copy stream as soon as
-the store sees the read landed: any later `read` of the store, the prefetcher's `ready()` poll, or
-at the latest the consumer's `wait()`. The consumer's stream waits on the copy's event, never the
-host (which only ever waits for the read itself). A pinned buffer under an asynchronous copy must
-not be reused before the copy ends: the store keeps each host buffer until its copy's event has
-completed (`_copies`), and `drain` waits for them.
 """
 
 from __future__ import annotations
@@ -84,7 +62,6 @@ STAGING_TERMS = {"params": MemoryTerm.PARAM_SWAP_BUFFERS, "gradients": MemoryTer
                  "optimizer_states": MemoryTerm.OPTIMIZER_SWAP_BUFFERS}
 """Host-tier ledger term of each state's write staging (the memory model's names)."""
 
-
 def aligned_empty(numel: int, dtype: torch.dtype, recycler: BufferRecycler | None = None) -> torch.Tensor:
     """A host tensor on page-aligned memory (huge pages where granted), so direct I/O takes it whole;
     from `recycler` when given ([Note: recycled read buffers] in runtime/nvme/buffers.py)."""
@@ -97,7 +74,6 @@ def aligned_empty(numel: int, dtype: torch.dtype, recycler: BufferRecycler | Non
     buffer = AlignedBuffer(size)
     # frombuffer keeps `buffer.view` (and through it the mapping) alive as long as the tensor.
     return torch.frombuffer(buffer.view, dtype=dtype, count=numel)
-
 
 class NvmeSpace:
     """This rank's swap directory, engine and the capacity of each state's swap file."""
@@ -149,10 +125,8 @@ class NvmeSpace:
             self.read_slots.close()
         self.directory.close()
 
-
 class StaleSwapWarning(UserWarning):
     """Swap directories of crashed runs were found under nvme_path and removed."""
-
 
 def _remove_stale(nvme_path: str) -> None:
     """Remove the swap directories that crashed runs on this host left behind (their owner pid is
@@ -167,9 +141,7 @@ def _remove_stale(nvme_path: str) -> None:
                 warnings.warn(f"removed stale swap directory {entry.path} ({entry.nbytes} bytes) of a crashed run "
                               f"(owner pid {entry.pid} is gone)", StaleSwapWarning, stacklevel=3)
 
-
 Method = TypeVar("Method", bound=Callable)
-
 
 def _locked(method: Method) -> Method:
     """Run the store method under its swap space's lock ([Note: one lock per swap space])."""
@@ -181,7 +153,28 @@ def _locked(method: Method) -> Method:
 
     return locked  # type: ignore[return-value]
 
-
+# [Note: one lock per swap space]
+# With the optimizer step in backward two threads use the stores at once: the autograd thread reads
+# parameter shards for the backward's gathers while the optimizer worker reads and writes the states
+# and writes the updated parameter shards ([Note: the optimizer worker] in
+# runtime/optim/optimizer_worker.py). A store's requests in flight (`_writes`, `_staged_writes`,
+# `_free_staging`, `_reads`, `_landing`, `_copies`), its write count and the model's link-byte
+# counters are read-modify-write Python structures, and the parameter store is used by both threads;
+# the counters are shared by every store of the space, so a lock per store would not cover them.
+# So every store of a swap space takes the space's one (re-entrant) lock around each call and
+# around issuing a landed read's device copy. The engine, the read recycler and the ledger lock
+# themselves. Each call only submits requests and waits, at most, for a write of the same range or
+# for the oldest staging buffer's write, so the other thread waits for a submission, never for a
+# whole update. Waiting for a `Pending` happens outside the lock: a handle has one consumer.
+#
+# [Note: NVMe reads to the device]
+# On CUDA a shard read for the compute lands in one of the rank's pinned read slots (taken once:
+# [Note: pinned read slots] in runtime/transfer/read_slots.py), and its copy is issued on the
+# host-to-device stream as soon as the store sees the read landed: any later `read` of the
+# store, the prefetcher's `ready()` poll, or at the latest the consumer's `wait()`. The consumer's
+# stream waits on the copy's event, never the host (which only ever waits for the read itself). A
+# pinned buffer under an asynchronous copy must not be reused before the copy ends: the store keeps
+# each host buffer until its copy's event has completed (`_copies`), and `drain` waits for them.
 class NvmeStore(ShardStore):
     """Shards in one swap file on NVMe; read into fresh host buffers ahead of use, written from staging."""
 
@@ -407,11 +400,9 @@ class NvmeStore(ShardStore):
         if running:
             self._writes[key] = running
 
-
 def _pending_on(handle: Handle, tensor: torch.Tensor, *, fresh: bool = False) -> Pending:
     """`tensor`, ready once the I/O `handle` finished (`wait` collects the I/O's errors)."""
     return Pending(tensor, after=handle.wait, done=handle.done, fresh=fresh)
-
 
 def _reap(handles: list[Handle]) -> list[Handle]:
     """The handles still in flight; finished ones are waited on, which raises their errors and lets
@@ -423,7 +414,6 @@ def _reap(handles: list[Handle]) -> list[Handle]:
         else:
             running.append(handle)
     return running
-
 
 class _ThenPending(Pending):
     """An NVMe read into host memory, then a cast and/or copy to the compute device ([Note: NVMe

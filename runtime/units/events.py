@@ -23,13 +23,6 @@ created, and no code outside these types asks which one it has:
   `InBackward` hands each unit's update, at its `gradient_final` event, to its optimizer worker
   thread (runtime/optim/optimizer_worker.py) and lets the engine read states ahead from the forward's tail.
 
-The sharded model knows one listener (a plain `UnitListener`, which does nothing, until an
-optimizer attaches its schedule) and tells it three things: the forward has submitted its last
-parameter read (`forward_tail`), the backward began (`backward_begin`), a unit's gradient is final
-(`gradient_final`: its last parameter's gradient arrived on one rank, its reduce-scatter finished
-on several). The public `runtime.AdamW` composes an engine and a schedule and is torch's
-optimizer interface over them. Adding a schedule is one listener class; a new optimizer tier
-one engine class.
 """
 
 from __future__ import annotations
@@ -40,7 +33,13 @@ if TYPE_CHECKING:
     from runtime.units.gradients import FinalGradient
     from runtime.units.group import ParamUnit
 
-
+# The sharded model knows one listener (a plain `UnitListener`, which does nothing, until an
+# optimizer attaches its schedule) and tells it three things: the forward has submitted its last
+# parameter read (`forward_tail`), the backward began (`backward_begin`), a unit's gradient is final
+# (`gradient_final`: its last parameter's gradient arrived on one rank, its reduce-scatter finished
+# on several). The public `runtime.AdamW` composes an engine and a schedule and is torch's
+# optimizer interface over them. Adding a schedule is one listener class; a new optimizer tier
+# one engine class.
 class UnitListener:
     """What the sharded model tells about its units; this base does nothing (no optimizer attached)."""
 

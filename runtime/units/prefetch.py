@@ -9,53 +9,6 @@ several ranks waits for i+1's shard to arrive ([Note: one rank does not wait ahe
 started before that wait, so that with parameters on NVMe the reads of i+1, i+2 and i+3 queue on
 the drive together instead of one at a time. "Operators" are counted as the planner does
 ([Note: small units ride along]).
-
-[Note: submission order]
-The engine serves requests in the order they were submitted. In the steady state one new transfer
-starts per operator (i+3's) and the nearer ones are already in flight; at the start of a phase
-none is, and the operator in use must not wait behind the reads of the three after it: transfers
-start nearest first (i, i+1, i+2, i+3). Each is charged, until gathered, to the memory-bill term of
-the slot it fills (`runtime.units.group.STAGE_TERMS`), so a phase start holds what the steady state does.
-
-[Note: one rank does not wait ahead]
-The all-gather of i+1 needs i+1's shard, so starting it waits for that shard's transfer, and
-operator i's compute waits with it. With several ranks it must: collectives are issued in the same
-order on every rank, and whether a read has landed differs from rank to rank. With one rank the
-"gather" is the shard itself, so a prefetch whose shard is still on its way leaves it staged and
-the unit's use waits for it, as the simulator's schedule has it (planner/sim/engine.py: operator i
-waits for its own fetch only). Waiting ahead on one rank would start each linear's compute only
-once the next one's read had landed, and the drive would idle in forward while it ran.
-
-[Note: small units ride along]
-The depth counts operators as the planner does: its trace (planner/sim/workload.py) has a model's
-linears and embeddings, not its norms, whose parameters are ~1/hidden of a linear's. A unit smaller
-than 1/`RIDER_FRACTION` of the largest one does not take a place in the window: it is fetched with the
-operator before it. Counted as operators, a GPT's two LayerNorms per block would make depth 3 hold
-two linears at times, and the drive would run dry while a linear computed. The riders cost at
-most 1/`RIDER_FRACTION` of a largest shard each, and at most `MAX_RIDERS` of them are in a window.
-
-[Note: the forward's tail is the backward's head]
-The backward's first operators are the forward's last ones, in reverse. Resharding them after
-their forward use would read them straight back at the start of backward, where the first one's
-shard, submitted with the three after it, is waited for with nothing to compute. A unit whose last
-forward use is `r` operators before the forward's end and which is `q` operators into the
-backward's first window stays gathered instead (`keep_distance`) when r <= q and the next use is
-an operator's, not a rider's. From the next operator's use on, such units fill exactly the window
-slots the forward's own prefetch no longer needs (its window reaches r operators ahead of a unit
-r from the end), each charged to the memory-bill term of its backward distance (`ParamUnit.keep`;
-the slots change hands inside `MemoryLedger.relabelling`), so the bill holds them as it holds a
-prefetch. Until then the unit holds the slot of the operator in use, which a rider used in
-between would need too: hence the second condition. FSDP2 makes the same choice by hand
-(torchtitan leaves the last block gathered after forward, `reshard_after_forward=False`). With
-recompute the backward opens with a recompute of the last segment in forward
-order, so few units qualify; whatever is kept and not used is resharded when backward ends.
-
-[Note: a changed order]
-Models may take data-dependent branches, so the order is a hint, never a contract: when the unit
-being used is not the one recorded at this position, the prefetcher stops prefetching for the rest
-of the phase, records the new order from the start of the phase, and uses it from the next
-iteration on. Correctness never depends on it: a unit that was not prefetched is gathered on demand,
-and a prefetched unit that is not used is released at the end of the step.
 """
 
 from __future__ import annotations
@@ -70,7 +23,6 @@ class Phase(enum.Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
 
-
 @dataclass(slots=True)
 class _PhaseOrder:
     recorded: list[int] | None = None
@@ -79,13 +31,57 @@ class _PhaseOrder:
     """What this iteration used so far."""
     diverged: bool = False
 
-
 RIDER_FRACTION = 64
 """Units below 1/RIDER_FRACTION of the largest unit's bytes ride along ([Note: small units ride along])."""
 MAX_RIDERS = 4
 """At most this many riders in a window beyond its `depth` operators."""
 
-
+# [Note: submission order]
+# The engine serves requests in the order they were submitted. In the steady state one new transfer
+# starts per operator (i+3's) and the nearer ones are already in flight; at the start of a phase
+# none is, and the operator in use must not wait behind the reads of the three after it: transfers
+# start nearest first (i, i+1, i+2, i+3). Each is charged, until gathered, to the memory-bill term of
+# the slot it fills (`runtime.units.group.STAGE_TERMS`), so a phase start holds what the steady state does.
+#
+# [Note: one rank does not wait ahead]
+# The all-gather of i+1 needs i+1's shard, so starting it waits for that shard's transfer, and
+# operator i's compute waits with it. With several ranks it must: collectives are issued in the same
+# order on every rank, and whether a read has landed differs from rank to rank. With one rank the
+# "gather" is the shard itself, so a prefetch whose shard is still on its way leaves it staged and
+# the unit's use waits for it, as the simulator's schedule has it (planner/sim/engine.py: operator i
+# waits for its own fetch only). Waiting ahead on one rank would start each linear's compute only
+# once the next one's read had landed, and the drive would idle in forward while it ran.
+#
+# [Note: small units ride along]
+# The depth counts operators as the planner does: its trace (planner/sim/workload.py) has a model's
+# linears and embeddings, not its norms, whose parameters are ~1/hidden of a linear's. A unit smaller
+# than 1/`RIDER_FRACTION` of the largest one does not take a place in the window: it is fetched with the
+# operator before it. Counted as operators, a GPT's two LayerNorms per block would make depth 3 hold
+# two linears at times, and the drive would run dry while a linear computed. The riders cost at
+# most 1/`RIDER_FRACTION` of a largest shard each, and at most `MAX_RIDERS` of them are in a window.
+#
+# [Note: the forward's tail is the backward's head]
+# The backward's first operators are the forward's last ones, in reverse. Resharding them after
+# their forward use would read them straight back at the start of backward, where the first one's
+# shard, submitted with the three after it, is waited for with nothing to compute. A unit whose last
+# forward use is `r` operators before the forward's end and which is `q` operators into the
+# backward's first window stays gathered instead (`keep_distance`) when r <= q and the next use is
+# an operator's, not a rider's. From the next operator's use on, such units fill exactly the window
+# slots the forward's own prefetch no longer needs (its window reaches r operators ahead of a unit
+# r from the end), each charged to the memory-bill term of its backward distance (`ParamUnit.keep`;
+# the slots change hands inside `MemoryLedger.relabelling`), so the bill holds them as it holds a
+# prefetch. Until then the unit holds the slot of the operator in use, which a rider used in
+# between would need too: hence the second condition. FSDP2 makes the same choice by hand
+# (torchtitan leaves the last block gathered after forward, `reshard_after_forward=False`). With
+# recompute the backward opens with a recompute of the last segment in forward
+# order, so few units qualify; whatever is kept and not used is resharded when backward ends.
+#
+# [Note: a changed order]
+# Models may take data-dependent branches, so the order is a hint, never a contract: when the unit
+# being used is not the one recorded at this position, the prefetcher stops prefetching for the rest
+# of the phase, records the new order from the start of the phase, and uses it from the next
+# iteration on. Correctness never depends on it: a unit that was not prefetched is gathered on demand,
+# and a prefetched unit that is not used is released at the end of the step.
 class Prefetcher:
     """Decides which units to gather or stage ahead, from the recorded use order."""
 

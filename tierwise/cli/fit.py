@@ -35,6 +35,7 @@ def fit(
     precision: o.PrecisionOpt = None,
     optimizer_step: o.SearchedOptimizerStepOpt = None,
     clip_grad_norm: o.ClipGradNormOpt = False,
+    locked_memory: o.LockedMemoryOpt = None,
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
     deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config for this plan here")] = None,
@@ -79,6 +80,7 @@ def fit(
         nvme_path=nvme_path,
         max_micro_batch_per_gpu=max_batch_per_gpu,
         training=training,
+        locked_memory_bytes=o.locked_memory_bytes(locked_memory, hardware),
     )
     result = refine(search(request))
     chosen = result.best or (result.rejected[0] if result.rejected else None)
@@ -88,12 +90,35 @@ def fit(
     _write(chosen, out, deepspeed_out)
     for path, (text, what) in configs.items():
         write_text_atomic(path, text, what)
+    _answer(result, chosen, gpus, out, deepspeed_out, configs, as_json=as_json)
+
+
+def _answer(result, chosen, gpus: int, out: Path | None, deepspeed_out: Path | None,  # noqa: ANN001
+            configs: dict[Path, tuple[str, str]], *, as_json: bool) -> None:
+    """The plan as JSON, or the verdict; then the line on the host shards' pinning, if any, and the
+    configs written."""
+    pinning = _pinning_line(chosen, result.request.locked_memory_bytes)
     if as_json:
         o.print_json(chosen.to_dict())
+        if pinning:  # stderr: --json keeps stdout a document
+            sys.stderr.write(f"note: {pinning}\n")
         return
     _print_verdict(result, out, deepspeed_out)
+    if pinning:
+        typer.echo(pinning)
     for path, (_, what) in configs.items():
         typer.echo(f"{what} written to {path}")
+
+
+def _pinning_line(chosen, locked_memory_bytes: float) -> str:  # noqa: ANN001
+    """One line where the chosen plan stages its host shards because the locked-memory limit or
+    host memory forbade pinning them (planner/cost/host_link.py `choose_host_pinning`); '' otherwise."""
+    from planner.cost.host_link import choose_host_pinning
+
+    if chosen.prediction is None or not chosen.prediction.feasible:
+        return ""
+    _, line = choose_host_pinning(chosen, locked_memory_bytes)
+    return line
 
 
 def _framework_configs(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001

@@ -192,6 +192,33 @@ def precision(node, pinned: str | None) -> str:  # noqa: ANN001
     return choice.precision
 
 
+LockedMemoryOpt = Annotated[str | None, typer.Option(
+    "--locked-memory", help="page-locked memory one training process may hold: 'unlimited', 'local' (this "
+                            "machine's ulimit -l) or GiB; default 'local' for --hardware local or a hardware JSON file, else 'unlimited'")]
+
+
+def locked_memory_bytes(text: str | None, hardware: str | None) -> float:
+    """`--locked-memory` in bytes: a named preset is planned as unlimited, `--hardware local` or a
+    hardware file (what `planner probe` writes for the machine it runs on) at this machine's RLIMIT_MEMLOCK."""
+    from planner.specs.specio import number
+
+    if text is None:
+        text = "local" if hardware == "local" or (hardware is not None and Path(hardware).is_file()) else "unlimited"
+    word = text.strip().lower()
+    if word == "unlimited":
+        return float("inf")
+    if word == "local":
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        return float("inf") if soft == resource.RLIM_INFINITY else float(soft)
+    try:
+        gib = float(word)
+    except ValueError:
+        raise PlannerError(f"--locked-memory takes 'unlimited', 'local' or a size in GiB, not {text!r}") from None
+    return number(gib, "--locked-memory", minimum=0) * 1024**3
+
+
 def print_json(doc) -> None:  # noqa: ANN001
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
 
