@@ -266,6 +266,7 @@ def test_a_bigger_model_and_a_pinned_strategy(app):
     assert list(rejected["strategy"]) == ["zero3"] and "GPU needs" in rejected["why it does not fit"][0]
 
 
+@pytest.mark.slow  # two searches of the dashboard, about 35 s on 2 cores: CI runs it (`-m slow`)
 def test_explicit_shape_and_sequence_length(app):
     app.sidebar.radio(key="model_mode").set_value("explicit shape").run()
     app.sidebar.number_input(key="layers").set_value(40)

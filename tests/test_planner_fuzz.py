@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -102,6 +103,7 @@ option_values = st.one_of(
 )
 
 
+@pytest.mark.slow  # two hundred `planner fit` calls, about 25 s on 2 cores: CI runs it (`-m slow`)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     model=st.one_of(st.sampled_from(["1T", "1.4B", "13b", "gpt3-125m", "0.0001B", "1e3B", "-1B"]), st.text(max_size=6)),

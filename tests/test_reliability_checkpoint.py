@@ -140,6 +140,7 @@ def test_planner_run_passes_checkpoint_options_and_restarts_to_torchrun(tmp_path
     assert [a for a in own if a.startswith("--max-restarts")] == ["--max-restarts=7"]
 
 
+@pytest.mark.slow  # two `planner run` trainings, about 30 s on 2 cores: CI runs it (`-m slow`)
 def test_planner_run_saves_and_resumes_through_the_cli(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -140,6 +140,7 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow  # a hundred `planner simulate` calls in process, about 5 min on 2 cores: CI runs it (`-m slow`)
 @settings(max_examples=100, **FAST)
 @given(option=st.sampled_from(["--batch-per-gpu", "--recompute-interval", "--tiling-factor", "--prefetch-depth",
                                "--model-parallel", "--max-alloc-gib", "--placement", "--timeline"]),

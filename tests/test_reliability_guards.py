@@ -91,7 +91,7 @@ def test_a_checkpoint_dir_too_small_for_the_kept_checkpoints_is_refused_before_t
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert "RESULT 4" in lines
-    assert not any(line.startswith("TIERWISE_EVENT") for line in lines)  # no step ran
+    assert not any(line.startswith('TIERWISE_EVENT {"step"') for line in lines)  # no step ran
     (error,) = [line for line in lines if line.startswith("TIERWISE_ERROR")]
     assert error.startswith(f"TIERWISE_ERROR rank 0: --checkpoint-dir {mount} has 2.0 MiB free but 3 more checkpoint(s) "
                             "of 1.3 MiB need 4.0 MiB; free space, lower --keep-checkpoints or choose another directory")
@@ -112,7 +112,7 @@ def test_an_nvme_path_too_small_for_the_swap_files_is_refused_before_training(tm
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert "RESULT 4 []" in lines
-    assert not any(line.startswith("TIERWISE_EVENT") for line in lines)
+    assert not any(line.startswith('TIERWISE_EVENT {"step"') for line in lines)  # no step ran
     (error,) = [line for line in lines if line.startswith("TIERWISE_ERROR")]
     assert error.startswith(f"TIERWISE_ERROR rank 0: nvme_path {mount} has 256.00 KiB free but the swap files need ")
     assert error.endswith("; free space there or choose another nvme_path")

@@ -26,7 +26,7 @@ from planner.sim import fast, simulate
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Plan
+from planner.specs.plan import HostPinning, Plan
 from planner.specs.tiers import GPU
 
 QWEN25_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
@@ -88,10 +88,15 @@ def test_simulated_peaks_follow_the_bill_for_every_placement(model, hardware, gp
 def test_host_buffers_are_held_at_the_bills_size_all_iteration():
     plan = search(SearchRequest(model=resolve_model("13b"), node=resolve_hardware("dgx-h100"), num_gpus=1,
                                 strategy="zero-inf-nvme")).best
-    p = simulate(plan).prediction
-    held = p.details["simulated_memory_terms"]["cpu"]
-    for term in (MemoryTerm.OPTIMIZER_SWAP_BUFFERS, MemoryTerm.RUNTIME_BOOKKEEPING, MemoryTerm.PINNED_STAGING_POOL):
-        assert held[term.label] == pytest.approx(p.memory_terms["cpu"][term.value], rel=1e-6), term
+    terms = (MemoryTerm.OPTIMIZER_SWAP_BUFFERS, MemoryTerm.RUNTIME_BOOKKEEPING, MemoryTerm.PINNED_STAGING_POOL)
+    for pinning in HostPinning:  # pinned host shards leave only the fp32 write-backs' pool, if any
+        p = simulate(plan.replace(host_pinning=pinning, prediction=None)).prediction
+        held = p.details["simulated_memory_terms"]["cpu"]
+        billed = [term for term in terms if p.memory_terms["cpu"].get(term.value)]
+        if pinning is HostPinning.STAGED:
+            assert billed == list(terms)
+        for term in billed:
+            assert held[term.label] == pytest.approx(p.memory_terms["cpu"][term.value], rel=1e-6), (pinning, term)
 
 
 def test_the_zoom_says_what_the_plan_recomputes(qwen):

@@ -41,6 +41,7 @@ def synthetic(rows, params):
     return out
 
 
+@pytest.mark.slow  # a fit of the A100 rows, about 45 s on 2 cores: CI runs it (`-m slow`)
 def test_fitter_recovers_the_parameters_that_generated_the_rows(a100_rows, monkeypatch):
     monkeypatch.setattr(fitting, "MAX_EVALUATIONS", 400)  # to convergence: the truth is far from the prior
     rows = synthetic(a100_rows, TRUTH)

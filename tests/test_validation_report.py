@@ -193,6 +193,7 @@ def test_filters_and_unknown_filters(report):
         assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # the scatter chart drawn, about 20 s on 2 cores: CI runs it (`-m slow`)
 def test_markdown_scatter_and_docs_section(report, tmp_path):
     text = markdown(report, scatter="s.png")
     assert "### Per GPU type" in text and "### Worst 10 predicted rows" in text and "![" in text

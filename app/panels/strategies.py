@@ -14,7 +14,7 @@ DOES_NOT_FIT = "does not fit"
 
 
 def strategies_frame(plans: SearchResult | dict[str, tuple[Plan, str]]) -> pd.DataFrame:
-    """One row per strategy, in numbers (the chart's data; 0 TFLOPS where it does not fit): from a
+    """One row per strategy, in numbers (the chart's data; a zero rate where it does not fit): from a
     search, or from `app.compute.strategy_plans` (strategy -> (plan, its exposed-path bottleneck))."""
     if isinstance(plans, SearchResult):
         plans = {name: (plan, "") for name, plan in best_by_strategy(plans).items()}

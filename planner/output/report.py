@@ -28,7 +28,7 @@ def resource_labels() -> dict[str, str]:
 
 def work_labels() -> dict[str, str]:
     """The analytic estimate's work -> label: the resource it waits on, then whose traffic it is."""
-    work = ("params", "gradients", "checkpoints", "optimizer")
+    work = ("params", "gradients", "recompute inputs", "optimizer")
     stores = {f"{kind} ({tier})": f"{tier.label} ({kind})" for tier in TIERS if tier.staged for kind in work}
     return {
         "compute": "GPU compute", "tensor parallel": "GPU-GPU link (tensor parallel)",

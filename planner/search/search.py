@@ -122,8 +122,8 @@ def candidate_placements(strategy: str | None, pins: dict[str, Tier]) -> list[tu
     out: list[tuple[str, Placement]] = [
         (name, s.placement) for name, s in STRATEGY_TABLE.items() if name in ("dp", "zero2", "zero-offload", "3d")
     ]
-    # Checkpoints go where the runtime can hold them, or where they are pinned.
-    recompute_input_tiers = [t for t in TIERS if t.checkpoints_searched or pins.get("recompute_inputs") == t]
+    # Recompute inputs go where the runtime can hold them, or where they are pinned.
+    recompute_input_tiers = [t for t in TIERS if t.recompute_inputs_searched or pins.get("recompute_inputs") == t]
     for params, (opt, grads), inputs in itertools.product(TIERS, _optimizer_gradient_tiers(), recompute_input_tiers):
         placement = Placement(params=params, gradients=grads, optimizer_states=opt, recompute_inputs=inputs)
         out.append((by_placement.get(placement, "custom"), placement))

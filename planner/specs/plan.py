@@ -135,14 +135,14 @@ class Placement:
 
     @property
     def uses_nvme(self) -> bool:
-        """Whether any state, activation checkpoints included, lies on NVMe: the plan then needs
+        """Whether any state, recompute inputs included, lies on NVMe: the plan then needs
         `nvme_path`, the directory of its swap files."""
         return NVME in (self.params, self.gradients, self.optimizer_states, self.recompute_inputs)
 
     @property
     def model_states_on_nvme(self) -> bool:
         """Whether parameters, gradients or optimizer states lie on NVMe: the swap files the runtime
-        opens (it keeps activation checkpoints on the GPU or in host memory, and refuses them on NVMe)."""
+        opens (it keeps recompute inputs on the GPU or in host memory, and refuses them on NVMe)."""
         return NVME in (self.params, self.gradients, self.optimizer_states)
 
     def label(self) -> str:
@@ -482,7 +482,7 @@ class Plan:
 
     @property
     def uses_nvme(self) -> bool:
-        """Any state on NVMe, activation checkpoints included (`Placement.uses_nvme`)."""
+        """Any state on NVMe, recompute inputs included (`Placement.uses_nvme`)."""
         return self.placement.uses_nvme
 
     @property

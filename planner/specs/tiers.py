@@ -18,7 +18,7 @@ compares a tier with a name (tests/test_architecture.py greps for it); code asks
   memory's cross the pinned staging pool and the host link, and `is_compute_memory(node)` says
   where the compute uses a state where it lies (the GPU, or host memory where the host is the device);
 - which placements are valid: an optimizer steps in `optimizer_memory`, so its gradients lie in
-  `gradient_tiers`; the search tries activation checkpoints on the tiers that say `checkpoints_searched`.
+  `gradient_tiers`; the search tries recompute inputs on the tiers that say `recompute_inputs_searched`.
 The layers above read this data and keep their own mechanics: the cost models price the links a
 tier names, the simulator builds and routes them, the search enumerates `TIERS`. A new tier is one
 subclass registered with `TIERS.register` (tests/test_tier_types.py plans with a CXL tier that way);
@@ -67,8 +67,8 @@ class Tier(str):
     """The link bytes take out of this tier toward `via` (a `prediction.link_bytes` key); "" for the GPU."""
     write_link: ClassVar[str] = ""
     """The link bytes take from `via` into this tier."""
-    checkpoints_searched: ClassVar[bool] = True
-    """The search places activation checkpoints here without being asked (the runtime can hold them here)."""
+    recompute_inputs_searched: ClassVar[bool] = True
+    """The search places recompute inputs here without being asked (the runtime can hold them here)."""
 
     __slots__ = ()
 
@@ -191,7 +191,7 @@ class StagedTier(Tier):
     Subclasses name their links and read their capacity and rates from the node."""
 
     staged = True
-    checkpoints_searched = False  # the simulator and the runtime keep activation checkpoints on the GPU or in host memory
+    recompute_inputs_searched = False  # the simulator and the runtime keep recompute inputs on the GPU or in host memory
     __slots__ = ()
 
     @property
