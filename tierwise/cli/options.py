@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from typer.core import TyperCommand
 
@@ -84,7 +83,7 @@ spellings]); the help shows only the new one."""
 class RenamedFlags(TyperCommand):
     """A verb that reads the old spellings of OLD_FLAGS as the new ones."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, new_flag_spellings(args))
 
 
