@@ -93,7 +93,7 @@ NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "reco
 # engine, run right after each measured step, and over the rates `planner probe` measures
 # (`runtime.probe.measure_nvme`).
 OURS = {
-    "ours-cpu": {"placement": HOST, "host_pinning": "shards"},
+    "ours-cpu": {"placement": HOST},
     "ours-gpu": {"placement": DEVICE},
     "ours-nvme": {"placement": NVME},
 }
