@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from planner.cost.pipeline import is_composed
 from planner.sim.periodic import NotPeriodic, extend, verified_samples
-from planner.sim.report import composed_prediction, prediction_from, simulate
+from planner.sim.report import composed_prediction, prediction_from
+from planner.sim.samples import simulate_whole
 from planner.specs.plan import Plan, Prediction
 
 
@@ -29,10 +30,10 @@ def predict(plan: Plan) -> Prediction:
         return composed_prediction(plan, predict)
     verified = verified_samples(plan)
     if verified is None:
-        return simulate(plan).prediction
+        return simulate_whole(plan).prediction
     pair, shorter, longer = verified
     try:
         summary = extend(shorter.summary, longer.summary, pair.repeats)
     except NotPeriodic:
-        return simulate(plan).prediction
+        return simulate_whole(plan).prediction
     return prediction_from(plan, summary, notes={"extrapolated_from_layers": pair.layer_counts})

@@ -21,9 +21,8 @@ from planner.sim.report import (
     Timelines,
     downsample,
     prediction_from,
-    simulate,
 )
-from planner.sim.samples import Sample, simulate_samples
+from planner.sim.samples import Sample, simulate_samples, simulate_whole
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
@@ -129,7 +128,7 @@ def simulate_periodic(plan: Plan, *, intervals: bool = True) -> SimResult:
     Gantt chart), which is all a prediction needs."""
     verified = verified_samples(plan)
     if verified is None:
-        return simulate(plan)
+        return simulate_whole(plan)
     pair, shorter, longer = verified
     repeats = pair.repeats
     try:
@@ -140,7 +139,7 @@ def simulate_periodic(plan: Plan, *, intervals: bool = True) -> SimResult:
         timelines = dataclasses.replace(timelines, num_segments=segments)
         summary = extend(shorter.summary, longer.summary, repeats, timelines)
     except NotPeriodic:
-        return simulate(plan)
+        return simulate_whole(plan)
     total = timelines.iteration_time_s
     summary.memory_timeline = {name: downsample(c.points, total) for name, c in timelines.memory.items()}
     summary.memory_peak_time_s = {name: c.peak_time_s for name, c in timelines.memory.items()}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from planner.sim.engine import Simulation
 from planner.sim.optimizer import chunked_step
-from planner.sim.report import Summary, Timelines, summarize, timelines_of
+from planner.sim.report import SimResult, Summary, Timelines, simulate, summarize, timelines_of
 from planner.sim.workload import build_workload, optimizer_params_per_rank
 from planner.specs.plan import Plan
 
@@ -43,9 +43,10 @@ _kept_lock = threading.Lock()
 
 
 def forget_samples() -> None:
-    """Drop every kept sample (benchmarks timing a first visit)."""
+    """Drop every kept sample and whole simulation (benchmarks timing a first visit)."""
     with _kept_lock:
         _kept.clear()
+        _whole.clear()
 
 
 def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
@@ -74,3 +75,27 @@ def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
             while len(_kept) > KEPT_PLANS:
                 _kept.popitem(last=False)
     return [samples[layers] for layers in counts]
+
+
+KEPT_WHOLE = 4
+"""Whole-model simulations kept ([Note: shared samples]): a plan whose samples are not periodic is
+simulated whole, once for its prediction (fast.py) and once more for its timelines (periodic.py)
+unless kept, as `planner fit` asks of its runner-ups (planner/output/verdict.py)."""
+_whole: OrderedDict[str, SimResult] = OrderedDict()
+
+
+def simulate_whole(plan: Plan) -> SimResult:
+    """`simulate(plan)` for a plan that cannot be extrapolated, kept for the last `KEPT_WHOLE` plans
+    by the same key as the samples (the plan, its prediction aside)."""
+    key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
+    with _kept_lock:
+        kept = _whole.get(key)
+    if kept is not None:
+        return dataclasses.replace(kept, plan=plan)
+    result = simulate(plan)
+    with _kept_lock:
+        _whole[key] = result
+        _whole.move_to_end(key)
+        while len(_whole) > KEPT_WHOLE:
+            _whole.popitem(last=False)
+    return result
