@@ -39,10 +39,13 @@ def test_nnls_is_exact_and_non_negative() -> None:
 @pytest.mark.slow
 def test_new_user_probe_fit_run_compare_calibrate(tmp_path: Path) -> None:
     hw, plan_path, profile_path = tmp_path / "hw.json", tmp_path / "plan.json", tmp_path / "run.json"
-    _cli("probe", "--calibrate", "--out", str(hw), "--nvme-test-gib", "0.0625", "--nvme-path", str(tmp_path))
+    # One training per reference run: the loop is under test here, the median's spread in test_calibrate_probe.py.
+    _cli("probe", "--calibrate", "--repeats", "1", "--out", str(hw), "--nvme-test-gib", "0.0625",
+         "--nvme-path", str(tmp_path))
     probed = json.loads(hw.read_text())
     assert probed["host_is_device"] is True  # no CUDA here, so the probe calibrated on its reference runs
     assert "Calibrated on 4 reference runs of the runtime" in probed["notes"]
+    assert "one training each" in probed["notes"]
     _cli("fit", *MODEL, "--hardware", str(hw), "--batch-per-gpu", "2", "--recompute-interval", "1",
          "--placement", "params=cpu,gradients=cpu,optimizer_states=cpu,recompute_inputs=cpu",
          "--tiling-factor", "1", "--prefetch-depth", "2", "--out", str(plan_path))

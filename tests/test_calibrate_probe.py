@@ -241,6 +241,17 @@ def test_reference_runs_train_in_the_precision_the_probe_measured(tmp_path: Path
     assert "reference runs of the runtime in fp32" in json.loads(out.read_text())["notes"]
     assert reference_plan(REFERENCE_RUNS[0], _cpu_node(), str(tmp_path)).precision == "bf16"  # the default
 
+    # --repeats sets the trainings per reference run, and the note says how many the fit saw.
+    trained.clear()
+    result = CliRunner().invoke(app, ["probe", "--out", str(out), "--nvme-path", str(tmp_path), "--calibrate",
+                                      "--repeats", "2"])
+    assert result.exit_code == 0, result.output
+    assert trained == ["fp32"] * len(REFERENCE_RUNS) * 2
+    assert "the median of 2 trainings each" in json.loads(out.read_text())["notes"]
+    result = CliRunner().invoke(app, ["probe", "--nvme-path", str(tmp_path), "--calibrate", "--repeats", "0"])
+    # A PlannerError is the CLI's one-line error (tierwise/cli main), raised before anything is measured.
+    assert str(result.exception) == "--repeats must be at least 1, got 0"
+
 
 def test_an_overlapped_step_is_fitted_with_the_forward_it_overlaps(tmp_path: Path) -> None:
     # [Note: the overlapped step is one row with the forward]: the NVMe reference run's after-backward

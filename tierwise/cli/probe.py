@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from planner.calibration.probe_reference import ReferenceRun
+from planner.calibration.probe_reference import REFERENCE_REPEATS, ReferenceRun
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import NodeSpec
 from planner.specs.profile import Profile, load_profile
@@ -35,9 +35,13 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json", help="print the document even when writing --out")] = False,
     calibrate: Annotated[bool, typer.Option(
         "--calibrate/--no-calibrate",
-        help="also train four small reference runs of the runtime, three times each, and fit the spec to them "
+        help="also train four small reference runs of the runtime (each --repeats times) and fit the spec to them "
              "(several minutes on 2 cores; progress and time left are shown)",
     )] = False,
+    repeats: Annotated[int, typer.Option(
+        "--repeats", help="with --calibrate: trainings of each reference run; the fit takes the median one (3 narrows "
+                          "the spread of a busy machine; 1 is three times faster on a quiet one)",
+    )] = REFERENCE_REPEATS,
     keep_runs: Annotated[Path | None, typer.Option(
         "--keep-runs", hidden=True, help="save the bare spec and the reference runs' plans and profiles here")] = None,
 ) -> None:
@@ -46,6 +50,7 @@ def probe(
     Under a minute on 2 cores; `--calibrate` adds reference runs of the runtime (several minutes).
     `--hardware local` runs the same measurements once and caches them."""
     number(nvme_test_gib, "--nvme-test-gib", exclusive_minimum=0, maximum=1024)
+    number(repeats, "--repeats", minimum=1, maximum=9, integer=True)
     require_runtime("probe")
     try:
         from runtime.nvme.directory import check_swap_path
@@ -72,21 +77,17 @@ def probe(
         doc["notes"] = f"{doc['notes']} Probed while busy: {busy}"
     spec = NodeSpec.from_dict(doc, "probed hardware")  # what --hardware will read back
     if calibrate:
-        from planner.calibration.probe_reference import (
-            REFERENCE_REPEATS,
-            REFERENCE_RUNS,
-            calibrate_on_reference_runs,
-        )
+        from planner.calibration.probe_reference import REFERENCE_RUNS, calibrate_on_reference_runs
 
         if keep_runs is not None:
             keep_runs.mkdir(parents=True, exist_ok=True)
             (keep_runs / "bare.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
         fit = calibrate_on_reference_runs(spec, str(directory), train=train_reference_run, precision=precision,
-                                          log=log, keep=keep_runs)
+                                          repeats=repeats, log=log, keep=keep_runs)
         factors = ", ".join(f"{k} {v:.4g}" for k, v in fit.factors.items())
         spec = fit.node.replace(name=spec.name, notes=(
             f"{spec.notes} Calibrated on {len(REFERENCE_RUNS)} reference runs of the runtime in {precision} (the "
-            f"median of {REFERENCE_REPEATS} trainings each; planner/calibration/probe_reference.py "
+            f"{_trainings_each(repeats)}; planner/calibration/probe_reference.py "
             f"[Note: probe reference runs]): factors {factors}, residual {fit.residual:.1%}. The measured bare-kernel "
             f"rates were {spec.gpu_flops_per_s / 1e12:.4g} TFLOPS and {spec.gpu_hbm_bytes_per_s / 1e9:.4g} GB/s "
             "memory-bound."))
@@ -99,6 +100,10 @@ def probe(
         sys.stderr.write(f"wrote {out}\n")
     if out is None or as_json:
         sys.stdout.write(text)
+
+
+def _trainings_each(repeats: int) -> str:
+    return "one training each" if repeats == 1 else f"the median of {repeats} trainings each"
 
 
 BUSY_LOAD_PER_CPU = 0.5
