@@ -36,6 +36,11 @@ PLANS = {
     "no recompute, gpu optimizer, mp 2": Plan(model=small(10), node=resolve_hardware("dgx-h100"), num_gpus=8,
                                                   placement=GPU_OPTIMIZER, micro_batch_per_gpu=1, recompute_interval=0,
                                                   model_parallel_degree=2),
+    # ZeRO-2 gathers the updated parameters after the step: the samples gather the real model's.
+    "zero2 on the gpu, no recompute": Plan(model=small(10), node=resolve_hardware("dgx-a100-80g"), num_gpus=8,
+                                           placement=Placement(params="gpu", gradients="gpu", optimizer_states="gpu",
+                                                               recompute_inputs="gpu"),
+                                           strategy="zero2", micro_batch_per_gpu=1, recompute_interval=0),
 }
 
 

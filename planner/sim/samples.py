@@ -58,7 +58,8 @@ def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
     params, optimizer = optimizer_params_per_rank(plan), None
     for layers in missing:
         small = plan.replace(model=plan.model.replace(num_layers=layers))
-        work = dataclasses.replace(build_workload(small), params_per_rank=params)
+        work = dataclasses.replace(build_workload(small), params_per_rank=params,
+                                   step_model_params=plan.model.num_params)
         if optimizer is None and not plan.placement.optimizer_states.on_device and plan.optimizer_step == "after_backward":
             # The step starts on an idle network (optimizer.py): the real one is simulated once,
             # with the busy intervals periodic.py draws. An in-backward step updates each unit in
