@@ -22,7 +22,7 @@ from planner.sim.report import (
     downsample,
     prediction_from,
 )
-from planner.sim.samples import Sample, simulate_samples, simulate_whole
+from planner.sim.samples import Sample, kept_whole, simulate_samples, simulate_whole
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
@@ -168,6 +168,9 @@ def simulate_periodic(plan: Plan, *, intervals: bool = True) -> SimResult:
     timelines, from two short simulations when [Note: periodic timelines] applies (then `simulation`
     is None). Without `intervals` the timelines keep the memory curves only (no busy intervals: no
     Gantt chart), which is all a prediction needs."""
+    kept = kept_whole(plan)  # its samples failed the check before ([Note: shared samples])
+    if kept is not None:
+        return kept
     verified = verified_samples(plan)
     if verified is None:
         return simulate_whole(plan)

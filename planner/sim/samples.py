@@ -85,14 +85,22 @@ unless kept, as `planner fit` asks of its runner-ups (planner/output/verdict.py)
 _whole: OrderedDict[str, SimResult] = OrderedDict()
 
 
-def simulate_whole(plan: Plan) -> SimResult:
-    """`simulate(plan)` for a plan that cannot be extrapolated, kept for the last `KEPT_WHOLE` plans
-    by the same key as the samples (the plan, its prediction aside)."""
+def kept_whole(plan: Plan) -> SimResult | None:
+    """The kept whole simulation of `plan`, if any: a plan is simulated whole only once its samples
+    failed the periodic check, so a kept one also says the check need not run again."""
     key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
     with _kept_lock:
         kept = _whole.get(key)
+    return None if kept is None else dataclasses.replace(kept, plan=plan)
+
+
+def simulate_whole(plan: Plan) -> SimResult:
+    """`simulate(plan)` for a plan that cannot be extrapolated, kept for the last `KEPT_WHOLE` plans
+    by the same key as the samples (the plan, its prediction aside)."""
+    kept = kept_whole(plan)
     if kept is not None:
-        return dataclasses.replace(kept, plan=plan)
+        return kept
+    key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
     result = simulate(plan)
     with _kept_lock:
         _whole[key] = result
