@@ -11,6 +11,8 @@
 On a shared machine wall time includes other processes' turns: the CPU time of the in-process
 series is given beside it, and the load average around the run.
 
+3. Where target 2's CPU time goes: start-up, the analytic search, refine, the winner's critical
+   path, and each runner-up simulated like the winner (extrapolated, or whole with its events).
 Also, side by side on the same plan: the representative rank vs simulating every GPU of the node
 ([Note: representative rank] in planner/sim/engine.py), which is what makes target 1 reachable.
 
@@ -98,7 +100,8 @@ def main() -> None:
     parser.add_argument("--write-results", action="store_true", help="replace this benchmark's section of RESULTS.md")
     args = parser.parse_args()
     machine = results_md.measure_machine()
-    result = {"issue_plan": issue_plan_series(args.repeats), **other_series(args.repeats)}
+    result = {"issue_plan": issue_plan_series(args.repeats), **other_series(args.repeats),
+              "fit_breakdown": fit_breakdown()}
     result["machine"] = machine.finish().to_dict()
     print(json.dumps(result, indent=2))
     if args.write_results:
@@ -157,6 +160,62 @@ def other_series(repeats: int) -> dict:
     }
 
 
+def breakdown_rows(rows: list[dict]) -> str:
+    lines = [f"| {r['stage']} | {r['cpu_s']} | {r.get('how', '')} | {format(r['events'], ',') if 'events' in r else ''} |"
+             for r in rows]
+    lines.append(f"| total | {round(sum(r['cpu_s'] for r in rows), 3)} | | |")
+    return "\n".join(lines)
+
+
+def fit_breakdown() -> list[dict]:
+    """Where `planner fit 1T --gpus 16`'s CPU time goes, stage by stage in one process from nothing
+    kept (the CLI's start-up in a fresh process): each simulated plan with how it was simulated
+    (extrapolated from two samples, or whole) and its SimPy events."""
+    from planner.output.verdict import critical_path, simulated_like
+    from planner.search.refine import refine
+    from planner.search.search import SearchRequest, search
+    from planner.specs.training_loop import TrainingLoop
+    from tierwise.cli import options
+
+    samples.forget_samples()
+    node = options.node(None, None)  # what `planner fit` asks for by default
+    request = SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16, precision=options.precision(node, None),
+                            pipeline_parallel_degree=1, training=TrainingLoop(optimizer_step=None, clips_grad_norm=False),
+                            locked_memory_bytes=options.locked_memory_bytes(None, None))
+    rows = []
+    start = subprocess.run([sys.executable, "-c", "import time; t = time.process_time(); import tierwise.cli; "
+                            "print(time.process_time() - t)"], capture_output=True, text=True, check=True)
+    rows.append({"stage": "import tierwise.cli (fresh process)", "cpu_s": round(float(start.stdout), 3)})
+
+    def timed(stage: str, fn):  # noqa: ANN001, ANN202
+        before = time.process_time()
+        out = fn()
+        rows.append({"stage": stage, "cpu_s": round(time.process_time() - before, 3)})
+        return out
+
+    result = timed("analytic search", lambda: search(request))
+    result = timed("refine (simulates the best candidates)", lambda: refine(result))
+    timed("winner's critical path (its timelines stretched)", lambda: critical_path(result.best))
+    for plan in result.runners_up():
+        pred = plan.prediction
+        if pred is None or not pred.feasible or pred.method != "analytic":
+            continue
+        where = "/".join(str(tier) for tier in plan.placement.to_dict().values())
+        simulated = timed(f"runner-up {where} simulated", lambda p=plan: simulated_like([p], result.best)[0])
+        rows[-1].update(how_simulated(simulated))
+        timed(f"runner-up {where} critical path", lambda p=simulated: critical_path(p))
+    return rows
+
+
+def how_simulated(plan: Plan) -> dict:
+    """Extrapolated from which samples, or whole, and the SimPy events either took."""
+    counts = plan.prediction.details.get("extrapolated_from_layers") if plan.prediction else None
+    if counts:
+        return {"how": f"extrapolated from {counts[0]} and {counts[1]} layers",
+                "events": sum(s.events for s in samples.simulate_samples(plan, counts))}
+    return {"how": f"whole ({plan.model.num_layers} layers)", "events": samples.simulate_whole(plan).events}
+
+
 def cli_wall_s(args: list[str], repeats: int) -> tuple[float, list[float], float] | None:
     """(median wall s, runs, median CPU s of the child) of `planner ARGS` in a fresh process."""
     exe = shutil.which("planner") or None
@@ -202,6 +261,12 @@ def write_results(r: dict, repeats: int, machine: results_md.MachineFacts) -> No
 | the paper's 1T (batch/GPU 7, tiling 1) on 16 x dgx2-v100 simulated whole | {pp['whole_s']} s (runs {pp['runs_s']}) | {pp['events']:,} | |
 | Timeline panel, 1T tiling 8 on 32 x dgx-h100 (params on NVMe): whole simulation vs periodic timelines ([Note: periodic timelines]) vs periodic after `refine` kept the samples | {tl['whole_s']} s vs {tl['periodic_s']} s vs {tl['periodic_after_refine_s']} s | | same timelines (tests/test_sim_periodic.py) |
 | 16-layer variant: representative rank vs every GPU of the node simulated | {rv['representative_s']} s vs {rv['explicit_16_ranks_s']} s ({rv['speedup']}x) | | same times (tested) |
+
+Where `planner fit 1T --gpus 16`'s CPU time goes (one run, stage by stage, nothing kept):
+
+| stage | CPU s | simulated | events |
+|---|---|---|---|
+{breakdown_rows(r['fit_breakdown'])}
 """
     results_md.write_section("sim_speed", body)
 

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from planner.output.timeline import busy_bins, zoom_spans
-from planner.sim import fast, samples, simulate
+from planner.sim import fast, periodic, samples, simulate
 from planner.sim.periodic import NotPeriodic, check_equal, sample_units, simulate_periodic
 from planner.sim.report import timelines_of
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.model import ModelSpec
+from planner.specs.phases import Phase
 from planner.specs.plan import Placement, Plan
 
 NVME_PARAMS = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
@@ -35,6 +36,11 @@ PLANS = {
     "no recompute, gpu optimizer, mp 2": Plan(model=small(10), node=resolve_hardware("dgx-h100"), num_gpus=8,
                                                   placement=GPU_OPTIMIZER, micro_batch_per_gpu=1, recompute_interval=0,
                                                   model_parallel_degree=2),
+    # ZeRO-2 gathers the updated parameters after the step: the samples gather the real model's.
+    "zero2 on the gpu, no recompute": Plan(model=small(10), node=resolve_hardware("dgx-a100-80g"), num_gpus=8,
+                                           placement=Placement(params="gpu", gradients="gpu", optimizer_states="gpu",
+                                                               recompute_inputs="gpu"),
+                                           strategy="zero2", micro_batch_per_gpu=1, recompute_interval=0),
 }
 
 
@@ -144,3 +150,38 @@ def test_the_panel_reuses_the_samples_refine_simulated(monkeypatch):
     monkeypatch.setattr(samples.Simulation, "run", lambda self: pytest.fail("a kept sample was simulated again"))
     shared = simulate_periodic(plan)
     assert shared.timelines == alone.timelines and shared.prediction == alone.prediction
+
+
+def test_a_queue_falling_behind_is_simulated_whole_after_two_pairs(monkeypatch):
+    # [Note: a queue that falls behind]: the in-backward updates of states on NVMe take longer per
+    # unit than the backward they follow, so each pair's longer sample ends its backward later than
+    # the stretched shorter one by the same lag; the third, deeper pair is not simulated, and the
+    # prediction is the whole simulation's.
+    placement = Placement(params="nvme", gradients="cpu", optimizer_states="nvme", recompute_inputs="cpu")
+    plan = Plan(model=resolve_model("1T").replace(num_layers=12), node=resolve_hardware("dgx-h100"), num_gpus=16,
+                placement=placement, micro_batch_per_gpu=32, recompute_interval=1, optimizer_step="in_backward")
+    monkeypatch.setattr(samples, "_kept", samples.OrderedDict())
+    monkeypatch.setattr(samples, "_whole", samples.OrderedDict())
+    asked: list[list[int]] = []
+    real = periodic.simulate_samples
+    monkeypatch.setattr(periodic, "simulate_samples", lambda p, counts: asked.append(counts) or real(p, counts))
+    assert periodic.verified_samples(plan) is None
+    assert asked == [sample_units(plan, 0).layer_counts, sample_units(plan, 1).layer_counts]
+    lags = []
+    for counts in asked:
+        shorter, longer = real(plan, counts)
+        w = periodic.windows(shorter, sample_units(plan, asked.index(counts)).window_unit)
+        stretched = periodic.stretch(shorter.timelines, w, 1, periodic._resident_growth(shorter.plan, longer.plan))
+        lags.append(periodic._phase_lag(stretched, longer.timelines)[Phase.BACKWARD])
+    assert lags[0] > 0.1  # seconds per unit the updates fall further behind
+    assert lags[1] == pytest.approx(lags[0], rel=1e-9)
+    whole = simulate(plan)
+    assert fast.predict(plan).iteration_time_s == whole.prediction.iteration_time_s
+
+
+def test_a_settling_pipeline_is_not_taken_for_a_queue_falling_behind():
+    lag = {Phase.FORWARD: 0.0, Phase.BACKWARD: 0.3, Phase.OPTIMIZER: 0.3}
+    assert periodic._falls_behind(lag, dict(lag), 100.0)
+    assert not periodic._falls_behind(lag, {**lag, Phase.BACKWARD: 0.2, Phase.OPTIMIZER: 0.2}, 100.0)  # shrinking
+    assert not periodic._falls_behind(dict.fromkeys(lag, 0.0), dict.fromkeys(lag, 0.0), 100.0)
+    assert not periodic._falls_behind(lag, None, 100.0)

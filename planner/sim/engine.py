@@ -593,7 +593,7 @@ class RankProgram:
         plan = self.sim.plan
         if "params" not in plan.partitioned and "optimizer_states" in plan.partitioned and self.dp > 1:
             # ZeRO-2 / ZeRO-Offload: replicated parameters are re-assembled from the updated shards.
-            slice_bytes = plan.model.num_params / self.mp * self.b
+            slice_bytes = self.sim.work.step_model_params / self.mp * self.b
             route = self.res.collective(self.rank, spans_nodes=self.spans_nodes)
             yield self._collective(self._collective_bytes(slice_bytes), route, "all_gather", Phase.OPTIMIZER,
                                    self.latency_s["all_gather"])

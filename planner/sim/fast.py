@@ -19,7 +19,7 @@ from __future__ import annotations
 from planner.cost.pipeline import is_composed
 from planner.sim.periodic import NotPeriodic, extend, verified_samples
 from planner.sim.report import composed_prediction, prediction_from
-from planner.sim.samples import simulate_whole
+from planner.sim.samples import kept_whole, simulate_whole
 from planner.specs.plan import Plan, Prediction
 
 
@@ -28,6 +28,9 @@ def predict(plan: Plan) -> Prediction:
     or accumulating plan from its stage's micro-batch ([Note: the 1F1B step] in planner/cost/pipeline.py)."""
     if is_composed(plan):
         return composed_prediction(plan, predict)
+    kept = kept_whole(plan)  # its samples failed the check before ([Note: shared samples])
+    if kept is not None:
+        return kept.prediction
     verified = verified_samples(plan)
     if verified is None:
         return simulate_whole(plan).prediction

@@ -58,7 +58,8 @@ def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
     params, optimizer = optimizer_params_per_rank(plan), None
     for layers in missing:
         small = plan.replace(model=plan.model.replace(num_layers=layers))
-        work = dataclasses.replace(build_workload(small), params_per_rank=params)
+        work = dataclasses.replace(build_workload(small), params_per_rank=params,
+                                   step_model_params=plan.model.num_params)
         if optimizer is None and not plan.placement.optimizer_states.on_device and plan.optimizer_step == "after_backward":
             # The step starts on an idle network (optimizer.py): the real one is simulated once,
             # with the busy intervals periodic.py draws. An in-backward step updates each unit in
@@ -84,14 +85,22 @@ unless kept, as `planner fit` asks of its runner-ups (planner/output/verdict.py)
 _whole: OrderedDict[str, SimResult] = OrderedDict()
 
 
-def simulate_whole(plan: Plan) -> SimResult:
-    """`simulate(plan)` for a plan that cannot be extrapolated, kept for the last `KEPT_WHOLE` plans
-    by the same key as the samples (the plan, its prediction aside)."""
+def kept_whole(plan: Plan) -> SimResult | None:
+    """The kept whole simulation of `plan`, if any: a plan is simulated whole only once its samples
+    failed the periodic check, so a kept one also says the check need not run again."""
     key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
     with _kept_lock:
         kept = _whole.get(key)
+    return None if kept is None else dataclasses.replace(kept, plan=plan)
+
+
+def simulate_whole(plan: Plan) -> SimResult:
+    """`simulate(plan)` for a plan that cannot be extrapolated, kept for the last `KEPT_WHOLE` plans
+    by the same key as the samples (the plan, its prediction aside)."""
+    kept = kept_whole(plan)
     if kept is not None:
-        return dataclasses.replace(kept, plan=plan)
+        return kept
+    key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
     result = simulate(plan)
     with _kept_lock:
         _whole[key] = result

@@ -116,6 +116,9 @@ class Workload:
     """Activation tensor of one Megatron all-reduce (whole replica batch)."""
     params_per_rank: float
     """Parameters whose optimizer state one rank updates."""
+    step_model_params: int
+    """The model's parameters the step updates: what ZeRO-1/2 gathers back after it. A sample of a
+    deeper model (planner/sim/samples.py) keeps the real model's, as it keeps `params_per_rank`."""
 
 
 def build_workload(plan: Plan) -> Workload:
@@ -177,6 +180,7 @@ def build_workload(plan: Plan) -> Workload:
         recomputed_score_bytes=recomputed_score_bytes(plan),
         tp_all_reduce_bytes=b * bsz * mp * seq * hd,
         params_per_rank=optimizer_params_per_rank(plan),
+        step_model_params=plan.model.num_params,
     )
 
 
