@@ -21,6 +21,7 @@ from planner.specs.hardware import EfficiencyCurve, NodeSpec, document_key
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 from planner.specs.profile import Profile
+from planner.specs.training_loop import step_overlaps_forward
 
 FEATURES = ("compute_s", "backward_matmul_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
 RATES: dict[str, tuple[str, ...]] = {
@@ -187,6 +188,14 @@ def _nnls(rows: list[list[float]], targets: list[float]) -> tuple[list[float], f
 # profiles do not pin down. Profiles that never change one term independently of another (untiled
 # runs only: operators and memory-bound bytes both grow with layers and tokens) can trade one for
 # the other; calibrate on runs that vary each term, as the probe's reference runs do.
+# [Note: the overlapped step is one row with the forward] The runtime runs an after-backward step
+# whose states stream from NVMe on the optimizer worker during the next forward, where the CPU is the
+# compute device (`step_overlaps_forward`; runtime/optim/step_schedule.py [Note: the step overlaps the
+# next forward]). Its profile counts to `optimizer` only the host's waits for an update; the rest of
+# the step's cost lands in the forward, which shares the cores with CPU Adam and the drive with the
+# step's state I/O. Which of the two phases holds it depends on how the contention falls, not on a
+# rate, so calibration fits their sum: per phase it would ask the forward's features to explain the
+# step's Adam and I/O, and the optimizer phase's to explain almost nothing.
 def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     """Fit `node`'s efficiency parameters to the runs (see [Note: the calibration model])."""
     if not runs:
@@ -234,19 +243,6 @@ def factor_floors(node: NodeSpec) -> dict[str, float]:
     are `measured`, `theta_nvme >= 1`: the fit may find the runtime slower, never faster."""
     measured = node.sources.get("nvme_read_gb_per_s") == node.sources.get("nvme_write_gb_per_s") == "measured"
     return {"nvme_s": 1.0} if measured else {}
-
-
-def step_overlaps_forward(plan: Plan) -> bool:
-    """[Note: the overlapped step is one row with the forward] The runtime runs an after-backward
-    step whose states stream from NVMe on the optimizer worker during the next forward, where the
-    CPU is the compute device (runtime/optim/step_schedule.py [Note: the step overlaps the next forward]).
-    Its profile counts to `optimizer` only the host's waits for an update; the rest of the step's
-    cost lands in the forward, which shares the cores with CPU Adam and the drive with the step's
-    state I/O. Which of the two phases holds it depends on how the contention falls, not on a
-    rate, so calibration fits their sum: per phase it would ask the forward's features to explain
-    the step's Adam and I/O, and the optimizer phase's to explain almost nothing."""
-    return (plan.optimizer_step == "after_backward" and plan.placement.optimizer_states.staged
-            and plan.node.host_is_device)
 
 
 LOOSE_SHARE = 0.5

@@ -237,3 +237,7 @@ class BackwardUpdates:
             if self.streamed:
                 sim.cpu_remove(MemoryTerm.OPTIMIZER_SWAP_BUFFERS, n * 16)
                 yield self.buffers.put(1)
+            self._chunk_written()
+
+    def _chunk_written(self) -> None:
+        """A chunk's writes landed (chunks land in update order)."""
