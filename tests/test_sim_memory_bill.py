@@ -55,20 +55,25 @@ EXAMPLES = [("1T", "dgx-h100", 16), ("1T", "dgx2-v100", 16), ("7B", "dgx-h100", 
 """README's and docs' example models (docs/quickstart and `planner fit` examples), with Qwen2.5-0.5B above."""
 
 
-@pytest.mark.parametrize("model, hardware, gpus", [*EXAMPLES, ("qwen", "dgx-h100", 8)])
+@pytest.mark.parametrize("model, hardware, gpus", [*EXAMPLES, ("qwen", "dgx-h100", 8), ("gpt3-1.3b", "dgx-h100", 1)])
 def test_simulated_peaks_follow_the_bill_for_every_placement(model, hardware, gpus, qwen):
+    """The best plan the search finds for every placement (every tier of `TIERS` for each state
+    that fits), not only the winner of each strategy."""
     spec = qwen if model == "qwen" else resolve_model(model)
     result = search(SearchRequest(model=spec, node=resolve_hardware(hardware), num_gpus=gpus))
-    checked = 0
-    for strategy, plan in best_by_strategy(result).items():
-        if not plan.prediction.feasible:
-            continue
+    best = {}
+    for plan in result.ranked:
+        if plan.prediction.feasible:
+            best.setdefault((plan.strategy, plan.placement), plan)
+    winners = [plan for plan in best_by_strategy(result).values() if plan.prediction.feasible]
+    assert all(any(plan is other for other in best.values()) for plan in winners)
+    for (strategy, placement), plan in best.items():
         p = fast.predict(plan)
         simulated = p.details["simulated_peak_bytes"]
         for tier, bill in p.peak_bytes.items():
-            assert simulated[tier] == pytest.approx(bill, rel=TOLERANCE, abs=1), (strategy, tier, simulated[tier], bill)
-        checked += 1
-    assert checked >= 2
+            assert simulated[tier] == pytest.approx(bill, rel=TOLERANCE, abs=1), (strategy, placement, tier,
+                                                                                 simulated[tier], bill)
+    assert len(best) >= 4
 
 
 def test_host_buffers_are_held_at_the_bills_size_all_iteration():
