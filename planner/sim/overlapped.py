@@ -30,9 +30,10 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from planner.sim.in_backward import STATE_BYTES_PER_PARAM, BackwardUpdates, Rank, chunk_sizes
+import simpy
+
 from planner.cost.memory import STORED_GRADIENT_BYTES, optimizer_chunk_buffer_bytes
-from planner.specs.memory_terms import MemoryTerm
+from planner.sim.in_backward import BackwardUpdates, Rank, chunk_sizes
 from planner.specs.phases import Phase
 
 Proc = Generator[Any, Any, Any]
@@ -56,8 +57,8 @@ class OverlappedStep(BackwardUpdates):
         self.final = [self.env.timeout(0) for _ in self.units]  # every gradient is stored before the step
         self.updated = [self.env.event() for _ in self.units]
         """Unit k's update ran and its writes landed: the forward may read its shard."""
-        self.gradients = place_gradients = plan.placement.gradients
-        self.reads_gradients = place_gradients.staged
+        self.gradients = plan.placement.gradients
+        self.reads_gradients = self.gradients.staged
         self.inline = True
         self._left = [len(sizes) for sizes in self.units]
         """Chunks of each unit whose writes have not landed."""
@@ -89,20 +90,15 @@ class OverlappedStep(BackwardUpdates):
         items = self.reads.items
         return len(items) >= len(self.units[k]) and all(read.processed for read in items[:len(self.units[k])])
 
-    def _reader(self) -> Proc:
-        program, sim = self.program, self.sim
-        for sizes in self.units:
-            for n in sizes:
-                yield self.buffers.get(1)
-                sim.cpu_add(MemoryTerm.OPTIMIZER_SWAP_BUFFERS, n * 16)
-                reads = [program.move(n * STATE_BYTES_PER_PARAM, program.res.read(self.states, program.rank),
-                                      self.states.read_link, Phase.OPTIMIZER)]
-                if self.reads_gradients:
-                    reads.append(program.move(n * STORED_GRADIENT_BYTES, program.res.read(self.gradients, program.rank),
-                                              self.gradients.read_link, Phase.OPTIMIZER))
-                read = self.env.all_of(reads)
-                yield self.reads.put(read)
-                yield read
+    def _read_chunk(self, n: float) -> simpy.Event:
+        """The chunk's states and, from a staged tier, its stored fp32 gradient."""
+        states = super()._read_chunk(n)
+        if not self.reads_gradients:
+            return states
+        program = self.program
+        gradient = program.move(n * STORED_GRADIENT_BYTES, program.res.read(self.gradients, program.rank),
+                                self.gradients.read_link, Phase.OPTIMIZER)
+        return self.env.all_of([states, gradient])
 
     def _chunk_written(self) -> None:
         self._left[self._writing] -= 1
