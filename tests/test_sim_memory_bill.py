@@ -55,7 +55,8 @@ EXAMPLES = [("1T", "dgx-h100", 16), ("1T", "dgx2-v100", 16), ("7B", "dgx-h100", 
 """README's and docs' example models (docs/quickstart and `planner fit` examples), with Qwen2.5-0.5B above."""
 
 
-@pytest.mark.parametrize("model, hardware, gpus", [*EXAMPLES, ("qwen", "dgx-h100", 8), ("gpt3-1.3b", "dgx-h100", 1)])
+@pytest.mark.parametrize("model, hardware, gpus", [*EXAMPLES, ("qwen", "dgx-h100", 8), ("gpt3-1.3b", "dgx-h100", 1),
+                                                   ("gpt3-125m", "cpu-dev-2core", 1)])
 def test_simulated_peaks_follow_the_bill_for_every_placement(model, hardware, gpus, qwen):
     """The best plan the search finds for every placement (every tier of `TIERS` for each state
     that fits), not only the winner of each strategy."""
