@@ -99,3 +99,15 @@ def test_the_zoom_says_what_the_plan_recomputes(qwen):
     assert zoom_caption(simulate(plan)) == "about one block of the backward pass (no recompute: backward only)"
     segments = simulate(plan.replace(recompute_interval=2, prediction=None))
     assert zoom_caption(segments) == "one recompute segment (2 blocks) of the backward pass: recompute, then backward"
+
+
+def test_a_plan_with_terms_that_never_meet_reads_back(tmp_path):
+    """`not_at_once` is negative in the plan file, and the file reads back as written."""
+    from planner.specs.plan import load_plan
+
+    plan = search(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx2-v100"), num_gpus=16)).best
+    assert plan.prediction.memory_terms["gpu"][MemoryTerm.NOT_AT_ONCE] < 0
+    assert plan.prediction.peak_bytes["gpu"] == sum(plan.prediction.memory_terms["gpu"].values())
+    path = tmp_path / "plan.json"
+    plan.save(str(path))
+    assert load_plan(str(path)).prediction.memory_terms == plan.prediction.memory_terms

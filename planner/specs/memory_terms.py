@@ -116,6 +116,10 @@ class MemoryTerm(str, Enum):
                                 "P/mp x bytes / dp (host_pinning shards, host not the device)")
 
 
+SUBTRACTED_TERMS = frozenset({MemoryTerm.NOT_AT_ONCE})
+"""Terms whose bytes are negative: what the others' worst cases never hold together."""
+
+
 def describe(name: str) -> str:
     """The formula of term `name`; '' for a name this version does not bill (a plan file written
     by another version)."""
