@@ -97,8 +97,9 @@ def test_max_size_matches_the_full_search_bisection(strategy, hardware, gpus):
 def test_max_size_without_plan_has_the_model_only():
     result = max_size("zero3", resolve_hardware("dgx-h100"), 16, with_plan=False)
     assert result.plan is None
-    # 18 bytes/param as the runtime holds them (planner/cost/memory.py [Note: runtime bytes per parameter])
-    assert result.model.num_params == result.max_params == 74_402_758_656
+    # 18 bytes/param as the runtime holds them (planner/cost/memory.py [Note: runtime bytes per parameter]),
+    # beside the GPU's worst moment (planner/cost/coexisting.py)
+    assert result.model.num_params == result.max_params == 75_421_974_528
 
 
 def test_best_by_strategy_groups_the_ranked_and_rejected_plans():

@@ -1,18 +1,14 @@
 """The simulated memory curve carries the bill's terms (planner/sim/engine.py, planner/sim/tiers.py).
 
-The bill (planner/cost/memory.py) adds every term's worst case at once; the simulation charges each
-term when it is live: the loss's logits from the head's forward to the end of its backward, the
-allocator's slack on the most transient bytes in use at once, and the host buffers the runtime pins
-once (optimizer chunk pool, swap buffers, staging pool, bookkeeping) all iteration. On the README's
-and the docs' example models, for the best plan of every placement the search finds, the simulated
-peak of every tier is within 2 % of the bill, except the GPU of plans that gather parameters from a
-slower tier: there the bill adds the largest unit's buffers at once (gathered, prefetched, its
-gradient buckets) where the runtime's units of different sizes rarely meet, and with recompute the
-whole segment's activations beside the logits that the head's backward frees before the segment is
-recomputed; there the simulation stays below the bill. On one GPU (no data parallelism) such a plan
-simulates up to 5 % above it: the simulation charges each operator's gradient on the GPU and a third
-unit copied ahead at prefetch depth 3, which the bill charges only as a data-parallel bucket and as
-host staging (a gap of the bill's, kept visible here).
+The bill (planner/cost/memory.py) charges every term at its own worst moment, then takes back what
+those worst cases never hold at once (`not_at_once`, planner/cost/coexisting.py [Note: terms that
+never meet]): the largest unit is not gathered, gathered ahead and reduce-scattered at once, and with
+recompute the logits never meet a segment's activations. The simulation charges each term when it
+is live: the loss's logits from the head's forward to the end of its backward, the allocator's slack
+on the most transient bytes in use at once, and the host buffers the runtime pins once (optimizer
+chunk pool, swap buffers, staging pool, bookkeeping) all iteration. On the README's and the docs'
+example models, for the best plan of every placement the search finds, the simulated peak of every
+tier is within 2 % of the bill.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ from planner.sim import fast, simulate
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.model import ModelSpec
-from planner.specs.plan import HostPinning, Plan
-from planner.specs.tiers import GPU
+from planner.specs.plan import HostPinning
 
 QWEN25_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
               "intermediate_size": 4864, "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
@@ -36,7 +31,6 @@ QWEN25_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hid
 """Qwen2.5-0.5B's published config.json (the README's `planner fit config.json --gpus 8`)."""
 
 TOLERANCE = 0.02
-ONE_GPU_ABOVE = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -57,32 +51,30 @@ def test_qwen_on_8_h100_simulates_the_logits_the_bill_charges(qwen):
         assert p.details["simulated_peak_bytes"][tier] == pytest.approx(peak, rel=TOLERANCE, abs=1), tier
 
 
-def _gathers_from_a_slower_tier(plan: Plan) -> bool:
-    return "params" in plan.partitioned and not plan.placement.params.on_device
-
-
 EXAMPLES = [("1T", "dgx-h100", 16), ("1T", "dgx2-v100", 16), ("7B", "dgx-h100", 8), ("13b", "dgx-h100", 1)]
 """README's and docs' example models (docs/quickstart and `planner fit` examples), with Qwen2.5-0.5B above."""
 
 
-@pytest.mark.parametrize("model, hardware, gpus", [*EXAMPLES, ("qwen", "dgx-h100", 8)])
+@pytest.mark.parametrize("model, hardware, gpus", [*EXAMPLES, ("qwen", "dgx-h100", 8), ("gpt3-1.3b", "dgx-h100", 1),
+                                                   ("gpt3-125m", "cpu-dev-2core", 1)])
 def test_simulated_peaks_follow_the_bill_for_every_placement(model, hardware, gpus, qwen):
+    """The best plan the search finds for every placement (every tier of `TIERS` for each state
+    that fits), not only the winner of each strategy."""
     spec = qwen if model == "qwen" else resolve_model(model)
     result = search(SearchRequest(model=spec, node=resolve_hardware(hardware), num_gpus=gpus))
-    checked = 0
-    for strategy, plan in best_by_strategy(result).items():
-        if not plan.prediction.feasible:
-            continue
+    best = {}
+    for plan in result.ranked:
+        if plan.prediction.feasible:
+            best.setdefault((plan.strategy, plan.placement), plan)
+    winners = [plan for plan in best_by_strategy(result).values() if plan.prediction.feasible]
+    assert all(any(plan is other for other in best.values()) for plan in winners)
+    for (strategy, placement), plan in best.items():
         p = fast.predict(plan)
         simulated = p.details["simulated_peak_bytes"]
         for tier, bill in p.peak_bytes.items():
-            if tier == GPU and _gathers_from_a_slower_tier(plan):
-                above = TOLERANCE if plan.data_parallel_degree > 1 else ONE_GPU_ABOVE
-                assert simulated[tier] <= bill * (1 + above), (strategy, tier, simulated[tier], bill)
-                continue
-            assert simulated[tier] == pytest.approx(bill, rel=TOLERANCE, abs=1), (strategy, tier, simulated[tier], bill)
-        checked += 1
-    assert checked >= 2
+            assert simulated[tier] == pytest.approx(bill, rel=TOLERANCE, abs=1), (strategy, placement, tier,
+                                                                                 simulated[tier], bill)
+    assert len(best) >= 4
 
 
 def test_host_buffers_are_held_at_the_bills_size_all_iteration():
@@ -107,3 +99,15 @@ def test_the_zoom_says_what_the_plan_recomputes(qwen):
     assert zoom_caption(simulate(plan)) == "about one block of the backward pass (no recompute: backward only)"
     segments = simulate(plan.replace(recompute_interval=2, prediction=None))
     assert zoom_caption(segments) == "one recompute segment (2 blocks) of the backward pass: recompute, then backward"
+
+
+def test_a_plan_with_terms_that_never_meet_reads_back(tmp_path):
+    """`not_at_once` is negative in the plan file, and the file reads back as written."""
+    from planner.specs.plan import load_plan
+
+    plan = search(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx2-v100"), num_gpus=16)).best
+    assert plan.prediction.memory_terms["gpu"][MemoryTerm.NOT_AT_ONCE] < 0
+    assert plan.prediction.peak_bytes["gpu"] == sum(plan.prediction.memory_terms["gpu"].values())
+    path = tmp_path / "plan.json"
+    plan.save(str(path))
+    assert load_plan(str(path)).prediction.memory_terms == plan.prediction.memory_terms

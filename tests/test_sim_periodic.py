@@ -41,6 +41,11 @@ PLANS = {
                                            placement=Placement(params="gpu", gradients="gpu", optimizer_states="gpu",
                                                                recompute_inputs="gpu"),
                                            strategy="zero2", micro_batch_per_gpu=1, recompute_interval=0),
+    # The CPU computes, states on NVMe: the after-backward step overlaps the forward (planner/sim/overlapped.py).
+    "overlapped step, cpu machine": Plan(model=small(24, vocab_size=8000).replace(hidden_size=512, num_heads=8,
+                                                                                 seq_len=256),
+                                         node=resolve_hardware("cpu-dev-2core"), num_gpus=1, placement=ALL_NVME,
+                                         micro_batch_per_gpu=1, recompute_interval=1, prefetch_depth=2),
 }
 
 

@@ -106,6 +106,7 @@ def chart(frame: pd.DataFrame, plan: Plan) -> alt.FacetChart:
         x=alt.X("max(capacity GiB):Q"), tooltip=[alt.Tooltip("max(capacity GiB):Q", title="capacity GiB", format=",.1f")],
     )
     data = frame.assign(order=range(len(frame)))
+    data = data[data["bytes"] > 0]  # `not_at_once` takes back what the bars' worst cases never hold together
     rows = [tier_name(t, plan.node) for t in TIERS]
     return (
         alt.layer(bars, capacity, data=data)
@@ -119,8 +120,11 @@ def render(plan: Plan) -> None:
     frame = memory_frame(plan)
     st.altair_chart(chart(frame, plan), key="memory_chart")
     scopes = ", ".join(tier_name(t, plan.node) for t in TIERS)
+    apart = frame[frame["bytes"] < 0]
+    taken_back = "".join(f" On {row['tier']} the bar adds each working term's worst case; the worst moment holds "
+                         f"{fmt_bytes(-row['bytes'])} less (not at once)." for _, row in apart.iterrows())
     st.caption(f"Bars: every state and runtime buffer of the memory bill (docs/planner.md), one hue per tier and "
-               f"neighbouring shades per kind; black tick: capacity. Tiers: {scopes}.")
+               f"neighbouring shades per kind; black tick: capacity. Tiers: {scopes}.{taken_back}")
     st.dataframe(tiers_frame(plan), hide_index=True, key="tiers_table")
     with st.expander("Every term and its formula"):
         terms = frame[["tier", "term", "kind", "bytes", "formula"]].assign(size=[fmt_bytes(b) for b in frame["bytes"]])

@@ -21,6 +21,7 @@ from planner.specs.hardware import EfficiencyCurve, NodeSpec, document_key
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 from planner.specs.profile import Profile
+from planner.specs.training_loop import step_overlaps_forward
 
 FEATURES = ("compute_s", "backward_matmul_s", "memory_s", "cpu_adam_s", "nvme_s", "operators")
 RATES: dict[str, tuple[str, ...]] = {
@@ -45,6 +46,8 @@ class Calibration:
     standard_errors: dict[str, float] = field(default_factory=dict)
     """Standard error of each nonzero factor (see [Note: the calibration model]); nan where the
     rows leave no degree of freedom."""
+    fitted: tuple[str, ...] = ()
+    """The features some row depends on (the rates `node` took from the fit)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document of `planner calibrate --json` and the sweep (a NaN standard error is null)."""
@@ -187,14 +190,76 @@ def _nnls(rows: list[list[float]], targets: list[float]) -> tuple[list[float], f
 # profiles do not pin down. Profiles that never change one term independently of another (untiled
 # runs only: operators and memory-bound bytes both grow with layers and tokens) can trade one for
 # the other; calibrate on runs that vary each term, as the probe's reference runs do.
+# [Note: the overlapped step is one row with the forward] The runtime runs an after-backward step
+# whose states stream from NVMe on the optimizer worker during the next forward, where the CPU is the
+# compute device (`step_overlaps_forward`; runtime/optim/step_schedule.py [Note: the step overlaps the
+# next forward]). Its profile counts to `optimizer` only the host's waits for an update; the rest of
+# the step's cost lands in the forward, which shares the cores with CPU Adam and the drive with the
+# step's state I/O. Which of the two phases holds it depends on how the contention falls, not on a
+# rate, so calibration fits their sum: per phase it would ask the forward's features to explain the
+# step's Adam and I/O, and the optimizer phase's to explain almost nothing.
+# [Note: relinearised where the step overlaps] An overlapped step hides the drive under the forward
+# while the forward's compute is the longer, and exposes it once the drive is: its row is a max, not a
+# sum, and the features (slopes at the spec's rates) are those of whichever side is longer there. A
+# drive found slower than the spec moves that row onto the other slope, so where a plan overlaps its
+# step and the fitted spec's own simulation misses the runs (`model_residual`), `calibrate` fits once
+# more at the fitted rates (one Gauss-Newton step) and composes the two: each rate divided by both
+# factors, the floors kept on the product. The spec whose own simulation misses the runs less is
+# kept: where the drive hides, a second fit may move its factor along a flat row.
 def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     """Fit `node`'s efficiency parameters to the runs (see [Note: the calibration model])."""
     if not runs:
         raise PlannerError("calibrate needs at least one profile")
+    floors, merged = factor_floors(node), shares_cores(node)
+    fit = _fit(runs, node, floors, merged=merged)
+    if not any(step_overlaps_forward(plan) for plan, _ in runs):
+        return fit
+    first = fit.factors
+    at_fit = calibrated_node(node, first, set(fit.fitted))
+    missed = model_residual(runs, at_fit)
+    if missed <= CONSISTENT:
+        return fit  # the fitted spec predicts the runs: nothing to relinearise
+    second = _fit(runs, at_fit, {f: floor / first[f] if first.get(f, 0.0) > 0 else floor for f, floor in floors.items()},
+                  merged=merged)
+    theta = {f: second.factors[f] if f == "operators" else _composed(first[f], second.factors[f]) for f in FEATURES}
+    refit = Calibration(node=calibrated_node(node, theta, set(fit.fitted) | set(second.fitted)), factors=theta,
+                        residual=second.residual, num_rows=second.num_rows, fitted=tuple(set(fit.fitted) | set(second.fitted)),
+                        standard_errors={f: se * (first[f] if f != "operators" and first[f] > 0 else 1.0)
+                                         for f, se in second.standard_errors.items()})
+    return refit if model_residual(runs, refit.node) < missed else fit
+
+
+CONSISTENT = 1e-3
+"""A fitted spec whose simulated phases are within this relative RMS of the runs' needs no second fit."""
+
+
+def model_residual(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> float:
+    """Relative RMS error of `node`'s simulated phase times against the runs', over the rows `calibrate`
+    fits (the overlapped step's with the forward's)."""
+    errors = []
+    for plan, profile in runs:
+        predicted, measured = _phase_times(plan, node), dict(profile.measured.phase_time_s)
+        if step_overlaps_forward(plan):
+            measured[Phase.FORWARD] += measured.pop(Phase.OPTIMIZER)
+            predicted[Phase.FORWARD] += predicted.pop(Phase.OPTIMIZER)
+        errors += [(predicted[phase] - t) / t for phase, t in measured.items() if t > 0 and phase in predicted]
+    return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else 0.0
+
+
+def _composed(first: float, second: float) -> float:
+    """A rate's factor after two fits: the second divides what the first left (a factor 0 leaves the rate)."""
+    if first <= 0:
+        return second
+    return first * second if second > 0 else first
+
+
+def _fit(runs: list[tuple[Plan, Profile]], node: NodeSpec, floors: dict[str, float], *, merged: bool) -> Calibration:
+    """One least-squares fit of the features at `node`'s rates, each factor at least its floor;
+    `merged`: the compute and memory-bound features are one ([Note: one factor for the CPU's kernels])."""
     rows, targets = [], []
     for plan, profile in runs:
         features = phase_features(plan, node)
-        if shares_cores(node):  # [Note: one factor for the CPU's kernels]
+        if merged:
             for phase in features.values():
                 phase["compute_s"], phase["memory_s"] = phase["compute_s"] + phase["memory_s"], 0.0
         measured_s = dict(profile.measured.phase_time_s)
@@ -209,7 +274,6 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
             targets.append(1.0 - features[phase]["fixed_s"] / measured)
     if not rows:
         raise PlannerError("the profiles carry no positive phase times to calibrate on")
-    floors = factor_floors(node)
     targets = [t - sum(floors.get(f, 0.0) * r[j] for j, f in enumerate(FEATURES)) for r, t in zip(rows, targets, strict=True)]
     used = [j for j in range(len(FEATURES)) if any(r[j] for r in rows)]
     theta_used, err = _nnls([[r[j] for j in used] for r in rows], targets)
@@ -217,8 +281,9 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     for j, v in zip(used, theta_used, strict=True):
         theta[FEATURES[j]] = floors.get(FEATURES[j], 0.0) + v
     active = [j for j in used if theta[FEATURES[j]] > 0]
-    return Calibration(node=calibrated_node(node, theta, {FEATURES[j] for j in used}), factors=theta,
-                       residual=math.sqrt(err / len(rows)), num_rows=len(rows),
+    fitted = tuple(FEATURES[j] for j in used)
+    return Calibration(node=calibrated_node(node, theta, set(fitted)), factors=theta,
+                       residual=math.sqrt(err / len(rows)), num_rows=len(rows), fitted=fitted,
                        standard_errors=_standard_errors([[r[j] for j in active] for r in rows], err,
                                                         [FEATURES[j] for j in active]))
 
@@ -234,19 +299,6 @@ def factor_floors(node: NodeSpec) -> dict[str, float]:
     are `measured`, `theta_nvme >= 1`: the fit may find the runtime slower, never faster."""
     measured = node.sources.get("nvme_read_gb_per_s") == node.sources.get("nvme_write_gb_per_s") == "measured"
     return {"nvme_s": 1.0} if measured else {}
-
-
-def step_overlaps_forward(plan: Plan) -> bool:
-    """[Note: the overlapped step is one row with the forward] The runtime runs an after-backward
-    step whose states stream from NVMe on the optimizer worker during the next forward, where the
-    CPU is the compute device (runtime/optim/step_schedule.py [Note: the step overlaps the next forward]).
-    Its profile counts to `optimizer` only the host's waits for an update; the rest of the step's
-    cost lands in the forward, which shares the cores with CPU Adam and the drive with the step's
-    state I/O. Which of the two phases holds it depends on how the contention falls, not on a
-    rate, so calibration fits their sum: per phase it would ask the forward's features to explain
-    the step's Adam and I/O, and the optimizer phase's to explain almost nothing."""
-    return (plan.optimizer_step == "after_backward" and plan.placement.optimizer_states.staged
-            and plan.node.host_is_device)
 
 
 LOOSE_SHARE = 0.5

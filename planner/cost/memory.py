@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from planner.cost.coexisting import MOMENT_TERMS, SEGMENT_TERMS, Window, buffer_maxima, worst_moment_bytes
 from planner.cost.context_parallel import ring_buffer_bytes
 from planner.cost.kernels import recomputed_score_bytes, stored_score_bytes_per_token
 from planner.cost.pipeline import in_flight_micro_batches, stage_plan
@@ -296,7 +297,9 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
         if depth >= 2 and not params_on_compute_device(plan) and not place.params.staged:
             # A shard read from a staged tier (NVMe) waits in a host swap buffer instead, until its all-gather.
             gpu[MemoryTerm.PREFETCH_SHARD_STAGING] = unit_param_bytes / dp
-    if "gradients" in plan.partitioned and dp > 1:
+    if ("gradients" in plan.partitioned and dp > 1) or (dp == 1 and gathers_params(plan)):
+        # On one rank nothing is reduce-scattered, but a gathered unit's gradient is made on the
+        # GPU before it is copied off or added into the shard: one unit's worth, as the bucket.
         gpu[MemoryTerm.REDUCE_SCATTER_BUFFER] = largest_unit_params(plan) * compute
     if copies and not place.gradients.on_device and stores_gradients(plan):
         gpu[MemoryTerm.GRADIENT_OFFLOAD_STAGING] = 2 * unit_param_bytes / dp
@@ -306,8 +309,24 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
         gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
     if m.vocab_size:
         gpu[MemoryTerm.LOGITS] = logits_bytes(plan)
+    apart = not_at_once_bytes(plan, gpu)
+    if apart:
+        gpu[MemoryTerm.NOT_AT_ONCE] = -apart
     gpu[MemoryTerm.ALLOCATOR_SLACK] = ALLOCATOR_SLACK_FRACTION * sum(v for term, v in gpu.items() if term.transient)
     return gpu
+
+
+def not_at_once_bytes(plan: Plan, gpu: dict[MemoryTerm, float]) -> float:
+    """What the GPU's working terms, each its own worst case, add beyond the worst moment the runtime
+    reaches (planner/cost/coexisting.py [Note: terms that never meet]); never negative."""
+    peaks = {term: gpu[term] for term in MOMENT_TERMS if gpu.get(term)}
+    m = plan.model
+    tied = bool(m.vocab_size and m.tied_embeddings and not _embedding_is_largest(plan) and MemoryTerm.MSWM in peaks)
+    compute = COMPUTE_BYTES[plan.precision]
+    window = Window.of(plan, frozenset(peaks).difference(SEGMENT_TERMS), compute,
+                       m.vocab_size * m.hidden_size / plan.model_parallel_degree * compute if tied else 0.0,
+                       largest_unit_params(plan) - operator_params_per_gpu(plan))
+    return max(0.0, sum(peaks.values()) - worst_moment_bytes(plan, peaks, buffer_maxima(window)))
 
 
 def host_buffers(plan: Plan) -> dict[MemoryTerm, float]:

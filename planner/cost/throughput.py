@@ -45,6 +45,7 @@ from planner.cost.memory import (
 from planner.specs.phases import PHASES
 from planner.specs.plan import LINKS, Plan
 from planner.specs.tiers import HOST, TIERS, Tier
+from planner.specs.training_loop import step_overlaps_forward
 
 # A GPU Adam step streams params, grads and 12 bytes of optimizer state in and out: ~36 bytes/param.
 GPU_ADAM_BYTES_PER_PARAM = 36
@@ -412,7 +413,15 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
         backward = max(compute.backward_s, params.backward_s, grads_time, inputs.backward_s) + tp.backward_s
     else:
         backward = compute.backward_s + params.backward_s + grads_time + inputs.backward_s + tp.backward_s
-    if plan.prefetch_depth >= 1:
+    if plan.prefetch_depth >= 1 and step_overlaps_forward(plan):
+        # The step runs during the next forward (planner/sim/overlapped.py [Note: the overlapped step,
+        # simulated]): its Adam takes turns with the forward's compute on the cores, its state
+        # traffic shares the drive with the forward's reads of the parameters.
+        drive = sum(step.staged_s.values()) + (params.forward_s if params.staged_tier is not None else 0.0)
+        forward = max(compute.forward_s + step.update_compute_s, step.total_s - step.gather_after_s, drive,
+                      params.forward_s, inputs.forward_s) + tp.forward_s
+        optimizer = step.gather_after_s
+    elif plan.prefetch_depth >= 1:
         forward = max(compute.forward_s, params.forward_s, inputs.forward_s) + tp.forward_s
     else:
         forward = compute.forward_s + params.forward_s + inputs.forward_s + tp.forward_s

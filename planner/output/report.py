@@ -10,6 +10,7 @@ from planner.specs.memory_terms import describe
 from planner.specs.model import format_param_count
 from planner.specs.plan import HostPinning, Plan
 from planner.specs.tiers import TIERS, Tier
+from planner.specs.training_loop import step_overlaps_forward
 from planner.specs.units import GIB, TIB
 
 
@@ -110,6 +111,7 @@ def plan_line(plan: Plan) -> str:
     p = plan.placement
     # Said only when pinned away from the paper's schedule, so the default line stays as it was.
     step = " | optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
+    step += " | optimizer step overlaps the next forward" if step_overlaps_forward(plan) else ""
     step += " | host shards pinned" if plan.host_pinning is HostPinning.SHARDS else ""
     return (
         f"strategy {plan.strategy}: params={p.params} gradients={p.gradients} optimizer={p.optimizer_states} "

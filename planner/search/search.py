@@ -35,7 +35,7 @@ from planner.specs.plan import (
     strategy_named,
 )
 from planner.specs.tiers import TIERS, Tier
-from planner.specs.training_loop import TrainingLoop, comparison_reason
+from planner.specs.training_loop import TrainingLoop, comparison_reason, schedule_reason
 
 RECOMPUTE_INTERVALS = (1, 2, 4, 0)
 PREFETCH_DEPTHS = (3, 2, 1, 0)
@@ -219,7 +219,8 @@ def _scheduled_bases(request: SearchRequest, base: Plan) -> list[Plan]:
     """`base` at every optimizer-step schedule the user's training allows, each with its reason
     when the training allows only one (else `explain_schedules` gives it once they are ranked)."""
     steps, reason = request.training.schedules(precision=base.precision, micro_batches_per_step=base.micro_batches_per_step)
-    return [base.replace(optimizer_step=step, optimizer_step_reason=reason) for step in steps]
+    plans = [base.replace(optimizer_step=step) for step in steps]
+    return [p.replace(optimizer_step_reason=schedule_reason(p, reason)) for p in plans]
 
 
 def _sized_candidates(request: SearchRequest, strategy: str, base: Plan) -> tuple[int, list[Plan], Plan | None]:
@@ -270,7 +271,7 @@ def explain_schedules(ranked: list[Plan], training: TrainingLoop) -> list[Plan]:
                                    other_pred.iteration_time_s if other_pred is not None else None,
                                    other_bound=other_pred is not None and other_pred.method == "analytic"
                                    and pred.method != "analytic")
-        out.append(plan.replace(optimizer_step_reason=reason))
+        out.append(plan.replace(optimizer_step_reason=schedule_reason(plan, reason)))
     return out
 
 

@@ -46,6 +46,7 @@ from planner.cost.memory import (
 from planner.sim.in_backward import BackwardUpdates
 from planner.sim.network import Link, Network, scheduled_events
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
+from planner.sim.overlapped import OverlappedStep
 from planner.sim.resources import NodeResources
 from planner.sim.tiers import TierTracker
 from planner.sim.workload import (
@@ -60,6 +61,7 @@ from planner.specs.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 from planner.specs.tiers import GPU, HOST, TIERS, Tier
+from planner.specs.training_loop import step_overlaps_forward
 
 Ranks = Literal["representative", "explicit"]
 Proc = Generator[Any, Any, Any]
@@ -271,6 +273,8 @@ class RankProgram:
         self._inputs_ready: dict[int, simpy.Event] = {}
         self.updates = BackwardUpdates(self) if plan.optimizer_step == "in_backward" else None
         """The optimizer step in backward ([Note: the optimizer step in backward, simulated])."""
+        self.overlap = OverlappedStep(self) if step_overlaps_forward(plan) else None
+        """The previous step, overlapping this forward ([Note: the overlapped step, simulated])."""
 
     # -- transfers ---------------------------------------------------------------------------
     def _fetch_route(self, tier: Tier, rank: int) -> Any:
@@ -360,6 +364,8 @@ class RankProgram:
             if not trigger.processed:
                 yield trigger
             del self._triggers[(index, j)]
+            if index == 0 and self.overlap is not None and step.phase is Phase.FORWARD:
+                yield from self.overlap.wait_for_unit(j)  # nothing reads a shard before its update
             tier = stage.source
             if tier is None:  # the all-gather
                 sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
@@ -391,10 +397,14 @@ class RankProgram:
         last_forward = max((s.index for s in steps if s.phase is Phase.FORWARD), default=-1)
         depth = sim.plan.prefetch_depth
         backward_begun = False
+        if self.overlap is not None:
+            self.overlap.begin()
         for step in steps:
             i = step.index
             if step.phase is not Phase.FORWARD and not backward_begun:
                 backward_begun = True
+                if self.overlap is not None:
+                    yield from self.overlap.drain()  # the backward's read-ahead drains the step first
                 self._record_phase_end(Phase.FORWARD)
             self._advance_triggers(i, len(steps))
             if updates is not None and not updates.begun and (
@@ -427,6 +437,8 @@ class RankProgram:
         in_blocks = 0 <= blk < self.layers
         if in_blocks and first_of_block:
             yield from self._open_block(step)
+        if self.overlap is not None and phase is Phase.FORWARD:  # the step's Adam shares the cores
+            yield from self.overlap.run_until(i)
         if i in self._ready:
             yield self._ready[i]
         if self.updates is not None and self.updates.inline:  # gradients final by now: the runtime's hooks ran
@@ -579,7 +591,9 @@ class RankProgram:
     # -- optimizer -----------------------------------------------------------------------------
     def _optimizer_step(self) -> Proc:
         plan, work = self.sim.plan, self.sim.work
-        if plan.placement.optimizer_states.on_device and not self.host_is_device:
+        if self.overlap is not None:
+            pass  # `optimizer.step()` hands the updates to the worker: the next forward runs them
+        elif plan.placement.optimizer_states.on_device and not self.host_is_device:
             seconds = gpu_step_seconds(plan, work.params_per_rank)
             if seconds > 0:
                 now = self.env.now

@@ -214,10 +214,15 @@ class BackwardUpdates:
             for n in sizes:
                 yield self.buffers.get(1)
                 sim.cpu_add(MemoryTerm.OPTIMIZER_SWAP_BUFFERS, n * 16)
-                read = program.move(n * STATE_BYTES_PER_PARAM, program.res.read(self.states, program.rank),
-                                    self.states.read_link, LABEL)
+                read = self._read_chunk(n)
                 yield self.reads.put(read)
                 yield read
+
+    def _read_chunk(self, n: float) -> simpy.Event:
+        """A chunk's reads into its buffer: the master, momentum and variance of `n` parameters."""
+        program = self.program
+        return program.move(n * STATE_BYTES_PER_PARAM, program.res.read(self.states, program.rank),
+                            self.states.read_link, LABEL)
 
     def _writer(self) -> Proc:
         program, sim, res = self.program, self.sim, self.program.res
@@ -237,3 +242,7 @@ class BackwardUpdates:
             if self.streamed:
                 sim.cpu_remove(MemoryTerm.OPTIMIZER_SWAP_BUFFERS, n * 16)
                 yield self.buffers.put(1)
+            self._chunk_written()
+
+    def _chunk_written(self) -> None:
+        """A chunk's writes landed (chunks land in update order)."""

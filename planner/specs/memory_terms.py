@@ -89,6 +89,10 @@ class MemoryTerm(str, Enum):
                               "context parallel: 4 x one GPU's KV block of a layer (2 KV, 2 dKV in flight), "
                               "bsz x seq x 2 kv width x bytes each (planner/cost/context_parallel.py)", *_TRANSIENT)
     LOGITS = ("logits", _GPU, "logits", "bsz x seq x vocab logits and their fp32 gradient", *_AUTOGRAD)
+    NOT_AT_ONCE = ("not_at_once", _GPU, "not at once",
+                   "minus what the working terms above never hold at once: the worst moment of the operator order "
+                   "(largest unit, its neighbours, the gradients in flight; with recompute the logits or a "
+                   "segment's activations, not both: planner/cost/coexisting.py)", *_AUTOGRAD)
     ALLOCATOR_SLACK = ("allocator_slack", _GPU, "allocator slack",
                        f"{ALLOCATOR_SLACK_FRACTION:.0%} of the transient GPU terms (caching allocator)", *_ALLOCATOR)
     # -- pinned host buffers of the NVMe stores and the host<->device copies, per-operator objects
@@ -110,6 +114,10 @@ class MemoryTerm(str, Enum):
     GRADIENT_LANDING_BUFFERS = ("gradient_landing_buffers", _HOST, "gradient landing",
                                 "pinned buffers CPU-tier gradients land in off the device before the fp32 add: "
                                 "P/mp x bytes / dp (host_pinning shards, host not the device)")
+
+
+SUBTRACTED_TERMS = frozenset({MemoryTerm.NOT_AT_ONCE})
+"""Terms whose bytes are negative: what the others' worst cases never hold together."""
 
 
 def describe(name: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
+from planner.specs.memory_terms import SUBTRACTED_TERMS
 from planner.specs.model import ModelSpec
 from planner.specs.phases import PHASES
 from planner.specs.precision import PRECISIONS
@@ -269,7 +270,8 @@ class Prediction:
             check_keys(doc["memory_terms"], set(TIERS), f"{where}.memory_terms")
             kwargs["memory_terms"] = {
                 tier: {string(k, f"{where}.memory_terms.{tier} key", max_len=200):
-                       number(v, f"{where}.memory_terms.{tier}.{k}", minimum=0, integer=True) for k, v in terms.items()}
+                       number(v, f"{where}.memory_terms.{tier}.{k}", minimum=None if k in SUBTRACTED_TERMS else 0,
+                              integer=True) for k, v in terms.items()}
                 for tier, terms in doc["memory_terms"].items()
             }
         if "details" in doc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.specs.errors import PlannerError
-from planner.specs.plan import OPTIMIZER_STEPS, OptimizerStep
+from planner.specs.plan import OPTIMIZER_STEPS, OptimizerStep, Plan
 from planner.specs.specio import string
 
 AFTER_BACKWARD: OptimizerStep = "after_backward"
@@ -67,3 +67,25 @@ def comparison_reason(other: OptimizerStep | None, chosen_s: float, other_s: flo
 
 TIE = 1e-6
 """Relative difference under which two iteration times are one (the rank's resolution)."""
+
+
+def step_overlaps_forward(plan: Plan) -> bool:
+    """Whether the runtime runs `plan`'s after-backward step during the next forward, unit by unit
+    (runtime/optim/step_schedule.py [Note: the step overlaps the next forward]): with the optimizer
+    states on NVMe where the CPU is the compute device (`StreamedAdamW.overlaps_forward`). On a GPU
+    the step stays synchronous. The plan's `optimizer_step` stays `after_backward`: the runtime picks
+    the overlapped schedule itself (runtime/optimizer.py)."""
+    return (plan.optimizer_step == AFTER_BACKWARD and plan.placement.optimizer_states.staged
+            and plan.node.host_is_device)
+
+
+OVERLAPPED = "overlapped with the next forward unit by unit (optimizer states on NVMe, the CPU computes)"
+"""What the plan says beside `after_backward` where the runtime overlaps it (`step_overlaps_forward`)."""
+
+
+def schedule_reason(plan: Plan, reason: str) -> str:
+    """`reason` for `plan`'s schedule, saying first that its after-backward step overlaps the next
+    forward where the runtime runs it so."""
+    if not step_overlaps_forward(plan):
+        return reason
+    return f"{OVERLAPPED}; {reason}" if reason else OVERLAPPED

@@ -1,0 +1,157 @@
+"""The GPU's worst moment: which of the bill's per-operator and activation terms are live together.
+
+[Note: terms that never meet] Each transient GPU term of the bill is its own worst case over the
+iteration (the runtime's ledger checks them term by term: tests/test_runtime_memory.py). Their sum
+is not a moment the runtime reaches:
+- the per-operator buffers follow the operator order (runtime/units/prefetch.py): while operator i
+  computes, i is gathered, i+1 is gathered ahead (depth >= 1), i+2's shard is staged (depth >= 2);
+  in backward i's gradient fills its buffer while the reduce-scatter of the operator with gradients
+  before it may still run, and between two such operators (a recompute) the last two may. A block's
+  two largest linears are neighbours, so the largest unit is never gathered, gathered ahead and
+  reduce-scattered at once: a moment holds the largest unit, its neighbour and the next one;
+- with recompute the loss's logits are freed by the head's backward, before the first segment is
+  recomputed: they never meet a segment's activations (without recompute every block's activations
+  are kept until the backward reaches it, and meet the logits at the head). The recompute inputs
+  in transit are a segment's business too: the last one is copied off during its segment's forward,
+  before the head runs, and the backward fetches them back from its first recompute on.
+`buffer_maxima` walks the moments of one period of the trace (planner/sim/workload.py's order: the
+embedding, the blocks, the head, then per recompute segment its recompute and its backward); the
+bill's `not_at_once` term takes back what the worst of them does not hold.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from planner.specs.memory_terms import MemoryTerm
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
+
+MOMENT_TERMS = (MemoryTerm.AWM, MemoryTerm.LOGITS, MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING, MemoryTerm.MSWM,
+                MemoryTerm.PREFETCH_GATHERED_PARAMS, MemoryTerm.PREFETCH_SHARD_STAGING, MemoryTerm.REDUCE_SCATTER_BUFFER,
+                MemoryTerm.GRADIENT_OFFLOAD_STAGING)
+"""The GPU terms whose worst cases fall at different moments."""
+SEGMENT_TERMS = frozenset({MemoryTerm.AWM, MemoryTerm.LOGITS, MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING})
+"""The moment terms that follow the blocks and the head, not the operator order."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceUnit:
+    """One operator (tile) of the trace as the runtime gathers it."""
+
+    elements: float
+    """Parameter elements gathered on one GPU (the tile's slice, with its bias for the largest linear)."""
+    backward: bool
+    has_grads: bool
+    at_head: bool
+    """The output head's steps: the logits are live."""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What sets the per-operator buffers' moments (hashable: the walk is cached per window)."""
+
+    model: ModelSpec
+    model_parallel: int
+    tiling: int
+    recompute_interval: int
+    data_parallel: int
+    prefetch_depth: int
+    terms: frozenset[MemoryTerm]
+    """The per-operator terms the bill has."""
+    unit_bytes: float
+    """Bytes per element gathered."""
+    tied_bytes: float
+    """The tied embedding kept gathered from the head's forward to its gradient (0 when it is not)."""
+    largest_bias: float
+    """Bias elements the largest linear's unit carries (planner/cost/memory.py `largest_unit_params`)."""
+
+    @classmethod
+    def of(cls, plan: Plan, terms: frozenset[MemoryTerm], unit_bytes: float, tied_bytes: float,
+           largest_bias: float) -> Window:
+        return cls(plan.model, plan.model_parallel_degree, plan.tiling_factor, plan.recompute_interval,
+                   plan.data_parallel_degree, plan.prefetch_depth, terms, unit_bytes, tied_bytes, largest_bias)
+
+
+def representative_trace(w: Window) -> list[TraceUnit]:
+    """The operators of the trace's first forward blocks, its head, and its backward over enough
+    blocks to repeat: three recompute segments (three blocks without recompute), and the embedding."""
+    m, mp, tiles, ci, largest_bias = w.model, w.model_parallel, w.tiling, w.recompute_interval, w.largest_bias
+    largest = max(op.num_params for op in m.block_operators())
+
+    def tiled(num_params: int, bias: float) -> list[float]:
+        n = tiles if num_params >= tiles else 1
+        return [num_params / (mp * n) + bias] * n
+
+    block = [e for op in m.block_operators()
+             for e in tiled(op.num_params, largest_bias if op.num_params == largest else 0.0)]
+    rows = m.vocab_size * m.hidden_size
+    embedding = [rows / mp] if m.vocab_size else []
+    head = tiled(rows, 0.0) if m.vocab_size else []
+    head_grads = not m.tied_embeddings
+    blocks = min(m.num_layers, 3 * max(ci, 1))
+    trace = [TraceUnit(e, False, True, False) for e in embedding]
+    trace += [TraceUnit(e, False, True, False) for _ in range(blocks) for e in block]
+    trace += [TraceUnit(e, False, True, True) for e in head]
+    trace += [TraceUnit(e, True, head_grads, True) for e in reversed(head)]
+    segment = ci or 1
+    for first in range(blocks - segment, -segment, -segment):
+        count = segment + min(first, 0)
+        if ci:
+            trace += [TraceUnit(e, False, False, False) for _ in range(count) for e in block]
+        trace += [TraceUnit(e, True, True, False) for _ in range(count) for e in reversed(block)]
+    trace += [TraceUnit(e, True, True, False) for e in embedding]
+    return trace
+
+
+@functools.lru_cache(maxsize=4096)
+def buffer_maxima(w: Window) -> tuple[float, float]:
+    """The most bytes of the per-operator buffers live at once while an operator of the output head
+    computes, and while any other does (see [Note: terms that never meet])."""
+    dp, depth, terms, unit_bytes, tied_bytes = w.data_parallel, w.prefetch_depth, w.terms, w.unit_bytes, w.tied_bytes
+    trace = representative_trace(w)
+    gathers = MemoryTerm.MSWM in terms
+    ahead = MemoryTerm.PREFETCH_GATHERED_PARAMS in terms
+    staged = MemoryTerm.PREFETCH_SHARD_STAGING in terms
+    own_gradient = dp > 1 and gathers or MemoryTerm.REDUCE_SCATTER_BUFFER in terms
+    in_flight = MemoryTerm.REDUCE_SCATTER_BUFFER in terms and dp > 1 and depth > 0
+    offloads = MemoryTerm.GRADIENT_OFFLOAD_STAGING in terms
+    pending: list[float] = []  # gradients whose reduce-scatter may still run
+    maxima = [0.0, 0.0]
+    for i, unit in enumerate(trace):
+        elements, kept = 0.0, 0.0
+        grads = unit.backward and unit.has_grads
+        if gathers:
+            elements += unit.elements
+            kept = tied_bytes if (unit.backward or unit.at_head) else 0.0
+            if ahead and i + 1 < len(trace):
+                elements += trace[i + 1].elements
+            if staged and i + 2 < len(trace):
+                elements += trace[i + 2].elements / dp
+        if grads and own_gradient:
+            elements += unit.elements
+        # While an operator computes its gradients the previous one's reduce-scatter may run and the
+        # two before's shards be copied off (at depth 0 each waits); in a recompute the last two's.
+        # A segment's recompute outlasts them: the next backward finds them done (the simulator's
+        # schedule shows it on every example plan).
+        if in_flight:
+            elements += sum(pending[-1:] if grads else pending[-2:])
+        if offloads:
+            elements += sum(pending[-2:]) / dp if depth > 0 else 0.0
+        if in_flight or offloads:
+            pending = [*pending[-1:], unit.elements] if grads else ([] if not unit.backward else pending)
+        index = 0 if unit.at_head else 1
+        maxima[index] = max(maxima[index], elements * unit_bytes + kept)
+    return maxima[0], maxima[1]
+
+
+def worst_moment_bytes(plan: Plan, peaks: dict[MemoryTerm, float], buffers: tuple[float, float]) -> float:
+    """The moment terms' bytes at the GPU's worst moment: at the head (the logits, and without
+    recompute every block's activations) or elsewhere (a segment's activations and recompute inputs
+    in transit)."""
+    at_head, elsewhere = buffers
+    awm, logits = peaks.get(MemoryTerm.AWM, 0.0), peaks.get(MemoryTerm.LOGITS, 0.0)
+    inputs = peaks.get(MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING, 0.0)
+    head = at_head + logits + (0.0 if plan.recompute_interval else awm + inputs) if logits else 0.0
+    return max(head, elsewhere + awm + inputs)
