@@ -219,19 +219,24 @@ def _compute(plan: Plan) -> _Passes:
     work = model_compute(plan)
     node = plan.node
     hbm, fused_rate = achievable_hbm_bytes_per_s(node), fused_attention_flops_per_s(plan)
-    # fp8 runs the matmuls at the fp8 rate ([Note: fp8 matmuls] in planner/cost/fp8.py); the fused
-    # attention and the memory-bound kernels stay in bf16.
-    matmul_rate = node.gpu_flops_per_s * linear_speedup(plan.fp8_matmuls, node)
+    # fp8 runs the block linears' matmuls at the fp8 rate ([Note: fp8 matmuls] in planner/cost/fp8.py):
+    # their time shrinks by the speed-up; the head, eager attention's products, the fused attention and
+    # the memory-bound kernels stay in bf16.
+    matmul_rate = node.gpu_flops_per_s
+    fp8_saved = 1.0 - 1.0 / linear_speedup(plan.fp8_matmuls, node)
 
-    def seconds(matmul_flops: float, fused_flops: float, nbytes: float) -> float:
-        return (matmul_flops / matmul_rate + (fused_flops / fused_rate if fused_flops else 0.0)
-                + (nbytes / hbm if hbm > 0 else 0.0))
+    def seconds(matmul_flops: float, linear_flops: float, fused_flops: float, nbytes: float) -> float:
+        return ((matmul_flops - fp8_saved * linear_flops) / matmul_rate
+                + (fused_flops / fused_rate if fused_flops else 0.0) + (nbytes / hbm if hbm > 0 else 0.0))
 
     # The backward's own matmuls at the backward's rate, where the spec has one; its recompute is a forward.
-    backward_only = work.backward_flops - work.recompute_flops
+    linear = plan.model.num_layers * block_cost(plan).linear_flops
+    again = 1 if plan.recompute == "full" else 0
+    backward_only = work.backward_flops - work.recompute_flops - fp8_saved * 2 * linear
     slower_s = backward_only / matmul_rate * (node.backward_matmul_slowdown - 1)
-    return _Passes(seconds(work.forward_flops, work.forward_fused_flops, work.forward_bytes),
-                   seconds(work.backward_flops, work.backward_fused_flops, work.backward_bytes) + slower_s)
+    return _Passes(seconds(work.forward_flops, linear, work.forward_fused_flops, work.forward_bytes),
+                   seconds(work.backward_flops, (2 + again) * linear, work.backward_fused_flops, work.backward_bytes)
+                   + slower_s)
 
 
 class ModelCompute(NamedTuple):

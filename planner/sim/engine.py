@@ -298,8 +298,8 @@ class RankProgram:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
         operator's memory-bound work at the achievable memory bandwidth ([Note: elementwise work])
         and its fused attention at that kernel's rate (planner/cost/kernels.py), and the runtime's fixed
-        cost per operator (`NodeSpec.operator_overhead_s`). In fp8 the linears' share of `flops`
-        (`op_params` weights) runs at the fp8 rate; the attention core does not."""
+        cost per operator (`NodeSpec.operator_overhead_s`). In fp8 the block linears' share of `flops`
+        (`op_params` weights; 0 for the output head) runs at the fp8 rate; the attention core does not."""
         if self.fp8_speedup != 1.0 and flops > 0:
             linear = min(flops, (flops / matmul_flops) * 2 * self.sim.work.tokens_per_gpu * op_params)
             flops = flops - linear + linear / self.fp8_speedup
@@ -440,8 +440,8 @@ class RankProgram:
         if (in_blocks and first_of_block and blk % self.unit == 0 and self.rank == 0
                 and phase in (Phase.FORWARD, self.unit_opening)):
             sim.unit_start_s[Phase.FORWARD if phase is Phase.FORWARD else Phase.BACKWARD, blk // self.unit] = self.env.now
-        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params,
-                            step_fused_flops(step))
+        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step),
+                            0.0 if head else op.num_params, step_fused_flops(step))  # the head stays 16-bit
         if step_fused_flops(step) and self.ring_exposed_s != (0.0, 0.0):
             # The ring's KV sends beyond the attention core they overlap (planner/cost/context_parallel.py).
             yield self.env.timeout(self.ring_exposed_s[1 if phase is Phase.BACKWARD else 0])
