@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cost.fp8 import cast_bytes
+from planner.cost.fp8 import cast_bytes, tensor_parallel_byte_share
 from planner.cost.kernels import kernel_bytes
 from planner.sim.fast import predict
 from planner.specs.catalog import resolve_hardware, resolve_model
@@ -91,3 +91,14 @@ def test_validation_rows_take_the_recipe_from_their_stack(row_id, recipe, exchan
     plan = row_plan(row).plan
     assert plan.fp8_matmuls and plan.fp8_recipe is recipe and plan.kv_exchange is exchange
     assert any(note.startswith(f"fp8_recipe = {recipe.value}") for note in row_plan(row).assumptions)
+
+
+def test_fp8_gathers_the_forward_tensor_parallel_inputs_in_fp8():
+    bf16 = _plan().replace(fp8_matmuls=False, model_parallel_degree=2, micro_batch_per_gpu=0.5)
+    fp8 = bf16.replace(fp8_matmuls=True)
+    # forward all-reduces: a 16-bit reduce-scatter and an fp8 all-gather, (2 + 1) / 4 of the bytes;
+    # backward: 16-bit; no recompute here, so the step moves (3/4 + 1) / 2 = 7/8 of the bf16 bytes
+    assert tensor_parallel_byte_share(fp8, backward=False) == 0.75
+    assert tensor_parallel_byte_share(fp8, backward=True) == tensor_parallel_byte_share(bf16, backward=False) == 1.0
+    moved = predict(fp8).details["tensor_parallel_bytes"]
+    assert moved == pytest.approx(7 / 8 * predict(bf16).details["tensor_parallel_bytes"], rel=1e-9)

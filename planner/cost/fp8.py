@@ -91,10 +91,15 @@ def linear_speedup(fp8_matmuls: bool, node: NodeSpec) -> float:
 # before the sequence-parallel all-gather, which then moves fp8 (Transformer Engine's LayerNormLinear
 # with `sequence_parallel`; torchtitan's `PrepareFloat8ModuleInput`); the other inputs and outputs
 # are split 1 / mp; weights are the GPU's 1 / mp slice.
-# A full recompute repeats the forward's casts. Not priced: FSDP2's fp8 weight all-gather (torchtitan's
-# `enable_fsdp_float8_all_gather`, which casts the shard before the gather and halves the gather's
-# bytes), Transformer Engine's fp8 tensor-parallel all-gather, and any difference in the fp8 GEMM's own
-# speed between per-tensor and per-row scales.
+# A full recompute repeats the forward's casts.
+#
+# Casting before the sequence-parallel gather makes that gather fp8: a forward tensor-parallel
+# all-reduce (a reduce-scatter of the row-parallel output, 16-bit, then the all-gather of the next
+# column-parallel input) moves `(e + 1) / 2e` = 3/4 of its 16-bit bytes (`tensor_parallel_byte_share`).
+# The backward's collectives move 16-bit gradients (the gathered output gradient is cast after the
+# gather). Not priced: FSDP2's fp8 weight all-gather (torchtitan's `enable_fsdp_float8_all_gather`,
+# which casts the shard before the gather and halves the gather's bytes), and any difference in the
+# fp8 GEMM's own speed between per-tensor and per-row scales.
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CastBytes:
     """HBM bytes per element that a recipe's casts move for one micro-batch ([Note: fp8 casts])."""
@@ -146,3 +151,14 @@ def cast_bytes(plan: Plan) -> tuple[float, float]:
     forward = cost.normed_input * normed + cost.other_input * other + cost.weight_forward * weights
     backward = cost.input_backward * (normed + other) + cost.grad_output * grad_outputs + cost.weight_backward * weights
     return forward, backward
+
+
+FP8_GATHERED_ALL_REDUCE_SHARE = (2 + 1) / (2 * 2)
+"""A forward tensor-parallel all-reduce's bytes with its all-gather half in fp8 (1 byte) and its
+reduce-scatter half 16-bit (2 bytes), over both halves 16-bit ([Note: fp8 casts])."""
+
+
+def tensor_parallel_byte_share(plan: Plan, backward: bool) -> float:
+    """The share of a tensor-parallel all-reduce's 16-bit bytes that `plan` moves: 3/4 in a forward
+    (or recompute) pass with fp8 matmuls, else 1 ([Note: fp8 casts])."""
+    return FP8_GATHERED_ALL_REDUCE_SHARE if plan.fp8_matmuls and not backward else 1.0

@@ -27,7 +27,7 @@ from planner.cost.collectives import (
     tensor_parallel_ring,
 )
 from planner.cost.context_parallel import ring_passes_s
-from planner.cost.fp8 import linear_speedup
+from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
 from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s, stages_host_shards
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.kernels import (
@@ -350,8 +350,12 @@ def _tensor_parallel(plan: Plan, bw: Bandwidths) -> _Passes:
     m, tokens = plan.model, plan.micro_batch_per_gpu * plan.model.seq_len
     per_allreduce = 2 * (mp - 1) / mp * ACTIVATION_ALLREDUCE_BYTES * tokens * mp * m.hidden_size
     recompute = 2 if plan.recompute_interval > 0 else 0
-    one = per_allreduce / bw.tensor_parallel + bw.tensor_parallel_latency_s
-    return _Passes(2 * m.num_layers * one, (2 + recompute) * m.num_layers * one)
+    # fp8 gathers the forward's (and the recompute's) inputs in fp8 ([Note: fp8 casts] in planner/cost/fp8.py).
+    forward = per_allreduce * tensor_parallel_byte_share(plan, backward=False) / bw.tensor_parallel
+    backward = per_allreduce / bw.tensor_parallel
+    latency = bw.tensor_parallel_latency_s
+    return _Passes(2 * m.num_layers * (forward + latency),
+                   2 * m.num_layers * (backward + latency) + recompute * m.num_layers * (forward + latency))
 
 
 def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _OptimizerStep:

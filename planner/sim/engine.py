@@ -33,7 +33,7 @@ import simpy
 
 from planner.cost.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
 from planner.cost.context_parallel import exposed_per_layer_s
-from planner.cost.fp8 import linear_speedup
+from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
 from planner.cost.host_link import stages_host_shards
 from planner.cost.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
 from planner.cost.memory import (
@@ -236,6 +236,8 @@ class RankProgram:
         self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
         """Each data-parallel collective's latency (planner/cost/collectives.py [Note: the alpha-beta collective])."""
         self.tp_latency_s = latency_s(tensor_parallel_ring(plan), "all_reduce", node)
+        self.tp_byte_share = {backward: tensor_parallel_byte_share(plan, backward) for backward in (False, True)}
+        """fp8's forward gathers move fp8 (planner/cost/fp8.py [Note: fp8 casts]); 1 without fp8."""
         self.ring_exposed_s = exposed_per_layer_s(plan)  # (forward, backward) per layer, context parallel
         """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/cost/fp8.py); 1 without."""
         placement = plan.placement
@@ -446,7 +448,7 @@ class RankProgram:
             # The ring's KV sends beyond the attention core they overlap (planner/cost/context_parallel.py).
             yield self.env.timeout(self.ring_exposed_s[1 if phase is Phase.BACKWARD else 0])
         if op.tp_all_reduce:
-            activation = sim.work.tp_all_reduce_bytes
+            activation = sim.work.tp_all_reduce_bytes * self.tp_byte_share[phase is Phase.BACKWARD]
             yield self._collective(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
                                    "tensor_parallel", phase, self.tp_latency_s)
         if self.stages:
