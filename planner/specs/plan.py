@@ -21,8 +21,8 @@ from planner.specs.hardware import Cluster, NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.phases import PHASES
 from planner.specs.precision import PRECISIONS
-from planner.specs.stack import Fp8Recipe, KvExchange
 from planner.specs.specio import check_keys, load_document, number, renamed_keys, string, write_json_atomic
+from planner.specs.stack import Fp8Recipe, KvExchange
 from planner.specs.tiers import GPU, NVME, TIERS, Tier
 
 SCHEMA = "tierwise.plan/1"
