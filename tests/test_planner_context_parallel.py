@@ -16,6 +16,7 @@ from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.errors import PlannerError
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.stack import KvExchange
 from runtime.plan_check import executable_problem
 
 NODE = resolve_hardware("dgx-h100")
@@ -105,3 +106,22 @@ def test_the_runtime_refuses_context_parallel_in_one_line():
                 micro_batch_per_gpu=0.5, context_parallel_degree=2)
     problem = executable_problem(plan, world_size=2)
     assert problem is not None and "context_parallel_degree 2" in problem and "\n" not in problem
+
+
+def test_pytorch_all_gather_exposes_the_gather_beyond_the_first_step():
+    """KvExchange.ALL_GATHER (PyTorch's context_parallel): forward, one gather of the 3 other blocks
+    overlapping one step's attention; backward, the gather again and the dKV ring's 3 sends."""
+    ring = _plan().replace(node=NODE.replace(gpu_gpu_intra_node_bytes_per_s=5e9))
+    gather = ring.replace(kv_exchange=KvExchange.ALL_GATHER)
+    send_s = 8 * 2**20 / 5e9  # one 8 MiB KV block
+    cost = block_cost(gather)
+    step_fwd_s = cost.fused_forward_flops / NODE.flash_attention_flops_per_s / 4
+    step_bwd_s = cost.fused_backward_flops / NODE.flash_attention_flops_per_s / 4
+    forward, backward = exposed_per_layer_s(gather)
+    assert forward == pytest.approx(3 * send_s - step_fwd_s)
+    assert backward == pytest.approx(3 * send_s - step_bwd_s + 3 * max(0.0, send_s - step_bwd_s))
+    assert forward > exposed_per_layer_s(ring)[0]  # the gather hides behind one step, the ring's sends behind three
+    # It holds the three other blocks and two dKV blocks: 5 x 8 MiB against the ring's 4.
+    assert memory_bill(gather).terms["gpu"][MemoryTerm.RING_ATTENTION_BUFFERS] == 5 * 8 * 2**20
+    assert Plan.from_dict(gather.to_dict()).kv_exchange is KvExchange.ALL_GATHER
+    assert "kv_exchange" not in ring.to_dict()  # ring plans are written as before

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from planner.cost.feasibility import check_plan
-from planner.cost.fp8 import fp8_speedup
+from planner.cost.fp8 import cast_bytes, fp8_speedup
+from planner.cost.kernels import achievable_hbm_bytes_per_s
 from planner.cost.memory import memory_bill
 from planner.cost.pipeline import (
     bubble_fraction,
@@ -172,11 +173,13 @@ def test_fp8_runs_the_linears_at_the_datasheet_ratio():
     big = ModelSpec(name="wide", num_layers=4, hidden_size=8192, num_heads=64, seq_len=2048)
     base = Plan(model=big, node=h100, num_gpus=1, strategy="dp", micro_batch_per_gpu=1, recompute_interval=0)
     fp8 = base.replace(fp8_matmuls=True)
-    # The estimate: the matmuls' seconds at the fp8 rate, the fused attention and memory-bound kernels not.
+    # The estimate: the linears' seconds at the fp8 rate (no head here: vocab 0), the fused attention and
+    # memory-bound kernels not, plus the casts' bytes at the achievable HBM bandwidth (planner/cost/fp8.py).
     work = model_compute(base)
     matmul_s = (work.forward_flops + work.backward_flops) / h100.gpu_flops_per_s
+    casts_s = 4 * sum(cast_bytes(fp8)) / achievable_hbm_bytes_per_s(h100)
     assert estimate(fp8).component_time_s["compute"] == pytest.approx(
-        estimate(base).component_time_s["compute"] - matmul_s * (1 - 989 / 1979))
+        estimate(base).component_time_s["compute"] - matmul_s * (1 - 989 / 1979) + casts_s)
     bf16_busy = predict(base).details["resources"]["gpu_compute"]["busy_s"]
     fp8_busy = predict(fp8).details["resources"]["gpu_compute"]["busy_s"]
     # The linears halve; the attention core and the memory-bound kernels stay bf16.

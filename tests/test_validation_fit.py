@@ -195,3 +195,14 @@ def test_validate_reports_in_sample_beside_leave_one_source_out():
     for group in fitted.values():
         assert {"in_sample", "leave_one_source_out", "leave_one_source_out_by_source", "params"} <= set(group)
         assert not math.isnan(group["in_sample"]["median_abs_error"])
+
+
+def test_writing_one_generation_keeps_the_other_generations_records(tmp_path):
+    """`fit --gpu H100 --write` rewrites H100's presets and record and leaves A100's as they are."""
+    record = json.loads(fitting.FIT_JSON.read_text())
+    for name in fitting.GENERATIONS["H100"][1]:
+        (tmp_path / f"{name}.json").write_text((fitting.HARDWARE_DIR / f"{name}.json").read_text())
+    fit_json = tmp_path / "fit.json"
+    fit_json.write_text(json.dumps({"A100": record["A100"], "H100": {"stale": True}}))
+    fitting.write({"H100": record["H100"]}, hardware_dir=tmp_path, fit_json=fit_json)
+    assert json.loads(fit_json.read_text()) == {"A100": record["A100"], "H100": record["H100"]}

@@ -1,4 +1,4 @@
-"""Context parallelism: one sequence split across GPUs, Megatron-Core's ring attention.
+"""Context parallelism: one sequence split across GPUs, ring attention (Megatron-Core's, PyTorch's).
 
 Each GPU of a replica holds `seq / cp` tokens of every sequence, so everything the planner counts
 per token of a GPU is its share with no other change; keys and values travel around the CP ring,
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from planner.cost.kernels import block_cost, fused_attention_flops_per_s
 from planner.specs.errors import PlannerError
+from planner.specs.stack import KvExchange
 from planner.specs.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
@@ -53,8 +54,18 @@ def check_context_parallel(plan: Plan) -> None:
 # `cp - 1` times; the backward sends KV and returns their gradients dKV (twice the bytes); a full
 # recompute repeats the forward. Each send overlaps the attention core of the block the GPU already
 # holds, `1 / cp` of the layer's attention time, so per layer only `(cp - 1) x max(0, send - attention
-# / cp)` shows (`exposed_per_layer_s`). The ring runs on NVLink while `tp x cp` fits in a node, else at
-# the GPU's share of the node's network (every GPU sends at once). Both the analytic estimate
+# / cp)` shows (`exposed_per_layer_s`). That is Megatron-Core's exchange (`KvExchange.RING`:
+# Transformer Engine's `AttnFuncWithCPAndKVP2P`, point-to-point sends per step). PyTorch's
+# context_parallel, which torchtitan uses, defaults to gathering instead (`KvExchange.ALL_GATHER`;
+# torch/distributed/tensor/experimental/_context_parallel/_attention.py: `rotate_method` ALL_GATHER,
+# `_AllGatherRotater` "only one communication will be done", load balancing on by default): the
+# forward all-gathers every block at once, and the gather, `(cp - 1) x send` on the same links,
+# overlaps only the first step's attention, `max(0, (cp - 1) send - attention / cp)`; the backward
+# gathers KV again the same way and passes dKV around the ring point to point (`dkv_rotater`, an
+# all-to-all rotation), each send overlapping the next step: `(cp - 1) x max(0, send - attention
+# / cp)` more. The gather holds the `cp - 1` other blocks at once (`ring_buffer_bytes`). Either
+# exchange runs on NVLink while `tp x cp` fits in a node, else at the GPU's share of the node's
+# network (every GPU sends at once). Both the analytic estimate
 # (planner/cost/throughput.py) and the simulator (planner/sim/engine.py) add exactly these seconds.
 #
 # Gradients are reduced, and partitioned states shared, over data parallel x cp
@@ -86,9 +97,12 @@ def exposed_per_layer_s(plan: Plan) -> tuple[float, float]:
     rate = ring_bytes_per_s(plan)
     send_s = kv_block_bytes(plan) / rate if rate > 0 else math.inf
     cost, fused_rate = block_cost(plan), fused_attention_flops_per_s(plan)
-    attention_fwd_s, attention_bwd_s = cost.fused_forward_flops / fused_rate, cost.fused_backward_flops / fused_rate
-    return ((cp - 1) * max(0.0, send_s - attention_fwd_s / cp),
-            (cp - 1) * max(0.0, 2 * send_s - attention_bwd_s / cp))
+    step_fwd_s, step_bwd_s = cost.fused_forward_flops / fused_rate / cp, cost.fused_backward_flops / fused_rate / cp
+    if plan.kv_exchange is KvExchange.ALL_GATHER:
+        gather_fwd = max(0.0, (cp - 1) * send_s - step_fwd_s)
+        gather_bwd = max(0.0, (cp - 1) * send_s - step_bwd_s)
+        return gather_fwd, gather_bwd + (cp - 1) * max(0.0, send_s - step_bwd_s)
+    return (cp - 1) * max(0.0, send_s - step_fwd_s), (cp - 1) * max(0.0, 2 * send_s - step_bwd_s)
 
 
 def ring_passes_s(plan: Plan) -> tuple[float, float]:
@@ -101,5 +115,10 @@ def ring_passes_s(plan: Plan) -> tuple[float, float]:
 
 
 def ring_buffer_bytes(plan: Plan) -> float:
-    """GPU bytes of the ring's KV and dKV blocks in flight (0 without context parallelism)."""
-    return RING_BUFFER_BLOCKS * kv_block_bytes(plan) if plan.context_parallel_degree > 1 else 0.0
+    """GPU bytes of the exchanged KV and dKV blocks held at once (0 without context parallelism): the
+    ring's RING_BUFFER_BLOCKS, or the all-gather's `cp - 1` gathered blocks and two dKV blocks."""
+    cp = plan.context_parallel_degree
+    if cp == 1:
+        return 0.0
+    blocks = cp - 1 + 2 if plan.kv_exchange is KvExchange.ALL_GATHER else RING_BUFFER_BLOCKS
+    return blocks * kv_block_bytes(plan)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from planner.cost.fp8 import cast_bytes
 from planner.specs.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
@@ -182,7 +183,8 @@ def attention_flops(plan: Plan) -> tuple[float, float]:
 # HBM bandwidth (`achievable_hbm_bytes_per_s`). The loss reads the vocabulary-wide logits: forward
 # it upcasts them to fp32 and reads that copy (e + 4 + 4 bytes per logit), backward writes the fp32
 # gradient, reads it and writes its downcast (4 + 4 + e), as `F.cross_entropy(logits.float())` does
-# (the memory bill's `logits` term holds the same two tensors).
+# (the memory bill's `logits` term holds the same two tensors). With fp8 matmuls, the casts that make
+# the linears' fp8 operands are one more kernel ("fp8_casts", [Note: fp8 casts] in planner/cost/fp8.py).
 def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
     """(forward, backward) bytes per memory-bound kernel of one block on one GPU ([Note:
     memory-bound kernels]); kernels the block does not run are left out."""
@@ -214,6 +216,8 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
                 bwd["score_products"] += e * scores * bound  # QK^T writes the scores again
             if m.dropout:
                 bwd["attention_dropout"] += fwd["attention_dropout"]
+    if plan.fp8_matmuls:
+        fwd["fp8_casts"], bwd["fp8_casts"] = cast_bytes(plan)
     return fwd, bwd
 
 

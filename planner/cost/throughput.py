@@ -27,7 +27,7 @@ from planner.cost.collectives import (
     tensor_parallel_ring,
 )
 from planner.cost.context_parallel import ring_passes_s
-from planner.cost.fp8 import linear_speedup
+from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
 from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s, stages_host_shards
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.kernels import (
@@ -220,19 +220,24 @@ def _compute(plan: Plan) -> _Passes:
     work = model_compute(plan)
     node = plan.node
     hbm, fused_rate = achievable_hbm_bytes_per_s(node), fused_attention_flops_per_s(plan)
-    # fp8 runs the matmuls at the fp8 rate ([Note: fp8 matmuls] in planner/cost/fp8.py); the fused
-    # attention and the memory-bound kernels stay in bf16.
-    matmul_rate = node.gpu_flops_per_s * linear_speedup(plan.fp8_matmuls, node)
+    # fp8 runs the block linears' matmuls at the fp8 rate ([Note: fp8 matmuls] in planner/cost/fp8.py):
+    # their time shrinks by the speed-up; the head, eager attention's products, the fused attention and
+    # the memory-bound kernels stay in bf16.
+    matmul_rate = node.gpu_flops_per_s
+    fp8_saved = 1.0 - 1.0 / linear_speedup(plan.fp8_matmuls, node)
 
-    def seconds(matmul_flops: float, fused_flops: float, nbytes: float) -> float:
-        return (matmul_flops / matmul_rate + (fused_flops / fused_rate if fused_flops else 0.0)
-                + (nbytes / hbm if hbm > 0 else 0.0))
+    def seconds(matmul_flops: float, linear_flops: float, fused_flops: float, nbytes: float) -> float:
+        return ((matmul_flops - fp8_saved * linear_flops) / matmul_rate
+                + (fused_flops / fused_rate if fused_flops else 0.0) + (nbytes / hbm if hbm > 0 else 0.0))
 
     # The backward's own matmuls at the backward's rate, where the spec has one; its recompute is a forward.
-    backward_only = work.backward_flops - work.recompute_flops
+    linear = plan.model.num_layers * block_cost(plan).linear_flops
+    again = 1 if plan.recompute == "full" else 0
+    backward_only = work.backward_flops - work.recompute_flops - fp8_saved * 2 * linear
     slower_s = backward_only / matmul_rate * (node.backward_matmul_slowdown - 1)
-    return _Passes(seconds(work.forward_flops, work.forward_fused_flops, work.forward_bytes),
-                   seconds(work.backward_flops, work.backward_fused_flops, work.backward_bytes) + slower_s)
+    return _Passes(seconds(work.forward_flops, linear, work.forward_fused_flops, work.forward_bytes),
+                   seconds(work.backward_flops, (2 + again) * linear, work.backward_fused_flops, work.backward_bytes)
+                   + slower_s)
 
 
 class ModelCompute(NamedTuple):
@@ -346,8 +351,12 @@ def _tensor_parallel(plan: Plan, bw: Bandwidths) -> _Passes:
     m, tokens = plan.model, plan.micro_batch_per_gpu * plan.model.seq_len
     per_allreduce = 2 * (mp - 1) / mp * ACTIVATION_ALLREDUCE_BYTES * tokens * mp * m.hidden_size
     recompute = 2 if plan.recompute_interval > 0 else 0
-    one = per_allreduce / bw.tensor_parallel + bw.tensor_parallel_latency_s
-    return _Passes(2 * m.num_layers * one, (2 + recompute) * m.num_layers * one)
+    # fp8 gathers the forward's (and the recompute's) inputs in fp8 ([Note: fp8 casts] in planner/cost/fp8.py).
+    forward = per_allreduce * tensor_parallel_byte_share(plan, backward=False) / bw.tensor_parallel
+    backward = per_allreduce / bw.tensor_parallel
+    latency = bw.tensor_parallel_latency_s
+    return _Passes(2 * m.num_layers * (forward + latency),
+                   2 * m.num_layers * (backward + latency) + recompute * m.num_layers * (forward + latency))
 
 
 def _optimizer_step(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _OptimizerStep:

@@ -118,7 +118,7 @@ def plan_line(plan: Plan) -> str:
         f"recompute_inputs={p.recompute_inputs} | micro-batch {batch_words(plan)} | recompute interval "
         f"{plan.recompute_interval} | tiling {plan.tiling_factor} | prefetch depth {plan.prefetch_depth} | "
         f"model parallel {plan.model_parallel_degree}{_pipeline_label(plan)} | {plan.precision}"
-        f"{' + fp8 matmuls' if plan.fp8_matmuls else ''}{step}"
+        f"{f' + fp8 matmuls ({plan.fp8_recipe})' if plan.fp8_matmuls else ''}{step}"
     )
 
 

@@ -33,7 +33,7 @@ import simpy
 
 from planner.cost.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
 from planner.cost.context_parallel import exposed_per_layer_s
-from planner.cost.fp8 import linear_speedup
+from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
 from planner.cost.host_link import stages_host_shards
 from planner.cost.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
 from planner.cost.memory import (
@@ -238,6 +238,8 @@ class RankProgram:
         self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
         """Each data-parallel collective's latency (planner/cost/collectives.py [Note: the alpha-beta collective])."""
         self.tp_latency_s = latency_s(tensor_parallel_ring(plan), "all_reduce", node)
+        self.tp_byte_share = {backward: tensor_parallel_byte_share(plan, backward) for backward in (False, True)}
+        """fp8's forward gathers move fp8 (planner/cost/fp8.py [Note: fp8 casts]); 1 without fp8."""
         self.ring_exposed_s = exposed_per_layer_s(plan)  # (forward, backward) per layer, context parallel
         """Linears' matmul speed-up in fp8 ([Note: fp8 matmuls] in planner/cost/fp8.py); 1 without."""
         placement = plan.placement
@@ -302,8 +304,8 @@ class RankProgram:
         """`flops` in matmuls of `matmul_flops` each, at the efficiency of that size, then the
         operator's memory-bound work at the achievable memory bandwidth ([Note: elementwise work])
         and its fused attention at that kernel's rate (planner/cost/kernels.py), and the runtime's fixed
-        cost per operator (`NodeSpec.operator_overhead_s`). In fp8 the linears' share of `flops`
-        (`op_params` weights) runs at the fp8 rate; the attention core does not."""
+        cost per operator (`NodeSpec.operator_overhead_s`). In fp8 the block linears' share of `flops`
+        (`op_params` weights; 0 for the output head) runs at the fp8 rate; the attention core does not."""
         if self.fp8_speedup != 1.0 and flops > 0:
             linear = min(flops, (flops / matmul_flops) * 2 * self.sim.work.tokens_per_gpu * op_params)
             flops = flops - linear + linear / self.fp8_speedup
@@ -452,13 +454,13 @@ class RankProgram:
         if (in_blocks and first_of_block and blk % self.unit == 0 and self.rank == 0
                 and phase in (Phase.FORWARD, self.unit_opening)):
             sim.unit_start_s[Phase.FORWARD if phase is Phase.FORWARD else Phase.BACKWARD, blk // self.unit] = self.env.now
-        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step), op.num_params,
-                            step_fused_flops(step))
+        yield self._compute(flops, op.flops_per_gpu, phase, step_elementwise_bytes(step),
+                            0.0 if head else op.num_params, step_fused_flops(step))  # the head stays 16-bit
         if step_fused_flops(step) and self.ring_exposed_s != (0.0, 0.0):
             # The ring's KV sends beyond the attention core they overlap (planner/cost/context_parallel.py).
             yield self.env.timeout(self.ring_exposed_s[1 if phase is Phase.BACKWARD else 0])
         if op.tp_all_reduce:
-            activation = sim.work.tp_all_reduce_bytes
+            activation = sim.work.tp_all_reduce_bytes * self.tp_byte_share[phase is Phase.BACKWARD]
             yield self._collective(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
                                    "tensor_parallel", phase, self.tp_latency_s)
         if self.stages:

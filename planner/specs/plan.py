@@ -23,6 +23,7 @@ from planner.specs.model import ModelSpec
 from planner.specs.phases import PHASES
 from planner.specs.precision import PRECISIONS
 from planner.specs.specio import check_keys, load_document, number, renamed_keys, string, write_json_atomic
+from planner.specs.stack import Fp8Recipe, KvExchange
 from planner.specs.tiers import GPU, NVME, TIERS, Tier
 
 SCHEMA = "tierwise.plan/1"
@@ -340,6 +341,12 @@ class Plan:
     fp8_matmuls: bool = False
     """Linear layers' matmuls in fp8 at the GPU's fp8 rate; all else in `precision` ([Note: fp8
     matmuls] in planner/cost/fp8.py)."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TE_DELAYED
+    """How the fp8 operands are made (`Fp8Recipe`), which sets the casts' memory traffic ([Note: fp8
+    casts] in planner/cost/fp8.py); read only with `fp8_matmuls`."""
+    kv_exchange: KvExchange = KvExchange.RING
+    """How context parallelism exchanges keys and values (`KvExchange`, [Note: context parallelism] in
+    planner/cost/context_parallel.py); read only with `context_parallel_degree` > 1."""
     nvme_path: str | None = None
     """Directory for swap files when any state is on NVMe."""
     optimizer_chunk_bytes: int = DEFAULT_OPTIMIZER_CHUNK_BYTES
@@ -413,6 +420,10 @@ class Plan:
         if self.nvme_path is not None:
             string(self.nvme_path, "nvme_path", max_len=1024)
         string(self.optimizer_step_reason, "optimizer_step_reason", max_len=1024)
+        recipe = string(self.fp8_recipe, "fp8_recipe", choices=tuple(Fp8Recipe))
+        object.__setattr__(self, "fp8_recipe", Fp8Recipe(recipe))
+        exchange = string(self.kv_exchange, "kv_exchange", choices=tuple(KvExchange))
+        object.__setattr__(self, "kv_exchange", KvExchange(exchange))
         if not isinstance(self.fp8_matmuls, bool):
             raise PlannerError(f"fp8_matmuls must be true or false, not {self.fp8_matmuls!r}")
         mp = self.model_parallel_degree
@@ -521,6 +532,10 @@ class Plan:
         }
         if self.context_parallel_degree > 1:  # plans without it are written as before
             doc["context_parallel_degree"] = self.context_parallel_degree
+        if self.fp8_matmuls and self.fp8_recipe is not Fp8Recipe.TE_DELAYED:  # other plans are written as before
+            doc["fp8_recipe"] = self.fp8_recipe.value
+        if self.context_parallel_degree > 1 and self.kv_exchange is not KvExchange.RING:
+            doc["kv_exchange"] = self.kv_exchange.value
         if self.host_pinning is not HostPinning.STAGED:  # plans that stage are written as before
             doc["host_pinning"] = self.host_pinning.value
         if self.optimizer_step_reason:  # plans nobody chose a schedule for are written as before
@@ -536,7 +551,7 @@ class Plan:
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
-                  "context_parallel_degree", "host_pinning", "optimizer_step_reason"}
+                  "context_parallel_degree", "host_pinning", "optimizer_step_reason", "fp8_recipe", "kv_exchange"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")

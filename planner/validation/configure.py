@@ -18,6 +18,7 @@ from planner.specs.errors import PlannerError
 from planner.specs.hardware import NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import STRATEGY_TABLE, Plan
+from planner.specs.stack import Fp8Recipe, KvExchange
 from planner.specs.units import GIB
 from planner.validation.corpus import CorpusRow
 from planner.validation.unstated import (
@@ -81,6 +82,18 @@ for rows whose `attention` is `flash2`. A preset's `flash_attention_tflops` is f
 name their kernel's version (docs/planner.md, Fitted presets); a row that states FlashAttention-2 runs
 that kernel, whose rate is published. FlashAttention (v1) reached 25-40 % of the A100's peak (the same
 abstract): the A100 preset's fitted 0.32 is in that range."""
+SOURCE_STACK: dict[str, tuple[Fp8Recipe, KvExchange, str]] = {
+    source: (Fp8Recipe.TORCHAO_TENSORWISE, KvExchange.ALL_GATHER,
+             "torchtitan: its float8 converter makes torchao Float8Linear with dynamic tensorwise scaling (the "
+             "default recipe), and its context parallelism is PyTorch's context_parallel (default rotate method "
+             "all-gather)")
+    for source in ("torchtitan_perfmd_2408", "torchtitan_h200_2506")
+}
+"""source_id -> (fp8 recipe, KV exchange, why) for sources that do not train on Megatron-Core and
+Transformer Engine; every other source's fp8 rows run Transformer Engine (NeMo, Megatron-Bridge,
+Megatron-LM, and llm-foundry's `amp_fp8`, Transformer Engine's fp8_autocast) with delayed scaling,
+its default recipe, and ring attention's point-to-point exchange. A row whose precision names its
+scaling overrides the source (`_fp8_recipe`: `FP8-CS` current scaling, `rowwise`)."""
 SOURCE_DROPOUT: dict[str, str] = {
     source: "Megatron-LM's defaults --hidden-dropout 0.1 --attention-dropout 0.1 (megatron/arguments.py), the code "
             "these benchmarks ran"
@@ -145,7 +158,8 @@ class RowPlan:
 #   (pipeline bubble, one gradient reduction per step: planner/cost/pipeline.py);
 # - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
 # - fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/cost/fp8.py); on a
-#   GPU without an fp8 rate the planner refuses them, naming the hardware;
+#   GPU without an fp8 rate the planner refuses them, naming the hardware; their casts and a CP row's
+#   KV exchange follow the training stack (SOURCE_STACK, `_stack`);
 # - a GPU family's preset (HARDWARE_FOR), or its multi-GPU node where the row spans more GPUs than the
 #   preset has in a node (NODE_FOR_GPUS_PER_NODE: hgx-h200).
 # A reason names the missing planner feature (a GPU with no preset, a model with no published shape)
@@ -173,6 +187,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                "sharding": shardings, "micro_batch": micros}
     searched = [k for k, v in options.items() if len(v) > 1 or v == (None,)]
     attention = _attention(row, assumptions)
+    recipe, exchange = _stack(row, precision_text, cp, assumptions)
 
     def build(choice: dict) -> Plan | None:
         (tp, pp), micro = choice["tensor x pipeline"], choice["micro_batch"]
@@ -188,7 +203,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                     model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=_virtual_stages(row),
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
-                    fp8_matmuls=uses_fp8(precision_text))
+                    fp8_matmuls=uses_fp8(precision_text), fp8_recipe=recipe, kv_exchange=exchange)
         check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 
@@ -311,6 +326,25 @@ def _node(row: CorpusRow, reasons: list[str]) -> NodeSpec | None:
         reasons.append(node)
         return None
     return node
+
+
+def _stack(row: CorpusRow, precision_text: str, cp: int, assumptions: list[str]) -> tuple[Fp8Recipe, KvExchange]:
+    """The row's fp8 recipe and KV exchange: its source's (SOURCE_STACK, else Transformer Engine's
+    delayed scaling and the point-to-point ring), the recipe overridden by a precision that names its
+    scaling; the choices that matter to the row are named in `assumptions`."""
+    recipe, exchange, why = SOURCE_STACK.get(row.source_id, (
+        Fp8Recipe.TE_DELAYED, KvExchange.RING, "Megatron-Core / Transformer Engine: delayed scaling, its default "
+                                               "recipe; point-to-point ring attention"))
+    lowered = precision_text.lower()
+    if "fp8-cs" in lowered or "current scaling" in lowered:
+        recipe, why = Fp8Recipe.TE_CURRENT, "the row's precision: Transformer Engine current scaling"
+    elif "rowwise" in lowered:
+        recipe, why = Fp8Recipe.TORCHAO_ROWWISE, "the row's precision: torchao rowwise scaling"
+    if uses_fp8(precision_text):
+        assumptions.append(f"fp8_recipe = {recipe.value} ({why})")
+    if cp > 1:
+        assumptions.append(f"kv_exchange = {exchange.value} ({why})")
+    return recipe, exchange
 
 
 def uses_fp8(text: str) -> bool:
