@@ -195,3 +195,11 @@ def test_validate_reports_in_sample_beside_leave_one_source_out():
     for group in fitted.values():
         assert {"in_sample", "leave_one_source_out", "leave_one_source_out_by_source", "params"} <= set(group)
         assert not math.isnan(group["in_sample"]["median_abs_error"])
+
+
+def test_writing_one_generation_keeps_the_others_record(tmp_path, monkeypatch):
+    fit_json = tmp_path / "fit.json"
+    fit_json.write_text(json.dumps({"V100": {"params": {"plateau": 0.4}}, "A100": {"params": {"plateau": 0.1}}}))
+    monkeypatch.setattr(fitting, "GENERATIONS", {**fitting.GENERATIONS, "A100": (("A100",), ())})
+    fitting.write({"A100": {"params": {"plateau": 0.7}}}, hardware_dir=tmp_path, fit_json=fit_json)
+    assert json.loads(fit_json.read_text()) == {"A100": {"params": {"plateau": 0.7}}, "V100": {"params": {"plateau": 0.4}}}

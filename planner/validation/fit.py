@@ -422,7 +422,8 @@ def _unfitted(citation: str, value: Any, source: str) -> str:
 
 
 def write(results: dict[str, dict[str, Any]], hardware_dir: Path = HARDWARE_DIR, fit_json: Path = FIT_JSON) -> list[Path]:
-    """Write the fitted presets and the fit's record (`planner validate` reports from it)."""
+    """Write the fitted presets and the fit's record (`planner validate` reports from it). The record
+    keeps the generations this fit did not run (`--gpu A100` rewrites A100's entry only)."""
     written = []
     for generation, result in results.items():
         for name in GENERATIONS[generation][1]:
@@ -431,7 +432,8 @@ def write(results: dict[str, dict[str, Any]], hardware_dir: Path = HARDWARE_DIR,
             NodeSpec.from_dict(doc, str(path))  # refuse to write a preset the planner would not load
             path.write_text(json.dumps(doc, indent=2) + "\n")
             written.append(path)
-    fit_json.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    record = json.loads(fit_json.read_text()) if fit_json.exists() else {}
+    fit_json.write_text(json.dumps({**record, **results}, indent=1, sort_keys=True) + "\n")
     return [*written, fit_json]
 
 
