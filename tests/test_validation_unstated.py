@@ -101,6 +101,7 @@ def test_an_interleaved_schedule_of_unstated_depth_is_searched_over_equal_chunks
     assert plain.plan.pipeline_virtual_stages == 1 and not any("virtual" in a for a in plain.assumptions)
     stated = row_plan(dataclasses.replace(row, notes="VP=5; micro-batch not stated"))
     assert stated.plan.pipeline_virtual_stages == 5
+    assert row_plan(rows["p248"]).plan.pipeline_virtual_stages == 8  # stated VP=8: taken as stated, never refused
 
 
 def test_interleaving_needs_equal_chunks_and_micro_batches_a_multiple_of_the_stages():

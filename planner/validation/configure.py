@@ -174,6 +174,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                "pipeline_virtual_stages": _virtual_stage_options(row, layouts, model, assumptions)}
     searched = [k for k, v in options.items() if len(v) > 1 or v == (None,)]
     attention = _attention(row, assumptions)
+    stated_virtual = _VIRTUAL_STAGES.search(row.notes or "") is not None
 
     def build(choice: dict) -> Plan | None:
         (tp, pp), micro = choice["tensor x pipeline"], choice["micro_batch"]
@@ -182,8 +183,8 @@ def row_plan(row: CorpusRow) -> RowPlan:
         if micro is not None and row.global_batch is not None and row.global_batch % (micro * dp):
             return None
         virtual = choice["pipeline_virtual_stages"]
-        if virtual > 1 and not interleaves(model.num_layers, pp, virtual, accumulation if micro else None):
-            return None
+        if virtual > 1 and not stated_virtual and not interleaves(model.num_layers, pp, virtual, accumulation if micro else None):
+            return None  # a searched chunk count Megatron would refuse (a stated one is taken as stated)
         strategy = SHARDING_STRATEGY.get(choice["sharding"], choice["sharding"])
         placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
