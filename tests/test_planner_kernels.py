@@ -99,6 +99,14 @@ def test_swiglu_rotary_dropout_and_tensor_parallel_bytes():
     tp, _ = kernel_bytes(plan(num_gpus=2, node=big, model_parallel_degree=2, attention="eager"))
     assert tp["norms"] == 2 * 2 * e * (2 * tokens) * 1024
     assert tp["activation"] == 2 * e * tokens * 4096 and tp["softmax"] == 2 * e * tokens * 8 * 2048
+    # Sequence parallelism: the residual stream's kernels run on half the replica's tokens per rank,
+    # 2048 of them, like the ffn-wide ones; nothing else moves.
+    sp, sp_bwd = kernel_bytes(plan(num_gpus=2, node=big, model_parallel_degree=2, attention="eager", sequence_parallel=True))
+    assert sp["norms"] == 2 * 2 * e * tokens * 1024 and sp["residual"] == 2 * 3 * e * tokens * 1024
+    assert sp_bwd["norms"] == 2 * 3 * e * tokens * 1024
+    assert (sp["activation"], sp["softmax"]) == (tp["activation"], tp["softmax"])
+    # One GPU, nothing to split: the flag changes no byte.
+    assert kernel_bytes(plan(attention="eager", sequence_parallel=True)) == kernel_bytes(plan(attention="eager"))
 
 
 def test_attention_flops_eager_flash_gqa_and_selective():
@@ -209,3 +217,12 @@ def test_the_fused_kernel_runs_at_its_rate_for_the_sequence_length():
         assert slow_t["forward"] + slow_t["backward"] - flat_t["forward"] - flat_t["backward"] == pytest.approx(extra, rel=1e-9)
     # Ring attention's kernel calls cover seq / cp queries (planner/cost/context_parallel.py).
     assert fused_attention_flops_per_s(slow.replace(num_gpus=2, context_parallel_degree=2)) == pytest.approx(50 * TFLOP * 0.7)
+
+
+def test_sequence_parallel_is_written_only_when_set_and_read_back():
+    sp = plan(num_gpus=2, node=node(num_gpus_per_node=2, gpu_gpu_intra_node_bytes_per_s=100 * GB),
+              model_parallel_degree=2, sequence_parallel=True)
+    assert sp.to_dict()["sequence_parallel"] is True and Plan.from_dict(sp.to_dict()) == sp
+    assert "sequence_parallel" not in sp.replace(sequence_parallel=False).to_dict()
+    with pytest.raises(PlannerError, match="sequence_parallel must be true or false"):
+        sp.replace(sequence_parallel="yes")

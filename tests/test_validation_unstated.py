@@ -111,3 +111,12 @@ def test_interleaving_needs_equal_chunks_and_micro_batches_a_multiple_of_the_sta
     assert not interleaves(80, 8, 3, None)  # 10 blocks a stage do not split into 3 equal chunks
     assert not interleaves(80, 8, 2, 12)  # 12 micro-batches are not a multiple of 8 stages
     assert not interleaves(80, 1, 2, 8)  # one stage: nothing to interleave
+
+
+def test_a_note_stating_sequence_parallelism_splits_the_residual_streams_kernels(rows):
+    row = dataclasses.replace(rows["p014"], notes="sequence parallelism; micro-batch not stated")  # TP 8, no PP
+    sp, plain = row_plan(row).plan, row_plan(rows["p014"]).plan
+    assert sp.sequence_parallel and not plain.sequence_parallel
+    assert sp == plain.replace(sequence_parallel=True)
+    assert predict(sp).tokens_per_s > predict(plain).tokens_per_s  # fewer bytes per rank, same collectives
+    assert not row_plan(dataclasses.replace(row, notes="no sequence parallelism")).plan.sequence_parallel

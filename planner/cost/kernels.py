@@ -180,7 +180,11 @@ def attention_flops(plan: Plan) -> tuple[float, float]:
 #   `score_products_memory_bound_share`).
 # Under tensor parallelism (Megatron, no sequence parallelism) the kernels on the hd-wide residual
 # stream (norms, residual adds, hidden dropout) run on every rank over the whole replica batch, while
-# the ffn-, head- and query-wide ones are split `1 / mp`. Their time is bytes over the achievable
+# the ffn-, head- and query-wide ones are split `1 / mp`. With `sequence_parallel` (Korthikanti et al.
+# 2022, arXiv:2205.05198 Sec. 4.2.2) each rank runs them on `1 / mp` of the sequence: the
+# tensor-parallel all-reduce becomes a reduce-scatter into the sequence-split region and an
+# all-gather out of it, the same bytes (an all-reduce is a reduce-scatter and an all-gather), so only
+# these kernels' bytes change. Their time is bytes over the achievable
 # HBM bandwidth (`achievable_hbm_bytes_per_s`). The loss reads the vocabulary-wide logits: forward
 # it upcasts them to fp32 and reads that copy (e + 4 + 4 bytes per logit), backward writes the fp32
 # gradient, reads it and writes its downcast (4 + 4 + e), as `F.cross_entropy(logits.float())` does
@@ -191,7 +195,7 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
     m, mp = plan.model, plan.model_parallel_degree
     e = COMPUTE_BYTES[plan.precision]
     tokens = plan.micro_batch_per_gpu * m.seq_len
-    stream = tokens * mp * m.hidden_size  # the residual stream, whole on every tensor-parallel rank
+    stream = tokens * (1 if plan.sequence_parallel else mp) * m.hidden_size  # whole on every rank without SP
     ffn = tokens * m.ffn_hidden_size  # the replica's ffn-wide hidden / mp
     fwd = {"norms": m.norms_per_block * 2 * e * stream, "residual": 2 * 3 * e * stream,
            "activation": (3 if m.gated_mlp else 2) * e * ffn}

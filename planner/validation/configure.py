@@ -143,7 +143,9 @@ class RowPlan:
 #   degrees (planner.specs.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
 #   `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
 #   (pipeline bubble, one gradient reduction per step: planner/cost/pipeline.py);
-# - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
+# - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge), or searched where the note
+#   says only "interleaved" ([Note: an interleaved schedule of unstated depth]);
+# - sequence parallelism where the note says "sequence parallel(ism)" and TP > 1; none otherwise;
 # - fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/cost/fp8.py); on a
 #   GPU without an fp8 rate the planner refuses them, naming the hardware;
 # - a GPU family's preset (HARDWARE_FOR), or its multi-GPU node where the row spans more GPUs than the
@@ -193,7 +195,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                     model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=virtual,
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
-                    fp8_matmuls=uses_fp8(precision_text))
+                    fp8_matmuls=uses_fp8(precision_text), sequence_parallel=tp > 1 and states_sequence_parallel(row))
         check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 
@@ -203,6 +205,15 @@ def row_plan(row: CorpusRow) -> RowPlan:
                        assumptions=tuple(assumptions))
     return RowPlan(plan=plan, grad_accumulation=plan.micro_batches_per_step, assumptions=(*assumptions, *searched_notes),
                    searched=tuple(searched))
+
+
+_SEQUENCE_PARALLEL = re.compile(r"(?<!no )(?<!without )\bsequence[- ]parallel(?:ism)?\b", re.IGNORECASE)
+
+
+def states_sequence_parallel(row: CorpusRow) -> bool:
+    """Whether the row's note says the run used Megatron's sequence parallelism (Korthikanti et al.
+    2022 Sec. 4.2.2); a row that does not say runs without it."""
+    return _SEQUENCE_PARALLEL.search(row.notes or "") is not None
 
 
 _VIRTUAL_STAGES = re.compile(r"\bVP\s*=\s*(\d+)")
