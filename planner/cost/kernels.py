@@ -229,7 +229,7 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
 # (4 heads seq e); selective recompute's second forward writes and reads them again (2). Each such element
 # carries `2 head_dim` flops (a dot product of head_dim pairs), so a product's arithmetic intensity is
 # `2 head_dim / e` flops per byte: 64-128 for 2-byte head_dim 64-128, below the GPUs' ridge (the
-# matmul rate over the achievable HBM bandwidth: about 200 on the fitted A100, 340 on the H100).
+# matmul rate over the achievable HBM bandwidth: about 180 on the fitted A100, 340 on the H100).
 # A kernel's time is the larger of its flops time and its bytes time (the roofline; its tiles overlap
 # loads, math and stores). The flops are timed at the matmul rate ([Note: attention kernels]), so the
 # bytes this charges are those beyond what that time already streams: `B x (1 - I x W / R)` for
