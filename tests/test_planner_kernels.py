@@ -69,7 +69,7 @@ def test_eager_products_charge_the_score_traffic_their_flops_do_not_cover():
     assert fwd["score_products"] == pytest.approx(2 * e * scores * u)  # QK^T writes S, P V reads P
     assert bwd["score_products"] == pytest.approx(4 * e * scores * u)  # dP written, P read, dS read twice
     _, selective = kernel_bytes(plan(node=fast, attention="eager", recompute="selective", recompute_interval=0))
-    assert selective["score_products"] == pytest.approx(5 * e * scores * u)  # QK^T writes the scores again
+    assert selective["score_products"] == pytest.approx(6 * e * scores * u)  # the forward's two passes again
     assert "score_products" not in kernel_bytes(plan(node=fast, attention="flash"))[1]  # flash keeps them on chip
     # The time follows: the simulator and the estimate charge the bytes at the achievable bandwidth.
     slow, quick = estimate(plan(node=fast, attention="eager")), estimate(plan(node=fast.replace(hbm_achievable_fraction=0.92), attention="eager"))
@@ -99,13 +99,22 @@ def test_swiglu_rotary_dropout_and_tensor_parallel_bytes():
     tp, _ = kernel_bytes(plan(num_gpus=2, node=big, model_parallel_degree=2, attention="eager"))
     assert tp["norms"] == 2 * 2 * e * (2 * tokens) * 1024
     assert tp["activation"] == 2 * e * tokens * 4096 and tp["softmax"] == 2 * e * tokens * 8 * 2048
+    # Sequence parallelism: the residual stream's kernels run on half the replica's tokens per rank,
+    # 2048 of them, like the ffn-wide ones; nothing else moves.
+    sp, sp_bwd = kernel_bytes(plan(num_gpus=2, node=big, model_parallel_degree=2, attention="eager", sequence_parallel=True))
+    assert sp["norms"] == 2 * 2 * e * tokens * 1024 and sp["residual"] == 2 * 3 * e * tokens * 1024
+    assert sp_bwd["norms"] == 2 * 3 * e * tokens * 1024
+    assert (sp["activation"], sp["softmax"]) == (tp["activation"], tp["softmax"])
+    # One GPU, nothing to split: the flag changes no byte.
+    assert kernel_bytes(plan(attention="eager", sequence_parallel=True)) == kernel_bytes(plan(attention="eager"))
 
 
 def test_attention_flops_eager_flash_gqa_and_selective():
     square = 4 * 2048**2 * 1024  # QK^T and AV over the whole square, one sample
     assert attention_flops(plan(attention="eager")) == (square, 2 * square)
     assert attention_flops(plan(attention="flash")) == (square / 2, 2.5 * square / 2)  # causal half, recompute
-    assert attention_flops(plan(attention="eager", recompute="selective", recompute_interval=0)) == (square, 2.5 * square)
+    # Megatron's selective recompute runs the whole core forward (QK^T and P V) again in backward.
+    assert attention_flops(plan(attention="eager", recompute="selective", recompute_interval=0)) == (square, 3 * square)
     assert attention_flops(plan(attention="flash", recompute="selective", recompute_interval=0)) == (square / 2, 1.25 * square)
     # GQA: the products are over the query width; the kv heads shrink only the qkv projection.
     assert attention_flops(plan(LLAMA, attention="eager"))[0] == square
@@ -208,3 +217,12 @@ def test_the_fused_kernel_runs_at_its_rate_for_the_sequence_length():
         assert slow_t["forward"] + slow_t["backward"] - flat_t["forward"] - flat_t["backward"] == pytest.approx(extra, rel=1e-9)
     # Ring attention's kernel calls cover seq / cp queries (planner/cost/context_parallel.py).
     assert fused_attention_flops_per_s(slow.replace(num_gpus=2, context_parallel_degree=2)) == pytest.approx(50 * TFLOP * 0.7)
+
+
+def test_sequence_parallel_is_written_only_when_set_and_read_back():
+    sp = plan(num_gpus=2, node=node(num_gpus_per_node=2, gpu_gpu_intra_node_bytes_per_s=100 * GB),
+              model_parallel_degree=2, sequence_parallel=True)
+    assert sp.to_dict()["sequence_parallel"] is True and Plan.from_dict(sp.to_dict()) == sp
+    assert "sequence_parallel" not in sp.replace(sequence_parallel=False).to_dict()
+    with pytest.raises(PlannerError, match="sequence_parallel must be true or false"):
+        sp.replace(sequence_parallel="yes")

@@ -86,3 +86,37 @@ def test_context_parallel_rows_are_predicted_with_their_degree(rows):
     assert "context_parallel = 16 (the row's note or its stated degrees)" in planned.assumptions
     result = predict_row(rows["p244"])
     assert result.error is not None and result.fits
+
+
+def test_an_interleaved_schedule_of_unstated_depth_is_searched_over_equal_chunks(rows):
+    row = rows["p017"]  # Table 1, "interleaved 1F1B": 80 layers on PP 8, 10 blocks a stage, v unstated
+    planned = row_plan(row)
+    plan = planned.plan
+    assert any(a.startswith("searched pipeline_virtual_stages over {2, 5, 10}: ") for a in planned.assumptions)
+    assert plan.pipeline_virtual_stages in (2, 5, 10) and plan.micro_batches_per_step % 8 == 0
+    only = row_plan(rows["p020"])  # 128 layers on PP 64: two blocks a stage, one split into 2 or more chunks
+    assert only.plan.pipeline_virtual_stages == 2
+    assert any(a.startswith("pipeline_virtual_stages = 2 (the note says") for a in only.assumptions)
+    plain = row_plan(dataclasses.replace(row, notes="micro-batch not stated"))
+    assert plain.plan.pipeline_virtual_stages == 1 and not any("virtual" in a for a in plain.assumptions)
+    stated = row_plan(dataclasses.replace(row, notes="VP=5; micro-batch not stated"))
+    assert stated.plan.pipeline_virtual_stages == 5
+    assert row_plan(rows["p248"]).plan.pipeline_virtual_stages == 8  # stated VP=8: taken as stated, never refused
+
+
+def test_interleaving_needs_equal_chunks_and_micro_batches_a_multiple_of_the_stages():
+    from planner.validation.configure import interleaves
+
+    assert interleaves(80, 8, 10, 24) and interleaves(80, 8, 5, None)
+    assert not interleaves(80, 8, 3, None)  # 10 blocks a stage do not split into 3 equal chunks
+    assert not interleaves(80, 8, 2, 12)  # 12 micro-batches are not a multiple of 8 stages
+    assert not interleaves(80, 1, 2, 8)  # one stage: nothing to interleave
+
+
+def test_a_note_stating_sequence_parallelism_splits_the_residual_streams_kernels(rows):
+    row = dataclasses.replace(rows["p014"], notes="sequence parallelism; micro-batch not stated")  # TP 8, no PP
+    sp, plain = row_plan(row).plan, row_plan(rows["p014"]).plan
+    assert sp.sequence_parallel and not plain.sequence_parallel
+    assert sp == plain.replace(sequence_parallel=True)
+    assert predict(sp).tokens_per_s > predict(plain).tokens_per_s  # fewer bytes per rank, same collectives
+    assert not row_plan(dataclasses.replace(row, notes="no sequence parallelism")).plan.sequence_parallel

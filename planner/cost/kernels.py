@@ -57,7 +57,7 @@ class BlockCost:
     """Forward flops of the block's linears (`2 x tokens x weights`, the GPU's tensor-parallel slice)."""
     attention_forward_flops: float
     attention_backward_flops: float
-    """The attention core's backward (and, with selective recompute under eager, its `QK^T` again)."""
+    """The attention core's backward (and, with selective recompute under eager, its forward again)."""
     kernel_forward_bytes: dict[str, float]
     kernel_backward_bytes: dict[str, float]
     """Per kernel ([Note: memory-bound kernels]); the backward's include a selective recompute's."""
@@ -141,21 +141,23 @@ def block_cost(plan: Plan) -> BlockCost:
 # [Note: recompute] `recompute: full` (recompute_interval >= 1) runs each block's forward again in
 # backward: its flops and kernel bytes once more. `recompute: selective` (Korthikanti et al. 2022,
 # arXiv:2205.05198 Sec. 5) stores every activation but the attention core's seq^2 tensors and
-# recomputes those in backward: under eager the `QK^T` matmul, the softmax and the attention dropout
-# run again; under flash nothing is added (its backward recomputes the scores anyway, and it stores
-# none), so selective recompute is no recompute there.
+# recomputes the core in backward: "the QK^T matrix multiply, softmax, softmax dropout, and attention
+# over V operations" (Megatron-LM checkpoints its `CoreAttention` module whole, so its backward first
+# runs that module's forward again), i.e. under eager both products, the softmax and the attention
+# dropout run twice; under flash nothing is added (its backward recomputes the scores anyway, and
+# it stores none), so selective recompute is no recompute there.
 def attention_flops(plan: Plan) -> tuple[float, float]:
     """(forward, backward) flops of one block's `QK^T` and `softmax(.) V` on one GPU.
 
     Eager: `4 bsz seq^2 q` forward (two seq x seq x q products, the whole square), twice that
-    backward, plus `QK^T` again (`2 bsz seq^2 q`) with selective recompute. Flash (causal): half
+    backward, plus the forward again with selective recompute ([Note: recompute]). Flash (causal): half
     the square forward, 2.5 x that backward. `q` is the query width (heads x head_dim)."""
     m = plan.model
     square = 4 * plan.micro_batch_per_gpu * m.seq_len**2 * m.q_size  # bsz/GPU x full q = the replica's / mp
     if plan.attention == "flash":
         forward = square / 2
         return forward, FLASH_BACKWARD_FACTOR * forward
-    backward = 2 * square + (square / 2 if plan.recompute == "selective" else 0.0)
+    backward = 2 * square + (square if plan.recompute == "selective" else 0.0)
     return square, backward
 
 
@@ -179,7 +181,11 @@ def attention_flops(plan: Plan) -> tuple[float, float]:
 #   `score_products_memory_bound_share`).
 # Under tensor parallelism (Megatron, no sequence parallelism) the kernels on the hd-wide residual
 # stream (norms, residual adds, hidden dropout) run on every rank over the whole replica batch, while
-# the ffn-, head- and query-wide ones are split `1 / mp`. Their time is bytes over the achievable
+# the ffn-, head- and query-wide ones are split `1 / mp`. With `sequence_parallel` (Korthikanti et al.
+# 2022, arXiv:2205.05198 Sec. 4.2.2) each rank runs them on `1 / mp` of the sequence: the
+# tensor-parallel all-reduce becomes a reduce-scatter into the sequence-split region and an
+# all-gather out of it, the same bytes (an all-reduce is a reduce-scatter and an all-gather), so only
+# these kernels' bytes change. Their time is bytes over the achievable
 # HBM bandwidth (`achievable_hbm_bytes_per_s`). The loss reads the vocabulary-wide logits: forward
 # it upcasts them to fp32 and reads that copy (e + 4 + 4 bytes per logit), backward writes the fp32
 # gradient, reads it and writes its downcast (4 + 4 + e), as `F.cross_entropy(logits.float())` does
@@ -191,7 +197,7 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
     m, mp = plan.model, plan.model_parallel_degree
     e = COMPUTE_BYTES[plan.precision]
     tokens = plan.micro_batch_per_gpu * m.seq_len
-    stream = tokens * mp * m.hidden_size  # the residual stream, whole on every tensor-parallel rank
+    stream = tokens * (1 if plan.sequence_parallel else mp) * m.hidden_size  # whole on every rank without SP
     ffn = tokens * m.ffn_hidden_size  # the replica's ffn-wide hidden / mp
     fwd = {"norms": m.norms_per_block * 2 * e * stream, "residual": 2 * 3 * e * stream,
            "activation": (3 if m.gated_mlp else 2) * e * ffn}
@@ -210,10 +216,10 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
             bwd["score_products"] = EAGER_PRODUCT_SCORE_PASSES_BACKWARD * e * scores * bound
         if m.dropout:
             fwd["attention_dropout"] = bwd["attention_dropout"] = (2 * e + DROPOUT_MASK_BYTES) * scores
-        if plan.recompute == "selective":  # QK^T, the softmax (and its dropout) run again before their backward
+        if plan.recompute == "selective":  # the core's forward runs again before its backward
             bwd["softmax"] += fwd["softmax"]
             if bound > 0:
-                bwd["score_products"] += e * scores * bound  # QK^T writes the scores again
+                bwd["score_products"] += fwd["score_products"]  # QK^T writes the scores again, P V reads P
             if m.dropout:
                 bwd["attention_dropout"] += fwd["attention_dropout"]
     if plan.fp8_matmuls:
@@ -224,10 +230,10 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
 # [Note: eager products on the roofline] Eager attention's products move a seq^2 operand per head:
 # forward `QK^T` writes the scores and `P V` reads the probabilities (2 heads seq e bytes per token);
 # backward `dP = dO V^T` writes dP, `dV = P^T dO` reads P, `dQ = dS K` and `dK = dS^T Q` each read dS
-# (4 heads seq e); selective recompute's second `QK^T` writes the scores again (1). Each such element
+# (4 heads seq e); selective recompute's second forward writes and reads them again (2). Each such element
 # carries `2 head_dim` flops (a dot product of head_dim pairs), so a product's arithmetic intensity is
 # `2 head_dim / e` flops per byte: 64-128 for 2-byte head_dim 64-128, below the GPUs' ridge (the
-# matmul rate over the achievable HBM bandwidth: about 200 on the fitted A100, 340 on the H100).
+# matmul rate over the achievable HBM bandwidth: about 180 on the fitted A100, 340 on the H100).
 # A kernel's time is the larger of its flops time and its bytes time (the roofline; its tiles overlap
 # loads, math and stores). The flops are timed at the matmul rate ([Note: attention kernels]), so the
 # bytes this charges are those beyond what that time already streams: `B x (1 - I x W / R)` for

@@ -347,6 +347,11 @@ class Plan:
     kv_exchange: KvExchange = KvExchange.RING
     """How context parallelism exchanges keys and values (`KvExchange`, [Note: context parallelism] in
     planner/cost/context_parallel.py); read only with `context_parallel_degree` > 1."""
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198 Sec. 4.2.2): the
+    residual stream's norms, residual adds and dropouts run on `1 / model_parallel_degree` of the
+    sequence on each tensor-parallel rank instead of all of it on every rank (planner/cost/kernels.py
+    [Note: memory-bound kernels]); its all-gather and reduce-scatter move the all-reduce's bytes."""
     nvme_path: str | None = None
     """Directory for swap files when any state is on NVMe."""
     optimizer_chunk_bytes: int = DEFAULT_OPTIMIZER_CHUNK_BYTES
@@ -426,6 +431,8 @@ class Plan:
         object.__setattr__(self, "kv_exchange", KvExchange(exchange))
         if not isinstance(self.fp8_matmuls, bool):
             raise PlannerError(f"fp8_matmuls must be true or false, not {self.fp8_matmuls!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise PlannerError(f"sequence_parallel must be true or false, not {self.sequence_parallel!r}")
         mp = self.model_parallel_degree
         if self.num_gpus % mp:
             raise PlannerError(f"model_parallel_degree {mp} does not divide num_gpus {self.num_gpus}")
@@ -536,6 +543,8 @@ class Plan:
             doc["fp8_recipe"] = self.fp8_recipe.value
         if self.context_parallel_degree > 1 and self.kv_exchange is not KvExchange.RING:
             doc["kv_exchange"] = self.kv_exchange.value
+        if self.sequence_parallel:  # plans without it are written as before
+            doc["sequence_parallel"] = True
         if self.host_pinning is not HostPinning.STAGED:  # plans that stage are written as before
             doc["host_pinning"] = self.host_pinning.value
         if self.optimizer_step_reason:  # plans nobody chose a schedule for are written as before
@@ -551,7 +560,8 @@ class Plan:
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
-                  "context_parallel_degree", "host_pinning", "optimizer_step_reason", "fp8_recipe", "kv_exchange"}
+                  "context_parallel_degree", "host_pinning", "optimizer_step_reason", "fp8_recipe", "kv_exchange",
+                  "sequence_parallel"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")

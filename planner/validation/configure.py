@@ -156,7 +156,9 @@ class RowPlan:
 #   degrees (planner.specs.plan.Plan: one replica spans `gpus_per_replica` GPUs), and its
 #   `micro_batches_per_step` is the accumulation, so the planner times the whole optimizer step
 #   (pipeline bubble, one gradient reduction per step: planner/cost/pipeline.py);
-# - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge);
+# - interleaved pipelines from the note's `VP=k` (NeMo, Megatron-Bridge), or searched where the note
+#   says only "interleaved" ([Note: an interleaved schedule of unstated depth]);
+# - sequence parallelism where the note says "sequence parallel(ism)" and TP > 1; none otherwise;
 # - fp8 rows (`FP8`, `amp_fp8`, `float8 linears`) as bf16 with `fp8_matmuls` (planner/cost/fp8.py); on a
 #   GPU without an fp8 rate the planner refuses them, naming the hardware; their casts and a CP row's
 #   KV exchange follow the training stack (SOURCE_STACK, `_stack`);
@@ -184,10 +186,12 @@ def row_plan(row: CorpusRow) -> RowPlan:
     if reasons or model is None or node is None:
         return RowPlan(plan=None, reasons=tuple(reasons), assumptions=tuple(assumptions))
     options = {"tensor x pipeline": layouts, "activation_recompute": (recompute,) if recompute else SEARCHED_RECOMPUTES,
-               "sharding": shardings, "micro_batch": micros}
+               "sharding": shardings, "micro_batch": micros,
+               "pipeline_virtual_stages": _virtual_stage_options(row, layouts, model, assumptions)}
     searched = [k for k, v in options.items() if len(v) > 1 or v == (None,)]
     attention = _attention(row, assumptions)
     recipe, exchange = _stack(row, precision_text, cp, assumptions)
+    stated_virtual = _VIRTUAL_STAGES.search(row.notes or "") is not None
 
     def build(choice: dict) -> Plan | None:
         (tp, pp), micro = choice["tensor x pipeline"], choice["micro_batch"]
@@ -195,15 +199,19 @@ def row_plan(row: CorpusRow) -> RowPlan:
         accumulation = 1 if micro is None or row.global_batch is None else row.global_batch // (micro * dp)
         if micro is not None and row.global_batch is not None and row.global_batch % (micro * dp):
             return None
+        virtual = choice["pipeline_virtual_stages"]
+        if virtual > 1 and not stated_virtual and not interleaves(model.num_layers, pp, virtual, accumulation if micro else None):
+            return None  # a searched chunk count Megatron would refuse (a stated one is taken as stated)
         strategy = SHARDING_STRATEGY.get(choice["sharding"], choice["sharding"])
         placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
                     micro_batch_per_gpu=(micro or 1) / (tp * cp * pp), recompute=choice["activation_recompute"],
                     recompute_interval=1 if choice["activation_recompute"] == "full" else 0, attention=attention,
-                    model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=_virtual_stages(row),
+                    model_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_virtual_stages=virtual,
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
-                    fp8_matmuls=uses_fp8(precision_text), fp8_recipe=recipe, kv_exchange=exchange)
+                    fp8_matmuls=uses_fp8(precision_text), fp8_recipe=recipe, kv_exchange=exchange,
+                    sequence_parallel=tp > 1 and states_sequence_parallel(row))
         check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 
@@ -215,14 +223,54 @@ def row_plan(row: CorpusRow) -> RowPlan:
                    searched=tuple(searched))
 
 
+_SEQUENCE_PARALLEL = re.compile(r"(?<!no )(?<!without )\bsequence[- ]parallel(?:ism)?\b", re.IGNORECASE)
+
+
+def states_sequence_parallel(row: CorpusRow) -> bool:
+    """Whether the row's note says the run used Megatron's sequence parallelism (Korthikanti et al.
+    2022 Sec. 4.2.2); a row that does not say runs without it."""
+    return _SEQUENCE_PARALLEL.search(row.notes or "") is not None
+
+
 _VIRTUAL_STAGES = re.compile(r"\bVP\s*=\s*(\d+)")
+_INTERLEAVED = re.compile(r"\binterleaved\b", re.IGNORECASE)
 
 
-def _virtual_stages(row: CorpusRow) -> int:
-    """Interleaved model chunks per GPU where the row's note states them (`VP=6`, NeMo's
-    virtual pipeline size); 1 otherwise (plain 1F1B)."""
-    match = _VIRTUAL_STAGES.search(row.notes or "")
-    return max(1, int(match.group(1))) if match and (row.pipeline_parallel or 1) > 1 else 1
+# [Note: an interleaved schedule of unstated depth] Megatron's interleaved 1F1B splits each stage's
+# `L / p` blocks into `v` equal model chunks (Narayanan et al. 2021, Sec. 2.2.2: the bubble shrinks to
+# `(p - 1) / (v m)`, each micro-batch crosses `v` times as many stage boundaries), and its schedule
+# needs the step's micro-batches to be a multiple of `p` (Megatron-LM's
+# `forward_backward_pipelining_with_interleaving` asserts it). A row whose note states the chunk count
+# (`VP=k`) gets it; a row whose note says only that the schedule was interleaved (Narayanan et al.
+# 2021, Sec. 5.1: "we use the interleaved pipeline schedule with the scatter/gather optimization
+# enabled" for Table 1) leaves `v` unstated, so it is searched like any other unstated knob ([Note:
+# unstated settings are searched] in planner/validation/unstated.py) over every `v >= 2` the stage's
+# blocks divide into; a row that says neither runs plain 1F1B (`v = 1`).
+def _virtual_stage_options(row: CorpusRow, layouts: tuple[tuple[int, int], ...], model: ModelSpec | None,
+                           assumptions: list[str]) -> tuple[int, ...]:
+    """Interleaved model chunks per GPU: the note's `VP=k`, else every `v >= 2` that splits a
+    pipelined layout's stage into equal chunks where the note says the schedule was interleaved, else
+    1 ([Note: an interleaved schedule of unstated depth])."""
+    notes = row.notes or ""
+    stated = _VIRTUAL_STAGES.search(notes)
+    if stated:
+        return (max(1, int(stated.group(1))) if (row.pipeline_parallel or 1) > 1 else 1,)
+    if model is None or not _INTERLEAVED.search(notes) or all(pp == 1 for _, pp in layouts):
+        return (1,)
+    options = tuple(sorted({v for _, pp in layouts if pp > 1 for v in range(2, model.num_layers // pp + 1)
+                            if interleaves(model.num_layers, pp, v, None)}))
+    if len(options) == 1:
+        assumptions.append(f"pipeline_virtual_stages = {options[0]} (the note says the schedule was interleaved: "
+                           f"the only split of a stage's blocks into 2 or more equal chunks)")
+    return options or (1,)
+
+
+def interleaves(layers: int, stages: int, virtual: int, micro_batches: int | None) -> bool:
+    """Whether Megatron's interleaved schedule runs `layers` blocks on `stages` stages of `virtual`
+    equal chunks each with `micro_batches` per step (None: not yet known)."""
+    if stages < 2 or layers % (stages * virtual):
+        return False
+    return micro_batches is None or micro_batches % stages == 0
 
 
 def _kernel_rate(row: CorpusRow, node: NodeSpec | None, reasons: list[str], assumptions: list[str]) -> NodeSpec | None:
