@@ -209,7 +209,7 @@ class BackwardUpdates:
             self.computed.succeed()
 
     def _reader(self) -> Proc:
-        program, sim = self.program, self.sim
+        sim = self.sim
         for sizes in self.units:
             for n in sizes:
                 yield self.buffers.get(1)
