@@ -41,7 +41,9 @@ class Calibration:
     factors: dict[str, float]
     """theta per feature (seconds per feature second of the base spec; `operators`: seconds per operator)."""
     residual: float
-    """Relative RMS error of the fitted linear model over all (profile, phase) rows."""
+    """Relative RMS error over all (profile, phase) rows: of the fitted linear model, or, where the search
+    below the linear fit set the factors ([Note: relinearised where the step overlaps]), of the spec's
+    own simulation."""
     num_rows: int
     standard_errors: dict[str, float] = field(default_factory=dict)
     """Standard error of each nonzero factor (see [Note: the calibration model]); nan where the
@@ -202,10 +204,13 @@ def _nnls(rows: list[list[float]], targets: list[float]) -> tuple[list[float], f
 # while the forward's compute is the longer, and exposes it once the drive is: its row is a max, not a
 # sum, and the features (slopes at the spec's rates) are those of whichever side is longer there. A
 # drive found slower than the spec moves that row onto the other slope, so where a plan overlaps its
-# step and the fitted spec's own simulation misses the runs (`model_residual`), `calibrate` fits once
-# more at the fitted rates (one Gauss-Newton step) and composes the two: each rate divided by both
-# factors, the floors kept on the product. The spec whose own simulation misses the runs less is
-# kept: where the drive hides, a second fit may move its factor along a flat row.
+# step and the fitted spec's own simulation misses the runs (`model_residual`), `calibrate` fits again
+# at the fitted rates (Gauss-Newton steps, at most `MAX_RELINEARISATIONS`) and composes the fits: each
+# rate divided by every factor, the floors kept on the product. A step is kept only where its spec's
+# own simulation misses the runs less than the last: where the drive hides, a further fit may move
+# its factor along a flat row. Where the steps stall short of the runs (the max's kink: the slopes on
+# either side disagree, so Gauss-Newton stops beside the minimum), a coordinate search on the factors'
+# logs minimises the spec's own simulated miss directly (`_searched`).
 def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     """Fit `node`'s efficiency parameters to the runs (see [Note: the calibration model])."""
     if not runs:
@@ -214,19 +219,67 @@ def calibrate(runs: list[tuple[Plan, Profile]], node: NodeSpec) -> Calibration:
     fit = _fit(runs, node, floors, merged=merged)
     if not any(step_overlaps_forward(plan) for plan, _ in runs):
         return fit
+    missed = model_residual(runs, fit.node)
+    for _ in range(MAX_RELINEARISATIONS):
+        if missed <= CONSISTENT:
+            break  # the fitted spec predicts the runs: nothing to relinearise
+        step = _relinearised(runs, node, fit, floors, merged=merged)
+        step_missed = model_residual(runs, step.node)
+        if step_missed >= missed:
+            break  # the drive hides: a further fit would move its factor along a flat row
+        fit, missed = step, step_missed
+    return fit if missed <= CONSISTENT else _searched(runs, node, fit, floors, missed)
+
+
+MAX_RELINEARISATIONS = 4
+"""Gauss-Newton steps at most where a plan overlaps its step ([Note: relinearised where the step
+overlaps]); each keeps only a spec whose own simulation misses the runs less than the last."""
+
+
+SEARCH_STEPS = (0.1, 0.03, 0.01, 0.003)
+"""Log-space steps of the coordinate search on the factors, coarse to fine ([Note: relinearised where the
+step overlaps])."""
+MAX_SEARCH_EVALUATIONS = 400
+"""Simulations of the runs the search may spend (each a few milliseconds on the probe's small models)."""
+
+
+def _searched(runs: list[tuple[Plan, Profile]], node: NodeSpec, fit: Calibration, floors: dict[str, float],
+              missed: float) -> Calibration:
+    """Coordinate search on the log of each fitted rate factor for the spec whose own simulation misses
+    the runs least, from `fit` (which misses them by `missed`): where the drive hides under the forward
+    the overlapped row is a max, whose slopes a linear fit cannot follow to its kink."""
+    theta, fitted = dict(fit.factors), set(fit.fitted)
+    names = [f for f in FEATURES if f != "operators" and theta.get(f, 0.0) > 0]
+    evaluations = 0
+    for step in SEARCH_STEPS:
+        improved = True
+        while improved and evaluations < MAX_SEARCH_EVALUATIONS:
+            improved = False
+            for name, sign in itertools.product(names, (-1.0, 1.0)):
+                trial = {**theta, name: theta[name] * math.exp(sign * step)}
+                if trial[name] < floors.get(name, 0.0):
+                    continue
+                evaluations += 1
+                trial_missed = model_residual(runs, calibrated_node(node, trial, fitted))
+                if trial_missed < missed:
+                    theta, missed, improved = trial, trial_missed, True
+    return Calibration(node=calibrated_node(node, theta, fitted), factors=theta, residual=missed,
+                       num_rows=fit.num_rows, fitted=fit.fitted, standard_errors=fit.standard_errors)
+
+
+def _relinearised(runs: list[tuple[Plan, Profile]], node: NodeSpec, fit: Calibration, floors: dict[str, float], *,
+                  merged: bool) -> Calibration:
+    """One more fit at `fit`'s rates, composed with it: each rate of `node` divided by both factors."""
     first = fit.factors
     at_fit = calibrated_node(node, first, set(fit.fitted))
-    missed = model_residual(runs, at_fit)
-    if missed <= CONSISTENT:
-        return fit  # the fitted spec predicts the runs: nothing to relinearise
     second = _fit(runs, at_fit, {f: floor / first[f] if first.get(f, 0.0) > 0 else floor for f, floor in floors.items()},
                   merged=merged)
     theta = {f: second.factors[f] if f == "operators" else _composed(first[f], second.factors[f]) for f in FEATURES}
-    refit = Calibration(node=calibrated_node(node, theta, set(fit.fitted) | set(second.fitted)), factors=theta,
-                        residual=second.residual, num_rows=second.num_rows, fitted=tuple(set(fit.fitted) | set(second.fitted)),
-                        standard_errors={f: se * (first[f] if f != "operators" and first[f] > 0 else 1.0)
-                                         for f, se in second.standard_errors.items()})
-    return refit if model_residual(runs, refit.node) < missed else fit
+    fitted = tuple(sorted(set(fit.fitted) | set(second.fitted)))
+    return Calibration(node=calibrated_node(node, theta, set(fitted)), factors=theta, residual=second.residual,
+                       num_rows=second.num_rows, fitted=fitted,
+                       standard_errors={f: se * (first[f] if f != "operators" and first[f] > 0 else 1.0)
+                                        for f, se in second.standard_errors.items()})
 
 
 CONSISTENT = 1e-3
