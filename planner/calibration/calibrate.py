@@ -247,7 +247,8 @@ def _searched(runs: list[tuple[Plan, Profile]], node: NodeSpec, fit: Calibration
               missed: float) -> Calibration:
     """Coordinate search on the log of each fitted rate factor for the spec whose own simulation misses
     the runs least, from `fit` (which misses them by `missed`): where the drive hides under the forward
-    the overlapped row is a max, whose slopes a linear fit cannot follow to its kink."""
+    the overlapped row is a max, whose slopes a linear fit cannot follow to its kink. The standard
+    errors stay the last linear fit's: the search has no slopes of its own to give others."""
     theta, fitted = dict(fit.factors), set(fit.fitted)
     names = [f for f in FEATURES if f != "operators" and theta.get(f, 0.0) > 0]
     evaluations = 0
