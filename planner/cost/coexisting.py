@@ -17,6 +17,18 @@ is not a moment the runtime reaches:
 `buffer_maxima` walks the moments of one period of the trace (planner/sim/workload.py's order: the
 embedding, the blocks, the head, then per recompute segment its recompute and its backward); the
 bill's `not_at_once` term takes back what the worst of them does not hold.
+
+[Note: a walk of distinct moments] A moment's bytes are a function of its unit, the two units after
+it (gathered ahead, staged) and the gradients whose reduce-scatter may still run (`pending`: at
+most the two units before it, reset by every forward unit and kept across a tied head's backward).
+So in a run of more than `KEPT_REPEATS` identical items (a linear's tiles, or a stretch of identical
+blocks) every item from the third to the third-last meets the same moment as the run's middle one,
+and the state after the run is the same as after its first `KEPT_REPEATS`: the walk keeps that many of
+each run (`representative_trace(shape, kept=KEPT_REPEATS)`). What it walks then depends on the tiling
+only through the tiles' sizes. Its moments, each the unit's and its neighbours' elements and the
+pending sums, are the same for every window of one `TraceShape`; `buffer_maxima` prices each
+distinct one with the window's terms, adding the same floats in the same order as the walk over the
+whole trace (tests/test_memory_moments.py compares the two on many layouts).
 """
 
 from __future__ import annotations
@@ -48,14 +60,29 @@ class TraceUnit:
     """The output head's steps: the logits are live."""
 
 
+KEPT_REPEATS = 5
+"""Items of a run of identical ones the walk keeps: the two each end's neighbours see and one from
+the middle ([Note: a walk of distinct moments])."""
+
+
 @dataclass(frozen=True, slots=True)
-class Window:
-    """What sets the per-operator buffers' moments (hashable: the walk is cached per window)."""
+class TraceShape:
+    """What sets the trace's units and their sizes (the same for every window of a layout that
+    differs only in the batch, the prefetch depth, the terms the bill has or the data parallelism)."""
 
     model: ModelSpec
     model_parallel: int
     tiling: int
     recompute_interval: int
+    largest_bias: float
+    """Bias elements the largest linear's unit carries (planner/cost/memory.py `largest_unit_params`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What sets the per-operator buffers' moments (hashable: the walk is cached per window)."""
+
+    shape: TraceShape
     data_parallel: int
     prefetch_depth: int
     terms: frozenset[MemoryTerm]
@@ -64,25 +91,26 @@ class Window:
     """Bytes per element gathered."""
     tied_bytes: float
     """The tied embedding kept gathered from the head's forward to its gradient (0 when it is not)."""
-    largest_bias: float
-    """Bias elements the largest linear's unit carries (planner/cost/memory.py `largest_unit_params`)."""
 
     @classmethod
     def of(cls, plan: Plan, terms: frozenset[MemoryTerm], unit_bytes: float, tied_bytes: float,
            largest_bias: float) -> Window:
-        return cls(plan.model, plan.model_parallel_degree, plan.tiling_factor, plan.recompute_interval,
-                   plan.data_parallel_degree, plan.prefetch_depth, terms, unit_bytes, tied_bytes, largest_bias)
+        shape = TraceShape(plan.model, plan.model_parallel_degree, plan.tiling_factor, plan.recompute_interval,
+                           largest_bias)
+        return cls(shape, plan.data_parallel_degree, plan.prefetch_depth, terms, unit_bytes, tied_bytes)
 
 
-def representative_trace(w: Window) -> list[TraceUnit]:
+def representative_trace(shape: TraceShape, kept: int | None = None) -> list[TraceUnit]:
     """The operators of the trace's first forward blocks, its head, and its backward over enough
-    blocks to repeat: three recompute segments (three blocks without recompute), and the embedding."""
-    m, mp, tiles, ci, largest_bias = w.model, w.model_parallel, w.tiling, w.recompute_interval, w.largest_bias
+    blocks to repeat: three recompute segments (three blocks without recompute), and the embedding;
+    with `kept`, at most that many of each run of identical tiles or blocks."""
+    m, mp, tiles, ci, largest_bias = shape.model, shape.model_parallel, shape.tiling, shape.recompute_interval, \
+        shape.largest_bias
     largest = max(op.num_params for op in m.block_operators())
 
     def tiled(num_params: int, bias: float) -> list[float]:
         n = tiles if num_params >= tiles else 1
-        return [num_params / (mp * n) + bias] * n
+        return [num_params / (mp * n) + bias] * min(n, kept or n)
 
     block = [e for op in m.block_operators()
              for e in tiled(op.num_params, largest_bias if op.num_params == largest else 0.0)]
@@ -92,12 +120,13 @@ def representative_trace(w: Window) -> list[TraceUnit]:
     head_grads = not m.tied_embeddings
     blocks = min(m.num_layers, 3 * max(ci, 1))
     trace = [TraceUnit(e, False, True, False) for e in embedding]
-    trace += [TraceUnit(e, False, True, False) for _ in range(blocks) for e in block]
+    trace += [TraceUnit(e, False, True, False) for _ in range(min(blocks, kept or blocks)) for e in block]
     trace += [TraceUnit(e, False, True, True) for e in head]
     trace += [TraceUnit(e, True, head_grads, True) for e in reversed(head)]
     segment = ci or 1
     for first in range(blocks - segment, -segment, -segment):
         count = segment + min(first, 0)
+        count = min(count, kept or count)
         if ci:
             trace += [TraceUnit(e, False, False, False) for _ in range(count) for e in block]
         trace += [TraceUnit(e, True, True, False) for _ in range(count) for e in reversed(block)]
@@ -105,43 +134,74 @@ def representative_trace(w: Window) -> list[TraceUnit]:
     return trace
 
 
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """What one unit's moment is made of, whatever the window's terms."""
+
+    elements: float
+    ahead: float
+    """The next unit's elements (gathered ahead), 0 at the trace's end."""
+    staged: float
+    """The unit after next's elements (its shard staged), 0 at the trace's end."""
+    grads: bool
+    held: bool
+    """The tied embedding is held: the head's steps and every backward step."""
+    at_head: bool
+    last_pending: float
+    """The last gradient whose reduce-scatter may still run (`sum(pending[-1:])`)."""
+    two_pending: float
+    """The last two (`sum(pending[-2:])`)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def distinct_moments(shape: TraceShape) -> tuple[Moment, ...]:
+    """The distinct moments of the trace ([Note: a walk of distinct moments])."""
+    trace = representative_trace(shape, kept=KEPT_REPEATS)
+    pending: list[float] = []
+    moments = {}
+    for i, unit in enumerate(trace):
+        grads = unit.backward and unit.has_grads
+        ahead = trace[i + 1].elements if i + 1 < len(trace) else 0.0
+        staged = trace[i + 2].elements if i + 2 < len(trace) else 0.0
+        moment = Moment(unit.elements, ahead, staged, grads, unit.backward or unit.at_head, unit.at_head,
+                        sum(pending[-1:]), sum(pending[-2:]))
+        moments[moment] = None
+        pending = [*pending[-1:], unit.elements] if grads else ([] if not unit.backward else pending)
+    return tuple(moments)
+
+
 @functools.lru_cache(maxsize=4096)
 def buffer_maxima(w: Window) -> tuple[float, float]:
     """The most bytes of the per-operator buffers live at once while an operator of the output head
     computes, and while any other does (see [Note: terms that never meet])."""
     dp, depth, terms, unit_bytes, tied_bytes = w.data_parallel, w.prefetch_depth, w.terms, w.unit_bytes, w.tied_bytes
-    trace = representative_trace(w)
     gathers = MemoryTerm.MSWM in terms
     ahead = MemoryTerm.PREFETCH_GATHERED_PARAMS in terms
     staged = MemoryTerm.PREFETCH_SHARD_STAGING in terms
     own_gradient = dp > 1 and gathers or MemoryTerm.REDUCE_SCATTER_BUFFER in terms
     in_flight = MemoryTerm.REDUCE_SCATTER_BUFFER in terms and dp > 1 and depth > 0
     offloads = MemoryTerm.GRADIENT_OFFLOAD_STAGING in terms
-    pending: list[float] = []  # gradients whose reduce-scatter may still run
     maxima = [0.0, 0.0]
-    for i, unit in enumerate(trace):
+    for m in distinct_moments(w.shape):
         elements, kept = 0.0, 0.0
-        grads = unit.backward and unit.has_grads
         if gathers:
-            elements += unit.elements
-            kept = tied_bytes if (unit.backward or unit.at_head) else 0.0
-            if ahead and i + 1 < len(trace):
-                elements += trace[i + 1].elements
-            if staged and i + 2 < len(trace):
-                elements += trace[i + 2].elements / dp
-        if grads and own_gradient:
-            elements += unit.elements
+            elements += m.elements
+            kept = tied_bytes if m.held else 0.0
+            if ahead:
+                elements += m.ahead
+            if staged:
+                elements += m.staged / dp
+        if m.grads and own_gradient:
+            elements += m.elements
         # While an operator computes its gradients the previous one's reduce-scatter may run and the
         # two before's shards be copied off (at depth 0 each waits); in a recompute the last two's.
         # A segment's recompute outlasts them: the next backward finds them done (the simulator's
         # schedule shows it on every example plan).
         if in_flight:
-            elements += sum(pending[-1:] if grads else pending[-2:])
+            elements += m.last_pending if m.grads else m.two_pending
         if offloads:
-            elements += sum(pending[-2:]) / dp if depth > 0 else 0.0
-        if in_flight or offloads:
-            pending = [*pending[-1:], unit.elements] if grads else ([] if not unit.backward else pending)
-        index = 0 if unit.at_head else 1
+            elements += m.two_pending / dp if depth > 0 else 0.0
+        index = 0 if m.at_head else 1
         maxima[index] = max(maxima[index], elements * unit_bytes + kept)
     return maxima[0], maxima[1]
 
