@@ -9,7 +9,7 @@ readable ([Note: old spellings]). A profile written by the runtime carries the s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from functools import cache
@@ -397,15 +397,14 @@ class Plan:
         object.__setattr__(self, "node", self.node.for_gpus(self.num_gpus).in_precision(self.precision))
         string(self.strategy, "strategy", choices=STRATEGIES)
         string(self.optimizer_step, "optimizer_step", choices=OPTIMIZER_STEPS)
-        pinning = string(self.host_pinning, "host_pinning", choices=tuple(HostPinning))
-        object.__setattr__(self, "host_pinning", HostPinning(pinning))
+        _check_host_pinning(self)
         if self.optimizer_step == "in_backward" and self.precision == "fp16":
             raise PlannerError("optimizer_step in_backward cannot run with precision fp16: the loss scaler must see "
                                "every gradient before any update; use bf16 or fp32, or optimizer_step after_backward")
-        number(self.micro_batch_per_gpu, "micro_batch_per_gpu", exclusive_minimum=0, maximum=1_000_000)
+        _check_batch_number(self)
         number(self.recompute_interval, "recompute_interval", minimum=0, maximum=self.model.num_layers, integer=True)
-        number(self.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
-        number(self.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
+        _check_tiling_factor(self)
+        _check_prefetch_depth(self)
         number(self.model_parallel_degree, "model_parallel_degree", minimum=1, maximum=1024, integer=True)
         number(self.context_parallel_degree, "context_parallel_degree", minimum=1, maximum=1024, integer=True)
         number(self.pipeline_parallel_degree, "pipeline_parallel_degree", minimum=1, maximum=self.model.num_layers,
@@ -443,14 +442,7 @@ class Plan:
         pp, cp = self.pipeline_parallel_degree, self.context_parallel_degree
         if pp > 1:
             _check_pipeline(self)
-        per_replica_batch = self.micro_batch_per_gpu * mp * cp * pp
-        if abs(per_replica_batch - round(per_replica_batch)) > 1e-9:
-            across = (f"model_parallel_degree {mp}" + (f" x context_parallel_degree {cp}" if cp > 1 else "")
-                      + (f" x pipeline_parallel_degree {pp}" if pp > 1 else ""))
-            raise PlannerError(
-                f"micro_batch_per_gpu {self.micro_batch_per_gpu} x {across} must be a whole number of "
-                "samples per model replica"
-            )
+        _check_whole_samples(self)
         self._resolve_kernels()
         if self.strategy in STRATEGY_TABLE and self.placement != STRATEGY_TABLE[self.strategy].placement:
             expected = STRATEGY_TABLE[self.strategy].placement.label()
@@ -589,7 +581,16 @@ class Plan:
     def replace(self, **changes: Any) -> Plan:
         """A copy with `changes`; `recompute` is derived again from a new `recompute_interval`
         unless it was selective or is changed too, and `attention` from a new node's kernel unless
-        it is changed too or the new node has the same."""
+        it is changed too or the new node has the same. Changes only to fields that no other field's
+        check reads (`_OWN_CHECKS`: what the search varies per candidate) run just their own checks:
+        the rest of the plan was checked when it was made and derives nothing from them."""
+        if changes.keys() <= _OWN_CHECKS.keys():
+            plan = object.__new__(Plan)
+            for name in _plan_fields():
+                object.__setattr__(plan, name, changes[name] if name in changes else getattr(self, name))
+            for name in changes:
+                _OWN_CHECKS[name](plan)
+            return plan
         doc = {name: getattr(self, name) for name in _plan_fields()}
         if "recompute_interval" in changes and "recompute" not in changes and not (
                 self.recompute == "selective" and changes["recompute_interval"] == 0):
@@ -605,6 +606,48 @@ class Plan:
     def save(self, path: str | Path) -> None:
         """Write atomically: a crash mid-write never leaves a half plan behind."""
         write_json_atomic(path, self.to_dict(), "plan")
+
+
+def _check_batch_number(plan: Plan) -> None:
+    number(plan.micro_batch_per_gpu, "micro_batch_per_gpu", exclusive_minimum=0, maximum=1_000_000)
+
+
+def _check_whole_samples(plan: Plan) -> None:
+    """The micro-batch is whole samples per model replica (the parallel degrees already checked)."""
+    mp, cp, pp = plan.model_parallel_degree, plan.context_parallel_degree, plan.pipeline_parallel_degree
+    per_replica_batch = plan.micro_batch_per_gpu * mp * cp * pp
+    if abs(per_replica_batch - round(per_replica_batch)) > 1e-9:
+        across = (f"model_parallel_degree {mp}" + (f" x context_parallel_degree {cp}" if cp > 1 else "")
+                  + (f" x pipeline_parallel_degree {pp}" if pp > 1 else ""))
+        raise PlannerError(
+            f"micro_batch_per_gpu {plan.micro_batch_per_gpu} x {across} must be a whole number of "
+            "samples per model replica"
+        )
+
+
+def _check_tiling_factor(plan: Plan) -> None:
+    number(plan.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
+
+
+def _check_prefetch_depth(plan: Plan) -> None:
+    number(plan.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
+
+
+def _check_host_pinning(plan: Plan) -> None:
+    pinning = string(plan.host_pinning, "host_pinning", choices=tuple(HostPinning))
+    object.__setattr__(plan, "host_pinning", HostPinning(pinning))
+
+
+_OWN_CHECKS: dict[str, Callable[[Plan], None]] = {
+    "micro_batch_per_gpu": lambda plan: (_check_batch_number(plan), _check_whole_samples(plan)),
+    "tiling_factor": _check_tiling_factor,
+    "prefetch_depth": _check_prefetch_depth,
+    "host_pinning": _check_host_pinning,
+    "prediction": lambda plan: None,
+}
+"""Fields whose checks read no field but themselves and the fixed layout (the parallel degrees),
+and which no check of another field, nor `__post_init__`'s derived fields (the node's share and
+precision, the kernels), reads: `Plan.replace` changing only these runs only these."""
 
 
 @cache
