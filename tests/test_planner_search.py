@@ -1,15 +1,24 @@
 """Placement search: what fits is found, pins are honoured, what does not fit says why."""
 
+import itertools
+
 import pytest
 
-from planner.cost.memory import memory_bill
+import planner.search.search as search_module
+from planner.cost.memory import memory_bill, resident_states_fit
 from planner.search.search import SearchRequest, candidate_placements, search
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.errors import PlannerError
+from planner.specs.plan import Placement, Plan
 
 
 def request(model="1T", hardware="dgx2-v100", gpus=16, **kw):
     return SearchRequest(model=resolve_model(model), node=resolve_hardware(hardware), num_gpus=gpus, **kw)
+
+
+def candidate_plan(model, **placement):
+    return Plan(model=model, node=resolve_hardware("dgx2-v100"), num_gpus=16,
+                placement=Placement(recompute_inputs="cpu", **placement), recompute_interval=1)
 
 
 def test_1t_fits_one_dgx2_node_with_an_offloaded_placement():
@@ -116,3 +125,28 @@ def test_max_size_per_strategy_matches_the_papers_strategy_comparison():
         if strategy != "zero-inf-nvme":
             assert sizes[strategy] < 2 * paper, strategy
     assert list(sizes.values()) == sorted(sizes.values())
+
+
+@pytest.mark.parametrize("kw", [{}, {"hardware": "dgx-h100"}, {"micro_batch_per_gpu": 4},
+                                {"model": "paper-70b", "hardware": "dgx-h100", "gpus": 8, "model_parallel_degree": None}],
+                         ids=["1T dgx2", "1T h100", "pinned batch", "70B mp searched"])
+def test_skipping_layouts_whose_states_do_not_fit_changes_no_answer(kw, monkeypatch):
+    """The search skips a base plan whose resident states and recompute inputs alone overflow a tier
+    (`resident_states_fit`); evaluating its every depth and tiling gives the same ranking, the same
+    rejected plans and the same count."""
+    skipped = search(request(**kw))
+    monkeypatch.setattr(search_module, "resident_states_fit", lambda plan: True)
+    evaluated = search(request(**kw))
+    assert [p.to_dict() for p in skipped.ranked] == [p.to_dict() for p in evaluated.ranked]
+    assert [p.to_dict() for p in skipped.rejected] == [p.to_dict() for p in evaluated.rejected]
+    assert skipped.num_evaluated == evaluated.num_evaluated
+    assert skipped.rejected or kw.get("model") == "paper-70b"
+
+
+def test_states_that_do_not_fit_fit_at_no_depth_tiling_or_larger_batch():
+    base = request().model
+    plan = candidate_plan(base, params="gpu", gradients="cpu", optimizer_states="cpu")
+    assert not resident_states_fit(plan)
+    for depth, tiling, batch in itertools.product((0, 3), (1, 64), (1, 8)):
+        assert not memory_bill(plan.replace(prefetch_depth=depth, tiling_factor=tiling, micro_batch_per_gpu=batch)).fits
+    assert resident_states_fit(candidate_plan(base, params="nvme", gradients="nvme", optimizer_states="nvme"))

@@ -239,6 +239,24 @@ def memory_bill(plan: Plan) -> MemoryBill:
     )
 
 
+def resident_states_fit(plan: Plan) -> bool:
+    """Whether the resident states and the recompute inputs alone fit every tier, as the bill counts
+    them. The bill's other terms add up to no less than 0 on every tier (on the GPU the moment terms
+    less `not_at_once` are the worst moment's bytes), and neither the prefetch depth nor the tiling
+    changes these, nor a larger micro-batch lowers them: a plan whose states do not fit fits at no
+    depth, tiling or larger batch. Pipelined plans are billed per stage: True (not decided here)."""
+    if plan.pipeline_parallel_degree > 1:
+        return True
+    per_node = plan.cluster.gpus_per_node
+    peak = {tier: 0 for tier in TIERS}
+    for tier, _, nbytes in resident_state_terms(plan):
+        peak[tier] += math.ceil(nbytes) * (1 if tier.per_gpu else per_node)
+    tier = plan.placement.recompute_inputs
+    peak[tier] += math.ceil(recompute_input_bytes(plan)) * (1 if tier.per_gpu else per_node)
+    capacity = {tier: int(tier.capacity_bytes(plan.node)) for tier in TIERS}
+    return not _over_capacity(peak, capacity, host_is_device=plan.node.host_is_device)
+
+
 def _pipeline_stage_bill(plan: Plan) -> MemoryBill:
     """A pipelined plan's bill: its heaviest stage's (planner/cost/pipeline.py stage_plan: `L / p` of the
     weights), with the first stage's 1F1B activations of `min(p, m)` micro-batches in flight: their

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from planner.cost.feasibility import check_plan
 from planner.cost.host_link import choose_host_pinning
-from planner.cost.memory import memory_bill, min_tiling_factor, schedule_changes_bill
+from planner.cost.memory import memory_bill, min_tiling_factor, resident_states_fit, schedule_changes_bill
 from planner.cost.throughput import estimate
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
@@ -226,6 +226,9 @@ def _scheduled_bases(request: SearchRequest, base: Plan) -> list[Plan]:
 def _sized_candidates(request: SearchRequest, strategy: str, base: Plan) -> tuple[int, list[Plan], Plan | None]:
     """(candidates evaluated, the predicted plans that fit at their largest batch, the first that did
     not) over prefetch depth and tiling for one base plan."""
+    if not resident_states_fit(base):  # nothing below fits: every candidate evaluated fails, the first first
+        depths, tilings = tuple(_prefetch_depths(request, strategy)), tuple(_tilings(request, base))
+        return len(depths) * len(tilings), [], base.replace(prefetch_depth=depths[0], tiling_factor=tilings[0])
     evaluated, found_plans, first_failure = 0, [], None
     for depth in _prefetch_depths(request, strategy):
         found = False
