@@ -106,7 +106,7 @@ def representative_trace(shape: TraceShape, kept: int | None = None) -> list[Tra
     with `kept`, at most that many of each run of identical tiles or blocks."""
     m, mp, tiles, ci, largest_bias = shape.model, shape.model_parallel, shape.tiling, shape.recompute_interval, \
         shape.largest_bias
-    largest = max(op.num_params for op in m.block_operators())
+    largest = m.largest_block_operator_params
 
     def tiled(num_params: int, bias: float) -> list[float]:
         n = tiles if num_params >= tiles else 1
@@ -157,17 +157,15 @@ class Moment:
 def distinct_moments(shape: TraceShape) -> tuple[Moment, ...]:
     """The distinct moments of the trace ([Note: a walk of distinct moments])."""
     trace = representative_trace(shape, kept=KEPT_REPEATS)
+    after = [unit.elements for unit in trace[1:]] + [0.0, 0.0]  # nothing is gathered past the trace's end
     pending: list[float] = []
     moments = {}
     for i, unit in enumerate(trace):
         grads = unit.backward and unit.has_grads
-        ahead = trace[i + 1].elements if i + 1 < len(trace) else 0.0
-        staged = trace[i + 2].elements if i + 2 < len(trace) else 0.0
-        moment = Moment(unit.elements, ahead, staged, grads, unit.backward or unit.at_head, unit.at_head,
-                        sum(pending[-1:]), sum(pending[-2:]))
-        moments[moment] = None
+        moments[(unit.elements, after[i], after[i + 1], grads, unit.backward or unit.at_head, unit.at_head,
+                 sum(pending[-1:]), sum(pending[-2:]))] = None
         pending = [*pending[-1:], unit.elements] if grads else ([] if not unit.backward else pending)
-    return tuple(moments)
+    return tuple(Moment(*moment) for moment in moments)
 
 
 @functools.lru_cache(maxsize=4096)

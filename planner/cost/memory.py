@@ -217,7 +217,7 @@ def largest_unit_params(plan: Plan) -> float:
 
 def _embedding_is_largest(plan: Plan) -> bool:
     m = plan.model
-    return m.vocab_size * m.hidden_size > max(op.num_params for op in m.block_operators())
+    return m.vocab_size * m.hidden_size > m.largest_block_operator_params
 
 
 def memory_bill(plan: Plan) -> MemoryBill:

@@ -170,10 +170,15 @@ class ModelSpec:
         return 12 * self.num_layers * self.hidden_size**2
 
     @property
+    def largest_block_operator_params(self) -> int:
+        """The largest linear of one block (the MLP's up or down projection)."""
+        return _largest_block_operator_params(self.hidden_size, self.ffn_hidden_size, self.q_size, self.kv_size,
+                                              self.gated_mlp)
+
+    @property
     def largest_operator_params(self) -> int:
         """The weight that sets the model-state working memory (eq. 4) and the tiling need."""
-        largest = max(op.num_params for op in self.block_operators())
-        return max(largest, self.vocab_size * self.hidden_size)
+        return max(self.largest_block_operator_params, self.vocab_size * self.hidden_size)
 
     # -- documents ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -250,6 +255,11 @@ def format_param_count(count: float) -> str:
         if count >= scale:
             return f"{count / scale:,.2f} {unit}"
     return f"{count:,.0f}"
+
+
+@cache
+def _largest_block_operator_params(hd: int, ffn: int, q_size: int, kv_size: int, gated_mlp: bool) -> int:
+    return max(op.num_params for op in _block_operators(hd, ffn, q_size, kv_size, gated_mlp))
 
 
 @cache
