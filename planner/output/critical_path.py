@@ -18,6 +18,7 @@ the resource the forward and backward wait on most.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -137,11 +138,15 @@ def analytic_path(plan: Plan) -> CriticalPath:
 # Interval arithmetic on sorted, disjoint (start, end) spans.
 def _merged(spans: Iterable[tuple[float, float, object]] | Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
-    for start, end, *_ in sorted(spans):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
+    lo = hi = 0.0
+    for span in sorted(spans):
+        start, end = span[0], span[1]
+        if out and start <= hi:
+            hi = max(hi, end)
+            out[-1] = (lo, hi)
         elif end > start:
-            out.append((start, end))
+            lo, hi = start, end
+            out.append((lo, hi))
     return out
 
 
@@ -161,17 +166,22 @@ def _clipped(spans: list[tuple[float, float]], lo: float, hi: float) -> list[tup
 
 
 def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two merged span lists (one sweep)."""
-    i = j = 0
+    """Total length of the intersection of two merged span lists: for each span of the shorter, the
+    spans of the longer that meet it, found by bisection, in the order one sweep over both adds them
+    (the intersections are disjoint and taken left to right)."""
+    if len(a) < len(b):
+        a, b = b, a
     total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
+    for b_lo, b_hi in b:
+        i = bisect_right(a, b_lo, key=_end)  # the first span of `a` ending after `b_lo`
+        while i < len(a) and a[i][0] < b_hi:
+            total += min(a[i][1], b_hi) - max(a[i][0], b_lo)
             i += 1
-        else:
-            j += 1
     return total
+
+
+def _end(span: tuple[float, float]) -> float:
+    return span[1]
 
 
 def _length(spans: list[tuple[float, float]]) -> float:
