@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from planner.cost.memory import host_state_crosses_link, memory_bill
+from planner.cost.memory import MemoryBill, host_state_crosses_link, memory_bill
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.plan import HostPinning
 from planner.specs.tiers import HOST
@@ -73,11 +73,12 @@ PINNED_SHARD_TERMS = (MemoryTerm.PARAMS, MemoryTerm.RECOMPUTE_INPUTS)
 runtime/transfer/pinned_arena.py)."""
 
 
-def pinned_host_bytes(plan: Plan) -> int:
-    """Page-locked host bytes one rank (one process) holds: what its locked-memory limit must allow."""
+def pinned_host_bytes(plan: Plan, bill: MemoryBill | None = None) -> int:
+    """Page-locked host bytes one rank (one process) holds: what its locked-memory limit must allow
+    (from `bill`, the plan's own bill, where the caller has it)."""
     if plan.node.host_is_device:
         return 0
-    host = memory_bill(plan).terms[HOST]
+    host = (bill or memory_bill(plan)).terms[HOST]
     terms = PINNED_HOST_TERMS + (PINNED_SHARD_TERMS if plan.host_pinning is HostPinning.SHARDS else ())
     return math.ceil(sum(host.get(term, 0) for term in terms) / plan.cluster.gpus_per_node)
 
@@ -90,12 +91,12 @@ def choose_host_pinning(plan: Plan, locked_memory_bytes: float) -> tuple[Plan, s
     pinned = plan.replace(host_pinning=HostPinning.SHARDS)
     if plan.node.host_is_device or not host_state_crosses_link(staged):
         return staged, ""
-    need = pinned_host_bytes(pinned)
+    bill = memory_bill(pinned)
+    need = pinned_host_bytes(pinned, bill)
     if need > locked_memory_bytes:
         return staged, (f"host_pinning: staged: pinning the host shards takes {need / GIB:,.2f} GiB of locked memory per "
                         f"process, over the limit of {locked_memory_bytes / GIB:,.2f} GiB (ulimit -l); raise it "
                         "(ulimit -l unlimited, or memlock in /etc/security/limits.conf) to pin them")
-    bill = memory_bill(pinned)
     if not bill.fits:
         return staged, f"host_pinning: staged: with the host shards pinned the plan does not fit ({bill.reason()})"
     return pinned, ""
