@@ -25,7 +25,7 @@ def constructed(base: Plan, **changes) -> Plan:
 
 CHANGES = [{"micro_batch_per_gpu": 7}, {"tiling_factor": 16, "prefetch_depth": 0}, {"host_pinning": "shards"},
            {"host_pinning": HostPinning.STAGED}, {"prediction": Prediction(feasible=True)},
-           {"micro_batch_per_gpu": 2.5, "prediction": None}]
+           {"micro_batch_per_gpu": 2.5, "prediction": None}, {"optimizer_step_reason": "faster than after_backward"}]
 
 
 @pytest.mark.parametrize("changes", CHANGES, ids=lambda c: ",".join(c))
@@ -46,6 +46,7 @@ def test_replacing_fields_with_their_own_checks_equals_a_full_construction(chang
     ({"tiling_factor": 2.5}, "tiling_factor"),
     ({"prefetch_depth": -1}, "prefetch_depth"),
     ({"host_pinning": "everything"}, "host_pinning"),
+    ({"optimizer_step_reason": "x" * 1025}, "optimizer_step_reason"),
 ])
 def test_replacing_a_field_with_a_bad_value_is_refused_as_a_construction_refuses_it(changes, message):
     base = plan()
@@ -58,5 +59,6 @@ def test_replacing_a_field_with_a_bad_value_is_refused_as_a_construction_refuses
 
 def test_other_changes_still_derive_what_depends_on_them():
     base = plan(micro_batch_per_gpu=4)
+    assert base.replace(optimizer_step_reason="why").replace(optimizer_step="in_backward").optimizer_step_reason == ""
     assert base.replace(recompute_interval=0).recompute == "none"
     assert base.replace(node=resolve_hardware("dgx2-v100")).attention == "eager"

@@ -423,7 +423,7 @@ class Plan:
         number(self.nvme_block_bytes, "nvme_block_bytes", minimum=4096, maximum=2**30, integer=True)
         if self.nvme_path is not None:
             string(self.nvme_path, "nvme_path", max_len=1024)
-        string(self.optimizer_step_reason, "optimizer_step_reason", max_len=1024)
+        _check_step_reason(self)
         recipe = string(self.fp8_recipe, "fp8_recipe", choices=tuple(Fp8Recipe))
         object.__setattr__(self, "fp8_recipe", Fp8Recipe(recipe))
         exchange = string(self.kv_exchange, "kv_exchange", choices=tuple(KvExchange))
@@ -633,6 +633,10 @@ def _check_prefetch_depth(plan: Plan) -> None:
     number(plan.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
 
 
+def _check_step_reason(plan: Plan) -> None:
+    string(plan.optimizer_step_reason, "optimizer_step_reason", max_len=1024)
+
+
 def _check_host_pinning(plan: Plan) -> None:
     pinning = string(plan.host_pinning, "host_pinning", choices=tuple(HostPinning))
     object.__setattr__(plan, "host_pinning", HostPinning(pinning))
@@ -643,6 +647,7 @@ _OWN_CHECKS: dict[str, Callable[[Plan], None]] = {
     "tiling_factor": _check_tiling_factor,
     "prefetch_depth": _check_prefetch_depth,
     "host_pinning": _check_host_pinning,
+    "optimizer_step_reason": _check_step_reason,
     "prediction": lambda plan: None,
 }
 """Fields whose checks read no field but themselves and the fixed layout (the parallel degrees),
