@@ -39,7 +39,9 @@ class _RecordingStorage(MemoryMediaFileStorage):
 def app(monkeypatch, tmp_path):
     monkeypatch.setenv("TIERWISE_HISTORY", str(tmp_path / "history.sqlite"))
     monkeypatch.setattr(app_test_module, "MemoryMediaFileStorage", _RecordingStorage)
-    return AppTest.from_file(SCRIPT, default_timeout=120).run()
+    # A hang guard, not a speed check: the Largest model tab of a 1T preset runs 56 max-size searches
+    # (about a minute of CPU), and with one test process per core it shares the machine (as test_app_screens).
+    return AppTest.from_file(SCRIPT, default_timeout=300).run()
 
 
 def expected_best(model="1T", hardware="dgx-h100", gpus=16, node=None, **kw):
