@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from search_support import refined, searched
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test as app_test_module
@@ -18,7 +19,7 @@ from planner.output import report
 from planner.output.deepspeed_config import deepspeed_config
 from planner.output.verdict import critical_path
 from planner.search.max_size import max_size
-from planner.search.search import SearchRequest, predict, search
+from planner.search.search import SearchRequest, predict
 from planner.specs.catalog import resolve_hardware, resolve_model
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "app" / "dashboard.py")
@@ -38,15 +39,15 @@ class _RecordingStorage(MemoryMediaFileStorage):
 def app(monkeypatch, tmp_path):
     monkeypatch.setenv("TIERWISE_HISTORY", str(tmp_path / "history.sqlite"))
     monkeypatch.setattr(app_test_module, "MemoryMediaFileStorage", _RecordingStorage)
-    return AppTest.from_file(SCRIPT, default_timeout=120).run()
+    # A hang guard, not a speed check: the Largest model tab of a 1T preset runs 56 max-size searches
+    # (about a minute of CPU), and with one test process per core it shares the machine (as test_app_screens).
+    return AppTest.from_file(SCRIPT, default_timeout=300).run()
 
 
 def expected_best(model="1T", hardware="dgx-h100", gpus=16, node=None, **kw):
     node = node or resolve_hardware(hardware)
     # The page ranks by simulation by default, as `planner fit` does.
-    from planner.search.refine import refine
-
-    return refine(search(SearchRequest(model=resolve_model(model), node=node, num_gpus=gpus, **kw))).best
+    return refined(SearchRequest(model=resolve_model(model), node=node, num_gpus=gpus, **kw)).best
 
 
 def metrics(at) -> dict[str, str]:
@@ -118,10 +119,9 @@ def test_strategies_panel_shows_every_strategy(app):
     fitting, failing = panel.dataframe[0].value, panel.table[0].value
     node = resolve_hardware("dgx-h100")
     from planner.output.verdict import simulated_like
-    from planner.search.refine import refine
     from planner.search.search import best_by_strategy
 
-    result = refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16)))
+    result = refined(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16))
     best = best_by_strategy(result)  # each strategy predicted as the winner is: simulated
     expected = strategies_frame({name: (plan, "") for name, plan in
                                  zip(best, simulated_like(list(best.values()), result.best), strict=True)})
@@ -229,18 +229,16 @@ def test_twice_the_nvme_write_bandwidth_changes_the_answer(app):
 
 
 def test_ranking_by_simulation_reports_what_planner_fit_reports(app):
-    from planner.search.refine import refine
-
     # Default: ranked by simulation, as `planner fit`; switched off, the analytic estimate ranks.
     app.sidebar.toggle(key="refine").set_value(False).run()
     no_errors(app)
-    analytic_best = search(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16)).best
+    analytic_best = searched(SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16)).best
     assert "analytic estimate" in app.caption[1].value
     assert metrics(app)["Iteration time"] == report.fmt_seconds(analytic_best.prediction.iteration_time_s)
     app.sidebar.toggle(key="refine").set_value(True).run()
     no_errors(app)
     node = resolve_hardware("dgx-h100")
-    best = refine(search(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16))).best
+    best = refined(SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16)).best
     assert best.prediction.method == "simulated"
     assert metrics(app) == {
         "Iteration time": report.fmt_seconds(best.prediction.iteration_time_s),
@@ -276,9 +274,7 @@ def test_explicit_shape_and_sequence_length(app):
     no_errors(app)
     assert "custom (40 layers x hidden 5120): 40 layers x hidden 5120, 40 heads, seq 2048" in app.caption[0].value
     model = resolve_model(None, layers=40, hidden=5120, heads=40, seq=2048)
-    from planner.search.refine import refine
-
-    best = refine(search(SearchRequest(model=model, node=resolve_hardware("dgx-h100"), num_gpus=16))).best
+    best = refined(SearchRequest(model=model, node=resolve_hardware("dgx-h100"), num_gpus=16)).best
     assert metrics(app)["TFLOPS per GPU"] == f"{best.prediction.tflops_per_gpu:,.1f}"
 
 

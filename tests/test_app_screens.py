@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from search_support import refined, searched
 from streamlit.testing.v1 import AppTest
 
 from app.dashboard import TABS
@@ -21,8 +22,7 @@ from app.words import in_words
 from planner.output import report
 from planner.output.critical_path import analytic_path
 from planner.output.verdict import searcher, verdict
-from planner.search.refine import refine
-from planner.search.search import SearchRequest, predict, search
+from planner.search.search import SearchRequest, predict
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.history import RunHistory
 from planner.specs.training_loop import TrainingLoop
@@ -66,7 +66,7 @@ def dashboard(monkeypatch, tmp_path, **widgets) -> AppTest:
 def test_cli_and_dashboard_count_the_same_plans(monkeypatch, tmp_path):
     # The page's request (app/state.py) and the CLI's apply one rule for the degrees not given
     # (planner.search.pins.parallel_degrees): the page used to search 3d pipelines the CLI does not.
-    shown = verdict(refine(search(search_request(Inputs(model="7B", num_gpus=16)))), lambda step: None)
+    shown = verdict(refined(search_request(Inputs(model="7B", num_gpus=16))), lambda step: None)
     # Each layout priced with both optimizer-step schedules (the page said 814 of 926 layouts before one rule).
     assert shown.counts == "1116 feasible plans of 1340 evaluated"
     assert f"Verdict: {shown.headline()}" in planner_fit("7B", "--gpus", "16")
@@ -75,7 +75,7 @@ def test_cli_and_dashboard_count_the_same_plans(monkeypatch, tmp_path):
 
 
 def test_cli_and_dashboard_bill_the_same_node_share(monkeypatch, tmp_path):
-    shown = verdict(refine(search(request("1T", 1))), lambda step: None)
+    shown = verdict(refined(request("1T", 1)), lambda step: None)
     assert not shown.fits and shown.where == "1 GPU(s) of dgx-h100 (1 node(s) of 8)"  # the request's node
     assert shown.share_note.startswith("8-GPU node, using 1 GPU: 1/8 of its DRAM")
     out = planner_fit("1T", "--gpus", "1")
@@ -87,7 +87,7 @@ def test_cli_and_dashboard_bill_the_same_node_share(monkeypatch, tmp_path):
 
 def test_the_exposed_optimizer_step_is_the_bottleneck_and_the_cheaper_schedule_is_named(monkeypatch, tmp_path):
     req = request("1T", 16, optimizer_step="after_backward")
-    shown = verdict(refine(search(req)), searcher(req))
+    shown = verdict(refined(req), searcher(req))
     path = shown.path
     # The step after the backward, pinned: the GPU idles through it.
     assert path.bottleneck == "optimizer step"
@@ -95,7 +95,7 @@ def test_the_exposed_optimizer_step_is_the_bottleneck_and_the_cheaper_schedule_i
     assert path.compute_s + path.waits_s + path.step_s == pytest.approx(path.iteration_s, rel=1e-9)
     assert next(iter(path.step_by)) == "NVMe"
     [cheaper] = shown.cheaper
-    in_backward = refine(search(request("1T", 16, optimizer_step="in_backward"))).best
+    in_backward = refined(request("1T", 16, optimizer_step="in_backward")).best
     assert cheaper.optimizer_step == "in_backward"
     assert cheaper.plan.prediction.iteration_time_s == in_backward.prediction.iteration_time_s
     out = planner_fit("1T", "--gpus", "16", "--optimizer-step", "after_backward")
@@ -109,7 +109,7 @@ def test_the_exposed_optimizer_step_is_the_bottleneck_and_the_cheaper_schedule_i
 
 
 def test_a_compute_bound_plan_names_compute():
-    shown = verdict(refine(search(request("1T", 16, optimizer_step="in_backward"))), lambda step: None)
+    shown = verdict(refined(request("1T", 16, optimizer_step="in_backward")), lambda step: None)
     best = shown.plan
     assert shown.path.bottleneck == "GPU compute" and shown.cheaper == []
     # The analytic estimate gives the same split from its phases: its step overlaps the backward too.
@@ -128,7 +128,7 @@ def test_runner_ups_at_80_columns_show_simulated_times_and_the_batch():
 
 
 def test_a_3d_plan_says_its_micro_batch_per_replica():
-    plan = search(request("70B", 16, strategy="3d", model_parallel_degree=None, pipeline_parallel_degree=None)).best
+    plan = searched(request("70B", 16, strategy="3d", model_parallel_degree=None, pipeline_parallel_degree=None)).best
     assert plan is not None and plan.gpus_per_replica > 1 and plan.micro_batch_per_gpu < 1
     words = report.batch_words(plan)
     assert words == f"{plan.micro_batch_per_gpu * plan.gpus_per_replica:g}/replica of {plan.gpus_per_replica} GPUs"
@@ -144,7 +144,7 @@ def test_flags_become_field_names():
 def test_memory_colours_are_a_hue_per_tier():
     import colorsys
 
-    plan = refine(search(request("1T", 16))).best
+    plan = refined(request("1T", 16)).best
     frame = memory_frame(plan)
     for tier, rows in frame.groupby("tier"):
         hues = {round(colorsys.rgb_to_hls(*(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))[0], 2) for c in rows["colour"]}
@@ -155,7 +155,7 @@ def test_memory_colours_are_a_hue_per_tier():
 
 
 def test_a_cpu_only_machine_names_no_gpu_tier():
-    plan = refine(search(request("gpt3-125m", 1, "cpu-dev-2core"))).best
+    plan = refined(request("gpt3-125m", 1, "cpu-dev-2core")).best
     names = [report.tier_name(t, plan.node) for t in plan.prediction.peak_bytes]
     assert not any(name.startswith("GPU") for name in names)
     assert report.device_word(plan.node) == "device"
@@ -188,7 +188,7 @@ def visible_text(at: AppTest) -> list[str]:
     {"model": "70B", "strategy": "3d"},  # tensor and pipeline parallel: 1/replica of 16 GPUs
 ], ids=["1t-16", "1t-1", "cpu-only", "3d"])
 def test_every_panel_shows_no_raw_key_placeholder_or_flag(monkeypatch, tmp_path, widgets):
-    plan = refine(search(request("gpt3-125m", 1, "cpu-dev-2core", micro_batch_per_gpu=1))).best
+    plan = refined(request("gpt3-125m", 1, "cpu-dev-2core", micro_batch_per_gpu=1)).best
     RunHistory(tmp_path / "history.sqlite").append(plan, {"measured": {
         "iteration_time_s": 0.5, "tflops_per_gpu": 0.05, "peak_bytes": {"gpu": 3473818, "cpu": 1900, "nvme": 0}}})
     at = dashboard(monkeypatch, tmp_path, **widgets)

@@ -43,7 +43,10 @@ def test_the_readme_command_leaves_the_slow_cases_to_ci_which_runs_them_too():
     assert "-m 'not slow'" in options["addopts"] and any(m.startswith("slow:") for m in options["markers"])
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     readme = next(i for i, line in enumerate(ci_lines) if line.strip() == readme_commands()[1].strip())
-    assert "python -m pytest -q -m slow" in ci_lines[readme + 1:]  # after the README's command, every slow case
+    readme_pytest = readme_commands()[1].rsplit("&&", 1)[1].strip()
+    assert readme_pytest.startswith("python -m pytest -q")
+    # After the README's command, every slow case, with the same options (workers included).
+    assert f"{readme_pytest} -m slow" in ci_lines[readme + 1:]
     assert "--index-url https://download.pytorch.org/whl/cpu" in readme_commands()[1]
 
 
