@@ -72,10 +72,21 @@ def sample_units(plan: Plan, attempt: int = 0) -> SamplePair | None:
     return SamplePair([unit * (first + x) + partial for x in range(2)], repeats, window_unit=first // 2)
 
 
+FALLS_BEHIND = "falls behind"
+"""What `check_samples` says of a plan whose two first pairs show a queue falling behind."""
+
+
 def verified_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | None:
     """The first sample pair whose shorter sample, stretched by one unit, is the longer one (the
     check of [Note: periodic timelines]); None when there is none (simulate the whole model), or
     when two pairs in a row show a queue falling behind ([Note: a queue that falls behind])."""
+    checked = check_samples(plan)
+    return None if checked is None or checked == FALLS_BEHIND else checked
+
+
+def check_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | str | None:
+    """`verified_samples`, except that a queue falling behind is `FALLS_BEHIND` (its samples kept
+    for [Note: two streams] in streams.py)."""
     lag: dict[Phase, float] | None = None
     for attempt in range(ATTEMPTS):
         pair = sample_units(plan, attempt)
@@ -94,7 +105,7 @@ def verified_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | None:
         except NotPeriodic:
             previous, lag = lag, _phase_lag(stretched, longer.timelines)
             if previous is not None and _falls_behind(previous, lag, longer.timelines.iteration_time_s):
-                return None
+                return FALLS_BEHIND
             continue
         return pair, shorter, longer
     return None
