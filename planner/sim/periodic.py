@@ -305,8 +305,11 @@ def _pieces(tl: Timelines, w: Windows, repeats: int, base: dict[str, float]) -> 
     # What a window adds: between the states just before its two edges. At the edge instant itself
     # the sample already does what follows the window (a different unit, the head), which the tail
     # keeps.
-    df = {name: _value_before(c.points, f_hi) - _value_before(c.points, f_lo) for name, c in tl.memory.items()}
-    db = {name: _value_before(c.points, b_hi) - _value_before(c.points, b_lo) for name, c in tl.memory.items()}
+    times = {name: [t for t, _ in c.points] for name, c in tl.memory.items()}
+    df = {name: _value_before(c.points, times[name], f_hi) - _value_before(c.points, times[name], f_lo)
+          for name, c in tl.memory.items()}
+    db = {name: _value_before(c.points, times[name], b_hi) - _value_before(c.points, times[name], b_lo)
+          for name, c in tl.memory.items()}
     zero = {n: base[n] for n in tl.memory}
     after_f = {n: base[n] + repeats * df[n] for n in tl.memory}
     after_b = {n: base[n] + repeats * (df[n] + db[n]) for n in tl.memory}
@@ -377,9 +380,9 @@ def _stretch_points(points: list[tuple[float, float]], pieces: list[_Piece], tie
     return out
 
 
-def _value_before(points: list[tuple[float, float]], t: float) -> float:
-    """Bytes in use after every change before `t` (not those at `t`)."""
-    i = bisect_left([p[0] for p in points], t)
+def _value_before(points: list[tuple[float, float]], times: list[float], t: float) -> float:
+    """Bytes in use after every change before `t` (not those at `t`); `times` are the points' times."""
+    i = bisect_left(times, t)
     return points[i - 1][1] if i > 0 else 0.0
 
 
