@@ -100,3 +100,27 @@ def test_a_plan_that_keeps_up_is_extrapolated_as_before():
     samples.forget_samples()
     assert periodic.check_samples(plan) not in (None, periodic.FALLS_BEHIND)
     assert "extrapolated_from_layers" in fast.predict(plan).details
+
+
+def test_a_backlog_that_shrinks_is_not_two_streams(monkeypatch):
+    # 70B on 8 x dgx-h100, states on NVMe: the first units' updates start behind and catch up, the
+    # backward ending 0.048 s *earlier* per unit than the compute's period in the samples, until the
+    # backlog is gone at 7 units. A line through the samples would miss the whole model by 2.6 %.
+    plan = Plan(model=resolve_model("70B"), node=resolve_hardware("dgx-h100"), num_gpus=8, optimizer_step="in_backward",
+                placement=Placement(params="cpu", gradients="cpu", optimizer_states="nvme", recompute_inputs="gpu"),
+                micro_batch_per_gpu=6, recompute_interval=2, attention="flash")
+    samples.forget_samples()
+    assert periodic.check_samples(plan) != periodic.FALLS_BEHIND
+    ss = streams.stream_samples(plan)
+    backlogs = [streams.backlog_s(s) for s in ss.samples]
+    assert backlogs[0] > backlogs[1] > backlogs[2]
+    with pytest.raises(NotPeriodic):
+        streams.two_stream_summary(plan)
+    predicted = fast.predict(plan)
+    assert "two_streams_from_layers" not in predicted.details
+    assert predicted.iteration_time_s == pytest.approx(simulate(plan).prediction.iteration_time_s, rel=1e-9)
+
+
+def test_a_queue_that_catches_up_is_not_taken_for_one_falling_behind():
+    lag = {Phase.FORWARD: 0.0, Phase.BACKWARD: -0.05, Phase.OPTIMIZER: -0.05}
+    assert not periodic._falls_behind(lag, dict(lag), 100.0)

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 from planner.output.report import bottleneck_label, fmt_seconds, resource_labels
 from planner.sim.report import Timelines
+from planner.sim.resources import COMPUTE
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 
 EXPOSED_SHARE = 0.05
 """Below this share of the iteration exposed, the plan is compute-bound."""
-COMPUTE = "gpu_compute"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.sim.periodic import NotPeriodic, extend, sample_units
-from planner.sim.samples import Sample, simulate_samples
 from planner.sim.report import Summary
+from planner.sim.resources import COMPUTE
+from planner.sim.samples import Sample, simulate_samples
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 
@@ -22,23 +23,27 @@ iteration away from the line the three samples draw ([Note: two streams])."""
 
 # [Note: two streams] When the in-backward updates fall behind the backward ([Note: a queue that
 # falls behind] in periodic.py) the iteration is two streams, each periodic on its own: the compute
-# stream (forward and backward, unit after unit, period Pf and Pb) and the update stream (each unit's
-# reads, CPU Adam and writes, one after another on a drive that never rests once it has begun,
-# period Pu > Pb). They are coupled only at their ends: the updates begin when the top unit's gradient
-# is final (after the forward, which one more unit delays by Pf) and the backward ends when the last
-# update has been computed. So each phase end, each link's bytes and units carried, each stream's
-# busy seconds and each memory peak (the update stream holds every swap buffer from its first read
-# on) grows by the same amount with every unit: the summary of `s + R` units is the line through
-# `s + 1` and `s + 2`, as [Note: periodic layers] extends the periodic ones. The line is checked, not
-# assumed: the samples of `s`, `s + 1` and `s + 2` units are the two pairs the falling-behind test
-# simulated (kept, [Note: shared samples]), and `s + 2` must lie on the line through the other two, to
-# 1e-9 of the iteration (times) or of the quantity (bytes, peaks). One kind of number is not on a
-# line: the busy seconds of a link both streams use (the GPU's PCIe copies, host memory), the union
-# of two patterns whose phases drift against each other. For those the check is that the real depth
-# times the deviation at `s + 2` stays within `SHARED_BUSY` of the iteration; they only rank the
-# links (`Prediction.bottleneck`, the critical path's waits), never a time. Where any check fails the
-# whole model is simulated. The busy intervals and memory curves (the Gantt chart) are not
-# extrapolated: `simulate_periodic` simulates such a plan whole.
+# stream (forward and backward, unit after unit, period Pf and Pb) and the update stream (each
+# unit's reads, CPU Adam and writes, one after another on a drive that never rests once it has
+# begun, period Pu > Pb). They are coupled only at their ends: the updates begin when the top unit's
+# gradient is final (after the forward, which one more unit delays by Pf) and the backward ends when
+# the last update has been computed. So each phase end, each link's bytes and units carried, each
+# stream's busy seconds and each memory peak (the update stream holds every swap buffer from its
+# first read on) grows by the same amount with every unit: the summary of `s + R` units is the line
+# through `s + 1` and `s + 2`, as [Note: periodic layers] extends the periodic ones. The line is
+# checked, not assumed: the samples of `s`, `s + 1` and `s + 2` units are the two pairs the falling-
+# behind test simulated (kept, [Note: shared samples]); in each the backward must go on after the
+# compute's last operator longer than in the one before (`backlog_s`: the updates are behind, and
+# further behind with every unit, so the update stream never waits for a gradient at any depth; a
+# backlog that shrinks instead ends where it is gone, and no line through short samples holds beyond
+# that), and `s + 2` must lie on the line through the other two, to 1e-9 of the iteration (times) or
+# of the quantity (bytes, peaks). One kind of number is not on a line: the busy seconds of a link
+# both streams use (the GPU's PCIe copies, host memory), the union of two patterns whose phases
+# drift against each other. For those the check is that the real depth times the deviation at `s +
+# 2` stays within `SHARED_BUSY` of the iteration; they only rank the links (`Prediction.bottleneck`,
+# the critical path's waits), never a time. Where any check fails the whole model is simulated. The
+# busy intervals and memory curves (the Gantt chart) are not extrapolated: `simulate_periodic`
+# simulates such a plan whole.
 @dataclass(frozen=True, slots=True)
 class StreamSamples:
     """Three samples of `s`, `s + 1` and `s + 2` whole units, and how many units the last lacks."""
@@ -65,12 +70,21 @@ def two_stream_summary(plan: Plan) -> tuple[StreamSamples, Summary]:
     if streams is None or plan.optimizer_step != "in_backward":
         raise NotPeriodic("not a plan of two streams")
     a, b, c = (s.summary for s in streams.samples)
-    lags = [y.phase_end_s[Phase.BACKWARD] - x.phase_end_s[Phase.BACKWARD] for x, y in ((a, b), (b, c))]
-    if not lags[0] > 0:
-        raise NotPeriodic("the backward does not grow")
+    x, y, z = (backlog_s(s) for s in streams.samples)
+    total = max(c.phase_end_s.values())
+    if not (y - x > EXACT * total and z - y > EXACT * total):
+        raise NotPeriodic("the updates do not fall further behind with every unit")
     summary = extend(b, c, streams.repeats)
     check_line(extend(a, b, 1), c, streams.repeats, summary.phase_end_s)
     return streams, summary
+
+
+def backlog_s(sample: Sample) -> float:
+    """How long the backward goes on after the compute's last operator: the updates still to make."""
+    compute = [end for _, end, label in sample.timelines.intervals.get(COMPUTE, []) if label != Phase.OPTIMIZER]
+    if not compute:
+        raise NotPeriodic("no compute")
+    return sample.summary.phase_end_s[Phase.BACKWARD] - max(compute)
 
 
 def check_line(predicted: Summary, simulated: Summary, repeats: int, real_end_s: dict[Phase, float]) -> None:
