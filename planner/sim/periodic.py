@@ -125,11 +125,11 @@ def check_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | str | None:
 # the longer sample's phase ends lack of the stretched shorter one's; when two pairs in a row lag by
 # the same amount (to the check's 1e-9 of the iteration), the backlog grows linearly, and the whole
 # model is simulated without trying the deeper pair (or predicted by [Note: two streams] in
-# streams.py). A transient (a pipeline still settling) shrinks its lag from one pair to the next and
-# goes on to the next pair; so does a queue that ends the backward *earlier* each unit (a backlog
-# from the first units that shrinks until it is gone: 70B on 8 x dgx-h100 with states on NVMe).
-# Either way no timeline is extrapolated unchecked: this only decides how soon to simulate the
-# whole model.
+# streams.py, where the backlog grows). A queue whose backward ends *earlier* by the same amount in
+# both pairs (a backlog from the first units that shrinks until it is gone: 70B on 8 x dgx-h100 with
+# states on NVMe, gone at 7 units) is simulated whole the same way. A transient (a pipeline still
+# settling) shrinks its lag from one pair to the next and goes on to the next pair. Either way no
+# timeline is extrapolated unchecked: this only decides how soon to simulate the whole model.
 def _phase_lag(stretched: Timelines, simulated: Timelines) -> dict[Phase, float] | None:
     """Per phase, how much later the longer sample ends it than the stretched shorter one."""
     if stretched.phase_end_s.keys() != simulated.phase_end_s.keys():
@@ -138,13 +138,12 @@ def _phase_lag(stretched: Timelines, simulated: Timelines) -> dict[Phase, float]
 
 
 def _falls_behind(previous: dict[Phase, float], lag: dict[Phase, float] | None, total_s: float) -> bool:
-    """Two consecutive pairs lag by the same amount in every phase end, the backward ending later.
-    (Ending earlier is a queue catching up, a transient: it stops where the queue has emptied.)"""
+    """Two consecutive pairs lag by the same nonzero amount in every phase end."""
     if lag is None or previous.keys() != lag.keys():
         return False
     tolerance = _TOLERANCE * total_s
     same = all(abs(lag[phase] - previous[phase]) <= tolerance for phase in lag)
-    return same and lag.get(Phase.BACKWARD, 0.0) > tolerance
+    return same and max(abs(d) for d in lag.values()) > tolerance
 
 
 # [Note: periodic timelines] [Note: periodic layers] in fast.py extrapolates a deep model's summary
