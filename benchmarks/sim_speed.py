@@ -209,7 +209,12 @@ def fit_breakdown() -> list[dict]:
 
 def how_simulated(plan: Plan) -> dict:
     """Extrapolated from which samples, or whole, and the SimPy events either took."""
-    counts = plan.prediction.details.get("extrapolated_from_layers") if plan.prediction else None
+    details = plan.prediction.details if plan.prediction else {}
+    streams = details.get("two_streams_from_layers")
+    if streams:  # [Note: two streams] in planner/sim/streams.py
+        return {"how": f"two streams from {streams[0]}, {streams[1]} and {streams[2]} layers",
+                "events": sum(s.events for s in samples.simulate_samples(plan, streams))}
+    counts = details.get("extrapolated_from_layers")
     if counts:
         return {"how": f"extrapolated from {counts[0]} and {counts[1]} layers",
                 "events": sum(s.events for s in samples.simulate_samples(plan, counts))}

@@ -161,7 +161,7 @@ def test_a_queue_falling_behind_is_simulated_whole_after_two_pairs(monkeypatch):
     # [Note: a queue that falls behind]: the in-backward updates of states on NVMe take longer per
     # unit than the backward they follow, so each pair's longer sample ends its backward later than
     # the stretched shorter one by the same lag; the third, deeper pair is not simulated, and the
-    # prediction is the whole simulation's.
+    # timelines are the whole simulation's.
     placement = Placement(params="nvme", gradients="cpu", optimizer_states="nvme", recompute_inputs="cpu")
     plan = Plan(model=resolve_model("1T").replace(num_layers=12), node=resolve_hardware("dgx-h100"), num_gpus=16,
                 placement=placement, micro_batch_per_gpu=32, recompute_interval=1, optimizer_step="in_backward")
@@ -180,8 +180,13 @@ def test_a_queue_falling_behind_is_simulated_whole_after_two_pairs(monkeypatch):
         lags.append(periodic._phase_lag(stretched, longer.timelines)[Phase.BACKWARD])
     assert lags[0] > 0.1  # seconds per unit the updates fall further behind
     assert lags[1] == pytest.approx(lags[0], rel=1e-9)
+    assert periodic.check_samples(plan) == periodic.FALLS_BEHIND
     whole = simulate(plan)
-    assert fast.predict(plan).iteration_time_s == whole.prediction.iteration_time_s
+    # The prediction comes from the three samples ([Note: two streams], tests/test_sim_streams.py).
+    predicted = fast.predict(plan)
+    assert simulate_periodic(plan).simulation is not None  # the timelines are the whole simulation's
+    assert predicted.details["two_streams_from_layers"] == [4, 5, 6]
+    assert predicted.iteration_time_s == pytest.approx(whole.prediction.iteration_time_s, rel=1e-9)
 
 
 def test_a_settling_pipeline_is_not_taken_for_a_queue_falling_behind():

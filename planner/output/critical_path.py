@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 from planner.output.report import bottleneck_label, fmt_seconds, resource_labels
 from planner.sim.report import Timelines
+from planner.sim.resources import COMPUTE
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 
 EXPOSED_SHARE = 0.05
 """Below this share of the iteration exposed, the plan is compute-bound."""
-COMPUTE = "gpu_compute"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +111,43 @@ def simulated_path(plan: Plan, timelines: Timelines) -> CriticalPath:
         step_by=_ranked({label: _overlap(spans, stepping) for label, spans in busy.items()}),
         method="simulated", compute_label=compute_label(plan),
     )
+
+
+def two_stream_path(plan: Plan, layer_counts: list[int]) -> CriticalPath | None:
+    """The critical path of a plan predicted by [Note: two streams] (planner/sim/streams.py), from
+    the paths of its three kept samples: compute, waits and step seconds grow by the same amount
+    with every unit (checked on the three, to 1e-9 of the iteration), and so, up to the drift of
+    two streams, does each resource's share of the waits. Those are taken on the line through the
+    two deeper samples, and kept only while the order of the largest cannot change: the largest,
+    less the real depth times its deviation from the line at the deepest sample, must exceed every
+    other plus its own. None where a check fails (then the caller simulates the whole model)."""
+    from planner.sim.samples import simulate_samples
+
+    samples = simulate_samples(plan, layer_counts)
+    a, b, c = (simulated_path(s.plan, s.timelines) for s in samples)
+    repeats = (plan.model.num_layers - layer_counts[-1]) // (plan.recompute_interval or 1)
+
+    def line(x: float, y: float) -> float:
+        return y + repeats * (y - x)
+
+    scalars = {}
+    for field in ("iteration_s", "compute_s", "waits_s", "step_s"):
+        x, y, z = (getattr(p, field) for p in (a, b, c))
+        if abs(2 * y - x - z) > 1e-9 * c.iteration_s:
+            return None
+        scalars[field] = line(y, z)
+    shares = {}
+    for field, limit in (("waits_by", scalars["waits_s"]), ("step_by", scalars["step_s"])):
+        x, y, z = (getattr(p, field) for p in (a, b, c))
+        labels = set(x) | set(y) | set(z)
+        value = {k: min(limit, max(0.0, line(y.get(k, 0.0), z.get(k, 0.0)))) for k in labels}
+        spread = {k: repeats * abs(2 * y.get(k, 0.0) - x.get(k, 0.0) - z.get(k, 0.0)) for k in labels}
+        ranked = sorted(labels, key=lambda k: -value[k])
+        if len(ranked) > 1 and value[ranked[0]] - spread[ranked[0]] <= max(value[k] + spread[k] for k in ranked[1:]):
+            return None
+        shares[field] = _ranked(value)
+    return CriticalPath(**scalars, waits_by=shares["waits_by"], step_by=shares["step_by"], method="simulated",
+                        compute_label=compute_label(plan))
 
 
 def analytic_path(plan: Plan) -> CriticalPath:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.cost.pipeline import is_composed
-from planner.output.critical_path import CriticalPath, analytic_path, simulated_path
+from planner.output.critical_path import CriticalPath, analytic_path, simulated_path, two_stream_path
 from planner.output.report import batch_words, fmt_seconds
 from planner.search.search import SearchRequest, SearchResult, predict
 from planner.sim.report import Timelines
@@ -83,6 +83,10 @@ def critical_path(plan: Plan, timelines: Timelines | None = None) -> CriticalPat
     pred = plan.prediction
     assert pred is not None and pred.feasible
     if pred.method == "simulated" and not is_composed(plan):
+        counts = pred.details.get("two_streams_from_layers")
+        path = two_stream_path(plan, counts) if counts and timelines is None else None
+        if path is not None:
+            return path
         if timelines is None:
             from planner.sim.periodic import simulate_periodic  # usually a stretch of refine's kept samples
 

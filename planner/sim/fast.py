@@ -11,15 +11,18 @@ optimizer step is the real one), check that stretching the shorter by one unit r
 longer's every busy interval and memory step ([Note: periodic timelines] in periodic.py, to 1e-9),
 and add what one unit adds for every missing unit. When the check fails, pairs of s + 1 and 2 s
 units are tried (pipelines of small transfers take longer to settle); when those fail too, or the
-model is too shallow to gain anything, the full model is simulated instead.
+model is too shallow to gain anything, the full model is simulated instead; a plan whose
+in-backward updates fall behind the backward is predicted from three samples by [Note: two streams]
+(streams.py) when its check holds.
 """
 
 from __future__ import annotations
 
 from planner.cost.pipeline import is_composed
-from planner.sim.periodic import NotPeriodic, extend, verified_samples
+from planner.sim.periodic import FALLS_BEHIND, NotPeriodic, check_samples, extend
 from planner.sim.report import composed_prediction, prediction_from
 from planner.sim.samples import kept_whole, simulate_whole
+from planner.sim.streams import two_stream_summary
 from planner.specs.plan import Plan, Prediction
 
 
@@ -31,8 +34,14 @@ def predict(plan: Plan) -> Prediction:
     kept = kept_whole(plan)  # its samples failed the check before ([Note: shared samples])
     if kept is not None:
         return kept.prediction
-    verified = verified_samples(plan)
-    if verified is None:
+    verified = check_samples(plan)
+    if verified == FALLS_BEHIND:  # [Note: two streams] in streams.py
+        try:
+            streams, summary = two_stream_summary(plan)
+        except NotPeriodic:
+            return simulate_whole(plan).prediction
+        return prediction_from(plan, summary, notes={"two_streams_from_layers": streams.layer_counts})
+    if verified is None or isinstance(verified, str):
         return simulate_whole(plan).prediction
     pair, shorter, longer = verified
     try:

@@ -209,7 +209,8 @@ class _Pipeline:
 
         cpu = [(t, n, d) for t, n, d in self.cpu_changes if t < hi]
         if detail:
-            cpu += [(t + m * period_s, n, d) for m in range(1, repeats + 1) for t, n, d in self.cpu_changes if lo <= t < hi]
+            in_window = [(t, n, d) for t, n, d in self.cpu_changes if lo <= t < hi]
+            cpu += [(t + m * period_s, n, d) for m in range(1, repeats + 1) for t, n, d in in_window]
         cpu += [(t + shift, n, d) for t, n, d in self.cpu_changes if t >= hi]
         links, short_links = self.links(), shorter.links()
         return OptimizerOutcome(

@@ -224,10 +224,14 @@ def downsample(timeline: list[tuple[float, float]], end_s: float) -> list[list[f
     """Keep each bucket's peak so the curve never hides a maximum."""
     if len(timeline) <= MAX_TIMELINE_POINTS or end_s <= 0:
         return [[t, b] for t, b in timeline]
-    width = end_s / MAX_TIMELINE_POINTS
+    width, last = end_s / MAX_TIMELINE_POINTS, MAX_TIMELINE_POINTS - 1
     buckets: dict[int, tuple[float, float]] = {}
-    for t, b in timeline:
-        key = min(int(t / width), MAX_TIMELINE_POINTS - 1)
-        if key not in buckets or b > buckets[key][1]:
-            buckets[key] = (t, b)
+    get = buckets.get  # one lookup per point: a stretched curve has hundreds of thousands
+    for point in timeline:
+        key = int(point[0] / width)
+        if key > last:
+            key = last
+        kept = get(key)
+        if kept is None or point[1] > kept[1]:
+            buckets[key] = point
     return [[t, b] for t, b in (buckets[k] for k in sorted(buckets))]

@@ -23,6 +23,9 @@ from planner.specs.tiers import TIERS, Tier
 
 Hops = tuple[tuple[Link, float], ...]
 
+COMPUTE = "gpu_compute"
+"""The name of a rank's compute link (its busy intervals are the GPU's work)."""
+
 
 @dataclass(eq=False, slots=True)
 class RankLinks:
@@ -81,7 +84,7 @@ class NodeResources:
         self.inter_node = Link("inter_node", node.inter_node_bytes_per_s, scope="per node") if plan.num_nodes > 1 else None
         self.ranks = [
             RankLinks(
-                compute=Link("gpu_compute", node.gpu_flops_per_s, unit="flop", scope=f"per GPU{_rank_tag(r, num_ranks)}"),
+                compute=Link(COMPUTE, node.gpu_flops_per_s, unit="flop", scope=f"per GPU{_rank_tag(r, num_ranks)}"),
                 h2d=Link("h2d", node.host_to_gpu_bytes_per_s, scope=f"per GPU{_rank_tag(r, num_ranks)}"),
                 d2h=Link("d2h", node.gpu_to_host_bytes_per_s, scope=f"per GPU{_rank_tag(r, num_ranks)}"),
                 gpu_gpu=Link("gpu_gpu", node.gpu_gpu_intra_node_bytes_per_s or node.host_to_gpu_bytes_per_s,
