@@ -8,7 +8,14 @@ import random
 
 import pytest
 
-from planner.cost.coexisting import KEPT_REPEATS, TraceShape, TraceUnit, Window, buffer_maxima, representative_trace
+from planner.cost.coexisting import (
+    KEPT_REPEATS,
+    TraceShape,
+    TraceUnit,
+    Window,
+    buffer_maxima,
+    representative_trace,
+)
 from planner.specs.catalog import resolve_model
 from planner.specs.memory_terms import MemoryTerm
 from planner.specs.model import ModelSpec

@@ -439,7 +439,7 @@ class Plan:
             raise PlannerError(f"model_parallel_degree {mp} exceeds the {self.node.num_gpus_per_node} GPUs of one node")
         if self.model.num_heads % mp:
             raise PlannerError(f"model_parallel_degree {mp} does not divide num_heads {self.model.num_heads}")
-        pp, cp = self.pipeline_parallel_degree, self.context_parallel_degree
+        pp = self.pipeline_parallel_degree
         if pp > 1:
             _check_pipeline(self)
         _check_whole_samples(self)
