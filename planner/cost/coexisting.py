@@ -17,18 +17,6 @@ is not a moment the runtime reaches:
 `buffer_maxima` walks the moments of one period of the trace (planner/sim/workload.py's order: the
 embedding, the blocks, the head, then per recompute segment its recompute and its backward); the
 bill's `not_at_once` term takes back what the worst of them does not hold.
-
-[Note: a walk of distinct moments] A moment's bytes are a function of its unit, the two units after
-it (gathered ahead, staged) and the gradients whose reduce-scatter may still run (`pending`: at
-most the two units before it, reset by every forward unit and kept across a tied head's backward).
-So in a run of more than `KEPT_REPEATS` identical items (a linear's tiles, or a stretch of identical
-blocks) every item from the third to the third-last meets the same moment as the run's middle one,
-and the state after the run is the same as after its first `KEPT_REPEATS`: the walk keeps that many of
-each run (`representative_trace(shape, kept=KEPT_REPEATS)`). What it walks then depends on the tiling
-only through the tiles' sizes. Its moments, each the unit's and its neighbours' elements and the
-pending sums, are the same for every window of one `TraceShape`; `buffer_maxima` prices each
-distinct one with the window's terms, adding the same floats in the same order as the walk over the
-whole trace (tests/test_memory_moments.py compares the two on many layouts).
 """
 
 from __future__ import annotations
@@ -60,6 +48,17 @@ class TraceUnit:
     """The output head's steps: the logits are live."""
 
 
+# [Note: a walk of distinct moments] A moment's bytes are a function of its unit, the two units after
+# it (gathered ahead, staged) and the gradients whose reduce-scatter may still run (`pending`: at
+# most the two units before it, reset by every forward unit and kept across a tied head's backward).
+# So in a run of more than `KEPT_REPEATS` identical items (a linear's tiles, or a stretch of identical
+# blocks) every item from the third to the third-last meets the same moment as the run's middle one,
+# and the state after the run is the same as after its first `KEPT_REPEATS`: the walk keeps that many of
+# each run (`representative_trace(shape, kept=KEPT_REPEATS)`). What it walks then depends on the tiling
+# only through the tiles' sizes. Its moments, each the unit's and its neighbours' elements and the
+# pending sums, are the same for every window of one `TraceShape`; `buffer_maxima` prices each
+# distinct one with the window's terms, adding the same floats in the same order as the walk over the
+# whole trace (tests/test_memory_moments.py compares the two on many layouts).
 KEPT_REPEATS = 5
 """Items of a run of identical ones the walk keeps: the two each end's neighbours see and one from
 the middle ([Note: a walk of distinct moments])."""
