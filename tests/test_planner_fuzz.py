@@ -127,3 +127,14 @@ def test_fit_cli_options(model, option, value):
         pred = doc["prediction"]
         assert isinstance(pred["feasible"], bool)
         assert all(math.isfinite(v) for v in pred["peak_bytes"].values())
+
+
+@pytest.mark.parametrize("value", ["2.225073858507203e-309", "0.0005"])
+def test_a_largest_allocation_under_one_mib_is_refused(value: str) -> None:
+    """A largest free block under 1 MiB is refused with the value named (a denormal once overflowed the
+    tile count to infinity); a hardware file stating one is refused the same way."""
+    with pytest.raises(PlannerError, match=f"--max-alloc-gib {float(value)!r} is below 1 MiB"):
+        CliRunner().invoke(app, ["fit", "1T", "--gpus", "16", "--max-alloc-gib", value], catch_exceptions=False)
+    doc = resolve_hardware("dgx2-v100").to_dict() | {"gpu_max_alloc_gib": float(value)}
+    with pytest.raises(PlannerError, match="gpu_max_alloc_gib .* is below 1 MiB"):
+        NodeSpec.from_dict(doc, "a hardware file")

@@ -40,6 +40,11 @@ def provenance(value: Any, where: str) -> str:
         return value
     return string(value, where, choices=PROVENANCES)
 
+MIN_GPU_ALLOC_BYTES = MIB
+"""The smallest largest-free-block a node may state. The CUDA caching allocator hands out large
+allocations in 2 MiB blocks, so less describes no GPU; it also keeps an operator's tile count (its bytes
+over this block) a finite number."""
+
 # (field, document key, scale to base units, minimum, integer?) for every numeric field.
 # This table is the single source of truth for units: to_dict/from_dict both read it.
 _NUMERIC_FIELDS: tuple[tuple[str, str, float, float, bool], ...] = (
@@ -267,6 +272,9 @@ class NodeSpec:
                 raise PlannerError(f"{where} {key} must be greater than 0, got {value!r}")
         if self.gpu_max_alloc_bytes == 0:
             object.__setattr__(self, "gpu_max_alloc_bytes", self.gpu_memory_bytes)
+        if self.gpu_max_alloc_bytes < MIN_GPU_ALLOC_BYTES:
+            raise PlannerError(f"{where} gpu_max_alloc_gib ({self.gpu_max_alloc_bytes / GIB:g}) is below 1 MiB "
+                               f"({MIN_GPU_ALLOC_BYTES / GIB:g} GiB): state the largest block the GPU can allocate")
         if self.gpu_max_alloc_bytes > self.gpu_memory_bytes:
             raise PlannerError(
                 f"{where} gpu_max_alloc_gib ({self.gpu_max_alloc_bytes / GIB:g}) exceeds gpu_memory_gib "
@@ -382,6 +390,9 @@ class NodeSpec:
     def with_max_alloc_gib(self, gib: float) -> NodeSpec:
         """This node with its largest contiguous GPU allocation pinned (`--max-alloc-gib`)."""
         number(gib, "--max-alloc-gib", exclusive_minimum=0)
+        if gib * GIB < MIN_GPU_ALLOC_BYTES:
+            raise PlannerError(f"--max-alloc-gib {gib!r} is below 1 MiB ({MIN_GPU_ALLOC_BYTES / GIB:g} GiB): "
+                               f"give the largest block the GPU can allocate, in GiB")
         return self.replace(gpu_max_alloc_bytes=gib * GIB)
 
     def for_gpus(self, num_gpus: int) -> NodeSpec:
