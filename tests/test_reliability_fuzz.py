@@ -211,3 +211,14 @@ def test_hostile_checkpoint_dirs(tmp_path: Path, suffix: str) -> None:
 def test_calibrate_documents(tmp_path: Path, profile, hardware) -> None:  # noqa: ANN001
     (tmp_path / "profile.json").write_text(json.dumps(profile))
     invoke(["calibrate", str(tmp_path / "profile.json"), "--json", *(["--hardware", hardware] if hardware else [])])
+
+
+@pytest.mark.parametrize("name", ["\n", "a\nb", "tab\there"])
+def test_a_swap_path_with_a_newline_is_named_on_one_line(tmp_path: Path, name: str) -> None:
+    """A missing nvme_path whose name holds a newline or tab (found by test_hostile_nvme_paths) is named
+    quoted, with escapes, so the error stays one line."""
+    with pytest.raises(SwapPathError) as caught, SwapDirectory(str(tmp_path / name)):
+        pass
+    message = str(caught.value)
+    assert "\n" not in message and "\t" not in message
+    assert repr(str(tmp_path / name)) in message and "does not exist" in message

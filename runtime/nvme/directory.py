@@ -47,12 +47,19 @@ def check_swap_path(nvme_path: str | os.PathLike[str]) -> Path:
         raise SwapPathError(f"nvme_path {text!r} is not a usable path; give an existing directory on an NVMe drive")
     path = Path(text).expanduser().resolve()
     if not path.exists():
-        raise SwapPathError(f"nvme_path {path} does not exist; create it or choose another directory")
+        raise SwapPathError(f"nvme_path {shown(path)} does not exist; create it or choose another directory")
     if not path.is_dir():
-        raise SwapPathError(f"nvme_path {path} is not a directory; give a directory on an NVMe drive")
+        raise SwapPathError(f"nvme_path {shown(path)} is not a directory; give a directory on an NVMe drive")
     if not os.access(path, os.W_OK | os.X_OK):
-        raise SwapPathError(f"nvme_path {path} is not writable by this user; fix its permissions or choose another")
+        raise SwapPathError(f"nvme_path {shown(path)} is not writable by this user; fix its permissions or choose another")
     return path
+
+
+def shown(path: Path) -> str:
+    """`path` as an error message prints it: as is, or quoted with escapes where it holds a newline or
+    another unprintable character, so the message stays one line."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
 
 
 def free_bytes(path: Path) -> int:
@@ -81,7 +88,7 @@ def preflight(path: Path, needed_bytes: int) -> None:
         held = sum(entry.nbytes for entry in stale)
         hint = f" ({len(stale)} stale swap dir(s) from crashed runs hold {human_bytes(held)}: remove_stale_swap_dirs)"
     raise SwapPathError(
-        f"nvme_path {path} has {human_bytes(available)} free but the swap files need {human_bytes(needed_bytes)}; "
+        f"nvme_path {shown(path)} has {human_bytes(available)} free but the swap files need {human_bytes(needed_bytes)}; "
         f"free space there or choose another nvme_path{hint}"
     )
 
@@ -162,7 +169,7 @@ class SwapDirectory:
             path.unlink()
             if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
                 raise SwapPathError(
-                    f"cannot preallocate {human_bytes(capacity_bytes)} for {path} ({error.strerror}); "
+                    f"cannot preallocate {human_bytes(capacity_bytes)} for {shown(path)} ({error.strerror}); "
                     "free space under nvme_path or choose another"
                 ) from None
             raise
