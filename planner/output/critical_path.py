@@ -121,11 +121,13 @@ def two_stream_path(plan: Plan, layer_counts: list[int]) -> CriticalPath | None:
     two deeper samples, and kept only while the order of the largest cannot change: the largest,
     less the real depth times its deviation from the line at the deepest sample, must exceed every
     other plus its own. None where a check fails (then the caller simulates the whole model)."""
-    from planner.sim.samples import simulate_samples
+    from planner.sim.streams import stream_samples
 
-    samples = simulate_samples(plan, layer_counts)
-    a, b, c = (simulated_path(s.plan, s.timelines) for s in samples)
-    repeats = (plan.model.num_layers - layer_counts[-1]) // (plan.recompute_interval or 1)
+    streams = stream_samples(plan)  # the samples the prediction came from (kept), and their repeats
+    if streams is None or streams.layer_counts != list(layer_counts):
+        return None
+    a, b, c = (simulated_path(s.plan, s.timelines) for s in streams.samples)
+    repeats = streams.repeats
 
     def line(x: float, y: float) -> float:
         return y + repeats * (y - x)
