@@ -179,8 +179,10 @@ class Simulation:
                 link.intervals += [(start + a, start + b, label) for a, b, label in intervals]
             for name, nbytes in outcome.link_bytes.items():
                 self.count(0, name, nbytes)
+            held = self.cpu.held  # the pinned chunk buffers are placed at time 0: their changes add nothing
             for t, term, delta in outcome.cpu_changes:
-                self.cpu.add(start + t, term, delta)
+                if term not in held:
+                    self.cpu.add(start + t, term, delta)
             self._optimizer_done = self.env.timeout(outcome.duration_s)
         return self._optimizer_done
 
@@ -188,6 +190,31 @@ class Simulation:
         """Partitioned model states live in their tier for the whole iteration (memory.py, eq. 2)."""
         for tier, term, nbytes in resident_terms(self.plan):
             self.trackers[tier].place(term, nbytes)
+
+
+def run_unwatched(proc: Proc) -> None:
+    """Run `proc` as a SimPy process nobody waits for, without the process's own two events.
+
+    [Note: unwatched processes] `env.process(proc)` schedules an event that starts the generator
+    later in the same instant and another when it returns; a prefetch runs once per operator and
+    stage set, so those two are a tenth of a tiled plan's events. `proc` must begin by waiting for
+    an event not yet triggered (asserted): its first step then only adds a callback to that event,
+    here at once or there at the start event, and every later step runs from the callbacks of the
+    same events in the same order as SimPy's process would run it: the same timeline, fewer events.
+    Events of this simulator never fail, so none is thrown into the generator."""
+    first = proc.send(None)
+    assert not first.triggered, "an unwatched process must begin by waiting"
+
+    def resume(event: simpy.Event) -> None:
+        try:
+            event = proc.send(event._value)  # noqa: SLF001 - SimPy's own field, as its process reads it
+            while event.callbacks is None:  # processed already: SimPy's process resumes at once too
+                event = proc.send(event._value)  # noqa: SLF001
+        except StopIteration:
+            return
+        event.callbacks.append(resume)
+
+    first.callbacks.append(resume)
 
 
 class _Memo(dict):
@@ -263,6 +290,8 @@ class RankProgram:
         self.slice_factor = self.b / self.mp
         """Bytes per parameter of an operator's tensor-parallel slice."""
         self.synchronous_grads = depth == 0
+        self.reduces_shards_only = bool(plan.partitioned & {"gradients", "optimizer_states"})
+        """Each rank keeps only its shard of the reduced gradients (a reduce-scatter, not an all-reduce)."""
         self.stores_gradients = stores_gradients(plan)
         self.offloads_gradients = self.stores_gradients and not placement.gradients.is_compute_memory(node)
         """Each gradient shard is stored off the compute's memory (not kept where the compute has it, nor
@@ -347,7 +376,7 @@ class RankProgram:
             for j in range(self._triggered_upto[index] + 1, upto + 1):
                 if index == 0:
                     self._ready[j] = self.env.event()
-                    self.env.process(self._fetch(self.sim.work.steps[j]))
+                    run_unwatched(self._fetch(self.sim.work.steps[j]))  # waits for the trigger made next
                 event = self._trigger(index, j)
                 if not event.triggered:
                     event.succeed()
@@ -569,7 +598,7 @@ class RankProgram:
         sim, plan, rank = self.sim, self.sim.plan, self.rank
         route = self.res.collective(rank, spans_nodes=self.spans_nodes)
         if self.dp > 1:
-            if plan.partitioned & {"gradients", "optimizer_states"}:  # ZeRO-1 needs only its shard reduced
+            if self.reduces_shards_only:  # ZeRO-1 needs only its shard reduced
                 yield self._collective(self._collective_bytes(slice_bytes), route, "reduce_scatter", label,
                                        self.latency_s["reduce_scatter"])
             else:  # plain data parallel: all-reduce = reduce-scatter + all-gather

@@ -10,7 +10,7 @@ link (see [Note: representative rank] in engine.py), and on a shared NVMe budget
 1/read-rate device-seconds while a byte written costs 1/write-rate.
 
 Rates change only when a flow starts or ends, so the network keeps one pending timer for the next
-completion; a newer allocation invalidates older timers by bumping an epoch counter.
+completion; a newer allocation supersedes older timers (only the latest one acts when it fires).
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ class Network:
         self.env = env
         self.flows: list[Flow] = []
         self._last_s = 0.0
-        self._epoch = 0
+        self._timer: simpy.Event | None = None
+        """The timer of the latest allocation: earlier ones still fire, and do nothing."""
 
     def transfer(self, size: float, hops: tuple[tuple[Link, float], ...], label: str,
                  delay_s: float = 0.0) -> simpy.Event:
@@ -147,13 +148,11 @@ class Network:
             left_s = flow.remaining / rate
             if left_s < dt:
                 dt = left_s
-        self._epoch += 1
-        timer = self.env.timeout(max(dt, 0.0))
-        epoch = self._epoch
-        timer.callbacks.append(lambda _event: self._on_timer(epoch))
+        timer = self._timer = self.env.timeout(max(dt, 0.0))
+        timer.callbacks.append(self._on_timer)
 
-    def _on_timer(self, epoch: int) -> None:
-        if epoch != self._epoch:
+    def _on_timer(self, timer: simpy.Event) -> None:
+        if timer is not self._timer:
             return  # superseded by a later allocation
         self._advance()
         now = self.env.now
