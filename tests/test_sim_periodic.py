@@ -180,7 +180,7 @@ def test_a_queue_falling_behind_is_simulated_whole_after_two_pairs(monkeypatch):
         lags.append(periodic._phase_lag(stretched, longer.timelines)[Phase.BACKWARD])
     assert lags[0] > 0.1  # seconds per unit the updates fall further behind
     assert lags[1] == pytest.approx(lags[0], rel=1e-9)
-    assert periodic.check_samples(plan) == periodic.FALLS_BEHIND
+    assert isinstance(periodic.check_samples(plan), periodic.FallsBehind)
     whole = simulate(plan)
     # The prediction comes from the three samples ([Note: two streams], tests/test_sim_streams.py).
     predicted = fast.predict(plan)

@@ -19,7 +19,7 @@ in-backward updates fall behind the backward is predicted from three samples by 
 from __future__ import annotations
 
 from planner.cost.pipeline import is_composed
-from planner.sim.periodic import FALLS_BEHIND, NotPeriodic, check_samples, extend
+from planner.sim.periodic import FallsBehind, NotPeriodic, Verified, check_samples, extend
 from planner.sim.report import composed_prediction, prediction_from
 from planner.sim.samples import kept_whole, simulate_whole
 from planner.sim.streams import two_stream_summary
@@ -34,18 +34,17 @@ def predict(plan: Plan) -> Prediction:
     kept = kept_whole(plan)  # its samples failed the check before ([Note: shared samples])
     if kept is not None:
         return kept.prediction
-    verified = check_samples(plan)
-    if verified == FALLS_BEHIND:  # [Note: two streams] in streams.py
+    checked = check_samples(plan)
+    if isinstance(checked, FallsBehind):  # [Note: two streams] in streams.py
         try:
             streams, summary = two_stream_summary(plan)
         except NotPeriodic:
             return simulate_whole(plan).prediction
         return prediction_from(plan, summary, notes={"two_streams_from_layers": streams.layer_counts})
-    if verified is None or isinstance(verified, str):
+    if not isinstance(checked, Verified):
         return simulate_whole(plan).prediction
-    pair, shorter, longer = verified
     try:
-        summary = extend(shorter.summary, longer.summary, pair.repeats)
+        summary = extend(checked.shorter.summary, checked.longer.summary, checked.pair.repeats)
     except NotPeriodic:
         return simulate_whole(plan).prediction
-    return prediction_from(plan, summary, notes={"extrapolated_from_layers": pair.layer_counts})
+    return prediction_from(plan, summary, notes={"extrapolated_from_layers": checked.pair.layer_counts})

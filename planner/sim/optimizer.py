@@ -17,6 +17,7 @@ buffer allocations of one period are repeated. When they disagree every chunk is
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,19 +199,24 @@ class _Pipeline:
         shift = repeats * period_s
 
         def stretch_intervals(intervals: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+            if not detail:
+                return []
             before = [(a, min(b, lo), lab) for a, b, lab in intervals if a < lo]
             window = [(max(a, lo), min(b, hi), lab) for a, b, lab in intervals if a < hi and b > lo]
             after = [(max(a, hi) + shift, b + shift, lab) for a, b, lab in intervals if b > hi]
-            if not detail:
-                return []
-            repeated = [(a + m * period_s, b + m * period_s, lab) for m in range(1, repeats + 1) for a, b, lab in window]
             # Window pieces keep their place; the repeats fill the gap before the shifted tail.
-            return before + window + repeated + after
+            out = before + window
+            for m in range(1, repeats + 1):
+                s = m * period_s  # a few thousand periods: one product per copy, not per interval
+                out += [(a + s, b + s, lab) for a, b, lab in window]
+            return out + after
 
         cpu = [(t, n, d) for t, n, d in self.cpu_changes if t < hi]
         if detail:
             in_window = [(t, n, d) for t, n, d in self.cpu_changes if lo <= t < hi]
-            cpu += [(t + m * period_s, n, d) for m in range(1, repeats + 1) for t, n, d in in_window]
+            for m in range(1, repeats + 1):
+                s = m * period_s
+                cpu += [(t + s, n, d) for t, n, d in in_window]
         cpu += [(t + shift, n, d) for t, n, d in self.cpu_changes if t >= hi]
         links, short_links = self.links(), shorter.links()
         return OptimizerOutcome(
@@ -219,7 +225,7 @@ class _Pipeline:
             amount=[a.amount + repeats * (a.amount - b.amount) for a, b in zip(links, short_links, strict=True)],
             intervals=[stretch_intervals(link.intervals) for link in links],
             link_bytes={k: v + repeats * (v - shorter.link_bytes.get(k, 0.0)) for k, v in self.link_bytes.items()},
-            cpu_changes=sorted(cpu, key=lambda c: c[0]),
+            cpu_changes=sorted(cpu, key=itemgetter(0)),
             num_chunks=len(self.sizes) + repeats,
             extrapolated=True,
             events=self.events() + shorter.events() + self.events_before,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from planner.sim.engine import resident_terms
@@ -72,21 +72,35 @@ def sample_units(plan: Plan, attempt: int = 0) -> SamplePair | None:
     return SamplePair([unit * (first + x) + partial for x in range(2)], repeats, window_unit=first // 2)
 
 
-FALLS_BEHIND = "falls behind"
-"""What `check_samples` says of a plan whose two first pairs show a queue falling behind."""
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """A sample pair whose shorter sample, stretched by one unit, is the longer one."""
+
+    pair: SamplePair
+    shorter: Sample
+    longer: Sample
 
 
-def verified_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | None:
+@dataclass(frozen=True, slots=True)
+class FallsBehind:
+    """Two pairs in a row show a queue falling behind ([Note: a queue that falls behind]): no pair
+    verifies at any depth; the samples are kept for [Note: two streams] in streams.py."""
+
+
+SampleCheck = Verified | FallsBehind | None
+"""What `check_samples` finds; None: no pair verifies (simulate the whole model)."""
+
+
+def verified_samples(plan: Plan) -> Verified | None:
     """The first sample pair whose shorter sample, stretched by one unit, is the longer one (the
     check of [Note: periodic timelines]); None when there is none (simulate the whole model), or
     when two pairs in a row show a queue falling behind ([Note: a queue that falls behind])."""
     checked = check_samples(plan)
-    return None if checked is None or checked == FALLS_BEHIND else checked
+    return checked if isinstance(checked, Verified) else None
 
 
-def check_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | str | None:
-    """`verified_samples`, except that a queue falling behind is `FALLS_BEHIND` (its samples kept
-    for [Note: two streams] in streams.py)."""
+def check_samples(plan: Plan) -> SampleCheck:
+    """`verified_samples`, except that a queue falling behind is told apart (`FallsBehind`)."""
     lag: dict[Phase, float] | None = None
     for attempt in range(ATTEMPTS):
         pair = sample_units(plan, attempt)
@@ -105,9 +119,9 @@ def check_samples(plan: Plan) -> tuple[SamplePair, Sample, Sample] | str | None:
         except NotPeriodic:
             previous, lag = lag, _phase_lag(stretched, longer.timelines)
             if previous is not None and _falls_behind(previous, lag, longer.timelines.iteration_time_s):
-                return FALLS_BEHIND
+                return FallsBehind()
             continue
-        return pair, shorter, longer
+        return Verified(pair, shorter, longer)
     return None
 
 
@@ -188,7 +202,7 @@ def simulate_periodic(plan: Plan, *, intervals: bool = True) -> SimResult:
     verified = verified_samples(plan)
     if verified is None:
         return simulate_whole(plan)
-    pair, shorter, longer = verified
+    pair, shorter, longer = verified.pair, verified.shorter, verified.longer
     repeats = pair.repeats
     try:
         timelines = stretch(longer.timelines, windows(longer, pair.window_unit), repeats,
@@ -352,15 +366,19 @@ def stretch(tl: Timelines, w: Windows, repeats: int, base: dict[str, float], *, 
 
 def _stretch_intervals(spans: list[tuple[float, float, str]], pieces: list[_Piece]) -> list[tuple[float, float, str]]:
     spans = sorted(spans)
+    starts = [a for a, _, _ in spans]
     ends = [b for _, b, _ in spans]  # a link's intervals never overlap: sorted by start is sorted by end
     out: list[tuple[float, float, str]] = []
     for p in pieces:
-        inside = []
-        for a, b, label in spans[bisect_left(ends, p.lo):]:
-            if a >= p.hi:
-                break
-            if b > p.lo:
-                inside.append((max(a, p.lo), min(b, p.hi), label))
+        # The spans with b > lo and a < hi; only the first can start before lo, only the last end after hi.
+        inside = spans[bisect_right(ends, p.lo):bisect_left(starts, p.hi)]
+        if inside:
+            a, b, label = inside[0]
+            if a < p.lo or b > p.hi:
+                inside[0] = (max(a, p.lo), min(b, p.hi), label)
+            a, b, label = inside[-1]
+            if a < p.lo or b > p.hi:
+                inside[-1] = (max(a, p.lo), min(b, p.hi), label)
         for m in range(p.copies):
             shift = p.shift_s + m * p.period_s
             copy = [(a + shift, b + shift, label) for a, b, label in inside]
@@ -400,13 +418,14 @@ def _joined(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, s
     # `_continues`, inlined: this runs over every interval of both samples' timelines.
     out: list[tuple[float, float, str]] = []
     last_end, last_label = 0.0, None
-    for a, b, label in spans:
+    for span in spans:
+        a, b, label = span
         if b <= a:
             continue
-        if out and last_label == label and a - last_end <= _JOIN * abs(a):
+        if label == last_label and out and a - last_end <= _JOIN * abs(a):
             out[-1] = (out[-1][0], b, label)
         else:
-            out.append((a, b, label))
+            out.append(span)
         last_end, last_label = b, label
     return out
 
@@ -426,7 +445,7 @@ def check_equal(stretched: Timelines, simulated: Timelines) -> None:
             raise NotPeriodic
         within = _TOLERANCE * total  # `_close`, inlined: every interval and memory step is compared
         for (a1, b1, l1), (a2, b2, l2) in zip(mine, theirs, strict=True):
-            if l1 != l2 or abs(a1 - a2) > within or abs(b1 - b2) > within:
+            if not (-within <= a1 - a2 <= within and -within <= b1 - b2 <= within) or l1 != l2:
                 raise NotPeriodic(name)
     for name, curve in simulated.memory.items():
         mine, theirs = stretched.memory[name].points, curve.points
@@ -434,7 +453,7 @@ def check_equal(stretched: Timelines, simulated: Timelines) -> None:
             raise NotPeriodic
         within, by = _TOLERANCE * total, _TOLERANCE * max(curve.peak_bytes, 1.0)
         for (t1, v1), (t2, v2) in zip(mine, theirs, strict=True):
-            if abs(t1 - t2) > within or abs(v1 - v2) > by:
+            if not (-within <= t1 - t2 <= within and -by <= v1 - v2 <= by):
                 raise NotPeriodic(name)
 
 

@@ -225,13 +225,32 @@ def downsample(timeline: list[tuple[float, float]], end_s: float) -> list[list[f
     if len(timeline) <= MAX_TIMELINE_POINTS or end_s <= 0:
         return [[t, b] for t, b in timeline]
     width, last = end_s / MAX_TIMELINE_POINTS, MAX_TIMELINE_POINTS - 1
+    # A curve is in time order, so its buckets come one after another: keep the current one's first
+    # highest point, and emit it when the next bucket begins (a stretched curve has ~10^5 points).
+    out: list[list[float]] = []
+    kept_t, kept_b = timeline[0]
+    key = min(int(kept_t / width), last)
+    for t, b in timeline:
+        k = int(t / width)
+        if k > last:
+            k = last
+        if k != key:
+            if k < key:
+                return _downsample_any_order(timeline, width, last)
+            out.append([kept_t, kept_b])
+            key, kept_t, kept_b = k, t, b
+        elif b > kept_b:
+            kept_t, kept_b = t, b
+    out.append([kept_t, kept_b])
+    return out
+
+
+def _downsample_any_order(timeline: list[tuple[float, float]], width: float, last: int) -> list[list[float]]:
+    """`downsample` of points in any order: each bucket's first highest point, buckets in time order."""
     buckets: dict[int, tuple[float, float]] = {}
-    get = buckets.get  # one lookup per point: a stretched curve has hundreds of thousands
     for point in timeline:
-        key = int(point[0] / width)
-        if key > last:
-            key = last
-        kept = get(key)
+        key = min(int(point[0] / width), last)
+        kept = buckets.get(key)
         if kept is None or point[1] > kept[1]:
             buckets[key] = point
     return [[t, b] for t, b in (buckets[k] for k in sorted(buckets))]
