@@ -43,7 +43,8 @@ class Link:
     scope: str = "per GPU"
     """`per GPU`, `per node` or `per GPU (simulated rank k)`: what one instance serves."""
     active: int = 0
-    """Flows crossing it now (Network starts and stops them with the flow)."""
+    """Flows crossing it now (Network counts them as flows start and end: a busy interval opens with
+    the first, labelled by it, and closes with the last)."""
     busy_since: float = 0.0
     busy_s: float = 0.0
     amount: float = 0.0
@@ -51,17 +52,6 @@ class Link:
     intervals: list[tuple[float, float, str]] = field(default_factory=list)
     """(start, end, label of the activity that opened the interval), merged while busy."""
     label: str = ""
-
-    def start(self, now: float, label: str) -> None:
-        if self.active == 0:
-            self.busy_since, self.label = now, label
-        self.active += 1
-
-    def stop(self, now: float) -> None:
-        self.active -= 1
-        if self.active == 0:
-            self.busy_s += now - self.busy_since
-            self.intervals.append((self.busy_since, now, self.label))
 
     def occupy(self, start: float, end: float, label: str, amount: float) -> None:
         """Record exclusive use (compute) that bypasses the fluid model."""
@@ -110,25 +100,29 @@ class Network:
         return done
 
     def _start(self, size: float, hops: tuple[tuple[Link, float], ...], label: str, done: simpy.Event) -> None:
-        self._advance()
-        now = self.env.now
+        now = self._advance()
         alone = math.inf
         for link, weight in hops:
-            link.start(now, label)
+            if link.active == 0:  # the link's busy interval opens with its first flow
+                link.busy_since, link.label = now, label
+            link.active += 1
             link.amount += size * weight
             rate = link.capacity / weight
             if rate < alone:
                 alone = rate
-        self.flows.append(Flow(hops=hops, size=size, remaining=size, done=done, alone_rate=alone))
+        self.flows.append(Flow(hops, size, size, done, 0.0, alone))
         self._reallocate()
 
     # -- fluid model -------------------------------------------------------------------------
-    def _advance(self) -> None:
-        elapsed = self.env.now - self._last_s
+    def _advance(self) -> float:
+        """Move every flow on at its rate up to now; returns now."""
+        now = self.env.now
+        elapsed = now - self._last_s
         if elapsed > 0:
             for flow in self.flows:
                 flow.remaining -= flow.rate * elapsed
-        self._last_s = self.env.now
+        self._last_s = now
+        return now
 
     def _reallocate(self) -> None:
         flows = self.flows
@@ -154,13 +148,15 @@ class Network:
     def _on_timer(self, timer: simpy.Event) -> None:
         if timer is not self._timer:
             return  # superseded by a later allocation
-        self._advance()
-        now = self.env.now
+        now = self._advance()
         still: list[Flow] = []
         for flow in self.flows:
             if flow.remaining <= flow.rate * _DONE_WITHIN_S:
                 for link, _ in flow.hops:
-                    link.stop(now)
+                    link.active -= 1  # and closes with its last
+                    if link.active == 0:
+                        link.busy_s += now - link.busy_since
+                        link.intervals.append((link.busy_since, now, link.label))
                 flow.done.succeed()
             else:
                 still.append(flow)
