@@ -2,7 +2,7 @@
 
 1. Simulating one iteration of the 1T plan `planner fit 1T --gpus 16 --hardware dgx2-v100` wrote
    with the step after backward (128 layers, hd 25600, batch/GPU 15, tiling 8, everything on NVMe,
-   recompute inputs on the CPU: 245,000 SimPy events simulated whole) as `planner simulate` does
+   recompute inputs on the CPU: 221,000 SimPy events simulated whole) as `planner simulate` does
    (extrapolated over identical blocks, planner/sim/periodic.py) in at most 0.2 s, with the same
    iteration time as the whole simulation (to 1e-9); the events each simulates are reported.
 2. `planner fit 1T --gpus 16` (default hardware dgx-h100, and with `--hardware dgx2-v100`),
