@@ -1,8 +1,10 @@
 """The simulator's cheaper paths give the timeline of the plain ones, bit for bit: prefetches run
 without SimPy's process events ([Note: unwatched processes] in planner/sim/engine.py), the periodic
 stretch's slicing of busy intervals and the memory curves' downsampling, each against a plain
-reference (the code they replaced, kept here)."""
+reference (the code they replaced, kept here); and the cyclic collector, paused while a simulation
+runs, is back on after it."""
 
+import gc
 import random
 from bisect import bisect_left
 
@@ -11,6 +13,7 @@ import pytest
 import planner.sim.engine as engine
 from planner.sim import samples
 from planner.sim.engine import Simulation
+from planner.sim.network import collector_paused
 from planner.sim.periodic import _continues, _pieces, _resident_growth, _stretch_intervals, sample_units, windows
 from planner.sim.report import MAX_TIMELINE_POINTS, _downsample_any_order, downsample
 from planner.specs.catalog import resolve_hardware, resolve_model
@@ -122,3 +125,27 @@ def test_downsampled_curves_equal_the_bucket_table():
     shuffled = points[:]
     rng.shuffle(shuffled)
     assert downsample(shuffled, t) == _downsample_any_order(shuffled, width, MAX_TIMELINE_POINTS - 1)
+
+
+def test_the_collector_is_paused_while_simulating_and_restored_after():
+    sim = Simulation(PLANS["cpu params, 2 nodes, vocab"])
+    during = []
+
+    def look():
+        yield sim.env.timeout(0)
+        during.append(gc.isenabled())
+
+    sim.env.process(look())
+    assert gc.isenabled()
+    sim.run()
+    assert during == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError), collector_paused():
+        raise ValueError
+    assert gc.isenabled()

@@ -44,7 +44,7 @@ from planner.cost.memory import (
     stores_gradients,
 )
 from planner.sim.in_backward import BackwardUpdates
-from planner.sim.network import Link, Network, scheduled_events
+from planner.sim.network import Link, Network, collector_paused, scheduled_events
 from planner.sim.optimizer import OptimizerOutcome, chunked_step, gpu_step_seconds
 from planner.sim.overlapped import OverlappedStep
 from planner.sim.resources import NodeResources
@@ -124,7 +124,8 @@ class Simulation:
 
     def run(self) -> Simulation:
         procs = [self.env.process(rank.iteration()) for rank in self.ranks]
-        self.env.run(simpy.AllOf(self.env, procs))
+        with collector_paused():
+            self.env.run(simpy.AllOf(self.env, procs))
         self.events = scheduled_events(self.env) + (self.optimizer.events if self.optimizer is not None else 0)
         for tracker in self.trackers.values():
             tracker.close_window()

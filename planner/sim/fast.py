@@ -19,6 +19,7 @@ in-backward updates fall behind the backward is predicted from three samples by 
 from __future__ import annotations
 
 from planner.cost.pipeline import is_composed
+from planner.sim.network import collector_paused
 from planner.sim.periodic import FallsBehind, NotPeriodic, Verified, check_samples, extend
 from planner.sim.report import composed_prediction, prediction_from
 from planner.sim.samples import kept_whole, simulate_whole
@@ -26,6 +27,7 @@ from planner.sim.streams import two_stream_summary
 from planner.specs.plan import Plan, Prediction
 
 
+@collector_paused()  # the samples, the check and the summaries allocate ~10^5 short-lived objects
 def predict(plan: Plan) -> Prediction:
     """The simulated prediction of `plan`, by [Note: periodic layers] where it applies; a pipelined
     or accumulating plan from its stage's micro-batch ([Note: the 1F1B step] in planner/cost/pipeline.py)."""

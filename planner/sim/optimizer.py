@@ -27,7 +27,7 @@ import simpy
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.memory import optimizer_chunk_buffer_bytes
 from planner.cost.throughput import GPU_ADAM_BYTES_PER_PARAM
-from planner.sim.network import Link, Network, scheduled_events
+from planner.sim.network import Link, Network, collector_paused, scheduled_events
 from planner.sim.resources import NodeResources
 from planner.sim.workload import Workload
 from planner.specs.errors import PlannerError
@@ -106,7 +106,8 @@ class _Pipeline:
         self.chunk_start_s: list[float] = []
         """When rank 0 started reading each chunk."""
         procs = [self.env.process(self._rank(r)) for r in range(num_ranks)]
-        self.env.run(simpy.AllOf(self.env, procs))
+        with collector_paused():
+            self.env.run(simpy.AllOf(self.env, procs))
         self.duration_s = self.env.now
 
     def _move(self, rank: int, nbytes: float, hops: Any, category: str) -> simpy.Event:

@@ -14,6 +14,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from planner.sim.engine import resident_terms
+from planner.sim.network import collector_paused
 from planner.sim.report import (
     MemoryCurve,
     SimResult,
@@ -191,6 +192,7 @@ def _falls_behind(previous: dict[Phase, float], lag: dict[Phase, float] | None, 
 # where they carry it (`extend`); otherwise the whole model is simulated. For 1T (128 blocks,
 # recompute interval 4) this simulates 3 + 4 units instead of 32, and tests/test_sim_periodic.py
 # compares the result with the whole simulation.
+@collector_paused()  # the samples, the check and the stretch allocate ~10^5 short-lived tuples
 def simulate_periodic(plan: Plan, *, intervals: bool = True) -> SimResult:
     """`simulate(plan)` for the Timeline panel and `planner simulate`: the same prediction and
     timelines, from two short simulations when [Note: periodic timelines] applies (then `simulation`
