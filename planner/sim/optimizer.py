@@ -206,18 +206,14 @@ class _Pipeline:
             window = [(max(a, lo), min(b, hi), lab) for a, b, lab in intervals if a < hi and b > lo]
             after = [(max(a, hi) + shift, b + shift, lab) for a, b, lab in intervals if b > hi]
             # Window pieces keep their place; the repeats fill the gap before the shifted tail.
-            out = before + window
-            for m in range(1, repeats + 1):
-                s = m * period_s  # a few thousand periods: one product per copy, not per interval
-                out += [(a + s, b + s, lab) for a, b, lab in window]
-            return out + after
+            repeated = [(a + s, b + s, lab) for s in shifts for a, b, lab in window]
+            return before + window + repeated + after
 
+        shifts = [m * period_s for m in range(1, repeats + 1)]  # each copy's, once (thousands of copies)
         cpu = [(t, n, d) for t, n, d in self.cpu_changes if t < hi]
         if detail:
             in_window = [(t, n, d) for t, n, d in self.cpu_changes if lo <= t < hi]
-            for m in range(1, repeats + 1):
-                s = m * period_s
-                cpu += [(t + s, n, d) for t, n, d in in_window]
+            cpu += [(t + s, n, d) for s in shifts for t, n, d in in_window]
         cpu += [(t + shift, n, d) for t, n, d in self.cpu_changes if t >= hi]
         links, short_links = self.links(), shorter.links()
         return OptimizerOutcome(
