@@ -55,21 +55,68 @@ class StreamSamples:
     samples: list[Sample]
 
 
-def stream_samples(plan: Plan) -> StreamSamples | None:
-    """The samples the falling-behind test simulated (kept), or None when the model is too shallow."""
+def stream_sample_sets(plan: Plan) -> list[tuple[list[int], int]]:
+    """(layer counts, units the deepest lacks) of the sample sets [Note: two streams] tries, in
+    order: one unit below the periodic check's first pair and that pair (so a plan that falls
+    behind costs one shallow sample more than the pair it is simulated for anyway), then the two
+    pairs the falling-behind test simulated (`check_samples`, where the first set fails). Empty
+    when the model is too shallow."""
     first, second = sample_units(plan, 0), sample_units(plan, 1)
     if first is None or second is None:
+        return []
+    unit = plan.recompute_interval or 1
+    late = sorted(set(first.layer_counts) | set(second.layer_counts))
+    if len(late) != 3:
+        return []
+    return [([first.layer_counts[0] - unit, *first.layer_counts], first.repeats), (late, second.repeats)]
+
+
+def stream_samples(plan: Plan, layer_counts: list[int] | None = None) -> StreamSamples | None:
+    """The samples of the set with `layer_counts` (default: the first set), kept where a prediction
+    simulated them; None when the model is too shallow or no set has those counts."""
+    sets = stream_sample_sets(plan)
+    chosen = next((s for s in sets if layer_counts is None or s[0] == list(layer_counts)), None)
+    if chosen is None:
         return None
-    counts = sorted(set(first.layer_counts) | set(second.layer_counts))
-    if len(counts) != 3:
+    counts, repeats = chosen
+    return StreamSamples(counts, repeats, simulate_samples(plan, counts))
+
+
+def early_two_streams(plan: Plan) -> tuple[StreamSamples, Summary] | None:
+    """The [Note: two streams] summary from the first sample set, tried before the periodic check
+    only where the check's own first pair (simulated for it anyway) shows the updates falling
+    further behind with the unit it adds; None otherwise (the periodic check decides, as without)."""
+    sets = stream_sample_sets(plan)
+    if plan.optimizer_step != "in_backward" or not sets:
         return None
-    return StreamSamples(counts, second.repeats, simulate_samples(plan, counts))
+    counts, _ = sets[0]
+    try:
+        shorter, longer = simulate_samples(plan, counts[1:])
+        if not backlog_s(longer) - backlog_s(shorter) > EXACT * max(longer.summary.phase_end_s.values()):
+            return None
+        return _two_streams(plan, stream_samples(plan, counts))
+    except NotPeriodic:
+        return None
 
 
 def two_stream_summary(plan: Plan) -> tuple[StreamSamples, Summary]:
-    """The summary of `plan` by [Note: two streams]; raises NotPeriodic where it does not hold."""
-    streams = stream_samples(plan)
-    if streams is None or plan.optimizer_step != "in_backward":
+    """The summary of `plan` by [Note: two streams], from the first sample set whose checks hold;
+    raises NotPeriodic where none does."""
+    if plan.optimizer_step != "in_backward" or not stream_sample_sets(plan):
+        raise NotPeriodic("not a plan of two streams")
+    failure = NotPeriodic("not a plan of two streams")
+    for counts, _ in stream_sample_sets(plan):
+        try:
+            return _two_streams(plan, stream_samples(plan, counts))
+        except NotPeriodic as exc:
+            failure = exc
+    raise failure
+
+
+def _two_streams(plan: Plan, streams: StreamSamples | None) -> tuple[StreamSamples, Summary]:
+    """Raises NotPeriodic unless the backlog grows with every unit and the deepest sample lies on
+    the line through the other two ([Note: two streams])."""
+    if streams is None:
         raise NotPeriodic("not a plan of two streams")
     a, b, c = (s.summary for s in streams.samples)
     x, y, z = (backlog_s(s) for s in streams.samples)
