@@ -22,7 +22,7 @@ from planner.cost.pipeline import is_composed
 from planner.sim.periodic import FALLS_BEHIND, NotPeriodic, check_samples, extend
 from planner.sim.report import composed_prediction, prediction_from
 from planner.sim.samples import kept_whole, simulate_whole
-from planner.sim.streams import early_two_streams, two_stream_summary
+from planner.sim.streams import falls_behind_early, two_stream_summary
 from planner.specs.plan import Plan, Prediction
 
 
@@ -34,11 +34,8 @@ def predict(plan: Plan) -> Prediction:
     kept = kept_whole(plan)  # its samples failed the check before ([Note: shared samples])
     if kept is not None:
         return kept.prediction
-    early = early_two_streams(plan)  # [Note: two streams] in streams.py
-    if early is not None:
-        return prediction_from(plan, early[1], notes={"two_streams_from_layers": early[0].layer_counts})
-    verified = check_samples(plan)
-    if verified == FALLS_BEHIND:
+    verified = FALLS_BEHIND if falls_behind_early(plan) else check_samples(plan)
+    if verified == FALLS_BEHIND:  # [Note: two streams] in streams.py
         try:
             streams, summary = two_stream_summary(plan)
         except NotPeriodic:

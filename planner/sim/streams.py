@@ -82,21 +82,27 @@ def stream_samples(plan: Plan, layer_counts: list[int] | None = None) -> StreamS
     return StreamSamples(counts, repeats, simulate_samples(plan, counts))
 
 
-def early_two_streams(plan: Plan) -> tuple[StreamSamples, Summary] | None:
-    """The [Note: two streams] summary from the first sample set, tried before the periodic check
-    only where the check's own first pair (simulated for it anyway) shows the updates falling
-    further behind with the unit it adds; None otherwise (the periodic check decides, as without)."""
+def falls_behind_early(plan: Plan) -> bool:
+    """Whether the first sample set shows an in-backward plan's updates falling further behind with
+    every unit: the periodic check's own first pair (simulated for it anyway) first, and only where
+    its backlog grows the unit below it. Such a plan is predicted by [Note: two streams] or
+    simulated whole: the periodic map cannot hold at any depth ([Note: a queue that falls behind]
+    in periodic.py), so its deeper pairs are not tried."""
     sets = stream_sample_sets(plan)
     if plan.optimizer_step != "in_backward" or not sets:
-        return None
+        return False
     counts, _ = sets[0]
     try:
         shorter, longer = simulate_samples(plan, counts[1:])
-        if not backlog_s(longer) - backlog_s(shorter) > EXACT * max(longer.summary.phase_end_s.values()):
-            return None
-        return _two_streams(plan, stream_samples(plan, counts))
+        if not _grows(shorter, longer):
+            return False
+        return _grows(simulate_samples(plan, counts[:1])[0], shorter)
     except NotPeriodic:
-        return None
+        return False
+
+
+def _grows(shorter: Sample, longer: Sample) -> bool:
+    return backlog_s(longer) - backlog_s(shorter) > EXACT * max(longer.summary.phase_end_s.values())
 
 
 def two_stream_summary(plan: Plan) -> tuple[StreamSamples, Summary]:
@@ -119,9 +125,8 @@ def _two_streams(plan: Plan, streams: StreamSamples | None) -> tuple[StreamSampl
     if streams is None:
         raise NotPeriodic("not a plan of two streams")
     a, b, c = (s.summary for s in streams.samples)
-    x, y, z = (backlog_s(s) for s in streams.samples)
-    total = max(c.phase_end_s.values())
-    if not (y - x > EXACT * total and z - y > EXACT * total):
+    first, second, third = streams.samples
+    if not (_grows(first, second) and _grows(second, third)):
         raise NotPeriodic("the updates do not fall further behind with every unit")
     summary = extend(b, c, streams.repeats)
     check_line(extend(a, b, 1), c, streams.repeats, summary.phase_end_s)
