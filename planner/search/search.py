@@ -251,8 +251,8 @@ def _sized_candidates(request: SearchRequest, strategy: str, base: Plan) -> tupl
             sized = _sized(request, plan)
             if sized is None:
                 first_failure = first_failure or plan
-                if i == 0 and len(tilings) > 1 and _sized(request, plan.replace(tiling_factor=tilings[-1]), probe=True) is None:
-                    evaluated += len(tilings) - 1  # [Note: least-memory candidate]: no tiling fits at this depth
+                if i == 0 and _no_tiling_fits(request, plan, tilings):
+                    evaluated += len(tilings) - 1  # counted as the loop would have
                     break
                 continue
             found = True
@@ -263,6 +263,12 @@ def _sized_candidates(request: SearchRequest, strategy: str, base: Plan) -> tupl
         if found and request.prefetch_depth is None:
             break  # deeper prefetch fits; shallower only overlaps less
     return evaluated, found_plans, first_failure
+
+
+def _no_tiling_fits(request: SearchRequest, plan: Plan, tilings: tuple[int, ...]) -> bool:
+    """Whether `plan`, which does not fit at the smallest of `tilings`, fits at none: the largest
+    does not ([Note: least-memory candidate]: every term is non-increasing in the tiling)."""
+    return len(tilings) > 1 and _sized(request, plan.replace(tiling_factor=tilings[-1]), probe=True) is None
 
 
 def _sized(request: SearchRequest, plan: Plan, *, probe: bool = False) -> tuple[Plan, MemoryBill] | None:
