@@ -53,7 +53,7 @@ extrapolated busy seconds were within 2.6e-3 of the iteration of the whole simul
 # the GPU: its 10-layer sample waits 31 of 118 s on NVMe), each unit's backward takes what the drive
 # leaves it at the update stream's phase, and that phase drifts: the backward period wanders within
 # about 1e-3 of its mean (22.91 to 22.94 s per unit, no repeat over 13 units), so no line holds to
-# 1e-9, at any period, and the plan is simulated whole. The
+# 1e-9, at any period, and the plan is simulated whole (docs/notes/2026-11-28-fit-path-speed.md). The
 # busy intervals and memory curves (the Gantt chart) are not extrapolated: `simulate_periodic`
 # simulates such a plan whole.
 @dataclass(frozen=True, slots=True)
