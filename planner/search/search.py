@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 from planner.cost.feasibility import check_plan
 from planner.cost.host_link import choose_host_pinning_billed
-from planner.cost.memory import MemoryBill, memory_bill, min_tiling_factor, resident_states_fit, schedule_changes_bill
+from planner.cost.memory import (
+    MemoryBill,
+    memory_bill,
+    min_tiling_factor,
+    resident_states_fit,
+    schedule_changes_bill,
+)
 from planner.cost.throughput import estimate
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
