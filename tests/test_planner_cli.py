@@ -191,3 +191,25 @@ def test_max_size_3d():
     assert code == 0, err
     doc = json.loads(out)
     assert doc["max_params"] > 10**10 and doc["plan"]["strategy"] == "3d"
+
+
+def test_each_verb_module_registers_the_command_named_as_it_is():
+    import typer.main
+
+    from tierwise.cli import VERBS, build_app
+
+    for verb in VERBS:
+        assert list(typer.main.get_command(build_app((verb,))).commands) == [verb.replace("_", "-")]
+    assert list(typer.main.get_command(build_app()).commands) == [verb.replace("_", "-") for verb in VERBS]
+
+
+def test_a_command_imports_its_own_verb_only():
+    # `planner fit` starts without the other verbs' modules, the calibration code or YAML.
+    code = ("import sys; sys.argv = ['planner', 'fit', '1T', '--gpus', '0']\n"
+            "from tierwise.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('tierwise.cli.')),"
+            " 'planner.calibration.probe_reference' in sys.modules, 'yaml' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "['tierwise.cli.fit', 'tierwise.cli.options'] False False"
+    assert done.stderr == "error: --gpus must be at least 1, got 0\n"

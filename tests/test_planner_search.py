@@ -143,6 +143,20 @@ def test_skipping_layouts_whose_states_do_not_fit_changes_no_answer(kw, monkeypa
     assert skipped.rejected or kw.get("model") == "paper-70b"
 
 
+@pytest.mark.parametrize("kw", [{}, {"hardware": "dgx-h100"}, {"micro_batch_per_gpu": 4},
+                                {"model": "paper-70b", "hardware": "dgx-h100", "gpus": 8, "model_parallel_degree": None}],
+                         ids=["1T dgx2", "1T h100", "pinned batch", "70B mp searched"])
+def test_skipping_a_depth_whose_largest_tiling_does_not_fit_changes_no_answer(kw, monkeypatch):
+    """A depth whose smallest and largest tilings do not fit is not tried at the tilings between
+    (`_no_tiling_fits`); trying every tiling gives the same ranking, rejected plans and count."""
+    skipped = search(request(**kw))
+    monkeypatch.setattr(search_module, "_no_tiling_fits", lambda request, plan, tilings: False)
+    evaluated = search(request(**kw))
+    assert [p.to_dict() for p in skipped.ranked] == [p.to_dict() for p in evaluated.ranked]
+    assert [p.to_dict() for p in skipped.rejected] == [p.to_dict() for p in evaluated.rejected]
+    assert skipped.num_evaluated == evaluated.num_evaluated
+
+
 def test_states_that_do_not_fit_fit_at_no_depth_tiling_or_larger_batch():
     base = request().model
     plan = candidate_plan(base, params="gpu", gradients="cpu", optimizer_states="cpu")

@@ -80,12 +80,13 @@ def test_the_critical_path_equals_the_whole_simulation(pair):
 def test_a_sample_off_the_line_is_simulated_whole(monkeypatch):
     plan = PLANS["small, 16 blocks"]
     samples.forget_samples()
-    ss = streams.stream_samples(plan)
+    ss = streams.stream_samples(plan, fast.predict(plan).details["two_streams_from_layers"])
     a, b, c = (s.summary for s in ss.samples)
-    streams.check_line(periodic.extend(a, b, 1), c, ss.repeats, c.phase_end_s)
+    real_end_s = periodic.extend(b, c, ss.repeats).phase_end_s  # the real depth's, as two_stream_summary checks
+    streams.check_line(periodic.extend(a, b, 1), c, ss.repeats, real_end_s)
     moved = dataclasses.replace(c, phase_end_s={**c.phase_end_s, Phase.BACKWARD: c.phase_end_s[Phase.BACKWARD] * (1 + 1e-6)})
     with pytest.raises(NotPeriodic):
-        streams.check_line(periodic.extend(a, b, 1), moved, ss.repeats, c.phase_end_s)
+        streams.check_line(periodic.extend(a, b, 1), moved, ss.repeats, real_end_s)
     real = streams.check_line
     monkeypatch.setattr(streams, "check_line", lambda *args: real(args[0], moved, *args[2:]))
     predicted = fast.predict(plan)
@@ -119,3 +120,17 @@ def test_a_backlog_that_shrinks_is_not_two_streams(monkeypatch):
     assert "two_streams_from_layers" not in predicted.details
     assert predicted.iteration_time_s == pytest.approx(simulate(plan).prediction.iteration_time_s, rel=1e-9)
 
+
+
+def test_a_plan_falling_behind_is_predicted_from_one_shallow_sample_beside_the_periodic_checks_first_pair(monkeypatch):
+    # The first pair shows the backlog growing, so the unit below it is simulated and the three are
+    # checked; the falling-behind test's second, deeper pair is never simulated.
+    plan = PLANS["fit 1T runner-up, tiling 8"]
+    samples.forget_samples()
+    layers: list[int] = []
+    real = samples.Simulation.run
+    monkeypatch.setattr(samples.Simulation, "run", lambda self: layers.append(self.plan.model.num_layers) or real(self))
+    predicted = fast.predict(plan)
+    first = periodic.sample_units(plan, 0).layer_counts
+    assert first == [6, 8]
+    assert sorted(layers) == predicted.details["two_streams_from_layers"] == [4, 6, 8]

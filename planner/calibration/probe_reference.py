@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner.calibration import REFERENCE_REPEATS
 from planner.calibration.calibrate import Calibration, calibrate
 from planner.specs.hardware import NodeSpec
 from planner.specs.plan import Placement, Plan
@@ -26,12 +27,6 @@ REFERENCE_STEPS = 8
 shared machine stalls a step now and then; with three measured steps one slow step moves a run's
 mean and the fitted factors with it, and six halve that for a few seconds more probing
 (docs/notes/2026-11-22-planner-source-measurements.md)."""
-REFERENCE_REPEATS = 3
-"""Each reference run is trained this many times, round-robin, and the fit takes the run of median
-step time. A whole run can land in a slow minute, and a probe that took one such run would move
-its predictions of other plans with it; the median of three narrows that spread by about half, for
-about a minute more probing (docs/notes/2026-11-23-calibration-machine-spread.md);
-`--no-calibrate` skips the reference runs altogether."""
 
 
 @dataclass(frozen=True, slots=True)

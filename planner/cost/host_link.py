@@ -87,16 +87,27 @@ def choose_host_pinning(plan: Plan, locked_memory_bytes: float) -> tuple[Plan, s
     """`plan` with `host_pinning: shards` where its host shards cross a link and pinning them fits:
     the bill with them pinned fits host memory and a rank's pinned bytes fit `locked_memory_bytes`
     (RLIMIT_MEMLOCK); else `staged`, and one line saying why when the limit or host memory forbade it."""
-    staged = plan.replace(host_pinning=HostPinning.STAGED)
+    chosen, line, _ = choose_host_pinning_billed(plan, locked_memory_bytes)
+    return chosen, line
+
+
+def choose_host_pinning_billed(plan: Plan, locked_memory_bytes: float,
+                               staged_bill: MemoryBill | None = None) -> tuple[Plan, str, MemoryBill | None]:
+    """`choose_host_pinning`, with the chosen plan's bill where it was made (the search prices the
+    plan from it): `staged_bill` is the bill of `plan` with `host_pinning: staged`, if the caller has it."""
+    if plan.host_pinning is HostPinning.STAGED:
+        staged = plan
+    else:
+        staged, staged_bill = plan.replace(host_pinning=HostPinning.STAGED), None
     pinned = plan.replace(host_pinning=HostPinning.SHARDS)
     if plan.node.host_is_device or not host_state_crosses_link(staged):
-        return staged, ""
+        return staged, "", staged_bill
     bill = memory_bill(pinned)
     need = pinned_host_bytes(pinned, bill)
     if need > locked_memory_bytes:
         return staged, (f"host_pinning: staged: pinning the host shards takes {need / GIB:,.2f} GiB of locked memory per "
                         f"process, over the limit of {locked_memory_bytes / GIB:,.2f} GiB (ulimit -l); raise it "
-                        "(ulimit -l unlimited, or memlock in /etc/security/limits.conf) to pin them")
+                        "(ulimit -l unlimited, or memlock in /etc/security/limits.conf) to pin them"), staged_bill
     if not bill.fits:
-        return staged, f"host_pinning: staged: with the host shards pinned the plan does not fit ({bill.reason()})"
-    return pinned, ""
+        return staged, f"host_pinning: staged: with the host shards pinned the plan does not fit ({bill.reason()})", staged_bill
+    return pinned, "", bill

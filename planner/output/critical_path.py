@@ -123,8 +123,8 @@ def two_stream_path(plan: Plan, layer_counts: list[int]) -> CriticalPath | None:
     other plus its own. None where a check fails (then the caller simulates the whole model)."""
     from planner.sim.streams import stream_samples
 
-    streams = stream_samples(plan)  # the samples the prediction came from (kept), and their repeats
-    if streams is None or streams.layer_counts != list(layer_counts):
+    streams = stream_samples(plan, layer_counts)  # the samples the prediction came from (kept), and their repeats
+    if streams is None:
         return None
     a, b, c = (simulated_path(s.plan, s.timelines) for s in streams.samples)
     repeats = streams.repeats

@@ -17,8 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from planner.cost.feasibility import check_plan
-from planner.cost.host_link import choose_host_pinning
-from planner.cost.memory import memory_bill, min_tiling_factor, resident_states_fit, schedule_changes_bill
+from planner.cost.host_link import choose_host_pinning_billed
+from planner.cost.memory import (
+    MemoryBill,
+    memory_bill,
+    min_tiling_factor,
+    resident_states_fit,
+    schedule_changes_bill,
+)
 from planner.cost.throughput import estimate
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import Cluster, NodeSpec
@@ -133,8 +139,9 @@ def candidate_placements(strategy: str | None, pins: dict[str, Tier]) -> list[tu
     return kept
 
 
-def _with_prediction(plan: Plan) -> Plan:
-    bill = memory_bill(plan)
+def _with_prediction(plan: Plan, bill: MemoryBill | None = None) -> Plan:
+    """`plan` with its analytic prediction, from `bill` where the caller has the plan's own bill."""
+    bill = bill or memory_bill(plan)
     pred = Prediction(
         feasible=bill.fits,
         reason=bill.reason(),
@@ -162,8 +169,15 @@ def predict(plan: Plan) -> Plan:
 
 def largest_batch(base: Plan, cap: int) -> Plan | None:
     """Largest micro-batch in [unit, cap] that fits, using the bill's linearity in the batch."""
+    sized = _largest_batch_billed(base, cap)
+    return sized[0] if sized else None
+
+
+def _largest_batch_billed(base: Plan, cap: int, unit_bill: MemoryBill | None = None) -> tuple[Plan, MemoryBill] | None:
+    """`largest_batch` with the sized plan's bill (`unit_bill`: the bill at one sample per replica,
+    where the caller has it)."""
     unit = 1 / base.gpus_per_replica  # one sample per model replica
-    a = memory_bill(base.replace(micro_batch_per_gpu=unit))
+    a = unit_bill or memory_bill(base.replace(micro_batch_per_gpu=unit))
     if not a.fits:
         return None
     # Every term is affine in the batch, so two points give the exact line for each tier.
@@ -178,9 +192,13 @@ def largest_batch(base: Plan, cap: int) -> Plan | None:
     if slope > 0:
         limit = min(limit, 1 + (a.max_alloc_bytes - a.largest_alloc_bytes) / slope)
     steps = max(1, math.floor(limit + 1e-9))
-    while steps > 1 and not memory_bill(base.replace(micro_batch_per_gpu=steps * unit)).fits:
+    while steps > 1:
+        sized = base.replace(micro_batch_per_gpu=steps * unit)
+        bill = memory_bill(sized)
+        if bill.fits:
+            return sized, bill
         steps -= 1  # rounding at the boundary
-    return base.replace(micro_batch_per_gpu=steps * unit)
+    return base.replace(micro_batch_per_gpu=unit), a
 
 
 def search(request: SearchRequest) -> SearchResult:
@@ -230,26 +248,45 @@ def _sized_candidates(request: SearchRequest, strategy: str, base: Plan) -> tupl
         depths, tilings = tuple(_prefetch_depths(request, strategy)), tuple(_tilings(request, base))
         return len(depths) * len(tilings), [], base.replace(prefetch_depth=depths[0], tiling_factor=tilings[0])
     evaluated, found_plans, first_failure = 0, [], None
+    tilings = tuple(_tilings(request, base))
     for depth in _prefetch_depths(request, strategy):
         found = False
-        for tiling in _tilings(request, base):
+        for i, tiling in enumerate(tilings):
             plan = base.replace(prefetch_depth=depth, tiling_factor=tiling)
             evaluated += 1
-            if request.micro_batch_per_gpu is None:
-                sized = largest_batch(plan, request.max_micro_batch_per_gpu)
-            else:
-                sized = plan if memory_bill(plan).fits else None
+            sized = _sized(request, plan)
             if sized is None:
                 first_failure = first_failure or plan
+                if i == 0 and _no_tiling_fits(request, plan, tilings):
+                    evaluated += len(tilings) - 1  # counted as the loop would have
+                    break
                 continue
             found = True
-            sized, _ = choose_host_pinning(sized, request.locked_memory_bytes)
-            found_plans.append(predict(sized))
-            if sized.micro_batch_per_gpu >= request.max_micro_batch_per_gpu:
+            chosen, _, bill = choose_host_pinning_billed(sized[0], request.locked_memory_bytes, sized[1])
+            found_plans.append(_with_prediction(chosen, bill))
+            if chosen.micro_batch_per_gpu >= request.max_micro_batch_per_gpu:
                 break  # more tiling cannot buy a larger batch
         if found and request.prefetch_depth is None:
             break  # deeper prefetch fits; shallower only overlaps less
     return evaluated, found_plans, first_failure
+
+
+def _no_tiling_fits(request: SearchRequest, plan: Plan, tilings: tuple[int, ...]) -> bool:
+    """Whether `plan`, which does not fit at the smallest of `tilings`, fits at none: the largest
+    does not ([Note: least-memory candidate]: every term is non-increasing in the tiling)."""
+    return len(tilings) > 1 and _sized(request, plan.replace(tiling_factor=tilings[-1]), probe=True) is None
+
+
+def _sized(request: SearchRequest, plan: Plan, *, probe: bool = False) -> tuple[Plan, MemoryBill] | None:
+    """`plan` at the requested batch, or at its largest that fits, with its bill; None where nothing
+    fits. `probe`: only whether it fits at its smallest batch (the bill of its unit batch)."""
+    if request.micro_batch_per_gpu is not None:
+        bill = memory_bill(plan)
+        return (plan, bill) if bill.fits else None
+    if probe:
+        bill = memory_bill(plan.replace(micro_batch_per_gpu=1 / plan.gpus_per_replica))
+        return (plan, bill) if bill.fits else None
+    return _largest_batch_billed(plan, request.max_micro_batch_per_gpu)
 
 
 def explain_schedules(ranked: list[Plan], training: TrainingLoop) -> list[Plan]:

@@ -23,7 +23,7 @@ from planner.sim.network import collector_paused
 from planner.sim.periodic import FallsBehind, NotPeriodic, Verified, check_samples, extend
 from planner.sim.report import composed_prediction, prediction_from
 from planner.sim.samples import kept_whole, simulate_whole
-from planner.sim.streams import two_stream_summary
+from planner.sim.streams import falls_behind_early, two_stream_summary
 from planner.specs.plan import Plan, Prediction
 
 
@@ -36,7 +36,7 @@ def predict(plan: Plan) -> Prediction:
     kept = kept_whole(plan)  # its samples failed the check before ([Note: shared samples])
     if kept is not None:
         return kept.prediction
-    checked = check_samples(plan)
+    checked = FallsBehind() if falls_behind_early(plan) else check_samples(plan)
     if isinstance(checked, FallsBehind):  # [Note: two streams] in streams.py
         try:
             streams, summary = two_stream_summary(plan)

@@ -42,6 +42,13 @@ _kept: OrderedDict[str, dict[int, Sample]] = OrderedDict()
 _kept_lock = threading.Lock()
 
 
+def sample_key(plan: Plan) -> str:
+    """What a plan's simulation depends on: the whole plan but its prediction and the words saying
+    why it has its optimizer-step schedule (`Plan.optimizer_step_reason`, set once plans are ranked:
+    the plan `refine` simulated and the same plan with its reason are one simulation)."""
+    return json.dumps(plan.replace(prediction=None, optimizer_step_reason="").to_dict(), sort_keys=True)
+
+
 def forget_samples() -> None:
     """Drop every kept sample and whole simulation (benchmarks timing a first visit)."""
     with _kept_lock:
@@ -51,7 +58,7 @@ def forget_samples() -> None:
 
 def simulate_samples(plan: Plan, counts: list[int]) -> list[Sample]:
     """The samples of `plan` with `counts` blocks, each with the real model's optimizer step."""
-    key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
+    key = sample_key(plan)
     with _kept_lock:
         samples = dict(_kept.get(key, {}))
     missing = [layers for layers in counts if layers not in samples]
@@ -88,7 +95,7 @@ _whole: OrderedDict[str, SimResult] = OrderedDict()
 def kept_whole(plan: Plan) -> SimResult | None:
     """The kept whole simulation of `plan`, if any: a plan is simulated whole only once its samples
     failed the periodic check, so a kept one also says the check need not run again."""
-    key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
+    key = sample_key(plan)
     with _kept_lock:
         kept = _whole.get(key)
     return None if kept is None else dataclasses.replace(kept, plan=plan)
@@ -100,7 +107,7 @@ def simulate_whole(plan: Plan) -> SimResult:
     kept = kept_whole(plan)
     if kept is not None:
         return kept
-    key = json.dumps(plan.replace(prediction=None).to_dict(), sort_keys=True)
+    key = sample_key(plan)
     result = simulate(plan)
     with _kept_lock:
         _whole[key] = result

@@ -17,7 +17,6 @@ from rich.table import Table
 
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
-from planner.specs.profile import load_profile
 from planner.specs.specio import write_json_atomic
 from tierwise.cli import options as o
 
@@ -26,6 +25,7 @@ def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | No
     from planner.calibration.calibrate import calibrate
     from planner.cost.feasibility import check_plan
     from planner.specs.catalog import resolve_hardware
+    from planner.specs.profile import load_profile
 
     runs = []
     for path in profiles:

@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.specs.plan import load_plan
-from planner.specs.profile import ERROR_DEFINITION, load_profile
 from tierwise.cli import options as o
 
 TORCH_CPU_DEVICE = "cpu"
@@ -23,6 +22,7 @@ def comparison_rows(plan_path: Path, profile_path: Path, hardware: str | None = 
     again on it and every row also carries the prediction and error after calibration."""
     from planner.calibration.compare import compare
     from planner.cost.feasibility import check_plan
+    from planner.specs.profile import load_profile
 
     plan = check_plan(load_plan(plan_path))
     if plan.prediction is None:  # a hand-written plan: compare with the analytic prediction
@@ -48,6 +48,7 @@ def hardware_used(plan_path: Path, profile_path: Path, hardware: str | None = No
     """The hardware spec each prediction was made for (the plan's, and the calibrated one if given)
     and the device the run measured on, when the profile says."""
     from planner.specs.catalog import resolve_hardware
+    from planner.specs.profile import load_profile
 
     out = {"predicted": load_plan(plan_path).node.name}
     if hardware is not None:
@@ -59,6 +60,8 @@ def hardware_used(plan_path: Path, profile_path: Path, hardware: str | None = No
 
 
 def hardware_caption(plan_path: Path, used: dict[str, str]) -> str:
+    from planner.specs.profile import ERROR_DEFINITION
+
     said = [f"{which} for hardware {name}" for which, name in used.items() if which != "measured_device"]
     if "measured_device" in used:
         said.append(f"measured on device {used['measured_device']}")
@@ -70,6 +73,8 @@ def hardware_caption(plan_path: Path, used: dict[str, str]) -> str:
 
 
 def comparison_table(plan_path: Path, rows: list[dict], calibrated: bool, used: dict[str, str] | None = None) -> Table:
+    from planner.specs.profile import ERROR_DEFINITION
+
     caption = hardware_caption(plan_path, used) if used else ERROR_DEFINITION
     table = Table(title=f"{plan_path.name}: predicted vs measured", caption=caption, caption_justify="left")
     cols = ["metric", "predicted", "measured", "error"]

@@ -124,7 +124,9 @@ def _pinning_line(chosen, locked_memory_bytes: float) -> str:  # noqa: ANN001
 def _framework_configs(chosen, accelerate_out: Path | None, fsdp2_out: Path | None) -> dict[Path, tuple[str, str]]:  # noqa: ANN001
     """Path -> (text, what) for the FSDP2 framework configs asked for; a plan they cannot express is
     refused here."""
-    from planner.output.framework_configs import accelerate_yaml, fsdp2_snippet
+    if accelerate_out is None and fsdp2_out is None:
+        return {}
+    from planner.output.framework_configs import accelerate_yaml, fsdp2_snippet  # YAML, for these only
 
     configs = {}
     if accelerate_out is not None:

@@ -12,17 +12,20 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from planner.calibration.probe_reference import REFERENCE_REPEATS, ReferenceRun
+from planner.calibration import REFERENCE_REPEATS
 from planner.specs.errors import PlannerError
 from planner.specs.hardware import NodeSpec
-from planner.specs.profile import Profile, load_profile
 from planner.specs.specio import number
 from planner.specs.units import GIB
 from tierwise.cli.machine import INSTALL_RUNTIME, require_runtime
+
+if TYPE_CHECKING:  # the calibration code is imported by `probe --calibrate` only, not by every command
+    from planner.calibration.probe_reference import ReferenceRun
+    from planner.specs.profile import Profile
 
 
 def probe(
@@ -122,6 +125,8 @@ def _busy_warning() -> str:
 
 def train_reference_run(ref: ReferenceRun, work: Path, steps: int) -> Profile:
     """`planner run` of the plan saved as `work/<name>.plan.json`, in its own processes."""
+    from planner.specs.profile import load_profile
+
     plan_path, profile_path = work / f"{ref.name}.plan.json", work / f"{ref.name}.profile.json"
     cmd = [sys.executable, "-m", "tierwise", "run", str(plan_path), "--steps", str(steps),
            "--profile-out", str(profile_path), "--no-history"]
