@@ -15,8 +15,11 @@ data_packages = ["planner._data"] + [f"planner._data.{p.name}" for p in sorted(P
 ext_modules = []
 sources = sorted(str(p) for p in Path("csrc").glob("*.cpp"))
 if sources:
-    from pybind11.setup_helpers import Pybind11Extension
+    from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 
+    # The sources compile independently, so they compile side by side, one compiler per core
+    # (NPY_NUM_BUILD_JOBS caps it), rather than one after another.
+    ParallelCompile("NPY_NUM_BUILD_JOBS").install()
     ext_modules.append(
         Pybind11Extension(
             "runtime._aio_ext",

@@ -22,10 +22,20 @@ def test_fit_1t_on_16_gpus_prints_a_plan():
         assert text in out
 
 
-def test_fit_json_follows_the_contract(tmp_path):
-    out_path, ds_path = tmp_path / "plan.json", tmp_path / "ds.json"
+@pytest.fixture(scope="module")
+def papers_fit(tmp_path_factory):
+    """`planner fit 1T --gpus 16 --hardware dgx2-v100 --json` (the paper's configuration, one of the longest
+    searches), also writing the plan and the DeepSpeed config: run once per test process for the tests
+    that read its document, since writing the files does not change what is printed."""
+    directory = tmp_path_factory.mktemp("papers-fit")
+    out_path, ds_path = directory / "plan.json", directory / "ds.json"
     code, out, err = planner("fit", "1T", "--gpus", "16", "--hardware", "dgx2-v100", "--json",
                              "--out", str(out_path), "--deepspeed-config", str(ds_path))
+    return code, out, err, out_path, ds_path
+
+
+def test_fit_json_follows_the_contract(papers_fit):
+    code, out, err, out_path, ds_path = papers_fit
     assert code == 0, err
     doc = json.loads(out)
     assert doc == json.loads(out_path.read_text())
@@ -159,8 +169,8 @@ def test_lists():
     assert code == 0 and "paper" in out and "estimate" in out
 
 
-def test_fit_json_of_the_papers_configuration_gains_only_the_pipeline_and_fp8_fields():
-    code, out, err = planner("fit", "1T", "--gpus", "16", "--hardware", "dgx2-v100", "--json")
+def test_fit_json_of_the_papers_configuration_gains_only_the_pipeline_and_fp8_fields(papers_fit):
+    code, out, err, _, _ = papers_fit
     assert code == 0, err
     doc = json.loads(out)
     assert (doc["pipeline_parallel_degree"], doc["pipeline_virtual_stages"], doc["micro_batches_per_step"],

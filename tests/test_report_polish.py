@@ -1,5 +1,6 @@
 """Terminal-width tables and the one bottleneck vocabulary (planner/output/report.py [Note: bottleneck labels])."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from planner.output.report import RESOURCE_LABELS, WORK_LABELS, bottleneck_label
 from planner.output.timeline import ROW_ORDER
 
 
+@functools.cache  # `planner fit` is deterministic: tests asking for the same width read one run's output
 def fit_output(columns: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     if columns is not None:
