@@ -14,7 +14,14 @@ import planner.sim.engine as engine
 from planner.sim import samples
 from planner.sim.engine import Simulation
 from planner.sim.network import collector_paused
-from planner.sim.periodic import _continues, _pieces, _resident_growth, _stretch_intervals, sample_units, windows
+from planner.sim.periodic import (
+    _continues,
+    _pieces,
+    _resident_growth,
+    _stretch_intervals,
+    sample_units,
+    windows,
+)
 from planner.sim.report import MAX_TIMELINE_POINTS, _downsample_any_order, downsample
 from planner.specs.catalog import resolve_hardware, resolve_model
 from planner.specs.model import ModelSpec

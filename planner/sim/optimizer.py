@@ -17,9 +17,9 @@ buffer allocations of one period are repeated. When they disagree every chunk is
 from __future__ import annotations
 
 import math
-from operator import itemgetter
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import simpy
