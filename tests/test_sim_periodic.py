@@ -5,25 +5,15 @@ parallelism, several nodes, and GPU / CPU / NVMe placements."""
 
 import numpy as np
 import pytest
+from sim_support import ALL_CPU, ALL_NVME, GPU_OPTIMIZER, NVME_PARAMS, small
 
 from planner.output.timeline import busy_bins, zoom_spans
 from planner.sim import fast, periodic, samples, simulate
 from planner.sim.periodic import NotPeriodic, check_equal, sample_units, simulate_periodic
 from planner.sim.report import timelines_of
 from planner.specs.catalog import resolve_hardware, resolve_model
-from planner.specs.model import ModelSpec
 from planner.specs.phases import Phase
 from planner.specs.plan import Placement, Plan
-
-NVME_PARAMS = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
-ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
-ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu")
-GPU_OPTIMIZER = Placement(params="cpu", gradients="gpu", optimizer_states="gpu", recompute_inputs="gpu")
-
-
-def small(num_layers: int, **kw) -> ModelSpec:
-    return ModelSpec(name=f"{num_layers}-layer", num_layers=num_layers, hidden_size=2048, num_heads=16, seq_len=1024, **kw)
-
 
 PLANS = {
     # The dashboard's slow case (benchmarks/app_speed.py): 1T on 32 GPUs, tiling 8, parameters on NVMe, the rest on the CPU.

@@ -9,6 +9,7 @@ import random
 from bisect import bisect_left
 
 import pytest
+from sim_support import ALL_CPU, ALL_NVME, NVME_PARAMS, small
 
 import planner.sim.engine as engine
 from planner.sim import samples
@@ -24,17 +25,7 @@ from planner.sim.periodic import (
 )
 from planner.sim.report import MAX_TIMELINE_POINTS, _downsample_any_order, downsample
 from planner.specs.catalog import resolve_hardware, resolve_model
-from planner.specs.model import ModelSpec
-from planner.specs.plan import Placement, Plan
-
-ALL_NVME = Placement(params="nvme", gradients="nvme", optimizer_states="nvme", recompute_inputs="cpu")
-NVME_PARAMS = Placement(params="nvme", gradients="cpu", optimizer_states="cpu", recompute_inputs="cpu")
-ALL_CPU = Placement(params="cpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu")
-
-
-def small(num_layers: int, **kw) -> ModelSpec:
-    return ModelSpec(name=f"{num_layers}-layer", num_layers=num_layers, hidden_size=2048, num_heads=16, seq_len=1024, **kw)
-
+from planner.specs.plan import Plan
 
 PLANS = {
     # The plan `benchmarks/sim_speed.py` times, three blocks deep: tiling 8, everything on NVMe.
