@@ -141,7 +141,7 @@ def candidate_placements(strategy: str | None, pins: dict[str, Tier]) -> list[tu
 
 def _with_prediction(plan: Plan, bill: MemoryBill | None = None) -> Plan:
     """`plan` with its analytic prediction, from `bill` where the caller has the plan's own bill."""
-    bill = bill or memory_bill(plan)
+    bill = bill if bill is not None else memory_bill(plan)
     pred = Prediction(
         feasible=bill.fits,
         reason=bill.reason(),
