@@ -118,22 +118,19 @@ def _grows(shorter: Sample, longer: Sample) -> bool:
 def two_stream_summary(plan: Plan) -> tuple[StreamSamples, Summary]:
     """The summary of `plan` by [Note: two streams], from the first sample set whose checks hold;
     raises NotPeriodic where none does."""
-    if plan.optimizer_step != "in_backward" or not stream_sample_sets(plan):
-        raise NotPeriodic("not a plan of two streams")
+    sets = stream_sample_sets(plan) if plan.optimizer_step == "in_backward" else []
     failure = NotPeriodic("not a plan of two streams")
-    for counts, _ in stream_sample_sets(plan):
+    for counts, repeats in sets:
         try:
-            return _two_streams(plan, stream_samples(plan, counts))
+            return _two_streams(plan, StreamSamples(counts, repeats, simulate_samples(plan, counts)))
         except NotPeriodic as exc:
             failure = exc
     raise failure
 
 
-def _two_streams(plan: Plan, streams: StreamSamples | None) -> tuple[StreamSamples, Summary]:
+def _two_streams(plan: Plan, streams: StreamSamples) -> tuple[StreamSamples, Summary]:
     """Raises NotPeriodic unless the backlog grows with every unit and the deepest sample lies on
     the line through the other two ([Note: two streams])."""
-    if streams is None:
-        raise NotPeriodic("not a plan of two streams")
     a, b, c = (s.summary for s in streams.samples)
     first, second, third = streams.samples
     if not (_grows(first, second) and _grows(second, third)):
