@@ -214,12 +214,13 @@ def test_each_verb_module_registers_the_command_named_as_it_is():
 
 
 def test_a_command_imports_its_own_verb_only():
-    # `planner fit` starts without the other verbs' modules, the calibration code or YAML.
+    # `planner fit` starts without the other verbs' modules, the calibration code, YAML or pydantic
+    # (typer below 0.29 reads the options: pyproject.toml).
     code = ("import sys; sys.argv = ['planner', 'fit', '1T', '--gpus', '0']\n"
             "from tierwise.cli import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in sys.modules if m.startswith('tierwise.cli.')),"
-            " 'planner.calibration.probe_reference' in sys.modules, 'yaml' in sys.modules)")
+            " 'planner.calibration.probe_reference' in sys.modules, 'yaml' in sys.modules, 'pydantic' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "['tierwise.cli.fit', 'tierwise.cli.options'] False False"
+    assert done.stdout.strip() == "['tierwise.cli.fit', 'tierwise.cli.options'] False False False"
     assert done.stderr == "error: --gpus must be at least 1, got 0\n"
