@@ -224,3 +224,17 @@ def test_a_command_imports_its_own_verb_only():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "['tierwise.cli.fit', 'tierwise.cli.options'] False False False"
     assert done.stderr == "error: --gpus must be at least 1, got 0\n"
+
+
+def test_a_path_with_a_nul_byte_is_a_usage_error_naming_it():
+    # A command line cannot carry a NUL byte to a process; a caller in Python (or a test) can.
+    from typer.testing import CliRunner
+
+    from tierwise.cli import build_app
+
+    for verb, args in (("fit", ["1T", "--gpus", "16", "--out", "./a\x00b"]), ("simulate", ["./a\x00b"]),
+                       ("probe", ["--nvme-path", "./a\x00b"])):
+        result = CliRunner().invoke(build_app((verb,)), [verb, *args])
+        assert result.exit_code == 2, result.output
+        words = " ".join(result.output.replace("│", " ").split())  # typer's error box wraps its lines
+        assert "'./a\\x00b' holds a NUL byte, which no path can" in words

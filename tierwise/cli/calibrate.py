@@ -43,9 +43,9 @@ def calibrate_command(profiles: list[Path], hardware: str | None, out: Path | No
 def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_cmd(
-        profiles: Annotated[list[Path], typer.Argument(help="profile JSON files written by `planner run`")],
+        profiles: Annotated[list[Path], typer.Argument(help="profile JSON files written by `planner run`", click_type=o.PATH)],
         hardware: Annotated[str | None, typer.Option(help="base hardware preset or JSON (default: the first profile's plan's)")] = None,
-        out: Annotated[Path | None, typer.Option("--out", help="write the calibrated hardware JSON here")] = None,
+        out: Annotated[Path | None, typer.Option("--out", help="write the calibrated hardware JSON here", click_type=o.PATH)] = None,
         as_json: o.JsonOpt = False,
     ) -> None:
         """Fit the hardware spec's compute, per-operator, CPU Adam and NVMe efficiency to profiles

@@ -99,8 +99,8 @@ def _fmt(value: float | None) -> str:
 
 
 def compare_command(
-    plan: Annotated[Path, typer.Argument(help="plan JSON with a prediction block")],
-    profile: Annotated[Path, typer.Argument(help="profile JSON written by `planner run`")],
+    plan: Annotated[Path, typer.Argument(help="plan JSON with a prediction block", click_type=o.PATH)],
+    profile: Annotated[Path, typer.Argument(help="profile JSON written by `planner run`", click_type=o.PATH)],
     hardware: Annotated[str | None, typer.Option(help="calibrated hardware (`planner calibrate --out`): "
                                                       "also show predictions and errors after calibration")] = None,
     as_json: o.JsonOpt = False,

@@ -13,8 +13,8 @@ from tierwise.cli.machine import require_runtime
 
 
 def export(
-    checkpoint_dir: Annotated[Path, typer.Argument(help="a run's --checkpoint-dir")],
-    out: Annotated[Path, typer.Option("--out", help="the folder to write (must not exist, or be empty)")],
+    checkpoint_dir: Annotated[Path, typer.Argument(help="a run's --checkpoint-dir", click_type=o.PATH)],
+    out: Annotated[Path, typer.Option("--out", help="the folder to write (must not exist, or be empty)", click_type=o.PATH)],
     step: Annotated[int | None, typer.Option("--step", help="export this step's training checkpoint (default: the newest complete one)")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="fp32, bf16 or fp16 (default: the config's dtype, else fp32)")] = None,
     max_shard_size: Annotated[str, typer.Option("--max-shard-size", help="largest safetensors file, e.g. 5GB or 500MiB; "

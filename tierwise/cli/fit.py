@@ -37,13 +37,13 @@ def fit(
     clip_grad_norm: o.ClipGradNormOpt = False,
     locked_memory: o.LockedMemoryOpt = None,
     nvme_path: Annotated[str | None, typer.Option("--nvme-path", help="swap directory for NVMe placements")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here")] = None,
-    deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config for this plan here")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write the plan JSON here", click_type=o.PATH)] = None,
+    deepspeed_out: Annotated[Path | None, typer.Option("--deepspeed-config", help="write a DeepSpeed config for this plan here", click_type=o.PATH)] = None,
     accelerate_out: Annotated[Path | None, typer.Option(
         "--accelerate-config", help="write an accelerate (FSDP2) config for this plan here, for `accelerate launch "
-                              "--config_file`")] = None,
+                              "--config_file`", click_type=o.PATH)] = None,
     fsdp2_out: Annotated[Path | None, typer.Option(
-        "--fsdp2-snippet", help="write a Python snippet applying this plan with FSDP2 fully_shard here")] = None,
+        "--fsdp2-snippet", help="write a Python snippet applying this plan with FSDP2 fully_shard here", click_type=o.PATH)] = None,
     as_json: o.JsonOpt = False,
 ) -> None:
     """Find the fastest placement that fits MODEL on the hardware, and say why."""

@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 from typer.core import TyperCommand
+from typer.models import TyperPath
 
 from planner.specs.errors import PlannerError
 
@@ -69,9 +70,26 @@ ClipGradNormOpt = Annotated[bool, typer.Option(
     "--clip-grad-norm", help="the training clips gradients by their global norm, which needs every gradient before "
                              "any update: only the after-backward optimizer step is considered")]
 
+# -- paths ---------------------------------------------------------------------------------------
+
+
+class CliPath(TyperPath):
+    """typer's path type (`<path>` in the help), refusing a NUL byte, which no path can hold, as a
+    usage error: the type's `os.stat` would raise ValueError for it, not the OSError it answers."""
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201
+        if "\x00" in str(value):
+            self.fail(f"{str(value)!r} holds a NUL byte, which no path can", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+PATH = CliPath()
+"""The type of every path option and argument (`click_type=o.PATH`)."""
+
 # -- output and stores -----------------------------------------------------------------------------
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the JSON document instead of tables")]
-StoreOpt = Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)")]
+StoreOpt = Annotated[Path | None, typer.Option("--store", help="run-history SQLite file (default: user cache dir)",
+                                                  click_type=PATH)]
 
 AUTO = "auto"
 

@@ -21,6 +21,7 @@ from planner.specs.errors import PlannerError
 from planner.specs.hardware import NodeSpec
 from planner.specs.specio import number
 from planner.specs.units import GIB
+from tierwise.cli import options as o
 from tierwise.cli.machine import INSTALL_RUNTIME, require_runtime
 
 if TYPE_CHECKING:  # the calibration code is imported by `probe --calibrate` only, not by every command
@@ -29,9 +30,9 @@ if TYPE_CHECKING:  # the calibration code is imported by `probe --calibrate` onl
 
 
 def probe(
-    out: Annotated[Path | None, typer.Option("--out", help="write the hardware JSON here (default: print it)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write the hardware JSON here (default: print it)", click_type=o.PATH)] = None,
     nvme_path: Annotated[
-        Path | None, typer.Option("--nvme-path", help="directory on the drive to measure (default: the temp dir)")
+        Path | None, typer.Option("--nvme-path", help="directory on the drive to measure (default: the temp dir)", click_type=o.PATH)
     ] = None,
     nvme_test_gib: Annotated[float, typer.Option("--nvme-test-gib", help="bytes written and read per pass")] = 1.0,
     name: Annotated[str | None, typer.Option("--name", help="spec name (default probed-HOSTNAME)")] = None,
@@ -46,7 +47,7 @@ def probe(
                           "the spread of a busy machine; 1 is three times faster on a quiet one)",
     )] = REFERENCE_REPEATS,
     keep_runs: Annotated[Path | None, typer.Option(
-        "--keep-runs", hidden=True, help="save the bare spec and the reference runs' plans and profiles here")] = None,
+        "--keep-runs", hidden=True, help="save the bare spec and the reference runs' plans and profiles here", click_type=o.PATH)] = None,
 ) -> None:
     """Measure NVMe, memory, CPU Adam and compute (every precision) here; write a hardware spec.
 

@@ -326,26 +326,26 @@ def register(app: typer.Typer) -> None:
     @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def run_cmd(
         ctx: typer.Context,
-        plan: Annotated[Path, typer.Argument(help="plan JSON written by `planner fit --out`")],
+        plan: Annotated[Path, typer.Argument(help="plan JSON written by `planner fit --out`", click_type=o.PATH)],
         steps: Annotated[int, typer.Option(help="training steps")] = 10,
         nproc: Annotated[int | None, typer.Option(help="processes (GPUs) per node; default: the plan's")] = None,
-        data: Annotated[Path | None, typer.Option(help="text file, tokenised byte-level; default synthetic")] = None,
-        profile_out: Annotated[Path | None, typer.Option(help="write the profile JSON here")] = None,
+        data: Annotated[Path | None, typer.Option(help="text file, tokenised byte-level; default synthetic", click_type=o.PATH)] = None,
+        profile_out: Annotated[Path | None, typer.Option(help="write the profile JSON here", click_type=o.PATH)] = None,
         store: o.StoreOpt = None,
         history: Annotated[bool, typer.Option(help="record the run in the run history")] = True,
         save_every: Annotated[int, typer.Option(help="save a training checkpoint every N steps and at the last (0: never)")] = 0,
-        checkpoint_dir: Annotated[Path | None, typer.Option(help="directory of the run's training checkpoints (shared by all nodes)")] = None,
+        checkpoint_dir: Annotated[Path | None, typer.Option(help="directory of the run's training checkpoints (shared by all nodes)", click_type=o.PATH)] = None,
         keep_checkpoints: Annotated[int, typer.Option(help="complete training checkpoints to keep")] = 2,
         resume: Annotated[bool, typer.Option("--resume", help="continue from the newest complete training checkpoint")] = False,
         max_restarts: Annotated[int | None, typer.Option(help="torchrun restarts of failed workers (default 3 with --save-every, else 0)")] = None,
         nvme_path: Annotated[Path | None, typer.Option(
             "--nvme-path", help="swap directory for the plan's NVMe states (overrides the plan's; created if its "
-                                "parent exists)")] = None,
+                                "parent exists)", click_type=o.PATH)] = None,
         model: Annotated[str | None, typer.Option(
             "--model", help="train this Hugging Face architecture (a config.json or a preset with one, see "
                             "`planner models`) instead of the reference GPT")] = None,
         init_from: Annotated[Path | None, typer.Option(
-            "--init-from", help="start from a Hugging Face folder's weights (config.json + safetensors)")] = None,
+            "--init-from", help="start from a Hugging Face folder's weights (config.json + safetensors)", click_type=o.PATH)] = None,
     ) -> None:
         """Train the plan's reference GPT (or `--model`, `--init-from`: a Hugging Face model) with the
         bundled runtime (torchrun) and write a profile. Arguments after `--` go to torchrun (multi-node)."""

@@ -18,8 +18,8 @@ from tierwise.cli import options as o
 
 
 def simulate_command(
-    plan_file: Annotated[Path, typer.Argument(help="Plan document (from `planner fit --out`).")],
-    timeline: Annotated[Path | None, typer.Option("--timeline", help="Write a Gantt chart PNG of the iteration.")] = None,
+    plan_file: Annotated[Path, typer.Argument(help="Plan document (from `planner fit --out`).", click_type=o.PATH)],
+    timeline: Annotated[Path | None, typer.Option("--timeline", help="Write a Gantt chart PNG of the iteration.", click_type=o.PATH)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan document with the simulated prediction.")] = False,
     placement: o.PlacementOpt = None,
     batch_per_gpu: o.BatchOpt = None,

@@ -12,10 +12,10 @@ from tierwise.cli import options as o
 
 
 def validate(
-    corpus: Annotated[Path | None, typer.Option("--corpus", help="published-runs CSV (default: the bundled corpus)")] = None,
+    corpus: Annotated[Path | None, typer.Option("--corpus", help="published-runs CSV (default: the bundled corpus)", click_type=o.PATH)] = None,
     source: Annotated[str | None, typer.Option("--source", help="only this source_id")] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="only this GPU type (V100, A100, H100, H200)")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="write a markdown report here")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write a markdown report here", click_type=o.PATH)] = None,
     as_json: o.JsonOpt = False,
 ) -> None:
     """Predict published training runs and compare with what they measured (planner.validation)."""
