@@ -17,7 +17,7 @@ Operators stay the weights of the block linears: biases and norms are vectors, c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from planner.specs.errors import PlannerError
@@ -41,7 +41,9 @@ class Operator:
     """Weight elements (biases ignored, as in eq. 1)."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+# No slots: the derived counts are `cached_property`s (in the instance's dict), computed once per
+# spec, which is frozen, so they never go stale; the search asks for them on every candidate.
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A GPT- or Llama-like decoder. Every count is derived from these fields."""
 
@@ -139,7 +141,7 @@ class ModelSpec:
         """The linears of one block in execution order (forward)."""
         return _block_operators(self.hidden_size, self.ffn_hidden_size, self.q_size, self.kv_size, self.gated_mlp)
 
-    @property
+    @cached_property
     def num_vector_params_per_block(self) -> int:
         """Biases and norm weights of one block ([Note: exact counts]); 0 for the paper's shapes."""
         hd, ffn = self.hidden_size, self.ffn_hidden_size
@@ -148,34 +150,34 @@ class ModelSpec:
         norm_width = self.norms_per_block * hd + (self.q_size + self.kv_size) * self.qk_norm
         return biases + NORM_PARAMS_PER_ELEMENT[self.norm] * norm_width
 
-    @property
+    @cached_property
     def num_params_per_block(self) -> int:
         return sum(op.num_params for op in self.block_operators()) + self.num_vector_params_per_block
 
-    @property
+    @cached_property
     def num_embedding_params(self) -> int:
         """Token embedding, the output projection when untied, and learned positions."""
         tokens = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
         return tokens + self.position_embeddings * self.hidden_size
 
-    @property
+    @cached_property
     def num_params(self) -> int:
         """All trained weights: blocks, embeddings and the final norm."""
         final_norm = NORM_PARAMS_PER_ELEMENT[self.norm] * self.hidden_size
         return self.num_layers * self.num_params_per_block + self.num_embedding_params + final_norm
 
-    @property
+    @cached_property
     def num_params_eq1(self) -> int:
         """Eq. 1: `12 * nl * hd^2`, the paper's parameter count."""
         return 12 * self.num_layers * self.hidden_size**2
 
-    @property
+    @cached_property
     def largest_block_operator_params(self) -> int:
         """The largest linear of one block (the MLP's up or down projection)."""
         return _largest_block_operator_params(self.hidden_size, self.ffn_hidden_size, self.q_size, self.kv_size,
                                               self.gated_mlp)
 
-    @property
+    @cached_property
     def largest_operator_params(self) -> int:
         """The weight that sets the model-state working memory (eq. 4) and the tiling need."""
         return max(self.largest_block_operator_params, self.vocab_size * self.hidden_size)
