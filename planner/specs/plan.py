@@ -298,7 +298,8 @@ def _with_new_names(doc: dict[str, Any], where: str) -> dict[str, Any]:
     return doc
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+# No slots: `replace` copies the fields in one dict update for each candidate the search prices.
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """One executable configuration. The simulator and the runtime read exactly these fields.
 
@@ -586,8 +587,8 @@ class Plan:
         the rest of the plan was checked when it was made and derives nothing from them."""
         if changes.keys() <= _OWN_CHECKS.keys():
             plan = object.__new__(Plan)
-            for name in _plan_fields():
-                object.__setattr__(plan, name, changes[name] if name in changes else getattr(self, name))
+            mine = vars(self)
+            vars(plan).update({name: mine[name] for name in _plan_fields()}, **changes)
             for name in changes:
                 _OWN_CHECKS[name](plan)
             return plan
