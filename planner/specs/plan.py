@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -298,7 +298,8 @@ def _with_new_names(doc: dict[str, Any], where: str) -> dict[str, Any]:
     return doc
 
 
-# No slots: `replace` copies the fields in one dict update for each candidate the search prices.
+# No slots: `replace` copies the fields in one dict update for each candidate the search prices,
+# and `cluster` is kept in the instance dict once made.
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """One executable configuration. The simulator and the runtime read exactly these fields.
@@ -397,11 +398,9 @@ class Plan:
         # ... and is priced in its own precision (planner/specs/hardware.py [Note: a plan's precision prices its compute]).
         object.__setattr__(self, "node", self.node.for_gpus(self.num_gpus).in_precision(self.precision))
         string(self.strategy, "strategy", choices=STRATEGIES)
-        string(self.optimizer_step, "optimizer_step", choices=OPTIMIZER_STEPS)
+        _check_step_name(self)
         _check_host_pinning(self)
-        if self.optimizer_step == "in_backward" and self.precision == "fp16":
-            raise PlannerError("optimizer_step in_backward cannot run with precision fp16: the loss scaler must see "
-                               "every gradient before any update; use bf16 or fp32, or optimizer_step after_backward")
+        _check_step_precision(self)
         _check_batch_number(self)
         number(self.recompute_interval, "recompute_interval", minimum=0, maximum=self.model.num_layers, integer=True)
         _check_tiling_factor(self)
@@ -415,10 +414,7 @@ class Plan:
         if self.pipeline_virtual_stages > 1 and self.pipeline_parallel_degree == 1:
             raise PlannerError(f"pipeline_virtual_stages {self.pipeline_virtual_stages} needs pipeline_parallel_degree > 1")
         number(self.micro_batches_per_step, "micro_batches_per_step", minimum=1, maximum=1_000_000, integer=True)
-        if self.optimizer_step == "in_backward" and self.micro_batches_per_step > 1:
-            raise PlannerError(f"optimizer_step in_backward cannot accumulate {self.micro_batches_per_step} micro-batches "
-                               "per step: it updates each unit as soon as one backward has its gradient; use "
-                               "micro_batches_per_step 1 or optimizer_step after_backward")
+        _check_step_accumulation(self)
         number(self.optimizer_chunk_bytes, "optimizer_chunk_bytes", minimum=4096, maximum=2**40, integer=True)
         number(self.num_optimizer_buffers, "num_optimizer_buffers", minimum=1, maximum=64, integer=True)
         number(self.nvme_block_bytes, "nvme_block_bytes", minimum=4096, maximum=2**30, integer=True)
@@ -469,8 +465,9 @@ class Plan:
                                "the blocks")
 
     # -- derived ---------------------------------------------------------------------------
-    @property
+    @cached_property
     def cluster(self) -> Cluster:
+        """Made once per plan: `replace` copies only the fields, so a copy makes its own."""
         return Cluster(node=self.node, num_gpus=self.num_gpus)
 
     @property
@@ -586,6 +583,8 @@ class Plan:
         check reads (`_OWN_CHECKS`: what the search varies per candidate) run just their own checks:
         the rest of the plan was checked when it was made and derives nothing from them."""
         if changes.keys() <= _OWN_CHECKS.keys():
+            if changes.get("optimizer_step", self.optimizer_step) != self.optimizer_step:
+                changes.setdefault("optimizer_step_reason", "")  # the reason was for the other schedule
             plan = object.__new__(Plan)
             mine = vars(self)
             vars(plan).update({name: mine[name] for name in _plan_fields()}, **changes)
@@ -634,11 +633,30 @@ def _check_prefetch_depth(plan: Plan) -> None:
     number(plan.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
 
 
+def _check_step_name(plan: Plan) -> None:
+    string(plan.optimizer_step, "optimizer_step", choices=OPTIMIZER_STEPS)
+
+
+def _check_step_precision(plan: Plan) -> None:
+    if plan.optimizer_step == "in_backward" and plan.precision == "fp16":
+        raise PlannerError("optimizer_step in_backward cannot run with precision fp16: the loss scaler must see "
+                           "every gradient before any update; use bf16 or fp32, or optimizer_step after_backward")
+
+
+def _check_step_accumulation(plan: Plan) -> None:
+    if plan.optimizer_step == "in_backward" and plan.micro_batches_per_step > 1:
+        raise PlannerError(f"optimizer_step in_backward cannot accumulate {plan.micro_batches_per_step} micro-batches "
+                           "per step: it updates each unit as soon as one backward has its gradient; use "
+                           "micro_batches_per_step 1 or optimizer_step after_backward")
+
+
 def _check_step_reason(plan: Plan) -> None:
     string(plan.optimizer_step_reason, "optimizer_step_reason", max_len=1024)
 
 
 def _check_host_pinning(plan: Plan) -> None:
+    if type(plan.host_pinning) is HostPinning:  # a member is valid (the search sets members on every candidate)
+        return
     pinning = string(plan.host_pinning, "host_pinning", choices=tuple(HostPinning))
     object.__setattr__(plan, "host_pinning", HostPinning(pinning))
 
@@ -649,11 +667,13 @@ _OWN_CHECKS: dict[str, Callable[[Plan], None]] = {
     "prefetch_depth": _check_prefetch_depth,
     "host_pinning": _check_host_pinning,
     "optimizer_step_reason": _check_step_reason,
+    "optimizer_step": lambda plan: (_check_step_name(plan), _check_step_precision(plan), _check_step_accumulation(plan)),
     "prediction": lambda plan: None,
 }
-"""Fields whose checks read no field but themselves and the fixed layout (the parallel degrees),
-and which no check of another field, nor `__post_init__`'s derived fields (the node's share and
-precision, the kernels), reads: `Plan.replace` changing only these runs only these."""
+"""Fields whose checks read no field but themselves and the fixed layout (the parallel degrees, the
+precision, the micro-batches per step), and which no check of another field, nor `__post_init__`'s
+derived fields (the node's share and precision, the kernels), reads: `Plan.replace` changing only
+these runs only these."""
 
 
 @cache
