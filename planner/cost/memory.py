@@ -306,7 +306,7 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     if gathers_params(plan):
         op_working = unit_param_bytes
         if dp > 1:
-            op_working += largest_unit_params(plan) * compute  # the flat gradient buffer
+            op_working += unit_param_bytes  # the flat gradient buffer
         if m.vocab_size and m.tied_embeddings and not _embedding_is_largest(plan):
             op_working += m.vocab_size * m.hidden_size / plan.model_parallel_degree * compute
         gpu[MemoryTerm.MSWM] = op_working
@@ -318,7 +318,7 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     if ("gradients" in plan.partitioned and dp > 1) or (dp == 1 and gathers_params(plan)):
         # On one rank nothing is reduce-scattered, but a gathered unit's gradient is made on the
         # GPU before it is copied off or added into the shard: one unit's worth, as the bucket.
-        gpu[MemoryTerm.REDUCE_SCATTER_BUFFER] = largest_unit_params(plan) * compute
+        gpu[MemoryTerm.REDUCE_SCATTER_BUFFER] = unit_param_bytes
     if copies and not place.gradients.on_device and stores_gradients(plan):
         gpu[MemoryTerm.GRADIENT_OFFLOAD_STAGING] = 2 * unit_param_bytes / dp
     if copies and not place.recompute_inputs.on_device and plan.recompute_interval:
