@@ -118,18 +118,25 @@ def representative_trace(shape: TraceShape, kept: int | None = None) -> list[Tra
     head = tiled(rows, 0.0) if m.vocab_size else []
     head_grads = not m.tied_embeddings
     blocks = min(m.num_layers, 3 * max(ci, 1))
-    trace = [TraceUnit(e, False, True, False) for e in embedding]
-    trace += [TraceUnit(e, False, True, False) for _ in range(min(blocks, kept or blocks)) for e in block]
-    trace += [TraceUnit(e, False, True, True) for e in head]
-    trace += [TraceUnit(e, True, head_grads, True) for e in reversed(head)]
+
+    def units(elements: list[float], backward: bool, has_grads: bool, at_head: bool) -> list[TraceUnit]:
+        return [TraceUnit(e, backward, has_grads, at_head) for e in elements]
+
+    # Each block's units are made once and repeated (they are immutable).
+    forward, recomputed, backward = units(block, False, True, False), units(block, False, False, False), \
+        units(block[::-1], True, True, False)
+    trace = units(embedding, False, True, False)
+    trace += forward * min(blocks, kept or blocks)
+    trace += units(head, False, True, True)
+    trace += units(head[::-1], True, head_grads, True)
     segment = ci or 1
     for first in range(blocks - segment, -segment, -segment):
         count = segment + min(first, 0)
         count = min(count, kept or count)
         if ci:
-            trace += [TraceUnit(e, False, False, False) for _ in range(count) for e in block]
-        trace += [TraceUnit(e, True, True, False) for _ in range(count) for e in reversed(block)]
-    trace += [TraceUnit(e, True, True, False) for e in embedding]
+            trace += recomputed * count
+        trace += backward * count
+    trace += units(embedding, True, True, False)
     return trace
 
 
@@ -161,8 +168,9 @@ def distinct_moments(shape: TraceShape) -> tuple[Moment, ...]:
     moments = {}
     for i, unit in enumerate(trace):
         grads = unit.backward and unit.has_grads
+        last = pending[-1] if pending else 0  # pending holds at most two: sum(pending[-1:]), sum(pending[-2:])
         moments[(unit.elements, after[i], after[i + 1], grads, unit.backward or unit.at_head, unit.at_head,
-                 sum(pending[-1:]), sum(pending[-2:]))] = None
+                 last, pending[0] + last if len(pending) == 2 else last)] = None
         pending = [*pending[-1:], unit.elements] if grads else ([] if not unit.backward else pending)
     return tuple(Moment(*moment) for moment in moments)
 
