@@ -188,3 +188,30 @@ def test_pinned_shards_bill_the_gradients_landing_and_no_pool_for_them():
     offload = Placement(params="gpu", gradients="cpu", optimizer_states="cpu", recompute_inputs="gpu")
     masters_back = memory_bill(plan_for(placement=offload, host_pinning="shards", **kw)).terms["cpu"]
     assert MemoryTerm.PINNED_STAGING_POOL in masters_back and MemoryTerm.GRADIENT_LANDING_BUFFERS in masters_back
+
+
+def test_batch_bills_are_memory_bills_term_by_term_in_order():
+    # BatchBills works out the terms that do not depend on the batch once (the search sizes every
+    # candidate's batch from several bills): each of its bills must be memory_bill's, the terms in
+    # the same order, for every kind of placement, pinning, schedule, precision and hardware.
+    from planner.cost.memory import BatchBills
+    from planner.search.search import candidate_placements
+    from planner.specs.plan import HostPinning
+
+    for model, hardware, gpus in (("1T", "dgx-h100", 16), ("qwen2.5-7b", "dgx-a100-80g", 8), ("1.4B", "h200-x1", 1),
+                                  ("13b", "cpu-dev-2core", 1), ("7B", "rtx4090-workstation", 1)):
+        for strategy, placement in candidate_placements(None, {}):
+            for pinning, step, tiling, depth, ci in ((HostPinning.STAGED, "after_backward", 1, 3, 1),
+                                                      (HostPinning.SHARDS, "in_backward", 4, 0, 0),
+                                                      (HostPinning.STAGED, "in_backward", 2, 2, 2)):
+                plan = Plan(model=resolve_model(model), node=resolve_hardware(hardware), num_gpus=gpus,
+                            strategy=strategy, placement=placement, micro_batch_per_gpu=1, recompute_interval=ci,
+                            tiling_factor=tiling, prefetch_depth=depth, host_pinning=pinning, optimizer_step=step,
+                            precision="fp32" if hardware == "cpu-dev-2core" else "bf16")
+                bills = BatchBills(plan)
+                for batch in (1, 2, 7):
+                    sized, bill = bills.at(batch)
+                    alone = memory_bill(plan.replace(micro_batch_per_gpu=batch))
+                    assert sized == plan.replace(micro_batch_per_gpu=batch)
+                    assert bill == alone
+                    assert [list(t.items()) for t in bill.terms.values()] == [list(t.items()) for t in alone.terms.values()]

@@ -224,11 +224,47 @@ def memory_bill(plan: Plan) -> MemoryBill:
     """Bytes per tier and term of `plan` at the iteration's worst moment (module docstring)."""
     if plan.pipeline_parallel_degree > 1:
         return _pipeline_stage_bill(plan)
+    return _bill(plan, _LayoutTerms.of(plan))
+
+
+class BatchBills:
+    """`memory_bill` of one plan at several micro-batches (the search sizes each candidate's batch):
+    the terms that do not depend on the batch (`_LayoutTerms`) are worked out once; each bill is
+    `memory_bill`'s to the byte."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._layout = None if plan.pipeline_parallel_degree > 1 else _LayoutTerms.of(plan)
+
+    def at(self, micro_batch_per_gpu: float) -> tuple[Plan, MemoryBill]:
+        """The plan at this micro-batch and its bill."""
+        plan = self.plan.replace(micro_batch_per_gpu=micro_batch_per_gpu)
+        return plan, memory_bill(plan) if self._layout is None else _bill(plan, self._layout)
+
+
+@dataclass(frozen=True, slots=True)
+class _LayoutTerms:
+    """What a plan's bill holds whatever its micro-batch: the resident states, the per-operator GPU
+    buffers, the host buffers and the tiers' capacities."""
+
+    states: list[tuple[Tier, MemoryTerm, int]]
+    operator_buffers: dict[MemoryTerm, float]
+    host: dict[MemoryTerm, float]
+    capacity: dict[Tier, int]
+
+    @classmethod
+    def of(cls, plan: Plan) -> _LayoutTerms:
+        return cls(resident_state_terms(plan), _operator_buffers(plan), host_buffers(plan),
+                   {tier: int(tier.capacity_bytes(plan.node)) for tier in TIERS})
+
+
+def _bill(plan: Plan, layout: _LayoutTerms) -> MemoryBill:
+    """`memory_bill` of a plan that is not pipelined, with its batch-independent terms given."""
     node = plan.node
     per_node = plan.cluster.gpus_per_node  # host and NVMe tiers are shared by the node's GPUs
     terms = {tier: {term: math.ceil(v) * (1 if tier.per_gpu else per_node) for term, v in per_gpu.items()}
-             for tier, per_gpu in _per_gpu_terms(plan).items()}
-    capacity = {tier: int(tier.capacity_bytes(node)) for tier in TIERS}
+             for tier, per_gpu in _per_gpu_terms(plan, layout).items()}
+    capacity = dict(layout.capacity)
     peak = {tier: sum(t.values()) for tier, t in terms.items()}
     return MemoryBill(
         terms=terms,
@@ -274,23 +310,44 @@ def _pipeline_stage_bill(plan: Plan) -> MemoryBill:
                       over=_over_capacity(peak, bill.capacity_bytes, host_is_device=plan.node.host_is_device))
 
 
-def _per_gpu_terms(plan: Plan) -> dict[Tier, dict[MemoryTerm, float]]:
+def _per_gpu_terms(plan: Plan, layout: _LayoutTerms) -> dict[Tier, dict[MemoryTerm, float]]:
     """tier -> term -> bytes for one GPU (what the bill scales to per node for the per-node tiers):
     the resident states where the placement puts them, every buffer in its term's tier."""
     tiers: dict[Tier, dict[MemoryTerm, float]] = {tier: {} for tier in TIERS}
     # -- resident states (eq. 2 as the runtime holds them, eq. 3) ------------------------------
-    for tier, term, nbytes in resident_state_terms(plan):
+    for tier, term, nbytes in layout.states:
         tiers[tier][term] = tiers[tier].get(term, 0) + nbytes
     tiers[plan.placement.recompute_inputs][MemoryTerm.RECOMPUTE_INPUTS] = recompute_input_bytes(plan)
     # -- working memory (eq. 4, eq. 5) and the runtime's buffers ------------------------------
-    for term, nbytes in (*_gpu_buffers(plan).items(), *host_buffers(plan).items()):
+    for term, nbytes in (*_gpu_buffers(plan, layout.operator_buffers).items(), *layout.host.items()):
         (tier,) = term.tiers
         tiers[tier][term] = nbytes
     return tiers
 
 
-def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
-    """The transient GPU terms of one GPU, then the allocator's slack on them.
+def _gpu_buffers(plan: Plan, operator_buffers: dict[MemoryTerm, float]) -> dict[MemoryTerm, float]:
+    """The transient GPU terms of one GPU (the activations, `operator_buffers`, then the terms that
+    grow with the batch), then the allocator's slack on them."""
+    m, place = plan.model, plan.placement
+    compute = COMPUTE_BYTES[plan.precision]
+    copies = not plan.node.host_is_device  # host <-> device copies need staging (runtime/transfer/stores.py)
+    gpu: dict[MemoryTerm, float] = {MemoryTerm.AWM: activation_working_bytes(plan), **operator_buffers}
+    if copies and not place.recompute_inputs.on_device and plan.recompute_interval:
+        gpu[MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
+    if plan.context_parallel_degree > 1:
+        gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
+    if m.vocab_size:
+        gpu[MemoryTerm.LOGITS] = logits_bytes(plan)
+    apart = not_at_once_bytes(plan, gpu)
+    if apart:
+        gpu[MemoryTerm.NOT_AT_ONCE] = -apart
+    gpu[MemoryTerm.ALLOCATOR_SLACK] = ALLOCATOR_SLACK_FRACTION * sum(v for term, v in gpu.items() if term.transient)
+    return gpu
+
+
+def _operator_buffers(plan: Plan) -> dict[MemoryTerm, float]:
+    """The GPU's per-operator buffers (gathered, prefetched, reduce-scattered, offloaded): none
+    depends on the micro-batch.
 
     [Note: gathered working memory] The runtime gathers a unit (weights + bias) into a buffer of
     its own only when it must (`gathers_params`); with 2+ ranks the unit's 16-bit gradients are
@@ -302,7 +359,7 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     compute = COMPUTE_BYTES[plan.precision]
     unit_param_bytes = largest_unit_params(plan) * compute
     copies = not plan.node.host_is_device  # host <-> device copies need staging (runtime/transfer/stores.py)
-    gpu: dict[MemoryTerm, float] = {MemoryTerm.AWM: activation_working_bytes(plan)}
+    gpu: dict[MemoryTerm, float] = {}
     if gathers_params(plan):
         op_working = unit_param_bytes
         if dp > 1:
@@ -321,16 +378,6 @@ def _gpu_buffers(plan: Plan) -> dict[MemoryTerm, float]:
         gpu[MemoryTerm.REDUCE_SCATTER_BUFFER] = unit_param_bytes
     if copies and not place.gradients.on_device and stores_gradients(plan):
         gpu[MemoryTerm.GRADIENT_OFFLOAD_STAGING] = 2 * unit_param_bytes / dp
-    if copies and not place.recompute_inputs.on_device and plan.recompute_interval:
-        gpu[MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
-    if plan.context_parallel_degree > 1:
-        gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
-    if m.vocab_size:
-        gpu[MemoryTerm.LOGITS] = logits_bytes(plan)
-    apart = not_at_once_bytes(plan, gpu)
-    if apart:
-        gpu[MemoryTerm.NOT_AT_ONCE] = -apart
-    gpu[MemoryTerm.ALLOCATOR_SLACK] = ALLOCATOR_SLACK_FRACTION * sum(v for term, v in gpu.items() if term.transient)
     return gpu
 
 

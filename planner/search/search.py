@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from planner.cost.feasibility import check_plan
 from planner.cost.host_link import choose_host_pinning_billed
 from planner.cost.memory import (
+    BatchBills,
     MemoryBill,
     memory_bill,
     min_tiling_factor,
@@ -177,11 +178,12 @@ def _largest_batch_billed(base: Plan, cap: int, unit_bill: MemoryBill | None = N
     """`largest_batch` with the sized plan's bill (`unit_bill`: the bill at one sample per replica,
     where the caller has it)."""
     unit = 1 / base.gpus_per_replica  # one sample per model replica
-    a = unit_bill or memory_bill(base.replace(micro_batch_per_gpu=unit))
+    bills = BatchBills(base)
+    a = unit_bill or bills.at(unit)[1]
     if not a.fits:
         return None
     # Every term is affine in the batch, so two points give the exact line for each tier.
-    b = memory_bill(base.replace(micro_batch_per_gpu=2 * unit))
+    b = bills.at(2 * unit)[1]
     peak_a, peak_b = a.peak_bytes, b.peak_bytes
     limit = cap / unit
     for tier, capacity in a.capacity_bytes.items():
@@ -193,8 +195,7 @@ def _largest_batch_billed(base: Plan, cap: int, unit_bill: MemoryBill | None = N
         limit = min(limit, 1 + (a.max_alloc_bytes - a.largest_alloc_bytes) / slope)
     steps = max(1, math.floor(limit + 1e-9))
     while steps > 1:
-        sized = base.replace(micro_batch_per_gpu=steps * unit)
-        bill = memory_bill(sized)
+        sized, bill = bills.at(steps * unit)
         if bill.fits:
             return sized, bill
         steps -= 1  # rounding at the boundary

@@ -11,8 +11,10 @@ dict look-ups by the plain string keep working.
    (what `planner memory` and the dashboard print beside its bytes). The flags say whether it is
    transient GPU memory (`allocator_slack` is charged on those) and whether the runtime's ledger
    sees it (`runtime_buffer_peak_bytes` sums those).
-2. Its formula in `planner/cost/memory.py`: a GPU buffer in `_gpu_buffers`, a host buffer in
-   `host_buffers`; the bill puts it in its member's tier.
+2. Its formula in `planner/cost/memory.py`: a GPU buffer in `_gpu_buffers` if it grows with the
+   micro-batch, else in `_operator_buffers` (`BatchBills` works those out once per batch search),
+   a host buffer in `host_buffers` (none may grow with the batch); the bill puts it in its
+   member's tier.
 3. Where the runtime allocates it, `ledger.add(tier, MemoryTerm.X, nbytes)`; where the simulator
    models it, `gpu_add(rank, MemoryTerm.X, nbytes)` / `cpu_add(MemoryTerm.X, nbytes)`.
 `tests/test_memory_terms.py` fails until some plan in its list produces the new term in the bill.
