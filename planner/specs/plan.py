@@ -298,8 +298,9 @@ def _with_new_names(doc: dict[str, Any], where: str) -> dict[str, Any]:
     return doc
 
 
-# No slots: `replace` copies the fields in one dict update for each candidate the search prices,
-# and `cluster` is kept in the instance dict once made.
+# No slots: `replace` copies the instance dict in one update for each candidate the search prices,
+# and `cluster` is kept there once made (a cached property may read only fields that `_OWN_CHECKS`
+# does not name: the fast path copies it unchanged).
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """One executable configuration. The simulator and the runtime read exactly these fields.
@@ -467,7 +468,7 @@ class Plan:
     # -- derived ---------------------------------------------------------------------------
     @cached_property
     def cluster(self) -> Cluster:
-        """Made once per plan: `replace` copies only the fields, so a copy makes its own."""
+        """Made once per plan (a copy by `replace`'s fast path keeps it: it changes neither field read here)."""
         return Cluster(node=self.node, num_gpus=self.num_gpus)
 
     @property
@@ -586,8 +587,7 @@ class Plan:
             if changes.get("optimizer_step", self.optimizer_step) != self.optimizer_step:
                 changes.setdefault("optimizer_step_reason", "")  # the reason was for the other schedule
             plan = object.__new__(Plan)
-            mine = vars(self)
-            vars(plan).update({name: mine[name] for name in _plan_fields()}, **changes)
+            vars(plan).update(vars(self), **changes)  # the fields, and `cluster` where made (it reads none of these)
             for name in changes:
                 _OWN_CHECKS[name](plan)
             return plan
