@@ -31,6 +31,7 @@ from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
 from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s, stages_host_shards
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.kernels import (
+    BlockCost,
     achievable_hbm_bytes_per_s,
     block_cost,
     fused_attention_flops_per_s,
@@ -217,7 +218,8 @@ def _compute(plan: Plan) -> _Passes:
     """Each pass's matmul flops at the GPU's peak, its fused attention at that kernel's rate and its
     memory-bound kernels at the achievable HBM bandwidth: the terms the simulator times operator by
     operator (model_compute)."""
-    work = model_compute(plan)
+    block = block_cost(plan)
+    work = model_compute(plan, block)
     node = plan.node
     hbm, fused_rate = achievable_hbm_bytes_per_s(node), fused_attention_flops_per_s(plan)
     # fp8 runs the block linears' matmuls at the fp8 rate ([Note: fp8 matmuls] in planner/cost/fp8.py):
@@ -231,7 +233,7 @@ def _compute(plan: Plan) -> _Passes:
                 + (fused_flops / fused_rate if fused_flops else 0.0) + (nbytes / hbm if hbm > 0 else 0.0))
 
     # The backward's own matmuls at the backward's rate, where the spec has one; its recompute is a forward.
-    linear = plan.model.num_layers * block_cost(plan).linear_flops
+    linear = plan.model.num_layers * block.linear_flops
     again = 1 if plan.recompute == "full" else 0
     backward_only = work.backward_flops - work.recompute_flops - fp8_saved * 2 * linear
     slower_s = backward_only / matmul_rate * (node.backward_matmul_slowdown - 1)
@@ -254,12 +256,13 @@ class ModelCompute(NamedTuple):
     """The matmul flops of `backward_flops` that are the recompute's forward."""
 
 
-def model_compute(plan: Plan) -> ModelCompute:
-    """Blocks (planner/cost/kernels.py: linears, attention core, memory-bound kernels), the output head's
-    matmul and the loss; the embedding lookup moves rows and multiplies nothing. With `recompute:
-    full` every block's forward runs again in backward."""
+def model_compute(plan: Plan, block: BlockCost | None = None) -> ModelCompute:
+    """Blocks (planner/cost/kernels.py: linears, attention core, memory-bound kernels; `block`: the
+    plan's `block_cost`, where the caller has it), the output head's matmul and the loss; the
+    embedding lookup moves rows and multiplies nothing. With `recompute: full` every block's forward
+    runs again in backward."""
     m = plan.model
-    block = block_cost(plan)
+    block = block if block is not None else block_cost(plan)
     head = 2 * plan.micro_batch_per_gpu * m.seq_len * m.vocab_size * m.hidden_size
     loss_fwd, loss_bwd = loss_bytes(plan)
     again = 1 if plan.recompute == "full" else 0
