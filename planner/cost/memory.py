@@ -249,13 +249,16 @@ class _LayoutTerms:
 
     states: list[tuple[Tier, MemoryTerm, int]]
     operator_buffers: dict[MemoryTerm, float]
+    maxima: tuple[float, float]
+    """`operator_maxima` of the per-operator buffers."""
     host: dict[MemoryTerm, float]
     capacity: dict[Tier, int]
 
     @classmethod
     def of(cls, plan: Plan) -> _LayoutTerms:
-        return cls(resident_state_terms(plan), _operator_buffers(plan), host_buffers(plan),
-                   {tier: int(tier.capacity_bytes(plan.node)) for tier in TIERS})
+        operator_buffers = _operator_buffers(plan)
+        return cls(resident_state_terms(plan), operator_buffers, operator_maxima(plan, operator_buffers),
+                   host_buffers(plan), {tier: int(tier.capacity_bytes(plan.node)) for tier in TIERS})
 
 
 def _bill(plan: Plan, layout: _LayoutTerms) -> MemoryBill:
@@ -319,26 +322,26 @@ def _per_gpu_terms(plan: Plan, layout: _LayoutTerms) -> dict[Tier, dict[MemoryTe
         tiers[tier][term] = tiers[tier].get(term, 0) + nbytes
     tiers[plan.placement.recompute_inputs][MemoryTerm.RECOMPUTE_INPUTS] = recompute_input_bytes(plan)
     # -- working memory (eq. 4, eq. 5) and the runtime's buffers ------------------------------
-    for term, nbytes in (*_gpu_buffers(plan, layout.operator_buffers).items(), *layout.host.items()):
+    for term, nbytes in (*_gpu_buffers(plan, layout).items(), *layout.host.items()):
         (tier,) = term.tiers
         tiers[tier][term] = nbytes
     return tiers
 
 
-def _gpu_buffers(plan: Plan, operator_buffers: dict[MemoryTerm, float]) -> dict[MemoryTerm, float]:
-    """The transient GPU terms of one GPU (the activations, `operator_buffers`, then the terms that
-    grow with the batch), then the allocator's slack on them."""
+def _gpu_buffers(plan: Plan, layout: _LayoutTerms) -> dict[MemoryTerm, float]:
+    """The transient GPU terms of one GPU (the activations, the layout's per-operator buffers, then
+    the terms that grow with the batch), then the allocator's slack on them."""
     m, place = plan.model, plan.placement
     compute = COMPUTE_BYTES[plan.precision]
     copies = not plan.node.host_is_device  # host <-> device copies need staging (runtime/transfer/stores.py)
-    gpu: dict[MemoryTerm, float] = {MemoryTerm.AWM: activation_working_bytes(plan), **operator_buffers}
+    gpu: dict[MemoryTerm, float] = {MemoryTerm.AWM: activation_working_bytes(plan), **layout.operator_buffers}
     if copies and not place.recompute_inputs.on_device and plan.recompute_interval:
         gpu[MemoryTerm.RECOMPUTE_INPUT_OFFLOAD_STAGING] = 2 * compute * plan.micro_batch_per_gpu * m.seq_len * m.hidden_size
     if plan.context_parallel_degree > 1:
         gpu[MemoryTerm.RING_ATTENTION_BUFFERS] = ring_buffer_bytes(plan)
     if m.vocab_size:
         gpu[MemoryTerm.LOGITS] = logits_bytes(plan)
-    apart = not_at_once_bytes(plan, gpu)
+    apart = not_at_once_bytes(plan, gpu, layout.maxima)
     if apart:
         gpu[MemoryTerm.NOT_AT_ONCE] = -apart
     gpu[MemoryTerm.ALLOCATOR_SLACK] = ALLOCATOR_SLACK_FRACTION * sum(v for term, v in gpu.items() if term.transient)
@@ -381,17 +384,25 @@ def _operator_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     return gpu
 
 
-def not_at_once_bytes(plan: Plan, gpu: dict[MemoryTerm, float]) -> float:
+def not_at_once_bytes(plan: Plan, gpu: dict[MemoryTerm, float], maxima: tuple[float, float] | None = None) -> float:
     """What the GPU's working terms, each its own worst case, add beyond the worst moment the runtime
-    reaches (planner/cost/coexisting.py [Note: terms that never meet]); never negative."""
+    reaches (planner/cost/coexisting.py [Note: terms that never meet]); never negative. `maxima`: the
+    plan's `operator_maxima`, where the caller has it."""
     peaks = {term: gpu[term] for term in MOMENT_TERMS if gpu.get(term)}
+    maxima = maxima if maxima is not None else operator_maxima(plan, gpu)
+    return max(0.0, sum(peaks.values()) - worst_moment_bytes(plan, peaks, maxima))
+
+
+def operator_maxima(plan: Plan, gpu: dict[MemoryTerm, float]) -> tuple[float, float]:
+    """`buffer_maxima` of the per-operator terms `gpu` has (none grows with the batch: the same for
+    the plan at every micro-batch)."""
+    operator_terms = frozenset(term for term in MOMENT_TERMS if gpu.get(term)).difference(SEGMENT_TERMS)
     m = plan.model
-    tied = bool(m.vocab_size and m.tied_embeddings and not _embedding_is_largest(plan) and MemoryTerm.MSWM in peaks)
+    tied = bool(m.vocab_size and m.tied_embeddings and not _embedding_is_largest(plan) and MemoryTerm.MSWM in operator_terms)
     compute = COMPUTE_BYTES[plan.precision]
-    window = Window.of(plan, frozenset(peaks).difference(SEGMENT_TERMS), compute,
-                       m.vocab_size * m.hidden_size / plan.model_parallel_degree * compute if tied else 0.0,
-                       largest_unit_params(plan) - operator_params_per_gpu(plan))
-    return max(0.0, sum(peaks.values()) - worst_moment_bytes(plan, peaks, buffer_maxima(window)))
+    return buffer_maxima(Window.of(plan, operator_terms, compute,
+                                   m.vocab_size * m.hidden_size / plan.model_parallel_degree * compute if tied else 0.0,
+                                   largest_unit_params(plan) - operator_params_per_gpu(plan)))
 
 
 def host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
