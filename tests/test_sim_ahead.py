@@ -1,0 +1,126 @@
+"""Runner-ups simulated ahead in a forked worker ([Note: simulated ahead] in planner/sim/ahead.py):
+the same answer, bit for bit, as one process alone, and one process where a worker cannot help."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+from search_support import searched
+
+from planner.output.verdict import critical_path, searcher, simulated_runners_up, verdict
+from planner.search.refine import refine, runners_ahead_of
+from planner.search.search import SearchRequest
+from planner.sim import ahead, fast, samples
+from planner.specs.catalog import resolve_hardware, resolve_model
+
+FIT_1T = SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h100"), num_gpus=16)
+"""`planner fit 1T --gpus 16`'s question: two plans refined, three runner-ups simulated for the verdict."""
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """A worker is forked even where this machine lets the tests use one core (it is then only slower)."""
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
+    samples.forget_samples()
+    yield
+    ahead.stop()
+    samples.forget_samples()
+
+
+def shown(result) -> dict:
+    """Everything `planner fit`'s verdict prints, as data: the ranked plans, the winner's critical
+    path, the runner-ups and their bottlenecks."""
+    seen = verdict(result, searcher(result.request))
+    return {"ranked": [plan.to_dict() for plan in result.ranked], "path": seen.path.sentence(),
+            "runners": [plan.to_dict() for plan in seen.runners], "bottlenecks": seen.runner_bottlenecks}
+
+
+def test_the_runner_ups_simulated_for_the_verdict_are_the_workers_tasks():
+    result = refine(searched(FIT_1T))
+    tasks = {samples.sample_key(plan) for plan in runners_ahead_of(searched(FIT_1T))}
+    simulated_for_verdict = [plan for plan in result.runners_up() if plan.prediction.method == "analytic"]
+    assert len(simulated_for_verdict) == 3
+    assert {samples.sample_key(plan) for plan in simulated_for_verdict} <= tasks
+    assert len(tasks) == 4  # the fourth, the second placement, is refined: simulated either way
+
+
+def test_verdict_with_a_worker_is_the_verdict_of_one_process(two_cores):
+    alone = shown(refine(searched(FIT_1T)))
+    samples.forget_samples()
+    with_worker = refine(searched(FIT_1T), runners_ahead=True)
+    assert ahead._worker is not None or not runners_ahead_of(searched(FIT_1T))  # noqa: SLF001 - a worker ran
+    assert shown(with_worker) == alone
+
+
+def test_plans_the_worker_simulated_are_adopted_not_simulated_again(two_cores, monkeypatch):
+    plans = runners_ahead_of(searched(FIT_1T))
+    alone = [fast.predict(plan).to_dict() for plan in plans]
+    samples.forget_samples()
+    assert ahead.start(plans, fast.predict)
+    os.waitpid(ahead._worker.pid, 0)  # noqa: SLF001 - it has claimed and simulated every task
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("simulated again")
+
+    monkeypatch.setattr(samples, "Simulation", no_simulation)
+    monkeypatch.setattr(samples, "simulate", no_simulation)
+    assert [fast.predict(plan).to_dict() for plan in plans] == alone
+    assert ahead._worker is None  # noqa: SLF001 - every task settled: the worker is reaped
+    winner = plans[-1].replace(prediction=fast.predict(plans[-1]))
+    assert critical_path(winner).sentence()  # from the adopted samples
+
+
+def test_a_worker_that_dies_leaves_its_tasks_to_this_process(two_cores):
+    plans = runners_ahead_of(searched(FIT_1T))[-2:]
+    alone = [fast.predict(plan).to_dict() for plan in plans]
+    samples.forget_samples()
+    assert ahead.start(plans, fast.predict)
+    os.kill(ahead._worker.pid, signal.SIGKILL)  # noqa: SLF001
+    assert [fast.predict(plan).to_dict() for plan in plans] == alone
+
+
+def test_no_worker_on_one_core_or_beside_other_threads(monkeypatch):
+    plans = runners_ahead_of(searched(FIT_1T))
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 1)
+    assert not ahead.can_fork() and not ahead.start(plans, fast.predict)
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not ahead.can_fork()
+    finally:
+        stop.set()
+        other.join()
+    assert ahead.can_fork() == hasattr(os, "fork")
+    assert ahead._worker is None  # noqa: SLF001
+
+
+def _fit_text(*, one_core: bool) -> str:
+    """`planner fit 1T --gpus 16`'s output, from a process that may use every core here or only one
+    (where it may use one, no worker is forked)."""
+    def pin() -> None:
+        if one_core:
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+    done = subprocess.run([sys.executable, "-m", "tierwise", "fit", "1T", "--gpus", "16"], capture_output=True,
+                          text=True, timeout=120, preexec_fn=pin)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_fit_prints_the_same_with_a_worker_as_in_one_process():
+    assert _fit_text(one_core=False) == _fit_text(one_core=True)
+
+
+def test_simulated_runners_up_unchanged_by_a_worker(two_cores):
+    result = refine(searched(FIT_1T))
+    alone = [plan.to_dict() for plan in simulated_runners_up(result)]
+    samples.forget_samples()
+    result = refine(searched(FIT_1T), runners_ahead=True)
+    assert [plan.to_dict() for plan in simulated_runners_up(result)] == alone
