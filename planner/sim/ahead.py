@@ -1,26 +1,25 @@
 """Predictions simulated ahead, in a forked worker on a second core, while this process goes on.
 
-[Note: simulated ahead] `planner fit` simulates the plans `refine` ranks, one after another, and
-then the runner-ups its verdict shows (planner/output/verdict.py): independent simulations in one
-process while a second core idles. Which plans the runner-ups can be is known before `refine`
-starts: the best plan of each of the next placements after the first (planner/search/refine.py
-`runners_ahead`), so a worker forked once the search is done simulates those, most distant first,
-while this process refines from the top. Each plan is one task, taken by one process only: a
-process takes it by creating its claim file (O_CREAT | O_EXCL, atomic), so the first to reach it
-simulates it and the other never does. The worker writes what its simulation kept ([Note: shared
-samples] in samples.py: the samples, or the whole simulation) to a file per task and names the task
-on a pipe; `fast.predict` asks `wait_for(plan)` before it simulates: a plan the worker took is
-waited for and its kept simulations adopted, so the prediction is then made here from the same
-samples, with the same arithmetic: the same numbers, bit for bit, as one process alone. A task this
-process takes first is simulated here as before. The worker needs no more from this process than
-the plans, and this process no more from it than its files: if it dies, its tasks are simulated
-here (`_Worker.result` reads None).
+[Note: simulated ahead] `planner fit` simulates the plans `refine` ranks, one after another, then
+the runner-ups its verdict shows (planner/output/verdict.py): independent simulations, in one
+process, while a second core idles. Which plans the runner-ups can be is known before `refine`
+starts (planner/search/refine.py `runners_ahead_of`), so a worker forked once the search is done
+simulates those, the most distant first, while this process refines from the top. Each plan is one
+task, simulated by one process only: a process takes a task by creating its claim file (O_CREAT |
+O_EXCL: atomic), so the first to reach it simulates it and the other never does. The worker writes
+what its simulation kept ([Note: shared samples] in samples.py: the samples, or the whole
+simulation) to a file per task and names the task on a pipe. `fast.predict` calls `wait_for(plan)`
+before it simulates: a plan the worker took is waited for and its kept simulations adopted, and the
+prediction is then made here from those samples with the same arithmetic: the same numbers, bit for
+bit, as in one process. A task this process takes first is simulated here as before; if the worker
+dies, its tasks are simulated here too (`_Worker.result` reads None).
 
-Forking is used only where it is safe and can help: `os.fork` exists, this process may run on two
-cores or more (`os.sched_getaffinity`), and it runs one thread (a fork copies only the calling
-thread: locks another thread holds would stay held in the child; the dashboard runs threads, and
-simulates in one process). The worker exits with `os._exit`, running none of this process's exit
-handlers and flushing none of its buffers.
+A worker is forked only where it is safe and can help: `os.fork` exists, this process may run on
+two cores or more (`os.sched_getaffinity`, Linux's; one process where the platform gives no
+affinity), it runs one thread (a fork copies only the calling thread: a lock another thread held
+would stay held in the child; the dashboard runs threads, and simulates in one process), and a
+temporary directory, a pipe and a process can be had. The worker exits with `os._exit`, running
+none of this process's exit handlers and flushing none of its buffers.
 """
 
 from __future__ import annotations
@@ -43,10 +42,8 @@ from planner.specs.plan import Plan
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask where the platform has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """Cores this process may run on: its affinity mask (Linux); 1 where the platform does not say."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
 def can_fork() -> bool:
@@ -120,9 +117,18 @@ def start(plans: list[Plan], predict: Callable[[Plan], object]) -> bool:
     stop()
     if not plans or not can_fork():
         return False
-    directory = Path(tempfile.mkdtemp(prefix="tierwise-ahead-"))
-    read_end, write_end = os.pipe()
-    pid = os.fork()
+    directory = read_end = write_end = None
+    try:
+        directory = Path(tempfile.mkdtemp(prefix="tierwise-ahead-"))
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+    except OSError:  # no temporary directory, no pipe or no process to be had: simulate in this one
+        for end in (read_end, write_end):
+            if end is not None:
+                os.close(end)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        return False
     if pid == 0:  # the worker
         os.close(read_end)
         _work(plans, predict, directory, write_end)  # never returns
@@ -138,6 +144,11 @@ def _work(plans: list[Plan], predict: Callable[[Plan], object], directory: Path,
     """The worker's life: each plan it claims simulated, its kept simulations written, then `os._exit`."""
     status = 0
     try:
+        # It prints nothing; holding the caller's terminal or pipes would keep a reader of this
+        # process's output waiting should this process be killed while the worker runs.
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
         for index, plan in enumerate(plans):
             if not _claim(directory, index):
                 continue
