@@ -24,8 +24,9 @@ FIT_1T = SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h10
 
 @pytest.fixture
 def two_cores(monkeypatch):
-    """A worker is forked even where this machine lets the tests use one core (it is then only slower)."""
+    """A worker is forked even where this machine lets the tests use one core, or is busy (it is then only slower)."""
     monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
+    monkeypatch.setattr(ahead, "other_runnable_tasks", lambda: 0)
     samples.forget_samples()
     yield
     ahead.stop()
@@ -57,6 +58,20 @@ def test_verdict_with_a_worker_is_the_verdict_of_one_process(two_cores):
     assert shown(with_worker) == alone
 
 
+@pytest.mark.parametrize("loadavg,others", [("0.52 0.40 0.31 1/112 2567\n", 0), ("5.22 4.29 3.04 7/112 25303\n", 6),
+                                              ("", 0), ("no numbers here", 0)])
+def test_other_runnable_tasks_are_the_kernels_count_less_this_process(monkeypatch, loadavg, others):
+    class Loadavg:
+        def __init__(self, path: str) -> None:
+            assert path == "/proc/loadavg"
+
+        def read_text(self) -> str:
+            return loadavg
+
+    monkeypatch.setattr(ahead, "Path", Loadavg)
+    assert ahead.other_runnable_tasks() == others
+
+
 def test_plans_the_worker_simulated_are_adopted_not_simulated_again(two_cores, monkeypatch):
     plans = runners_ahead_of(searched(FIT_1T))
     alone = [fast.predict(plan).to_dict() for plan in plans]
@@ -84,11 +99,18 @@ def test_a_worker_that_dies_leaves_its_tasks_to_this_process(two_cores):
     assert [fast.predict(plan).to_dict() for plan in plans] == alone
 
 
-def test_no_worker_on_one_core_or_beside_other_threads(monkeypatch):
+def test_no_worker_on_one_core_on_a_busy_machine_or_beside_other_threads(monkeypatch):
     plans = runners_ahead_of(searched(FIT_1T))
+    monkeypatch.setattr(ahead, "other_runnable_tasks", lambda: 0)
     monkeypatch.setattr(ahead, "usable_cores", lambda: 1)
     assert not ahead.can_fork() and not ahead.start(plans, fast.predict)
     monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
+    monkeypatch.setattr(ahead, "other_runnable_tasks", lambda: 1)  # the second core is taken
+    assert not ahead.can_fork() and not ahead.start(plans, fast.predict)
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 4)
+    assert ahead.can_fork() == hasattr(os, "fork")
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
+    monkeypatch.setattr(ahead, "other_runnable_tasks", lambda: 0)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()

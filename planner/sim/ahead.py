@@ -16,7 +16,7 @@ dies, its tasks are simulated here too (`_Worker.result` reads None).
 
 A worker is forked only where it is safe and can help: `os.fork` exists, this process may run on
 two cores or more (`os.sched_getaffinity`, Linux's; one process where the platform gives no
-affinity), it runs one thread (a fork copies only the calling thread: a lock another thread held
+affinity) of which one is idle now (`can_fork`), it runs one thread (a fork copies only the calling thread: a lock another thread held
 would stay held in the child; the dashboard runs threads, and simulates in one process), and a
 temporary directory, a pipe and a process can be had. The worker exits with `os._exit`, running
 none of this process's exit handlers and flushing none of its buffers.
@@ -46,9 +46,24 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
+def other_runnable_tasks() -> int:
+    """Tasks other than this process that run or wait for a core now: the kernel's count of runnable
+    tasks (Linux's /proc/loadavg, which counts this process) less one; 0 where it cannot be read."""
+    try:
+        runnable = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, runnable - 1)
+
+
 def can_fork() -> bool:
-    """Whether a worker can run beside this process: fork exists, two cores are usable, one thread runs."""
-    return hasattr(os, "fork") and usable_cores() >= 2 and threading.active_count() == 1
+    """Whether a worker can run beside this process and gain: fork exists, one thread runs, and a
+    usable core is idle now (two usable cores, no other task runnable on a two-core machine). On a
+    busy machine the two processes share the CPU this one alone would get where the scheduler shares
+    it among sessions (Linux's autogroup): a worker gains nothing there and adds its costs
+    (docs/notes/2026-11-28-fit-path-speed.md)."""
+    return (hasattr(os, "fork") and threading.active_count() == 1
+            and usable_cores() - other_runnable_tasks() >= 2)
 
 
 @dataclass(eq=False)
