@@ -60,7 +60,7 @@ def can_fork() -> bool:
     """Whether a worker can run beside this process and gain: fork exists, one thread runs, and a
     usable core is idle now (two usable cores, no other task runnable on a two-core machine). On a
     busy machine the two processes share the CPU this one alone would get where the scheduler shares
-    it among sessions (Linux's autogroup): a worker gains nothing there and adds its costs
+    it among process groups (Linux's autogroup): a worker gains nothing there and adds its costs
     (docs/notes/2026-11-28-fit-path-speed.md)."""
     return (hasattr(os, "fork") and threading.active_count() == 1
             and usable_cores() - other_runnable_tasks() >= 2)
