@@ -1,5 +1,9 @@
 """Runner-ups simulated ahead in a forked worker ([Note: simulated ahead] in planner/sim/ahead.py):
-the same answer, bit for bit, as one process alone, and one process where a worker cannot help."""
+the same answer, bit for bit, as one process alone, and one process where a worker cannot help.
+
+A worker is forked only from a process running one thread, and a test process may hold threads
+other tests left (the dashboard's, the runtime's): the checks that fork run in a fresh interpreter
+(`in_fresh_process`), told that two cores are free whatever this machine's load."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from search_support import searched
@@ -22,15 +27,16 @@ FIT_1T = SearchRequest(model=resolve_model("1T"), node=resolve_hardware("dgx-h10
 """`planner fit 1T --gpus 16`'s question: two plans refined, three runner-ups simulated for the verdict."""
 
 
-@pytest.fixture
-def two_cores(monkeypatch):
-    """A worker is forked even where this machine lets the tests use one core, or is busy (it is then only slower)."""
-    monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
-    monkeypatch.setattr(ahead, "other_runnable_tasks", lambda: 0)
-    samples.forget_samples()
-    yield
-    ahead.stop()
-    samples.forget_samples()
+TESTS = Path(__file__).resolve().parent
+
+
+def in_fresh_process(check: str) -> None:
+    """Run this module's function `check` in a fresh interpreter (one thread) where a worker is
+    forked even on one core or a busy machine (it is then only slower); its assertions are this test's."""
+    code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_sim_ahead as t; "
+            f"t.ahead.usable_cores = lambda: 2; t.ahead.other_runnable_tasks = lambda: 0; t.{check}()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def shown(result) -> dict:
@@ -50,12 +56,16 @@ def test_the_runner_ups_simulated_for_the_verdict_are_the_workers_tasks():
     assert len(tasks) == 4  # the fourth, the second placement, is refined: simulated either way
 
 
-def test_verdict_with_a_worker_is_the_verdict_of_one_process(two_cores):
+def check_verdict_with_a_worker() -> None:
     alone = shown(refine(searched(FIT_1T)))
     samples.forget_samples()
     with_worker = refine(searched(FIT_1T), runners_ahead=True)
-    assert ahead._worker is not None or not runners_ahead_of(searched(FIT_1T))  # noqa: SLF001 - a worker ran
+    assert ahead._worker is not None  # noqa: SLF001 - a worker runs: refine settled one of its four tasks
     assert shown(with_worker) == alone
+
+
+def test_verdict_with_a_worker_is_the_verdict_of_one_process():
+    in_fresh_process("check_verdict_with_a_worker")
 
 
 @pytest.mark.parametrize("loadavg,others", [("0.52 0.40 0.31 1/112 2567\n", 0), ("5.22 4.29 3.04 7/112 25303\n", 6),
@@ -72,7 +82,7 @@ def test_other_runnable_tasks_are_the_kernels_count_less_this_process(monkeypatc
     assert ahead.other_runnable_tasks() == others
 
 
-def test_plans_the_worker_simulated_are_adopted_not_simulated_again(two_cores, monkeypatch):
+def check_adopted_not_simulated_again() -> None:
     plans = runners_ahead_of(searched(FIT_1T))
     alone = [fast.predict(plan).to_dict() for plan in plans]
     samples.forget_samples()
@@ -82,15 +92,18 @@ def test_plans_the_worker_simulated_are_adopted_not_simulated_again(two_cores, m
     def no_simulation(*args, **kwargs):
         raise AssertionError("simulated again")
 
-    monkeypatch.setattr(samples, "Simulation", no_simulation)
-    monkeypatch.setattr(samples, "simulate", no_simulation)
+    samples.Simulation = samples.simulate = no_simulation
     assert [fast.predict(plan).to_dict() for plan in plans] == alone
     assert ahead._worker is None  # noqa: SLF001 - every task settled: the worker is reaped
     winner = plans[-1].replace(prediction=fast.predict(plans[-1]))
     assert critical_path(winner).sentence()  # from the adopted samples
 
 
-def test_a_worker_that_dies_leaves_its_tasks_to_this_process(two_cores):
+def test_plans_the_worker_simulated_are_adopted_not_simulated_again():
+    in_fresh_process("check_adopted_not_simulated_again")
+
+
+def check_a_worker_that_dies() -> None:
     plans = runners_ahead_of(searched(FIT_1T))[-2:]
     alone = [fast.predict(plan).to_dict() for plan in plans]
     samples.forget_samples()
@@ -99,8 +112,13 @@ def test_a_worker_that_dies_leaves_its_tasks_to_this_process(two_cores):
     assert [fast.predict(plan).to_dict() for plan in plans] == alone
 
 
+def test_a_worker_that_dies_leaves_its_tasks_to_this_process():
+    in_fresh_process("check_a_worker_that_dies")
+
+
 def test_no_worker_on_one_core_on_a_busy_machine_or_beside_other_threads(monkeypatch):
     plans = runners_ahead_of(searched(FIT_1T))
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     monkeypatch.setattr(ahead, "other_runnable_tasks", lambda: 0)
     monkeypatch.setattr(ahead, "usable_cores", lambda: 1)
     assert not ahead.can_fork() and not ahead.start(plans, fast.predict)
@@ -111,15 +129,9 @@ def test_no_worker_on_one_core_on_a_busy_machine_or_beside_other_threads(monkeyp
     assert ahead.can_fork() == hasattr(os, "fork")
     monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
     monkeypatch.setattr(ahead, "other_runnable_tasks", lambda: 0)
-    stop = threading.Event()
-    other = threading.Thread(target=stop.wait)
-    other.start()
-    try:
-        assert not ahead.can_fork()
-    finally:
-        stop.set()
-        other.join()
     assert ahead.can_fork() == hasattr(os, "fork")
+    monkeypatch.setattr(threading, "active_count", lambda: 2)  # a thread beside the main one
+    assert not ahead.can_fork() and not ahead.start(plans, fast.predict)
     assert ahead._worker is None  # noqa: SLF001
 
 
@@ -140,9 +152,14 @@ def test_fit_prints_the_same_with_a_worker_as_in_one_process():
     assert _fit_text(one_core=False) == _fit_text(one_core=True)
 
 
-def test_simulated_runners_up_unchanged_by_a_worker(two_cores):
+def check_simulated_runners_up() -> None:
     result = refine(searched(FIT_1T))
     alone = [plan.to_dict() for plan in simulated_runners_up(result)]
     samples.forget_samples()
     result = refine(searched(FIT_1T), runners_ahead=True)
+    assert ahead._worker is not None  # noqa: SLF001
     assert [plan.to_dict() for plan in simulated_runners_up(result)] == alone
+
+
+def test_simulated_runners_up_unchanged_by_a_worker():
+    in_fresh_process("check_simulated_runners_up")
