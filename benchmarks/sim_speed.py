@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     machine = results_md.measure_machine()
     result = {"issue_plan": issue_plan_series(args.repeats), **other_series(args.repeats),
-              "fit_breakdown": fit_breakdown()}
+              "fit_breakdown": fit_breakdown(), "fit_after_search": after_search_series(args.repeats)}
     result["machine"] = machine.finish().to_dict()
     print(json.dumps(result, indent=2))
     if args.write_results:
@@ -176,15 +176,10 @@ def fit_breakdown() -> list[dict]:
     (extrapolated from two samples, or whole) and its SimPy events."""
     from planner.output.verdict import critical_path, simulated_like
     from planner.search.refine import refine
-    from planner.search.search import SearchRequest, search
-    from planner.specs.training_loop import TrainingLoop
-    from tierwise.cli import options
+    from planner.search.search import search
 
     samples.forget_samples()
-    node = options.node(None, None)  # what `planner fit` asks for by default
-    request = SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16, precision=options.precision(node, None),
-                            pipeline_parallel_degree=1, training=TrainingLoop(optimizer_step=None, clips_grad_norm=False),
-                            locked_memory_bytes=options.locked_memory_bytes(None, None))
+    request = fit_request()
     rows = [{"stage": "start-up: `planner fit` to its search (fresh process, `fit 1T --gpus 0`, refused there)",
              "cpu_s": round(startup_cpu_s(), 3)}]
 
@@ -206,6 +201,44 @@ def fit_breakdown() -> list[dict]:
         rows[-1].update(how_simulated(simulated))
         timed(f"runner-up {where} critical path", lambda p=simulated: critical_path(p))
     return rows
+
+
+def fit_request():  # noqa: ANN201 - planner.search is imported where used
+    """`planner fit 1T --gpus 16`'s search request (default hardware and options)."""
+    from planner.search.search import SearchRequest
+    from planner.specs.training_loop import TrainingLoop
+    from tierwise.cli import options
+
+    node = options.node(None, None)
+    return SearchRequest(model=resolve_model("1T"), node=node, num_gpus=16, precision=options.precision(node, None),
+                         pipeline_parallel_degree=1, training=TrainingLoop(optimizer_step=None, clips_grad_norm=False),
+                         locked_memory_bytes=options.locked_memory_bytes(None, None))
+
+
+def after_search_series(repeats: int) -> dict:
+    """Wall time of `planner fit 1T --gpus 16` after its search (refine and the verdict, nothing kept),
+    in one process and with the runner-ups simulated ahead in a forked worker ([Note: simulated
+    ahead] in planner/sim/ahead.py; forked only where a core is idle then: the runs that forked are
+    counted), the two interleaved run by run so that both meet the same load."""
+    from planner.output.verdict import searcher, verdict
+    from planner.search.refine import refine
+    from planner.search.search import search
+    from planner.sim import ahead
+
+    result = search(fit_request())
+    walls: dict[str, list[float]] = {"one_process": [], "worker": []}
+    forked = 0
+    for _ in range(repeats):
+        for name, runners_ahead in (("one_process", False), ("worker", True)):
+            samples.forget_samples()
+            forked += runners_ahead and ahead.can_fork()  # a core idle now: `refine` forks a worker
+            start = time.perf_counter()
+            refined = refine(result, runners_ahead=runners_ahead)
+            verdict(refined, searcher(refined.request))
+            walls[name].append(time.perf_counter() - start)
+            ahead.stop()
+    return {name: {"wall_s": round(statistics.median(runs), 3), "runs_s": [round(t, 3) for t in runs]}
+            for name, runs in walls.items()} | {"runs_with_a_worker": forked}
 
 
 BYTECODE_CACHE = Path(tempfile.mkdtemp(prefix="sim-speed-pycache-"))
@@ -282,6 +315,7 @@ def write_results(r: dict, repeats: int, machine: results_md.MachineFacts) -> No
                 f"(runs {r['fit_1t_16gpu_dgx2_runs_s']})" if r["fit_1t_16gpu_dgx2_wall_s"] else "not measured (fit failed)")
     rv, tl, ip, pp = (r["representative_vs_explicit_16_layers"], r["timeline_1t_tiled_32gpu"], r["issue_plan"],
                       r["paper_1t"])
+    fa = r["fit_after_search"]
     body = f"""{SECTION}
 
 `python benchmarks/sim_speed.py --repeats {repeats} --write-results`: medians of {repeats} runs (wall time; CPU time of this process where given). {machine.describe()}
@@ -302,6 +336,8 @@ Where `planner fit 1T --gpus 16`'s CPU time goes (one run, stage by stage, nothi
 | stage | CPU s | simulated | events |
 |---|---|---|---|
 {breakdown_rows(r['fit_breakdown'])}
+
+After the search (refine and the verdict, nothing kept), wall time in one process vs with the runner-ups simulated ahead in a forked worker ([Note: simulated ahead] in planner/sim/ahead.py; forked in {fa['runs_with_a_worker']} of {repeats} runs: only where a core is idle at that moment), interleaved: {fa['one_process']['wall_s']} s (runs {fa['one_process']['runs_s']}) vs {fa['worker']['wall_s']} s (runs {fa['worker']['runs_s']}).
 """
     results_md.write_section("sim_speed", body)
 

@@ -19,6 +19,7 @@ in-backward updates fall behind the backward is predicted from three samples by 
 from __future__ import annotations
 
 from planner.cost.pipeline import is_composed
+from planner.sim.ahead import wait_for
 from planner.sim.network import collector_paused
 from planner.sim.periodic import FallsBehind, NotPeriodic, Verified, check_samples, extend
 from planner.sim.report import composed_prediction, prediction_from
@@ -31,6 +32,7 @@ from planner.specs.plan import Plan, Prediction
 def predict(plan: Plan) -> Prediction:
     """The simulated prediction of `plan`, by [Note: periodic layers] where it applies; a pipelined
     or accumulating plan from its stage's micro-batch ([Note: the 1F1B step] in planner/cost/pipeline.py)."""
+    wait_for(plan)  # [Note: simulated ahead] in ahead.py: a worker may be simulating it
     if is_composed(plan):
         return composed_prediction(plan, predict)
     kept = kept_whole(plan)  # its samples failed the check before ([Note: shared samples])

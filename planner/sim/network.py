@@ -210,18 +210,15 @@ def _max_min_rates(flows: list[Flow]) -> None:
                 users[link] = [(flow, weight)]
             else:
                 on_link.append((flow, weight))
-    capacity_left = {link: link.capacity for link, on_link in users.items() if len(on_link) > 1}
-    shared = {link: users[link] for link in capacity_left}
-    # Links used by one contended flow only still cap it; give them their own entry.
-    for flow in contended:
-        for link, weight in flow.hops:
-            if link not in shared:
-                capacity_left[link] = link.capacity
-                shared[link] = [(flow, weight)]
+    # The links in the order the filling visits them (a tie goes to the first): those several
+    # contended flows cross, then those one crosses (which still cap it), each in order of first use.
+    shared = [(link, on_link) for link, on_link in users.items() if len(on_link) > 1]
+    shared += [(link, on_link) for link, on_link in users.items() if len(on_link) == 1]
+    capacity_left = {link: link.capacity for link, _ in shared}
     unfrozen = len(contended)
     while unfrozen:
-        best_share, best_link = float("inf"), None
-        for link, on_link in shared.items():
+        best_share, best_users = math.inf, None
+        for link, on_link in shared:
             demand = 0.0
             for flow, weight in on_link:
                 if flow.rate < 0:
@@ -229,9 +226,9 @@ def _max_min_rates(flows: list[Flow]) -> None:
             if demand > 0:
                 share = capacity_left[link] / demand
                 if share < best_share:
-                    best_share, best_link = share, link
-        assert best_link is not None, "unfrozen flows must cross some link"
-        for flow, _ in shared[best_link]:
+                    best_share, best_users = share, on_link
+        assert best_users is not None, "unfrozen flows must cross some link"
+        for flow, _ in best_users:
             if flow.rate < 0:
                 flow.rate = max(best_share, 0.0)
                 unfrozen -= 1

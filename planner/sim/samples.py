@@ -115,3 +115,45 @@ def simulate_whole(plan: Plan) -> SimResult:
         while len(_whole) > KEPT_WHOLE:
             _whole.popitem(last=False)
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class KeptSimulations:
+    """What this process keeps ([Note: shared samples]), as data another process can take: samples by
+    plan key and layer count, whole simulations by plan key (without their `simulation`, whose SimPy
+    state only the process that ran it holds; its prediction, timelines and events are kept)."""
+
+    samples: dict[str, dict[int, Sample]]
+    whole: dict[str, SimResult]
+
+
+def kept_now() -> KeptSimulations:
+    """A copy of what is kept now, to tell later what was added (`kept_since`)."""
+    with _kept_lock:
+        return KeptSimulations({key: dict(kept) for key, kept in _kept.items()}, dict(_whole))
+
+
+def kept_since(before: KeptSimulations) -> KeptSimulations:
+    """What was simulated and kept after `before` was taken: the new samples and whole simulations."""
+    with _kept_lock:
+        new_samples = {key: {layers: s for layers, s in kept.items() if layers not in before.samples.get(key, {})}
+                       for key, kept in _kept.items()}
+        whole = {key: dataclasses.replace(result, simulation=None) for key, result in _whole.items()
+                 if key not in before.whole}
+    return KeptSimulations({key: kept for key, kept in new_samples.items() if kept}, whole)
+
+
+def keep(kept: KeptSimulations) -> None:
+    """Keep simulations another process made (`kept_since`) as if made here: the plans they are for
+    then cost no simulation."""
+    with _kept_lock:
+        for key, samples in kept.samples.items():
+            _kept[key] = {**_kept.get(key, {}), **samples}
+            _kept.move_to_end(key)
+        for key, result in kept.whole.items():
+            _whole[key] = result
+            _whole.move_to_end(key)
+        while len(_kept) > KEPT_PLANS:
+            _kept.popitem(last=False)
+        while len(_whole) > KEPT_WHOLE:
+            _whole.popitem(last=False)

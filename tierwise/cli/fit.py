@@ -82,7 +82,7 @@ def fit(
         training=training,
         locked_memory_bytes=o.locked_memory_bytes(locked_memory, hardware),
     )
-    result = refine(search(request))
+    result = refine(search(request), runners_ahead=not as_json)  # the verdict shows the runner-ups simulated
     chosen = result.best or (result.rejected[0] if result.rejected else None)
     if chosen is None:
         raise PlannerError("no candidate plan could be formed; check the pinned options")
