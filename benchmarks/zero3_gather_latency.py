@@ -1,25 +1,30 @@
-"""Does per-parameter all-gather latency explain DeepSpeed ZeRO-3's rows in Narayanan et al. 2021 Table 2?
+"""The hand check behind [Note: per-parameter collectives] (planner/cost/collectives.py) on Narayanan et al.
+2021 Table 2's DeepSpeed ZeRO-3 rows.
 
     python benchmarks/zero3_gather_latency.py
 
-Rows p021-p026 (GPT-3 175B and the 530B model, ZeRO-3 without model parallelism on 384-2,240 A100s) are
-predicted +33..+266 % fast. The hypothesis checked here: DeepSpeed's 2021 ZeRO-3 gathered parameters one
-`nn.Parameter` at a time (its asynchronous prefetch issues one all-gather per parameter), and each ring
-all-gather pays NCCL's latency, which grows with the ring's rank count (planner/cost/collectives.py
-[Note: the alpha-beta collective]). The script prints, per row:
+Rows p021-p026 (GPT-3 175B and the 530B model, ZeRO-3 without model parallelism on 384-2,240 A100s) were
+predicted +33..+266 % fast with flat, prefetched gathers. The hypothesis: DeepSpeed's 2021 ZeRO-3 gathered
+parameters one `nn.Parameter` at a time, and each ring all-gather pays NCCL's latency, which grows with the
+ring's rank count (planner/cost/collectives.py [Note: the alpha-beta collective]). The script prints, per
+row, with the planner's prediction under flat, prefetched gathers (the row's `shard_collectives` set to
+`flat`) as the baseline:
 - the micro-batches each GPU runs per step (global batch / (GPUs x micro-batch));
-- the measured step time (the row's TFLOPS under Table 1's FLOP formula) and the planner's predicted one;
-- NCCL's ring latency of one all-gather at the row's rank count and its total over the step's
-  per-parameter gathers: forward, the recompute forward and backward, 12 tensors per block (two layer
+- the measured step time (the row's TFLOPS under Table 1's FLOP formula) and the flat prediction's;
+- NCCL's ring latency of one all-gather (or reduce-scatter: the same ring steps) at the row's rank
+  count and its total over the step's per-parameter collectives: three gathers (forward, the recompute
+  forward and backward) and one gradient reduce-scatter of each of 12 tensors per block (two layer
   norms' weight and bias; QKV, projection, fc1 and fc2 weight and bias: Megatron-DeepSpeed's GPT block)
   plus 4 outside the blocks (word and position embeddings, the final norm's weight and bias);
 - the step's ZeRO-3 bytes per GPU (3 gathers and 1 reduce-scatter of 16-bit parameters) at the
   planner's 200 GB/s ring rate;
-- the upper bound the hypothesis can give: compute, latency and bytes all serialized (no overlap).
+- the bound with compute, latency and bytes all serialized (no overlap; DeepSpeed synchronizes the
+  device before every gather), and the TFLOPS error it leaves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -27,8 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.cost.collectives import Ring, latency_s  # noqa: E402
-from planner.validation.configure import node_for_row  # noqa: E402
-from planner.validation.report import validate  # noqa: E402
+from planner.validation.configure import node_for_row, row_plan  # noqa: E402
+from planner.validation.corpus import load_corpus  # noqa: E402
+from planner.validation.report import measured_metric, predict_row  # noqa: E402
 
 ROWS = ("p021", "p022", "p023", "p024", "p025", "p026")
 SEQ_LEN, VOCAB = 2048, 51200
@@ -36,6 +42,8 @@ SEQ_LEN, VOCAB = 2048, 51200
 TENSORS_PER_BLOCK, TENSORS_OUTSIDE_BLOCKS = 12, 4
 GATHERS_PER_STEP = 3
 """Forward, the recompute forward (full recompute) and backward, each gathering every parameter."""
+COLLECTIVES_PER_STEP = GATHERS_PER_STEP + 1
+"""The gathers and the backward's reduce-scatter of each parameter's gradient."""
 RING_BYTES_PER_S = 200e9
 """The planner's data-parallel ring rate across DGX A100 nodes (8 x HDR 200 Gb/s per node)."""
 
@@ -47,18 +55,20 @@ def table1_flops_per_step(layers: int, hidden: int, global_batch: int) -> float:
 
 
 def main() -> None:
-    results = {r.row.row_id: r for r in validate(source="narayanan2021_t2").results}
-    print("row  GPUs mb/GPU  measured  predicted  excess | gather latency x gathers = total | bytes/GPU  "
+    rows = {row.row_id: row for row in load_corpus() if row.row_id in ROWS}
+    print("row  GPUs mb/GPU  measured  flat pred.  excess | latency x collectives = total | bytes/GPU  "
           "at 200 GB/s | serialized bound, TFLOPS error")
     for row_id in ROWS:
-        result = results[row_id]
-        row = result.row
+        row = rows[row_id]
+        flat = dataclasses.replace(row, shard_collectives="flat")
+        predicted = predict_row(flat, planned=row_plan(flat)).predicted
+        measured = measured_metric(row)[1]
         node = node_for_row(row)
         gpus, layers, hidden = row.num_gpus, row.num_layers, row.hidden_size
         flops_per_gpu = table1_flops_per_step(layers, hidden, row.global_batch) / gpus
-        measured_s = flops_per_gpu / (result.measured * 1e12)
-        predicted_s = flops_per_gpu / (result.predicted * 1e12)
-        gathers = GATHERS_PER_STEP * (TENSORS_PER_BLOCK * layers + TENSORS_OUTSIDE_BLOCKS)
+        measured_s = flops_per_gpu / (measured * 1e12)
+        predicted_s = flops_per_gpu / (predicted * 1e12)
+        gathers = COLLECTIVES_PER_STEP * (TENSORS_PER_BLOCK * layers + TENSORS_OUTSIDE_BLOCKS)
         one_gather_s = latency_s(Ring(gpus, node.num_gpus_per_node), "all_gather", node)
         step_bytes = (GATHERS_PER_STEP + 1) * 2 * 12 * layers * hidden * hidden
         bytes_s = step_bytes / RING_BYTES_PER_S
