@@ -31,8 +31,8 @@ def test_run_sh_check_passes_and_lists_the_stages() -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["missing"] == {} and doc["parse_errors"] == []
-    # The offload tiers first, then the planner chains, the traces and the checks.
-    assert doc["stages"] == ["install", "build", "offload", "nvme", "planner", "staged", "pytest", "parity", "device"]
+    # The offload tiers first, then the checks, the planner chains and the traces.
+    assert doc["stages"] == ["install", "build", "offload", "nvme", "pytest", "parity", "device", "planner", "staged"]
     # What the project imports that the GPU image lacks travels as a wheel; the rest is in the image.
     assert {"simpy", "platformdirs", "deepspeed", "streamlit"} <= set(doc["from_wheels"])
     assert {"torch", "transformers", "pytest", "typer", "rich", "yaml"} <= set(doc["from_image"])
@@ -199,43 +199,70 @@ def test_the_call_runs_its_stages_in_order_and_merges_each_into_out_as_it_ends(t
     assert "## On a GPU" in (out / "gpu-results.md").read_text()
 
 
+def _planned_stages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, seconds: dict[str, float] | None = None) -> tuple:
+    """call.run_stage replaced by a simulated clock: each stage takes its planned H200 seconds (or
+    `seconds`, capped at the limit it was given, as a stage stopped at its limit would)."""
+    now = [0.0]
+    limits: dict[str, float] = {}
+
+    def fake_stage(cmd: list[str], limit_s: float, env: dict, log: call.Log) -> tuple[int | None, float]:
+        stage = cmd[-1]
+        limits[stage] = limit_s
+        wanted = (seconds or {}).get(stage, kit.STAGES[stage].h200_s)
+        now[0] += min(wanted, limit_s)
+        (tmp_path / f"{stage}.json").write_text(json.dumps({"ok": True}))
+        return (None if wanted > limit_s else 0), min(wanted, limit_s)
+
+    monkeypatch.setattr(call, "run_stage", fake_stage)
+    return now, limits
+
+
 def test_the_budget_comes_from_the_caller_and_stages_that_no_longer_fit_are_skipped_by_name(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each stage taking its planned H200 seconds (a simulated clock): after install, build and
-    offload (330 s) nvme starts with the 80 s left of 420 (less the finishing margin), and the
-    stages after it are skipped and named."""
+    """Each stage taking its planned H200 seconds (a simulated clock): a fresh call runs install,
+    build, offload and nvme (370 s), then parity, the one check that still fits; the rest is skipped
+    and named with the command of the call that runs it."""
     assert call.call_budget_s({}) == kit.CALL_BUDGET_S == 420
     assert call.call_budget_s({"CALL_BUDGET_S": "300"}) == 300
     with pytest.raises(SystemExit, match="CALL_BUDGET_S='7 min' is not a number of seconds"):
         call.call_budget_s({"CALL_BUDGET_S": "7 min"})
-    now = [0.0]
-    limits: dict[str, float] = {}
-
-    def fake_stage(cmd: list[str], limit_s: float, env: dict, log: call.Log) -> tuple[int, float]:
-        stage = cmd[-1]
-        limits[stage] = limit_s
-        now[0] += kit.STAGES[stage].h200_s
-        (tmp_path / f"{stage}.json").write_text(json.dumps({"ok": True}))
-        return 0, kit.STAGES[stage].h200_s
-
-    monkeypatch.setattr(call, "run_stage", fake_stage)
+    now, limits = _planned_stages(monkeypatch, tmp_path)
     budget = call.call_budget_s({"CALL_BUDGET_S": "420"})
     record = call.run_call(list(kit.STAGES), budget, tmp_path, tmp_path / "out", ["stage"], {}, clock=lambda: now[0])
-    assert list(record["ran"]) == ["install", "build", "offload", "nvme"]
-    assert record["skipped"] == ["planner", "staged", "pytest", "parity", "device"]
-    assert limits["install"] == kit.STAGES["install"].cap_s and limits["nvme"] == 80
+    assert list(record["ran"]) == ["install", "build", "offload", "nvme", "parity"]
+    assert record["skipped"] == ["pytest", "device", "planner", "staged"]
+    # The build runs in what offload and nvme leave it: 420 - 10 - 30 (install) - 220.
+    assert limits["install"] == kit.STAGES["install"].cap_s and limits["build"] == 160
     log = (tmp_path / "out" / "run.log").read_text()
-    assert "== stage planner: skipped, 0 s left of the call and it needs 60 s" in log
-    assert "skipped, the call's budget of 420 s was spent: planner staged pytest parity device" in log
+    assert "== stage build: " in log and "limit 160 s (220 s kept for offload nvme)" in log
+    assert "== stage pytest: skipped, 40 s left of the call and it needs 55 s" in log
+    assert ("skipped, the call's budget of 420 s was spent: pytest device planner staged "
+            "(another call: bash benchmarks/gpu/run.sh install pytest device planner staged)") in log
     assert json.loads((tmp_path / "out" / "gpu-results.json").read_text())["kit"]["skipped"] == record["skipped"]
-    # With the built ops carried (build in seconds), the planner chains start too.
+    # The second call, on the same machine (install done in seconds) or a fresh one, runs them all in 330 s.
     now[0] = 0.0
-    monkeypatch.setitem(kit.STAGES, "build", kit.STAGES["build"]._replace(h200_s=5))
-    record = call.run_call(list(kit.STAGES), budget, tmp_path, tmp_path / "out2", ["stage"], {}, clock=lambda: now[0])
-    assert list(record["ran"])[:5] == ["install", "build", "offload", "nvme", "planner"]
+    second = ["install", "pytest", "parity", "device", "planner", "staged"]
+    record = call.run_call(second, 330, tmp_path, tmp_path / "out2", ["stage"], {}, clock=lambda: now[0])
+    assert list(record["ran"]) == second and record["skipped"] == []
     # The budget counts from run.sh's start: what went before call.py is spent.
     record = call.run_call(["install"], budget, tmp_path, tmp_path / "out3", ["stage"], {}, clock=lambda: 0.0, spent_s=400)
     assert record["skipped"] == ["install"]
+
+
+def test_a_build_past_its_limit_leaves_offload_and_nvme_their_planned_seconds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    now, limits = _planned_stages(monkeypatch, tmp_path, {"install": 26, "build": 1000})
+    record = call.run_call(list(kit.STAGES), 420, tmp_path, tmp_path / "out", ["stage"], {}, clock=lambda: now[0])
+    assert record["ran"]["build"]["status"] == "stopped at its limit" and limits["build"] == 420 - 10 - 26 - 220
+    assert limits["offload"] == 220 and limits["nvme"] == 100
+    assert record["ran"]["offload"]["status"] == record["ran"]["nvme"]["status"] == "ok"
+    # With the built ops carried (a build of seconds) the checks fit in the first call too.
+    now[0] = 0.0
+    now, limits = _planned_stages(monkeypatch, tmp_path, {"build": 5})
+    record = call.run_call(list(kit.STAGES), 420, tmp_path, tmp_path / "out2", ["stage"], {}, clock=lambda: now[0])
+    assert list(record["ran"])[:7] == ["install", "build", "offload", "nvme", "pytest", "parity", "device"]
+    # Only a stage that is not reserved gives way: offload itself may run into nvme's time.
+    assert not kit.STAGES["build"].reserved and all(kit.STAGES[s].reserved for s in ("install", "offload", "nvme"))
 
 
 def test_a_dry_run_gives_the_build_its_cpu_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,30 +328,67 @@ def test_the_build_stage_exits_non_zero_naming_the_ops_it_could_not_prebuild(tmp
     assert f"no DeepSpeed sdist in {tmp_path / 'none' / 'src'}" in proc.stderr
 
 
-def test_the_nvme_stage_refuses_to_run_without_deepspeed_or_on_the_python_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_nvme_stage_refuses_only_without_our_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     import bench_llama
 
     from runtime.nvme import engine
 
-    monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` raises ImportError
-    assert bench_llama.nvme_refusal(require_prebuilt=False).startswith("nvme: DeepSpeed is not installed")
-    monkeypatch.delitem(sys.modules, "deepspeed")
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` raises ImportError: no reason to refuse
+    assert bench_llama.nvme_refusal() is None
     monkeypatch.setattr(engine, "extension_available", lambda: False)
-    refusal = bench_llama.nvme_refusal(require_prebuilt=False)
+    refusal = bench_llama.nvme_refusal()
     assert "runtime._aio_ext is not built" in refusal and "runtime/nvme/pyengine.py" in refusal
 
 
-def test_the_nvme_stage_run_without_deepspeed_fails_with_one_line(tmp_path: Path) -> None:
+def test_a_deepspeed_system_without_prebuilt_ops_is_left_out_by_name_and_ours_stay(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_llama
+    import deepspeed.git_version_info as info
+
+    names = ["ours-nvme", "deepspeed-nvme"]
+    monkeypatch.setattr(info, "installed_ops", {"cpu_adam": 1, "async_io": False, "pin_memory": 1})
+    left = bench_llama.deepspeed_left_out(names, require_prebuilt=True)
+    assert list(left) == ["deepspeed-nvme"] and "DeepSpeed's async_io op(s) are not prebuilt" in left["deepspeed-nvme"]
+    assert left["deepspeed-nvme"].startswith("not measured: ")
+    # DeepSpeedCPUAdam needs cpu_adam only; the dry run (no --require-prebuilt) lets DeepSpeed build what it needs.
+    assert bench_llama.deepspeed_left_out(["ours-cpu", "deepspeed-cpu"], require_prebuilt=True) == {}
+    assert bench_llama.deepspeed_left_out(names, require_prebuilt=False) == {}
+    monkeypatch.setitem(sys.modules, "deepspeed", None)
+    gone = bench_llama.deepspeed_left_out(names + ["deepspeed-cpu"], require_prebuilt=False)
+    assert list(gone) == ["deepspeed-nvme", "deepspeed-cpu"] and "DeepSpeed does not import" in gone["deepspeed-cpu"]
+
+
+def test_no_stage_but_the_build_compiles_a_deepspeed_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_llama
+    from deepspeed.ops.op_builder.builder import OpBuilder
+    from deepspeed.ops.op_builder.cpu.cpu_adam import CPUAdamBuilder
+
+    monkeypatch.setattr(OpBuilder, "jit_load", OpBuilder.jit_load)  # put back after the test
+    bench_llama.forbid_jit_builds()
+    with pytest.raises(RuntimeError, match="DeepSpeed would JIT-build its cpu_adam op here: only the build stage"):
+        CPUAdamBuilder().jit_load()
+
+
+@pytest.mark.slow
+def test_the_nvme_stage_without_deepspeed_measures_our_tier_and_names_the_baseline(tmp_path: Path) -> None:
     shadow = tmp_path / "shadow" / "deepspeed"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('DeepSpeed is not on this machine')\n")
     out = tmp_path / "nvme.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/bench_llama.py"), "nvme", "--profile", "dry",
                            "--nvme-path", str(tmp_path / "nvme"), "--out", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": f"{tmp_path / 'shadow'}:{ROOT}"}, timeout=120)
-    assert proc.returncode == 1
-    assert json.loads(out.read_text())["error"] == ("nvme: DeepSpeed is not installed (DeepSpeed is not on this machine): "
-                                                    "the stage compares with its ZeRO-Infinity; run the install stage")
+                          text=True, env={**os.environ, "PYTHONPATH": f"{tmp_path / 'shadow'}:{ROOT}",
+                                          "GPUKIT_WORK": str(tmp_path)}, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["systems"] == ["ours-nvme"] and doc["ok"]
+    assert doc["left_out"] == {"deepspeed-nvme": "not measured: DeepSpeed does not import (DeepSpeed is not on this "
+                                                 "machine); the install stage installs it"}
+    first = next(iter(doc["shapes"].values()))
+    assert report.ROOFLINE in first and first["summary"]["ours-nvme"]["median_step_time_s"] > 0
+    shows = {m.claim: m for m in report.must_shows({"nvme": doc})}
+    assert shows["NVMe tier step vs its NVMe roofline"].met is not None
+    assert shows["NVMe tier step vs DeepSpeed ZeRO-Infinity"].measured == "not measured: " + doc["left_out"][
+        "deepspeed-nvme"].removeprefix("not measured: ")
 
 
 def _shape(ratios: dict[str, float], seq: int = 4096, **extra: object) -> dict:
@@ -417,3 +481,85 @@ def test_a_system_whose_step_fails_is_dropped_by_name_and_the_others_are_measure
     assert list(doc["ratios"]) == [report.RATIO.format("ours-cpu", "fsdp2-cpu")]
     assert "`plain`: OutOfMemoryError" in report.markdown({"offload": {"model": "m", "warmup_steps": 1, "measured_steps": 3,
                                                                          "shapes": {"seq 8 x batch 2": doc}}})
+
+
+CALLS = sorted((ROOT / "tests/data/gpu_calls").glob("2026-11-28-h200-call*.json"))
+"""The three H200 calls of 2026-11-28 (benchmarks/gpu/runs/), cut to what the report reads."""
+
+
+def test_several_calls_merge_each_stage_from_the_last_call_that_ran_it_with_a_result() -> None:
+    calls = [json.loads(p.read_text()) for p in CALLS]
+    doc = report.merge(calls)
+    assert len(doc["calls"]) == 3 and "kit" not in doc
+    # Call 3's build was cut before writing a result: call 2's failed build is the result.
+    assert doc["from_call"] == {"install": 1, "offload": 1, "planner": 1, "staged": 1, "parity": 1,
+                                "pytest": 2, "device": 2, "build": 2, "nvme": 2}
+    assert doc["build"]["deepspeed"]["seconds"] == 17.1  # call 2 (call 1: 13.6)
+    assert report.merge([calls[2], calls[1]])["from_call"]["build"] == 2  # the order of the files is the calls' order
+    text = report.markdown(doc)
+    for line in ("1. (budget 420 s, 398 s used): install ok 26 s (planned 40), build failed 14 s (planned 150), "
+                 "offload ok 162 s (planned 140)",
+                 "skipped for time: pytest, device; results used from it: install, offload, planner, staged, parity.",
+                 "2. (budget 330 s, 103 s used): pytest failed 49 s (planned 70)",
+                 "3. (budget 290 s, 280 s used): build stopped at its limit 279 s (planned 150); skipped for time: "
+                 "nvme; results used from it: none.",
+                 "the build failed: ValueError: invalid literal for int() with base 10: '0a'",
+                 "| host-memory tier step vs FSDP2 CPUOffloadPolicy | <= 0.8x | 1.112 at seq 4096 x batch 4; 1.198 at "
+                 "seq 2048 x batch 8 | **not met** |",
+                 "`pytest -m gpu`: 22 passed, 14 failed, 0 errors"):
+        assert line in text, line
+    nvme = {m.claim: m for m in report.must_shows(doc)}["NVMe tier step vs its NVMe roofline"]
+    assert nvme.met is None and nvme.measured.startswith("not measured: nvme: DeepSpeed's async_io, cpu_adam, pin_memory")
+    # One call's file reads as before: its budget line, no list.
+    one = report.markdown(report.merge([calls[0]]))
+    assert "**The call** (budget 420 s, 398 s used): install ok 26 s" in one and "**The calls**" not in one
+
+
+def test_a_stage_cut_before_its_result_says_so_and_does_not_replace_an_earlier_result(tmp_path: Path) -> None:
+    doc = call.stage_doc(tmp_path, "build", None, 279.2)
+    assert doc["no_result"] and not report.has_result(doc) and doc["partial"]
+    assert report.has_result({"ok": False, "error": "pip wheel failed"})
+    merged = report.merge([{"build": {"ok": False, "error": "ValueError: x"}}, {"build": doc}])
+    assert merged["build"]["error"] == "ValueError: x"
+
+
+def test_the_architecture_list_is_one_deepspeeds_builder_parses() -> None:
+    """The GPU image's TORCH_CUDA_ARCH_LIST=9.0a stops DeepSpeed 0.19.8's setup.py; the build passes it
+    9.0, which its CUDA op builder turns into Hopper's -gencode flags."""
+    from deepspeed.ops.op_builder.async_io import AsyncIOBuilder
+
+    assert build_ops.deepspeed_arch_list("9.0a") == "9.0"
+    assert build_ops.deepspeed_arch_list("8.0 9.0a;10.0f+PTX;9.0") == "8.0;9.0;10.0+PTX"
+    assert build_ops.deepspeed_arch_list(None) == build_ops.deepspeed_arch_list("") == build_ops.GPU_ARCH_LIST
+    with pytest.raises(ValueError, match="TORCH_CUDA_ARCH_LIST entry 'Hopper' is not MAJOR.MINOR"):
+        build_ops.deepspeed_arch_list("Hopper")
+    builder = AsyncIOBuilder()  # the CUDA accelerator's, a CUDAOpBuilder
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+        with pytest.raises(ValueError, match="invalid literal for int"):
+            builder.compute_capability_args()
+        mp.setenv("TORCH_CUDA_ARCH_LIST", build_ops.deepspeed_arch_list("9.0a"))
+        assert builder.compute_capability_args() == ["-gencode=arch=compute_90,code=sm_90"]
+    # ...and no op the kit builds compiles a CUDA source, so the suffix changes no code.
+    assert build_ops.deepspeed_cuda_sources() == {"cpu_adam": [], "async_io": [], "pin_memory": []}
+
+
+def test_the_build_environment_forces_the_parsable_list_and_ninja(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = build_ops.build_env({"TORCH_CUDA_ARCH_LIST": "9.0a", "PATH": ""}, 16)
+    assert env["TORCH_CUDA_ARCH_LIST"] == "9.0" and env["MAX_JOBS"] == "16" and env["DS_ENABLE_NINJA"] == "1"
+    assert {env[k] for k in ("DS_BUILD_CPU_ADAM", "DS_BUILD_AIO", "DS_BUILD_PIN_MEMORY")} == {"1"} and env["DS_BUILD_OPS"] == "0"
+    assert "TORCH_CUDA_ARCH_LIST" not in build_ops.build_env({"PATH": ""}, 2)  # no nvcc, no list: a CPU build
+
+
+def test_the_builds_timeline_gives_each_ops_seconds(tmp_path: Path) -> None:
+    timeline = [[3.0, "building 'deepspeed.ops.adam.cpu_adam_op' extension"],
+                [41.5, "building 'deepspeed.ops.aio.async_io_op' extension"],
+                [70.0, "building 'deepspeed.ops.pin_memory.pin_memory_op' extension"], [88.2, "deepspeed build time = 85 secs"]]
+    assert build_ops.op_seconds(timeline) == {"cpu_adam": 38.5, "async_io": 28.5, "pin_memory": 18.2}
+    seen = []
+    script = tmp_path / "b.py"
+    script.write_text("print('compiling'); print(\"building 'deepspeed.ops.adam.cpu_adam_op' extension\"); "
+                      "print('deepspeed build time = 1 secs'); raise SystemExit(3)")
+    code, tail = build_ops.streamed([sys.executable, str(script)], dict(os.environ), lambda t, line: seen.append(line))
+    assert code == 3 and tail.splitlines()[0] == "compiling"
+    assert seen == ["building 'deepspeed.ops.adam.cpu_adam_op' extension", "deepspeed build time = 1 secs"]

@@ -1,7 +1,7 @@
 """The offload tiers on a real transformer: the kit's Llama (benchmarks/gpu/llama-1b.json) in bf16, ours
 against FSDP2 and DeepSpeed at their best, side by side in one process on the one GPU.
 
-    python benchmarks/gpu/bench_llama.py offload [--profile gpu|dry] [--out offload.json]
+    python benchmarks/gpu/bench_llama.py offload [--profile gpu|dry] [--require-prebuilt] [--out offload.json]
     python benchmarks/gpu/bench_llama.py nvme --nvme-path DIR [--profile gpu|dry] [--require-prebuilt]
                                               [--ds-aio 128,1 | --sweep] [--out nvme.json]
 
@@ -18,6 +18,16 @@ The systems compared, and the NVMe roofline: [Note: the systems compared], above
 
 `--profile dry` runs the same code on the CPU at a few thousand parameters: the emulated device
 (`CopyEngine.separate_memory_on_cpu`), FSDP2 and DeepSpeed on the host (`run.sh --dry-run`).
+
+[Note: DeepSpeed's ops are the build stage's]
+The build stage is the one place DeepSpeed's ops are compiled (benchmarks/gpu/build_ops.py). With
+`--require-prebuilt` (every GPU run) a stage never compiles one: a DeepSpeed system whose ops are not
+prebuilt in the DeepSpeed it imports (`installed_ops`), or a DeepSpeed that does not import, is left
+out by name with the reason (`left_out` in the JSON, "not measured" in the must-shows), DeepSpeed's JIT
+build is disabled in the process (an op it would still compile fails that system by name, within
+seconds), and every other system, ours first, is measured as if it were not there. Before this, the
+offload stage JIT-built cpu_adam inside its own time (2026-11-28, call 1: 103.5 s building its systems)
+while the NVMe stage refused as a whole, leaving our NVMe tier unmeasured for want of a baseline.
 """
 
 from __future__ import annotations
@@ -417,21 +427,50 @@ def publish(doc: dict, out: Path | None, stage: str) -> None:
         report.publish(Path(os.environ["GPUKIT_OUT"]), stage, doc)
 
 
-def nvme_refusal(require_prebuilt: bool) -> str | None:
-    """Why the NVMe comparison cannot run here, or None: it needs DeepSpeed (with its async_io and
-    cpu_adam ops prebuilt, on the GPU) and the runtime's C++ engine: a run on the Python engine
-    (runtime/nvme/pyengine.py) would time a slow path the project does not ship for speed."""
+DEEPSPEED_OPS = {"deepspeed-cpu": ("cpu_adam",), "deepspeed-nvme": ("cpu_adam", "async_io", "pin_memory")}
+"""DeepSpeed system -> the ops it loads (DeepSpeedCPUAdam; ZeRO-Infinity's swapper adds async_io,
+which loads pin_memory)."""
+
+
+def deepspeed_left_out(names: list[str], require_prebuilt: bool) -> dict[str, str]:
+    """DeepSpeed system -> why it is not measured here ([Note: DeepSpeed's ops are the build stage's]):
+    DeepSpeed does not import, or (with `require_prebuilt`) an op it loads is not prebuilt."""
+    wanted = [n for n in names if n in DEEPSPEED_OPS]
+    if not wanted:
+        return {}
     try:
         import deepspeed  # noqa: F401
-    except ImportError as exc:
-        return f"nvme: DeepSpeed is not installed ({exc}): the stage compares with its ZeRO-Infinity; run the install stage"
-    if require_prebuilt:
         from deepspeed.git_version_info import installed_ops
-
-        unbuilt = [op for op in ("async_io", "cpu_adam", "pin_memory") if not installed_ops.get(op)]
+    except ImportError as exc:
+        return dict.fromkeys(wanted, f"not measured: DeepSpeed does not import ({exc}); the install stage installs it")
+    out = {}
+    for name in wanted:
+        unbuilt = [op for op in DEEPSPEED_OPS[name] if not installed_ops.get(op)] if require_prebuilt else []
         if unbuilt:
-            return (f"nvme: DeepSpeed's {', '.join(unbuilt)} op(s) are not prebuilt (a JIT build would take the call's "
-                    "minutes): run the build stage, or carry the wheel it returned (gather_wheels.sh --built)")
+            out[name] = (f"not measured: DeepSpeed's {', '.join(unbuilt)} op(s) are not prebuilt and only the build stage "
+                         "compiles them (its result in build says why it did not; a later call carries the wheel a "
+                         "build returned: gather_wheels.sh --built)")
+    return out
+
+
+def forbid_jit_builds() -> None:
+    """DeepSpeed's JIT build disabled in this process: an op that is not prebuilt fails its system by
+    name instead of compiling for minutes inside a measured stage."""
+    try:
+        from deepspeed.ops.op_builder.builder import OpBuilder
+    except ImportError:
+        return
+
+    def refuse(self, verbose: bool = True):  # noqa: ANN202, ARG001 - OpBuilder.jit_load's signature
+        raise RuntimeError(f"DeepSpeed would JIT-build its {self.name} op here: only the build stage compiles ops")
+
+    OpBuilder.jit_load = refuse
+
+
+def nvme_refusal() -> str | None:
+    """Why our NVMe tier cannot be measured here, or None: it needs the runtime's C++ engine; a run on
+    the Python engine (runtime/nvme/pyengine.py) would time a slow path the project does not ship for
+    speed. DeepSpeed's absence is no reason ([Note: DeepSpeed's ops are the build stage's])."""
     from runtime.nvme import EngineConfig, IOEngine
     from runtime.nvme.engine import extension_available
 
@@ -470,7 +509,8 @@ def measure(mode: str, args: argparse.Namespace, device: torch.device, aio: tupl
     sizing = SIZINGS[(mode, args.profile)]
     names = [n for n in (args.systems.split(",") if args.systems else MODES[mode])]
     work = Path(os.environ.get("GPUKIT_WORK", "/tmp"))
-    left_out = {}
+    left_out = deepspeed_left_out(names, args.require_prebuilt)
+    names = [n for n in names if n not in left_out]
     if device.type == "cuda" and "ours-gpu" in names and "plain" in names and (
             torch.cuda.get_device_properties(device).total_memory < BOTH_GPU_COPIES_MIN_BYTES):
         names.remove("ours-gpu")
@@ -564,13 +604,15 @@ def main() -> int:
     if args.mode == "nvme":
         if not args.nvme_path:
             raise SystemExit("bench_llama.py nvme: --nvme-path DIR is required (a directory on the NVMe drive)")
-        refusal = nvme_refusal(args.require_prebuilt)
+        refusal = nvme_refusal()
         if refusal:
             return emit({"ok": False, "error": refusal, "mode": "nvme"}, args.out)
         Path(args.nvme_path).mkdir(parents=True, exist_ok=True)
+    if args.require_prebuilt:
+        forbid_jit_builds()
     aio = tuple(int(v) for v in args.ds_aio.split(","))
     points = None
-    if args.sweep:
+    if args.sweep and not deepspeed_left_out(["deepspeed-nvme"], args.require_prebuilt):
         aio, points = sweep(args)
     doc = measure(args.mode, args, device, aio)
     if args.mode == "nvme":

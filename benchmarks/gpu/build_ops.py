@@ -22,6 +22,32 @@ A DeepSpeed already prebuilt (the carried wheel, installed by the install stage)
 earlier on this machine (WORK/built) is only checked. `--site DIR` installs the built wheel there
 (`pip install --target`; the stages put DIR first on PYTHONPATH) instead of into the environment:
 the dry run never changes the environment it runs in.
+
+[Note: the build's architecture list]
+The GPU image sets TORCH_CUDA_ARCH_LIST=9.0a (Hopper with its architecture-specific instructions).
+DeepSpeed 0.19.8's `CUDAOpBuilder.compute_capability_args` parses each entry as MAJOR.MINOR[+PTX]
+with `int(minor_part.split('+')[0])`, which raises on `0a`; setup.py calls it for every CUDA op it
+prebuilds (async_io is one), so the whole wheel build stopped before compiling anything (two calls
+of 2026-11-28 on an H200). The build therefore always passes DeepSpeed the list with each entry's
+letter suffix dropped (`9.0a` -> `9.0`, `10.0f` -> `10.0`, `+PTX` kept), whatever the environment
+holds. Dropping it changes no code: the list only becomes nvcc's `-gencode` flags, and none of the
+three ops compiles a file with nvcc. async_io is the one CUDA extension (CUDAOpBuilder) and its
+sources are all `.cpp`, compiled by the host compiler; cpu_adam (op_builder/cpu/cpu_adam.py, which
+the CUDA accelerator maps it to) and pin_memory are plain C++ extensions that never read the list;
+`deepspeed_cuda_sources` checks that the builders still say so. (Were a kernel ever compiled for
+`sm_90` instead of `sm_90a`, it would still run on an H100 or H200: the suffix only adds Hopper's
+architecture-specific instructions.)
+
+[Note: a short build]
+setup.py compiles each prebuilt op as one extension, the ops one after another. Without
+DS_ENABLE_NINJA torch's BuildExtension compiles an extension's files one at a time; with it, ninja
+compiles them MAX_JOBS at a time. The ops' files: cpu_adam 2 (`-O3 -g`, AVX-512 templates: the
+heavy ones), async_io 12 (`-O0`), pin_memory 3 (`-O3 -g`); every file includes torch's extension
+headers, which is most of a light file's time. On 16 cores with ninja the build is about the
+slowest file of each op, one op after the other; serially it is the sum of all 17 (call 3 of
+2026-11-28, serial, was cut after 279 s). The wheel build's output is streamed into the log with
+the seconds since its start, and WORK/build.json is rewritten as each op starts, so a build cut at
+its limit still says how far it came and what each op took ([Note: sizing the call] in kit.py).
 """
 
 from __future__ import annotations
@@ -41,8 +67,11 @@ DEEPSPEED_OPS = {"cpu_adam": "CPUAdamBuilder", "async_io": "AsyncIOBuilder", "pi
 """The ops the kit's DeepSpeed systems load -> their builder class in deepspeed.ops.op_builder."""
 RETURNED_FILE_BYTES = 16 * 2**20
 """The largest file the device returns from OUT."""
-BUILD_VARS = {"DS_BUILD_OPS": "0", "DS_BUILD_CPU_ADAM": "1", "DS_BUILD_AIO": "1", "DS_BUILD_PIN_MEMORY": "1"}
-"""setup.py's switches: no op but these three."""
+BUILD_VARS = {"DS_BUILD_OPS": "0", "DS_BUILD_CPU_ADAM": "1", "DS_BUILD_AIO": "1", "DS_BUILD_PIN_MEMORY": "1",
+              "DS_ENABLE_NINJA": "1"}
+"""setup.py's switches: no op but these three, each compiled by ninja ([Note: a short build])."""
+GPU_ARCH_LIST = "9.0"
+"""The architecture list for DeepSpeed's build where the environment sets none: Hopper (H100, H200)."""
 
 _PROBE = r"""
 import json, sys
@@ -138,22 +167,87 @@ def libcuda_dirs() -> list[str]:
     return list(dict.fromkeys(str(c) for c in candidates if (c / "libcuda.so").exists()))
 
 
-def build_wheel(sdist: Path, work: Path) -> Path:
+def deepspeed_arch_list(value: str | None) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed 0.19.8's builder parses it: each entry's architecture-specific
+    letter suffix dropped (`9.0a` -> `9.0`; `+PTX` kept), entries separated by `;`, GPU_ARCH_LIST when
+    unset ([Note: the build's architecture list])."""
+    entries = (value or "").replace(" ", ";").split(";")
+    out = []
+    for entry in filter(None, (e.strip() for e in entries)):
+        arch, plus, ptx = entry.partition("+")
+        major, _, minor = arch.partition(".")
+        if not major.isdigit() or not minor.rstrip("abcdefghijklmnopqrstuvwxyz").isdigit():
+            raise ValueError(f"TORCH_CUDA_ARCH_LIST entry {entry!r} is not MAJOR.MINOR[letter][+PTX]: set e.g. "
+                             f"TORCH_CUDA_ARCH_LIST={GPU_ARCH_LIST}")
+        out.append(f"{major}.{minor.rstrip('abcdefghijklmnopqrstuvwxyz')}{plus}{ptx}")
+    return ";".join(dict.fromkeys(out)) or GPU_ARCH_LIST
+
+
+def deepspeed_cuda_sources() -> dict[str, list[str]]:
+    """Op -> the sources nvcc would compile (`.cu`), from the installed DeepSpeed's builders: empty for
+    every op is what makes the architecture list irrelevant ([Note: the build's architecture list])."""
+    from deepspeed.ops.op_builder.async_io import AsyncIOBuilder  # the CUDA accelerator's, on any machine
+    from deepspeed.ops.op_builder.cpu.cpu_adam import CPUAdamBuilder  # what the CUDA accelerator maps cpu_adam to
+    from deepspeed.ops.op_builder.pin_memory import PinMemoryBuilder
+
+    builders = {"cpu_adam": CPUAdamBuilder(), "async_io": AsyncIOBuilder(), "pin_memory": PinMemoryBuilder()}
+    return {name: [s for s in b.sources() if s.endswith((".cu", ".cuh"))] for name, b in builders.items()}
+
+
+def build_env(environ: dict[str, str], cpus: int) -> dict[str, str]:
+    """The environment of DeepSpeed's wheel build: BUILD_VARS, ninja on every core, and where nvcc
+    exists the architecture list DeepSpeed can parse (the environment's own, normalised)."""
+    env = {**environ, **BUILD_VARS, "MAX_JOBS": str(cpus)}
+    if shutil.which("nvcc", path=environ.get("PATH")) or "TORCH_CUDA_ARCH_LIST" in environ:
+        env["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(environ.get("TORCH_CUDA_ARCH_LIST"))
+    return env
+
+
+MARKERS = (("building '", "op"), ("deepspeed build time", "setup"), ("Created wheel", "wheel"))
+"""Lines of DeepSpeed's verbose build that mark its progress in the stage's JSON (an op starting,
+setup.py done, the wheel written)."""
+
+
+def streamed(cmd: list[str], env: dict[str, str], progress) -> tuple[int, str]:  # noqa: ANN001 - (seconds, line) -> None
+    """`cmd` with every output line printed with the seconds since its start (the log shows how far
+    a build came when it is cut), `progress` told of each MARKERS line; (exit code, the output's tail)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    tail: list[str] = []
+    for line in proc.stdout:
+        seconds = time.perf_counter() - start
+        print(f"build +{seconds:6.1f} s: {line.rstrip()}", flush=True)
+        tail = [*tail[-60:], line.rstrip()]
+        if any(m in line for m, _ in MARKERS):
+            progress(round(seconds, 1), line.strip()[:200])
+    return proc.wait(), "\n".join(tail)
+
+
+def op_seconds(timeline: list[list]) -> dict[str, float]:
+    """Op -> seconds, from the build's timeline: each op's start to the next marker."""
+    out = {}
+    for (t, line), (t_next, _) in zip(timeline, timeline[1:]):
+        if line.startswith("building '"):
+            out[line.split("'")[1].rsplit(".", 1)[-1].removesuffix("_op")] = round(t_next - t, 1)
+    return out
+
+
+def build_wheel(sdist: Path, work: Path, progress=lambda seconds, line: None) -> Path:  # noqa: ANN001
     """DeepSpeed's wheel with the ops of BUILD_VARS prebuilt and their debug information stripped."""
     raw, unpacked, packed = work / "raw", work / "unpacked", work / "built"
     for folder in (raw, unpacked):
         shutil.rmtree(folder, ignore_errors=True)
-    env = {**os.environ, **BUILD_VARS, "MAX_JOBS": str(os.cpu_count() or 1)}
-    if shutil.which("nvcc"):
-        env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # Hopper; these ops compile no CUDA kernels anyway
+    env = build_env(dict(os.environ), os.cpu_count() or 1)
     link = os.pathsep.join(libcuda_dirs() + [p for p in env.get("LIBRARY_PATH", "").split(os.pathsep) if p])
     if link:
         env["LIBRARY_PATH"] = link
-    proc = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                "--no-cache-dir", "-w", str(raw), str(sdist)], env)
+    print(f"build: DeepSpeed's ops with TORCH_CUDA_ARCH_LIST={env.get('TORCH_CUDA_ARCH_LIST', '(unset)')}, "
+          f"ninja, MAX_JOBS={env['MAX_JOBS']}", flush=True)
+    code, tail = streamed([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--no-cache-dir", "-w", str(raw), str(sdist)], env, progress)
     wheels = sorted(raw.glob("deepspeed-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise RuntimeError(f"pip wheel {sdist.name} failed: {(proc.stderr or proc.stdout).strip()[-2000:]}")
+    if code != 0 or not wheels:
+        raise RuntimeError(f"pip wheel {sdist.name} failed: {tail[-2000:]}")
     proc = run([sys.executable, "-m", "wheel", "unpack", "-d", str(unpacked), str(wheels[0])])
     if proc.returncode != 0:
         raise RuntimeError(f"wheel unpack failed: {proc.stderr.strip()[-800:]}")
@@ -180,13 +274,19 @@ def install(wheel: Path, site: Path | None) -> None:
         raise RuntimeError(f"pip install {wheel.name} failed: {(proc.stderr or proc.stdout).strip()[-800:]}")
 
 
-def deepspeed_ops(wheels: Path, work: Path, out: Path, site: Path | None) -> dict:
+def deepspeed_ops(wheels: Path, work: Path, out: Path, site: Path | None, report=lambda doc: None) -> dict:  # noqa: ANN001
     """DeepSpeed's ops ready with no JIT build: as carried, from a wheel built earlier on this machine,
-    or built now from the carried sdist; the doc names every op that is not ready."""
+    or built now from the carried sdist; the doc names every op that is not ready. `report` is given
+    the doc as the build goes (the stage's JSON so far)."""
     env = stage_env(site)
     start = time.perf_counter()
     probe = probe_ops(env)
     doc: dict = {"how": "carried"}
+
+    def progress(seconds: float, line: str) -> None:
+        doc.setdefault("timeline", []).append([seconds, line])
+        doc["op_seconds"] = op_seconds(doc["timeline"])
+        report(doc)
     built = sorted((work / "built").glob("deepspeed-*.whl"))
     try:
         if missing_ops(probe) and built:
@@ -197,8 +297,10 @@ def deepspeed_ops(wheels: Path, work: Path, out: Path, site: Path | None) -> dic
             sdists = sorted((wheels / "src").glob("deepspeed-*.tar.gz"))
             if not sdists:
                 raise RuntimeError(f"no DeepSpeed sdist in {wheels / 'src'} to build the ops from: run gather_wheels.sh")
-            doc["how"] = "built"
-            wheel = build_wheel(sdists[0], work)
+            doc |= {"how": "built", "arch_list": build_env(dict(os.environ), 1).get("TORCH_CUDA_ARCH_LIST")}
+            report(doc)
+            wheel = build_wheel(sdists[0], work, progress)
+            doc["wheel_build_s"] = round(time.perf_counter() - start, 1)
             install(wheel, site)
             shutil.copy2(wheel, out / wheel.name)
             doc |= {"wheel": wheel.name, "wheel_bytes": wheel.stat().st_size}
@@ -223,7 +325,12 @@ def main() -> int:
     for folder in (args.work, args.out):
         folder.mkdir(parents=True, exist_ok=True)
     doc: dict = {"aio_ext": aio_extension(args.out)}
-    doc["deepspeed"] = deepspeed_ops(args.wheels, args.work, args.out, args.site)
+
+    def so_far(deepspeed: dict) -> None:  # a cut keeps this ([Note: results survive a cut] in call.py)
+        if args.json:
+            args.json.write_text(json.dumps({**doc, "deepspeed": deepspeed, "ok": False, "partial": True}, indent=2))
+
+    doc["deepspeed"] = deepspeed_ops(args.wheels, args.work, args.out, args.site, so_far)
     failed = ([] if doc["aio_ext"]["ok"] else [f"runtime._aio_ext: {doc['aio_ext']['error']}"])
     failed += [f"deepspeed {p}" for p in doc["deepspeed"]["problems"]]
     if "error" in doc["deepspeed"]:

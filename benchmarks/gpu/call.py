@@ -15,7 +15,8 @@ limit. So nothing waits for the end: the log goes to OUT/run.log line by line, a
 (and, from inside the stage, after each shape the offload and nvme stages measure) the stage's JSON
 is merged into OUT/gpu-results.json and OUT/gpu-results.md is written again (report.publish). A stage
 is started only when at least its `min_s` is left, and runs at most until the call's budget (less
-kit.FINISH_MARGIN_S) or its `cap_s`; `GPUKIT_DEADLINE` (seconds since the epoch) tells it when it
+kit.FINISH_MARGIN_S, and for a stage that is not `reserved` less the planned seconds of the reserved
+stages after it) or its `cap_s`; `GPUKIT_DEADLINE` (seconds since the epoch) tells it when it
 will be stopped, so that it can leave out a shape it has no time for and say so. The stages left
 out are named in the log, in the `kit` entry of the results and on the last line.
 """
@@ -104,13 +105,30 @@ def stage_doc(work: Path, stage: str, code: int | None, seconds: float) -> dict:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        doc = {"ok": False, "error": f"no result: the stage {'was stopped at its limit' if code is None else f'exited {code}'} "
-                                     f"after {seconds:.0f} s without writing {path.name}"}
+        doc = {"ok": False, "no_result": True,
+               "error": f"no result: the stage {'was stopped at its limit' if code is None else f'exited {code}'} "
+                        f"after {seconds:.0f} s without writing {path.name}"}
     except json.JSONDecodeError as exc:
         doc = {"ok": False, "error": f"unreadable {path.name}: {exc}"}
     if code is None and not doc.get("partial"):
         doc = {**doc, "ok": False, "partial": True}
     return doc
+
+
+def kept_for(later: list[str]) -> dict[str, int]:
+    """The reserved stages among `later` -> their planned seconds, which a stage that is not reserved
+    leaves them ([Note: sizing the call] in kit.py)."""
+    return {s: kit.STAGES[s].h200_s for s in later if kit.STAGES[s].reserved}
+
+
+def _kept(kept: dict[str, int]) -> str:
+    return f" ({sum(kept.values())} s kept for {' '.join(kept)})" if kept else ""
+
+
+def next_call(skipped: list[str]) -> str:
+    """The command of the call that runs what this one skipped; install first (seconds where it is
+    done already, and needed on a fresh machine)."""
+    return "bash benchmarks/gpu/run.sh " + " ".join(["install", *(s for s in skipped if s != "install")])
 
 
 def plan(stages: list[str], budget_s: float, environ: dict[str, str]) -> dict:
@@ -128,18 +146,20 @@ def run_call(stages: list[str], budget_s: float, work: Path, out: Path, stage_cm
     record = plan(stages, budget_s, environ)
     start = clock() - spent_s
     try:
-        for stage in stages:
+        for i, stage in enumerate(stages):
             spec = kit.STAGES[stage]
-            left = budget_s - (clock() - start) - kit.FINISH_MARGIN_S
+            kept = kept_for(stages[i + 1:]) if not spec.reserved else {}
+            left = budget_s - (clock() - start) - kit.FINISH_MARGIN_S - sum(kept.values())
             if left < spec.min_s:
                 record["skipped"].append(stage)
-                log.line(f"== stage {stage}: skipped, {max(left, 0):.0f} s left of the call and it needs {spec.min_s} s")
+                log.line(f"== stage {stage}: skipped, {max(left, 0):.0f} s left of the call{_kept(kept)} and it needs "
+                         f"{spec.min_s} s")
                 report.publish(out, "kit", record)
                 continue
             cap = spec.dry_cap_s if record["dry_run"] and spec.dry_cap_s else spec.cap_s
             limit = min(left, cap)
             env = {**environ, "GPUKIT_DEADLINE": f"{time.time() + limit:.0f}", "GPUKIT_STAGE": stage}
-            log.line(f"== stage {stage}: {time.strftime('%H:%M:%S', time.gmtime())} UTC, limit {limit:.0f} s "
+            log.line(f"== stage {stage}: {time.strftime('%H:%M:%S', time.gmtime())} UTC, limit {limit:.0f} s{_kept(kept)} "
                      f"(expected on an H200: {spec.h200_s} s)")
             code, seconds = run_stage([*stage_cmd, stage], limit, env, log)
             doc = stage_doc(work, stage, code, seconds)
@@ -153,7 +173,7 @@ def run_call(stages: list[str], budget_s: float, work: Path, out: Path, stage_cm
         report.publish(out, "kit", record)
         if record["skipped"]:
             log.line(f"run.sh: skipped, the call's budget of {budget_s:.0f} s was spent: {' '.join(record['skipped'])} "
-                     f"(another call: bash benchmarks/gpu/run.sh {' '.join(record['skipped'])})")
+                     f"(another call: {next_call(record['skipped'])})")
         failed = [s for s, r in record["ran"].items() if r["status"] != "ok"]
         log.line(f"run.sh: {len(record['ran'])} stage(s) ran in {record['elapsed_s']:.0f} s of {budget_s:.0f} s; "
                  f"failed: {' '.join(failed) or 'none'}; skipped: {' '.join(record['skipped']) or 'none'}")

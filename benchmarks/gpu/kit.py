@@ -109,39 +109,59 @@ class Stage(NamedTuple):
     """The most it may take: a stage that hangs leaves the rest of the call to the stages after it."""
     dry_cap_s: int | None = None
     """The cap in a dry run on the CPU, where it differs (compiling on a few shared cores)."""
+    reserved: bool = False
+    """A stage that measures our tiers: a stage before it in the call that is not reserved runs only in
+    what is left less the planned seconds of the reserved stages after it, so that a baseline's
+    build never takes our own measurement's time."""
 
 
 STAGES = {
     "install": Stage("install the carried wheels (.whl/) and the project (editable, for `planner`); the carried "
-                     "io_uring extension into runtime/", 40, 20, 150),
+                     "io_uring extension into runtime/", 30, 20, 150, reserved=True),
     "build": Stage("runtime._aio_ext and DeepSpeed's cpu_adam, async_io and pin_memory ops prebuilt into a "
-                   "DeepSpeed wheel (returned in OUT; a carried one is only checked): no JIT build later", 150, 45, 300,
-                   dry_cap_s=3600),
+                   "DeepSpeed wheel (returned in OUT; a carried one is only checked): the one place ops compile",
+                   120, 45, 240, dry_cap_s=3600),
     "offload": Stage("the host-memory tier vs FSDP2 CPUOffloadPolicy and DeepSpeed ZeRO-3 CPU offload, and "
-                     "all-on-GPU (ours, plain torch), the 1.1 B Llama in bf16 at seq 4096 and 2048", 140, 90, 240),
-    "nvme": Stage("the NVMe tier vs DeepSpeed ZeRO-Infinity (aio qd 128 x 1 thread) and the step's NVMe "
-                  "roofline, a 4-layer cut of the Llama, merged after each shape", 100, 70, 240),
-    "planner": Stage("planner probe -> fit -> run -> compare for the cpu, nvme and device plans", 110, 60, 240),
-    "staged": Stage("the host tier's staged copies timed piece by piece, and a sampled trace of its threads", 30, 20, 90),
-    "pytest": Stage("pytest -m gpu (two ranks share the GPU over gloo where a test needs several)", 70, 40, 180),
+                     "all-on-GPU (ours, plain torch), the 1.1 B Llama in bf16 at seq 4096 and 2048", 120, 90, 240,
+                     reserved=True),
+    "nvme": Stage("the NVMe tier and the step's NVMe roofline, beside DeepSpeed ZeRO-Infinity (aio qd 128 x 1 "
+                  "thread) where its ops are prebuilt, a 4-layer cut of the Llama, merged after each shape", 100, 60,
+                  240, reserved=True),
+    "pytest": Stage("pytest -m gpu (two ranks share the GPU over gloo where a test needs several)", 60, 55, 180),
     "parity": Stage("one-GPU parity with plain torch on the fp32 MLP (losses; bitwise where the math is identical)",
-                    15, 10, 60),
-    "device": Stage("the fp32 MLP all on the GPU: ours vs plain torch", 45, 30, 90),
+                    15, 12, 60),
+    "device": Stage("the fp32 MLP all on the GPU: ours vs plain torch", 35, 30, 90),
+    "planner": Stage("planner probe -> fit -> run -> compare for the cpu, nvme and device plans", 150, 60, 240),
+    "staged": Stage("the host tier's staged copies timed piece by piece, and a sampled trace of its threads", 30, 30, 90),
 }
 """Stage -> what it shows and its time, in run order: the offload tiers first (`run.sh` with no stage
 runs them all, each under what is left of the call's budget).
 
 [Note: sizing the call]
 One call on a fresh machine has CALL_BUDGET_S (420 s by default: the device's 15 minutes hold one
-start, one 7-minute call and a second, shorter call). `h200_s` is the plan, from the first H200 run
-(docs/notes/2026-11-26-first-gpu-run.md: install 37 s, pytest 34 s, parity 13 s, the MLP device
-comparison 42 s, planner with two 1.2 B chains 61 s, the MLP offload comparison 109 s of which a JIT
-build of cpu_adam was about half) and the sizes of benchmarks/gpu/bench_llama.py. `build` is about
-150 s the first time (DeepSpeed's setup.py compiles its three ops one after the other, cpu_adam's
-two heavy files alone about a minute; then the wheel, stripped, installed and loaded) and about 5 s
-once its outputs are carried. A fresh call with nothing carried runs install, build and offload,
-starts nvme with about 80 s (its first shape fits; the second is left out and named) and skips the
-rest by name; with the built ops carried, nvme runs whole and the planner chains fit too.
+start, one 7-minute call and a second, shorter one: 330 s and 290 s on 2026-11-28). `h200_s` is the
+plan, from the H200 calls of 2026-11-28 (benchmarks/gpu/runs/2026-11-28-h200-call{1,2,3}.json;
+docs/notes/2026-11-28-h200-offload-tiers.md): install 26 s, offload 162 s, planner 141 s (three
+chains), staged 29 s, pytest 49 s, parity 11 s, device 30 s, each planned a little above. `offload`
+took 162 s with a JIT build of DeepSpeed's cpu_adam inside its 103.5 s of building systems; with the
+ops prebuilt it compiles nothing ([Note: DeepSpeed's ops are the build stage's] in bench_llama.py):
+planned 120 s. `nvme` has not run on a GPU yet: 100 s is the estimate of its sizes (probe, two
+systems, two shapes of three steps each with an adjacent probe). `build` compiled nothing on a GPU
+yet either (its first two tries stopped at the architecture list, the third ran serially past its 279 s):
+120 s is the ninja build's estimate ([Note: a short build] in build_ops.py), and about 5 s once its
+outputs are carried.
+
+The order keeps our tiers first: install, build, offload and nvme are 30 + 120 + 120 + 100 = 370 s
+of a fresh call's 410 (less FINISH_MARGIN_S), and `build` is the only stage there that serves no
+measurement of ours, so offload, nvme (and install) are `reserved`: the build runs in what is left
+less their 220 s (a limit of about 164 s after a 26 s install), and a build that runs past it is
+stopped with offload and nvme still ahead, their DeepSpeed systems then left out by name. The
+checks come next (pytest, parity, device: 110 s; each starts only with at least its measured
+seconds left, `min_s`, as none of them keeps a partial result), then the planner chains (150 s) and the staged
+trace (30 s): a fresh call runs what fits of them; the second call (`bash benchmarks/gpu/run.sh
+install pytest parity device planner staged`, as its log's last lines say) runs the rest in
+60 + 15 + 35 + 150 + 30 = 290 s. With the built ops carried the build takes seconds and the checks
+fit in the first call.
 """
 
 CALL_BUDGET_S = 420

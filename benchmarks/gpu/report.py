@@ -5,7 +5,7 @@ benchmarks/RESULTS.md.
     python benchmarks/gpu/report.py env                          # the GPU, driver, torch and CUDA, as JSON
     python benchmarks/gpu/report.py junit XML OUT.json [--no-gpu]   # pytest's JUnit XML -> counts and failures
     python benchmarks/gpu/report.py publish OUTDIR STAGE FILE    # one stage's JSON into OUTDIR's results
-    python benchmarks/gpu/report.py md RESULTS.json... [--write-results]   # markdown (several calls' files merge)
+    python benchmarks/gpu/report.py md RESULTS.json... [--write-results]   # markdown; several calls merge (`merge`)
 
 On the GPU machine `call.py` and the stages publish into OUT ([Note: results survive a cut] in
 call.py); here, `md --write-results` on the fetched gpu-results.json files replaces the `gpu`
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import platform
 import subprocess
 import sys
@@ -111,23 +112,40 @@ class MustShow(NamedTuple):
     """None: not measured in these results."""
 
 
+def not_measured(doc: dict, *systems: str) -> str:
+    """Why a must-show read off `doc` has no number: a system left out (its reason), the stage's own
+    error, or plainly not measured."""
+    why = next((doc["left_out"][s] for s in systems if s in doc.get("left_out", {})), None)
+    if why is None and doc.get("error"):
+        why = first_error_line(str(doc["error"]))
+    return "not measured" if why is None else "not measured: " + why.removeprefix("not measured: ")
+
+
+def first_error_line(text: str) -> str:
+    """The line of a long error that says what went wrong (`XError: ...`), else its first line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", line)]
+    return (errors[-1] if errors else lines[0] if lines else text)[:300]
+
+
 def _per_shape(doc: dict, key: str, bound: float, *, at_most: bool = True) -> tuple[str, bool | None]:
     values = {name: shape["ratios"][key] for name, shape in doc.get("shapes", {}).items() if key in shape.get("ratios", {})}
     if not values:
-        return "not measured", None
+        systems = key.split(" step time")[0].split(" throughput")[0].split(" / ")
+        return not_measured(doc, *reversed(systems)), None
     met = all(v <= bound if at_most else v >= bound for v in values.values())
     return "; ".join(f"{v:.3f} at {name}" for name, v in values.items()), met
 
 
 def _at_seq(doc: dict, seq: int, key: str, bound: float) -> tuple[str, bool | None]:
     shapes = {n: s for n, s in doc.get("shapes", {}).items() if s.get("seq") == seq and key in s.get("ratios", {})}
-    return _per_shape({"shapes": shapes}, key, bound, at_most=False)
+    return _per_shape({**doc, "shapes": shapes}, key, bound, at_most=False)
 
 
 def _roofline(doc: dict) -> tuple[str, bool | None]:
     values = {n: s[ROOFLINE]["median"] for n, s in doc.get("shapes", {}).items() if ROOFLINE in s}
     if not values:
-        return "not measured", None
+        return not_measured(doc, "ours-nvme"), None
     return "; ".join(f"{v:.3f} at {n}" for n, v in values.items()), all(v <= 1.2 for v in values.values())
 
 
@@ -174,7 +192,8 @@ def must_shows(doc: dict) -> list[MustShow]:
 
 
 def _must_show_table(doc: dict) -> list[str]:
-    dry = " (a dry run on the CPU: these numbers check the kit and measure nothing)" if doc.get("kit", {}).get("dry_run") else ""
+    dry = (" (a dry run on the CPU: these numbers check the kit and measure nothing)"
+           if any(k.get("dry_run") for k in doc.get("calls") or [doc.get("kit", {})]) else "")
     lines = [f"**Must-shows** (read off the results below){dry}:", "", "| claim | target | measured | met |",
              "|---|---|---|---|"]
     word = {True: "met", False: "**not met**", None: "not measured"}
@@ -182,12 +201,50 @@ def _must_show_table(doc: dict) -> list[str]:
     return [*lines, ""]
 
 
-def _call(kit: dict) -> list[str]:
+def _one_call(kit: dict) -> str:
     ran = ", ".join(f"{s} {r['status']} {r['seconds']:.0f} s (planned {kit['expected_h200_s'].get(s, '?')})"
                     for s, r in kit.get("ran", {}).items())
     skipped = ", ".join(kit.get("skipped", [])) or "none"
-    return [f"**The call** ({'dry run on the CPU, ' if kit.get('dry_run') else ''}budget {kit['budget_s']:.0f} s, "
-            f"{kit.get('elapsed_s', 0):.0f} s used): {ran or 'no stage ran'}; skipped for time: {skipped}.", ""]
+    return (f"({'dry run on the CPU, ' if kit.get('dry_run') else ''}budget {kit['budget_s']:.0f} s, "
+            f"{kit.get('elapsed_s', 0):.0f} s used): {ran or 'no stage ran'}; skipped for time: {skipped}")
+
+
+def _calls(doc: dict) -> list[str]:
+    """The call, or each of several calls (`merge`) with the stages whose results are its."""
+    calls = doc.get("calls") or ([doc["kit"]] if "kit" in doc else [])
+    if len(calls) == 1:
+        return [f"**The call** {_one_call(calls[0])}.", ""]
+    lines = [f"**The calls** ({len(calls)}; each stage's result below is from the last call that ran it with a "
+             "result):", ""]
+    for i, kit in enumerate(calls, 1):
+        used = [s for s, c in doc.get("from_call", {}).items() if c == i]
+        lines.append(f"{i}. {_one_call(kit)}; results used from it: {', '.join(used) or 'none'}.")
+    return [*lines, ""]
+
+
+def has_result(stage_doc: dict) -> bool:
+    """A stage's own document, not the call's note that the stage left none (call.stage_doc)."""
+    return not stage_doc.get("no_result") and not str(stage_doc.get("error", "")).startswith("no result")
+
+
+def merge(calls: list[dict]) -> dict:
+    """Several calls' gpu-results.json as one document: each stage's result from the last call that ran
+    it with a result (a call whose stage left none keeps an earlier call's), `env` from the last call,
+    every call's `kit` record in `calls` and the call each stage's result came from in `from_call`."""
+    doc: dict = {"calls": [], "from_call": {}}
+    for i, results in enumerate(calls, 1):
+        if "kit" in results:
+            doc["calls"].append(results["kit"])
+        for stage, result in results.items():
+            if stage == "kit":
+                continue
+            if stage == "env" or has_result(result) or stage not in doc:
+                doc[stage] = result
+                doc["from_call"][stage] = i
+    doc["from_call"].pop("env", None)
+    if len(doc["calls"]) == 1:
+        doc["kit"] = doc["calls"][0]
+    return doc
 
 
 def _did_not_run(title: str, doc: dict) -> list[str]:
@@ -272,13 +329,26 @@ def _staged(doc: dict) -> list[str]:
 
 
 def _build(doc: dict) -> list[str]:
+    if "aio_ext" not in doc and "deepspeed" not in doc:
+        return _did_not_run("Build", doc)
     ext, ds = doc.get("aio_ext", {}), doc.get("deepspeed", {})
     said = [f"runtime._aio_ext {ext.get('how', 'failed')}" + (f" (io_uring {'yes' if ext.get('io_uring') else 'no'})"
                                                               if ext.get("ok") else ""),
-            f"DeepSpeed's {', '.join(ds.get('probe', {}).get('ops', {})) or 'ops'} {ds.get('how', 'not built')}"
-            + (f" in {ds['seconds']:.0f} s" if ds.get("seconds") else "")]
-    failed = "; failed: " + "; ".join(doc["failed"]) if doc.get("failed") else ""
-    return [f"**Build**: {'; '.join(said)}{failed}.", ""]
+            f"DeepSpeed's {', '.join(ds.get('probe', {}).get('ops', {})) or 'ops'} "
+            + (f"{ds.get('how', 'not built')}" if ds.get("ok") else "not ready")
+            + (f" after {ds['seconds']:.0f} s" if ds.get("seconds") else "")
+            + (f" (TORCH_CUDA_ARCH_LIST={ds['arch_list']})" if ds.get("arch_list") else "")]
+    if ds.get("op_seconds"):
+        said.append("seconds per op: " + ", ".join(f"{op} {t:.0f}" for op, t in ds["op_seconds"].items()))
+    if ds.get("error"):  # the cause; the ops it left unbuilt follow from it
+        said.append(f"the build failed: {first_error_line(ds['error'])}")
+    elif ds.get("problems"):
+        said.append("; ".join(ds["problems"]))
+    if doc.get("partial"):
+        said.append("stopped at its limit while building")
+    if ext.get("error"):
+        said.append(first_error_line(ext["error"]))
+    return [f"**Build**: {'; '.join(said)}.", ""]
 
 
 def _checks(doc: dict) -> list[str]:
@@ -322,14 +392,14 @@ SECTIONS = (
 
 def markdown(doc: dict) -> str:
     e = doc.get("env", {})
-    dry = doc.get("kit", {}).get("dry_run")
+    dry = any(k.get("dry_run") for k in doc.get("calls") or [doc.get("kit", {})])
     gpu = e.get("gpu") or ("none, a dry run on the CPU" if dry else e.get("nvidia_smi", "unknown GPU"))
     lines = ["## On a GPU: `bash benchmarks/gpu/run.sh`", "",
              f"GPU: **{gpu}** (nvidia-smi: {e.get('nvidia_smi')}); torch {e.get('torch')}, CUDA {e.get('cuda')}, "
              f"Python {e.get('python')}, {e.get('cpu_count')} CPUs, kernel {e.get('kernel')}. Every ratio is measured "
              "side by side in one process on the same model, batch, precision and GPU (docs/gpu.md).", ""]
-    if "kit" in doc:
-        lines += _section("The call", _call, doc["kit"])
+    if "kit" in doc or doc.get("calls"):
+        lines += _section("The call", _calls, doc)
     lines += _section("Must-shows", _must_show_table, doc)
     lines += _section("Checks", _checks, doc)
     for stage, render in SECTIONS:
@@ -350,10 +420,7 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["md"] and len(argv) > 1:
         files = [a for a in argv[1:] if a != "--write-results"]
-        doc: dict = {}
-        for f in files:
-            doc |= json.loads(Path(f).read_text())
-        text = markdown(doc)
+        text = markdown(merge([json.loads(Path(f).read_text()) for f in files]))
         print(text)
         if "--write-results" in argv:
             sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU kit: the offload tiers first, then the planner, the traces and the checks, in ONE call of at
+# The GPU kit: the offload tiers first, then the checks, the planner and the traces, in ONE call of at
 # most CALL_BUDGET_S seconds (default 420) on a fresh one-GPU machine with no network. docs/gpu.md
 # says how to run it and what each stage shows; kit.py's STAGES is the plan ([Note: sizing the call]).
 #
@@ -12,8 +12,9 @@
 # with the files a call returned, so that DeepSpeed's ops and the io_uring extension built there travel
 # from then on). Then copy the repository with .whl/ to the GPU machine and run, under a 450 s limit:
 #   CALL_BUDGET_S=420 bash benchmarks/gpu/run.sh
-# Order: install, build, offload, nvme, planner, staged, pytest, parity, device. Each stage runs under
-# what is left of CALL_BUDGET_S (benchmarks/gpu/call.py); one that no longer fits is skipped and named.
+# Order: install, build, offload, nvme, pytest, parity, device, planner, staged. Each stage runs under
+# what is left of CALL_BUDGET_S (benchmarks/gpu/call.py), the build under what install, offload and nvme
+# leave it; one that no longer fits is skipped and named, with the command of the call that runs it.
 # Results land in OUT (--out, else $OUT, else out/gpu; out/gpu-dry for a dry run) as each stage ends:
 # gpu-results.json, gpu-results.md (the section for benchmarks/RESULTS.md, must-shows met / not met),
 # run.log, and what `build` built (a DeepSpeed wheel with its ops, runtime/_aio_ext*.so). Back on the
@@ -141,7 +142,11 @@ stage_build() {
   "$PY" "$KIT/build_ops.py" --wheels "$WHEELS" --work "$WORK" --out "$OUT_DIR" --site "$SITE" --json "$WORK/build.json"
 }
 
-stage_offload() { "$PY" "$KIT/bench_llama.py" offload --profile "$PROFILE" --out "$WORK/offload.json"; }
+stage_offload() {  # on the GPU DeepSpeed's ops are the build stage's, never compiled here ([Note: DeepSpeed's ops are the build stage's] in bench_llama.py)
+  local opts=(--profile "$PROFILE" --out "$WORK/offload.json")
+  [ "$DRY" = 1 ] || opts+=(--require-prebuilt)
+  "$PY" "$KIT/bench_llama.py" offload "${opts[@]}"
+}
 
 stage_nvme() {
   local opts=(--profile "$PROFILE" --nvme-path "$NVME_PATH" --out "$WORK/nvme.json")
