@@ -357,6 +357,7 @@ def _checks(doc: dict) -> list[str]:
         p = doc["pytest"]
         lines += [f"`pytest -m gpu`: {p.get('passed', 0)} passed, {p.get('failed', 0)} failed, {p.get('errors', 0)} errors, "
                   f"{p.get('skipped', 0)} skipped" + (": " + ", ".join(p["failures"][:10]) if p.get("failures") else "")
+                  + (f" and {len(p['failures']) - 10} more (pytest.json)" if len(p.get("failures", [])) > 10 else "")
                   + ".", ""]
     par = doc.get("parity")
     if par is not None and "systems" in par:
