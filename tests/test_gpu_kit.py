@@ -563,3 +563,16 @@ def test_the_builds_timeline_gives_each_ops_seconds(tmp_path: Path) -> None:
     code, tail = build_ops.streamed([sys.executable, str(script)], dict(os.environ), lambda t, line: seen.append(line))
     assert code == 3 and tail.splitlines()[0] == "compiling"
     assert seen == ["building 'deepspeed.ops.adam.cpu_adam_op' extension", "deepspeed build time = 1 secs"]
+
+
+def test_the_build_log_shows_each_file_ninja_finished_each_link_and_errors() -> None:
+    ninja = ("[2/3] c++ -MMD -MF /tmp/pip-req-build-x/build/temp/csrc/pin_memory/page_alloc.o.d -O3 -Wall -fPIC "
+             "-I/tmp/pip-req-build-x/csrc/pin_memory -c -c /tmp/pip-req-build-x/csrc/pin_memory/page_alloc.cpp "
+             "-o /tmp/pip-req-build-x/build/temp/csrc/pin_memory/page_alloc.o -std=c++20")
+    assert build_ops.brief(ninja) == "[2/3] compiled page_alloc.cpp"
+    assert build_ops.brief("  x86_64-linux-gnu-g++ -shared -Wl,-O1 a.o -o build/lib/deepspeed/ops/adam/cpu_adam_op.so"
+                           ) == "linked cpu_adam_op.so"
+    assert build_ops.brief("  building 'deepspeed.ops.aio.async_io_op' extension") == (
+        "building 'deepspeed.ops.aio.async_io_op' extension")
+    assert build_ops.brief("  csrc/adam/cpu_adam_impl.cpp:12:3: error: 'x' was not declared") is not None
+    assert build_ops.brief("  copying deepspeed/runtime/errors.py -> build/lib/deepspeed/runtime") is None

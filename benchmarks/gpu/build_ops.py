@@ -46,8 +46,9 @@ heavy ones), async_io 12 (`-O0`), pin_memory 3 (`-O3 -g`); every file includes t
 headers, which is most of a light file's time. On 16 cores with ninja the build is about the
 slowest file of each op, one op after the other; serially it is the sum of all 17 (call 3 of
 2026-11-28, serial, was cut after 279 s). The wheel build's output is streamed into the log with
-the seconds since its start, and WORK/build.json is rewritten as each op starts, so a build cut at
-its limit still says how far it came and what each op took ([Note: sizing the call] in kit.py).
+the seconds since its start (each file as ninja finishes it, each link; all of it in
+WORK/deepspeed-build.log), and WORK/build.json is rewritten as each op starts, so a build cut at its
+limit still says how far it came and what each op and file took ([Note: sizing the call] in kit.py).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -208,18 +210,39 @@ MARKERS = (("building '", "op"), ("deepspeed build time", "setup"), ("Created wh
 setup.py done, the wheel written)."""
 
 
-def streamed(cmd: list[str], env: dict[str, str], progress) -> tuple[int, str]:  # noqa: ANN001 - (seconds, line) -> None
-    """`cmd` with every output line printed with the seconds since its start (the log shows how far
-    a build came when it is cut), `progress` told of each MARKERS line; (exit code, the output's tail)."""
+def brief(line: str) -> str | None:
+    """What the log shows of a line of DeepSpeed's verbose build: the markers, each file ninja finished
+    (`[3/12] deepspeed_py_aio.cpp`: ninja prints a command as it ends), each link, errors; None for the
+    rest (the whole output goes to a file in WORK)."""
+    text = line.strip()
+    compiled = re.match(r"^(\[\d+/\d+\]) .* -c (\S+) -o ", text)
+    if compiled:
+        return f"{compiled[1]} compiled {Path(compiled[2]).name}"
+    linked = re.match(r"^\S*(?:c\+\+|g\+\+)\S* .*-shared .*-o (\S+)", text)
+    if linked:
+        return f"linked {Path(linked[1]).name}"
+    if any(m in text for m, _ in MARKERS) or re.search(r"\berror\b|Error:|Traceback", text):
+        return text[:300]
+    return None
+
+
+def streamed(cmd: list[str], env: dict[str, str], progress, full_log: Path | None = None) -> tuple[int, str]:  # noqa: ANN001
+    """`cmd`, its `brief` lines printed with the seconds since its start (the log shows how far a build
+    came and what each file took when it is cut), `progress` told (seconds, line) of each MARKERS
+    line, every line kept in `full_log`; (exit code, the output's tail)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
     tail: list[str] = []
-    for line in proc.stdout:
-        seconds = time.perf_counter() - start
-        print(f"build +{seconds:6.1f} s: {line.rstrip()}", flush=True)
-        tail = [*tail[-60:], line.rstrip()]
-        if any(m in line for m, _ in MARKERS):
-            progress(round(seconds, 1), line.strip()[:200])
+    with open(full_log or os.devnull, "w") as keep:
+        for line in proc.stdout:
+            seconds = time.perf_counter() - start
+            keep.write(line)
+            shown = brief(line)
+            if shown is not None:
+                print(f"build +{seconds:6.1f} s: {shown}", flush=True)
+            tail = [*tail[-60:], line.rstrip()]
+            if any(m in line for m, _ in MARKERS):
+                progress(round(seconds, 1), line.strip()[:200])
     return proc.wait(), "\n".join(tail)
 
 
@@ -244,7 +267,7 @@ def build_wheel(sdist: Path, work: Path, progress=lambda seconds, line: None) ->
     print(f"build: DeepSpeed's ops with TORCH_CUDA_ARCH_LIST={env.get('TORCH_CUDA_ARCH_LIST', '(unset)')}, "
           f"ninja, MAX_JOBS={env['MAX_JOBS']}", flush=True)
     code, tail = streamed([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index",
-                           "--no-cache-dir", "-w", str(raw), str(sdist)], env, progress)
+                           "--no-cache-dir", "-w", str(raw), str(sdist)], env, progress, work / "deepspeed-build.log")
     wheels = sorted(raw.glob("deepspeed-*.whl"))
     if code != 0 or not wheels:
         raise RuntimeError(f"pip wheel {sdist.name} failed: {tail[-2000:]}")

@@ -203,7 +203,8 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import kit
 for name, s in kit.STAGES.items():
-    print(f"{name}\t{s.h200_s} s on an H200 (starts with {s.min_s} s left, at most {s.cap_s} s)\t{s.what}")
+    kept = "; reserved: the stages before it that are not leave it these seconds" if s.reserved else ""
+    print(f"{name}\t{s.h200_s} s on an H200 (starts with {s.min_s} s left, at most {s.cap_s} s{kept})\t{s.what}")
 print(f"call budget: CALL_BUDGET_S, default {kit.CALL_BUDGET_S} s")
 EOF
     exit 0 ;;
