@@ -25,9 +25,9 @@ The build stage is the one place DeepSpeed's ops are compiled (benchmarks/gpu/bu
 prebuilt in the DeepSpeed it imports (`installed_ops`), or a DeepSpeed that does not import, is left
 out by name with the reason (`left_out` in the JSON, "not measured" in the must-shows), DeepSpeed's JIT
 build is disabled in the process (an op it would still compile fails that system by name, within
-seconds), and every other system, ours first, is measured as if it were not there. Before this, the
-offload stage JIT-built cpu_adam inside its own time (2026-11-28, call 1: 103.5 s building its systems)
-while the NVMe stage refused as a whole, leaving our NVMe tier unmeasured for want of a baseline.
+seconds), and every other system, ours first, is measured as if it were not there: a baseline's
+absence never stops our own measurement, and no measured stage spends its time compiling
+(docs/notes/2026-11-28-h200-offload-tiers.md: the NVMe tier unmeasured while DeepSpeed lacked its ops).
 """
 
 from __future__ import annotations

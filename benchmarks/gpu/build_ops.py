@@ -27,8 +27,8 @@ the dry run never changes the environment it runs in.
 The GPU image sets TORCH_CUDA_ARCH_LIST=9.0a (Hopper with its architecture-specific instructions).
 DeepSpeed 0.19.8's `CUDAOpBuilder.compute_capability_args` parses each entry as MAJOR.MINOR[+PTX]
 with `int(minor_part.split('+')[0])`, which raises on `0a`; setup.py calls it for every CUDA op it
-prebuilds (async_io is one), so the whole wheel build stopped before compiling anything (two calls
-of 2026-11-28 on an H200). The build therefore always passes DeepSpeed the list with each entry's
+prebuilds (async_io is one), so the whole wheel build stops before compiling anything
+(docs/notes/2026-11-28-h200-offload-tiers.md). The build therefore always passes DeepSpeed the list with each entry's
 letter suffix dropped (`9.0a` -> `9.0`, `10.0f` -> `10.0`, `+PTX` kept), whatever the environment
 holds. Dropping it changes no code: the list only becomes nvcc's `-gencode` flags, and none of the
 three ops compiles a file with nvcc. async_io is the one CUDA extension (CUDAOpBuilder) and its
@@ -42,10 +42,10 @@ architecture-specific instructions.)
 setup.py compiles each prebuilt op as one extension, the ops one after another. Without
 DS_ENABLE_NINJA torch's BuildExtension compiles an extension's files one at a time; with it, ninja
 compiles them MAX_JOBS at a time. The ops' files: cpu_adam 2 (`-O3 -g`, AVX-512 templates: the
-heavy ones), async_io 12 (`-O0`), pin_memory 3 (`-O3 -g`); every file includes torch's extension
-headers, which is most of a light file's time. On 16 cores with ninja the build is about the
-slowest file of each op, one op after the other; serially it is the sum of all 17 (call 3 of
-2026-11-28, serial, was cut after 279 s). The wheel build's output is streamed into the log with
+heavy ones), async_io 12 (`-O0`), pin_memory 3 (`-O3 -g`); 13 of the 17 (cpu_adam 2, async_io 9,
+pin_memory 2) include torch's extension headers, which is most of such a file's time, and the other
+4 compile in seconds. On 16 cores with ninja the build is about the slowest file of each op, one op
+after the other; serially it is the sum of the 13. The wheel build's output is streamed into the log with
 the seconds since its start (each file as ninja finishes it, each link; all of it in
 WORK/deepspeed-build.log), and WORK/build.json is rewritten as each op starts, so a build cut at its
 limit still says how far it came and what each op and file took ([Note: sizing the call] in kit.py).

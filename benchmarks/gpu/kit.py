@@ -139,17 +139,14 @@ runs them all, each under what is left of the call's budget).
 
 [Note: sizing the call]
 One call on a fresh machine has CALL_BUDGET_S (420 s by default: the device's 15 minutes hold one
-start, one 7-minute call and a second, shorter one: 330 s and 290 s on 2026-11-28). `h200_s` is the
-plan, from the H200 calls of 2026-11-28 (benchmarks/gpu/runs/2026-11-28-h200-call{1,2,3}.json;
-docs/notes/2026-11-28-h200-offload-tiers.md): install 26 s, offload 162 s, planner 141 s (three
-chains), staged 29 s, pytest 49 s, parity 11 s, device 30 s, each planned a little above. `offload`
-took 162 s with a JIT build of DeepSpeed's cpu_adam inside its 103.5 s of building systems; with the
-ops prebuilt it compiles nothing ([Note: DeepSpeed's ops are the build stage's] in bench_llama.py):
-planned 120 s. `nvme` has not run on a GPU yet: 100 s is the estimate of its sizes (probe, two
-systems, two shapes of three steps each with an adjacent probe). `build` compiled nothing on a GPU
-yet either (its first two tries stopped at the architecture list, the third ran serially past its 279 s):
-120 s is the ninja build's estimate ([Note: a short build] in build_ops.py), and about 5 s once its
-outputs are carried.
+start, one 7-minute call and a second, shorter one). `h200_s` is the plan: each stage's seconds as
+measured in the H200 calls (benchmarks/gpu/runs/; docs/notes/2026-11-28-h200-offload-tiers.md has
+them), planned a little above. `offload` is planned without the JIT build of DeepSpeed's cpu_adam
+that its measured seconds held: it compiles nothing now ([Note: DeepSpeed's ops are the build
+stage's] in bench_llama.py). `nvme` and `build` have no measured seconds yet: nvme's 100 s is the
+estimate of its sizes (probe, two systems, two shapes of three steps each with an adjacent probe),
+build's 120 s the estimate of a ninja build ([Note: a short build] in build_ops.py), about 5 s once
+its outputs are carried.
 
 The order keeps our tiers first: install, build, offload and nvme are 30 + 120 + 120 + 100 = 370 s
 of a fresh call's 410 (less FINISH_MARGIN_S), and `build` is the only stage there that serves no
