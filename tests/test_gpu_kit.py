@@ -576,3 +576,17 @@ def test_the_build_log_shows_each_file_ninja_finished_each_link_and_errors() -> 
         "building 'deepspeed.ops.aio.async_io_op' extension")
     assert build_ops.brief("  csrc/adam/cpu_adam_impl.cpp:12:3: error: 'x' was not declared") is not None
     assert build_ops.brief("  copying deepspeed/runtime/errors.py -> build/lib/deepspeed/runtime") is None
+
+
+def test_a_stage_stopped_mid_build_does_not_leave_the_next_one_waiting_on_its_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "work"
+    (work / "torch_extensions" / "deepspeed_shm_comm").mkdir(parents=True)
+    (work / "torch_extensions" / "deepspeed_shm_comm" / "lock").write_text("")
+    (work / "torch_extensions" / "deepspeed_shm_comm" / "build.ninja").write_text("")
+    monkeypatch.setattr(call, "run_stage", lambda cmd, limit_s, env, log: (None, limit_s))
+    call.run_call(["offload"], 600, work, tmp_path / "out", ["stage"], {}, clock=lambda: 0.0)
+    assert not (work / "torch_extensions" / "deepspeed_shm_comm" / "lock").exists()
+    assert (work / "torch_extensions" / "deepspeed_shm_comm" / "build.ninja").exists()
+    assert "== stage offload: removed the lock its killed build left on deepspeed_shm_comm" in (
+        tmp_path / "out" / "run.log").read_text()

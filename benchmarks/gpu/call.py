@@ -98,6 +98,18 @@ def run_stage(cmd: list[str], limit_s: float, env: dict[str, str], log: Log) -> 
     return code, time.monotonic() - start
 
 
+def clear_stale_build_locks(work: Path) -> list[str]:
+    """The lock files of torch's extension builds under WORK/torch_extensions (DeepSpeed's JIT cache),
+    removed after a stage was stopped: a build killed with its stage leaves its `lock`, and the next
+    process that loads that extension waits on it for ever (a dry run's first DeepSpeed stage
+    JIT-builds the CPU accelerator's shm_comm op). Returns the extensions whose lock went."""
+    gone = []
+    for lock in sorted((work / "torch_extensions").glob("*/lock")):
+        lock.unlink(missing_ok=True)
+        gone.append(lock.parent.name)
+    return gone
+
+
 def stage_doc(work: Path, stage: str, code: int | None, seconds: float) -> dict:
     """The stage's own JSON (WORK/STAGE.json), or a document saying why there is none."""
     path = work / f"{stage}.json"
@@ -166,6 +178,8 @@ def run_call(stages: list[str], budget_s: float, work: Path, out: Path, stage_cm
             status = "stopped at its limit" if code is None else "ok" if code == 0 and doc.get("ok") else "failed"
             record["ran"][stage] = {"status": status, "exit": code, "seconds": round(seconds, 1)}
             log.line(f"== stage {stage}: {status} (exit {code}) after {seconds:.0f} s")
+            if code is None and (unlocked := clear_stale_build_locks(work)):
+                log.line(f"== stage {stage}: removed the lock its killed build left on {' '.join(unlocked)}")
             report.publish(out, stage, doc)
             report.publish(out, "kit", record)
     finally:
