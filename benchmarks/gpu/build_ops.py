@@ -310,6 +310,7 @@ def deepspeed_ops(wheels: Path, work: Path, out: Path, site: Path | None, report
         doc.setdefault("timeline", []).append([seconds, line])
         doc["op_seconds"] = op_seconds(doc["timeline"])
         report(doc)
+
     built = sorted((work / "built").glob("deepspeed-*.whl"))
     try:
         if missing_ops(probe) and built:
