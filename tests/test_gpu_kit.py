@@ -484,7 +484,7 @@ def test_a_system_whose_step_fails_is_dropped_by_name_and_the_others_are_measure
 
 
 CALLS = sorted((ROOT / "tests/data/gpu_calls").glob("2026-11-28-h200-call*.json"))
-"""The three H200 calls of 2026-11-28 (benchmarks/gpu/runs/), cut to what the report reads."""
+"""The three H200 calls kept as benchmarks/gpu/runs/2026-11-28-h200-call*.json, cut to what the report reads."""
 
 
 def test_several_calls_merge_each_stage_from_the_last_call_that_ran_it_with_a_result() -> None:

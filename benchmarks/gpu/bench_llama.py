@@ -19,15 +19,6 @@ The systems compared, and the NVMe roofline: [Note: the systems compared], above
 `--profile dry` runs the same code on the CPU at a few thousand parameters: the emulated device
 (`CopyEngine.separate_memory_on_cpu`), FSDP2 and DeepSpeed on the host (`run.sh --dry-run`).
 
-[Note: DeepSpeed's ops are the build stage's]
-The build stage is the one place DeepSpeed's ops are compiled (benchmarks/gpu/build_ops.py). With
-`--require-prebuilt` (every GPU run) a stage never compiles one: a DeepSpeed system whose ops are not
-prebuilt in the DeepSpeed it imports (`installed_ops`), or a DeepSpeed that does not import, is left
-out by name with the reason (`left_out` in the JSON, "not measured" in the must-shows), DeepSpeed's JIT
-build is disabled in the process (an op it would still compile fails that system by name, within
-seconds), and every other system, ours first, is measured as if it were not there: a baseline's
-absence never stops our own measurement, and no measured stage spends its time compiling
-(docs/notes/2026-11-28-h200-offload-tiers.md: the NVMe tier unmeasured while DeepSpeed lacked its ops).
 """
 
 from __future__ import annotations
@@ -429,7 +420,17 @@ def publish(doc: dict, out: Path | None, stage: str) -> None:
 
 DEEPSPEED_OPS = {"deepspeed-cpu": ("cpu_adam",), "deepspeed-nvme": ("cpu_adam", "async_io", "pin_memory")}
 """DeepSpeed system -> the ops it loads (DeepSpeedCPUAdam; ZeRO-Infinity's swapper adds async_io,
-which loads pin_memory)."""
+which loads pin_memory).
+
+[Note: DeepSpeed's ops are the build stage's]
+The build stage is the one place DeepSpeed's ops are compiled (benchmarks/gpu/build_ops.py). With
+`--require-prebuilt` (every GPU run) a stage never compiles one: a DeepSpeed system whose ops are not
+prebuilt in the DeepSpeed it imports (`installed_ops`), or a DeepSpeed that does not import, is left
+out by name with the reason (`left_out` in the JSON, "not measured" in the must-shows), DeepSpeed's JIT
+build is disabled in the process (an op it would still compile fails that system by name, within
+seconds), and every other system, ours first, is measured as if it were not there: a baseline's
+absence never stops our own measurement, and no measured stage spends its time compiling
+(docs/notes/2026-11-28-h200-offload-tiers.md: the NVMe tier unmeasured while DeepSpeed lacked its ops)."""
 
 
 def deepspeed_left_out(names: list[str], require_prebuilt: bool) -> dict[str, str]:

@@ -22,33 +22,6 @@ A DeepSpeed already prebuilt (the carried wheel, installed by the install stage)
 earlier on this machine (WORK/built) is only checked. `--site DIR` installs the built wheel there
 (`pip install --target`; the stages put DIR first on PYTHONPATH) instead of into the environment:
 the dry run never changes the environment it runs in.
-
-[Note: the build's architecture list]
-The GPU image sets TORCH_CUDA_ARCH_LIST=9.0a (Hopper with its architecture-specific instructions).
-DeepSpeed 0.19.8's `CUDAOpBuilder.compute_capability_args` parses each entry as MAJOR.MINOR[+PTX]
-with `int(minor_part.split('+')[0])`, which raises on `0a`; setup.py calls it for every CUDA op it
-prebuilds (async_io is one), so the whole wheel build stops before compiling anything
-(docs/notes/2026-11-28-h200-offload-tiers.md). The build therefore always passes DeepSpeed the list with each entry's
-letter suffix dropped (`9.0a` -> `9.0`, `10.0f` -> `10.0`, `+PTX` kept), whatever the environment
-holds. Dropping it changes no code: the list only becomes nvcc's `-gencode` flags, and none of the
-three ops compiles a file with nvcc. async_io is the one CUDA extension (CUDAOpBuilder) and its
-sources are all `.cpp`, compiled by the host compiler; cpu_adam (op_builder/cpu/cpu_adam.py, which
-the CUDA accelerator maps it to) and pin_memory are plain C++ extensions that never read the list;
-`deepspeed_cuda_sources` checks that the builders still say so. (Were a kernel ever compiled for
-`sm_90` instead of `sm_90a`, it would still run on an H100 or H200: the suffix only adds Hopper's
-architecture-specific instructions.)
-
-[Note: a short build]
-setup.py compiles each prebuilt op as one extension, the ops one after another. Without
-DS_ENABLE_NINJA torch's BuildExtension compiles an extension's files one at a time; with it, ninja
-compiles them MAX_JOBS at a time. The ops' files: cpu_adam 2 (`-O3 -g`, AVX-512 templates: the
-heavy ones), async_io 12 (`-O0`), pin_memory 3 (`-O3 -g`); 13 of the 17 (cpu_adam 2, async_io 9,
-pin_memory 2) include torch's extension headers, which is most of such a file's time, and the other
-4 compile in seconds. On 16 cores with ninja the build is about the slowest file of each op, one op
-after the other; serially it is the sum of the 13. The wheel build's output is streamed into the log with
-the seconds since its start (each file as ninja finishes it, each link; all of it in
-WORK/deepspeed-build.log), and WORK/build.json is rewritten as each op starts, so a build cut at its
-limit still says how far it came and what each op and file took ([Note: sizing the call] in kit.py).
 """
 
 from __future__ import annotations
@@ -71,9 +44,36 @@ RETURNED_FILE_BYTES = 16 * 2**20
 """The largest file the device returns from OUT."""
 BUILD_VARS = {"DS_BUILD_OPS": "0", "DS_BUILD_CPU_ADAM": "1", "DS_BUILD_AIO": "1", "DS_BUILD_PIN_MEMORY": "1",
               "DS_ENABLE_NINJA": "1"}
-"""setup.py's switches: no op but these three, each compiled by ninja ([Note: a short build])."""
+"""setup.py's switches: no op but these three, each compiled by ninja.
+
+[Note: a short build]
+setup.py compiles each prebuilt op as one extension, the ops one after another. Without
+DS_ENABLE_NINJA torch's BuildExtension compiles an extension's files one at a time; with it, ninja
+compiles them MAX_JOBS at a time. The ops' files: cpu_adam 2 (`-O3 -g`, AVX-512 templates: the
+heavy ones), async_io 12 (`-O0`), pin_memory 3 (`-O3 -g`); 13 of the 17 (cpu_adam 2, async_io 9,
+pin_memory 2) include torch's extension headers, which is most of such a file's time, and the other
+4 compile in seconds. On 16 cores with ninja the build is about the slowest file of each op, one op
+after the other; serially it is the sum of the 13. The wheel build's output is streamed into the log with
+the seconds since its start (each file as ninja finishes it, each link; all of it in
+WORK/deepspeed-build.log), and WORK/build.json is rewritten as each op starts, so a build cut at its
+limit still says how far it came and what each op and file took ([Note: sizing the call] in kit.py)."""
 GPU_ARCH_LIST = "9.0"
-"""The architecture list for DeepSpeed's build where the environment sets none: Hopper (H100, H200)."""
+"""The architecture list for DeepSpeed's build where the environment sets none: Hopper (H100, H200).
+
+[Note: the build's architecture list]
+The GPU image sets TORCH_CUDA_ARCH_LIST=9.0a (Hopper with its architecture-specific instructions).
+DeepSpeed 0.19.8's `CUDAOpBuilder.compute_capability_args` parses each entry as MAJOR.MINOR[+PTX]
+with `int(minor_part.split('+')[0])`, which raises on `0a`; setup.py calls it for every CUDA op it
+prebuilds (async_io is one), so the whole wheel build stops before compiling anything
+(docs/notes/2026-11-28-h200-offload-tiers.md). The build therefore always passes DeepSpeed the list with each entry's
+letter suffix dropped (`9.0a` -> `9.0`, `10.0f` -> `10.0`, `+PTX` kept), whatever the environment
+holds. Dropping it changes no code: the list only becomes nvcc's `-gencode` flags, and none of the
+three ops compiles a file with nvcc. async_io is the one CUDA extension (CUDAOpBuilder) and its
+sources are all `.cpp`, compiled by the host compiler; cpu_adam (op_builder/cpu/cpu_adam.py, which
+the CUDA accelerator maps it to) and pin_memory are plain C++ extensions that never read the list;
+`deepspeed_cuda_sources` checks that the builders still say so. (Were a kernel ever compiled for
+`sm_90` instead of `sm_90a`, it would still run on an H100 or H200: the suffix only adds Hopper's
+architecture-specific instructions.)"""
 
 _PROBE = r"""
 import json, sys
@@ -154,7 +154,9 @@ def aio_extension(out: Path) -> dict:
     path, io_uring, why = json.loads(proc.stdout.strip().splitlines()[-1])
     if how == "built":
         shutil.copy2(path, out / Path(path).name)
-    return {"ok": True, "how": how, "file": path, "io_uring": bool(io_uring), "io_uring_detail": why,
+    inside = Path(path).resolve().is_relative_to(ROOT)  # the results name the checkout's files relative to it
+    return {"ok": True, "how": how, "file": str(Path(path).resolve().relative_to(ROOT)) if inside else path,
+            "io_uring": bool(io_uring), "io_uring_detail": why,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
