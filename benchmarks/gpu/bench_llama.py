@@ -18,7 +18,6 @@ The systems compared, and the NVMe roofline: [Note: the systems compared], above
 
 `--profile dry` runs the same code on the CPU at a few thousand parameters: the emulated device
 (`CopyEngine.separate_memory_on_cpu`), FSDP2 and DeepSpeed on the host (`run.sh --dry-run`).
-
 """
 
 from __future__ import annotations

@@ -340,6 +340,17 @@ def deepspeed_ops(wheels: Path, work: Path, out: Path, site: Path | None, report
                   "seconds": round(time.perf_counter() - start, 1)}
 
 
+def cpu_comm_op(site: Path | None) -> dict:
+    """On DeepSpeed's CPU accelerator (the dry run): its shm_comm op, which DeepSpeed JIT-builds when
+    its communication starts, built here into TORCH_EXTENSIONS_DIR, so that the offload and nvme
+    stages load it from there instead of compiling it within their caps (minutes on 2 cores)."""
+    start = time.perf_counter()
+    proc = run([sys.executable, "-c", "from deepspeed.comm.torch import build_shm_op; print(build_shm_op())"],
+               stage_env(site))
+    doc = {"ok": proc.returncode == 0, "seconds": round(time.perf_counter() - start, 1)}
+    return doc if doc["ok"] else doc | {"error": (proc.stderr or proc.stdout).strip()[-800:]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheels", type=Path, default=ROOT / ".whl", help="the carried folder (DeepSpeed's sdist in src/)")
@@ -357,6 +368,8 @@ def main() -> int:
             args.json.write_text(json.dumps({**doc, "deepspeed": deepspeed, "ok": False, "partial": True}, indent=2))
 
     doc["deepspeed"] = deepspeed_ops(args.wheels, args.work, args.out, args.site, so_far)
+    if doc["deepspeed"].get("probe", {}).get("accelerator") == "cpu":
+        doc["deepspeed"]["cpu_comm"] = cpu_comm_op(args.site)
     failed = ([] if doc["aio_ext"]["ok"] else [f"runtime._aio_ext: {doc['aio_ext']['error']}"])
     failed += [f"deepspeed {p}" for p in doc["deepspeed"]["problems"]]
     if "error" in doc["deepspeed"]:
