@@ -338,6 +338,9 @@ def _build(doc: dict) -> list[str]:
             + (f"{ds.get('how', 'not built')}" if ds.get("ok") else "not ready")
             + (f" after {ds['seconds']:.0f} s" if ds.get("seconds") else "")
             + (f" (TORCH_CUDA_ARCH_LIST={ds['arch_list']})" if ds.get("arch_list") else "")]
+    if ds.get("cpu_comm"):
+        said.append(f"the CPU accelerator's shm_comm op {'built' if ds['cpu_comm']['ok'] else 'failed'} in "
+                    f"{ds['cpu_comm']['seconds']:.0f} s")
     if ds.get("op_seconds"):
         said.append("seconds per op: " + ", ".join(f"{op} {t:.0f}" for op, t in ds["op_seconds"].items()))
     if ds.get("error"):  # the cause; the ops it left unbuilt follow from it
