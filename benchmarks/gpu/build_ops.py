@@ -191,7 +191,9 @@ def deepspeed_cuda_sources() -> dict[str, list[str]]:
     """Op -> the sources nvcc would compile (`.cu`), from the installed DeepSpeed's builders: empty for
     every op is what makes the architecture list irrelevant ([Note: the build's architecture list])."""
     from deepspeed.ops.op_builder.async_io import AsyncIOBuilder  # the CUDA accelerator's, on any machine
-    from deepspeed.ops.op_builder.cpu.cpu_adam import CPUAdamBuilder  # what the CUDA accelerator maps cpu_adam to
+    from deepspeed.ops.op_builder.cpu.cpu_adam import (
+        CPUAdamBuilder,  # what the CUDA accelerator maps cpu_adam to
+    )
     from deepspeed.ops.op_builder.pin_memory import PinMemoryBuilder
 
     builders = {"cpu_adam": CPUAdamBuilder(), "async_io": AsyncIOBuilder(), "pin_memory": PinMemoryBuilder()}
@@ -251,7 +253,7 @@ def streamed(cmd: list[str], env: dict[str, str], progress, full_log: Path | Non
 def op_seconds(timeline: list[list]) -> dict[str, float]:
     """Op -> seconds, from the build's timeline: each op's start to the next marker."""
     out = {}
-    for (t, line), (t_next, _) in zip(timeline, timeline[1:]):
+    for (t, line), (t_next, _) in zip(timeline[:-1], timeline[1:], strict=True):
         if line.startswith("building '"):
             out[line.split("'")[1].rsplit(".", 1)[-1].removesuffix("_op")] = round(t_next - t, 1)
     return out

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
