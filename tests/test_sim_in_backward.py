@@ -77,7 +77,8 @@ def test_nvme_states_are_read_ahead_from_backward_start_and_the_gradient_never_t
         ("nvme_write", 43 + c4, 47 + c4, "optimizer"), ("nvme_read", 47 + c4, 50 + c4, "optimizer"),  # -> qkv's read
         ("d2h", 50, 54, "optimizer"), ("cpu_optimizer", 54, 55 + c4, "optimizer"),          # mlp_up, final at 50
         ("nvme_write", 55 + c4, 59 + c4, "optimizer"),
-        ("d2h", 57, 58, "optimizer"), ("cpu_optimizer", 58, 58.25 + COPY_S, "optimizer"),   # attn_out, final at 57
+        # attn_out, final at 57: its update shares the host memory with qkv's fetch (2 of 1024 B/s)
+        ("d2h", 57, 58, "optimizer"), ("cpu_optimizer", 58, 58 + round((0.25 + COPY_S) * 1024 / 1022, 9), "optimizer"),
         ("nvme_write", 59 + c4, 60 + c4, "optimizer"),
         ("d2h", 66, 69, "optimizer"), ("cpu_optimizer", 69, 69.75 + c3, "optimizer"),       # qkv, final at 66
         ("nvme_write", 69.75 + c3, 72.75 + c3, "optimizer"),                                # the step's write tail
@@ -236,7 +237,19 @@ def test_a_profile_of_an_in_backward_run_compares_and_calibrates():
     plan = plan.replace(prediction=predicted)
     profile = Profile(measured=predicted, samples=(), warmup_steps=0, plan=plan.to_dict())
     rows = {row.metric: row for row in compare(plan, profile)}
-    for phase in ("forward", "backward", "optimizer"):
-        assert rows[f"phase_time_s.{phase}"].relative_error == pytest.approx(0.0)
+    # [Note: the phases of an in-backward step] in planner/calibration/compare.py: the runtime and the
+    # simulator cut backward and optimizer at different points, so their sum is what is scored.
+    for metric in ("phase_time_s.forward", "phase_time_s.backward_and_optimizer"):
+        assert rows[metric].relative_error == pytest.approx(0.0)
+    for phase in ("backward", "optimizer"):
+        row = rows[f"phase_time_s.{phase}"]
+        assert row.relative_error is None and "in-backward step" in row.not_compared
+        assert row.measured == predicted.phase_time_s[phase]
+    assert rows["phase_time_s.backward_and_optimizer"].predicted == pytest.approx(
+        predicted.phase_time_s["backward"] + predicted.phase_time_s["optimizer"])
+    after = plan.replace(optimizer_step="after_backward")
+    after_rows = {row.metric: row for row in compare(after, profile)}
+    assert "phase_time_s.backward_and_optimizer" not in after_rows
+    assert after_rows["phase_time_s.optimizer"].relative_error == pytest.approx(0.0)
     fitted = calibrate([(plan, profile)], plan.node)
     assert fitted.residual < 0.05

@@ -29,7 +29,12 @@ from planner.cost.collectives import (
 )
 from planner.cost.context_parallel import ring_passes_s
 from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
-from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s, stages_host_shards
+from planner.cost.host_link import (
+    host_memcpy_bytes_per_s,
+    landing_bytes_per_s,
+    landing_host_bytes_per_byte,
+    stages_host_shards,
+)
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.kernels import (
     BlockCost,
@@ -100,6 +105,8 @@ def bandwidths(plan: Plan) -> Bandwidths:
     memcpy = landing = float("inf")
     if not node.host_is_device:
         memcpy, landing = host_memcpy_bytes_per_s(node), landing_bytes_per_s(plan)
+        # A landing also moves its bytes read and written through the GPU's share of the host memory.
+        landing = min(landing, host_share / landing_host_bytes_per_byte(plan))
     if stages_host_shards(plan):  # host shards reach the GPU through the pool (NVMe reads land pinned)
         reads[HOST] = min(reads[HOST], memcpy)
     return Bandwidths(
