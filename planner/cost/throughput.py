@@ -426,7 +426,8 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
         backward = _in_backward_backward(
             plan, step.total_s - step.gather_after_s, step.update_compute_s, on_compute_device=step.on_compute_device,
             staged_s=_busiest_staged_tier_s(step.staged_s, params, inputs),
-            compute_bwd=compute.backward_s, others=(params.backward_s, grads_time, inputs.backward_s),
+            compute_bwd=compute.backward_s, others=(params.backward_s, grads_time, inputs.backward_s,
+                                                    _backward_host_memory_s(plan, step)),
             tp_bwd=tp.backward_s)
         optimizer = step.gather_after_s
     elif plan.prefetch_depth >= 1:
@@ -446,6 +447,29 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
     else:
         forward = compute.forward_s + params.forward_s + inputs.forward_s + tp.forward_s
     return forward, backward, optimizer
+
+
+def _backward_host_memory_s(plan: Plan, step: _OptimizerStep) -> float:
+    """An in-backward step's CPU updates beside a GPU: the seconds the node's host memory is busy in the
+    backward, as the simulator shares it (planner/sim/resources.py [Note: CPU Adam shares the host
+    memory]): CPU Adam and its host copies for their time alone, then the bytes the GPUs' host links
+    move through it (parameter shards and recompute inputs fetched from host memory, the gradients
+    off the GPU, each landing's reads and writes of its fp32 shard), one after another."""
+    node = plan.node
+    if step.on_compute_device or node.host_memory_bytes_per_s <= 0:
+        return 0.0
+    place, dp = plan.placement, plan.data_parallel_degree
+    nbytes = 0.0
+    if place.params.host_memory and "params" in plan.partitioned:
+        passes = 2 if plan.recompute_interval > 0 else 1
+        nbytes += passes * _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["params"] / dp
+    if not place.gradients.on_device:
+        landed = place.gradients.host_memory and stores_gradients(plan)
+        weight = landing_host_bytes_per_byte(plan) if landed else 1.0
+        nbytes += weight * _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["gradients"] / dp
+    if place.recompute_inputs.host_memory and plan.recompute_interval > 0:
+        nbytes += recompute_input_bytes(plan)
+    return step.update_compute_s + nbytes * plan.cluster.gpus_per_node / node.host_memory_bytes_per_s
 
 
 def _busiest_staged_tier_s(step_s: dict[Tier, float], *passes: _Passes) -> float:
