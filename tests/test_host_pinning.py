@@ -11,7 +11,12 @@ import pytest
 from test_planner_throughput import COMPUTE_FWD, MODEL, NODE, P
 from typer.testing import CliRunner
 
-from planner.cost.host_link import choose_host_pinning, landing_bytes_per_s, landing_host_bytes_per_byte, pinned_host_bytes
+from planner.cost.host_link import (
+    choose_host_pinning,
+    landing_bytes_per_s,
+    landing_host_bytes_per_byte,
+    pinned_host_bytes,
+)
 from planner.cost.memory import memory_bill
 from planner.cost.throughput import bandwidths, estimate
 from planner.search.search import SearchRequest, search

@@ -6,14 +6,11 @@ ledger tracks.
 
 from __future__ import annotations
 
-from typing import Any
-
 from planner.cost.memory import memory_bill, runtime_buffer_peak_bytes
 from planner.specs.errors import PlannerError
-from planner.specs.plan import LINKS, PHASES, Plan
+from planner.specs.plan import LINKS, PHASES, Plan, Prediction
 from planner.specs.profile import MetricComparison, Profile
 from planner.specs.tiers import TIERS
-
 
 IN_BACKWARD_STEP_PHASES = "phase_time_s.backward_and_optimizer"
 """The metric an in-backward step's backward and optimizer phases are compared as (their sum)."""
@@ -32,7 +29,7 @@ IN_BACKWARD_SPLIT = ("in-backward step: the runtime's backward ends once its las
 # the same seconds from the backward's start to the last update; they cut them at different points,
 # so a predicted 0 s against a measured drain of one or two units' updates is not an error of the
 # model. `compare` shows the two phases unscored and scores their sum.
-def _phases(p: Any, m: Any, plan: Plan) -> list[MetricComparison]:
+def _phases(p: Prediction, m: Prediction, plan: Plan) -> list[MetricComparison]:
     pt, mt = p.phase_time_s, m.phase_time_s
     split = IN_BACKWARD_SPLIT if plan.optimizer_step == "in_backward" else ""
     rows = [MetricComparison(metric=f"phase_time_s.{k}", predicted=float(pt.get(k, 0)), measured=float(mt.get(k, 0)),
