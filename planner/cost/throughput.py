@@ -450,15 +450,16 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
 
 
 def _backward_host_memory_s(plan: Plan, step: _OptimizerStep) -> float:
-    """An in-backward step's CPU updates beside a GPU: the seconds the node's host memory is busy in the
-    backward, as the simulator shares it (planner/sim/resources.py [Note: CPU Adam shares the host
-    memory]): CPU Adam and its host copies for their time alone, then the bytes the GPUs' host links
-    move through it (parameter shards and recompute inputs fetched from host memory, the gradients
-    off the GPU, each landing's reads and writes of its fp32 shard), one after another."""
-    node = plan.node
-    if step.on_compute_device or node.host_memory_bytes_per_s <= 0:
+    """An in-backward step's CPU updates of states resident in host memory, beside a GPU: the seconds
+    the node's host memory is busy in the backward, as the simulator shares it (planner/sim/resources.py
+    [Note: CPU Adam shares the host memory]): CPU Adam and its host copies for their time alone, then
+    the bytes the GPUs' host links move through it (parameter shards and recompute inputs fetched from
+    host memory, the gradients off the GPU, each landing's reads and writes of its fp32 shard), one
+    after another. States on NVMe: the drive's time instead (`staged_s`)."""
+    node, place = plan.node, plan.placement
+    if step.on_compute_device or place.optimizer_states.staged or node.host_memory_bytes_per_s <= 0:
         return 0.0
-    place, dp = plan.placement, plan.data_parallel_degree
+    dp = plan.data_parallel_degree
     nbytes = 0.0
     if place.params.host_memory and "params" in plan.partitioned:
         passes = 2 if plan.recompute_interval > 0 else 1
