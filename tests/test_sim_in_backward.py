@@ -77,8 +77,7 @@ def test_nvme_states_are_read_ahead_from_backward_start_and_the_gradient_never_t
         ("nvme_write", 43 + c4, 47 + c4, "optimizer"), ("nvme_read", 47 + c4, 50 + c4, "optimizer"),  # -> qkv's read
         ("d2h", 50, 54, "optimizer"), ("cpu_optimizer", 54, 55 + c4, "optimizer"),          # mlp_up, final at 50
         ("nvme_write", 55 + c4, 59 + c4, "optimizer"),
-        # attn_out, final at 57: its update shares the host memory with qkv's fetch (2 of 1024 B/s)
-        ("d2h", 57, 58, "optimizer"), ("cpu_optimizer", 58, 58 + round((0.25 + COPY_S) * 1024 / 1022, 9), "optimizer"),
+        ("d2h", 57, 58, "optimizer"), ("cpu_optimizer", 58, 58.25 + COPY_S, "optimizer"),   # attn_out, final at 57
         ("nvme_write", 59 + c4, 60 + c4, "optimizer"),
         ("d2h", 66, 69, "optimizer"), ("cpu_optimizer", 69, 69.75 + c3, "optimizer"),       # qkv, final at 66
         ("nvme_write", 69.75 + c3, 72.75 + c3, "optimizer"),                                # the step's write tail
