@@ -105,8 +105,10 @@ def bandwidths(plan: Plan) -> Bandwidths:
     memcpy = landing = float("inf")
     if not node.host_is_device:
         memcpy, landing = host_memcpy_bytes_per_s(node), landing_bytes_per_s(plan)
-        # A landing also moves its bytes read and written through the GPU's share of the host memory.
-        landing = min(landing, host_share / landing_host_bytes_per_byte(plan))
+        # A landing also moves its bytes read and written through the GPU's share of the host memory
+        # (where that rate is the memory's own: `NodeSpec.host_memory_is_measured`).
+        if node.host_memory_is_measured:
+            landing = min(landing, host_share / landing_host_bytes_per_byte(plan))
     if stages_host_shards(plan):  # host shards reach the GPU through the pool (NVMe reads land pinned)
         reads[HOST] = min(reads[HOST], memcpy)
     return Bandwidths(
@@ -457,7 +459,8 @@ def _backward_host_memory_s(plan: Plan, step: _OptimizerStep) -> float:
     host memory, the gradients off the GPU, each landing's reads and writes of its fp32 shard), one
     after another. States on NVMe: the drive's time instead (`staged_s`)."""
     node, place = plan.node, plan.placement
-    if step.on_compute_device or place.optimizer_states.staged or node.host_memory_bytes_per_s <= 0:
+    if (step.on_compute_device or place.optimizer_states.staged or not node.host_memory_is_measured
+            or node.host_memory_bytes_per_s <= 0):
         return 0.0
     dp = plan.data_parallel_degree
     nbytes = 0.0

@@ -82,7 +82,8 @@ class NodeResources:
         self.stores = {tier: StoreLinks(tier, node, self.ranks_weight) for tier in TIERS if tier.staged}
         self.cpu_optimizer = Link("cpu_optimizer", node.cpu_adam_params_per_s, unit="params", scope="per node")
         self._adam_hops = self._cpu_adam_hops(plan)
-        self._landing_weight = landing_host_bytes_per_byte(plan) * self.ranks_weight
+        self._landing_weight = self.ranks_weight * (landing_host_bytes_per_byte(plan) if node.host_memory_is_measured
+                                                    else 1.0)
         self.inter_node = Link("inter_node", node.inter_node_bytes_per_s, scope="per node") if plan.num_nodes > 1 else None
         self.ranks = [
             RankLinks(
@@ -187,15 +188,18 @@ class NodeResources:
     # Adam's time alone (`host_memory_bytes_per_s / cpu_adam_params_per_s`): alone it runs at its
     # probed rate as before; beside the copies the fluid model shares the memory between them. The
     # step's own host copies are counted in Adam's parameters (planner/cost/host_work.py), so they
-    # weigh there at their bytes. With the states on NVMe the step's pace is the drive's (CPU Adam a
+    # weigh there at their bytes. Only where the spec's host-memory rate is the memory's own
+    # (`NodeSpec.host_memory_is_measured`): a preset's is a figure for the GPUs' host traffic, which
+    # the CPU's passes do not cross; there a landing weighs its link bytes only, as before.
+    # With the states on NVMe the step's pace is the drive's (CPU Adam a
     # small share of a chunk's time), and the update stream stays off the host memory: its coupling
     # to the compute stream through the drive alone is what [Note: two streams] in streams.py
     # extrapolates. Measurements: docs/notes/2026-11-28-offload-prediction-h200.md.
     def _cpu_adam_hops(self, plan: Plan) -> Hops:
         node = plan.node
         adam = ((self.cpu_optimizer, self.ranks_weight),)
-        if (plan.placement.optimizer_states.staged or node.host_memory_bytes_per_s <= 0
-                or node.cpu_adam_params_per_s <= 0):
+        if (plan.placement.optimizer_states.staged or not node.host_memory_is_measured
+                or node.host_memory_bytes_per_s <= 0 or node.cpu_adam_params_per_s <= 0):
             return adam
         memory_per_param = node.host_memory_bytes_per_s / node.cpu_adam_params_per_s
         return (*adam, (self.host_memory, self.ranks_weight * memory_per_param))
