@@ -11,7 +11,12 @@ import pytest
 from test_planner_throughput import COMPUTE_FWD, MODEL, NODE, P
 from typer.testing import CliRunner
 
-from planner.cost.host_link import choose_host_pinning, landing_bytes_per_s, pinned_host_bytes
+from planner.cost.host_link import (
+    choose_host_pinning,
+    landing_bytes_per_s,
+    landing_host_bytes_per_byte,
+    pinned_host_bytes,
+)
 from planner.cost.memory import memory_bill
 from planner.cost.throughput import bandwidths, estimate
 from planner.search.search import SearchRequest, search
@@ -54,11 +59,31 @@ def test_nvme_reads_to_a_device_are_not_staged():
 def test_gradients_land_at_the_workers_add_rate_either_way():
     # bf16: per element the add reads 2 + 4 bytes and writes 4, where the memcpy moves 2 + 2.
     assert landing_bytes_per_s(_plan(OFFLOAD)) == pytest.approx(5 * GB * 4 / 10)
+    wide_memory = replace(SLOW_COPY, host_memory_bytes_per_s=400 * GB,  # the worker's thread sets the rate
+                          sources={"host_memory_gb_per_s": "measured"})
     for pinning in HostPinning:
-        bw = bandwidths(_plan(OFFLOAD, pinning))
+        bw = bandwidths(_plan(OFFLOAD, pinning, node=wide_memory))
         assert bw.landing == pytest.approx(2 * GB)
-        est = estimate(_plan(OFFLOAD, pinning))
+        est = estimate(_plan(OFFLOAD, pinning, node=wide_memory))
         assert est.component_time_s["gradients (cpu)"] == pytest.approx(2 * P / (2 * GB))
+
+
+def test_a_landing_moves_six_bytes_of_host_memory_per_bf16_gradient_byte():
+    # The DMA writes the bf16 gradient (2), the worker reads it (2) and the fp32 shard (4) and writes
+    # the shard (4): 12 bytes per element. With the host memory's own rate measured (40 GB/s, 10 per
+    # GPU of 4) a landing runs at 10 / 6 GB/s, below the worker's 2 GB/s.
+    measured = replace(SLOW_COPY, sources={"host_memory_gb_per_s": "measured"})
+    assert measured.host_memory_is_measured and not SLOW_COPY.host_memory_is_measured
+    assert landing_host_bytes_per_byte(_plan(OFFLOAD)) == 6
+    assert landing_host_bytes_per_byte(_plan(OFFLOAD, precision="fp32")) == 4
+    assert bandwidths(_plan(OFFLOAD, node=measured)).landing == pytest.approx(10 * GB / 6)
+    # The simulator routes the landing through the host memory at the same weight.
+    resources = simulate(_plan(OFFLOAD, HostPinning.SHARDS, node=measured)).prediction.details["resources"]
+    assert resources["host_memory"]["amount"] >= 6 * resources["host_landing"]["amount"]
+    # A preset's host-memory figure is its GPUs' host traffic: the landing weighs its link bytes there.
+    assert bandwidths(_plan(OFFLOAD)).landing == pytest.approx(2 * GB)
+    unmeasured = simulate(_plan(OFFLOAD, HostPinning.SHARDS)).prediction.details["resources"]
+    assert unmeasured["host_memory"]["amount"] < 6 * unmeasured["host_landing"]["amount"]
 
 
 def test_the_simulator_routes_staged_copies_through_the_ranks_memcpy():

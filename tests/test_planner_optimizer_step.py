@@ -226,12 +226,18 @@ def test_deepspeed_config_of_the_papers_step_is_unchanged():
     ("bf16", Placement(params="cpu", gradients="nvme", optimizer_states="nvme"), False, 6 + 4),
     ("fp32", Placement(params="nvme", gradients="nvme", optimizer_states="nvme"), True, 0),
     ("fp32", Placement(params="nvme", gradients="cpu", optimizer_states="nvme"), True, 8),
-    ("bf16", Placement(params="cpu", gradients="cpu", optimizer_states="cpu"), True, 0),
+    ("bf16", Placement(params="cpu", gradients="cpu", optimizer_states="cpu"), True, 6),
+    ("bf16", Placement(params="cpu", gradients="cpu", optimizer_states="cpu"), False, 6),
+    ("fp32", Placement(params="cpu", gradients="cpu", optimizer_states="cpu"), False, 0),
+    ("bf16", Placement(params="gpu", gradients="cpu", optimizer_states="cpu"), False, 0),
+    ("bf16", Placement(params="gpu", gradients="gpu", optimizer_states="gpu"), False, 0),
 ])
-def test_the_streamed_steps_host_copies(precision, placement, host_is_device, expected):
-    # [Note: the step's host copies]: the gradient from host memory into the chunk buffer (8), the
-    # cast of the fp32 master to the compute copy (4 + e) and that copy staged for the drive or
-    # copied into a host shard (2 e); none where the states are not streamed from NVMe.
+def test_the_cpu_steps_host_copies(precision, placement, host_is_device, expected):
+    # [Note: the step's host copies]: streamed from NVMe, the gradient from host memory into the
+    # chunk buffer (8), the cast of the fp32 master to the compute copy (4 + e) and that copy staged
+    # for the drive or copied into a host shard (2 e); states resident in host memory, the cast
+    # written straight into a host-memory parameter shard (4 + e); nothing where the parameters are
+    # the master (fp32, one tier), cross to a GPU through the pool, or the GPU steps.
     from planner.cost.host_work import step_host_copy_bytes_per_param
 
     node = resolve_hardware("dgx-h100").replace(host_is_device=host_is_device)

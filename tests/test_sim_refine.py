@@ -26,7 +26,9 @@ def test_early_stop_gives_the_same_winner_as_simulating_every_candidate(hardware
     winner = refine(result).best
     seen, full = set(), []
     for plan in result.ranked:
-        key = (plan.strategy, plan.placement, plan.model_parallel_degree)
+        # refine's candidates: a placement under each optimizer-step schedule the search ranked (both
+        # where their estimates tie, and the simulation may tell them apart)
+        key = (plan.strategy, plan.placement, plan.model_parallel_degree, plan.optimizer_step)
         if key not in seen and len(full) < DEFAULT_TOP:
             seen.add(key)
             full.append((simulate_fast(plan).tokens_per_s, plan))

@@ -123,10 +123,10 @@ def _micro(unit_numel: int, units: int, device: torch.device, reps: int) -> dict
            "to_host, add into fp32 GB/s": _rate(nbytes, best(lambda: landing(add_into)))}
     # The same staging with CPU Adam streaming on another thread, as the runtime's optimizer worker
     # does beside the prefetch when it updates in backward (`optimizer_step: in_backward`).
-    stop = threading.Event()
     param = torch.zeros(units * unit_numel, requires_grad=True)
     param.grad = torch.zeros_like(param)
     adam = torch.optim.AdamW([param], lr=1e-4, fused=True)
+    stop = threading.Event()
 
     def optimizer_load() -> None:
         while not stop.is_set():
@@ -139,8 +139,68 @@ def _micro(unit_numel: int, units: int, device: torch.device, reps: int) -> dict
     finally:
         stop.set()
         worker.join()
+    doc |= _adam_beside_landing(unit_numel, nbytes, best, lambda: landing(add_into))
     pool.close()
     return doc
+
+
+def _beside(load, timed):  # noqa: ANN001, ANN202 - (() -> None, () -> None) -> (list[int], () -> None)
+    """`timed` to run on this thread while `load` runs again and again on another (as the runtime's
+    optimizer worker and transfer worker run beside each other); returns the load's completed runs
+    (a one-item list, filled when the run ends) and the run."""
+    counts = [0]
+
+    def run() -> None:
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                load()
+                counts[0] += 1
+
+        worker = threading.Thread(target=loop, daemon=True)
+        worker.start()
+        try:
+            timed()
+        finally:
+            stop.set()
+            worker.join()
+
+    return counts, run
+
+
+LANDINGS_TIMED = 3
+"""Passes of the landings while AdamW's steps are counted: several of its steps fit in the window."""
+
+
+def _adam_beside_landing(params: int, nbytes: int, best, land) -> dict:  # noqa: ANN001
+    """CPU AdamW's rate alone and while gradients land in fp32 host shards on another thread: what the
+    in-backward step's optimizer worker gets beside the transfer worker (the planner prices the two as
+    sharing the host memory: planner/sim/resources.py [Note: CPU Adam shares the host memory]); and
+    the landing's rate beside AdamW. AdamW (one unit's worth of parameters, so that many of its steps
+    fit in the landings' time) runs on the other thread, timed by its completed steps."""
+    param = torch.zeros(params, requires_grad=True)
+    param.grad = torch.zeros_like(param)
+    adam = torch.optim.AdamW([param], lr=1e-4, fused=True)
+    alone_s = best(adam.step)
+
+    def landings() -> None:
+        for _ in range(LANDINGS_TIMED):
+            land()
+
+    landed_s, steps = [], []
+    for _ in range(3):
+        counts, run = _beside(adam.step, landings)
+        start = time.perf_counter()
+        run()
+        landed_s.append(time.perf_counter() - start)
+        steps.append(counts[0])
+    # Steps finished while the landings ran, over their time: a lower bound on AdamW's rate beside them.
+    beside = max(params * n / t for n, t in zip(steps, landed_s, strict=True))
+    return {"CPU AdamW alone G params/s": float(f"{params / alone_s / 1e9:.3g}"),
+            "CPU AdamW beside the landing add G params/s (completed steps)": float(f"{beside / 1e9:.3g}"),
+            "to_host, add into fp32 beside CPU Adam GB/s": _rate(LANDINGS_TIMED * nbytes, min(landed_s)),
+            "AdamW steps completed during the landings": steps}
 
 
 class FrameSampler:

@@ -65,6 +65,17 @@ def landing_bytes_per_s(plan: Plan) -> float:
     return host_memcpy_bytes_per_s(plan.node) * 2 * element / (element + 2 * FP32_SHARD_BYTES)
 
 
+def landing_host_bytes_per_byte(plan: Plan) -> float:
+    """Host memory bytes read and written per gradient byte that lands in an fp32 host shard: the
+    DMA writes the 16-bit gradient into a pinned buffer (`e`), the worker reads it (`e`) and the fp32
+    shard (4) and writes the shard (4). A memcpy counts each byte read and written, as the probe's
+    host-memory rate does. On an H200 host that rate (77.1 GB/s) over these 6 bytes per bf16
+    gradient byte is 12.8 GB/s, the landing add the GPU kit's staged stage timed alone
+    (docs/notes/2026-11-28-offload-prediction-h200.md)."""
+    element = COMPUTE_BYTES[plan.precision]
+    return (2 * element + 2 * FP32_SHARD_BYTES) / element
+
+
 PINNED_HOST_TERMS = (MemoryTerm.PINNED_STAGING_POOL, MemoryTerm.GRADIENT_LANDING_BUFFERS,
                      MemoryTerm.PARAM_SWAP_BUFFERS, MemoryTerm.GRADIENT_SWAP_BUFFERS, MemoryTerm.OPTIMIZER_SWAP_BUFFERS)
 """The host buffers the runtime page-locks on hardware whose host is not the device, whatever the pinning."""

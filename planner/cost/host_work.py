@@ -11,11 +11,18 @@ drive fills and drains directly, but three of its operands pass through the CPU 
 - that copy's way to its store: `NvmeStore.write` stages it for the drive, and a host-memory
   store copies it into its shard (`e` read, `e` written either way); a CUDA device's copy is the
   host-to-device link's, priced there.
+With the optimizer states in host memory (runtime/optim/resident_optimizer.py, `ResidentAdamW`)
+fused AdamW updates the fp32 master in place, and where the parameters are a separate copy in host
+memory (mixed precision, or another host tier) `_write_back` casts the updated master into that
+copy's shard (`HostStore.write_host`: 4 bytes read, `e` written per parameter); a copy on a GPU
+crosses through the staging pool (the host-to-device link's, priced there).
 They are memory-bound passes on the optimizer worker's thread, between its updates, so the
 simulator and the estimate time them with Adam on the CPU optimizer's resource, at the host's
 memory bandwidth: what CPU Adam's probed rate (fused AdamW over tensors already in place) leaves
 out. Where the CPU is the compute device and has few cores they can be most of the worker's busy
-time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md).
+time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md); on an H200
+host the resident step's cast was a third of the worker's busy time in backward
+(docs/notes/2026-11-28-offload-prediction-h200.md).
 """
 
 from __future__ import annotations
@@ -33,19 +40,26 @@ MASTER_BYTES = 4
 
 
 def step_host_copy_bytes_per_param(plan: Plan) -> float:
-    """Host memory bytes the streamed step's copies move per parameter ([Note: the step's host copies]);
-    0 unless the optimizer states are on NVMe."""
+    """Host memory bytes the CPU step's copies move per parameter ([Note: the step's host copies]);
+    0 where the optimizer steps on a GPU."""
     place, node = plan.placement, plan.node
-    if not place.optimizer_states.staged:
+    states, params = place.optimizer_states, place.params
+    if not states.staged and not states.in_host_memory(node):
         return 0.0
     e = COMPUTE_BYTES[plan.precision]
     nbytes = 0.0
-    if place.gradients.in_host_memory(node):
+    if states.staged and place.gradients.in_host_memory(node):
         nbytes += GRADIENT_COPY_BYTES
-    if plan.precision != "fp32" or place.params != place.optimizer_states:
+    if plan.precision == "fp32" and params == states:
+        return nbytes  # the master is the parameter shard: nothing to cast or copy
+    if states.staged:
         nbytes += MASTER_BYTES + e  # the cast to the compute precision
-        if not place.params.on_device or node.host_is_device:
+        if not params.on_device or node.host_is_device:
             nbytes += 2 * e  # staged for the drive, or copied into a host-memory shard
+    elif params.in_host_memory(node):
+        nbytes += MASTER_BYTES + e  # resident states: the cast written straight into the host shard
+    elif params.staged:
+        nbytes += MASTER_BYTES + 3 * e  # resident states, parameters on NVMe: cast, then staged for the drive
     return nbytes
 
 

@@ -29,7 +29,12 @@ from planner.cost.collectives import (
 )
 from planner.cost.context_parallel import ring_passes_s
 from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
-from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s, stages_host_shards
+from planner.cost.host_link import (
+    host_memcpy_bytes_per_s,
+    landing_bytes_per_s,
+    landing_host_bytes_per_byte,
+    stages_host_shards,
+)
 from planner.cost.host_work import step_cpu_params_per_param
 from planner.cost.kernels import (
     BlockCost,
@@ -100,6 +105,10 @@ def bandwidths(plan: Plan) -> Bandwidths:
     memcpy = landing = float("inf")
     if not node.host_is_device:
         memcpy, landing = host_memcpy_bytes_per_s(node), landing_bytes_per_s(plan)
+        # A landing also moves its bytes read and written through the GPU's share of the host memory
+        # (where that rate is the memory's own: `NodeSpec.host_memory_is_measured`).
+        if node.host_memory_is_measured:
+            landing = min(landing, host_share / landing_host_bytes_per_byte(plan))
     if stages_host_shards(plan):  # host shards reach the GPU through the pool (NVMe reads land pinned)
         reads[HOST] = min(reads[HOST], memcpy)
     return Bandwidths(
@@ -419,7 +428,8 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
         backward = _in_backward_backward(
             plan, step.total_s - step.gather_after_s, step.update_compute_s, on_compute_device=step.on_compute_device,
             staged_s=_busiest_staged_tier_s(step.staged_s, params, inputs),
-            compute_bwd=compute.backward_s, others=(params.backward_s, grads_time, inputs.backward_s),
+            compute_bwd=compute.backward_s, others=(params.backward_s, grads_time, inputs.backward_s,
+                                                    _backward_host_memory_s(plan, step)),
             tp_bwd=tp.backward_s)
         optimizer = step.gather_after_s
     elif plan.prefetch_depth >= 1:
@@ -439,6 +449,31 @@ def _phase_times(plan: Plan, compute: _Passes, params: _Passes, grads_time: floa
     else:
         forward = compute.forward_s + params.forward_s + inputs.forward_s + tp.forward_s
     return forward, backward, optimizer
+
+
+def _backward_host_memory_s(plan: Plan, step: _OptimizerStep) -> float:
+    """An in-backward step's CPU updates of states resident in host memory, beside a GPU: the seconds
+    the node's host memory is busy in the backward, as the simulator shares it (planner/sim/resources.py
+    [Note: CPU Adam shares the host memory]): CPU Adam and its host copies for their time alone, then
+    the bytes the GPUs' host links move through it (parameter shards and recompute inputs fetched from
+    host memory, the gradients off the GPU, each landing's reads and writes of its fp32 shard), one
+    after another. States on NVMe: the drive's time instead (`staged_s`)."""
+    node, place = plan.node, plan.placement
+    if (step.on_compute_device or place.optimizer_states.staged or not node.host_memory_is_measured
+            or node.host_memory_bytes_per_s <= 0):
+        return 0.0
+    dp = plan.data_parallel_degree
+    nbytes = 0.0
+    if place.params.host_memory and "params" in plan.partitioned:
+        passes = 2 if plan.recompute_interval > 0 else 1
+        nbytes += passes * _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["params"] / dp
+    if not place.gradients.on_device:
+        landed = place.gradients.host_memory and stores_gradients(plan)
+        weight = landing_host_bytes_per_byte(plan) if landed else 1.0
+        nbytes += weight * _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["gradients"] / dp
+    if place.recompute_inputs.host_memory and plan.recompute_interval > 0:
+        nbytes += recompute_input_bytes(plan)
+    return step.update_compute_s + nbytes * plan.cluster.gpus_per_node / node.host_memory_bytes_per_s
 
 
 def _busiest_staged_tier_s(step_s: dict[Tier, float], *passes: _Passes) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s
+from planner.cost.host_link import host_memcpy_bytes_per_s, landing_bytes_per_s, landing_host_bytes_per_byte
 from planner.cost.memory import host_state_crosses_link, stores_gradients
 from planner.sim.network import Link
 from planner.specs.hardware import NodeSpec
@@ -81,6 +81,9 @@ class NodeResources:
         self.host_memory = Link("host_memory", node.host_memory_bytes_per_s, scope="per node")
         self.stores = {tier: StoreLinks(tier, node, self.ranks_weight) for tier in TIERS if tier.staged}
         self.cpu_optimizer = Link("cpu_optimizer", node.cpu_adam_params_per_s, unit="params", scope="per node")
+        self._adam_hops = self._cpu_adam_hops(plan)
+        self._landing_weight = self.ranks_weight * (landing_host_bytes_per_byte(plan) if node.host_memory_is_measured
+                                                    else 1.0)
         self.inter_node = Link("inter_node", node.inter_node_bytes_per_s, scope="per node") if plan.num_nodes > 1 else None
         self.ranks = [
             RankLinks(
@@ -156,7 +159,11 @@ class NodeResources:
     def landed_d2h(self, rank: int) -> Hops:
         """A gradient shard off the GPU, added into its fp32 host shard by the transfer worker as it lands."""
         landing = self.ranks[rank].landing
-        return self.d2h(rank) + (((landing, 1.0),) if landing is not None else ())
+        if landing is None:
+            return self.d2h(rank)
+        # The host memory carries the DMA's write and the add's reads and write (host_link.py
+        # `landing_host_bytes_per_byte`), not only the link's bytes.
+        return ((self.ranks[rank].d2h, 1.0), (self.host_memory, self._landing_weight), (landing, 1.0))
 
     def collective(self, rank: int, *, spans_nodes: bool) -> Hops:
         """A data-parallel ring collective (see [Note: collective routes])."""
@@ -170,7 +177,32 @@ class NodeResources:
         return ((self.ranks[rank].gpu_gpu, 1.0),)
 
     def cpu_adam(self) -> Hops:
-        return ((self.cpu_optimizer, self.ranks_weight),)
+        return self._adam_hops
+
+    # [Note: CPU Adam shares the host memory] Fused AdamW streams its four fp32 tensors through DRAM:
+    # `planner probe` times it over a working set beyond the CPU's caches (runtime/probe.py [Note: host
+    # measurements beyond the cache]), so at its probed rate it keeps the host memory busy, and a host
+    # copy running beside it (a gradient landing, a parameter shard crossing to the GPU) takes memory
+    # time from it, and it from them. So where the optimizer states are resident in host memory an
+    # Adam parameter also weighs on the node's host-memory link for the bytes that link carries in
+    # Adam's time alone (`host_memory_bytes_per_s / cpu_adam_params_per_s`): alone it runs at its
+    # probed rate as before; beside the copies the fluid model shares the memory between them. The
+    # step's own host copies are counted in Adam's parameters (planner/cost/host_work.py), so they
+    # weigh there at their bytes. Only where the spec's host-memory rate is the memory's own
+    # (`NodeSpec.host_memory_is_measured`): a preset's is a figure for the GPUs' host traffic, which
+    # the CPU's passes do not cross; there a landing weighs its link bytes only, as before.
+    # With the states on NVMe the step's pace is the drive's (CPU Adam a
+    # small share of a chunk's time), and the update stream stays off the host memory: its coupling
+    # to the compute stream through the drive alone is what [Note: two streams] in streams.py
+    # extrapolates. Measurements: docs/notes/2026-11-28-offload-prediction-h200.md.
+    def _cpu_adam_hops(self, plan: Plan) -> Hops:
+        node = plan.node
+        adam = ((self.cpu_optimizer, self.ranks_weight),)
+        if (plan.placement.optimizer_states.staged or not node.host_memory_is_measured
+                or node.host_memory_bytes_per_s <= 0 or node.cpu_adam_params_per_s <= 0):
+            return adam
+        memory_per_param = node.host_memory_bytes_per_s / node.cpu_adam_params_per_s
+        return (*adam, (self.host_memory, self.ranks_weight * memory_per_param))
 
 
 def _rank_tag(rank: int, num_ranks: int) -> str:

@@ -424,6 +424,15 @@ class NodeSpec:
         return self.sources.get(key, "nominal")
 
     @property
+    def host_memory_is_measured(self) -> bool:
+        """Whether `host_memory_bytes_per_s` is the host memory's own rate, a copy in host memory timed
+        by `planner probe`, rather than a published figure for the GPUs' host traffic together (the
+        presets': PCIe switch uplinks on dgx-h100, 16 GPUs reading at once on dgx2-v100; their notes).
+        Only the former also carries the CPU's own passes over host memory (CPU Adam, a landing's reads
+        and writes of its fp32 shard: planner/sim/resources.py [Note: CPU Adam shares the host memory])."""
+        return self.provenance("host_memory_gb_per_s") == "measured"
+
+    @property
     def backward_matmul_rate(self) -> float:
         """Flops per second of the backward's matmuls: their own rate where set, else the forward's."""
         return self.backward_matmul_flops_per_s or self.gpu_flops_per_s

@@ -150,12 +150,18 @@ class MetricComparison:
     """Dotted key of the prediction block (`iteration_time_s`, `peak_bytes.gpu`, ...)."""
     predicted: float
     measured: float
+    not_compared: str = ""
+    """Why the two numbers are shown but not compared (they split the same seconds at different
+    points); empty for a compared metric."""
 
     @property
     def relative_error(self) -> float | None:
-        """See `ERROR_DEFINITION`."""
-        return relative_error(self.predicted, self.measured)
+        """See `ERROR_DEFINITION`; None for a metric shown but not compared."""
+        return None if self.not_compared else relative_error(self.predicted, self.measured)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "predicted": _finite(self.predicted), "measured": _finite(self.measured),
-                "relative_error": self.relative_error}
+        out = {"metric": self.metric, "predicted": _finite(self.predicted), "measured": _finite(self.measured),
+               "relative_error": self.relative_error}
+        if self.not_compared:
+            out["not_compared"] = self.not_compared
+        return out

@@ -69,6 +69,10 @@ def hardware_caption(plan_path: Path, used: dict[str, str]) -> str:
     if used.get("measured_device", "").startswith(TORCH_CPU_DEVICE) and not load_plan(plan_path).node.host_is_device:
         lines.append(f"the run used the CPU but the prediction is for {used['predicted']}'s GPUs: "
                      "the errors compare different machines")
+    from planner.calibration.compare import IN_BACKWARD_SPLIT
+
+    if load_plan(plan_path).optimizer_step == "in_backward":
+        lines.append(f"phase_time_s.backward and .optimizer are not scored: {IN_BACKWARD_SPLIT}")
     return "\n".join([*lines, ERROR_DEFINITION])
 
 
