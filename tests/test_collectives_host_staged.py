@@ -162,7 +162,8 @@ def test_flat_collectives_take_the_old_names_where_torch_lacks_the_new(monkeypat
                         patch.delattr(dist, name, raising=False)
                 for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
                     old = getattr(dist, name)
-                    patch.setattr(dist, name, lambda *a, _old=old, _n=name, **k: (calls.append(_n), _old(*a, **k))[1])
+                    patch.setattr(dist, name, lambda *a, _old=old, _n=name, _calls=calls, **k: (
+                        _calls.append(_n), _old(*a, **k))[1])
                 gathered, reduced = torch.empty(3), torch.empty(3)
                 all_gather_into(gathered, torch.arange(3.0))
                 reduce_scatter_into(reduced, torch.arange(3.0) * 2)
