@@ -22,15 +22,6 @@ before it starts (a blocking copy, ordered after the work queued on the current 
 reduces or gathers host buffers only, and `wait()` copies the result into a device tensor on the
 current stream. One extra round trip over the link per collective: a path for correctness on one
 shared GPU, not for speed; NCCL groups never take it.
-
-[Note: flat collectives across torch versions]
-torch 2.13 added `dist.all_gather_single` and `dist.reduce_scatter_single` and deprecated the names
-they replace, `dist.all_gather_into_tensor` and `dist.reduce_scatter_tensor` (each call of an old name
-warns). Every older torch that pyproject.toml admits has only the old names, with the same arguments
-and the same result (torch 2.11, the GPU image's, among them). `all_gather_into` and
-`reduce_scatter_into` therefore call the new name where the installed torch has it and the old one
-otherwise; nothing else in the runtime names either. The name is looked up at each call (one
-attribute read beside a collective), so a test can take the new names away from a running process.
 """
 
 from __future__ import annotations
@@ -80,6 +71,16 @@ def make_comm(reduce_scatter_method: str | None = None) -> Comm:
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     host_staged = backend == "gloo" and torch.cuda.is_available()
     return Comm(dist.group.WORLD, reduce_group, dist.get_world_size(), dist.get_rank(), method, device, host_staged)
+
+
+# [Note: flat collectives across torch versions]
+# torch 2.13 added `dist.all_gather_single` and `dist.reduce_scatter_single` and deprecated the names
+# they replace, `dist.all_gather_into_tensor` and `dist.reduce_scatter_tensor` (each call of an old name
+# warns). Every older torch that pyproject.toml admits has only the old names, with the same arguments
+# and the same result (torch 2.11, the GPU image's, among them). `all_gather_into` and
+# `reduce_scatter_into` therefore call the new name where the installed torch has it and the old one
+# otherwise; nothing else in the runtime names either. The name is looked up at each call (one
+# attribute read beside a collective), so a test can take the new names away from a running process.
 
 
 def all_gather_into(output: torch.Tensor, shard: torch.Tensor, *, group: dist.ProcessGroup | None = None,
