@@ -124,7 +124,8 @@ STAGES = {
     "planner": Stage("planner probe -> fit -> run -> compare for the cpu, nvme and device plans", 110, 60, 240),
     "staged": Stage("the host tier's staged copies timed piece by piece, and a sampled trace of its threads", 30, 20, 90),
     "pytest": Stage("pytest -m gpu (two ranks share the GPU over gloo where a test needs several)", 70, 40, 180),
-    "parity": Stage("one-GPU parity with plain torch on the fp32 MLP (losses; bitwise where the math is identical)",
+    "parity": Stage("one-GPU parity on the fp32 MLP: each tier bitwise against plain torch running its arithmetic, "
+                    "CPU vs CUDA AdamW within a derived bound",
                     15, 10, 60),
     "device": Stage("the fp32 MLP all on the GPU: ours vs plain torch", 45, 30, 90),
 }
