@@ -403,9 +403,10 @@ def in_backward_matches_after_backward(placement: dict[str, str], precision: str
     `GradientStaging`: IN_BACKWARD_STAGED_GRADIENTS pinned buffers of the largest unit's gradient
     shard, each rounded up to 4 KiB, which is what the plan's bill charges a rank for them
     (`gradient_swap_buffers` on hardware whose device memory is its own)."""
+    from runtime_support import HARDWARE
+
     from planner.cost.memory import IN_BACKWARD_STAGED_GRADIENTS, memory_bill
     from planner.specs.units import round_up_4kib
-    from runtime_support import HARDWARE
 
     runs = {}
     for schedule in ("after_backward", "in_backward"):
