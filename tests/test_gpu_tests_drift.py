@@ -71,3 +71,15 @@ def test_the_fixed_spelling_passes() -> None:
         "torch.cuda.current_stream().wait_event(event)", "copier.streams.wait(Role.COMPUTE, event)").replace(
         ", no_such_helper", "").replace('str(tmp_path), 1)', '"staged", str(tmp_path), 1)')
     assert drift(fixed) == []
+
+
+def test_the_emulated_device_has_no_torch_stream_to_hand_out() -> None:
+    """`Streams.cuda_stream`, the GPU tests' way to the torch stream behind a `Role`, is CUDA's only:
+    on the emulated device it says so rather than hand out something torch would refuse later."""
+    import torch
+
+    from runtime.transfer.streams import EmulatedStreams
+    from runtime.transfer.trace import Role
+
+    with pytest.raises(TypeError, match="EmulatedStreams on cpu has no CUDA streams"):
+        EmulatedStreams(torch.device("cpu"), separate_memory=True).cuda_stream(Role.H2D)

@@ -77,7 +77,7 @@ def make_comm(reduce_scatter_method: str | None = None) -> Comm:
 # torch 2.13 added `dist.all_gather_single` and `dist.reduce_scatter_single` and deprecated the names
 # they replace, `dist.all_gather_into_tensor` and `dist.reduce_scatter_tensor` (each call of an old name
 # warns). Every older torch that pyproject.toml admits has only the old names, with the same arguments
-# and the same result (torch 2.11, the GPU image's, among them). `all_gather_into` and
+# and the same result (torch 2.11 and 2.12). `all_gather_into` and
 # `reduce_scatter_into` therefore call the new name where the installed torch has it and the old one
 # otherwise; nothing else in the runtime names either. The name is looked up at each call (one
 # attribute read beside a collective), so a test can take the new names away from a running process.
