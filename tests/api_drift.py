@@ -4,7 +4,7 @@
 CI has no GPU, so the tests marked `gpu` are collected and skipped there: a refactor that changes
 what they call (a helper's arguments, a property that now returns a `Role` where it returned a
 torch stream, a method that now returns a `DeviceEvent`) leaves them broken until a GPU runs them.
-The first H200 run of 2026-11-28 found 11 such tests (on 3 kinds of drift). `drift(source)` reads a test module's syntax
+An H200 run of `pytest -m gpu` once found 11 such tests (3 kinds of drift). `drift(source)` reads a test module's syntax
 tree and lists, without running it:
 - names imported from runtime/, planner/ or a test module that the module no longer has;
 - calls of such a function (or of one the test module defines) whose arguments its signature no

@@ -17,7 +17,7 @@ def test_there_are_gpu_test_modules_to_check() -> None:
     assert {"test_runtime_gpu_cuda_path.py", "test_pinned_pool.py", "test_optimizer_worker.py"} <= names
 
 
-# What the first H200 run of the GPU tests (2026-11-28) failed on, as the tests were then written.
+# What an H200 run of the GPU tests once failed on, as the tests were then written.
 STALE = '''
 import torch
 from runtime.transfer.stores import CopyEngine
