@@ -350,6 +350,8 @@ class CollectiveBandwidth:
 def _collective_worker(rank: int, world_size: int, backend: str, port: int, nbytes: int, queue) -> None:
     import torch.distributed as dist
 
+    from runtime.transfer.collectives import all_gather_into, reduce_scatter_into
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
@@ -368,8 +370,8 @@ def _collective_worker(rank: int, world_size: int, backend: str, port: int, nbyt
 
         return _median_time_s(run, repeats=5)
 
-    gather_s = timed(lambda: dist.all_gather_into_tensor(full, shard))
-    scatter_s = timed(lambda: dist.reduce_scatter_tensor(shard, full))
+    gather_s = timed(lambda: all_gather_into(full, shard))
+    scatter_s = timed(lambda: reduce_scatter_into(shard, full))
     if rank == 0:
         bus = (world_size - 1) / world_size * numel * 4
         queue.put((bus / gather_s, bus / scatter_s))

@@ -21,7 +21,12 @@ from runtime_support import (
 )
 
 METHODS = ("native", "pairwise", "allreduce")
-WRAPPED = ("all_gather_single", "reduce_scatter_single", "all_reduce", "isend", "irecv")
+WRAPPED = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
+           "all_reduce", "isend", "irecv")
+"""Every collective the runtime may hand a tensor to (both names of the flat ones: [Note: flat
+collectives across torch versions])."""
+NEW_NAMES = ("all_gather_single", "reduce_scatter_single")
+"""The flat collectives' names that torch 2.13 added: older torch versions have only the old ones."""
 
 
 def staged_collectives(method: str, *, rank: int, world_size: int) -> dict[str, Any]:
@@ -32,7 +37,7 @@ def staged_collectives(method: str, *, rank: int, world_size: int) -> dict[str, 
     from runtime.transfer.collectives import all_gather_flat, make_comm, reduce_scatter_flat
 
     handed: list[int] = []
-    originals = {name: getattr(dist, name) for name in WRAPPED}
+    originals = {name: getattr(dist, name) for name in WRAPPED if hasattr(dist, name)}
 
     def recording(fn):  # noqa: ANN001, ANN202
         def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -91,6 +96,82 @@ def test_two_ranks_train_to_plain_pytorch_with_host_staged_collectives(tmp_path:
     ref = reference_losses("gpt")
     for (_, plan), losses in zip(cases, results, strict=True):
         assert max(relative_errors(ref, losses)) <= 1e-5, (plan["placement"], ref, losses)
+
+
+def _without_new_collective_names() -> list[str]:
+    """Take torch 2.13's flat collective names away from this process (as a torch before 2.13
+    has them) and count the calls of the old names: what the runtime calls instead."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+    for name in NEW_NAMES:
+        if hasattr(dist, name):
+            delattr(dist, name)
+    for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+        old = getattr(dist, name)
+        setattr(dist, name, lambda *a, _old=old, _name=name, **k: (calls.append(_name), _old(*a, **k))[1])
+    return calls
+
+
+def staged_losses_on_older_torch(kind: str, plan: dict[str, Any], method: str, *, rank: int,
+                                 world_size: int) -> dict[str, Any]:
+    """`staged_training_losses` with reduce-scatter `method`, in a process whose torch has only the
+    flat collectives' old names."""
+    from runtime import sharding
+    from runtime.transfer import collectives
+
+    calls = _without_new_collective_names()
+    sharding.make_comm = lambda _=None: collectives.make_comm(method)._replace(host_staged=True)
+    losses = sharded_losses(kind, plan, rank=rank, world_size=world_size)
+    return {"losses": losses, "old_names_called": sorted(set(calls))}
+
+
+@pytest.mark.slow
+def test_two_ranks_train_host_staged_on_a_torch_without_the_new_collective_names(tmp_path: Path) -> None:
+    """The host-staged two-rank path on a torch that has only `all_gather_into_tensor` and
+    `reduce_scatter_tensor` (torch 2.11, the GPU image's, failed every multi-rank run on 2.13's
+    names): the same losses as plain PyTorch, through the old names, for both reduce-scatters that
+    call a flat collective (`native`) or none (`pairwise`, gloo's default)."""
+    cases = [("gpt", plan_doc(world_size=2, placement=ALL_CPU, recompute_interval=1), method)
+             for method in ("native", "pairwise")]
+    results = run_distributed("staged_losses_on_older_torch", cases, tmp_path, module="test_collectives_host_staged")
+    ref = reference_losses("gpt")
+    for (_, _, method), got in zip(cases, results, strict=True):
+        assert max(relative_errors(ref, got["losses"])) <= 1e-5, (method, ref, got)
+    assert results[0]["old_names_called"] == ["all_gather_into_tensor", "reduce_scatter_tensor"]
+    assert results[1]["old_names_called"] == ["all_gather_into_tensor"]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.distributed.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
+def test_flat_collectives_take_the_old_names_where_torch_lacks_the_new(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """[Note: flat collectives across torch versions], on one gloo rank in this process: with the
+    new names taken away the gather and the reduce-scatter run through the old ones, with their
+    values; with the new names present (torch 2.13) the old, deprecated ones are never called."""
+    import torch.distributed as dist
+
+    from runtime.transfer.collectives import all_gather_into, reduce_scatter_into
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        for take_away in (False, True):
+            with monkeypatch.context() as patch:
+                calls: list[str] = []
+                for name in NEW_NAMES:
+                    if take_away:
+                        patch.delattr(dist, name, raising=False)
+                for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+                    old = getattr(dist, name)
+                    patch.setattr(dist, name, lambda *a, _old=old, _n=name, _calls=calls, **k: (
+                        _calls.append(_n), _old(*a, **k))[1])
+                gathered, reduced = torch.empty(3), torch.empty(3)
+                all_gather_into(gathered, torch.arange(3.0))
+                reduce_scatter_into(reduced, torch.arange(3.0) * 2)
+                assert gathered.tolist() == [0.0, 1.0, 2.0] and reduced.tolist() == [0.0, 2.0, 4.0]
+                has_new = all(hasattr(dist, name) for name in NEW_NAMES)
+                assert calls == ([] if has_new else ["all_gather_into_tensor", "reduce_scatter_tensor"]), take_away
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_local_comm_is_not_host_staged() -> None:

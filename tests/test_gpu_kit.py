@@ -590,3 +590,48 @@ def test_a_stage_stopped_mid_build_does_not_leave_the_next_one_waiting_on_its_lo
     assert (work / "torch_extensions" / "deepspeed_shm_comm" / "build.ninja").exists()
     assert "== stage offload: removed the lock its killed build left on deepspeed_shm_comm" in (
         tmp_path / "out" / "run.log").read_text()
+
+
+# -- the parity stage ([Note: the parity bar] in benchmarks/gpu/bench_gpu.py) -------------------------
+
+
+def _bench_gpu():  # noqa: ANN202
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
+    import bench_gpu
+
+    return bench_gpu
+
+
+@pytest.mark.parametrize(("options", "within"), [
+    ({}, True),
+    ({"fused": False, "foreach": True}, True),  # other rounding, the same arithmetic: inside, not at 0
+    ({"lr": 1.0001e-3}, False),  # the lr off by 0.01 %
+    ({"eps": 1e-6}, False),
+    ({"betas": (0.9, 0.99)}, False),
+], ids=["same", "foreach", "lr", "eps", "beta2"])
+def test_the_adamw_bound_admits_rounding_and_refuses_other_arithmetic(options: dict, within: bool) -> None:
+    """The CPU-vs-device AdamW bound, checked on the CPU with other optimizers in the device's
+    place: torch's foreach AdamW (the same arithmetic, rounded otherwise) stays inside it with room
+    (not merely inside a bound too loose to matter: at most a tenth), a change of the arithmetic
+    (lr, eps, beta2) leaves it."""
+    bench_gpu = _bench_gpu()
+    assert bench_gpu.LR == 1e-3
+    check = bench_gpu.adam_rounding_check(100_000, "cpu", options=options)
+    assert check["within_bound"] is within, check
+    if options.get("foreach"):
+        assert 0 < check["max_difference_over_bound"] < 0.1, check
+
+
+def test_the_parity_dry_run_holds_each_tier_to_its_reference_and_the_adamw_bound(tmp_path: Path) -> None:
+    """`run.sh --dry-run parity`'s document: the host tier against plain torch with the host's AdamW
+    and the device tier against plain torch, bit for bit, and the AdamW bound, as on the GPU."""
+    out = tmp_path / "parity.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/bench_gpu.py"), "parity", "--device", "cpu",
+                           "--size", "tiny", "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert {name: v["reference"] for name, v in doc["systems"].items()} == {"ours-device": "plain",
+                                                                           "ours-cpu": "plain-host-adam"}
+    assert all(v["bitwise_equal_to_reference"] for v in doc["systems"].values())
+    assert doc["cpu_vs_device_adamw"]["within_bound"] and doc["cpu_vs_device_adamw"]["numel"] > 0
+    assert doc["ok"] is True

@@ -396,25 +396,27 @@ def test_backward_gpu_work_continues_while_the_worker_updates(tmp_path: Path) ->
     st.close()
 
 
-@gpu
-@pytest.mark.parametrize(("placement", "precision"), [(ALL_NVME, "fp32"), (OPTIMIZER_NVME, "bf16"),
-                                                      (ALL_DEVICE, "bf16")],
-                         ids=["all-nvme", "optimizer-nvme-bf16", "all-device-bf16"])
-def test_cuda_in_backward_on_the_worker_is_bitwise_after_backward(placement: dict[str, str], precision: str,
-                                                                 tmp_path: Path) -> None:
-    """Property (bitwise): on the GPU, the updates from gradients staged off the device on the copy
-    stream (the worker waits for each copy's event) give the after-backward step's losses and
-    parameters bit for bit; every gradient byte crossed the link once per step (d2h), through at
-    most two pinned staging buffers. With every state on the device the worker queues the update's
-    kernels itself: after the gradient's (an event) and before the next forward's (the drain)."""
+def in_backward_matches_after_backward(placement: dict[str, str], precision: str, tmp_path: Path) -> None:
+    """The in-backward schedule's three steps give the after-backward step's losses and parameters
+    bit for bit, on the rank's compute device (CUDA, or the emulated device). With the optimizer
+    states on NVMe every gradient byte crosses the link once per step (d2h), staged in
+    `GradientStaging`: IN_BACKWARD_STAGED_GRADIENTS pinned buffers of the largest unit's gradient
+    shard, each rounded up to 4 KiB, which is what the plan's bill charges a rank for them
+    (`gradient_swap_buffers` on hardware whose device memory is its own)."""
+    from runtime_support import HARDWARE
+
+    from planner.cost.memory import IN_BACKWARD_STAGED_GRADIENTS, memory_bill
+    from planner.specs.units import round_up_4kib
+
     runs = {}
     for schedule in ("after_backward", "in_backward"):
-        model, opt, st = _sharded(placement, tmp_path, precision=precision, optimizer_step=schedule)
+        model, opt, st = _sharded(placement, tmp_path, precision=precision, optimizer_step=schedule,
+                                  hardware={**HARDWARE, "host_is_device": False})
         d2h = []
         losses = []
         for tokens in batches(3):
             before = st.profiler.link_bytes.get("d2h", 0)
-            losses.append(_step(model, opt, tokens.cuda()))
+            losses.append(_step(model, opt, tokens.to(st.config.device)))
             d2h.append(st.profiler.link_bytes.get("d2h", 0) - before)
         runs[schedule] = (losses, st.full_parameters())
         if schedule == "in_backward" and placement["optimizer_states"] == "nvme":
@@ -423,7 +425,35 @@ def test_cuda_in_backward_on_the_worker_is_bitwise_after_backward(placement: dic
             assert d2h[-1] == sum(u.layout.shard_numel * produced for u in grads)
             staging = st.ledger.usage("cpu").term_peaks.get("gradient_swap_buffers", 0)
             largest = max(u.layout.shard_numel * produced for u in grads)
-            assert 0 < staging <= 2 * largest
+            billed = memory_bill(st.plan).terms["cpu"]["gradient_swap_buffers"] // st.plan.cluster.gpus_per_node
+            assert staging == IN_BACKWARD_STAGED_GRADIENTS * round_up_4kib(largest) == billed, (staging, largest, billed)
         opt.close()
         st.close()
     assert_bitwise(runs["after_backward"], runs["in_backward"])
+
+
+@pytest.mark.parametrize(("placement", "precision"), [(ALL_NVME, "fp32"), (OPTIMIZER_NVME, "bf16")],
+                         ids=["all-nvme", "optimizer-nvme-bf16"])
+def test_emulated_device_in_backward_on_the_worker_is_bitwise_after_backward(
+        placement: dict[str, str], precision: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA test below, on the emulated device (`CopyEngine.separate_memory_on_cpu`: gradients
+    staged off the "device" through the same `GradientStaging`): its checks run in CI."""
+    from runtime.transfer.stores import CopyEngine
+
+    monkeypatch.setattr(CopyEngine, "separate_memory_on_cpu", True)
+    in_backward_matches_after_backward(placement, precision, tmp_path)
+
+
+@gpu
+@pytest.mark.parametrize(("placement", "precision"), [(ALL_NVME, "fp32"), (OPTIMIZER_NVME, "bf16"),
+                                                      (ALL_DEVICE, "bf16")],
+                         ids=["all-nvme", "optimizer-nvme-bf16", "all-device-bf16"])
+def test_cuda_in_backward_on_the_worker_is_bitwise_after_backward(placement: dict[str, str], precision: str,
+                                                                 tmp_path: Path) -> None:
+    """Property (bitwise): on the GPU, the updates from gradients staged off the device on the copy
+    stream (the worker waits for each copy's event) give the after-backward step's losses and
+    parameters bit for bit; every gradient byte crossed the link once per step (d2h), through the
+    pinned staging the bill charges (`in_backward_matches_after_backward`). With every state on the
+    device the worker queues the update's kernels itself: after the gradient's (an event) and
+    before the next forward's (the drain)."""
+    in_backward_matches_after_backward(placement, precision, tmp_path)

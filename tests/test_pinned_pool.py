@@ -26,6 +26,7 @@ from runtime.ckpt.rank_state import save_rank
 from runtime.transfer.host_store import HostStore
 from runtime.transfer.pinned_pool import StagingPool, _StagedCopy
 from runtime.transfer.stores import CopyEngine
+from runtime.transfer.trace import Role
 
 gpu = pytest.mark.gpu
 SEPARATE = {**HARDWARE, "host_is_device": False}
@@ -251,12 +252,12 @@ def test_cuda_pieces_through_two_buffers_round_trip_bitwise() -> None:
     before = _pinned_handouts()
     src = torch.randn(64 * 16 * 1024)
     on_device, event = copier.stage_to_device(src)
-    torch.cuda.current_stream().wait_event(event)
+    copier.streams.wait(Role.COMPUTE, event)
     doubled = on_device * 2  # on the compute stream, after the copy
     back = torch.empty_like(src)
     saved = copier.to_host(doubled, lambda piece, at: back[at : at + piece.numel()].copy_(piece))
     again, event = copier.back_to_device(back, saved)  # pieces still in their buffers go from there
-    torch.cuda.current_stream().wait_event(event)
+    copier.streams.wait(Role.COMPUTE, event)
     saved.finish()
     assert torch.equal(back, src * 2) and torch.equal(again.cpu(), src * 2)
     assert pool.buffers.pinned and torch.frombuffer(pool.acquire().view, dtype=torch.uint8).is_pinned()

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from runtime import launch
 from runtime.optim.loss_scaling import DynamicLossScaler
 from runtime.transfer.collectives import Comm
+from runtime.transfer.trace import Role
 
 gpu = pytest.mark.gpu
 
@@ -173,7 +174,7 @@ def test_prefetch_leaves_the_compute_stream_free(monkeypatch: pytest.MonkeyPatch
     # A second rank's all-gather stands in as identity: the stream ordering is start_gather's own.
     monkeypatch.setattr(unit, "comm", unit.comm._replace(world_size=2))
     monkeypatch.setattr(group_module, "all_gather_flat", lambda comm, shard, link_bytes: Gathered(shard, None))
-    compute, side = torch.cuda.current_stream(), unit.param_store.copier.stream
+    compute, side = torch.cuda.current_stream(), unit.param_store.copier.streams.cuda_stream(Role.H2D)
     x = torch.randn(1024, 1024, device="cuda")
     # Every kernel of the path loaded before the timed part ([Note: warm kernels before an overlap is timed]).
     x @ x
@@ -243,7 +244,7 @@ def _slow_kernel_and_events(store):  # noqa: ANN001, ANN202
     """A long kernel on the compute stream, bracketed by timing events (`issued`, `compute_done`),
     and an event the test records on the store's copy stream once its copy is issued."""
     torch.cuda.synchronize()
-    compute, side = torch.cuda.current_stream(), store.copier.stream
+    compute, side = torch.cuda.current_stream(), store.copier.streams.cuda_stream(Role.H2D)
     issued, compute_done, copy_done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     issued.record(compute)
     torch.cuda._sleep(SLOW_COPY_CYCLES)
@@ -306,26 +307,22 @@ def test_host_shard_read_does_not_queue_behind_compute(precision: str) -> None:
 
 
 @gpu
+@pytest.mark.parametrize("pinning", ["shards", "staged"])
 @pytest.mark.parametrize("schedule", ["after_backward", "in_backward"])
 @pytest.mark.parametrize("placement", ["cpu", "opt-on-nvme", "all-nvme"])
-def test_the_transfer_path_waits_on_the_host_only_in_the_step(placement: str, schedule: str, tmp_path: Path) -> None:
+def test_the_transfer_path_waits_on_the_host_only_in_the_step(placement: str, schedule: str, pinning: str,
+                                                              tmp_path: Path) -> None:
     """Property, on CUDA, read off the same trace the emulated device's tests read
-    (tests/test_transfer_path.py): no runtime hook waits on the host; between a forward's start and
-    `optimizer.step()` the threads that issue device work never wait on the host, and the step
-    waits at most once; host-to-device and device-to-host copies run on their own streams and no
-    copy stream waits for all of another; nothing is pinned after the first step; every pinned byte
-    is in the ledger and equals the bill's term for it."""
-    from test_transfer_path import SEPARATE, STEPS, _doc, trained_and_traced
+    (tests/test_transfer_path.py), by the same checks (`gpu_program_properties_hold`): no runtime
+    hook waits on the host; between a forward's start and `optimizer.step()` the threads that issue
+    device work never wait on the host, and the step waits at most once; host-to-device and
+    device-to-host copies run on their own streams and no copy stream waits for all of another;
+    nothing is pinned after the first step; every pinned byte is in the ledger and the bill's term
+    for it (to the byte, or within a page per buffer and the parameters the bill's model spec
+    leaves out, for the shard terms)."""
+    from test_transfer_path import _doc, gpu_program_properties_hold, trained_and_traced
 
-    doc = {**_doc(placement, schedule, str(tmp_path), 1), "hardware": {**SEPARATE, "host_is_device": False}}
-    run = trained_and_traced(doc)
-    assert run["hook_waits"] == []
-    assert all(run["before_step"][s] == [] for s in range(1, STEPS + 1)), run["before_step"]
-    assert all(len(run["in_step"][s]) <= 1 for s in range(1, STEPS + 1)), run["in_step"]
-    assert run["misplaced_copies"] == [] and run["whole_stream_waits"] == []
-    assert run["pins_after_first_step"] == []
-    for term, (pinned, ledger, bill) in run["pinned"].items():
-        assert pinned == ledger == bill, (term, pinned, ledger, bill)
+    gpu_program_properties_hold(trained_and_traced(_doc(placement, schedule, pinning, str(tmp_path), 1)))
 
 
 # -- 9. recompute inputs offloaded asynchronously ([Note: asynchronous recompute-input offload]) -------

@@ -236,14 +236,38 @@ def test_nothing_is_pinned_after_the_first_step(runs: dict, case: tuple[str, str
     assert runs[case]["pins_after_first_step"] == []
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_every_pinned_byte_is_in_the_ledger_and_the_bill(runs: dict, case: tuple[str, str, str]) -> None:
-    for term, (pinned, ledger, bill) in runs[case]["pinned"].items():
+def pinned_bytes_are_billed(run: dict[str, Any]) -> None:
+    """Every pinned byte belongs to a ledger term and equals it, and the bill's term for it (shard
+    terms: within `allowance`)."""
+    for term, (pinned, ledger, bill) in run["pinned"].items():
         assert pinned == ledger, (term, pinned, ledger)
         if term in SHARD_TERMS:
-            assert bill <= ledger <= bill + runs[case]["allowance"][term], (term, ledger, bill)
+            assert bill <= ledger <= bill + run["allowance"][term], (term, ledger, bill)
         else:
             assert ledger == bill, (term, ledger, bill)
+
+
+def gpu_program_properties_hold(run: dict[str, Any]) -> None:
+    """Every property this module's tests read off one traced run (`trained_and_traced`), losses
+    aside: what tests/test_runtime_gpu_cuda_path.py asserts of the same run on CUDA."""
+    assert run["hook_waits"] == []
+    assert all(waits == [] for waits in run["before_step"].values()), run["before_step"]
+    assert all(len(waits) <= 1 for waits in run["in_step"].values()), run["in_step"]
+    assert run["misplaced_copies"] == [] and run["whole_stream_waits"] == []
+    assert run["pins_after_first_step"] == []
+    pinned_bytes_are_billed(run)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_pinned_byte_is_in_the_ledger_and_the_bill(runs: dict, case: tuple[str, str, str]) -> None:
+    pinned_bytes_are_billed(runs[case])
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_gpu_tests_checks_hold_on_the_emulated_device(one_rank: dict, case: tuple[str, str, str]) -> None:
+    """The checks tests/test_runtime_gpu_cuda_path.py runs on CUDA, on the emulated device's run of
+    the same plan (built by the same `_doc`): a change to either shows here, without a GPU."""
+    gpu_program_properties_hold(one_rank[case])
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -128,8 +128,8 @@ STAGES = {
                   "thread) where its ops are prebuilt, a 4-layer cut of the Llama, merged after each shape", 100, 60,
                   240, reserved=True),
     "pytest": Stage("pytest -m gpu (two ranks share the GPU over gloo where a test needs several)", 60, 55, 180),
-    "parity": Stage("one-GPU parity with plain torch on the fp32 MLP (losses; bitwise where the math is identical)",
-                    15, 12, 60),
+    "parity": Stage("one-GPU parity on the fp32 MLP: each tier bitwise against plain torch running its arithmetic, "
+                    "CPU vs CUDA AdamW within a derived bound", 15, 12, 60),
     "device": Stage("the fp32 MLP all on the GPU: ours vs plain torch", 35, 30, 90),
     "planner": Stage("planner probe -> fit -> run -> compare for the cpu, nvme and device plans", 150, 60, 240),
     "staged": Stage("the host tier's staged copies timed piece by piece, and a sampled trace of its threads", 30, 30, 90),

@@ -363,11 +363,21 @@ def _checks(doc: dict) -> list[str]:
                   + (f" and {len(p['failures']) - 10} more (pytest.json)" if len(p.get("failures", [])) > 10 else "")
                   + ".", ""]
     par = doc.get("parity")
-    if par is not None and "systems" in par:
+    if par is not None and "systems" in par and "tolerance" in par:  # a run before [Note: the parity bar]
         lines += ["Parity with plain torch (fp32 MLP, TF32 off, same weights and batches): " + "; ".join(
             f"`{k}` max relative loss error {v['max_rel_error_vs_plain']:.2e}"
             + (", bitwise equal" if v["bitwise_equal_to_plain"] else "") for k, v in par["systems"].items())
             + f" (tolerance {par['tolerance']:g}).", ""]
+    elif par is not None and "systems" in par:
+        adam = par["cpu_vs_device_adamw"]
+        lines += ["Parity (fp32 MLP, TF32 off, same weights and batches; bar: benchmarks/gpu/bench_gpu.py, "
+                  "[Note: the parity bar]): " + "; ".join(
+                      f"`{k}` {'bitwise equal to' if v['bitwise_equal_to_reference'] else 'NOT bitwise equal to'} "
+                      f"`{v['reference']}` (max relative loss error vs `plain` {v['max_rel_error_vs_plain']:.2e})"
+                      for k, v in par["systems"].items())
+                  + f"; CPU vs {adam['device']} fused AdamW, one step from one state: largest difference "
+                  f"{adam['max_difference_over_bound']:.3f} of its bound ({'within' if adam['within_bound'] else 'PAST it'}).",
+                  ""]
     elif par is not None:
         lines += _did_not_run("Parity", par)
     return lines

@@ -8,7 +8,7 @@ three correct implementations, selectable with `shard(..., reduce_scatter_method
 - `pairwise` (default): every rank sends slice j to rank j and receives its own slice from every
   other rank (n-1 isend + n-1 irecv, all in flight at once), then sums. Each rank moves (n-1)/n of
   the buffer, like a ring reduce-scatter, without the ring's n-1 dependent steps.
-- `native`: `reduce_scatter_tensor` (NCCL's, and gloo's when present).
+- `native`: the backend's own reduce-scatter (`reduce_scatter_into`: NCCL's, and gloo's when present).
 `pairwise` was the fastest on gloo at every buffer size `benchmarks/bench_collectives.py` measured
 (benchmarks/RESULTS.md, "gloo reduce-scatter"), so gloo defaults to `pairwise`, NCCL to `native`.
 
@@ -73,6 +73,32 @@ def make_comm(reduce_scatter_method: str | None = None) -> Comm:
     return Comm(dist.group.WORLD, reduce_group, dist.get_world_size(), dist.get_rank(), method, device, host_staged)
 
 
+# [Note: flat collectives across torch versions]
+# torch 2.13 added `dist.all_gather_single` and `dist.reduce_scatter_single` and deprecated the names
+# they replace, `dist.all_gather_into_tensor` and `dist.reduce_scatter_tensor` (each call of an old name
+# warns). Every older torch that pyproject.toml admits has only the old names, with the same arguments
+# and the same result (torch 2.11 and 2.12). `all_gather_into` and
+# `reduce_scatter_into` therefore call the new name where the installed torch has it and the old one
+# otherwise; nothing else in the runtime names either. The name is looked up at each call (one
+# attribute read beside a collective), so a test can take the new names away from a running process.
+
+
+def all_gather_into(output: torch.Tensor, shard: torch.Tensor, *, group: dist.ProcessGroup | None = None,
+                    async_op: bool = False) -> dist.Work | None:
+    """Gather every rank's `shard` into the flat `output` (rank order) with the installed torch's
+    collective ([Note: flat collectives across torch versions])."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, shard, group=group, async_op=async_op)
+
+
+def reduce_scatter_into(output: torch.Tensor, full: torch.Tensor, *, group: dist.ProcessGroup | None = None,
+                        async_op: bool = False) -> dist.Work | None:
+    """Sum `full` across ranks into this rank's slice `output` with the installed torch's
+    collective ([Note: flat collectives across torch versions])."""
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return reduce_scatter(output, full, group=group, async_op=async_op)
+
+
 def host_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A host tensor of the collective's own holding `tensor`'s values (never `tensor` itself, even
     on the CPU): the source of a host-staged collective ([Note: gloo and device tensors])."""
@@ -104,9 +130,9 @@ def all_gather_flat(comm: Comm, shard: torch.Tensor, link_bytes: dict[str, int])
     link_bytes["all_gather"] = link_bytes.get("all_gather", 0) + nbytes(output) - nbytes(shard)
     if comm.host_staged:
         source, gathered = host_copy(shard), torch.empty(output.shape, dtype=output.dtype, device="cpu")
-        work = dist.all_gather_single(gathered, source, group=comm.gather_group, async_op=True)
+        work = all_gather_into(gathered, source, group=comm.gather_group, async_op=True)
         return Gathered(output, work, (source, gathered))
-    work = dist.all_gather_single(output, shard, group=comm.gather_group, async_op=True)
+    work = all_gather_into(output, shard, group=comm.gather_group, async_op=True)
     return Gathered(output, work)
 
 
@@ -150,7 +176,7 @@ def _reduce_scatter(comm: Comm, full: torch.Tensor) -> Reduced:
     chunks = full.chunk(n)
     if comm.reduce_scatter_method == "native":
         output = torch.empty_like(chunks[rank])
-        work = dist.reduce_scatter_single(output, full, group=comm.reduce_group, async_op=True)
+        work = reduce_scatter_into(output, full, group=comm.reduce_group, async_op=True)
         return Reduced((work,), output, ())
     if comm.reduce_scatter_method == "allreduce":
         work = dist.all_reduce(full, group=comm.reduce_group, async_op=True)

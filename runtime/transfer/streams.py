@@ -241,6 +241,13 @@ class Streams(ABC):
     def _side(self) -> bool:
         return any(r is not Role.COMPUTE for r in self._local.__dict__.get("roles", ()))
 
+    def cuda_stream(self, role: Role) -> torch.cuda.Stream:
+        """The torch.cuda.Stream behind `role`, for code outside the runtime that orders or times work
+        of its own against the runtime's copies with torch's own events (the GPU tests); the
+        runtime itself orders work through `record`, `wait` and `on`. A TypeError on a device
+        without CUDA streams (the emulated device's streams are not torch objects)."""
+        raise TypeError(f"{type(self).__name__} on {self.device} has no CUDA streams")
+
     def current_role(self) -> Role:
         """The stream kernels launched now run on (`Role.COMPUTE` outside every `on`)."""
         roles = self._local.__dict__.get("roles")
@@ -286,6 +293,9 @@ class CudaStreams(Streams):
 
     def stream(self, role: Role) -> torch.cuda.Stream:
         return self._streams[role] if role in self._streams else torch.cuda.current_stream(self.device)
+
+    def cuda_stream(self, role: Role) -> torch.cuda.Stream:
+        return self.stream(role)
 
     def _record(self, role: Role) -> DeviceEvent:
         event = torch.cuda.Event()
