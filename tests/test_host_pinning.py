@@ -70,7 +70,7 @@ def test_gradients_land_at_the_workers_add_rate_either_way():
 
 def test_a_landing_moves_six_bytes_of_host_memory_per_bf16_gradient_byte():
     # The DMA writes the bf16 gradient (2), the worker reads it (2) and the fp32 shard (4) and writes
-    # the shard (4): 12 bytes per element. With the host memory's own rate measured (40 GB/s, 10 per
+    # the shard (4): 12 bytes per element. With the host memory's own rate from the probe (40 GB/s, 10 per
     # GPU of 4) a landing runs at 10 / 6 GB/s, below the worker's 2 GB/s.
     measured = replace(SLOW_COPY, sources={"host_memory_gb_per_s": "measured"})
     assert measured.host_memory_is_measured and not SLOW_COPY.host_memory_is_measured

@@ -1,4 +1,4 @@
-"""The planner's predictions for the 2026-11-28 H200 run's planner chains (`planner probe` -> `fit` ->
+"""The planner's predictions for a recorded H200 run's planner chains (`planner probe` -> `fit` ->
 `run --model` -> `compare`, benchmarks/gpu/planner_chain.py), from a cut of the recorded documents:
 tests/data/h200_2026_11_28_planner_chains.json holds the probe's hardware spec, each chain's plan and
 the measured phases of its profile. The plans are simulated here as `planner simulate` does, and each

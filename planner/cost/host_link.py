@@ -69,9 +69,8 @@ def landing_host_bytes_per_byte(plan: Plan) -> float:
     """Host memory bytes read and written per gradient byte that lands in an fp32 host shard: the
     DMA writes the 16-bit gradient into a pinned buffer (`e`), the worker reads it (`e`) and the fp32
     shard (4) and writes the shard (4). A memcpy counts each byte read and written, as the probe's
-    host-memory rate does. On an H200 host that rate (77.1 GB/s) over these 6 bytes per bf16
-    gradient byte is 12.8 GB/s, the landing add the GPU kit's staged stage timed alone
-    (docs/notes/2026-11-28-offload-prediction-h200.md)."""
+    host-memory rate does. That rate over these 6 bytes per bf16 gradient byte is what the GPU kit's
+    staged stage times for the landing add alone (the measurement: docs/notes/2026-11-28-offload-prediction-h200.md)."""
     element = COMPUTE_BYTES[plan.precision]
     return (2 * element + 2 * FP32_SHARD_BYTES) / element
 
