@@ -16,12 +16,21 @@ simulator and the estimate time them with Adam on the CPU optimizer's resource, 
 memory bandwidth: what CPU Adam's probed rate (fused AdamW over tensors already in place) leaves
 out. Where the CPU is the compute device and has few cores they can be most of the worker's busy
 time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md).
+
+[Note: the resident step's cast] With the optimizer states in host memory (not streamed) the update
+is in place in the fp32 master, but a mixed-precision plan whose parameters are in host memory too
+keeps a 16-bit parameter shard of its own (`host_param_shard: compute_copy`): each update casts the
+master into it on the same thread (`HostStore.write_host`: 4 bytes read, `e` written per
+parameter), priced like the streamed step's copies. With `host_param_shard: master` the shard is the
+master and nothing is cast on the host; the device casts what it reads instead
+(`host_param_read_bytes`: the link moves 4 bytes per parameter, not `e`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.specs.plan import master_is_param_shard
 from planner.specs.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
@@ -49,12 +58,29 @@ def step_host_copy_bytes_per_param(plan: Plan) -> float:
     return nbytes
 
 
+def resident_cast_bytes_per_param(plan: Plan) -> float:
+    """Host memory bytes per parameter the resident (host-memory) step's cast of the updated master
+    into the 16-bit parameter shard moves ([Note: the resident step's cast]); 0 where there is no
+    such shard (the master is the parameter shard, or the parameters are elsewhere)."""
+    place = plan.placement
+    if (plan.precision == "fp32" or not place.optimizer_states.host_memory or not place.params.host_memory
+            or master_is_param_shard(plan)):
+        return 0.0
+    return MASTER_BYTES + COMPUTE_BYTES[plan.precision]
+
+
+def host_param_read_bytes(plan: Plan) -> int:
+    """Bytes per element of the parameter shard as it is read off its tier: the fp32 master where it
+    is the shard of a mixed-precision plan ([Note: the resident step's cast]), else the compute precision."""
+    return 4 if master_is_param_shard(plan) else COMPUTE_BYTES[plan.precision]
+
+
 def step_cpu_params_per_param(plan: Plan) -> float:
-    """One parameter updated by the streamed step, in parameters of CPU Adam's rate: Adam's own work
+    """One parameter updated by the CPU step, in parameters of CPU Adam's rate: Adam's own work
     plus its host copies at the host's memory bandwidth, as one busy time of the CPU optimizer
-    ([Note: the step's host copies]); 1 without copies."""
+    ([Note: the step's host copies], [Note: the resident step's cast]); 1 without copies."""
     node = plan.node
-    copies = step_host_copy_bytes_per_param(plan)
+    copies = step_host_copy_bytes_per_param(plan) + resident_cast_bytes_per_param(plan)
     if not copies or node.host_memory_bytes_per_s <= 0:
         return 1.0
     return 1 + copies * node.cpu_adam_params_per_s / node.host_memory_bytes_per_s
