@@ -64,7 +64,10 @@ def test_zero_inf_cpu_serial_iteration():
     grads = max(2 * P * 3 / 4 / (100 * GB), 2 * P / 4 / (10 * GB))
     inputs = 2 * 1024 * 1024 * 1  # eq. 3: one recompute input of one block
     inputs_s = inputs / (10 * GB) + inputs / (10 * GB)
-    optimizer = max(P / 4 * 4 / 1e9, 0.0)  # CPU Adam over the node's 4 shards
+    # CPU Adam over the node's 4 shards, each update's cast of the master into the bf16 parameter shard
+    # beside it: 4 + 2 bytes/param at the 40 GB/s host memory (planner/cost/host_work.py [Note: the
+    # resident step's cast]).
+    optimizer = P / 4 * 4 / 1e9 * (1 + 6 * 1e9 / (40 * GB))
     assert est.phase_time_s["forward"] == pytest.approx(COMPUTE_FWD + per_pass + inputs / (10 * GB))
     assert est.phase_time_s["backward"] == pytest.approx(COMPUTE_BWD + 2 * per_pass + grads + inputs / (10 * GB))
     assert est.phase_time_s["optimizer"] == pytest.approx(optimizer)
