@@ -226,7 +226,7 @@ def search(request: SearchRequest) -> SearchResult:
                 if schedule_changes_bill(first):
                     tried, found, failure = _sized_candidates(request, strategy, base)
                 else:  # the same plans fit: price them at this schedule too
-                    found = [predict(p.replace(optimizer_step=base.optimizer_step, prediction=None)) for p in found]
+                    found = [_rescheduled(request, p, base.optimizer_step) for p in found]
                 evaluated += tried
                 best_for_placement += found
                 first_failure = first_failure or failure
@@ -292,6 +292,19 @@ def choose_host_param_shard(plan: Plan, bill: MemoryBill | None,
     if not master_bill.fits or estimate(master).iteration_time_s >= estimate(plan).iteration_time_s:
         return plan, bill
     return master, master_bill
+
+
+def _rescheduled(request: SearchRequest, plan: Plan, step: str) -> Plan:
+    """`plan` (sized and billed at another schedule, which does not change its bill) at schedule `step`,
+    its pinning and host parameter shard chosen again for it (the cast they trade weighs differently
+    in and after the backward), with its prediction."""
+    plan = plan.replace(optimizer_step=step, prediction=None)
+    if not master_may_be_param_shard(plan):
+        return predict(plan)
+    copy = plan.replace(host_param_shard=HostParamShard.COMPUTE_COPY)
+    chosen, _, bill = choose_host_pinning_billed(copy, request.locked_memory_bytes)
+    chosen, bill = choose_host_param_shard(chosen, bill, request.locked_memory_bytes)
+    return _with_prediction(chosen, bill)
 
 
 def _no_tiling_fits(request: SearchRequest, plan: Plan, tilings: tuple[int, ...]) -> bool:
