@@ -76,7 +76,7 @@ def _tensor_entry(name: str, tensor: torch.Tensor) -> _Entry:
 
 def _store_entries(state: Any) -> list[_Entry]:
     entries = []
-    for prefix, store in (("params", state.param_store), ("optimizer_states", state.optimizer_store)):
+    for store in (state.param_store, state.optimizer_store):
         store.drain()
     for prefix, store, key in _stored_shards(state):
         if store is None:  # the master's 16-bit copy, which this model does not keep
