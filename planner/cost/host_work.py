@@ -15,15 +15,8 @@ They are memory-bound passes on the optimizer worker's thread, between its updat
 simulator and the estimate time them with Adam on the CPU optimizer's resource, at the host's
 memory bandwidth: what CPU Adam's probed rate (fused AdamW over tensors already in place) leaves
 out. Where the CPU is the compute device and has few cores they can be most of the worker's busy
-time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md).
-
-[Note: the resident step's cast] With the optimizer states in host memory (not streamed) the update
-is in place in the fp32 master, but a mixed-precision plan whose parameters are in host memory too
-keeps a 16-bit parameter shard of its own (`host_param_shard: compute_copy`): each update casts the
-master into it on the same thread (`HostStore.write_host`: 4 bytes read, `e` written per
-parameter), priced like the streamed step's copies. With `host_param_shard: master` the shard is the
-master and nothing is cast on the host; the device casts what it reads instead
-(`host_param_read_bytes`: the link moves 4 bytes per parameter, not `e`).
+time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md). The
+resident (host-memory) step's cast: [Note: the resident step's cast] below.
 """
 
 from __future__ import annotations
@@ -58,6 +51,13 @@ def step_host_copy_bytes_per_param(plan: Plan) -> float:
     return nbytes
 
 
+# [Note: the resident step's cast] With the optimizer states in host memory (not streamed) the update
+# is in place in the fp32 master, but a mixed-precision plan whose parameters are in host memory too
+# keeps a 16-bit parameter shard of its own (`host_param_shard: compute_copy`): each update casts the
+# master into it on the same thread (`HostStore.write_host`: 4 bytes read, `e` written per
+# parameter), priced like the streamed step's copies. With `host_param_shard: master` the shard is the
+# master and nothing is cast on the host; the device casts what it reads instead
+# (`host_param_read_bytes`: the link moves 4 bytes per parameter, not `e`).
 def resident_cast_bytes_per_param(plan: Plan) -> float:
     """Host memory bytes per parameter the resident (host-memory) step's cast of the updated master
     into the 16-bit parameter shard moves ([Note: the resident step's cast]); 0 where there is no
