@@ -16,7 +16,11 @@ import torch
 from runtime_support import ALL_CPU, HARDWARE, LLAMA_MODEL, _loss, batches, build_model, run_distributed
 
 import runtime
-from planner.cost.host_work import host_param_read_bytes, resident_cast_bytes_per_param, step_cpu_params_per_param
+from planner.cost.host_work import (
+    host_param_read_bytes,
+    resident_cast_bytes_per_param,
+    step_cpu_params_per_param,
+)
 from planner.cost.memory import memory_bill
 from planner.cost.throughput import estimate
 from planner.search.search import SearchRequest, choose_host_param_shard, search

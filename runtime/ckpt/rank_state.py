@@ -83,8 +83,8 @@ def _store_entries(state: Any) -> list[_Entry]:
             entries.append(_compute_copy_entry(state, key))
         elif prefix == "optimizer_states" and store is state.param_store:
             entries.append(_Entry(f"{prefix}/{key}", *store.shard_info(key.unit),
-                                  lambda out, o, k=key.unit: store.read_into(k, out, o),
-                                  lambda src, o, k=key.unit: store.write_from(k, src, o)))
+                                  lambda out, o, k=key.unit, s=store: s.read_into(k, out, o),
+                                  lambda src, o, k=key.unit, s=store: s.write_from(k, src, o)))
         else:
             entries.append(_store_entry(prefix, store, key))
     return entries
@@ -101,13 +101,14 @@ def _stored_shards(state: Any) -> list[tuple[str, ShardStore | None, ShardKey]]:
     Either model resumes the other's checkpoint; the one without the copy reads the master and
     skips the copy (`store` None)."""
     params, states = state.param_store, state.optimizer_store
-    out: list[tuple[str, ShardStore | None, ShardKey]] = [("params", params, k) for k in params.keys()]
+    param_keys, state_keys = params.keys(), states.keys()
+    out: list[tuple[str, ShardStore | None, ShardKey]] = [("params", params, k) for k in param_keys]
     shared = []
     if state.config.master_shares_param_shard and state.config.compute_dtype != torch.float32:
-        shared = [("optimizer_states", params, StateKey("master", k)) for k in params.keys()]
-        out = [("params", None, k) for k in params.keys()]
+        shared = [("optimizer_states", params, StateKey("master", k)) for k in param_keys]
+        out = [("params", None, k) for k in param_keys]
     out.sort(key=lambda e: str(e[2]))
-    rest = [("optimizer_states", states, k) for k in states.keys()] + shared
+    rest = [("optimizer_states", states, k) for k in state_keys] + shared
     return out + sorted(rest, key=lambda e: str(e[2]))
 
 
