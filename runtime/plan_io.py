@@ -17,7 +17,7 @@ from planner.cost.feasibility import check_plan
 from planner.cost.memory import stores_gradients
 from planner.cost.swap import with_default_swap
 from planner.specs.errors import PlannerError
-from planner.specs.plan import Placement, Plan, load_plan
+from planner.specs.plan import Placement, Plan, load_plan, master_is_param_shard
 from planner.specs.units import GIB
 from runtime.plan_check import executable_problem
 
@@ -48,14 +48,19 @@ class RuntimeConfig:
     """False when each unit's gradient goes straight into the in-backward update and is never stored
     (`planner.cost.memory.stores_gradients`)."""
 
+    master_shares_param_shard: bool = False
+    """The parameter shard is the fp32 master (`planner.specs.plan.master_is_param_shard`): fp32
+    params in the optimizer's tier, or `host_param_shard: master`; no separate master exists, the
+    update is in place and a read of the shard is cast to the compute precision where it lands."""
+
     @property
     def compute_dtype(self) -> torch.dtype:
         return COMPUTE_DTYPES[self.precision]
 
     @property
-    def master_shares_param_shard(self) -> bool:
-        """fp32 params whose store is where the optimizer steps need no separate master copy."""
-        return self.precision == "fp32" and self.placement.params == self.placement.optimizer_states
+    def param_shard_dtype(self) -> torch.dtype:
+        """The dtype the parameter shards are stored in: the master's where the shard is the master."""
+        return torch.float32 if self.master_shares_param_shard else self.compute_dtype
 
 
 def resolve_plan(plan: str | Path | dict[str, Any] | Plan) -> Plan:
@@ -91,6 +96,7 @@ def runtime_config(plan: Plan, *, world_size: int) -> RuntimeConfig:
         device=compute_device(),
         optimizer_step=plan.optimizer_step,
         stores_gradients=stores_gradients(plan),
+        master_shares_param_shard=master_is_param_shard(plan),
     )
 
 

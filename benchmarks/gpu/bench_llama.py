@@ -78,7 +78,9 @@ DEVICE = dict.fromkeys(TIERS, "gpu")
 NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "recompute_inputs": "cpu"}
 # [Note: the systems compared] Systems (`offload`: the host-memory tier, its baselines and all-on-GPU; `nvme`: the NVMe tier):
 # - `ours-*`: `runtime.shard` executing a plan `planner fit` makes for the pinned placement of OURS
-#   (the table is the place to add a plan option to compare, e.g. a host pinning mode);
+#   (the table is the place to add a plan option to compare, e.g. a host pinning mode); `ours-cpu` keeps
+#   a bf16 parameter shard beside the fp32 master (`host_param_shard: compute_copy`), `ours-cpu-master`
+#   reads the master itself and casts on the GPU (`host_param_shard: master`), whichever `fit` chose;
 # - `fsdp2-cpu`: `fully_shard` per decoder layer and at the root, `CPUOffloadPolicy(pin_memory=True)`,
 #   `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, `torch.optim.AdamW(fused=True)` on its
 #   CPU shards (foreach where fused refuses them; the JSON says which);
@@ -93,13 +95,16 @@ NVME = {"params": "nvme", "gradients": "nvme", "optimizer_states": "nvme", "reco
 # engine, run right after each measured step, and over the rates `planner probe` measures
 # (`runtime.probe.measure_nvme`).
 OURS = {
-    "ours-cpu": {"placement": HOST},
+    "ours-cpu": {"placement": HOST, "host_param_shard": "compute_copy"},
+    # The fp32 master as the host parameter shard (planner/specs/plan.py `HostParamShard`): no cast on
+    # the optimizer's thread, twice the bytes over the link, cast on the GPU (as FSDP2's CPU offload).
+    "ours-cpu-master": {"placement": HOST, "host_param_shard": "master"},
     "ours-gpu": {"placement": DEVICE},
     "ours-nvme": {"placement": NVME},
 }
 """Our systems -> the plan: its pinned placement and any option set on the fitted plan. A variant is
 one line (e.g. `"ours-cpu-staged": {"placement": HOST, "host_pinning": "staged"}`) and one name in MODES."""
-MODES = {"offload": ("ours-cpu", "ours-gpu", "fsdp2-cpu", "deepspeed-cpu", "plain"), "nvme": ("ours-nvme", "deepspeed-nvme")}
+MODES = {"offload": ("ours-cpu", "ours-cpu-master", "ours-gpu", "fsdp2-cpu", "deepspeed-cpu", "plain"), "nvme": ("ours-nvme", "deepspeed-nvme")}
 """Mode -> its systems; ours first (built before any process group exists, as under `planner run`)."""
 BOTH_GPU_COPIES_MIN_BYTES = 100 * 2**30
 """GPU memory under which `offload` leaves `ours-gpu` out: beside plain torch's all-on-GPU copy (about
@@ -378,6 +383,7 @@ def summarise(raw: dict, optimizers: dict[str, str], rates: dict | None = None) 
                    "optimizer": optimizers.get(n)} for n, t in times.items() if t}
     ratios: dict[str, float] = {}
     for ours_name, others in (("ours-cpu", ("fsdp2-cpu", "deepspeed-cpu", "ours-gpu", "plain")),
+                              ("ours-cpu-master", ("ours-cpu", "fsdp2-cpu", "deepspeed-cpu")),
                               ("ours-nvme", ("deepspeed-nvme",)), ("ours-gpu", ("plain",))):
         for other in others:
             if ours_name in summary and other in summary:

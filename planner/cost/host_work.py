@@ -20,15 +20,16 @@ They are memory-bound passes on the optimizer worker's thread, between its updat
 simulator and the estimate time them with Adam on the CPU optimizer's resource, at the host's
 memory bandwidth: what CPU Adam's probed rate (fused AdamW over tensors already in place) leaves
 out. Where the CPU is the compute device and has few cores they can be most of the worker's busy
-time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md); on an H200
-host the resident step's cast was a third of the worker's busy time in backward
-(docs/notes/2026-11-28-offload-prediction-h200.md).
+time in a step (measurements: docs/notes/2026-11-26-calibration-loop-quiet-machine.md and, for the
+resident step's cast on an H200 host, docs/notes/2026-11-28-offload-prediction-h200.md). The
+resident (host-memory) step's cast: [Note: the resident step's cast] below.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.specs.plan import master_is_param_shard
 from planner.specs.units import COMPUTE_BYTES
 
 if TYPE_CHECKING:
@@ -50,23 +51,47 @@ def step_host_copy_bytes_per_param(plan: Plan) -> float:
     nbytes = 0.0
     if states.staged and place.gradients.in_host_memory(node):
         nbytes += GRADIENT_COPY_BYTES
-    if plan.precision == "fp32" and params == states:
+    if master_is_param_shard(plan):
         return nbytes  # the master is the parameter shard: nothing to cast or copy
     if states.staged:
         nbytes += MASTER_BYTES + e  # the cast to the compute precision
         if not params.on_device or node.host_is_device:
             nbytes += 2 * e  # staged for the drive, or copied into a host-memory shard
     elif params.in_host_memory(node):
-        nbytes += MASTER_BYTES + e  # resident states: the cast written straight into the host shard
+        nbytes += resident_cast_bytes_per_param(plan)  # resident states: the cast into the host shard
     elif params.staged:
         nbytes += MASTER_BYTES + 3 * e  # resident states, parameters on NVMe: cast, then staged for the drive
     return nbytes
 
 
+# [Note: the resident step's cast] With the optimizer states in host memory (not streamed) the update
+# is in place in the fp32 master, but a mixed-precision plan whose parameters are in host memory too
+# keeps a 16-bit parameter shard of its own (`host_param_shard: compute_copy`): each update casts the
+# master into it on the same thread (`HostStore.write_host`: 4 bytes read, `e` written per
+# parameter), priced like the streamed step's copies. With `host_param_shard: master` the shard is the
+# master and nothing is cast on the host; the device casts what it reads instead
+# (`host_param_read_bytes`: the link moves 4 bytes per parameter, not `e`).
+def resident_cast_bytes_per_param(plan: Plan) -> float:
+    """Host memory bytes per parameter the resident (host-memory) step's cast of the updated master
+    into the 16-bit parameter shard moves ([Note: the resident step's cast]); 0 where there is no
+    such shard (the master is the parameter shard, or the parameters or states are elsewhere)."""
+    place, node = plan.placement, plan.node
+    if (master_is_param_shard(plan) or place.optimizer_states.staged
+            or not place.optimizer_states.in_host_memory(node) or not place.params.in_host_memory(node)):
+        return 0.0
+    return MASTER_BYTES + COMPUTE_BYTES[plan.precision]
+
+
+def host_param_read_bytes(plan: Plan) -> int:
+    """Bytes per element of the parameter shard as it is read off its tier: the fp32 master where it
+    is the shard of a mixed-precision plan ([Note: the resident step's cast]), else the compute precision."""
+    return 4 if master_is_param_shard(plan) else COMPUTE_BYTES[plan.precision]
+
+
 def step_cpu_params_per_param(plan: Plan) -> float:
-    """One parameter updated by the streamed step, in parameters of CPU Adam's rate: Adam's own work
+    """One parameter updated by the CPU step, in parameters of CPU Adam's rate: Adam's own work
     plus its host copies at the host's memory bandwidth, as one busy time of the CPU optimizer
-    ([Note: the step's host copies]); 1 without copies."""
+    ([Note: the step's host copies], [Note: the resident step's cast]); 1 without copies."""
     node = plan.node
     copies = step_host_copy_bytes_per_param(plan)
     if not copies or node.host_memory_bytes_per_s <= 0:

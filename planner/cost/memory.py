@@ -29,7 +29,7 @@ from planner.cost.context_parallel import ring_buffer_bytes
 from planner.cost.kernels import recomputed_score_bytes, stored_score_bytes_per_token
 from planner.cost.pipeline import in_flight_micro_batches, stage_plan
 from planner.specs.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
-from planner.specs.plan import HostPinning, Plan
+from planner.specs.plan import HostPinning, Plan, master_is_param_shard
 from planner.specs.tiers import GPU, HOST, TIERS, Tier
 from planner.specs.units import COMPUTE_BYTES, GIB, round_up_4kib
 
@@ -101,8 +101,9 @@ def resident_state_terms(plan: Plan) -> list[tuple[Tier, MemoryTerm, int]]:
       into the fp32 gradient copy, which eq. 2 counts among the optimizer states. That copy lives
       where the gradients are placed (4 bytes/param, term `optimizer_states` in the gradients'
       tier); the master, momentum and variance (12) where the optimizer states are: 18, not 20.
-    - fp32 with params and optimizer states in one tier: the parameter shard is the master, so the
-      optimizer holds momentum and variance only (8 bytes/param, not 12).
+    - fp32 with params and optimizer states in one tier, or mixed precision with `host_param_shard:
+      master`: the parameter shard is the master (4 bytes/param), so the optimizer holds momentum and
+      variance only (8 bytes/param, not 12); mixed precision then holds 16, not 18.
     - `optimizer_step: in_backward` with the optimizer states on NVMe: no gradient shard at all
       (`stores_gradients`).
     """
@@ -113,17 +114,14 @@ def resident_state_terms(plan: Plan) -> list[tuple[Tier, MemoryTerm, int]]:
     def share(state: str, nbytes: int) -> int:
         return math.ceil(per_gpu * nbytes / (dp if state in plan.partitioned else 1))
 
-    compute = COMPUTE_BYTES[plan.precision]
-    terms = [(place.params, MemoryTerm.PARAMS, share("params", compute))]
-    if plan.precision == "fp32":
-        if stores_gradients(plan):
-            terms.append((place.gradients, MemoryTerm.GRADIENTS, share("gradients", STORED_GRADIENT_BYTES)))
-        master = 0 if place.params == place.optimizer_states else 4
-        terms.append((place.optimizer_states, MemoryTerm.OPTIMIZER_STATES, share("optimizer_states", master + 8)))
-    else:
-        if stores_gradients(plan):
-            terms.append((place.gradients, MemoryTerm.OPTIMIZER_STATES, share("gradients", STORED_GRADIENT_BYTES)))
-        terms.append((place.optimizer_states, MemoryTerm.OPTIMIZER_STATES, share("optimizer_states", 12)))
+    shares_master = master_is_param_shard(plan)
+    param_bytes = 4 if shares_master else COMPUTE_BYTES[plan.precision]
+    terms = [(place.params, MemoryTerm.PARAMS, share("params", param_bytes))]
+    if stores_gradients(plan):
+        grad_term = MemoryTerm.GRADIENTS if plan.precision == "fp32" else MemoryTerm.OPTIMIZER_STATES
+        terms.append((place.gradients, grad_term, share("gradients", STORED_GRADIENT_BYTES)))
+    master = 0 if shares_master else 4
+    terms.append((place.optimizer_states, MemoryTerm.OPTIMIZER_STATES, share("optimizer_states", master + 8)))
     return terms
 
 
@@ -139,8 +137,11 @@ def stores_gradients(plan: Plan) -> bool:
 
 
 def params_on_compute_device(plan: Plan) -> bool:
-    """Whether the compute uses the parameter shard where it lies (no copy, no fresh buffer)."""
-    return plan.placement.params.is_compute_memory(plan.node)
+    """Whether the compute uses the parameter shard where it lies (no copy, no fresh buffer): not an
+    fp32 master shard of a mixed-precision plan, which is cast into a fresh buffer (`host_param_shard:
+    master`)."""
+    cast = plan.precision != "fp32" and master_is_param_shard(plan)
+    return plan.placement.params.is_compute_memory(plan.node) and not cast
 
 
 def gathers_params(plan: Plan) -> bool:
@@ -418,6 +419,10 @@ def host_buffers(plan: Plan) -> dict[MemoryTerm, float]:
     elif place.params.staged and "params" in plan.partitioned and depth >= 2:
         # Shards read ahead of operator i+1 (i+2, and i+3 at depth 3) wait here (runtime/units/group.py).
         cpu[MemoryTerm.PARAM_SWAP_BUFFERS] = (min(depth, 3) - 1) * _aligned(unit_shard * COMPUTE_BYTES[plan.precision])
+    elif plan.node.host_is_device and not params_on_compute_device(plan) and depth >= 3:
+        # The cast of an fp32 master shard read 3 operators ahead, held as a host read is
+        # (runtime/units/group.py `stage_term`).
+        cpu[MemoryTerm.PARAM_SWAP_BUFFERS] = unit_shard * COMPUTE_BYTES[plan.precision]
     if place.optimizer_states.staged:
         cpu[MemoryTerm.OPTIMIZER_SWAP_BUFFERS] = plan.num_optimizer_buffers * optimizer_chunk_buffer_bytes(plan)
     if place.gradients.staged and stores_gradients(plan):

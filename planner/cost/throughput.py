@@ -35,7 +35,7 @@ from planner.cost.host_link import (
     landing_host_bytes_per_byte,
     stages_host_shards,
 )
-from planner.cost.host_work import step_cpu_params_per_param
+from planner.cost.host_work import host_param_read_bytes, step_cpu_params_per_param
 from planner.cost.kernels import (
     BlockCost,
     achievable_hbm_bytes_per_s,
@@ -296,7 +296,9 @@ def _param_fetch(plan: Plan, bw: Bandwidths, links: dict[str, float]) -> _Passes
     param_bytes = _params_per_gpu(plan) * BYTES_PER_PARAM[plan.precision]["params"]
     passes_bwd = 2 if plan.recompute_interval > 0 else 1
     gather = param_bytes * (dp - 1) / dp
-    shard = param_bytes / dp if not tier.on_device else 0.0
+    # The shard crosses its links at its stored width, cast on the device before the all-gather
+    # ([Note: the resident step's cast] in planner/cost/host_work.py).
+    shard = _params_per_gpu(plan) * host_param_read_bytes(plan) / dp if not tier.on_device else 0.0
     gather_s = _divide(gather, bw.all_gather) + (collectives_per_pass(plan) * bw.all_gather_latency_s if dp > 1 else 0.0)
     per_pass = max(gather_s, _divide(shard, bw.reads[tier]))
     links["all_gather"] += (1 + passes_bwd) * gather

@@ -8,7 +8,7 @@ from rich.table import Table
 from planner.specs.hardware import NodeSpec
 from planner.specs.memory_terms import describe
 from planner.specs.model import format_param_count
-from planner.specs.plan import HostPinning, Plan
+from planner.specs.plan import HostParamShard, HostPinning, Plan
 from planner.specs.tiers import TIERS, Tier
 from planner.specs.training_loop import step_overlaps_forward
 from planner.specs.units import GIB, TIB
@@ -113,6 +113,7 @@ def plan_line(plan: Plan) -> str:
     step = " | optimizer step in backward" if plan.optimizer_step == "in_backward" else ""
     step += " | optimizer step overlaps the next forward" if step_overlaps_forward(plan) else ""
     step += " | host shards pinned" if plan.host_pinning is HostPinning.SHARDS else ""
+    step += " | host params are the fp32 master" if plan.host_param_shard is HostParamShard.MASTER else ""
     return (
         f"strategy {plan.strategy}: params={p.params} gradients={p.gradients} optimizer={p.optimizer_states} "
         f"recompute_inputs={p.recompute_inputs} | micro-batch {batch_words(plan)} | recompute interval "

@@ -6,7 +6,9 @@ x prefetch depth, each at the largest micro-batch that fits (throughput only gro
 with the batch in this model, so the largest feasible batch is the best one for a given shape of
 plan). Any dimension can be pinned. Infeasible candidates are returned with their reason. Each
 feasible candidate pins its host shards where host memory and the locked-memory limit allow
-(planner/cost/host_link.py, `choose_host_pinning`).
+(planner/cost/host_link.py, `choose_host_pinning`), and a mixed-precision plan with its parameters
+and optimizer states in host memory reads its fp32 master as its parameter shard where that is
+faster (`choose_host_param_shard`).
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from planner.specs.plan import (
     STATES,
     STRATEGIES,
     STRATEGY_TABLE,
+    HostParamShard,
     Placement,
     Plan,
     Prediction,
+    master_may_be_param_shard,
     strategy_named,
 )
 from planner.specs.tiers import TIERS, Tier
@@ -222,7 +226,7 @@ def search(request: SearchRequest) -> SearchResult:
                 if schedule_changes_bill(first):
                     tried, found, failure = _sized_candidates(request, strategy, base)
                 else:  # the same plans fit: price them at this schedule too
-                    found = [predict(p.replace(optimizer_step=base.optimizer_step, prediction=None)) for p in found]
+                    found = [_rescheduled(request, p, base.optimizer_step) for p in found]
                 evaluated += tried
                 best_for_placement += found
                 first_failure = first_failure or failure
@@ -264,12 +268,43 @@ def _sized_candidates(request: SearchRequest, strategy: str, base: Plan) -> tupl
                 continue
             found = True
             chosen, _, bill = choose_host_pinning_billed(sized[0], request.locked_memory_bytes, sized[1])
+            chosen, bill = choose_host_param_shard(chosen, bill, request.locked_memory_bytes)
             found_plans.append(_with_prediction(chosen, bill))
             if chosen.micro_batch_per_gpu >= request.max_micro_batch_per_gpu:
                 break  # more tiling cannot buy a larger batch
         if found and request.prefetch_depth is None:
             break  # deeper prefetch fits; shallower only overlaps less
     return evaluated, found_plans, first_failure
+
+
+def choose_host_param_shard(plan: Plan, bill: MemoryBill | None,
+                            locked_memory_bytes: float) -> tuple[Plan, MemoryBill | None]:
+    """`plan` with `host_param_shard: master` where it may have it (`master_may_be_param_shard`), that
+    plan's bill fits (its pinning chosen again: the pinned shard is then the fp32 master) and the
+    analytic estimate times its iteration shorter: wider reads over the host link against no cast on
+    the optimizer's thread (planner/cost/host_work.py [Note: the resident step's cast]); else `plan`
+    with `bill`. A tie keeps the 16-bit copy."""
+    if plan.host_param_shard is HostParamShard.MASTER or not master_may_be_param_shard(plan):
+        return plan, bill
+    master, _, master_bill = choose_host_pinning_billed(plan.replace(host_param_shard=HostParamShard.MASTER),
+                                                        locked_memory_bytes)
+    master_bill = master_bill if master_bill is not None else memory_bill(master)
+    if not master_bill.fits or estimate(master).iteration_time_s >= estimate(plan).iteration_time_s:
+        return plan, bill
+    return master, master_bill
+
+
+def _rescheduled(request: SearchRequest, plan: Plan, step: str) -> Plan:
+    """`plan` (sized and billed at another schedule, which does not change its bill) at schedule `step`,
+    its pinning and host parameter shard chosen again for it (the cast they trade weighs differently
+    in and after the backward), with its prediction."""
+    plan = plan.replace(optimizer_step=step, prediction=None)
+    if not master_may_be_param_shard(plan):
+        return predict(plan)
+    copy = plan.replace(host_param_shard=HostParamShard.COMPUTE_COPY)
+    chosen, _, bill = choose_host_pinning_billed(copy, request.locked_memory_bytes)
+    chosen, bill = choose_host_param_shard(chosen, bill, request.locked_memory_bytes)
+    return _with_prediction(chosen, bill)
 
 
 def _no_tiling_fits(request: SearchRequest, plan: Plan, tilings: tuple[int, ...]) -> bool:

@@ -40,6 +40,7 @@ from planner.cost.collectives import (
 from planner.cost.context_parallel import exposed_per_layer_s
 from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
 from planner.cost.host_link import stages_host_shards
+from planner.cost.host_work import host_param_read_bytes
 from planner.cost.kernels import achievable_hbm_bytes_per_s, fused_attention_flops_per_s
 from planner.cost.memory import (
     STORED_GRADIENT_BYTES,
@@ -298,6 +299,9 @@ class RankProgram:
         self.unit_opening = Phase.RECOMPUTE if plan.recompute_interval else Phase.BACKWARD
         """A unit's work in the backward pass starts with this."""
         self.slice_factor = self.b / self.mp
+        self.shard_read_factor = host_param_read_bytes(plan) / self.b
+        """A parameter shard's stored width over the compute's: 2 where a mixed-precision plan reads its
+        fp32 master and casts it on the device ([Note: the resident step's cast] in planner/cost/host_work.py)."""
         """Bytes per parameter of an operator's tensor-parallel slice."""
         self.synchronous_grads = depth == 0
         self.reduces_shards_only = bool(plan.partitioned & {"gradients", "optimizer_states"})
@@ -397,6 +401,7 @@ class RankProgram:
         sim, rank, j = self.sim, self.rank, step.index
         slice_bytes = step.op.num_params / self.mp * self.b
         shard_bytes = slice_bytes / self.dp
+        read_bytes = shard_bytes * self.shard_read_factor  # over the links, at the stored width
         label = step.phase
         gathers = self.stages[-1].source is None
         in_host_buffer = False  # the shard waits in a pinned host swap buffer
@@ -424,7 +429,7 @@ class RankProgram:
                 sim.gpu_add(rank, MemoryTerm.PREFETCH_SHARD_STAGING, shard_bytes)
             else:
                 sim.gpu_add(rank, MemoryTerm.MSWM, slice_bytes, single=True)
-            yield self.move(shard_bytes, self._fetch_route(tier, rank), tier.read_link, label)
+            yield self.move(read_bytes, self._fetch_route(tier, rank), tier.read_link, label)
             if in_host_buffer:
                 sim.cpu_remove(MemoryTerm.PARAM_SWAP_BUFFERS, shard_bytes)
             in_host_buffer = stage.lands_in_host

@@ -95,6 +95,24 @@ class HostPinning(str, Enum):
     __str__ = str.__str__
     __format__ = str.__format__
 
+
+class HostParamShard(str, Enum):
+    """What the host-memory parameter shard of a mixed-precision plan is, where the parameters and the
+    optimizer states both live in host memory (`master_is_param_shard`).
+
+    `compute_copy`: a 16-bit shard of its own beside the fp32 master; each update casts the master
+    into it on the optimizer's thread, and reads to the device move 16 bits per element. `master`:
+    the fp32 master itself (as FSDP2's CPU offload keeps it): the update is in place and nothing is
+    cast on the host; reads move 32 bits per element and are cast on the device; host memory holds
+    2 bytes per parameter less. Bit for bit the same training: both casts round to nearest even.
+    Plans written before the key existed are `compute_copy`."""
+
+    COMPUTE_COPY = "compute_copy"
+    MASTER = "master"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
 # Runtime defaults a plan carries explicitly so that the simulator and the runtime share them.
 DEFAULT_OPTIMIZER_CHUNK_BYTES = 256 * 1024**2
 DEFAULT_NUM_OPTIMIZER_BUFFERS = 3  # read k+1, update k, write k-1 (docs/method.md §4.3)
@@ -369,6 +387,10 @@ class Plan:
     host_pinning: HostPinning = HostPinning.STAGED
     """`shards` or `staged` ([`HostPinning`]): whether host shards that cross the link are pinned once,
     or staged through the pinned pool; the bill charges what each pins."""
+    host_param_shard: HostParamShard = HostParamShard.COMPUTE_COPY
+    """`compute_copy` or `master` ([`HostParamShard`]): whether a mixed-precision plan whose parameters
+    and optimizer states are in host memory keeps a 16-bit parameter shard beside the fp32 master, or
+    reads the master itself (`master_is_param_shard`)."""
     optimizer_step: OptimizerStep = "after_backward"
     """When the optimizer updates a unit: `after_backward` (the paper's schedule: every unit at
     `optimizer.step()`, once the whole backward is over) or `in_backward` (each unit as soon as its
@@ -404,6 +426,7 @@ class Plan:
         string(self.strategy, "strategy", choices=STRATEGIES)
         _check_step_name(self)
         _check_host_pinning(self)
+        _check_host_param_shard(self)
         _check_step_precision(self)
         _check_batch_number(self)
         number(self.recompute_interval, "recompute_interval", minimum=0, maximum=self.model.num_layers, integer=True)
@@ -544,6 +567,8 @@ class Plan:
             doc["sequence_parallel"] = True
         if self.host_pinning is not HostPinning.STAGED:  # plans that stage are written as before
             doc["host_pinning"] = self.host_pinning.value
+        if self.host_param_shard is not HostParamShard.COMPUTE_COPY:  # plans with a 16-bit copy are written as before
+            doc["host_param_shard"] = self.host_param_shard.value
         if self.optimizer_step_reason:  # plans nobody chose a schedule for are written as before
             doc["optimizer_step_reason"] = self.optimizer_step_reason
         if self.prediction is not None:
@@ -557,7 +582,7 @@ class Plan:
                   "prefetch_depth", "model_parallel_degree", "precision", "nvme_path", "optimizer_chunk_bytes",
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
-                  "context_parallel_degree", "host_pinning", "optimizer_step_reason", "fp8_recipe", "kv_exchange",
+                  "context_parallel_degree", "host_pinning", "host_param_shard", "optimizer_step_reason", "fp8_recipe", "kv_exchange",
                   "sequence_parallel", "shard_collectives"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
@@ -675,11 +700,39 @@ def _check_host_pinning(plan: Plan) -> None:
     object.__setattr__(plan, "host_pinning", HostPinning(pinning))
 
 
+def _check_host_param_shard(plan: Plan) -> None:
+    if type(plan.host_param_shard) is not HostParamShard:
+        shard = string(plan.host_param_shard, "host_param_shard", choices=tuple(HostParamShard))
+        object.__setattr__(plan, "host_param_shard", HostParamShard(shard))
+    if plan.host_param_shard is HostParamShard.MASTER and not master_may_be_param_shard(plan):
+        raise PlannerError(f"host_param_shard master needs precision bf16 or fp16 with params and optimizer_states both "
+                           f"in cpu memory, not precision {plan.precision} with {plan.placement.label()}; use "
+                           "host_param_shard compute_copy")
+
+
+def master_may_be_param_shard(plan: Plan) -> bool:
+    """Whether `plan` may read its fp32 master as its parameter shard (`HostParamShard.MASTER`): mixed
+    precision, parameters and optimizer states both in host memory."""
+    place = plan.placement
+    return plan.precision != "fp32" and place.params == place.optimizer_states and place.params.host_memory
+
+
+def master_is_param_shard(plan: Plan) -> bool:
+    """Whether the parameter shard is the fp32 master itself, so that no separate master exists and
+    the update writes no copy: fp32 params and optimizer states in one tier, or a mixed-precision
+    plan with `host_param_shard: master`."""
+    place = plan.placement
+    if plan.precision == "fp32":
+        return place.params == place.optimizer_states
+    return plan.host_param_shard is HostParamShard.MASTER
+
+
 _OWN_CHECKS: dict[str, Callable[[Plan], None]] = {
     "micro_batch_per_gpu": lambda plan: (_check_batch_number(plan), _check_whole_samples(plan)),
     "tiling_factor": _check_tiling_factor,
     "prefetch_depth": lambda plan: (_check_prefetch_depth(plan), _check_shard_collectives(plan)),
     "host_pinning": _check_host_pinning,
+    "host_param_shard": _check_host_param_shard,
     "optimizer_step_reason": _check_step_reason,
     "optimizer_step": lambda plan: (_check_step_name(plan), _check_step_precision(plan), _check_step_accumulation(plan)),
     "prediction": lambda plan: None,

@@ -30,9 +30,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from planner.specs.specio import check_keys, number, string
 from runtime.ckpt.errors import CheckpointError
 from runtime.ckpt.safetensors_io import DTYPE_CODES
+from runtime.transfer.stores import StateKey
 
 LAYOUT_FORMAT = "tierwise.model-layout/1"
 MAX_NAME_CHARS = 1000
@@ -59,6 +62,9 @@ def describe(state: Any) -> dict[str, Any]:
             place.setdefault(id(p), (index, j))
         store, key = state.master_at[unit.name]
         prefix = "params" if store is state.param_store else "optimizer_states"
+        if prefix == "params" and state.config.compute_dtype != torch.float32:
+            # [Note: one checkpoint for both host parameter shards] in runtime/ckpt/rank_state.py
+            prefix, key = "optimizer_states", StateKey("master", key)
         units.append({"shard_numel": unit.layout.shard_numel, "master": f"{prefix}/{key}", "params": f"params/{unit.name}"})
     tensors = []
     for name, params, shape in _export_params(model, "", set()):

@@ -32,7 +32,7 @@ from runtime.ckpt.model_layout import describe
 from runtime.ckpt.safetensors_io import DTYPE_CODES, DTYPE_NAMES, encode_header, read_header
 from runtime.faults import fault_point
 from runtime.nvme import AlignedBuffer
-from runtime.transfer.stores import Pending, ShardKey, ShardStore
+from runtime.transfer.stores import Pending, ShardKey, ShardStore, StateKey
 
 RANK_FORMAT = "tierwise.checkpoint-rank/2"
 """The rank JSON of a checkpoint whose tensors are in `rank-NNNNN.safetensors`."""
@@ -76,11 +76,55 @@ def _tensor_entry(name: str, tensor: torch.Tensor) -> _Entry:
 
 def _store_entries(state: Any) -> list[_Entry]:
     entries = []
-    for prefix, store in (("params", state.param_store), ("optimizer_states", state.optimizer_store)):
+    for store in (state.param_store, state.optimizer_store):
         store.drain()
-        # By the key's string, the order checkpoints have always had (files stay byte-identical).
-        entries += [_store_entry(prefix, store, key) for key in sorted(store.keys(), key=str)]
+    for prefix, store, key in _stored_shards(state):
+        if store is None:  # the master's 16-bit copy, which this model does not keep
+            entries.append(_compute_copy_entry(state, key))
+        elif prefix == "optimizer_states" and store is state.param_store:
+            entries.append(_Entry(f"{prefix}/{key}", *store.shard_info(key.unit),
+                                  lambda out, o, k=key.unit, s=store: s.read_into(k, out, o),
+                                  lambda src, o, k=key.unit, s=store: s.write_from(k, src, o)))
+        else:
+            entries.append(_store_entry(prefix, store, key))
     return entries
+
+
+def _stored_shards(state: Any) -> list[tuple[str, ShardStore | None, ShardKey]]:
+    """(prefix, store, key) of each shard a checkpoint holds, by the key's string within each prefix
+    (the order checkpoints have always had: files stay byte-identical).
+
+    [Note: one checkpoint for both host parameter shards] A mixed-precision model whose parameter
+    shard is the fp32 master (`host_param_shard: master`) writes the tensors a model with a 16-bit
+    copy writes: `params/K` (the master cast to the compute precision: the copy's value, bit for
+    bit) and `optimizer_states/master:K` (the master itself; `store` is then the parameter store).
+    Either model resumes the other's checkpoint; the one without the copy reads the master and
+    skips the copy (`store` None)."""
+    params, states = state.param_store, state.optimizer_store
+    param_keys, state_keys = params.keys(), states.keys()
+    out: list[tuple[str, ShardStore | None, ShardKey]] = [("params", params, k) for k in param_keys]
+    shared = []
+    if state.config.master_shares_param_shard and state.config.compute_dtype != torch.float32:
+        shared = [("optimizer_states", params, StateKey("master", k)) for k in param_keys]
+        out = [("params", None, k) for k in param_keys]
+    out.sort(key=lambda e: str(e[2]))
+    rest = [("optimizer_states", states, k) for k in state_keys] + shared
+    return out + sorted(rest, key=lambda e: str(e[2]))
+
+
+def _compute_copy_entry(state: Any, key: ShardKey) -> _Entry:
+    """`params/K` of a model whose parameter shard is the fp32 master: written as the master cast to
+    the compute precision, skipped on load (the master is read from `optimizer_states/master:K`)."""
+    store, dtype = state.param_store, state.config.compute_dtype
+    numel, _ = store.shard_info(key)
+
+    def read(out: torch.Tensor, offset: int) -> Pending:
+        master = torch.empty(out.numel(), dtype=torch.float32)
+        store.read_into(key, master, offset).wait()
+        out.copy_(master)
+        return Pending(out)
+
+    return _Entry(f"params/{key}", numel, dtype, read, lambda src, o: Pending(src))
 
 
 def _rng_tensors() -> dict[str, torch.Tensor]:
@@ -93,8 +137,12 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
 def rank_bytes(state: Any, optimizer: Any) -> int:
     """Size of this rank's checkpoint files, within a MiB (RNG states and the index are small)."""
     total = optimizer.checkpoint_bytes()
-    for store in (state.param_store, state.optimizer_store):
-        total += sum(numel * dtype.itemsize for numel, dtype in map(store.shard_info, store.keys()))
+    for _, store, key in _stored_shards(state):
+        if store is None:
+            numel, dtype = state.param_store.shard_info(key)[0], state.config.compute_dtype
+        else:
+            numel, dtype = store.shard_info(key.unit if store is state.param_store and isinstance(key, StateKey) else key)
+        total += numel * dtype.itemsize
     return total + (1 << 20)
 
 

@@ -81,7 +81,8 @@ def open_stores(module: nn.Module, config: RuntimeConfig, comm: Comm, plan: Plan
     swap = nvme_space(config, comm, plan, numels, streams=copier.streams, ledger=ledger)
 
     def store(tier: str, term: MemoryTerm, name: str) -> ShardStore:
-        crossing = host_crossing(name, plan, copier, ledger, numel=sum(numels), dtype=config.compute_dtype)
+        dtype = config.param_shard_dtype if name == "params" else config.compute_dtype
+        crossing = host_crossing(name, plan, copier, ledger, numel=sum(numels), dtype=dtype)
         return make_store(tier, term=term, ledger=ledger, copier=copier, name=name, swap=swap, crossing=crossing)
 
     params = store(place.params, MemoryTerm.PARAMS, "params")
@@ -145,7 +146,7 @@ def make_unit(name: str, params: list[nn.Parameter], built: BuiltUnits, config: 
     stores, ledger = built.stores, profiler.ledger
     layout = FlatLayout.of(params, comm.world_size)
     key = UnitKey(len(built.units), name)
-    shard = stores.params.create(key, layout.shard_numel, config.compute_dtype)
+    shard = stores.params.create(key, layout.shard_numel, config.param_shard_dtype)
     with torch.no_grad():
         if config.master_shares_param_shard:
             master_store, master_key, master = stores.params, key, shard
