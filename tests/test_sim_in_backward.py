@@ -46,21 +46,19 @@ def one_layer(node, placement, step="in_backward"):
 # -- exact timelines -------------------------------------------------------------------------------
 def test_resident_cpu_optimizer_updates_each_operator_after_its_gradient_lands():
     # test_sim_timelines' one-layer plan (forward 0-26 s, every backward step fetch -> compute ->
-    # offload in turn): each operator's CPU Adam (4 params/s, and the cast of its master into the bf16
-    # parameter shard, 6 B/param at 2 B/s: 3.25 s per param, planner/cost/host_work.py [Note: the
-    # resident step's cast]) runs as soon as its gradient is on the CPU and the previous update is
-    # done, beside the next operator's fetch, instead of 12 params in one step at the end (117 s).
+    # offload in turn): each operator's CPU Adam (4 params/s) runs as soon as its gradient is on the
+    # CPU, beside the next operator's fetch, instead of 12 params in one step at the end (81 s).
     result = simulate(one_layer(tiny_node(), CPU_OFFLOAD))
     log = [e for e in rounded(result.simulation.log(), {"d2h", "cpu_optimizer"}) if e[1] >= 26]
     assert log == [
-        ("d2h", 38, 42, "backward"), ("cpu_optimizer", 42, 55, "optimizer"),       # mlp_down: 4 params
-        ("d2h", 54, 58, "backward"), ("cpu_optimizer", 58, 71, "optimizer"),       # mlp_up
-        ("d2h", 65, 66, "backward"), ("cpu_optimizer", 71, 74.25, "optimizer"),    # attn_out: 1 param
-        ("d2h", 75, 78, "backward"), ("cpu_optimizer", 78, 87.75, "optimizer"),    # qkv: 3 params
+        ("d2h", 38, 42, "backward"), ("cpu_optimizer", 42, 43, "optimizer"),       # mlp_down: 4 params
+        ("d2h", 54, 58, "backward"), ("cpu_optimizer", 58, 59, "optimizer"),       # mlp_up
+        ("d2h", 65, 66, "backward"), ("cpu_optimizer", 66, 66.25, "optimizer"),    # attn_out: 1 param
+        ("d2h", 75, 78, "backward"), ("cpu_optimizer", 78, 78.75, "optimizer"),    # qkv: 3 params
     ]
     p = result.prediction
-    assert p.phase_time_s == pytest.approx({"forward": 26.0, "backward": 61.75, "optimizer": 0.0})
-    assert p.iteration_time_s == pytest.approx(87.75)
+    assert p.phase_time_s == pytest.approx({"forward": 26.0, "backward": 52.75, "optimizer": 0.0})
+    assert p.iteration_time_s == pytest.approx(78.75)
 
 
 def test_nvme_states_are_read_ahead_from_backward_start_and_the_gradient_never_touches_nvme():
