@@ -287,7 +287,7 @@ def test_refine_ranks_by_simulated_throughput_and_keeps_the_analytic_numbers():
     head = refined.ranked[:4]
     assert all(p.prediction.method == "simulated" for p in head)
     rates = [p.prediction.tokens_per_s for p in head]  # ranked by rate (ties, to rounding, by rank_key)
-    assert all(a >= b * (1 - 1e-12) for a, b in zip(rates, rates[1:]))
+    assert all(a >= b * (1 - 1e-12) for a, b in zip(rates, rates[1:], strict=False))
     assert len({(p.strategy, p.placement, p.optimizer_step) for p in head}) == 4  # distinct candidates (refine's key)
     assert all("analytic" in p.prediction.details for p in head)
     assert len(refined.ranked) == len(result.ranked)
