@@ -62,6 +62,7 @@ def trained(plan: dict[str, Any], steps: int = STEPS, rank: int = 0, world_size:
         masters[str(unit.name)] = hashlib.sha256(master.numpy().tobytes()).hexdigest()
         copies[str(unit.name)] = hashlib.sha256(compute.view(torch.int16).numpy().tobytes()).hexdigest()
     dtype = str(state.param_store.resident(state.units[0].name).dtype)
+    opt.close()  # joins the in-backward worker thread (later tests assert none is left running)
     state.close()
     return {"losses": losses, "masters": masters, "copies": copies, "copy_is_cast": copy_is_cast, "shard_dtype": dtype}
 
@@ -122,6 +123,7 @@ def _checkpointed(plan: dict[str, Any], root: Path, *, resume_from: Path | None 
     if resume_from is None:
         Checkpointer(root, plan=resolve_plan(plan), seed=0, rank=0, world_size=1, resume=False).save(
             2, state, opt, scalars={})
+    opt.close()  # joins the in-backward worker thread (later tests assert none is left running)
     state.close()
     return losses
 

@@ -50,11 +50,14 @@ def _step(model: Any, opt: Any, tokens: torch.Tensor) -> float:
     return loss.item()
 
 
-def _worker_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == WORKER]
+def _worker_threads(since: frozenset[threading.Thread] = frozenset()) -> list[threading.Thread]:
+    """The optimizer worker threads alive now, except those in `since` (alive before the test: another
+    test's model still referenced keeps its optimizer's worker; each test checks its own)."""
+    return [t for t in threading.enumerate() if t.name == WORKER and t not in since]
 
 
 def test_worker_runs_jobs_in_submission_order_on_its_own_thread() -> None:
+    before = frozenset(_worker_threads())
     worker = OptimizerWorker()
     ran: list[int] = []
     released: list[int] = []
@@ -73,10 +76,11 @@ def test_worker_runs_jobs_in_submission_order_on_its_own_thread() -> None:
     assert threads == {WORKER}
     assert worker.idle
     worker.close()
-    assert not _worker_threads()
+    assert not _worker_threads(before)
 
 
 def test_a_failed_job_skips_the_rest_releases_their_buffers_and_stays_raised() -> None:
+    before = frozenset(_worker_threads())
     worker = OptimizerWorker()
     ran: list[int] = []
     released: list[int] = []
@@ -95,12 +99,13 @@ def test_a_failed_job_skips_the_rest_releases_their_buffers_and_stays_raised() -
     worker.close()
     assert ran == [0, 1]
     assert released == sorted(released) and set(released) == set(range(released[-1] + 1))
-    assert not _worker_threads()
+    assert not _worker_threads(before)
 
 
 @pytest.mark.parametrize(("placement", "precision"), PLACEMENTS, ids=PLACEMENT_IDS)
 def test_updates_run_on_the_worker_in_the_order_gradients_became_final(placement: dict[str, str], precision: str,
                                                                        tmp_path: Path) -> None:
+    before = frozenset(_worker_threads())
     model, opt, st = _sharded(placement, tmp_path, precision=precision)
     final: list[str] = []
     updated: list[tuple[str, str]] = []
@@ -113,7 +118,7 @@ def test_updates_run_on_the_worker_in_the_order_gradients_became_final(placement
     assert {name for _, name in updated} == {WORKER}
     opt.close()
     st.close()
-    assert not _worker_threads()
+    assert not _worker_threads(before)
 
 
 def test_backward_does_not_wait_for_the_updates_and_step_does(tmp_path: Path) -> None:
@@ -256,13 +261,14 @@ def test_stores_are_never_used_by_both_threads_for_one_key_at_once(placement: di
 
 
 def test_optimizer_dropped_without_close_joins_its_worker(tmp_path: Path) -> None:
+    before = frozenset(_worker_threads())
     model, opt, st = _sharded(ALL_CPU, None)
     _step(model, opt, batches(1)[0])
-    assert len(_worker_threads()) == 1
+    assert len(_worker_threads(before)) == 1
     st.detach(opt.schedule)
     del opt
     gc.collect()
-    assert not _worker_threads()
+    assert not _worker_threads(before)
     st.close()
 
 
