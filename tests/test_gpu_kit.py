@@ -144,7 +144,10 @@ def test_the_staged_stage_times_every_piece_and_samples_the_runtime_threads(tmp_
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     doc = json.loads(out.read_text())
     rates = {k: v for k, v in doc["micro"].items() if k.endswith("GB/s")}
-    assert len(rates) == 6 and all(v > 0 for v in rates.values())
+    # Six copy rates, and the landing add beside CPU AdamW; AdamW's own rate alone and beside it.
+    assert len(rates) == 7 and all(v > 0 for v in rates.values())
+    assert doc["micro"]["CPU AdamW alone G params/s"] > 0
+    assert doc["micro"]["CPU AdamW beside the landing add G params/s (completed steps)"] >= 0
     sampled = doc["sampled"]
     assert sampled["placement"]["params"] == "cpu" and len(sampled["phase_time_s"]) == 2
     assert sampled["samples"] > 0 and {"MainThread in forward", "MainThread in backward"} <= set(sampled["threads"])
