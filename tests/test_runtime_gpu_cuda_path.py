@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from planner.specs.memory_terms import MemoryTerm
 from runtime import launch
 from runtime.optim.loss_scaling import DynamicLossScaler
 from runtime.transfer.collectives import Comm
@@ -271,7 +272,10 @@ def test_nvme_read_copies_to_the_device_on_the_copy_stream_once_landed(tmp_path:
     while not pending.issue_if_landed():  # the store issues the copy itself once the read lands
         pass
     copy_done.record(side)
-    assert store.recycler.pinned_bytes > 0
+    # Reads for a device land in the space's pinned read slots, billed as param_swap_buffers
+    # ([Note: pinned read slots]), never in the CPU path's recycler.
+    slots_bytes = store.copier.streams.pinned_bytes(MemoryTerm.PARAM_SWAP_BUFFERS)
+    assert slots_bytes > 0 and store.recycler.pinned_bytes == 0
     got = pending.wait()
     torch.cuda.synchronize()
     assert issued.elapsed_time(copy_done) < issued.elapsed_time(compute_done)
