@@ -125,11 +125,11 @@ STAGES = {
                      "all-on-GPU (ours, plain torch), the 1.1 B Llama in bf16 at seq 4096 and 2048", 120, 90, 240,
                      reserved=True),
     "nvme": Stage("the NVMe tier and the step's NVMe roofline, beside DeepSpeed ZeRO-Infinity (aio qd 128 x 1 "
-                  "thread) where its ops are prebuilt, a 4-layer cut of the Llama, merged after each shape", 100, 60,
+                  "thread) where its ops are prebuilt, a 4-layer cut of the Llama, merged after each shape", 120, 60,
                   240, reserved=True),
-    "pytest": Stage("pytest -m gpu (two ranks share the GPU over gloo where a test needs several)", 60, 55, 180),
+    "pytest": Stage("pytest -m gpu (two ranks share the GPU over gloo where a test needs several)", 90, 85, 180),
     "parity": Stage("one-GPU parity on the fp32 MLP: each tier bitwise against plain torch running its arithmetic, "
-                    "CPU vs CUDA AdamW within a derived bound", 15, 12, 60),
+                    "CPU vs CUDA AdamW within a derived bound", 30, 25, 60),
     "device": Stage("the fp32 MLP all on the GPU: ours vs plain torch", 35, 30, 90),
     "planner": Stage("planner probe -> fit -> run -> compare for the cpu, nvme and device plans", 150, 60, 240),
     "staged": Stage("the host tier's staged copies timed piece by piece, and a sampled trace of its threads", 30, 30, 90),
@@ -140,25 +140,23 @@ runs them all, each under what is left of the call's budget).
 [Note: sizing the call]
 One call on a fresh machine has CALL_BUDGET_S (420 s by default: the device's 15 minutes hold one
 start, one 7-minute call and a second, shorter one). `h200_s` is the plan: each stage's seconds as
-measured in the H200 calls (benchmarks/gpu/runs/; docs/notes/2026-11-28-h200-offload-tiers.md has
-them), planned a little above. `offload` is planned without the JIT build of DeepSpeed's cpu_adam
-that its measured seconds held: it compiles nothing now ([Note: DeepSpeed's ops are the build
-stage's] in bench_llama.py). `nvme` and `build` have no measured seconds yet: nvme's 100 s is the
-estimate of its sizes (probe, two systems, two shapes of three steps each with an adjacent probe),
-build's 120 s the estimate of a ninja build ([Note: a short build] in build_ops.py), about 5 s once
-its outputs are carried.
+measured in the H200 calls (benchmarks/gpu/runs/; docs/notes/2026-11-28-h200-offload-tiers.md and
+docs/notes/2026-11-28-h200-second-lease.md have them), planned a little above: install 27 s, build
+124 s (ninja, the list normalised to 9.0; about 5 s once its outputs are carried), offload 116 s,
+nvme 119 s, pytest 85 s, parity 28 s (a first CUDA start and two systems: its first call, planned
+at 15 s, was stopped at 17 s), device 32 s, planner 138 s, staged 25 s.
 
-The order keeps our tiers first: install, build, offload and nvme are 30 + 120 + 120 + 100 = 370 s
+The order keeps our tiers first: install, build, offload and nvme are 30 + 120 + 120 + 120 = 390 s
 of a fresh call's 410 (less FINISH_MARGIN_S), and `build` is the only stage there that serves no
 measurement of ours, so offload, nvme (and install) are `reserved`: the build runs in what is left
-less their 220 s (a limit of about 164 s after a 26 s install), and a build that runs past it is
+less their 240 s (a limit of about 144 s after a 26 s install), and a build that runs past it is
 stopped with offload and nvme still ahead, their DeepSpeed systems then left out by name. The
-checks come next (pytest, parity, device: 110 s; each starts only with at least its measured
+checks come next (pytest, parity, device: 155 s; each starts only with at least its measured
 seconds left, `min_s`, as none of them keeps a partial result), then the planner chains (150 s) and the staged
-trace (30 s): a fresh call runs what fits of them; the second call (`bash benchmarks/gpu/run.sh
-install pytest parity device planner staged`, as its log's last lines say) runs the rest in
-60 + 15 + 35 + 150 + 30 = 290 s. With the built ops carried the build takes seconds and the checks
-fit in the first call.
+trace (30 s): a fresh call runs what fits of them; the second call (`bash benchmarks/gpu/run.sh install
+pytest parity device planner staged`, as its log's last lines say, with a CALL_BUDGET_S the device time
+left allows) runs the rest in 90 + 30 + 35 + 150 + 30 = 335 s after a warm install. With the built ops carried the build
+takes seconds and pytest and parity fit in the first call.
 """
 
 CALL_BUDGET_S = 420

@@ -174,6 +174,12 @@ def must_shows(doc: dict) -> list[MustShow]:
              _per_shape(off, RATIO.format("ours-cpu", "fsdp2-cpu"), 0.8)),
             ("host-memory tier step vs DeepSpeed ZeRO-3 CPU offload", "<= 0.8x",
              _per_shape(off, RATIO.format("ours-cpu", "deepspeed-cpu"), 0.8)),
+            # The same tier with the fp32 master as the host parameter shard (host_param_shard: master), which
+            # fit picks where the bill allows: measured beside the compute-width shard in the same process.
+            ("host-memory tier, fp32 master as the host shard, step vs FSDP2 CPUOffloadPolicy", "<= 0.8x",
+             _per_shape(off, RATIO.format("ours-cpu-master", "fsdp2-cpu"), 0.8)),
+            ("host-memory tier, fp32 master as the host shard, step vs DeepSpeed ZeRO-3 CPU offload", "<= 0.8x",
+             _per_shape(off, RATIO.format("ours-cpu-master", "deepspeed-cpu"), 0.8)),
             ("host-memory tier throughput vs all-on-GPU, seq 4096", ">= 0.5x", _at_seq(off, 4096, GPU_SHARE, 0.5)),
             ("NVMe tier step vs DeepSpeed ZeRO-Infinity", "<= 0.6x",
              _per_shape(nvme, RATIO.format("ours-nvme", "deepspeed-nvme"), 0.6)),
