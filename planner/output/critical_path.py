@@ -177,8 +177,8 @@ def analytic_path(plan: Plan) -> CriticalPath:
 # Interval arithmetic on sorted, disjoint (start, end) spans.
 def _merged(spans: Iterable[tuple[float, float, object]] | Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     """The union of the spans of positive length, as sorted disjoint spans (those that touch joined).
-    The span being joined is kept open in `lo, hi` and written once it closes: a busy link's
-    timeline joins thousands of spans into a few (a fifth of `planner fit`'s critical paths)."""
+    The span being joined is kept open in `lo, hi` and written once it closes (a busy link's
+    timeline joins thousands of spans into a few: one tuple per joined span, not per span)."""
     out: list[tuple[float, float]] = []
     lo = hi = 0.0
     is_open = False

@@ -16,8 +16,8 @@ completion; a newer allocation supersedes older timers (only the latest one acts
 ends where it crossed no other flow, leaves every other link's count of flows as it was: the same
 flows are contended, in the same order, over the same links, so the filling would give every other
 flow the rate it has, to the bit, and the lone flow its narrowest hop's. Such a start or end only
-sets the next timer (two reallocations in three of `planner fit 1T --gpus 16`'s simulations; the
-same timers, scheduled at the same moments, as a full reallocation's).
+sets the next timer: the same timer, scheduled at the same moment, as a full reallocation's (how
+often each case arises: docs/notes/2026-11-28-fit-speed.md).
 """
 
 from __future__ import annotations
@@ -230,9 +230,9 @@ def _max_min_rates(flows: list[Flow]) -> None:
 
 
 def _one_shared_link(contended: list[Flow]) -> bool:
-    """Where every contended flow crosses one and the same link and nothing else (two copies
-    sharing one lane: seven reallocations in ten of `planner fit 1T --gpus 16`'s simulations), set
-    their rates and say so. `_progressive_filling` would visit that link alone, once, and freeze
+    """Where every contended flow crosses one and the same link and nothing else (copies sharing
+    one lane: most contended reallocations, docs/notes/2026-11-28-fit-speed.md), set their rates
+    and say so. `_progressive_filling` would visit that link alone, once, and freeze
     every flow at its capacity over the weights summed in flow order: the same sum and the same
     quotient here, so the same rates to the bit (tests/test_sim_network.py checks)."""
     link = contended[0].hops[0][0]
