@@ -92,3 +92,42 @@ def test_an_empty_delayed_transfer_ends_after_its_latency():
     event = net.transfer(0.0, ((Link("nvlink", 1.0), 1.0),), "x", delay_s=0.5)
     env.run()
     assert event.triggered and env.now == 0.5
+
+
+def _contended(link_sets, weights):
+    """Flows over the given hops, every one contended (rates -1, links' `active` counted)."""
+    from planner.sim.network import Flow
+
+    flows = []
+    for links, weight in zip(link_sets, weights, strict=True):
+        for link in links:
+            link.active += 1
+        flows.append(Flow(tuple((link, weight) for link in links), 1.0, 1.0, None, -1.0, 0.0))
+    return flows
+
+
+def test_one_shared_link_gives_the_fillings_rates_to_the_bit():
+    # The fast path of `_max_min_rates` (every contended flow on one link alone) must give exactly
+    # what progressive filling gives: the same weights summed in the same order, the same quotient.
+    import random
+
+    from planner.sim.network import _max_min_rates, _one_shared_link, _progressive_filling
+
+    rng = random.Random(7)
+    for _ in range(200):
+        count = rng.randint(2, 6)
+        weights = [rng.choice([1.0, 8.0, 0.37, rng.uniform(0.01, 16.0)]) for _ in range(count)]
+        capacity = rng.uniform(1e6, 5e10)
+        fast_link, slow_link = Link("pcie", capacity), Link("pcie", capacity)
+        fast = _contended([(fast_link,)] * count, weights)
+        slow = _contended([(slow_link,)] * count, weights)
+        _max_min_rates(fast)
+        _progressive_filling(slow)
+        assert [f.rate for f in fast] == [f.rate for f in slow]
+    # Flows over two links, or over another link too, are left to the filling.
+    a, b = Link("a", 2.0), Link("b", 3.0)
+    assert not _one_shared_link(_contended([(a,), (b,), (a,), (b,)], [1.0] * 4))
+    assert not _one_shared_link(_contended([(a,), (a, b)], [1.0, 1.0]))
+    mixed = _contended([(Link("lane", 1.0), (fabric := Link("fabric", 4.0))), (fabric,)], [1.0, 1.0])
+    _max_min_rates(mixed)
+    assert [f.rate for f in mixed] == [1.0, 3.0]

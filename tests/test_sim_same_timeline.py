@@ -68,6 +68,31 @@ def test_prefetches_without_process_events_give_the_same_timeline(name, monkeypa
     assert reference.events - cheap.events == 2 * len(cheap.work.steps)  # a process's start and end, per prefetch
 
 
+@pytest.mark.parametrize("name", list(PLANS))
+def test_every_timer_follows_the_rates_a_full_allocation_gives(name, monkeypatch):
+    # [Note: a lone flow changes no other rate] in planner/sim/network.py: where a flow starts or ends
+    # alone on its links the network keeps the other flows' rates and only sets the next timer. At
+    # every timer, a full max-min allocation of the flows then flowing must give the rates they have.
+    from planner.sim import network
+
+    timers = []
+    next_timer = network.Network._next_timer
+
+    def checked(self):  # noqa: ANN001, ANN202
+        rates = [flow.rate for flow in self.flows]
+        if len(self.flows) == 1:
+            self.flows[0].rate = self.flows[0].alone_rate
+        else:
+            network._max_min_rates(self.flows)
+        assert [flow.rate for flow in self.flows] == rates
+        timers.append(len(self.flows))
+        next_timer(self)
+
+    monkeypatch.setattr(network.Network, "_next_timer", checked)
+    Simulation(PLANS[name]).run()
+    assert len(timers) > 100 and max(timers) > 1
+
+
 def test_an_unwatched_process_must_begin_by_waiting():
     sim = Simulation(PLANS["cpu params, 2 nodes, vocab"])
     ready = sim.env.event().succeed()

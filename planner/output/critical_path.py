@@ -176,16 +176,23 @@ def analytic_path(plan: Plan) -> CriticalPath:
 
 # Interval arithmetic on sorted, disjoint (start, end) spans.
 def _merged(spans: Iterable[tuple[float, float, object]] | Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of the spans of positive length, as sorted disjoint spans (those that touch joined).
+    The span being joined is kept open in `lo, hi` and written once it closes (a busy link's
+    timeline joins thousands of spans into a few: one tuple per joined span, not per span)."""
     out: list[tuple[float, float]] = []
     lo = hi = 0.0
+    is_open = False
     for span in sorted(spans):
         start, end = span[0], span[1]
-        if out and start <= hi:
-            hi = max(hi, end)
-            out[-1] = (lo, hi)
+        if is_open and start <= hi:
+            if end > hi:
+                hi = end
         elif end > start:
-            lo, hi = start, end
-            out.append((lo, hi))
+            if is_open:
+                out.append((lo, hi))
+            lo, hi, is_open = start, end, True
+    if is_open:
+        out.append((lo, hi))
     return out
 
 

@@ -11,6 +11,13 @@ link (see [Note: representative rank] in engine.py), and on a shared NVMe budget
 
 Rates change only when a flow starts or ends, so the network keeps one pending timer for the next
 completion; a newer allocation supersedes older timers (only the latest one acts when it fires).
+
+[Note: a lone flow changes no other rate] A flow that starts on links no other flow crosses, or
+ends where it crossed no other flow, leaves every other link's count of flows as it was: the same
+flows are contended, in the same order, over the same links, so the filling would give every other
+flow the rate it has, to the bit, and the lone flow its narrowest hop's. Such a start or end only
+sets the next timer: the same timer, scheduled at the same moment, as a full reallocation's (how
+often each case arises: docs/notes/2026-11-28-fit-speed.md).
 """
 
 from __future__ import annotations
@@ -122,16 +129,22 @@ class Network:
     def _start(self, size: float, hops: tuple[tuple[Link, float], ...], label: str, done: simpy.Event) -> None:
         now = self._advance()
         alone = math.inf
+        lone = True
         for link, weight in hops:
             if link.active == 0:  # the link's busy interval opens with its first flow
                 link.busy_since, link.label = now, label
+            else:
+                lone = False
             link.active += 1
             link.amount += size * weight
             rate = link.capacity / weight
             if rate < alone:
                 alone = rate
-        self.flows.append(Flow(hops, size, size, done, 0.0, alone))
-        self._reallocate()
+        self.flows.append(Flow(hops, size, size, done, alone if lone else 0.0, alone))
+        if lone:  # [Note: a lone flow changes no other rate]
+            self._next_timer()
+        else:
+            self._reallocate()
 
     # -- fluid model -------------------------------------------------------------------------
     def _advance(self) -> float:
@@ -150,6 +163,11 @@ class Network:
             flows[0].rate = flows[0].alone_rate
         else:
             _max_min_rates(flows)
+        self._next_timer()
+
+    def _next_timer(self) -> None:
+        """The timer of the next completion at the flows' rates (superseding the pending one)."""
+        flows = self.flows
         # Loops rather than min() over generators: this runs once per flow start and end (the
         # simulator's hottest path); the values are the same.
         dt = math.inf
@@ -170,6 +188,7 @@ class Network:
             return  # superseded by a later allocation
         now = self._advance()
         still: list[Flow] = []
+        shared = False
         for flow in self.flows:
             if flow.remaining <= flow.rate * _DONE_WITHIN_S:
                 for link, _ in flow.hops:
@@ -177,12 +196,17 @@ class Network:
                     if link.active == 0:
                         link.busy_s += now - link.busy_since
                         link.intervals.append((link.busy_since, now, link.label))
+                    else:
+                        shared = True
                 flow.done.succeed()
             else:
                 still.append(flow)
         self.flows = still
         if still:
-            self._reallocate()
+            if shared:
+                self._reallocate()
+            else:  # [Note: a lone flow changes no other rate]
+                self._next_timer()
 
 
 def _max_min_rates(flows: list[Flow]) -> None:
@@ -201,6 +225,37 @@ def _max_min_rates(flows: list[Flow]) -> None:
             flow.rate = flow.alone_rate
     if not contended:
         return
+    if not _one_shared_link(contended):
+        _progressive_filling(contended)
+
+
+def _one_shared_link(contended: list[Flow]) -> bool:
+    """Where every contended flow crosses one and the same link and nothing else (copies sharing
+    one lane: most contended reallocations, docs/notes/2026-11-28-fit-speed.md), set their rates
+    and say so. `_progressive_filling` would visit that link alone, once, and freeze
+    every flow at its capacity over the weights summed in flow order: the same sum and the same
+    quotient here, so the same rates to the bit (tests/test_sim_network.py checks)."""
+    link = contended[0].hops[0][0]
+    demand = 0.0
+    for flow in contended:
+        hops = flow.hops
+        if len(hops) != 1 or hops[0][0] is not link:
+            return False
+        demand += hops[0][1]
+    if demand <= 0:
+        return False
+    share = link.capacity / demand
+    if not share < math.inf:  # the filling finds no share below infinity and fails: so does it here
+        return False
+    rate = max(share, 0.0)
+    for flow in contended:
+        flow.rate = rate
+    return True
+
+
+def _progressive_filling(contended: list[Flow]) -> None:
+    """The max-min fair rates of `contended` (each crossing some link another crosses; their rates
+    set to -1, unfrozen), by progressive filling."""
     # A link crossed by several flows is crossed by contended flows only: its users, in flow order.
     users: dict[Link, list[tuple[Flow, float]]] = {}
     for flow in contended:
