@@ -18,6 +18,7 @@ import pytest
 
 from planner.calibration.compare import IN_BACKWARD_STEP_PHASES, compare
 from planner.sim import simulate
+from planner.sim.workload import build_workload, forward_tail_kept
 from planner.specs.plan import Plan
 from planner.specs.profile import Profile
 
@@ -123,3 +124,20 @@ def test_the_host_plans_backward_waits_for_the_host_memory():
 
 def chain_named(run: str, name: str) -> tuple[tuple[str, str], Plan, Profile]:
     return (run, name), *_chain(run, name)
+
+
+@pytest.mark.parametrize(("depth", "recompute_interval", "kept"), [
+    (3, 0, ["lm_head", "mlp_up", "mlp_gate"]),  # the down projection: the final norm is used after it
+    (2, 0, ["lm_head", "mlp_up"]),
+    (1, 0, ["lm_head"]),
+    (0, 0, []),
+    (3, 1, ["lm_head"]),  # the backward opens with the last block's recompute, in forward order
+])
+def test_the_units_the_forward_keeps_for_the_backward(depth, recompute_interval, kept):
+    _, plan, _ = chain_named("call5", "nvme")
+    plan = plan.replace(prefetch_depth=depth, recompute_interval=recompute_interval)
+    steps = build_workload(plan).steps
+    pairs = forward_tail_kept(steps, depth, plan.model.num_layers)
+    assert [steps[i].op.name for i in sorted(pairs, reverse=True)] == kept
+    for forward, backward in pairs.items():
+        assert steps[forward].op is steps[backward].op and steps[forward].block == steps[backward].block

@@ -68,7 +68,7 @@ def test_prefetches_without_process_events_give_the_same_timeline(name, monkeypa
     assert everything(cheap) == everything(reference)  # every float equal, not close
     # A process's start and end per prefetch; the backward's head kept gathered since its forward
     # fetches nothing ([Note: the forward's tail stays gathered, simulated] in planner/sim/workload.py).
-    fetched = len(cheap.work.steps) - len(forward_tail_kept(cheap.work.steps, plan.prefetch_depth))
+    fetched = len(cheap.work.steps) - len(forward_tail_kept(cheap.work.steps, plan.prefetch_depth, plan.model.num_layers))
     assert reference.events - cheap.events == 2 * fetched
 
 

@@ -311,7 +311,7 @@ class RankProgram:
         self.offloads_gradients = self.stores_gradients and not placement.gradients.is_compute_memory(node)
         """Each gradient shard is stored off the compute's memory (not kept where the compute has it, nor
         handed to the in-backward update)."""
-        self.kept = forward_tail_kept(work.steps, depth) if self.stages else {}
+        self.kept = forward_tail_kept(work.steps, depth, self.layers) if self.stages else {}
         """Forward steps whose parameters stay gathered for their backward step ([Note: the forward's
         tail stays gathered, simulated] in workload.py)."""
         self.kept_backward = frozenset(self.kept.values())
