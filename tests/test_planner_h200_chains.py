@@ -39,7 +39,7 @@ BANDS = {
 backward + optimizer -20 % (not met); device +21 % and +18 %, the GPU compute terms of the fitted
 H200 preset (not met). call5: cpu -26 % and -32 % (the runtime's host thread in the forward and its
 optimizer worker in the backward, not met); nvme +73 % and +16 % (the drive served the run's reads
-faster than the probe measured it: the forward's 614 MB of parameter reads took 0.27 s, 2.2 GB/s
+faster than the probe measured it: the forward read its 614 MB of parameters at 2.2 GB/s or more,
 against the probed 1.64; not met); device +14 % (met) and +19 % (not met)."""
 
 

@@ -225,7 +225,7 @@ def optimizer_params_per_rank(plan: Plan) -> float:
 # forward (runtime/units/prefetch.py [Note: the forward's tail is the backward's head]). The trace
 # has no riders (norms ride with the operator before them), but every model's final norm runs right
 # after its last block, so the last block's last operator is resharded. Such a unit is neither
-# released after its forward nor read again for its backward: on the 2026-11-28 H200 runs the
+# released after its forward nor read again for its backward: on the recorded H200 runs the
 # runtime read exactly the bytes this leaves (docs/notes/2026-11-28-offload-prediction-h200-second-lease.md).
 def forward_tail_kept(steps: tuple[Step, ...], depth: int, num_layers: int) -> dict[int, int]:
     """The forward steps whose parameters stay gathered for the backward -> their backward step
