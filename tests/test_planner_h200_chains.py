@@ -1,7 +1,7 @@
 """The planner's predictions for the recorded H200 runs' planner chains (`planner probe` -> `fit` ->
 `run --model` -> `compare`, benchmarks/gpu/planner_chain.py), from cuts of the recorded documents:
-tests/data/h200_2026_11_28_planner_chains.json (the first lease's call 1) and
-tests/data/h200_2026_11_28_call5_planner_chains.json (the second lease's call 5) hold the probe's
+tests/data/h200_2026_11_28_planner_chains.json (the first run's call 1) and
+tests/data/h200_2026_11_28_call5_planner_chains.json (call 5, the day's second H200 run) hold the probe's
 hardware spec, each chain's plan and the measured phases and link bytes of its profile. The plans are
 simulated here as `planner simulate` does, and each phase is held to the band this checkout reaches
 (docs/notes/2026-11-28-offload-prediction-h200.md,
