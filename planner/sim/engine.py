@@ -59,6 +59,7 @@ from planner.sim.workload import (
     Step,
     Workload,
     build_workload,
+    forward_tail_kept,
     step_elementwise_bytes,
     step_flops,
     step_fused_flops,
@@ -310,6 +311,10 @@ class RankProgram:
         self.offloads_gradients = self.stores_gradients and not placement.gradients.is_compute_memory(node)
         """Each gradient shard is stored off the compute's memory (not kept where the compute has it, nor
         handed to the in-backward update)."""
+        self.kept = forward_tail_kept(work.steps, depth, self.layers) if self.stages else {}
+        """Forward steps whose parameters stay gathered for their backward step ([Note: the forward's
+        tail stays gathered, simulated] in workload.py)."""
+        self.kept_backward = frozenset(self.kept.values())
         self._triggers: dict[tuple[int, int], simpy.Event] = {}
         self._triggered_upto = [-1] * len(self.stages)
         self._ready: dict[int, simpy.Event] = {}
@@ -390,7 +395,10 @@ class RankProgram:
             for j in range(self._triggered_upto[index] + 1, upto + 1):
                 if index == 0:
                     self._ready[j] = self.env.event()
-                    run_unwatched(self._fetch(self.sim.work.steps[j]))  # waits for the trigger made next
+                    if j in self.kept_backward:  # still gathered since its forward: nothing to read
+                        self._ready[j].succeed()
+                    else:
+                        run_unwatched(self._fetch(self.sim.work.steps[j]))  # waits for the trigger made next
                 event = self._trigger(index, j)
                 if not event.triggered:
                     event.succeed()
@@ -507,7 +515,7 @@ class RankProgram:
             activation = sim.work.tp_all_reduce_bytes * self.tp_byte_share[phase is Phase.BACKWARD]
             yield self._collective(2 * activation * (self.mp - 1) / self.mp, self.res.tensor_parallel(self.rank),
                                    "tensor_parallel", phase, self.tp_latency_s)
-        if self.stages:
+        if self.stages and i not in self.kept:
             sim.gpu_remove(self.rank, MemoryTerm.MSWM, op.num_params * self.slice_factor)
         if phase is Phase.BACKWARD and op.has_grads:
             yield from self._start_reduction(op.num_params * self.slice_factor, phase)

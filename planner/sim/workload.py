@@ -216,3 +216,29 @@ def optimizer_params_per_rank(plan: Plan) -> float:
     """Parameters whose optimizer state one rank updates (its partition, or its tensor-parallel slice)."""
     share = plan.num_gpus if "optimizer_states" in plan.partitioned else plan.model_parallel_degree
     return plan.model.num_params / share
+
+
+# [Note: the forward's tail stays gathered, simulated] The backward's first operators are the
+# forward's last ones in reverse, and the runtime keeps a unit gathered from its last forward use to
+# its backward use when it is `q` operators into the backward's first window (q <= the prefetch
+# depth) and `r <= q` operators before the forward's end, unless a rider's use comes next in the
+# forward (runtime/units/prefetch.py [Note: the forward's tail is the backward's head]). The trace
+# has no riders (norms ride with the operator before them), but every model's final norm runs right
+# after its last block, so the last block's last operator is resharded. Such a unit is neither
+# released after its forward nor read again for its backward: on the recorded H200 runs the
+# runtime read exactly the bytes this leaves (docs/notes/2026-11-28-offload-prediction-h200-second-lease.md).
+def forward_tail_kept(steps: tuple[Step, ...], depth: int, num_layers: int) -> dict[int, int]:
+    """The forward steps whose parameters stay gathered for the backward -> their backward step
+    ([Note: the forward's tail stays gathered, simulated])."""
+    forward = [s for s in steps if s.phase is Phase.FORWARD]
+    after = steps[len(forward):]
+    if depth <= 0 or not forward or not after:
+        return {}
+    blocks_end = max((s.index for s in forward if 0 <= s.block < num_layers), default=-1)
+    window = {(id(s.op), s.block): s.index for s in after[: depth + 1] if s.phase is Phase.BACKWARD}
+    kept: dict[int, int] = {}
+    for r, step in enumerate(reversed(forward[-(depth + 1):])):  # r <= q <= depth
+        backward = window.get((id(step.op), step.block))
+        if backward is not None and r <= backward - after[0].index and step.index != blocks_end:
+            kept[step.index] = backward
+    return kept
