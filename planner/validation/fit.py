@@ -29,6 +29,7 @@ from planner.cost.kernels import HBM_ACHIEVABLE_FRACTION
 from planner.specs.hardware import EfficiencyCurve, NodeSpec
 from planner.validation.configure import RowPlan, row_plan
 from planner.validation.corpus import CorpusRow, load_corpus
+from planner.validation.flash_kernels import FlashKernel
 from planner.validation.report import FIT_JSON, percentile, predict_row
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -70,8 +71,10 @@ PRIOR: dict[str, Params] = {
 }
 """The hand-set presets before fitting, the search's fixed starting point (so `--write` run twice
 writes the same numbers): the paper's 70 of 125 TFLOPS and the same 64 % on A100 and H100 (600
-of 989), FlashAttention-2's published 156 TFLOPS on A100 and FlashAttention-3's 346 on H100
-(planner/cost/kernels.py [Note: attention kernels]), each curve's size at which it reached half its
+of 989), FlashAttention-2's published 156 TFLOPS on A100 and its 35 % of the H100's peak (346 of
+989, as the FlashAttention-3 paper measured it; planner/cost/kernels.py [Note: attention kernels]):
+`flash` is FlashAttention-2's rate, and rows on the first FlashAttention run at their kernel's share
+of it (planner/validation/flash_kernels.py), each curve's size at which it reached half its
 plateau, and the V100 microbenchmark's HBM fraction."""
 
 
@@ -79,14 +82,17 @@ def matmul_curve(half_gflop: float) -> EfficiencyCurve:
     return EfficiencyCurve(tuple((g * 1e9, max(1e-4, round(g / (g + half_gflop), 4))) for g in MATMUL_GFLOP_POINTS))
 
 
-def apply(node: NodeSpec, params: Params) -> NodeSpec:
-    """`node` with the fitted numbers (rates only: memory is untouched)."""
+def apply(node: NodeSpec, params: Params, kernel: FlashKernel | None = None) -> NodeSpec:
+    """`node` with the fitted numbers (rates only: memory is untouched); `flash` is FlashAttention-2's
+    rate, and a row on another generation (`kernel`) runs at that kernel's share of it
+    (planner/validation/flash_kernels.py [Note: FlashAttention generations])."""
     nominal = node.gpu_nominal_flops_per_s or node.gpu_flops_per_s
     changes: dict[str, Any] = {"gpu_flops_per_s": params["plateau"] * nominal,
                                "matmul_efficiency": matmul_curve(params["half_gflop"]),
                                "hbm_achievable_fraction": params["hbm"]}
     if node.flash_attention_flops_per_s:
-        changes["flash_attention_flops_per_s"] = params["flash"] * nominal
+        share = kernel.rate_vs_flash_attention_2 if kernel is not None else 1.0
+        changes["flash_attention_flops_per_s"] = params["flash"] * nominal * share
     return node.replace(**changes)
 
 
@@ -117,7 +123,8 @@ def errors(rows: Sequence[FitRow], params: Params, seen: Callable[[str], None] |
             seen(r.row.row_id)
         plan = r.planned.plan
         assert plan is not None
-        planned = dataclasses.replace(r.planned, plan=plan.replace(node=apply(plan.node, params)))
+        node = apply(plan.node, params, r.planned.flash_kernel)
+        planned = dataclasses.replace(r.planned, plan=plan.replace(node=node))
         result = predict_row(r.row, planned=planned)
         if result.error is not None and result.error > -1:
             out[r.row.row_id] = result.error
@@ -137,8 +144,11 @@ def loss(errs: dict[str, float]) -> float:
 #   peak (`gpu_peak_tflops = plateau x gpu_nominal_tflops`);
 # - `half_gflop`: the matmul size reaching half the plateau; the preset's matmul efficiency curve is
 #   `size / (size + half_gflop)` sampled per decade from 0.1 GFLOP (MATMUL_GFLOP_POINTS);
-# - `flash`: the fused attention kernel's achieved rate as a fraction of the datasheet peak
-#   (`flash_attention_tflops`; none on V100, which has no flash kernel);
+# - `flash`: FlashAttention-2's achieved rate as a fraction of the datasheet peak
+#   (`flash_attention_tflops`; none on V100, which has no flash kernel); a row whose stack ran the
+#   first FlashAttention times its attention at that kernel's published share of it
+#   (planner/validation/flash_kernels.py [Note: FlashAttention generations]), so both kernels' rows
+#   inform the one number;
 # - `hbm`: the share of the datasheet HBM bandwidth memory-bound kernels stream at
 #   (`hbm_achievable_fraction`, planner/cost/kernels.py).
 # A per-layer framework overhead is not fitted: tried as a fifth number (the simulator's
