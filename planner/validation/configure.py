@@ -21,7 +21,13 @@ from planner.specs.plan import STRATEGY_TABLE, Plan
 from planner.specs.stack import Fp8Recipe, KvExchange
 from planner.specs.units import GIB
 from planner.validation.corpus import CorpusRow
-from planner.validation.flash_kernels import SOURCE_FLASH_KERNEL, FlashKernel, kernel_name, row_flash_kernel, with_flash_kernel
+from planner.validation.flash_kernels import (
+    SOURCE_FLASH_KERNEL,
+    FlashKernel,
+    kernel_name,
+    row_flash_kernel,
+    with_flash_kernel,
+)
 from planner.validation.unstated import (
     SEARCHED_RECOMPUTES,
     SHARDINGS_ANY,
