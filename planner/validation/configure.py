@@ -123,6 +123,9 @@ class RowPlan:
     flash_kernel: FlashKernel | None = None
     """The FlashAttention generation the row's fused attention runs (None: no fused attention);
     the plan's node already has its rate (planner/validation/flash_kernels.py)."""
+    unlike_preset: str = ""
+    """Why the row's GPU is not its preset's ('' where it is): such a row is predicted at the
+    preset's rates and does not calibrate them ([Note: a part the preset does not describe])."""
 
 
 # [Note: what a row states] The planner is given what the source states and nothing fitted to the row:
@@ -219,8 +222,10 @@ def row_plan(row: CorpusRow) -> RowPlan:
     if plan is None:
         return RowPlan(plan=None, reasons=(f"the planner refuses the configuration: {why}",),
                        assumptions=tuple(assumptions))
-    return RowPlan(plan=plan, grad_accumulation=plan.micro_batches_per_step, assumptions=(*assumptions, *searched_notes),
-                   searched=tuple(searched), flash_kernel=kernel if plan.attention == "flash" else None)
+    unlike = gpu_part_unlike_preset(row)
+    return RowPlan(plan=plan, grad_accumulation=plan.micro_batches_per_step,
+                   assumptions=(*assumptions, *searched_notes, *([unlike] if unlike else [])), searched=tuple(searched),
+                   flash_kernel=kernel if plan.attention == "flash" else None, unlike_preset=unlike)
 
 
 _SEQUENCE_PARALLEL = re.compile(r"(?<!no )(?<!without )\bsequence[- ]parallel(?:ism)?\b", re.IGNORECASE)
@@ -359,8 +364,8 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
         return None
 
 
-def node_for_row(row: CorpusRow) -> NodeSpec | str:
-    """The hardware preset of the row's GPU, or why there is none."""
+def _preset_node(row: CorpusRow) -> tuple[str, NodeSpec] | str:
+    """The name and spec of the row's GPU's hardware preset, or why there is none."""
     name = HARDWARE_FOR.get((row.gpu_family, row.gpu_memory_gb)) or HARDWARE_FOR.get((row.gpu_family, None))
     if name is None:
         return f"no hardware preset for {row.gpu_type}"
@@ -370,9 +375,37 @@ def node_for_row(row: CorpusRow) -> NodeSpec | str:
         node = hardware_presets()[name]
     if row.gpus_per_node is not None and row.num_gpus > node.num_gpus_per_node != row.gpus_per_node:
         return f"no preset for {row.gpus_per_node}-GPU {row.gpu_family} nodes ({name} has {node.num_gpus_per_node})"
-    if row.gpu_memory_gb is not None and row.gpu_memory_gb * GIB > node.gpu_memory_bytes:
+    return name, node
+
+
+def node_for_row(row: CorpusRow) -> NodeSpec | str:
+    """The hardware preset of the row's GPU, or why there is none; a part with more memory than the
+    preset's keeps the preset's rates ([Note: a part the preset does not describe])."""
+    found = _preset_node(row)
+    if isinstance(found, str):
+        return found
+    name, node = found
+    if gpu_part_unlike_preset(row):
         node = node.replace(name=f"{name} ({row.gpu_memory_gb:g} GB part)", gpu_memory_bytes=row.gpu_memory_gb * GIB)
     return node
+
+
+# [Note: a part the preset does not describe] A row whose GPU has more memory than its family's
+# preset (torchtitan's Llama 3.1 405B rows, p219-p221: an H100 SXM with 94 GB of HBM2e and a lower
+# power limit, whose peak its source says lies between the SXM's and the NVL's and is not known) is
+# another part: a different memory technology, bandwidth and clocks. It is predicted with the
+# preset's rates (its memory is the row's), as an assumption the report names, and it does not
+# calibrate them (planner/validation/fit.py `fit_rows`): the fit calibrates the preset's GPU on
+# the hardware the sources state, as it does on the settings they state.
+def gpu_part_unlike_preset(row: CorpusRow) -> str:
+    """Why the row's GPU is not its preset's ('' where it is; [Note: a part the preset does not
+    describe])."""
+    found = _preset_node(row)
+    if isinstance(found, str) or row.gpu_memory_gb is None or row.gpu_memory_gb * GIB <= found[1].gpu_memory_bytes:
+        return ""
+    name, node = found
+    return (f"the {row.gpu_memory_gb:g} GB part is not {name}'s {node.gpu_memory_bytes / GIB:g} GiB GPU: priced at "
+            "the preset's rates, which its rows do not calibrate")
 
 
 def _node(row: CorpusRow, reasons: list[str]) -> NodeSpec | None:
