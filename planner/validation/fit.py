@@ -153,9 +153,10 @@ def loss(errs: dict[str, float]) -> float:
     return sum(min(abs(math.log1p(e)), LOSS_CAP) ** 2 for e in errs.values()) / len(errs)
 
 
-# [Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100, whose numbers the H200
-# shares: its corpus rows are not predictable), four physically meaningful numbers and nothing per
-# row or per source:
+# [Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100 with the H200, whose SMs and
+# clocks are the H100's: their rows and the project's own H200 run, planner/validation/own_runs.py,
+# are fitted together), four physically meaningful numbers (five on H100) and nothing per row or per
+# source:
 # - `plateau`: the matmul rate a large GEMM sustains in training, as a fraction of the datasheet
 #   peak (`gpu_peak_tflops = plateau x gpu_nominal_tflops`);
 # - `half_gflop`: the matmul size reaching half the plateau; the preset's matmul efficiency curve is
