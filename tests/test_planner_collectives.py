@@ -1,4 +1,5 @@
-"""NCCL's alpha-beta cost of a ring collective (planner/cost/collectives.py [Note: the alpha-beta collective])."""
+"""NCCL's alpha-beta cost of a ring collective (planner/cost/collectives.py [Note: the alpha-beta collective]) and
+ZeRO-3's per-parameter collectives ([Note: per-parameter collectives])."""
 
 from __future__ import annotations
 
@@ -12,14 +13,19 @@ from planner.cost.collectives import (
     Ring,
     bus_bytes_per_s,
     collective_s,
+    collectives_per_operator,
     data_parallel_ring,
     data_parallel_rings_per_node,
     latency_s,
     tensor_parallel_ring,
 )
+from planner.cost.throughput import collectives_per_pass, estimate
+from planner.sim.fast import predict
 from planner.specs.catalog import hardware_presets
+from planner.specs.errors import PlannerError
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
+from planner.specs.stack import ShardCollectives
 
 GB = 1e9
 H100 = hardware_presets()["dgx-h100"]  # NVLink 360 GB/s per GPU, 400 GB/s of network per node
@@ -77,3 +83,63 @@ def test_a_plans_rings():
     assert tensor_parallel_ring(plan) == Ring(4, 4)
     single = Plan(model=MODEL, node=H100, num_gpus=4, strategy="zero3", micro_batch_per_gpu=1)
     assert data_parallel_ring(single) == Ring(4, 4) and data_parallel_ring(single).nodes == 1
+
+
+# -- [Note: per-parameter collectives] ---------------------------------------------------------------
+MEGATRON_GPT = ModelSpec(name="megatron-gpt", num_layers=4, hidden_size=1024, num_heads=8, seq_len=512, vocab_size=0,
+                         qkv_bias=True, attn_out_bias=True, mlp_bias=True, norm="layernorm")
+A100 = hardware_presets()["dgx-a100-80g"]
+
+
+def _zero3(model=MEGATRON_GPT, *, gpus=64, **fields):
+    return Plan(model=model, node=A100, num_gpus=gpus, strategy="zero3", micro_batch_per_gpu=1, **fields)
+
+
+def test_a_blocks_parameter_tensors_are_what_the_framework_holds():
+    # Megatron's GPT block: two LayerNorms (weight, bias) and four linears (weight, bias).
+    assert MEGATRON_GPT.parameter_tensors_per_block == 12
+    assert MODEL.parameter_tensors_per_block == 4  # the paper's shape: the linears' weights only
+    llama = ModelSpec(name="l", num_layers=2, hidden_size=1024, num_heads=8, gated_mlp=True, norm="rmsnorm")
+    assert llama.parameter_tensors_per_block == 5 + 2
+
+
+def test_per_parameter_gathers_pay_a_latency_per_tensor():
+    flat = _zero3(prefetch_depth=0)
+    per_parameter = _zero3(prefetch_depth=0, shard_collectives=ShardCollectives.PER_PARAMETER)
+    assert collectives_per_operator(flat) == 1.0
+    assert collectives_per_operator(per_parameter) == 12 / 4
+    assert collectives_per_pass(per_parameter) == 4 * 12  # no vocabulary: the blocks only
+    assert collectives_per_pass(flat) == 4 * 4
+
+
+def test_per_parameter_step_adds_the_latency_of_every_extra_collective():
+    # Nothing overlaps at prefetch depth 0: the step grows by each extra gather (forward, recompute,
+    # backward) and each extra reduce-scatter at the ring's latency, 64 ranks over 8 nodes.
+    flat = _zero3(prefetch_depth=0)
+    per_parameter = flat.replace(shard_collectives=ShardCollectives.PER_PARAMETER)
+    extra = (collectives_per_pass(per_parameter) - collectives_per_pass(flat)) * (3 + 1)
+    gather_latency_s = latency_s(Ring(64, 8), "all_gather", A100)
+    assert gather_latency_s == latency_s(Ring(64, 8), "reduce_scatter", A100)
+    grown = estimate(per_parameter).iteration_time_s - estimate(flat).iteration_time_s
+    assert grown == pytest.approx(extra * gather_latency_s, rel=1e-9)
+    simulated = predict(per_parameter).iteration_time_s - predict(flat).iteration_time_s
+    assert simulated == pytest.approx(grown, rel=0.1)
+
+
+def test_per_parameter_gathers_fetch_nothing_ahead():
+    with pytest.raises(PlannerError, match="prefetch_depth 0, not 3"):
+        _zero3(shard_collectives="per_parameter")
+    plan = _zero3(prefetch_depth=0, shard_collectives="per_parameter")
+    assert plan.shard_collectives is ShardCollectives.PER_PARAMETER
+    with pytest.raises(PlannerError, match="prefetch_depth 0, not 2"):
+        plan.replace(prefetch_depth=2)
+    with pytest.raises(PlannerError, match="shard_collectives"):
+        _zero3(prefetch_depth=0, shard_collectives="per_bucket")
+
+
+def test_a_plan_writes_its_grouping_only_when_it_gathers_per_parameter():
+    flat = _zero3()
+    assert "shard_collectives" not in flat.to_dict()
+    plan = _zero3(prefetch_depth=0, shard_collectives="per_parameter")
+    assert plan.to_dict()["shard_collectives"] == "per_parameter"
+    assert Plan.from_dict(plan.to_dict()) == plan

@@ -145,8 +145,25 @@ def test_attention_is_a_column_of_the_row(tmp_path):
     _refused(_write(tmp_path, raw), "row p001", "attention", "'flash3'")
 
 
-def test_a_corpus_without_the_attention_column_still_loads(tmp_path):
-    assert set(OPTIONAL_COLUMNS) == {"attention"}
-    header = [c for c in COLUMNS if c != "attention"]
+def test_a_corpus_without_the_optional_columns_still_loads(tmp_path):
+    assert set(OPTIONAL_COLUMNS) == {"attention", "shard_collectives"}
+    header = [c for c in COLUMNS if c not in OPTIONAL_COLUMNS]
     rows = load_corpus(_write(tmp_path, _raw_rows()[:3], header))
     assert [r.attention for r in rows] == ["", "", ""]
+    assert [r.shard_collectives for r in rows] == ["", "", ""]
+
+
+def test_the_shard_collectives_column():
+    """DeepSpeed's 2021 ZeRO-3 rows gather per parameter; every FSDP row gathers flat units; rows that
+    shard no parameters leave it empty."""
+    rows = {r.row_id: r for r in load_corpus(BUNDLED)}
+    per_parameter = {r.row_id for r in rows.values() if r.shard_collectives == "per_parameter"}
+    assert per_parameter == {f"p0{n}" for n in range(21, 27)}
+    assert all(r.shard_collectives == "flat" for r in rows.values() if r.sharding == "fsdp")
+    assert all(r.shard_collectives == "" for r in rows.values() if r.sharding not in ("zero3", "fsdp"))
+
+
+def test_an_unknown_shard_collectives_value_is_refused(tmp_path):
+    raw = _raw_rows()[:2]
+    raw[0]["shard_collectives"] = "per_bucket"
+    _refused(_write(tmp_path, raw), "row p001", "shard_collectives", "'per_bucket'")

@@ -6,13 +6,13 @@ import pytest
 
 from planner.specs.catalog import hardware_presets
 from planner.specs.errors import PlannerError
-from planner.validation.configure import preset_for_name, row_plan
+from planner.validation.configure import RowPlan, preset_for_name, row_plan
 from planner.validation.corpus import load_corpus
 from planner.validation.docs import BEGIN, END, write_docs
 from planner.validation.flash_kernels import FlashKernel
 from planner.validation.flops import flops_per_token, from_tokens_per_s
 from planner.validation.render import markdown, scatter
-from planner.validation.report import ROW_KEYS, predicted_tokens_per_s_per_gpu, validate
+from planner.validation.report import ROW_KEYS, predict_row, predicted_tokens_per_s_per_gpu, validate
 
 GROUP_KEYS = {"rows", "predicted", "misses", "refused_by_memory_bill", "median_abs_error", "p90_abs_error", "median_error"}
 
@@ -121,6 +121,32 @@ def test_the_attention_kernel_is_the_rows_not_the_sources(rows):
     assert planned.plan.attention == "eager" and any(a.startswith("attention = eager") for a in planned.assumptions)
     assert row_plan(dataclasses.replace(rows["p162"], attention="")).plan.attention == "flash"
     assert row_plan(dataclasses.replace(rows["p162"], attention="eager")).plan.attention == "eager"
+
+
+def test_deepspeed_2021_zero3_rows_gather_per_parameter(rows, report):
+    # Narayanan et al. 2021 Table 2's ZeRO-3 rows ran DeepSpeed's 2021 ZeRO-3 (planner/cost/collectives.py
+    # [Note: per-parameter collectives]): one collective per parameter of Megatron's GPT block, nothing
+    # fetched ahead. Their Table 1 rows (no ZeRO) keep flat collectives.
+    p023 = row_plan(rows["p023"])
+    plan = p023.plan
+    assert (plan.shard_collectives, plan.prefetch_depth) == ("per_parameter", 0)
+    assert plan.model.parameter_tensors_per_block == 12
+    assert rows["p023"].shard_collectives == "per_parameter"
+    assert row_plan(rows["p015"]).plan.shard_collectives == "flat"
+    # An empty cell takes the source's default (SOURCE_SHARD_COLLECTIVES), named among the assumptions.
+    unstated = row_plan(dataclasses.replace(rows["p023"], shard_collectives=""))
+    assert unstated.plan == plan and any(a.startswith("shard_collectives = per_parameter") for a in unstated.assumptions)
+    # At a fixed global batch of 1,536 the paper measured the same step time on 768 and 1,536 GPUs
+    # (88 and 44 TFLOPS per GPU): the micro-batch halves while every collective's latency doubles.
+    result = {r.row.row_id: r for r in report.results}
+    step_ratio = (result["p022"].predicted / result["p023"].predicted) / 2  # time at 1,536 over time at 768
+    assert 0.9 < step_ratio < 1.15, step_ratio
+    flat = row_plan(dataclasses.replace(rows["p023"], shard_collectives="flat")).plan
+    assert flat.prefetch_depth > 0 and _error_under(rows["p023"], flat) > 2 * result["p023"].error
+
+
+def _error_under(row, plan):
+    return predict_row(row, planned=RowPlan(plan=plan)).error
 
 
 def test_flash_attention_2_table_1_with_and_without_the_fused_kernel(report):

@@ -13,6 +13,7 @@ from typing import Literal
 
 from planner.specs.hardware import NodeSpec
 from planner.specs.plan import Plan
+from planner.specs.stack import ShardCollectives
 
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce"]
 
@@ -53,6 +54,26 @@ NETWORK_STEP_S = 14e-6
 """NCCL tuning.cc hwLat[NET][Ring][Simple]: one ring step across the network (InfiniBand/RoCE)."""
 PASSES: dict[str, int] = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
 """Ring passes per collective: an all-reduce is a reduce-scatter then an all-gather."""
+
+# [Note: per-parameter collectives] A ZeRO-3 implementation decides how many collectives a pass over
+# the model issues, and each pays the ring's latency above. The runtime, FSDP and today's DeepSpeed
+# gather one flat buffer per unit (here: per traced operator, `ShardCollectives.FLAT`) and prefetch
+# it during the previous operator's compute. DeepSpeed's ZeRO-3 through 2021 (v0.3.13, its first
+# release, to v0.5.x; runtime/zero/partition_parameters.py) did neither:
+# - `Init._allgather_param` issues one `all_gather` per `nn.Parameter`: a GPT block's two norms'
+#   weights and biases and its four linears' weights and biases are 12 collectives, not 4
+#   (`ModelSpec.parameter_tensors_per_block` over the block's linears: each traced operator's
+#   gather stands for that many);
+# - it calls `torch.cuda.synchronize()` before each of them, and `fetch_sub_module` waits for the
+#   gathers and synchronizes again before the module runs: the device drains between every
+#   collective and the compute, so no gather overlaps compute (prefetch depth 0: the plan check
+#   requires it);
+# - `_reduce_scatter_gradient` reduce-scatters each parameter's gradient on its own, so the
+#   backward's reduce-scatters are per parameter too.
+# The cost is latency, not bytes: the same bytes cross the ring. At fixed global batch the
+# micro-batch per GPU shrinks as GPUs are added while each collective's latency grows with the
+# ring's ranks, which is how Narayanan et al. 2021's ZeRO-3 runs (Table 2, 384-2,240 A100s) kept a
+# near-constant step time as the GPUs doubled.
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +149,13 @@ def data_parallel_rings_per_node(plan: Plan) -> int:
 def tensor_parallel_ring(plan: Plan) -> Ring:
     """Megatron's tensor-parallel group: `mp` GPUs inside one node."""
     return Ring(plan.model_parallel_degree, plan.model_parallel_degree)
+
+
+def collectives_per_operator(plan: Plan) -> float:
+    """Data-parallel collectives that one traced operator's gather (or gradient reduce-scatter)
+    stands for ([Note: per-parameter collectives]): 1 with flat gathers; per parameter, the block's
+    parameter tensors over its linears."""
+    if plan.shard_collectives is not ShardCollectives.PER_PARAMETER:
+        return 1.0
+    model = plan.model
+    return model.parameter_tensors_per_block / len(model.block_operators())

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import planner.cost.pipeline as pipeline
 from planner.cost.collectives import (
     bus_bytes_per_s,
+    collectives_per_operator,
     data_parallel_ring,
     data_parallel_rings_per_node,
     latency_s,
@@ -449,11 +450,13 @@ def _busiest_staged_tier_s(step_s: dict[Tier, float], *passes: _Passes) -> float
 
 def collectives_per_pass(plan: Plan) -> int:
     """Data-parallel collectives per pass over the model: one per operator the simulator traces
-    (every linear's tiles of every block, the embedding and the output head)."""
+    (every linear's tiles of every block, the embedding and the output head), times the parameters
+    each stands for where ZeRO-3 gathers per parameter (planner/cost/collectives.py [Note:
+    per-parameter collectives])."""
     m, tiles = plan.model, plan.tiling_factor
     per_block = sum(tiles if op.num_params >= tiles else 1 for op in m.block_operators())
     ends = (1 + (tiles if m.vocab_size * m.hidden_size >= tiles else 1)) if m.vocab_size > 0 else 0
-    return m.num_layers * per_block + ends
+    return round((m.num_layers * per_block + ends) * collectives_per_operator(plan))
 
 
 def _params_per_gpu(plan: Plan) -> float:

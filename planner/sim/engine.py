@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import simpy
 
-from planner.cost.collectives import data_parallel_ring, latency_s, tensor_parallel_ring
+from planner.cost.collectives import collectives_per_operator, data_parallel_ring, latency_s, tensor_parallel_ring
 from planner.cost.context_parallel import exposed_per_layer_s
 from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
 from planner.cost.host_link import stages_host_shards
@@ -263,8 +263,12 @@ class RankProgram:
         self.fp8_speedup = linear_speedup(plan.fp8_matmuls, node)
         self.backward_matmul_slowdown = node.backward_matmul_slowdown
         dp_ring = data_parallel_ring(plan)
-        self.latency_s = {kind: latency_s(dp_ring, kind, node) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
-        """Each data-parallel collective's latency (planner/cost/collectives.py [Note: the alpha-beta collective])."""
+        per_operator = collectives_per_operator(plan)
+        self.latency_s = {kind: latency_s(dp_ring, kind, node) * (1.0 if kind == "all_reduce" else per_operator)
+                          for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+        """Each data-parallel collective's latency (planner/cost/collectives.py [Note: the alpha-beta collective]);
+        an operator's ZeRO-3 gather and reduce-scatter pay it once per parameter where the plan gathers per
+        parameter ([Note: per-parameter collectives])."""
         self.tp_latency_s = latency_s(tensor_parallel_ring(plan), "all_reduce", node)
         self.tp_byte_share = {backward: tensor_parallel_byte_share(plan, backward) for backward in (False, True)}
         """fp8's forward gathers move fp8 (planner/cost/fp8.py [Note: fp8 casts]); 1 without fp8."""

@@ -149,6 +149,18 @@ class ModelSpec:
         return biases + NORM_PARAMS_PER_ELEMENT[self.norm] * norm_width
 
     @property
+    def parameter_tensors_per_block(self) -> int:
+        """The block's trained tensors as a framework holds them, one parameter each: every linear's
+        weight and the biases the spec sets (QKV fused into one linear, as Megatron-LM builds it),
+        and each norm's weight and, for LayerNorm, its bias ([Note: exact counts]). What a ZeRO-3
+        that gathers per parameter issues collectives for (planner/cost/collectives.py [Note:
+        per-parameter collectives])."""
+        mlp_linears = 3 if self.gated_mlp else 2
+        biases = self.qkv_bias + self.attn_out_bias + mlp_linears * self.mlp_bias
+        norms = NORM_PARAMS_PER_ELEMENT[self.norm] * self.norms_per_block + 2 * self.qk_norm
+        return len(self.block_operators()) + biases + norms
+
+    @property
     def num_params_per_block(self) -> int:
         return sum(op.num_params for op in self.block_operators()) + self.num_vector_params_per_block
 

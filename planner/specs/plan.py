@@ -23,7 +23,7 @@ from planner.specs.model import ModelSpec
 from planner.specs.phases import PHASES
 from planner.specs.precision import PRECISIONS
 from planner.specs.specio import check_keys, load_document, number, renamed_keys, string, write_json_atomic
-from planner.specs.stack import Fp8Recipe, KvExchange
+from planner.specs.stack import Fp8Recipe, KvExchange, ShardCollectives
 from planner.specs.tiers import GPU, NVME, TIERS, Tier
 
 SCHEMA = "tierwise.plan/1"
@@ -347,6 +347,9 @@ class Plan:
     kv_exchange: KvExchange = KvExchange.RING
     """How context parallelism exchanges keys and values (`KvExchange`, [Note: context parallelism] in
     planner/cost/context_parallel.py); read only with `context_parallel_degree` > 1."""
+    shard_collectives: ShardCollectives = ShardCollectives.FLAT
+    """How the sharded parameters are grouped into data-parallel collectives (`ShardCollectives`,
+    planner/cost/collectives.py [Note: per-parameter collectives]); per parameter needs prefetch depth 0."""
     sequence_parallel: bool = False
     """Megatron's sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198 Sec. 4.2.2): the
     residual stream's norms, residual adds and dropouts run on `1 / model_parallel_degree` of the
@@ -428,6 +431,7 @@ class Plan:
         object.__setattr__(self, "fp8_recipe", Fp8Recipe(recipe))
         exchange = string(self.kv_exchange, "kv_exchange", choices=tuple(KvExchange))
         object.__setattr__(self, "kv_exchange", KvExchange(exchange))
+        _check_shard_collectives(self)
         if not isinstance(self.fp8_matmuls, bool):
             raise PlannerError(f"fp8_matmuls must be true or false, not {self.fp8_matmuls!r}")
         if not isinstance(self.sequence_parallel, bool):
@@ -535,6 +539,8 @@ class Plan:
             doc["fp8_recipe"] = self.fp8_recipe.value
         if self.context_parallel_degree > 1 and self.kv_exchange is not KvExchange.RING:
             doc["kv_exchange"] = self.kv_exchange.value
+        if self.shard_collectives is not ShardCollectives.FLAT:  # plans with flat gathers are written as before
+            doc["shard_collectives"] = self.shard_collectives.value
         if self.sequence_parallel:  # plans without it are written as before
             doc["sequence_parallel"] = True
         if self.host_pinning is not HostPinning.STAGED:  # plans that stage are written as before
@@ -553,7 +559,7 @@ class Plan:
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
                   "context_parallel_degree", "host_pinning", "optimizer_step_reason", "fp8_recipe", "kv_exchange",
-                  "sequence_parallel"}
+                  "sequence_parallel", "shard_collectives"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
@@ -629,6 +635,14 @@ def _check_tiling_factor(plan: Plan) -> None:
     number(plan.tiling_factor, "tiling_factor", minimum=1, maximum=MAX_TILING_FACTOR, integer=True)
 
 
+def _check_shard_collectives(plan: Plan) -> None:
+    grouping = string(plan.shard_collectives, "shard_collectives", choices=tuple(ShardCollectives))
+    object.__setattr__(plan, "shard_collectives", ShardCollectives(grouping))
+    if plan.shard_collectives is ShardCollectives.PER_PARAMETER and plan.prefetch_depth != 0:
+        raise PlannerError(f"shard_collectives per_parameter synchronizes the device before every gather, so nothing "
+                           f"is fetched ahead: use prefetch_depth 0, not {plan.prefetch_depth}")
+
+
 def _check_prefetch_depth(plan: Plan) -> None:
     number(plan.prefetch_depth, "prefetch_depth", minimum=0, maximum=64, integer=True)
 
@@ -645,12 +659,13 @@ def _check_host_pinning(plan: Plan) -> None:
 _OWN_CHECKS: dict[str, Callable[[Plan], None]] = {
     "micro_batch_per_gpu": lambda plan: (_check_batch_number(plan), _check_whole_samples(plan)),
     "tiling_factor": _check_tiling_factor,
-    "prefetch_depth": _check_prefetch_depth,
+    "prefetch_depth": lambda plan: (_check_prefetch_depth(plan), _check_shard_collectives(plan)),
     "host_pinning": _check_host_pinning,
     "optimizer_step_reason": _check_step_reason,
     "prediction": lambda plan: None,
 }
-"""Fields whose checks read no field but themselves and the fixed layout (the parallel degrees),
+"""Fields whose checks read no field but themselves and the fixed layout (the parallel degrees;
+prefetch depth's also reads `shard_collectives`, which no derived field depends on),
 and which no check of another field, nor `__post_init__`'s derived fields (the node's share and
 precision, the kernels), reads: `Plan.replace` changing only these runs only these."""
 

@@ -4,7 +4,9 @@ Two stacks train the runs the planner prices with fp8 linears or context paralle
 the same arithmetic with different extra work: Megatron-Core/NeMo with Transformer Engine, and
 PyTorch-native training (torchtitan: FSDP2, torchao's Float8Linear, PyTorch's context_parallel).
 A plan names what its stack does as two types; their costs are in planner/cost/fp8.py ([Note: fp8
-casts]) and planner/cost/context_parallel.py ([Note: context parallelism]).
+casts]) and planner/cost/context_parallel.py ([Note: context parallelism]). A third type says how
+its ZeRO-3 groups parameters into collectives (planner/cost/collectives.py [Note: per-parameter
+collectives]).
 """
 
 from __future__ import annotations
@@ -44,6 +46,24 @@ class KvExchange(str, Enum):
     """PyTorch's context_parallel (torchtitan), its default rotate method: one all-gather of every KV
     block overlapping the first step's attention only; the backward gathers KV again and passes dKV
     around the ring point to point."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class ShardCollectives(str, Enum):
+    """How a plan's ZeRO-3 implementation groups the sharded parameters into collectives
+    (planner/cost/collectives.py [Note: per-parameter collectives])."""
+
+    FLAT = "flat"
+    """One all-gather and one reduce-scatter per traced operator's flat parameters, prefetched ahead
+    of the compute: the runtime's own plans, FSDP's flat units, DeepSpeed's coalesced gathers."""
+    PER_PARAMETER = "per_parameter"
+    """One all-gather and one reduce-scatter per `nn.Parameter` (each weight, bias and norm tensor),
+    each gather issued after a device-wide synchronize, so no collective overlaps compute:
+    DeepSpeed's ZeRO-3 from its first release through 2021 (v0.3.13-v0.5.x,
+    `Init._allgather_param` and `_reduce_scatter_gradient` in runtime/zero/partition_parameters.py).
+    A plan with it has `prefetch_depth` 0."""
 
     __str__ = str.__str__
     __format__ = str.__format__

@@ -18,7 +18,7 @@ from planner.specs.errors import PlannerError
 from planner.specs.hardware import NodeSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import STRATEGY_TABLE, Plan
-from planner.specs.stack import Fp8Recipe, KvExchange
+from planner.specs.stack import Fp8Recipe, KvExchange, ShardCollectives
 from planner.specs.units import GIB
 from planner.validation.corpus import CorpusRow
 from planner.validation.flash_kernels import (
@@ -96,6 +96,21 @@ SOURCE_DROPOUT: dict[str, str] = {
     for source in ("megatron2019", "narayanan2021_t1", "narayanan2021_t2")
 }
 """source_id -> why its blocks train with dropout (planner/cost/kernels.py: the dropout kernels and masks)."""
+MEGATRON_GPT_BLOCK = {"qkv_bias": True, "attn_out_bias": True, "mlp_bias": True, "norm": "layernorm"}
+"""Megatron-LM's GPT block (megatron/model/transformer.py): every linear has a bias (its
+ColumnParallelLinear and RowParallelLinear default), both norms are LayerNorm with a weight and a bias.
+Given to the rows of the sources that ran Megatron-LM's GPT (SOURCE_DROPOUT's): it adds their biases and
+norm weights to the parameter count and the block's parameter tensors (what a per-parameter ZeRO-3
+gathers: planner/cost/collectives.py [Note: per-parameter collectives])."""
+SOURCE_SHARD_COLLECTIVES: dict[str, tuple[ShardCollectives, str]] = {
+    "narayanan2021_t2": (ShardCollectives.PER_PARAMETER,
+                         "DeepSpeed ZeRO-3 of April 2021 (v0.3.13-v0.5.x): one all-gather per parameter after a "
+                         "device-wide synchronize, one reduce-scatter per parameter's gradient"),
+}
+"""source_id -> (how its ZeRO-3 grouped parameters into collectives, why): the default for a ZeRO-3 row
+whose `shard_collectives` cell is empty; any other row gathers flat units (`ShardCollectives.FLAT`)."""
+PARAMETER_SHARDINGS = ("zero3", "fsdp")
+"""The `sharding` values that shard the parameters, where `shard_collectives` is read."""
 _LLAMA = re.compile(r"llama[\s_-]*(\d)(?:\.\d)?[\s_-]*(\d+)b", re.I)
 _GPT3 = re.compile(r"gpt[\s-]*3[\s_-]*(\d+)b", re.I)
 _NAMED = ((_LLAMA, "llama-{}-{}b"), (_GPT3, "gpt3-{}b"), (re.compile(r"^opt[\s_-]*(\d+)b", re.I), "opt-{}b"),
@@ -194,6 +209,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                "pipeline_virtual_stages": _virtual_stage_options(row, layouts, model, assumptions)}
     searched = [k for k, v in options.items() if len(v) > 1 or v == (None,)]
     recipe, exchange = _stack(row, precision_text, cp, assumptions)
+    grouping = _shard_collectives(row, assumptions)
     stated_virtual = _VIRTUAL_STAGES.search(row.notes or "") is not None
 
     def build(choice: dict) -> Plan | None:
@@ -206,6 +222,8 @@ def row_plan(row: CorpusRow) -> RowPlan:
         if virtual > 1 and not stated_virtual and not interleaves(model.num_layers, pp, virtual, accumulation if micro else None):
             return None  # a searched chunk count Megatron would refuse (a stated one is taken as stated)
         strategy = SHARDING_STRATEGY.get(choice["sharding"], choice["sharding"])
+        shard = grouping if choice["sharding"] in PARAMETER_SHARDINGS else ShardCollectives.FLAT
+        synchronous = {"prefetch_depth": 0} if shard is ShardCollectives.PER_PARAMETER else {}
         placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
                     micro_batch_per_gpu=(micro or 1) / (tp * cp * pp), recompute=choice["activation_recompute"],
@@ -214,7 +232,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
                     fp8_matmuls=uses_fp8(precision_text), fp8_recipe=recipe, kv_exchange=exchange,
-                    sequence_parallel=tp > 1 and states_sequence_parallel(row))
+                    sequence_parallel=tp > 1 and states_sequence_parallel(row), shard_collectives=shard, **synchronous)
         check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 
@@ -356,7 +374,7 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
         reasons.append("sequence length not stated")
         return None
     if row.source_id in SOURCE_DROPOUT:
-        fields["dropout"] = True
+        fields.update(dropout=True, **MEGATRON_GPT_BLOCK)
     try:
         return ModelSpec(name=f"{row.model_name} ({row.row_id})", seq_len=seq, **fields)
     except PlannerError as exc:
@@ -414,6 +432,18 @@ def _node(row: CorpusRow, reasons: list[str]) -> NodeSpec | None:
         reasons.append(node)
         return None
     return node
+
+
+def _shard_collectives(row: CorpusRow, assumptions: list[str]) -> ShardCollectives:
+    """How the row's ZeRO-3 grouped parameters into collectives: its `shard_collectives` cell, else its
+    source's (SOURCE_SHARD_COLLECTIVES), else flat units; read only where the plan shards parameters."""
+    if row.shard_collectives:
+        return ShardCollectives(row.shard_collectives)
+    if row.source_id not in SOURCE_SHARD_COLLECTIVES or row.sharding not in PARAMETER_SHARDINGS:
+        return ShardCollectives.FLAT
+    grouping, why = SOURCE_SHARD_COLLECTIVES[row.source_id]
+    assumptions.append(f"shard_collectives = {grouping.value}, prefetch_depth = 0 ({why})")
+    return grouping
 
 
 def _stack(row: CorpusRow, precision_text: str, cp: int, assumptions: list[str]) -> tuple[Fp8Recipe, KvExchange]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.specs.errors import PlannerError
+from planner.specs.stack import ShardCollectives
 from planner.specs.tiers import TIERS, Tier
 
 CORPUS_FILE = "published_runs.csv"
@@ -28,7 +29,11 @@ ATTENTIONS: tuple[str, ...] = ("", "eager", "flash", "flash2")
 """The `attention` column: the attention kernel the run used (eager: the scores materialised in HBM;
 flash: a fused kernel that never stores them; flash2: the row states FlashAttention-2's kernel),
 empty when the source does not say."""
-OPTIONAL_COLUMNS: dict[str, str] = {"attention": ""}
+SHARD_COLLECTIVES: tuple[str, ...] = ("", *(grouping.value for grouping in ShardCollectives))
+"""The `shard_collectives` column: how the run's ZeRO-3 grouped parameters into collectives (flat units,
+or one per parameter: planner/cost/collectives.py [Note: per-parameter collectives]), empty when the
+row does not say (planner/validation/configure.py gives its source's default)."""
+OPTIONAL_COLUMNS: dict[str, str] = {"attention": "", "shard_collectives": ""}
 """Columns a corpus may leave out of its header (the value every row then gets): a corpus written
 before the column existed still loads."""
 GPU_TYPES: tuple[str, ...] = ("V100", "A100", "H100", "H200", "RTX 4090")
@@ -74,6 +79,8 @@ class CorpusRow:
     activation_recompute: str
     attention: str
     """One of ATTENTIONS; empty when unstated (planner/validation/configure.py gives the default)."""
+    shard_collectives: str
+    """One of SHARD_COLLECTIVES; empty when unstated (planner/validation/configure.py gives the default)."""
     precision: str
     measured_tflops_per_gpu: float | None
     measured_mfu: float | None
@@ -101,7 +108,8 @@ class CorpusRow:
 _INT_COLUMNS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "vocab_size", "num_gpus",
                 "gpus_per_node", "tensor_parallel", "pipeline_parallel", "data_parallel", "micro_batch", "global_batch")
 _FLOAT_COLUMNS = ("params_b", "gpu_memory_gb", "measured_tflops_per_gpu", "measured_mfu", "measured_tokens_per_s_per_gpu")
-_CHOICES = {"sharding": SHARDINGS, "offload": OFFLOADS, "activation_recompute": RECOMPUTES, "attention": ATTENTIONS}
+_CHOICES = {"sharding": SHARDINGS, "offload": OFFLOADS, "activation_recompute": RECOMPUTES, "attention": ATTENTIONS,
+            "shard_collectives": SHARD_COLLECTIVES}
 _REQUIRED = ("row_id", "source_id", "gpu_type", "num_gpus", "offload")
 MEASURED = ("measured_tflops_per_gpu", "measured_mfu", "measured_tokens_per_s_per_gpu")
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(CorpusRow) if f.name != "gpu_family")

@@ -56,7 +56,7 @@ def flops_per_token(model: ModelSpec, accounting: str, *, full_recompute: bool, 
         return 6 * params + 12 * layers * hidden * seq
     if accounting in ("megatron", "nemo", "bridge"):
         passes = 4 if accounting == "megatron" and full_recompute else 3
-        blocks = layers * model.num_params_per_block
+        blocks = layers * sum(op.num_params for op in model.block_operators())  # the matmuls' weights: no biases or norms
         attention = (2 if accounting == "bridge" else 4) * layers * hidden * seq
         return passes * (2 * blocks + attention) + 6 * hidden * model.vocab_size
     raise PlannerError(f"unknown FLOP accounting {accounting!r}; use one of {', '.join(ACCOUNTINGS)}")
