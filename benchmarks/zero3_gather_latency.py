@@ -50,8 +50,8 @@ RING_BYTES_PER_S = 200e9
 
 def table1_flops_per_step(layers: int, hidden: int, global_batch: int) -> float:
     """Narayanan et al. 2021 Eq. 3 (Table 1 and 2's FLOPs per iteration, recompute included)."""
-    s, l, h = SEQ_LEN, layers, hidden
-    return 96 * global_batch * s * l * h * h * (1 + s / (6 * h) + VOCAB / (16 * l * h))
+    s, h = SEQ_LEN, hidden
+    return 96 * global_batch * s * layers * h * h * (1 + s / (6 * h) + VOCAB / (16 * layers * h))
 
 
 def main() -> None:

@@ -31,7 +31,12 @@ from typing import Any, Literal
 
 import simpy
 
-from planner.cost.collectives import collectives_per_operator, data_parallel_ring, latency_s, tensor_parallel_ring
+from planner.cost.collectives import (
+    collectives_per_operator,
+    data_parallel_ring,
+    latency_s,
+    tensor_parallel_ring,
+)
 from planner.cost.context_parallel import exposed_per_layer_s
 from planner.cost.fp8 import linear_speedup, tensor_parallel_byte_share
 from planner.cost.host_link import stages_host_shards
