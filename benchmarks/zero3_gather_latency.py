@@ -17,7 +17,7 @@ row, with the planner's prediction under flat, prefetched gathers (the row's `sh
   norms' weight and bias; QKV, projection, fc1 and fc2 weight and bias: Megatron-DeepSpeed's GPT block)
   plus 4 outside the blocks (word and position embeddings, the final norm's weight and bias);
 - the step's ZeRO-3 bytes per GPU (3 gathers and 1 reduce-scatter of 16-bit parameters) at the
-  planner's 200 GB/s ring rate;
+  rate the planner gives the row's data-parallel ring (planner/cost/collectives.py `bus_bytes_per_s`);
 - the bound with compute, latency and bytes all serialized (no overlap; DeepSpeed synchronizes the
   device before every gather), and the TFLOPS error it leaves.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.cost.collectives import Ring, latency_s  # noqa: E402
+from planner.cost.collectives import Ring, bus_bytes_per_s, latency_s  # noqa: E402
 from planner.validation.configure import node_for_row, row_plan  # noqa: E402
 from planner.validation.corpus import load_corpus  # noqa: E402
 from planner.validation.report import measured_metric, predict_row  # noqa: E402
@@ -44,8 +44,6 @@ GATHERS_PER_STEP = 3
 """Forward, the recompute forward (full recompute) and backward, each gathering every parameter."""
 COLLECTIVES_PER_STEP = GATHERS_PER_STEP + 1
 """The gathers and the backward's reduce-scatter of each parameter's gradient."""
-RING_BYTES_PER_S = 200e9
-"""The planner's data-parallel ring rate across DGX A100 nodes (8 x HDR 200 Gb/s per node)."""
 
 
 def table1_flops_per_step(layers: int, hidden: int, global_batch: int) -> float:
@@ -57,7 +55,7 @@ def table1_flops_per_step(layers: int, hidden: int, global_batch: int) -> float:
 def main() -> None:
     rows = {row.row_id: row for row in load_corpus() if row.row_id in ROWS}
     print("row  GPUs mb/GPU  measured  flat pred.  excess | latency x collectives = total | bytes/GPU  "
-          "at 200 GB/s | serialized bound, TFLOPS error")
+          "at ring rate | serialized bound, TFLOPS error")
     for row_id in ROWS:
         row = rows[row_id]
         flat = dataclasses.replace(row, shard_collectives="flat")
@@ -71,7 +69,7 @@ def main() -> None:
         gathers = COLLECTIVES_PER_STEP * (TENSORS_PER_BLOCK * layers + TENSORS_OUTSIDE_BLOCKS)
         one_gather_s = latency_s(Ring(gpus, node.num_gpus_per_node), "all_gather", node)
         step_bytes = (GATHERS_PER_STEP + 1) * 2 * 12 * layers * hidden * hidden
-        bytes_s = step_bytes / RING_BYTES_PER_S
+        bytes_s = step_bytes / bus_bytes_per_s(Ring(gpus, node.num_gpus_per_node), node, 1)
         serialized_s = predicted_s + gathers * one_gather_s + bytes_s
         print(f"{row_id} {gpus:5d} {row.global_batch // (gpus * row.micro_batch):3d} {measured_s:8.1f} s "
               f"{predicted_s:7.1f} s {measured_s - predicted_s:6.1f} s | {one_gather_s * 1e3:5.2f} ms x {gathers} = "

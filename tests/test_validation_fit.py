@@ -33,7 +33,7 @@ def synthetic(rows, params):
     """The rows with their measured value replaced by the planner's own prediction under `params`."""
     out = []
     for r in rows:
-        plan = r.planned.plan.replace(node=fitting.apply(r.planned.plan.node, params))
+        plan = r.planned.plan.replace(node=fitting.apply(r.planned.plan.node, params, r.planned.flash_kernel))
         result = predict_row(r.row, planned=dataclasses.replace(r.planned, plan=plan))
         metric, _ = measured_metric(r.row)
         column = "measured_mfu" if metric == "mfu" else f"measured_{metric}"
