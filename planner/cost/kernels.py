@@ -136,7 +136,9 @@ def block_cost(plan: Plan) -> BlockCost:
 # take the low end, 156 TFLOPS, since its backward, the larger part of the training flops, is the
 # slower pass) and only 35 % of the H100's 989 on Hopper (Shah et al. 2024, FlashAttention-3,
 # arXiv:2407.08608, abstract: 346 TFLOPS, and the same on the H200, whose SMs and clocks are the
-# H100's). Eager attention's two products are batched matmuls at the matmul rate.
+# H100's); the presets' rate is FlashAttention-2's, fitted from that prior, and a published run on
+# the first FlashAttention runs at half of it (planner/validation/flash_kernels.py [Note:
+# FlashAttention generations]). Eager attention's two products are batched matmuls at the matmul rate.
 #
 # [Note: recompute] `recompute: full` (recompute_interval >= 1) runs each block's forward again in
 # backward: its flops and kernel bytes once more. `recompute: selective` (Korthikanti et al. 2022,
