@@ -92,9 +92,12 @@ def test_plans_take_exactly_what_the_row_states(rows):
 
 
 def test_rows_state_their_recompute_and_attention_kernel(rows):
-    # torchtitan p211 states selective recompute; it is planned as such (no recompute segments).
-    p211 = row_plan(rows["p211"]).plan
-    assert (p211.recompute, p211.recompute_interval, p211.attention) == ("selective", 0, "flash")
+    # torchtitan p211 states its "selective layer" checkpointing (every 2nd block), p212 its "selective op";
+    # both are planned as such (no recompute segments).
+    p211, p212 = row_plan(rows["p211"]).plan, row_plan(rows["p212"]).plan
+    assert (p211.recompute, p211.recompute_block_period, p211.recompute_interval, p211.attention) == (
+        "every_nth_block", 2, 0, "flash")
+    assert (p212.recompute, p212.recompute_interval) == ("op_level", 0)
     assert p211.model.rotary  # a Llama: rotary position embeddings
     # Narayanan et al. 2021 on A100 predates fused attention: its rows say eager in their column.
     p011 = row_plan(rows["p011"])

@@ -151,7 +151,7 @@ class RowPlan:
 #   GPT block (4h GELU MLP unless `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a
 #   name with no preset and no shape columns ("GPT-2-like 1.4B") keeps a reason;
 # - recompute: `full` (every block from its segment's recompute input), `selective` (the attention core's seq^2 part
-#   only) or `none`; the attention kernel is the row's `attention` column, else its source's where the
+#   only), torchtitan's `every_nth_block` (with the row's `recompute_block_period`) and `op_level`, or `none`; the attention kernel is the row's `attention` column, else its source's where the
 #   source predates fused attention (SOURCE_ATTENTION: eager), else the GPU's default (flash on
 #   A100/H100/H200); Megatron-LM sources train with its
 #   default dropout (SOURCE_DROPOUT);
@@ -224,6 +224,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
         strategy = SHARDING_STRATEGY.get(choice["sharding"], choice["sharding"])
         shard = grouping if choice["sharding"] in PARAMETER_SHARDINGS else ShardCollectives.FLAT
         synchronous = {"prefetch_depth": 0} if shard is ShardCollectives.PER_PARAMETER else {}
+        period = {"recompute_block_period": row.recompute_block_period} if row.recompute_block_period else {}
         placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
                     micro_batch_per_gpu=(micro or 1) / (tp * cp * pp), recompute=choice["activation_recompute"],
@@ -232,7 +233,8 @@ def row_plan(row: CorpusRow) -> RowPlan:
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
                     fp8_matmuls=uses_fp8(precision_text), fp8_recipe=recipe, kv_exchange=exchange,
-                    sequence_parallel=tp > 1 and states_sequence_parallel(row), shard_collectives=shard, **synchronous)
+                    sequence_parallel=tp > 1 and states_sequence_parallel(row), shard_collectives=shard, **synchronous,
+                    **period)
         check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 

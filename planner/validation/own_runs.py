@@ -83,7 +83,7 @@ def _own_row(run: OwnRun) -> tuple[CorpusRow, RowPlan]:
         tensor_parallel=1, pipeline_parallel=1, data_parallel=plan.num_gpus, sharding="none", offload="none",
         params_on="gpu", optimizer_on="gpu", micro_batch=int(plan.micro_batch_per_gpu),
         global_batch=int(plan.micro_batch_per_gpu * plan.micro_batches_per_step * plan.num_gpus),
-        activation_recompute="none", attention="flash2", shard_collectives="", precision=plan.precision,
+        activation_recompute="none", recompute_block_period=None, attention="flash2", shard_collectives="", precision=plan.precision,
         measured_tflops_per_gpu=None, measured_mfu=None,
         measured_tokens_per_s_per_gpu=measured["tokens_per_s"] / plan.num_gpus,
         flops_accounting_note="tokens per second measured by the runtime's profile", notes="the project's own run")
