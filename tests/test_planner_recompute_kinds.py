@@ -114,3 +114,14 @@ def test_a_plan_round_trips_and_states_the_period_only_with_its_kind():
         kind("every_nth_block", recompute_block_period=0)
     with pytest.raises(PlannerError, match="needs recompute_interval"):
         plan(LLAMA4, recompute="op_level", recompute_interval=1)
+
+
+@pytest.mark.parametrize("name", ["every_nth_block", "op_level"])
+def test_fp8_times_the_recomputed_linears_at_its_rate_in_both_methods(name):
+    from tests.test_planner_kernels import node
+
+    p = kind(name, node=node(fp8_matmul_flops_per_s=200e12), fp8_matmuls=True)
+    est, sim = estimate(p), simulate(p).prediction
+    assert sim.phase_time_s["backward"] == pytest.approx(est.phase_time_s["backward"], rel=1e-9)
+    bf16 = estimate(p.replace(fp8_matmuls=False)).phase_time_s["backward"]
+    assert est.phase_time_s["backward"] < bf16
