@@ -27,7 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.cost.kernels import block_cost, loss_bytes
-from planner.cost.memory import ACTIVATION_BYTES, BYTES_PER_PARAM, block_activation_bytes, recompute_working_bytes
+from planner.cost.memory import (
+    ACTIVATION_BYTES,
+    BYTES_PER_PARAM,
+    block_activation_bytes,
+    recompute_working_bytes,
+)
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 
