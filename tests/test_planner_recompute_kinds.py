@@ -5,6 +5,7 @@ Hand-computed shares, flops, bytes and bills; the analytic estimate, the simulat
 a plan round-trips."""
 
 import pytest
+from test_planner_kernels import LLAMA, node, plan
 
 from planner.cost.kernels import (
     attention_flops,
@@ -18,7 +19,6 @@ from planner.cost.throughput import estimate
 from planner.sim.report import simulate
 from planner.specs.errors import PlannerError
 from planner.specs.plan import Plan
-from tests.test_planner_kernels import LLAMA, plan
 
 LLAMA4 = LLAMA.replace(num_layers=4)
 TOKENS, HD, E = 2048, 1024, 2
@@ -118,8 +118,6 @@ def test_a_plan_round_trips_and_states_the_period_only_with_its_kind():
 
 @pytest.mark.parametrize("name", ["every_nth_block", "op_level"])
 def test_fp8_times_the_recomputed_linears_at_its_rate_in_both_methods(name):
-    from tests.test_planner_kernels import node
-
     p = kind(name, node=node(fp8_matmul_flops_per_s=200e12), fp8_matmuls=True)
     est, sim = estimate(p), simulate(p).prediction
     assert sim.phase_time_s["backward"] == pytest.approx(est.phase_time_s["backward"], rel=1e-9)
