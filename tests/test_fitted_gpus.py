@@ -59,7 +59,7 @@ def _probed(name: str, memory_gib: float) -> tuple[Any, dict, dict, list[str]]:
 
 def test_the_probe_keeps_its_links_and_takes_the_fitted_compute_model() -> None:
     found, doc, sources, notes = _probed("NVIDIA H200", 139.8)
-    assert doc["gpu_peak_tflops"] == 570.7 and doc["gpu_hbm_gb_per_s"] == 4800.0 and doc["flash_attention_tflops"] == 177.1
+    assert doc["gpu_peak_tflops"] == 576.5 and doc["gpu_hbm_gb_per_s"] == 4800.0 and doc["flash_attention_tflops"] == 346.0
     assert doc["host_to_gpu_gb_per_s"] == 55.1 and sources["host_to_gpu_gb_per_s"] == "measured"
     assert sources["gpu_peak_tflops"] == resolve_hardware("h200-x1").to_dict()["sources"]["gpu_peak_tflops"]
     assert sources["gpu_hbm_gb_per_s"] == "nominal"
@@ -67,7 +67,7 @@ def test_the_probe_keeps_its_links_and_takes_the_fitted_compute_model() -> None:
     assert "gpu_peak_tflops 811," in notes[-1] and "gpu_hbm_gb_per_s 3997" in notes[-1]
     # The document the probe writes is one a spec loads (every source a known provenance).
     node = NodeSpec.from_dict(found.document("probed", "an H200"), "the probed document")
-    assert node.flash_attention_flops_per_s == pytest.approx(177.1e12)
+    assert node.flash_attention_flops_per_s == pytest.approx(346.0e12)
 
 
 def test_the_probe_keeps_bare_rates_where_no_fit_covers_the_gpu_and_says_so() -> None:

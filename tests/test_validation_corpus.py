@@ -146,11 +146,29 @@ def test_attention_is_a_column_of_the_row(tmp_path):
 
 
 def test_a_corpus_without_the_optional_columns_still_loads(tmp_path):
-    assert set(OPTIONAL_COLUMNS) == {"attention", "shard_collectives"}
+    assert set(OPTIONAL_COLUMNS) == {"attention", "shard_collectives", "recompute_block_period"}
     header = [c for c in COLUMNS if c not in OPTIONAL_COLUMNS]
     rows = load_corpus(_write(tmp_path, _raw_rows()[:3], header))
     assert [r.attention for r in rows] == ["", "", ""]
     assert [r.shard_collectives for r in rows] == ["", "", ""]
+    assert [r.recompute_block_period for r in rows] == [None, None, None]
+
+
+def test_torchtitan_rows_name_their_checkpointing_policy(tmp_path):
+    """torchtitan's "selective layer" rows recompute every 2nd block, its "selective op" rows are op-level;
+    a period is stated exactly with every_nth_block."""
+    rows = {r.row_id: r for r in load_corpus(BUNDLED)}
+    kinds = {r.row_id: (r.activation_recompute, r.recompute_block_period) for r in rows.values()
+             if r.activation_recompute in ("every_nth_block", "op_level")}
+    assert kinds == {"p211": ("every_nth_block", 2), "p215": ("every_nth_block", 2), **{
+        row: ("op_level", None) for row in ("p209", "p210", "p212", "p216", "p217")}}
+    raw = _raw_rows()[:2]
+    raw[0]["activation_recompute"] = "every_nth_block"
+    _refused(_write(tmp_path, raw), "row p001", "recompute_block_period")
+    raw[0]["recompute_block_period"] = "3"
+    assert load_corpus(_write(tmp_path, raw))[0].recompute_block_period == 3
+    raw[1]["recompute_block_period"] = "3"
+    _refused(_write(tmp_path, raw), "row p002", "recompute_block_period")
 
 
 def test_the_shard_collectives_column():

@@ -33,7 +33,7 @@ def synthetic(rows, params):
     """The rows with their measured value replaced by the planner's own prediction under `params`."""
     out = []
     for r in rows:
-        plan = r.planned.plan.replace(node=fitting.apply(r.planned.plan.node, params))
+        plan = r.planned.plan.replace(node=fitting.apply(r.planned.plan.node, params, r.planned.flash_kernel))
         result = predict_row(r.row, planned=dataclasses.replace(r.planned, plan=plan))
         metric, _ = measured_metric(r.row)
         column = "measured_mfu" if metric == "mfu" else f"measured_{metric}"
@@ -154,6 +154,7 @@ def test_every_fitted_number_names_its_rows_and_keeps_the_value_it_replaced(gene
     for name in fitting.GENERATIONS[generation][1]:
         doc = json.loads((fitting.HARDWARE_DIR / f"{name}.json").read_text())
         keys = [*FITTED_KEYS, *(["flash_attention_tflops"] if "flash_attention_tflops" in doc else []),
+                *(["fp8_matmul_tflops"] if "fp8_matmul_tflops" in doc else []),
                 *(["operator_overhead_ms"] if "overhead_us" in record["params"] else [])]
         for key in keys:
             assert doc["sources"][key] == f"fitted: published_runs (rows {rows})", (name, key)
@@ -206,3 +207,27 @@ def test_writing_one_generation_keeps_the_other_generations_records(tmp_path):
     fit_json.write_text(json.dumps({"A100": record["A100"], "H100": {"stale": True}}))
     fitting.write({"H100": record["H100"]}, hardware_dir=tmp_path, fit_json=fit_json)
     assert json.loads(fit_json.read_text()) == {"A100": record["A100"], "H100": record["H100"]}
+
+
+def test_fp8_rows_fit_their_own_plateau_and_only_where_there_are_fp8_rows():
+    """[Note: what is fitted] `fp8`: a large fp8 matmul's share of the fp8 datasheet peak, fitted on
+    the rows with fp8 linears, so they do not move the bf16 plateau; generations without fp8 keep none."""
+    from planner.cost.fp8 import fp8_speedup
+
+    node = hardware_presets()["dgx-h100"]
+    params = {"plateau": 0.6, "half_gflop": 20.0, "flash": 0.35, "hbm": 0.6, "fp8": 0.45}
+    fitted = fitting.apply(node, params)
+    assert fitted.fp8_matmul_flops_per_s == pytest.approx(0.45 * 1979e12)
+    # The linears' fp8 speed-up is the two sustained rates' ratio, not the datasheet's 2x.
+    assert fp8_speedup(fitted) == pytest.approx(0.45 * 1979 / (0.6 * 989))
+    assert fp8_speedup(node.replace(fp8_matmul_flops_per_s=0.0)) == pytest.approx(1979 / 989)
+    # A100 has no fp8 rate: no fp8 number, whatever the params say.
+    assert not fitting.apply(hardware_presets()["dgx-a100-80g"], params).fp8_matmul_flops_per_s
+    assert fitting.PRIOR["A100"]["fp8"] == fitting.PRIOR["V100"]["fp8"] == 0.0
+    assert fitting.PRIOR["H100"]["fp8"] == fitting.PRIOR["H100"]["plateau"]
+    h100 = fitting.fit_rows("H100", load_corpus())
+    assert any(r.planned.plan.fp8_matmuls for r in h100)
+    record = json.loads(fitting.FIT_JSON.read_text())["H100"]
+    for name in fitting.GENERATIONS["H100"][1]:
+        preset = hardware_presets()[name]
+        assert preset.fp8_matmul_flops_per_s == pytest.approx(record["params"]["fp8"] * 1979e12, abs=0.05e12), name

@@ -8,7 +8,9 @@ first run on a GPU showed how far apart they are (docs/notes/2026-11-26-first-gp
 probed spec (no matmul curve, no attention rate, so the fit planned `eager`) predicted a 1.2 B GPT's
 all-on-GPU step at half the time the runtime took, and the generation's published-run fit
 (planner/validation/fit.py: peak, matmul curve, attention rate and HBM fraction fitted on published
-H100 rows, never on our runs) with the probe's own links predicts it within a few percent.
+H100 rows and on this run, one row of its own source, planner/validation/own_runs.py) with the probe's
+own links predicts it within a few percent, and so does the fit on the published rows alone (its
+leave-one-source-out error, docs/validation.md).
 
 So the probe keeps what it measures of the machine (GPU memory, host links, host memory, NVMe, CPU
 Adam, collectives) and takes the compute model of the preset fitted for its GPU: the generation
@@ -27,7 +29,7 @@ from planner.specs.units import GIB
 from planner.validation.fit import GENERATIONS
 
 FITTED_KEYS: tuple[str, ...] = ("gpu_peak_tflops", "gpu_nominal_tflops", "gpu_hbm_gb_per_s", "hbm_achievable_fraction",
-                                "flash_attention_tflops")
+                                "flash_attention_tflops", "fp8_matmul_tflops")
 """The document keys of the compute model a fit sets (planner/validation/fit.py `apply`), and the HBM
 bandwidth its fraction multiplies; the matmul curve (`efficiency.matmul`) goes with them."""
 

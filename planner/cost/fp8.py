@@ -7,9 +7,11 @@ backward matmuls) in fp8 at the GPU's fp8 tensor-core rate; everything else keep
 torchtitan's float8 converter skips `output`, its `filter_fqns` default), the attention core (QK^T
 and softmax V, bf16 in the flash kernels these runs use), the memory-bound kernels, the stored
 weights, gradients, activations and every transfer. The achievable
-fp8 rate is the preset's achievable bf16 rate times the datasheet's fp8 / bf16 ratio, and the
-efficiency curve keeps its shape (no public source gives a separate fp8 curve), so a matmul of a
-given size reaches the same fraction of either peak. Only GPUs listed here have an fp8 rate.
+fp8 rate is the spec's `fp8_matmul_tflops` where it states one (the fitted H100/H200 presets: the
+share of the fp8 datasheet peak the published fp8 runs sustain, fitted like the bf16 plateau,
+planner/validation/fit.py), else the achievable bf16 rate times the datasheet's fp8 / bf16 ratio;
+the efficiency curve keeps its shape (no public source gives a separate fp8 curve). Only GPUs
+listed here, or specs that state an fp8 rate, have one.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ def _preset_of(node: NodeSpec) -> str:
 
 
 def fp8_speedup(node: NodeSpec) -> float:
-    """How much faster a linear's matmul runs in fp8 than in bf16 on `node` (datasheet ratio)."""
+    """How much faster a linear's matmul runs in fp8 than in bf16 on `node`: its sustained fp8 rate
+    over its bf16 one where the spec states it (`fp8_matmul_flops_per_s`), else the datasheet ratio."""
+    if node.fp8_matmul_flops_per_s:
+        return node.fp8_matmul_flops_per_s / node.gpu_flops_per_s
     entry = FP8_DENSE_TFLOPS.get(_preset_of(node))
     if entry is None:
         raise PlannerError(f"fp8_matmuls: hardware {node.name!r} has no fp8 matmul rate in the planner "

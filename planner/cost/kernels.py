@@ -60,7 +60,11 @@ class BlockCost:
     """The attention core's backward (and, with selective recompute under eager, its forward again)."""
     kernel_forward_bytes: dict[str, float]
     kernel_backward_bytes: dict[str, float]
-    """Per kernel ([Note: memory-bound kernels]); the backward's include a selective recompute's."""
+    """Per kernel ([Note: memory-bound kernels]); the backward's include a selective recompute's, and
+    an `every_nth_block` or `op_level` recompute's as the kernel "recompute"."""
+    recompute_linear_flops: float = 0.0
+    """Forward flops of the linears an `every_nth_block` or `op_level` recompute runs again inside the
+    block's backward ([Note: recompute]), averaged over the blocks."""
 
     fused_attention: bool
     """The attention core is one fused kernel (flash), timed at its own rate, not at the matmul rate."""
@@ -72,8 +76,10 @@ class BlockCost:
 
     @property
     def matmul_backward_flops(self) -> float:
-        """Input and weight gradients of every linear (twice its forward), and eager attention's."""
-        return 2 * self.linear_flops + (0.0 if self.fused_attention else self.attention_backward_flops)
+        """Input and weight gradients of every linear (twice its forward), the linears a recompute runs
+        again inside the backward, and eager attention's."""
+        return (2 * self.linear_flops + self.recompute_linear_flops
+                + (0.0 if self.fused_attention else self.attention_backward_flops))
 
     @property
     def fused_forward_flops(self) -> float:
@@ -119,7 +125,8 @@ def block_cost(plan: Plan) -> BlockCost:
     attn_fwd, attn_bwd = attention_flops(plan)
     fwd, bwd = kernel_bytes(plan)
     return BlockCost(linear_flops=linear, attention_forward_flops=attn_fwd, attention_backward_flops=attn_bwd,
-                     kernel_forward_bytes=fwd, kernel_backward_bytes=bwd, fused_attention=plan.attention == "flash")
+                     kernel_forward_bytes=fwd, kernel_backward_bytes=bwd, fused_attention=plan.attention == "flash",
+                     recompute_linear_flops=recomputed_linear_share(plan) * linear)
 
 
 # [Note: attention kernels] `attention: eager` is the paper's and Megatron-LM's attention: the
@@ -136,7 +143,9 @@ def block_cost(plan: Plan) -> BlockCost:
 # take the low end, 156 TFLOPS, since its backward, the larger part of the training flops, is the
 # slower pass) and only 35 % of the H100's 989 on Hopper (Shah et al. 2024, FlashAttention-3,
 # arXiv:2407.08608, abstract: 346 TFLOPS, and the same on the H200, whose SMs and clocks are the
-# H100's). Eager attention's two products are batched matmuls at the matmul rate.
+# H100's); the presets' rate is FlashAttention-2's, fitted from that prior, and a published run on
+# the first FlashAttention runs at half of it (planner/validation/flash_kernels.py [Note:
+# FlashAttention generations]). Eager attention's two products are batched matmuls at the matmul rate.
 #
 # [Note: recompute] `recompute: full` (recompute_interval >= 1) runs each block's forward again in
 # backward: its flops and kernel bytes once more. `recompute: selective` (Korthikanti et al. 2022,
@@ -146,6 +155,51 @@ def block_cost(plan: Plan) -> BlockCost:
 # runs that module's forward again), i.e. under eager both products, the softmax and the attention
 # dropout run twice; under flash nothing is added (its backward recomputes the scores anyway, and
 # it stores none), so selective recompute is no recompute there.
+# Two more kinds are torchtitan's activation checkpointing (`apply_ac` in
+# torchtitan/models/llama*/parallelize*.py; its `activation_checkpoint` config's `mode = "selective"`):
+# - `every_nth_block` ("selective layer", `selective_ac_option` = N): torchtitan wraps block k (counting
+#   from 1) in full checkpointing when k is a multiple of N, so `floor(L / N)` of the `L` blocks keep only
+#   their input and run their whole forward again inside their own backward (its flops, fused attention
+#   and kernel bytes once more), while the others keep every activation. Priced per block as the
+#   average over the blocks (`recomputed_block_share`), so every block of the trace costs the same.
+# - `op_level` ("selective op"): each block is checkpointed with a policy that saves the outputs of
+#   the attention kernel and of every other matmul (the 1st, 3rd, ... `mm` of the block; the 2nd, 4th,
+#   ... are recomputed) and recomputes everything else. In a Llama block's order (wq, wk, wv, wo, w1,
+#   w3, w2) that recomputes wk, wo and w3 and every elementwise kernel (norms, rotary, activation,
+#   residual adds), and keeps the block input, the outputs of wq, wv, w1 and w2 and the attention
+#   output (`op_level_matmuls`). The attention core itself is not run again.
+# Both recompute inside the block's backward (no recompute segments: `recompute_interval` 0), and a
+# fully sharded run gathers the block's parameters once for both (the recompute runs after the
+# backward's gather).
+def recomputed_block_share(plan: Plan) -> float:
+    """`every_nth_block`: the share of blocks recomputed whole (`floor(L / N) / L`); 0 otherwise."""
+    if plan.recompute != "every_nth_block":
+        return 0.0
+    layers = plan.model.num_layers
+    return (layers // plan.recompute_block_period) / layers
+
+
+def op_level_matmuls(plan: Plan) -> tuple[tuple[int, int, bool], ...]:
+    """One block's matmuls in torchtitan's execution order, unfused (wq, wk, wv, wo, w1, [w3], w2):
+    (weights, output width, saved by `op_level`: the 1st, 3rd, ... [Note: recompute])."""
+    m = plan.model
+    hd, q, kv, ffn = m.hidden_size, m.q_size, m.kv_size, m.ffn_hidden_size
+    shapes = [(hd * q, q), (hd * kv, kv), (hd * kv, kv), (q * hd, hd), (hd * ffn, ffn)]
+    shapes += [(hd * ffn, ffn)] if m.gated_mlp else []
+    shapes += [(ffn * hd, hd)]
+    return tuple((weights, width, index % 2 == 0) for index, (weights, width) in enumerate(shapes))
+
+
+def recomputed_linear_share(plan: Plan) -> float:
+    """The share of a block's linear flops its backward runs again ([Note: recompute]): 1 of each
+    recomputed block under `every_nth_block`, the unsaved matmuls' under `op_level`; 0 otherwise
+    (`full` recomputes in a pass of its own)."""
+    if plan.recompute == "op_level":
+        matmuls = op_level_matmuls(plan)
+        return sum(w for w, _, saved in matmuls if not saved) / sum(w for w, _, _ in matmuls)
+    return recomputed_block_share(plan)
+
+
 def attention_flops(plan: Plan) -> tuple[float, float]:
     """(forward, backward) flops of one block's `QK^T` and `softmax(.) V` on one GPU.
 
@@ -154,10 +208,11 @@ def attention_flops(plan: Plan) -> tuple[float, float]:
     the square forward, 2.5 x that backward. `q` is the query width (heads x head_dim)."""
     m = plan.model
     square = 4 * plan.micro_batch_per_gpu * m.seq_len**2 * m.q_size  # bsz/GPU x full q = the replica's / mp
+    again = recomputed_block_share(plan)  # every_nth_block's recomputed blocks run the core again
     if plan.attention == "flash":
         forward = square / 2
-        return forward, FLASH_BACKWARD_FACTOR * forward
-    backward = 2 * square + (square if plan.recompute == "selective" else 0.0)
+        return forward, (FLASH_BACKWARD_FACTOR + again) * forward
+    backward = 2 * square + (square if plan.recompute == "selective" else again * square)
     return square, backward
 
 
@@ -224,7 +279,24 @@ def kernel_bytes(plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
                 bwd["attention_dropout"] += fwd["attention_dropout"]
     if plan.fp8_matmuls:
         fwd["fp8_casts"], bwd["fp8_casts"] = cast_bytes(plan)
+    again = _recomputed_kernel_bytes(plan, fwd)
+    if again > 0:
+        bwd["recompute"] = again
     return fwd, bwd
+
+
+_ATTENTION_CORE_KERNELS = frozenset({"softmax", "score_products", "attention_dropout"})
+"""The eager attention core's kernels: `op_level` keeps the core's output and does not run them again."""
+
+
+def _recomputed_kernel_bytes(plan: Plan, forward: dict[str, float]) -> float:
+    """Forward kernel bytes an `every_nth_block` or `op_level` backward runs again ([Note: recompute]):
+    the recomputed blocks' share of all of them, or every elementwise kernel outside the attention core
+    and the casts of the recomputed linears' inputs."""
+    if plan.recompute == "op_level":
+        casts = forward.get("fp8_casts", 0.0) * recomputed_linear_share(plan)
+        return casts + sum(v for k, v in forward.items() if k not in _ATTENTION_CORE_KERNELS and k != "fp8_casts")
+    return recomputed_block_share(plan) * sum(forward.values())
 
 
 # [Note: eager products on the roofline] Eager attention's products move a seq^2 operand per head:

@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 
 from planner.cost.coexisting import MOMENT_TERMS, SEGMENT_TERMS, Window, buffer_maxima, worst_moment_bytes
 from planner.cost.context_parallel import ring_buffer_bytes
-from planner.cost.kernels import recomputed_score_bytes, stored_score_bytes_per_token
+from planner.cost.kernels import (
+    op_level_matmuls,
+    recomputed_block_share,
+    recomputed_score_bytes,
+    stored_score_bytes_per_token,
+)
 from planner.cost.pipeline import in_flight_micro_batches, stage_plan
 from planner.specs.memory_terms import ALLOCATOR_SLACK_FRACTION, MemoryTerm
 from planner.specs.plan import HostPinning, Plan, master_is_param_shard
@@ -182,11 +187,25 @@ def activation_working_bytes(plan: Plan) -> int:
     `attention: flash` they are never stored (flash keeps `4 heads` bytes of softmax statistics
     instead), and with selective recompute only the block in backward holds them again
     (planner/cost/kernels.py [Note: attention kernels], [Note: recompute]). Eager and no selective
-    recompute is eq. 5 to the byte."""
+    recompute is eq. 5 to the byte. `every_nth_block` and `op_level` keep less per block and hold
+    what a block recomputes while its backward runs (`recompute_working_bytes`)."""
     m = plan.model
     blocks = plan.recompute_interval or m.num_layers
     return math.ceil(plan.micro_batch_per_gpu * m.seq_len * blocks * _activation_bytes_per_token(plan)
-                     + recomputed_score_bytes(plan))
+                     + recompute_working_bytes(plan))
+
+
+def recompute_working_bytes(plan: Plan) -> float:
+    """What one block holds beyond its stored activations while it recomputes for its backward, freed
+    after it: selective recompute's eager scores; under `every_nth_block` a recomputed block's
+    activations beyond its input, under `op_level` a block's beyond what the policy saves
+    (planner/cost/kernels.py [Note: recompute]). 0 for the other kinds."""
+    tokens = plan.micro_batch_per_gpu * plan.model.seq_len
+    if plan.recompute == "every_nth_block" and recomputed_block_share(plan) > 0:
+        return tokens * (_whole_block_bytes_per_token(plan) - _input_bytes_per_token(plan))
+    if plan.recompute == "op_level":
+        return tokens * (_whole_block_bytes_per_token(plan) - _activation_bytes_per_token(plan))
+    return recomputed_score_bytes(plan)
 
 
 def eq5_activation_bytes(plan: Plan) -> int:
@@ -203,8 +222,30 @@ def block_activation_bytes(plan: Plan) -> float:
     return plan.micro_batch_per_gpu * plan.model.seq_len * _activation_bytes_per_token(plan)
 
 
-def _activation_bytes_per_token(plan: Plan) -> int:
+def _activation_bytes_per_token(plan: Plan) -> float:
+    """Eq. 5 per token and block, the attention core as the plan keeps it; under `every_nth_block`
+    the average over the blocks (the recomputed ones keep only their input), under `op_level` the
+    block input and the outputs the policy saves, never more than the whole block's
+    (planner/cost/kernels.py [Note: recompute])."""
+    whole = _whole_block_bytes_per_token(plan)
+    if plan.recompute == "every_nth_block":
+        share = recomputed_block_share(plan)
+        return (1 - share) * whole + share * _input_bytes_per_token(plan)
+    if plan.recompute == "op_level":
+        saved_width = plan.model.hidden_size + plan.model.q_size  # the block input and the attention output
+        saved_width += sum(width for _, width, saved in op_level_matmuls(plan) if saved)
+        return min(whole, COMPUTE_BYTES[plan.precision] * saved_width + stored_score_bytes_per_token(plan))
+    return whole
+
+
+def _whole_block_bytes_per_token(plan: Plan) -> int:
+    """Eq. 5 per token and block (`16 hd` and the attention core as the plan keeps it)."""
     return 16 * plan.model.hidden_size + stored_score_bytes_per_token(plan)
+
+
+def _input_bytes_per_token(plan: Plan) -> int:
+    """A block input per token, in the compute precision (what a recomputed block keeps)."""
+    return COMPUTE_BYTES[plan.precision] * plan.model.hidden_size
 
 
 def largest_unit_params(plan: Plan) -> float:

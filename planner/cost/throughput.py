@@ -42,6 +42,7 @@ from planner.cost.kernels import (
     block_cost,
     fused_attention_flops_per_s,
     loss_bytes,
+    recomputed_linear_share,
 )
 from planner.cost.memory import (
     BYTES_PER_PARAM,
@@ -248,7 +249,8 @@ def _compute(plan: Plan) -> _Passes:
     backward_only = work.backward_flops - work.recompute_flops - fp8_saved * 2 * linear
     slower_s = backward_only / matmul_rate * (node.backward_matmul_slowdown - 1)
     return _Passes(seconds(work.forward_flops, linear, work.forward_fused_flops, work.forward_bytes),
-                   seconds(work.backward_flops, (2 + again) * linear, work.backward_fused_flops, work.backward_bytes)
+                   seconds(work.backward_flops, (2 + again + recomputed_linear_share(plan)) * linear,
+                           work.backward_fused_flops, work.backward_bytes)
                    + slower_s)
 
 
@@ -284,7 +286,7 @@ def model_compute(plan: Plan, block: BlockCost | None = None) -> ModelCompute:
         backward_fused_flops=layers * (block.fused_backward_flops + again * block.fused_forward_flops),
         forward_bytes=layers * block.forward_bytes + loss_fwd,
         backward_bytes=layers * (block.backward_bytes + again * block.forward_bytes) + loss_bwd,
-        recompute_flops=layers * again * block.matmul_forward_flops,
+        recompute_flops=layers * (again * block.matmul_forward_flops + block.recompute_linear_flops),
     )
 
 

@@ -536,8 +536,8 @@ class RankProgram:
             if step.block % ci == 0:
                 yield from self._restore_recompute_input(step.segment)
             self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.block_activation_bytes)
-        elif step.phase is Phase.BACKWARD and work.recomputed_score_bytes:  # selective recompute's scores
-            self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.recomputed_score_bytes)
+        elif step.phase is Phase.BACKWARD and work.recompute_working_bytes:  # what the block recomputes
+            self.sim.gpu_add(self.rank, MemoryTerm.AWM, work.recompute_working_bytes)
 
     def _close_block(self, step: Step) -> None:
         """A block's backward frees its activations and its recompute input; a forward with recompute
@@ -545,7 +545,7 @@ class RankProgram:
         sim, plan, work = self.sim, self.sim.plan, self.sim.work
         ci = plan.recompute_interval
         if step.phase is Phase.BACKWARD:
-            sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes + work.recomputed_score_bytes)
+            sim.gpu_remove(self.rank, MemoryTerm.AWM, work.block_activation_bytes + work.recompute_working_bytes)
             if ci and step.block % ci == 0:
                 if self.host_is_device and not plan.placement.recompute_inputs.on_device:
                     sim.cpu_remove(MemoryTerm.RECOMPUTE_INPUTS, work.recompute_input_bytes)

@@ -26,8 +26,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.cost.kernels import block_cost, loss_bytes, recomputed_score_bytes
-from planner.cost.memory import ACTIVATION_BYTES, BYTES_PER_PARAM, block_activation_bytes
+from planner.cost.kernels import block_cost, loss_bytes
+from planner.cost.memory import (
+    ACTIVATION_BYTES,
+    BYTES_PER_PARAM,
+    block_activation_bytes,
+    recompute_working_bytes,
+)
 from planner.specs.phases import Phase
 from planner.specs.plan import Plan
 
@@ -54,8 +59,8 @@ class OpShape:
     backward_elementwise_bytes: float = 0.0
     """The same kernels' bytes in the backward pass."""
     extra_backward_flops: float = 0.0
-    """Backward matmul flops beyond twice the forward's (selective recompute redoes eager's QK^T),
-    on attn_out's first tile."""
+    """Backward matmul flops beyond twice the forward's (selective recompute redoes eager's QK^T;
+    `every_nth_block` and `op_level` redo linears inside the backward), on attn_out's first tile."""
     fused_flops: float = 0.0
     """Flops of the fused (flash) attention kernel, timed at its own rate, on attn_out's first tile."""
     fused_backward_flops: float = 0.0
@@ -109,9 +114,9 @@ class Workload:
     block_activation_bytes: float
     """Activations of one block while it runs with gradients (eq. 5 with ci = 1, the attention core
     as the plan keeps it: memory.block_activation_bytes), per GPU."""
-    recomputed_score_bytes: float
-    """Selective recompute under eager: the scores a block makes again for its backward and frees
-    after it (kernels.recomputed_score_bytes), per GPU."""
+    recompute_working_bytes: float
+    """What a block makes again for its backward and frees after it (selective recompute's eager
+    scores, what `every_nth_block` or `op_level` recomputes: memory.recompute_working_bytes), per GPU."""
     tp_all_reduce_bytes: float
     """Activation tensor of one Megatron all-reduce (whole replica batch)."""
     params_per_rank: float
@@ -177,7 +182,7 @@ def build_workload(plan: Plan) -> Workload:
         tokens_per_gpu=tokens,
         recompute_input_bytes=ACTIVATION_BYTES * bsz * seq * hd,
         block_activation_bytes=block_activation_bytes(plan),
-        recomputed_score_bytes=recomputed_score_bytes(plan),
+        recompute_working_bytes=recompute_working_bytes(plan),
         tp_all_reduce_bytes=b * bsz * mp * seq * hd,
         params_per_rank=optimizer_params_per_rank(plan),
         step_model_params=plan.model.num_params,
@@ -190,14 +195,19 @@ def _block_ops(plan: Plan, linear: Callable[[str, int], list[OpShape]]) -> list[
     # flops are folded into attn_out's first tile. The block's memory-bound kernels are spread
     # evenly over its operators (planner/cost/kernels.py, [Note: elementwise work] below).
     cost = block_cost(plan)
+    again = cost.recompute_linear_flops / cost.linear_flops if cost.linear_flops else 0.0
     block_ops: list[OpShape] = []
     for op in plan.model.block_operators():
-        shapes = linear(op.name, op.num_params)
+        # A recompute inside the backward (every_nth_block, op_level) runs the linears again: spread
+        # over every linear by its flops, so fp8 times them at its rate as the estimate does.
+        shapes = [dataclasses.replace(s, extra_backward_flops=again * s.flops_per_gpu) if again else s
+                  for s in linear(op.name, op.num_params)]
         if op.name == "attn_out":
             matmul_fwd = cost.matmul_forward_flops - cost.linear_flops
-            matmul_bwd = cost.matmul_backward_flops - 2 * cost.linear_flops
+            matmul_bwd = cost.matmul_backward_flops - (2 * cost.linear_flops + cost.recompute_linear_flops)
             shapes[0] = dataclasses.replace(
-                shapes[0], flops_per_gpu=shapes[0].flops_per_gpu + matmul_fwd, extra_backward_flops=matmul_bwd - 2 * matmul_fwd,
+                shapes[0], flops_per_gpu=shapes[0].flops_per_gpu + matmul_fwd,
+                extra_backward_flops=shapes[0].extra_backward_flops + matmul_bwd - 2 * matmul_fwd,
                 fused_flops=cost.fused_forward_flops, fused_backward_flops=cost.fused_backward_flops)
         block_ops += shapes
     # [Note: elementwise work] Besides its matmuls a block runs memory-bound kernels (norms, the

@@ -78,6 +78,7 @@ _CURVES: dict[str, tuple[str, float, str]] = {
 # carries only where they are set (0 means "not stated": documents of other nodes stay as they were).
 _OPTIONAL_NUMERIC_FIELDS: tuple[tuple[str, str, float, float, float], ...] = (
     ("flash_attention_flops_per_s", "flash_attention_tflops", TFLOP, 0, MAX_MAGNITUDE),
+    ("fp8_matmul_flops_per_s", "fp8_matmul_tflops", TFLOP, 0, MAX_MAGNITUDE),
     ("hbm_achievable_fraction", "hbm_achievable_fraction", 1, 0, 1),
     ("backward_matmul_flops_per_s", "backward_matmul_tflops", TFLOP, 0, MAX_MAGNITUDE),
     ("host_memcpy_bytes_per_s", "host_memcpy_gb_per_s", GB, 0, MAX_MAGNITUDE),
@@ -225,6 +226,11 @@ class NodeSpec:
     has none (V100), and plans default to `attention: eager` there. A published kernel measurement,
     not the matmul rate: FlashAttention-2 runs Ampere's instructions on Hopper too
     (planner/cost/kernels.py [Note: attention kernels])."""
+    fp8_matmul_flops_per_s: float = 0.0
+    """The rate a large fp8 matmul sustains in training (the fp8 counterpart of `gpu_flops_per_s`,
+    the same efficiency curve scaling it); 0 means the datasheet's fp8 / bf16 ratio times
+    `gpu_flops_per_s` (planner/cost/fp8.py [Note: fp8 matmuls]). The fitted H100/H200 presets set it
+    (planner/validation/fit.py)."""
     backward_matmul_flops_per_s: float = 0.0
     """Rate of the backward pass's matmuls (the input and weight gradients) where it is not the
     forward's; 0 means `gpu_flops_per_s` (every GPU preset). Fitted by calibration on profiles of

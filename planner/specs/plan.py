@@ -62,8 +62,11 @@ OptimizerStep = Literal["after_backward", "in_backward"]
 OPTIMIZER_STEPS: tuple[str, ...] = ("after_backward", "in_backward")
 ATTENTION_KERNELS: tuple[str, ...] = ("flash", "eager")
 """What each costs: planner/cost/kernels.py [Note: attention kernels]."""
-RECOMPUTES: tuple[str, ...] = ("none", "full", "selective")
+RECOMPUTES: tuple[str, ...] = ("none", "full", "selective", "every_nth_block", "op_level")
 """What each recomputes: planner/cost/kernels.py [Note: recompute]."""
+SEGMENTLESS_RECOMPUTES: tuple[str, ...] = ("none", "selective", "every_nth_block", "op_level")
+"""The kinds without recompute segments (`recompute_interval` 0): each block keeps what its kind
+stores, and whatever it recomputes runs inside that block's own backward."""
 
 # [Note: old spellings]
 # Activation checkpoints are called recompute inputs, and their interval the recompute interval
@@ -337,7 +340,8 @@ class Plan:
     """Global batch / number of GPUs (paper's batch/GPU); fractional only with model parallelism."""
     recompute_interval: int = 1
     """Blocks per recompute segment (the paper's `ci`): each segment keeps only its input and runs
-    its blocks' forward again in backward; 0: no block is recomputed (`recompute` none or selective)."""
+    its blocks' forward again in backward; 0: no recompute segments (`recompute` none, selective,
+    every_nth_block or op_level)."""
     tiling_factor: int = 1
     """Each large linear is split into this many tiles, gathered one at a time."""
     prefetch_depth: int = 3
@@ -411,10 +415,18 @@ class Plan:
     planner/cost/kernels.py [Note: attention kernels]."""
     recompute: str = ""
     """`none`, `full` (every block's forward again from its segment's recompute input;
-    `recompute_interval` >= 1) or `selective` (only the attention core's seq^2 part, all else stored;
-    `recompute_interval` 0). Empty means what `recompute_interval` says: `full` with recompute
+    `recompute_interval` >= 1), `selective` (only the attention core's seq^2 part, all else stored),
+    `every_nth_block` (every `recompute_block_period`-th block keeps only its input and runs its
+    forward again in its backward, the others keep everything: torchtitan's "selective layer"
+    checkpointing) or `op_level` (every block keeps its input, the outputs of its odd-numbered
+    matmuls and of the attention kernel, and recomputes the even-numbered matmuls and the
+    elementwise kernels: torchtitan's "selective op" checkpointing); the last three with
+    `recompute_interval` 0. Empty means what `recompute_interval` says: `full` with recompute
     segments, `none` without.
     planner/cost/kernels.py [Note: recompute]."""
+    recompute_block_period: int = 2
+    """`N` of `recompute: every_nth_block` (torchtitan's `selective_ac_option`): blocks N, 2N, ...
+    are recomputed whole; read only with that kind."""
     prediction: Prediction | None = None
 
     def __post_init__(self) -> None:
@@ -489,8 +501,11 @@ class Plan:
         if (self.recompute == "full") != (self.recompute_interval > 0):
             raise PlannerError(f"recompute {self.recompute} needs recompute_interval "
                                f"{'>= 1' if self.recompute == 'full' else '0'}, got {self.recompute_interval}: "
-                               "full recompute runs from each segment's recompute input, none and selective store "
-                               "the blocks")
+                               "full recompute runs from each segment's recompute input, the other kinds keep "
+                               "each block's own inputs")
+        if self.recompute == "every_nth_block":  # read only with this kind
+            number(self.recompute_block_period, "recompute_block_period", minimum=1, maximum=self.model.num_layers,
+                   integer=True)
 
     # -- derived ---------------------------------------------------------------------------
     @cached_property
@@ -555,6 +570,8 @@ class Plan:
             "attention": self.attention,
             "recompute": self.recompute,
         }
+        if self.recompute == "every_nth_block":  # the period is read only with this kind
+            doc["recompute_block_period"] = self.recompute_block_period
         if self.context_parallel_degree > 1:  # plans without it are written as before
             doc["context_parallel_degree"] = self.context_parallel_degree
         if self.fp8_matmuls and self.fp8_recipe is not Fp8Recipe.TE_DELAYED:  # other plans are written as before
@@ -583,7 +600,7 @@ class Plan:
                   "num_optimizer_buffers", "nvme_block_bytes", "optimizer_step", "pipeline_parallel_degree",
                   "pipeline_virtual_stages", "micro_batches_per_step", "fp8_matmuls", "attention", "recompute",
                   "context_parallel_degree", "host_pinning", "host_param_shard", "optimizer_step_reason", "fp8_recipe", "kv_exchange",
-                  "sequence_parallel", "shard_collectives"}
+                  "sequence_parallel", "shard_collectives", "recompute_block_period"}
         check_keys(doc, scalar | {"schema", "model", "hardware", "placement", "num_nodes", "prediction"}, where)
         if doc.get("schema", SCHEMA) != SCHEMA:
             raise PlannerError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
@@ -594,7 +611,8 @@ class Plan:
         kwargs: dict[str, Any] = {k: doc[k] for k in scalar if k in doc}
         for key in ("num_gpus", "recompute_interval", "tiling_factor", "prefetch_depth", "model_parallel_degree",
                     "optimizer_chunk_bytes", "num_optimizer_buffers", "nvme_block_bytes", "pipeline_parallel_degree",
-                    "pipeline_virtual_stages", "micro_batches_per_step", "context_parallel_degree"):
+                    "pipeline_virtual_stages", "micro_batches_per_step", "context_parallel_degree",
+                    "recompute_block_period"):
             if key in kwargs:
                 kwargs[key] = number(kwargs[key], f"{where}.{key}", minimum=0, integer=True)
         kwargs["model"] = ModelSpec.from_dict(doc["model"], f"{where}.model")
@@ -610,7 +628,7 @@ class Plan:
 
     def replace(self, **changes: Any) -> Plan:
         """A copy with `changes`; `recompute` is derived again from a new `recompute_interval`
-        unless it was selective or is changed too, and `attention` from a new node's kernel unless
+        unless it stays 0 under a kind without segments or is changed too, and `attention` from a new node's kernel unless
         it is changed too or the new node has the same. Changes only to fields that no other field's
         check reads (`_OWN_CHECKS`: what the search varies per candidate) run just their own checks:
         the rest of the plan was checked when it was made and derives nothing from them."""
@@ -624,7 +642,7 @@ class Plan:
             return plan
         doc = {name: getattr(self, name) for name in _plan_fields()}
         if "recompute_interval" in changes and "recompute" not in changes and not (
-                self.recompute == "selective" and changes["recompute_interval"] == 0):
+                self.recompute in SEGMENTLESS_RECOMPUTES and changes["recompute_interval"] == 0):
             doc["recompute"] = ""
         if "node" in changes and "attention" not in changes and bool(changes["node"].flash_attention_flops_per_s) != bool(
                 self.node.flash_attention_flops_per_s):

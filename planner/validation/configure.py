@@ -21,6 +21,13 @@ from planner.specs.plan import STRATEGY_TABLE, Plan
 from planner.specs.stack import Fp8Recipe, KvExchange, ShardCollectives
 from planner.specs.units import GIB
 from planner.validation.corpus import CorpusRow
+from planner.validation.flash_kernels import (
+    SOURCE_FLASH_KERNEL,
+    FlashKernel,
+    kernel_name,
+    row_flash_kernel,
+    with_flash_kernel,
+)
 from planner.validation.unstated import (
     SEARCHED_RECOMPUTES,
     SHARDINGS_ANY,
@@ -71,17 +78,6 @@ SOURCE_ATTENTION: dict[str, tuple[str, str]] = {
 """source_id -> (attention kernel, why): the default for a row whose `attention` cell is empty, for
 sources that predate fused attention kernels. Any other row with an empty cell gets the plan's default,
 flash where the GPU has it (planner/cost/kernels.py [Note: attention kernels])."""
-FLASH_ATTENTION_2_PEAK_FRACTION: dict[str, tuple[float, str]] = {
-    "A100": (156 / 312, "Dao 2023, FlashAttention-2, arXiv:2307.08691, abstract: 50-73 % of the A100's 312 TFLOPS "
-                        "in training; the low end, as its backward, the larger part of the work, is the slower pass"),
-    "H100": (0.35, "Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract: FlashAttention-2 reaches 35 % "
-                   "of the H100's peak"),
-}
-"""GPU family -> (FlashAttention-2's published rate as a share of the datasheet peak, where published),
-for rows whose `attention` is `flash2`. A preset's `flash_attention_tflops` is fitted on rows that do not
-name their kernel's version (docs/planner.md, Fitted presets); a row that states FlashAttention-2 runs
-that kernel, whose rate is published. FlashAttention (v1) reached 25-40 % of the A100's peak (the same
-abstract): the A100 preset's fitted 0.32 is in that range."""
 SOURCE_STACK: dict[str, tuple[Fp8Recipe, KvExchange, str]] = {
     source: (Fp8Recipe.TORCHAO_TENSORWISE, KvExchange.ALL_GATHER,
              "torchtitan: its float8 converter makes torchao Float8Linear with dynamic tensorwise scaling (the "
@@ -139,6 +135,12 @@ class RowPlan:
     searched: tuple[str, ...] = ()
     """The unstated tuning knobs the planner chose (planner/validation/unstated.py); the presets'
     fit leaves such rows out: it calibrates on configurations the sources state."""
+    flash_kernel: FlashKernel | None = None
+    """The FlashAttention generation the row's fused attention runs (None: no fused attention);
+    the plan's node already has its rate (planner/validation/flash_kernels.py)."""
+    unlike_preset: str = ""
+    """Why the row's GPU is not its preset's ('' where it is): such a row is predicted at the
+    preset's rates and does not calibrate them ([Note: a part the preset does not describe])."""
 
 
 # [Note: what a row states] The planner is given what the source states and nothing fitted to the row:
@@ -149,7 +151,7 @@ class RowPlan:
 #   GPT block (4h GELU MLP unless `ffn_hidden_size` says otherwise, tied embeddings, multi-head); a
 #   name with no preset and no shape columns ("GPT-2-like 1.4B") keeps a reason;
 # - recompute: `full` (every block from its segment's recompute input), `selective` (the attention core's seq^2 part
-#   only) or `none`; the attention kernel is the row's `attention` column, else its source's where the
+#   only), torchtitan's `every_nth_block` (with the row's `recompute_block_period`) and `op_level`, or `none`; the attention kernel is the row's `attention` column, else its source's where the
 #   source predates fused attention (SOURCE_ATTENTION: eager), else the GPU's default (flash on
 #   A100/H100/H200); Megatron-LM sources train with its
 #   default dropout (SOURCE_DROPOUT);
@@ -188,7 +190,9 @@ def row_plan(row: CorpusRow) -> RowPlan:
     assumptions: list[str] = []
     value = _stated(row, assumptions)
     model = _model(row, value, reasons)
-    node = _kernel_rate(row, _node(row, reasons), reasons, assumptions)
+    attention = _attention(row, assumptions)
+    kernel = _flash_kernel(row, attention, assumptions)
+    node = _kernel_rate(row, _node(row, reasons), kernel, reasons)
     precision_text = value("precision") or ""
     precision = _precision(precision_text, reasons)
     cp = context_parallel(row)
@@ -204,7 +208,6 @@ def row_plan(row: CorpusRow) -> RowPlan:
                "sharding": shardings, "micro_batch": micros,
                "pipeline_virtual_stages": _virtual_stage_options(row, layouts, model, assumptions)}
     searched = [k for k, v in options.items() if len(v) > 1 or v == (None,)]
-    attention = _attention(row, assumptions)
     recipe, exchange = _stack(row, precision_text, cp, assumptions)
     grouping = _shard_collectives(row, assumptions)
     stated_virtual = _VIRTUAL_STAGES.search(row.notes or "") is not None
@@ -221,6 +224,7 @@ def row_plan(row: CorpusRow) -> RowPlan:
         strategy = SHARDING_STRATEGY.get(choice["sharding"], choice["sharding"])
         shard = grouping if choice["sharding"] in PARAMETER_SHARDINGS else ShardCollectives.FLAT
         synchronous = {"prefetch_depth": 0} if shard is ShardCollectives.PER_PARAMETER else {}
+        period = {"recompute_block_period": row.recompute_block_period} if row.recompute_block_period else {}
         placement = STRATEGY_TABLE[strategy].placement
         plan = Plan(model=model, node=node, num_gpus=row.num_gpus, strategy=strategy, placement=placement,
                     micro_batch_per_gpu=(micro or 1) / (tp * cp * pp), recompute=choice["activation_recompute"],
@@ -229,7 +233,8 @@ def row_plan(row: CorpusRow) -> RowPlan:
                     context_parallel_degree=cp,
                     micro_batches_per_step=accumulation if micro else default_micro_batches(pp), precision=precision,
                     fp8_matmuls=uses_fp8(precision_text), fp8_recipe=recipe, kv_exchange=exchange,
-                    sequence_parallel=tp > 1 and states_sequence_parallel(row), shard_collectives=shard, **synchronous)
+                    sequence_parallel=tp > 1 and states_sequence_parallel(row), shard_collectives=shard, **synchronous,
+                    **period)
         check_plan(plan)
         return plan if micro is not None else sized(plan) or plan  # one sample not fitting: billed, refused
 
@@ -237,8 +242,10 @@ def row_plan(row: CorpusRow) -> RowPlan:
     if plan is None:
         return RowPlan(plan=None, reasons=(f"the planner refuses the configuration: {why}",),
                        assumptions=tuple(assumptions))
-    return RowPlan(plan=plan, grad_accumulation=plan.micro_batches_per_step, assumptions=(*assumptions, *searched_notes),
-                   searched=tuple(searched))
+    unlike = gpu_part_unlike_preset(row)
+    return RowPlan(plan=plan, grad_accumulation=plan.micro_batches_per_step,
+                   assumptions=(*assumptions, *searched_notes, *([unlike] if unlike else [])), searched=tuple(searched),
+                   flash_kernel=kernel if plan.attention == "flash" else None, unlike_preset=unlike)
 
 
 _SEQUENCE_PARALLEL = re.compile(r"(?<!no )(?<!without )\bsequence[- ]parallel(?:ism)?\b", re.IGNORECASE)
@@ -291,25 +298,32 @@ def interleaves(layers: int, stages: int, virtual: int, micro_batches: int | Non
     return micro_batches is None or micro_batches % stages == 0
 
 
-def _kernel_rate(row: CorpusRow, node: NodeSpec | None, reasons: list[str], assumptions: list[str]) -> NodeSpec | None:
-    """`node` with FlashAttention-2's published rate where the row states that kernel (`flash2`)."""
-    if node is None or row.attention != "flash2":
-        return node
-    if row.gpu_family not in FLASH_ATTENTION_2_PEAK_FRACTION:
-        reasons.append(f"no published FlashAttention-2 rate for {row.gpu_family}")
+def _flash_kernel(row: CorpusRow, attention: str, assumptions: list[str]) -> FlashKernel:
+    """The FlashAttention generation a fused-attention row runs: its column's, else its source's stack's
+    (planner/validation/flash_kernels.py [Note: FlashAttention generations])."""
+    kernel = row_flash_kernel(row.attention, row.source_id)
+    if attention != "eager" and row.attention not in {k.value for k in FlashKernel} and row.source_id in SOURCE_FLASH_KERNEL:
+        assumptions.append(f"fused attention = {kernel_name(kernel)} ({SOURCE_FLASH_KERNEL[row.source_id][1]})")
+    return kernel
+
+
+def _kernel_rate(row: CorpusRow, node: NodeSpec | None, kernel: FlashKernel, reasons: list[str]) -> NodeSpec | None:
+    """`node` with its fused attention at `kernel`'s rate (the preset's is FlashAttention-2's); a row
+    that names a FlashAttention generation on a GPU with no fused-attention rate keeps a reason."""
+    if node is None:
         return None
-    share, why = FLASH_ATTENTION_2_PEAK_FRACTION[row.gpu_family]
-    nominal = node.gpu_nominal_flops_per_s or node.gpu_flops_per_s
-    assumptions.append(f"fused attention at {share:.2f} of the datasheet peak ({why})")
-    return node.replace(name=f"{node.name} (FlashAttention-2)", flash_attention_flops_per_s=share * nominal)
+    if row.attention in {k.value for k in FlashKernel} and not node.flash_attention_flops_per_s:
+        reasons.append(f"no {kernel_name(kernel)} rate for {row.gpu_family}")
+        return None
+    return with_flash_kernel(node, kernel)
 
 
 def _attention(row: CorpusRow, assumptions: list[str]) -> str:
-    """The row's attention kernel: its `attention` column (`flash2` is flash at its own rate,
-    `_kernel_rate`), else its source's (SOURCE_ATTENTION), else the GPU's default ('': flash where
-    the GPU has it)."""
+    """The row's attention kernel: its `attention` column (`flash1`/`flash2` are flash at that
+    generation's rate, `_kernel_rate`), else its source's (SOURCE_ATTENTION), else the GPU's default
+    ('': flash where the GPU has it)."""
     if row.attention:
-        return "flash" if row.attention == "flash2" else row.attention
+        return "flash" if row.attention in {k.value for k in FlashKernel} else row.attention
     if row.source_id not in SOURCE_ATTENTION:
         return ""
     kernel, why = SOURCE_ATTENTION[row.source_id]
@@ -370,8 +384,8 @@ def _model(row: CorpusRow, value, reasons: list[str]) -> ModelSpec | None:
         return None
 
 
-def node_for_row(row: CorpusRow) -> NodeSpec | str:
-    """The hardware preset of the row's GPU, or why there is none."""
+def _preset_node(row: CorpusRow) -> tuple[str, NodeSpec] | str:
+    """The name and spec of the row's GPU's hardware preset, or why there is none."""
     name = HARDWARE_FOR.get((row.gpu_family, row.gpu_memory_gb)) or HARDWARE_FOR.get((row.gpu_family, None))
     if name is None:
         return f"no hardware preset for {row.gpu_type}"
@@ -381,9 +395,37 @@ def node_for_row(row: CorpusRow) -> NodeSpec | str:
         node = hardware_presets()[name]
     if row.gpus_per_node is not None and row.num_gpus > node.num_gpus_per_node != row.gpus_per_node:
         return f"no preset for {row.gpus_per_node}-GPU {row.gpu_family} nodes ({name} has {node.num_gpus_per_node})"
-    if row.gpu_memory_gb is not None and row.gpu_memory_gb * GIB > node.gpu_memory_bytes:
+    return name, node
+
+
+def node_for_row(row: CorpusRow) -> NodeSpec | str:
+    """The hardware preset of the row's GPU, or why there is none; a part with more memory than the
+    preset's keeps the preset's rates ([Note: a part the preset does not describe])."""
+    found = _preset_node(row)
+    if isinstance(found, str):
+        return found
+    name, node = found
+    if gpu_part_unlike_preset(row):
         node = node.replace(name=f"{name} ({row.gpu_memory_gb:g} GB part)", gpu_memory_bytes=row.gpu_memory_gb * GIB)
     return node
+
+
+# [Note: a part the preset does not describe] A row whose GPU has more memory than its family's
+# preset (torchtitan's Llama 3.1 405B rows, p219-p221: an H100 SXM with 94 GB of HBM2e and a lower
+# power limit, whose peak its source says lies between the SXM's and the NVL's and is not known) is
+# another part: a different memory technology, bandwidth and clocks. It is predicted with the
+# preset's rates (its memory is the row's), as an assumption the report names, and it does not
+# calibrate them (planner/validation/fit.py `fit_rows`): the fit calibrates the preset's GPU on
+# the hardware the sources state, as it does on the settings they state.
+def gpu_part_unlike_preset(row: CorpusRow) -> str:
+    """Why the row's GPU is not its preset's ('' where it is; [Note: a part the preset does not
+    describe])."""
+    found = _preset_node(row)
+    if isinstance(found, str) or row.gpu_memory_gb is None or row.gpu_memory_gb * GIB <= found[1].gpu_memory_bytes:
+        return ""
+    name, node = found
+    return (f"the {row.gpu_memory_gb:g} GB part is not {name}'s {node.gpu_memory_bytes / GIB:g} GiB GPU: priced at "
+            "the preset's rates, which its rows do not calibrate")
 
 
 def _node(row: CorpusRow, reasons: list[str]) -> NodeSpec | None:

@@ -24,7 +24,9 @@ SHARDINGS: tuple[str, ...] = ("", "none", "zero1", "zero2", "zero3", "fsdp")
 NO_OFFLOAD = "none"
 OFFLOADS: tuple[str, ...] = (NO_OFFLOAD, "cpu", "nvme")
 """The `offload` column: none, or the tier the optimizer states (and maybe the parameters) went to."""
-RECOMPUTES: tuple[str, ...] = ("", "none", "full", "selective")
+RECOMPUTES: tuple[str, ...] = ("", "none", "full", "selective", "every_nth_block", "op_level")
+"""The `activation_recompute` column: a plan's recompute kind (planner/cost/kernels.py [Note: recompute]),
+empty when unstated; `every_nth_block` rows state their `recompute_block_period`."""
 ATTENTIONS: tuple[str, ...] = ("", "eager", "flash", "flash2")
 """The `attention` column: the attention kernel the run used (eager: the scores materialised in HBM;
 flash: a fused kernel that never stores them; flash2: the row states FlashAttention-2's kernel),
@@ -33,7 +35,7 @@ SHARD_COLLECTIVES: tuple[str, ...] = ("", *(grouping.value for grouping in Shard
 """The `shard_collectives` column: how the run's ZeRO-3 grouped parameters into collectives (flat units,
 or one per parameter: planner/cost/collectives.py [Note: per-parameter collectives]), empty when the
 row does not say (planner/validation/configure.py gives its source's default)."""
-OPTIONAL_COLUMNS: dict[str, str] = {"attention": "", "shard_collectives": ""}
+OPTIONAL_COLUMNS: dict[str, str] = {"attention": "", "shard_collectives": "", "recompute_block_period": ""}
 """Columns a corpus may leave out of its header (the value every row then gets): a corpus written
 before the column existed still loads."""
 GPU_TYPES: tuple[str, ...] = ("V100", "A100", "H100", "H200", "RTX 4090")
@@ -77,6 +79,8 @@ class CorpusRow:
     global_batch: int | None
     """Sequences per optimizer step."""
     activation_recompute: str
+    recompute_block_period: int | None
+    """`N` of an `every_nth_block` row (torchtitan's `selective_ac_option`); None for the other kinds."""
     attention: str
     """One of ATTENTIONS; empty when unstated (planner/validation/configure.py gives the default)."""
     shard_collectives: str
@@ -106,7 +110,8 @@ class CorpusRow:
 
 
 _INT_COLUMNS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "vocab_size", "num_gpus",
-                "gpus_per_node", "tensor_parallel", "pipeline_parallel", "data_parallel", "micro_batch", "global_batch")
+                "gpus_per_node", "tensor_parallel", "pipeline_parallel", "data_parallel", "micro_batch", "global_batch",
+                "recompute_block_period")
 _FLOAT_COLUMNS = ("params_b", "gpu_memory_gb", "measured_tflops_per_gpu", "measured_mfu", "measured_tokens_per_s_per_gpu")
 _CHOICES = {"sharding": SHARDINGS, "offload": OFFLOADS, "activation_recompute": RECOMPUTES, "attention": ATTENTIONS,
             "shard_collectives": SHARD_COLLECTIVES}
@@ -160,6 +165,9 @@ def _parse_row(raw: dict[str, str], where: str) -> CorpusRow:
     for column, choices in _CHOICES.items():
         if values[column] not in choices:
             raise PlannerError(f"{where} column {column}: {values[column]!r} is not one of {', '.join(c or '(empty)' for c in choices)}")
+    if (values["recompute_block_period"] is None) == (values["activation_recompute"] == "every_nth_block"):
+        raise PlannerError(f"{where} column recompute_block_period: {values['recompute_block_period']!r}; state it "
+                           "(N: every N-th block recomputed) exactly when activation_recompute is every_nth_block")
     if values["measured_mfu"] is not None and values["measured_mfu"] > 1:
         raise PlannerError(f"{where} column measured_mfu: {values['measured_mfu']!r} is a fraction, at most 1")
     if all(values[m] is None for m in MEASURED):

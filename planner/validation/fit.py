@@ -25,10 +25,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from planner.cost.fp8 import FP8_DENSE_TFLOPS
 from planner.cost.kernels import HBM_ACHIEVABLE_FRACTION
 from planner.specs.hardware import EfficiencyCurve, NodeSpec
 from planner.validation.configure import RowPlan, row_plan
 from planner.validation.corpus import CorpusRow, load_corpus
+from planner.validation.flash_kernels import FlashKernel
+from planner.validation.own_runs import own_run_rows
 from planner.validation.report import FIT_JSON, percentile, predict_row
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -39,9 +42,9 @@ GENERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "H100": (("H100", "H200"), ("dgx-h100", "h200-x1", "hgx-h200")),
 }
 """Generation -> (corpus GPU families fitted together, presets that get the fitted numbers)."""
-PARAMS: tuple[str, ...] = ("plateau", "half_gflop", "flash", "hbm")
+PARAMS: tuple[str, ...] = ("plateau", "half_gflop", "flash", "hbm", "fp8")
 BOUNDS: dict[str, tuple[float, float]] = {"plateau": (0.1, 1.0), "half_gflop": (0.01, 1000.0), "flash": (0.05, 1.0),
-                                          "hbm": (0.5, 0.92)}
+                                          "hbm": (0.5, 0.92), "fp8": (0.1, 1.0)}
 """`hbm` at most 0.92: streaming copies reach 0.83-0.90 of the datasheet (planner/cost/kernels.py
 HBM_ACHIEVABLE_FRACTION's sources), so a higher fraction would be a fudge, not a bandwidth."""
 MATMUL_GFLOP_POINTS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
@@ -64,30 +67,46 @@ SINGLE_SOURCE = "not defined: one source ({}); checked in-sample and on the ZeRO
 
 Params = dict[str, float]
 PRIOR: dict[str, Params] = {
-    "V100": {"plateau": 70 / 125, "half_gflop": 5.0, "flash": 0.0, "hbm": HBM_ACHIEVABLE_FRACTION},
-    "A100": {"plateau": 200 / 312, "half_gflop": 10.0, "flash": 156 / 312, "hbm": HBM_ACHIEVABLE_FRACTION},
-    "H100": {"plateau": 600 / 989, "half_gflop": 10.0, "flash": 346 / 989, "hbm": HBM_ACHIEVABLE_FRACTION},
+    "V100": {"plateau": 70 / 125, "half_gflop": 5.0, "flash": 0.0, "hbm": HBM_ACHIEVABLE_FRACTION, "fp8": 0.0},
+    "A100": {"plateau": 200 / 312, "half_gflop": 10.0, "flash": 156 / 312, "hbm": HBM_ACHIEVABLE_FRACTION, "fp8": 0.0},
+    "H100": {"plateau": 600 / 989, "half_gflop": 10.0, "flash": 346 / 989, "hbm": HBM_ACHIEVABLE_FRACTION,
+             "fp8": 600 / 989},
 }
 """The hand-set presets before fitting, the search's fixed starting point (so `--write` run twice
 writes the same numbers): the paper's 70 of 125 TFLOPS and the same 64 % on A100 and H100 (600
-of 989), FlashAttention-2's published 156 TFLOPS on A100 and FlashAttention-3's 346 on H100
-(planner/cost/kernels.py [Note: attention kernels]), each curve's size at which it reached half its
-plateau, and the V100 microbenchmark's HBM fraction."""
+of 989), FlashAttention-2's published 156 TFLOPS on A100 and its 35 % of the H100's peak (346 of
+989, as the FlashAttention-3 paper measured it; planner/cost/kernels.py [Note: attention kernels]):
+`flash` is FlashAttention-2's rate, and rows on the first FlashAttention run at their kernel's share
+of it (planner/validation/flash_kernels.py), each curve's size at which it reached half its
+plateau, the V100 microbenchmark's HBM fraction, and on H100 the same share of the fp8 datasheet
+peak as of the bf16 one (no fp8 on V100 and A100)."""
 
 
 def matmul_curve(half_gflop: float) -> EfficiencyCurve:
     return EfficiencyCurve(tuple((g * 1e9, max(1e-4, round(g / (g + half_gflop), 4))) for g in MATMUL_GFLOP_POINTS))
 
 
-def apply(node: NodeSpec, params: Params) -> NodeSpec:
-    """`node` with the fitted numbers (rates only: memory is untouched)."""
+def apply(node: NodeSpec, params: Params, kernel: FlashKernel | None = None) -> NodeSpec:
+    """`node` with the fitted numbers (rates only: memory is untouched); `flash` is FlashAttention-2's
+    rate, and a row on another generation (`kernel`) runs at that kernel's share of it
+    (planner/validation/flash_kernels.py [Note: FlashAttention generations])."""
     nominal = node.gpu_nominal_flops_per_s or node.gpu_flops_per_s
     changes: dict[str, Any] = {"gpu_flops_per_s": params["plateau"] * nominal,
                                "matmul_efficiency": matmul_curve(params["half_gflop"]),
                                "hbm_achievable_fraction": params["hbm"]}
+    fp8_nominal = fp8_datasheet_flops_per_s(node)
+    if params.get("fp8") and fp8_nominal:
+        changes["fp8_matmul_flops_per_s"] = params["fp8"] * fp8_nominal
     if node.flash_attention_flops_per_s:
-        changes["flash_attention_flops_per_s"] = params["flash"] * nominal
+        share = kernel.rate_vs_flash_attention_2 if kernel is not None else 1.0
+        changes["flash_attention_flops_per_s"] = params["flash"] * nominal * share
     return node.replace(**changes)
+
+
+def fp8_datasheet_flops_per_s(node: NodeSpec) -> float:
+    """The dense fp8 datasheet rate of `node`'s GPU (planner/cost/fp8.py FP8_DENSE_TFLOPS); 0 without one."""
+    entry = FP8_DENSE_TFLOPS.get(node.name.split(" (")[0])
+    return entry[0] * 1e12 if entry else 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,17 +115,20 @@ class FitRow:
     planned: RowPlan
 
 
-def fit_rows(generation: str, rows: Sequence[CorpusRow] | None = None) -> list[FitRow]:
+def fit_rows(generation: str, rows: Sequence[CorpusRow] | None = None, *, own_runs: bool = True) -> list[FitRow]:
     """The generation's rows that calibrate: not offload (those are checks), with a plan whose
-    settings the source states (none searched)."""
+    settings the source states (none searched), on the preset's GPU (planner/validation/configure.py
+    [Note: a part the preset does not describe]); then, with `own_runs`, the project's own recorded
+    runs on the generation's GPUs (planner/validation/own_runs.py [Note: the project's own runs in
+    the fit])."""
     families = GENERATIONS[generation][0]
     out = []
     for row in rows if rows is not None else load_corpus():
         if row.gpu_family in families and not row.is_offload:
             planned = row_plan(row)
-            if planned.plan is not None and not planned.searched:
+            if planned.plan is not None and not planned.searched and not planned.unlike_preset:
                 out.append(FitRow(row, planned))
-    return out
+    return out + [FitRow(row, planned) for row, planned in own_run_rows(families)] if own_runs else out
 
 
 def errors(rows: Sequence[FitRow], params: Params, seen: Callable[[str], None] | None = None) -> dict[str, float]:
@@ -117,7 +139,8 @@ def errors(rows: Sequence[FitRow], params: Params, seen: Callable[[str], None] |
             seen(r.row.row_id)
         plan = r.planned.plan
         assert plan is not None
-        planned = dataclasses.replace(r.planned, plan=plan.replace(node=apply(plan.node, params)))
+        node = apply(plan.node, params, r.planned.flash_kernel)
+        planned = dataclasses.replace(r.planned, plan=plan.replace(node=node))
         result = predict_row(r.row, planned=planned)
         if result.error is not None and result.error > -1:
             out[r.row.row_id] = result.error
@@ -130,17 +153,26 @@ def loss(errs: dict[str, float]) -> float:
     return sum(min(abs(math.log1p(e)), LOSS_CAP) ** 2 for e in errs.values()) / len(errs)
 
 
-# [Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100, whose numbers the H200
-# shares: its corpus rows are not predictable), four physically meaningful numbers and nothing per
-# row or per source:
+# [Note: what is fitted] Per GPU generation (V100; A100 40 and 80 GB; H100 with the H200, whose SMs and
+# clocks are the H100's: their rows and the project's own H200 run, planner/validation/own_runs.py,
+# are fitted together), four physically meaningful numbers (five on H100) and nothing per row or per
+# source:
 # - `plateau`: the matmul rate a large GEMM sustains in training, as a fraction of the datasheet
 #   peak (`gpu_peak_tflops = plateau x gpu_nominal_tflops`);
 # - `half_gflop`: the matmul size reaching half the plateau; the preset's matmul efficiency curve is
 #   `size / (size + half_gflop)` sampled per decade from 0.1 GFLOP (MATMUL_GFLOP_POINTS);
-# - `flash`: the fused attention kernel's achieved rate as a fraction of the datasheet peak
-#   (`flash_attention_tflops`; none on V100, which has no flash kernel);
+# - `flash`: FlashAttention-2's achieved rate as a fraction of the datasheet peak
+#   (`flash_attention_tflops`; none on V100, which has no flash kernel); a row whose stack ran the
+#   first FlashAttention times its attention at that kernel's published share of it
+#   (planner/validation/flash_kernels.py [Note: FlashAttention generations]), so both kernels' rows
+#   inform the one number;
 # - `hbm`: the share of the datasheet HBM bandwidth memory-bound kernels stream at
-#   (`hbm_achievable_fraction`, planner/cost/kernels.py).
+#   (`hbm_achievable_fraction`, planner/cost/kernels.py);
+# - `fp8`: the rate a large fp8 matmul sustains as a fraction of the fp8 datasheet peak
+#   (`fp8_matmul_tflops`, H100/H200 only; planner/cost/fp8.py): the fp8 runs' own plateau, so rows
+#   with fp8 linears do not move the bf16 one. Its prior is the bf16 prior's share (the old
+#   assumption that a matmul reaches the same fraction of either peak); a generation without fp8
+#   rows keeps it.
 # A per-layer framework overhead is not fitted: tried as a fifth number (the simulator's
 # `operator_overhead_ms`) on H100 it traded off against the matmul curve at the same in-sample
 # error, so the rows do not show one apart from the curve. Memory is never fitted: only rates change, so every memory bill stays.
@@ -156,7 +188,8 @@ def fit(rows: Sequence[FitRow], start: Params, seen: Callable[[str], None] | Non
     refitted by coordinate search in log space with those freed before it; (params, evaluations).
     Parameters never freed (`flash` without flash rows, any the rows cannot pin down) stay at `start`."""
     candidates = [p for p in PARAMS if p in start and start[p] > 0
-                  and (p != "flash" or any(r.planned.plan.attention == "flash" for r in rows))]
+                  and (p != "flash" or any(r.planned.plan.attention == "flash" for r in rows))
+                  and (p != "fp8" or any(r.planned.plan.fp8_matmuls for r in rows))]
     best, free, evaluations = dict(start), [], 0
     if not rows:
         return best, 0
@@ -389,9 +422,12 @@ def preset_document(doc: dict[str, Any], generation: str, result: dict[str, Any]
               "hbm_achievable_fraction": round(params["hbm"], 4)}
     if doc.get("flash_attention_tflops"):
         fitted["flash_attention_tflops"] = round(params["flash"] * nominal, 1)
+    fp8_nominal = FP8_DENSE_TFLOPS.get(doc["name"], (0.0,))[0]
+    if params.get("fp8") and fp8_nominal:
+        fitted["fp8_matmul_tflops"] = round(params["fp8"] * fp8_nominal, 1)
     kept = _kept(result)
     for key, value in fitted.items():
-        before = _unfitted(citations.get(key, ""), doc.get(key), sources.get(key, "nominal"))
+        before = _unfitted(citations.get(key, ""), doc.get(key), sources.get(key, "nominal"), key)
         doc[key], sources[key] = value, tag
         citations[key] = f"{why}{kept.get(key, '')}; before fitting: {before}"
     doc.setdefault("efficiency", {})["matmul"] = [{"gflop": g, "efficiency": e / 1}
@@ -407,18 +443,25 @@ def _kept(result: dict[str, Any]) -> dict[str, str]:
     """Preset key -> a note for the numbers the fit left at the prior ([Note: which parameters the rows
     free]): a freed number lands on the prior's value to 6 decimals only by accident."""
     keys = {"plateau": "gpu_peak_tflops", "half_gflop": "efficiency", "flash": "flash_attention_tflops",
-            "hbm": "hbm_achievable_fraction"}
+            "hbm": "hbm_achievable_fraction", "fp8": "fp8_matmul_tflops"}
     prior = result.get("prior", {})
     return {keys[name]: ", which kept the hand-set value: the rows do not pin it down" for name in keys
             if name in prior and result["params"][name] == prior[name]}
 
 
-def _unfitted(citation: str, value: Any, source: str) -> str:
+UNSET: dict[str, str] = {
+    "hbm_achievable_fraction": "unset (planner/cost/kernels.py HBM_ACHIEVABLE_FRACTION, 0.83)",
+    "fp8_matmul_tflops": "unset (gpu_peak_tflops times the datasheet's fp8 / bf16 ratio, planner/cost/fp8.py)",
+}
+"""What a fitted key a preset did not have stood for before its first fit."""
+
+
+def _unfitted(citation: str, value: Any, source: str, key: str) -> str:
     """What a fitted number replaced: the first fit's record of it is kept on later fits."""
     marker = "; before fitting: "
     if marker in citation:
         return citation.split(marker, 1)[1]
-    return f"{value} ({source})" if value is not None else "unset (planner/cost/kernels.py HBM_ACHIEVABLE_FRACTION, 0.83)"
+    return f"{value} ({source})" if value is not None else UNSET[key]
 
 
 def write(results: dict[str, dict[str, Any]], hardware_dir: Path = HARDWARE_DIR, fit_json: Path = FIT_JSON) -> list[Path]:
