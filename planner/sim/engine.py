@@ -300,10 +300,10 @@ class RankProgram:
         self.unit_opening = Phase.RECOMPUTE if plan.recompute_interval else Phase.BACKWARD
         """A unit's work in the backward pass starts with this."""
         self.slice_factor = self.b / self.mp
+        """Bytes per parameter of an operator's tensor-parallel slice."""
         self.shard_read_factor = host_param_read_bytes(plan) / self.b
         """A parameter shard's stored width over the compute's: 2 where a mixed-precision plan reads its
         fp32 master and casts it on the device ([Note: the resident step's cast] in planner/cost/host_work.py)."""
-        """Bytes per parameter of an operator's tensor-parallel slice."""
         self.synchronous_grads = depth == 0
         self.reduces_shards_only = bool(plan.partitioned & {"gradients", "optimizer_states"})
         """Each rank keeps only its shard of the reduced gradients (a reduce-scatter, not an all-reduce)."""

@@ -460,10 +460,8 @@ class Plan:
         if self.nvme_path is not None:
             string(self.nvme_path, "nvme_path", max_len=1024)
         _check_step_reason(self)
-        recipe = string(self.fp8_recipe, "fp8_recipe", choices=tuple(Fp8Recipe))
-        object.__setattr__(self, "fp8_recipe", Fp8Recipe(recipe))
-        exchange = string(self.kv_exchange, "kv_exchange", choices=tuple(KvExchange))
-        object.__setattr__(self, "kv_exchange", KvExchange(exchange))
+        _as_member(self, "fp8_recipe", Fp8Recipe)
+        _as_member(self, "kv_exchange", KvExchange)
         _check_shard_collectives(self)
         if not isinstance(self.fp8_matmuls, bool):
             raise PlannerError(f"fp8_matmuls must be true or false, not {self.fp8_matmuls!r}")
@@ -679,8 +677,7 @@ def _check_tiling_factor(plan: Plan) -> None:
 
 
 def _check_shard_collectives(plan: Plan) -> None:
-    grouping = string(plan.shard_collectives, "shard_collectives", choices=tuple(ShardCollectives))
-    object.__setattr__(plan, "shard_collectives", ShardCollectives(grouping))
+    _as_member(plan, "shard_collectives", ShardCollectives)
     if plan.shard_collectives is ShardCollectives.PER_PARAMETER and plan.prefetch_depth != 0:
         raise PlannerError(f"shard_collectives per_parameter synchronizes the device before every gather, so nothing "
                            f"is fetched ahead: use prefetch_depth 0, not {plan.prefetch_depth}")
@@ -711,17 +708,21 @@ def _check_step_reason(plan: Plan) -> None:
     string(plan.optimizer_step_reason, "optimizer_step_reason", max_len=1024)
 
 
+def _as_member(plan: Plan, name: str, kind: type[Enum]) -> None:
+    """Field `name` of `plan` as a member of the enum `kind`, from its value (one of the members'
+    values, else a PlannerError naming the field and the choices). A member is valid as it is: the
+    search sets members on every candidate."""
+    value = getattr(plan, name)
+    if type(value) is not kind:
+        object.__setattr__(plan, name, kind(string(value, name, choices=tuple(kind))))
+
+
 def _check_host_pinning(plan: Plan) -> None:
-    if type(plan.host_pinning) is HostPinning:  # a member is valid (the search sets members on every candidate)
-        return
-    pinning = string(plan.host_pinning, "host_pinning", choices=tuple(HostPinning))
-    object.__setattr__(plan, "host_pinning", HostPinning(pinning))
+    _as_member(plan, "host_pinning", HostPinning)
 
 
 def _check_host_param_shard(plan: Plan) -> None:
-    if type(plan.host_param_shard) is not HostParamShard:
-        shard = string(plan.host_param_shard, "host_param_shard", choices=tuple(HostParamShard))
-        object.__setattr__(plan, "host_param_shard", HostParamShard(shard))
+    _as_member(plan, "host_param_shard", HostParamShard)
     if plan.host_param_shard is HostParamShard.MASTER and not master_may_be_param_shard(plan):
         raise PlannerError(f"host_param_shard master needs precision bf16 or fp16 with params and optimizer_states both "
                            f"in cpu memory, not precision {plan.precision} with {plan.placement.label()}; use "
