@@ -54,10 +54,12 @@ class _Entry:
     write: Callable[[torch.Tensor, int], Pending]
 
 
-def _store_entry(prefix: str, store: ShardStore, key: ShardKey) -> _Entry:
-    numel, dtype = store.shard_info(key)
-    return _Entry(f"{prefix}/{key}", numel, dtype, lambda out, o: store.read_into(key, out, o),
-                  lambda src, o: store.write_from(key, src, o))
+def _store_entry(prefix: str, store: ShardStore, key: ShardKey, stored: ShardKey | None = None) -> _Entry:
+    """`prefix/key`, held in `store` under `stored` (`key` where not given)."""
+    stored = key if stored is None else stored
+    numel, dtype = store.shard_info(stored)
+    return _Entry(f"{prefix}/{key}", numel, dtype, lambda out, o: store.read_into(stored, out, o),
+                  lambda src, o: store.write_from(stored, src, o))
 
 
 def _tensor_entry(name: str, tensor: torch.Tensor) -> _Entry:
@@ -78,21 +80,18 @@ def _store_entries(state: Any) -> list[_Entry]:
     entries = []
     for store in (state.param_store, state.optimizer_store):
         store.drain()
-    for prefix, store, key in _stored_shards(state):
+    for prefix, store, key, stored in _stored_shards(state):
         if store is None:  # the master's 16-bit copy, which this model does not keep
             entries.append(_compute_copy_entry(state, key))
-        elif prefix == "optimizer_states" and store is state.param_store:
-            entries.append(_Entry(f"{prefix}/{key}", *store.shard_info(key.unit),
-                                  lambda out, o, k=key.unit, s=store: s.read_into(k, out, o),
-                                  lambda src, o, k=key.unit, s=store: s.write_from(k, src, o)))
         else:
-            entries.append(_store_entry(prefix, store, key))
+            entries.append(_store_entry(prefix, store, key, stored))
     return entries
 
 
-def _stored_shards(state: Any) -> list[tuple[str, ShardStore | None, ShardKey]]:
-    """(prefix, store, key) of each shard a checkpoint holds, by the key's string within each prefix
-    (the order checkpoints have always had: files stay byte-identical).
+def _stored_shards(state: Any) -> list[tuple[str, ShardStore | None, ShardKey, ShardKey]]:
+    """(prefix, store, key, the key it is stored under in `store`) of each shard a checkpoint holds, by
+    the key's string within each prefix (the order checkpoints have always had: files stay
+    byte-identical).
 
     [Note: one checkpoint for both host parameter shards] A mixed-precision model whose parameter
     shard is the fp32 master (`host_param_shard: master`) writes the tensors a model with a 16-bit
@@ -102,13 +101,13 @@ def _stored_shards(state: Any) -> list[tuple[str, ShardStore | None, ShardKey]]:
     skips the copy (`store` None)."""
     params, states = state.param_store, state.optimizer_store
     param_keys, state_keys = params.keys(), states.keys()
-    out: list[tuple[str, ShardStore | None, ShardKey]] = [("params", params, k) for k in param_keys]
+    out: list[tuple[str, ShardStore | None, ShardKey, ShardKey]] = [("params", params, k, k) for k in param_keys]
     shared = []
     if state.config.master_shares_param_shard and state.config.compute_dtype != torch.float32:
-        shared = [("optimizer_states", params, StateKey("master", k)) for k in param_keys]
-        out = [("params", None, k) for k in param_keys]
+        shared = [("optimizer_states", params, StateKey("master", k), k) for k in param_keys]
+        out = [("params", None, k, k) for k in param_keys]
     out.sort(key=lambda e: str(e[2]))
-    rest = [("optimizer_states", states, k) for k in state_keys] + shared
+    rest = [("optimizer_states", states, k, k) for k in state_keys] + shared
     return out + sorted(rest, key=lambda e: str(e[2]))
 
 
@@ -137,11 +136,11 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
 def rank_bytes(state: Any, optimizer: Any) -> int:
     """Size of this rank's checkpoint files, within a MiB (RNG states and the index are small)."""
     total = optimizer.checkpoint_bytes()
-    for _, store, key in _stored_shards(state):
-        if store is None:
-            numel, dtype = state.param_store.shard_info(key)[0], state.config.compute_dtype
+    for _, store, _, stored in _stored_shards(state):
+        if store is None:  # the master's 16-bit copy, written at the compute precision
+            numel, dtype = state.param_store.shard_info(stored)[0], state.config.compute_dtype
         else:
-            numel, dtype = store.shard_info(key.unit if store is state.param_store and isinstance(key, StateKey) else key)
+            numel, dtype = store.shard_info(stored)
         total += numel * dtype.itemsize
     return total + (1 << 20)
 
